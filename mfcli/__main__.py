@@ -1,0 +1,3 @@
+from mfcli.cli.app import main
+
+main()

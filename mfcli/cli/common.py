@@ -1,0 +1,111 @@
+"""Shared CLI plumbing: error handling, JSON envelopes, stderr logging and tables."""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mfcli.errors import MfcliError
+
+#: Version of the JSON objects printed by ``--json``; bump when a field changes meaning.
+JSON_SCHEMA_VERSION = 1
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stdout() -> Console:
+    # Created per call so CliRunner's captured streams are honoured.
+    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+
+
+def stderr() -> Console:
+    return Console(file=sys.stderr, soft_wrap=True, highlight=False)
+
+
+def log(message: str) -> None:
+    """A progress or log line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def fail(message: str, code: int = 1) -> "typer.Exit":
+    """Print one error line on stderr and return the Exit to raise."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+def guarded(fn: F) -> F:
+    """Turn user errors, I/O errors and Ctrl-C into one error line and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except MfcliError as exc:
+            raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted; nothing was written", code=130) from None
+        except MemoryError:
+            raise fail("out of memory; try a smaller n") from None
+        except OSError as exc:
+            where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+            raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    return obj
+
+
+def envelope(command: str, **payload: Any) -> dict:
+    """One versioned JSON object: {"schema_version", "command", ...payload}."""
+    return {"schema_version": JSON_SCHEMA_VERSION, "command": command, **_jsonable(payload)}
+
+
+def emit_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def key_value_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for k, v in rows:
+        table.add_row(k, fmt(v))
+    return table
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v == 0 or (1e-3 <= abs(v) < 1e7):
+            return f"{v:.6g}"
+        return f"{v:.4e}"
+    return str(v)
+
+
+def command_line() -> str:
+    return "mfcli " + " ".join(sys.argv[1:])
