@@ -79,6 +79,10 @@ def atomic_path(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        # mkstemp creates 0600; give the artifact the permissions a normal file would get.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         yield tmp
         os.replace(tmp, target)
     except BaseException:
