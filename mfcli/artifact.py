@@ -353,3 +353,37 @@ def shipped_artifact(name: str = "momentum-n256") -> Path:
     if here.exists():
         return here
     raise MfcliError(f"the shipped artifact {SHIPPED[name]} is not installed (expected at {here})")
+
+
+def append_group(
+    path: str | Path,
+    group: str,
+    *,
+    attrs: Mapping[str, Any],
+    datasets: Mapping[str, np.ndarray] | None = None,
+    replace: bool = False,
+) -> None:
+    """Add a group (e.g. ``accounting/<id>``) to an existing artifact, atomically.
+
+    The file is verified, copied byte for byte to a temporary file beside it, the group is added
+    to the copy (datasets with their SHA-256), and the copy is renamed over the original: the
+    matrices are never re-encoded and a crash leaves the original untouched.
+    """
+    import shutil
+
+    import h5py
+
+    p = Path(path)
+    load_artifact(p)
+    with atomic_path(p, force=True) as tmp:
+        shutil.copyfile(p, tmp)
+        with h5py.File(tmp, "r+") as f:
+            if group in f:
+                if not replace:
+                    raise MfcliError(f"{p} already has a group {group!r}")
+                del f[group]
+            g = f.require_group(group)
+            for k, val in attrs.items():
+                g.attrs[k] = _to_attr(val)
+            for dname, data in (datasets or {}).items():
+                _write_dataset(g, dname, data)
