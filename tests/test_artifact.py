@@ -1,0 +1,183 @@
+"""Artifact format v1: round trip, verification, tamper detection, atomic writes."""
+from __future__ import annotations
+
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from mfcli.artifact import (
+    FORMAT,
+    append_group,
+    check_datasets,
+    load_artifact,
+    save_artifact,
+    shipped_artifact,
+)
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.solver import optimal_factorization
+from mfcli.workloads import momentum_workload, prefix_workload
+
+
+@pytest.fixture(scope="module")
+def solved():
+    w = momentum_workload(24, beta=0.9)
+    return w, optimal_factorization(w.matrix, tol=1e-9)
+
+
+@pytest.fixture
+def artifact(tmp_path, solved):
+    w, res = solved
+    path = tmp_path / "m.h5"
+    save_artifact(path, res.factorization, workload_name=w.name, workload_params=w.params,
+                  strategy_name="optimal", solver=res.certificate(), command="test",
+                  dual_weights=res.dual_weights)
+    return path
+
+
+def test_round_trip_readable_by_plain_h5py(artifact, solved):
+    w, res = solved
+    with h5py.File(artifact) as f:
+        assert f.attrs["format"] == FORMAT and f.attrs["format_version"] == 1
+        c = f["strategy"][...]
+        b = f["decoder"][...]
+        a = f["workload"][...]
+        assert f["strategy"].dtype == np.float64
+        # Independent recomputation with plain numpy from what h5py reads.
+        assert f.attrs["sensitivity"] == pytest.approx(np.sqrt(np.max((c**2).sum(axis=0))), rel=1e-12)
+        assert f.attrs["loss_total"] == pytest.approx(f.attrs["sensitivity"] ** 2 * (b**2).sum(), rel=1e-12)
+        np.testing.assert_allclose(b @ c, a, atol=1e-10)
+        for key in ("n", "workload_name", "workload_params", "strategy_name", "loss_mean", "causal",
+                    "solver", "created_by", "created_utc", "command"):
+            assert key in f.attrs
+    art = load_artifact(artifact)
+    np.testing.assert_array_equal(art.factorization.strategy, res.factorization.strategy)
+    assert art.attrs["workload_params"]["beta"] == 0.9
+    assert art.attrs["solver"]["gap"] <= 1e-9
+    assert art.factorization.causal
+    assert all(ok for _, ok in check_datasets(artifact))
+
+
+def _flip_byte_in_dataset(path, name, index=5):
+    with h5py.File(path, "r") as f:
+        offset = f[name].id.get_offset()
+    assert offset is not None
+    with open(path, "r+b") as fh:
+        fh.seek(offset + index)
+        byte = fh.read(1)
+        fh.seek(offset + index)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("name", ["workload", "strategy", "decoder", "dual_weights"])
+def test_flipped_byte_is_detected(artifact, name):
+    _flip_byte_in_dataset(artifact, name)
+    with pytest.raises(ArtifactError, match=f"checksum mismatch in dataset '{name}'"):
+        load_artifact(artifact)
+    assert dict(check_datasets(artifact))[name] is False
+
+
+@pytest.mark.parametrize("key, value", [("sensitivity", 0.5), ("loss_total", 1.0)])
+def test_tampered_attribute_is_detected(artifact, key, value):
+    with h5py.File(artifact, "r+") as f:
+        f.attrs[key] = value
+    with pytest.raises(ArtifactError, match=f"stored {key}"):
+        load_artifact(artifact)
+
+
+def test_consistently_tampered_matrix_fails_reconstruction(artifact):
+    """Someone rewrites C and its checksum: A = B C no longer holds."""
+    from mfcli.artifact import dataset_sha256
+
+    with h5py.File(artifact, "r+") as f:
+        c = f["strategy"][...]
+        c[3, 1] += 0.1
+        c /= np.sqrt(np.max((c**2).sum(axis=0)))
+        f["strategy"][...] = c
+        f["strategy"].attrs["sha256"] = dataset_sha256(c)
+        b = f["decoder"][...]
+        f.attrs["sensitivity"] = 1.0
+        f.attrs["loss_total"] = float((b**2).sum())
+    with pytest.raises(ArtifactError, match="A != B C"):
+        load_artifact(artifact)
+
+
+def test_truncated_and_foreign_files(tmp_path, artifact):
+    trunc = tmp_path / "t.h5"
+    data = artifact.read_bytes()
+    trunc.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated or corrupt"):
+        load_artifact(trunc)
+    junk = tmp_path / "junk.h5"
+    junk.write_text("not hdf5")
+    with pytest.raises(ArtifactError, match="not a readable HDF5"):
+        load_artifact(junk)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.zeros(3)
+    with pytest.raises(ArtifactError, match="not an mfcli artifact"):
+        load_artifact(other)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        load_artifact(tmp_path / "missing.h5")
+    with h5py.File(artifact, "r+") as f:
+        f.attrs["format_version"] = 99
+    with pytest.raises(ArtifactError, match="format_version"):
+        load_artifact(artifact)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
+    w, res = solved
+    target = tmp_path / "out.h5"
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("mfcli.artifact.file_sha256", boom)
+    with pytest.raises(KeyboardInterrupt):
+        save_artifact(target, res.factorization, workload_name="momentum", strategy_name="optimal")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_overwrite_without_force(artifact, solved):
+    w, res = solved
+    with pytest.raises(MfcliError, match="already exists"):
+        save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal")
+    save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal", force=True)
+    assert load_artifact(artifact).workload_name == "m"
+
+
+def test_append_group_keeps_matrices_and_checksums(artifact):
+    before = {k: v for k, v in check_datasets(artifact)}
+    with h5py.File(artifact) as f:
+        c_before = f["strategy"][...]
+    append_group(artifact, "accounting/0", attrs={"epsilon": 1.5, "event": {"name": "x"}})
+    art = load_artifact(artifact)
+    assert art.groups["accounting/0"]["attrs"]["epsilon"] == 1.5
+    assert art.groups["accounting/0"]["attrs"]["event"] == {"name": "x"}
+    np.testing.assert_array_equal(art.factorization.strategy, c_before)
+    assert {k: v for k, v in check_datasets(artifact)} == before
+    with pytest.raises(MfcliError, match="already has a group"):
+        append_group(artifact, "accounting/0", attrs={})
+
+
+@pytest.mark.parametrize("name, n, workload", [("prefix-n256", 256, "prefix"), ("momentum-n256", 256, "momentum")])
+def test_shipped_artifacts_load_and_are_optimal(name, n, workload):
+    art = load_artifact(shipped_artifact(name))
+    assert art.n == n and art.workload_name == workload and art.factorization.causal
+    assert art.attrs["solver"]["gap"] <= 1e-6
+    # The shipped workload is the one its name says.
+    expected = prefix_workload(n) if workload == "prefix" else momentum_workload(n, beta=0.9)
+    np.testing.assert_allclose(art.factorization.workload, expected.matrix, rtol=1e-12)
+    # Independent check of near-optimality: the dual bound at the stored weights.
+    v = art.dual_weights
+    gram = art.factorization.workload.T @ art.factorization.workload
+    s = np.sqrt(np.linalg.eigvalsh(np.sqrt(v)[:, None] * gram * np.sqrt(v)[None, :]).clip(0))
+    dual = s.sum() ** 2 / v.sum()
+    assert dual <= art.factorization.loss_total <= dual * (1 + 1e-6)
+
+
+def test_copy_of_artifact_still_loads(tmp_path, artifact):
+    dst = tmp_path / "copy.h5"
+    shutil.copy(artifact, dst)
+    assert load_artifact(dst).n == 24
