@@ -1,0 +1,791 @@
+"""Streams of correlated noise for training: what a trainer adds at step t (docs/noise-streams.md).
+
+A factorization A = B C is run in training as ``A G + B Z = A (G + C^-1 Z)``. A framework that
+already runs the optimizer encoded in the workload A (SGD, heavy-ball momentum, a learning-rate
+schedule) therefore adds one row of correlated noise per step. Two operators exist and users
+confuse them, so every stream says which one it carries:
+
+* ``kind="gradient"``: row t of **C^-1 Z**, added to the summed clipped gradient of step t (what
+  the PyTorch and optax adapters do). For a compressed artifact this is C^^-1 Z = A^-1 B^ Z.
+* ``kind="iterate"``: row t of **B Z**, the noise on the released iterate/output of step t (for a
+  trainer that releases A G itself, e.g. a prefix-sum server). Compressed: B^ Z.
+
+Noise comes per unit noise multiplier and clip norm: the trainer multiplies it by
+``sigma * clip``. Z is an n x d (m x d for a non-square strategy) matrix of independent standard
+normals whose row j is regenerated on demand from ``(seed, j)`` with numpy's counter-based Philox
+generator (key = seed, counter = (0, 0, j, 0)), so no noise history is stored.
+
+How a step is computed (the *method* of a stream):
+
+* ``banded-low-rank``: the operator M has rows ``M[t, t-i] = band[t, i]`` for i < W and
+  ``M[t, j] = U[t] . V[j]`` for j <= t - W. Then
+  ``(M Z)[t] = sum_{i<W} band[t, i] Z[t-i] + U[t] . S_{t-W}``, ``S_m = sum_{j<=m} V[j]^T Z[j]``
+  (an R x d running sum). Each step draws one new noise row and touches W + R rows of d floats:
+  O((W + R) d) time and (W + R + 1) d floats of memory (W recent noise rows, R running sums and
+  the returned row) plus a 65,536-element scratch. Compressed artifacts stream this way: iterate noise has W = K;
+  gradient noise has W = K + p when A^-1 is banded with p sub-diagonals (p = 1 for prefix sums,
+  p = 2 for heavy-ball momentum, with any learning-rate schedule), since then
+  ``C^^-1 = band_p(A^-1) B^`` is again banded (K + p) plus masked rank R with U' = band_p(A^-1) U.
+* ``regenerate``: any other causal operator (a dense optimal C^-1, a tree decoder, a compressed
+  gradient stream whose A^-1 is not banded): ``(M Z)[t] = sum_j M[t, j] Z[j]`` over the non-zero
+  entries of row t, regenerating each Z[j]. Memory 2 d floats, time O(nnz(M[t]) d) per step, i.e.
+  O(t d) for a dense lower-triangular operator: at d = 10^6 that is seconds per step late in a
+  run (see docs/noise-streams.md for measurements); compress the artifact to stream fast.
+
+The state is an immutable :class:`NoiseState`; :meth:`NoiseStream.next` is pure in effect: calling
+it twice on the same state returns the same noise. To keep memory at (W + R + 1) d the latest state
+lends its working buffers to the next one; using an older state again is still correct (its
+buffers are rebuilt from (seed, t) in O(t d), with a :class:`StaleNoiseStateWarning`) but slow.
+:meth:`NoiseStream.state_dict` / :meth:`NoiseStream.load_state_dict` checkpoint and resume a stream
+exactly without that rebuild: the running sums are updated element-wise (no BLAS, no fused
+multiply-add) and are bit-reproducible, and each returned row is one matrix-vector product over
+them, identical under the same BLAS thread setting.
+
+Formal guarantees: the noise a stream returns at step t equals row t of ``M Z`` with M the
+operator named by ``kind`` (C^-1 or B, or their compressed versions), computed in the stream's
+dtype; a banded-low-rank representation is used only after it reproduces M (computed
+independently by a dense triangular solve) to a relative max-entry error of 1e-10. Step t >= n
+is refused: reusing or inventing noise rows past the end breaks the privacy analysis. The
+privacy of training with a stream is set by :attr:`NoiseStream.sensitivity` (sens(C), or sens(C^)
+recomputed for a compressed artifact) and the noise multiplier, not by the stream itself. The
+seed is a secret: anyone who knows it can regenerate Z and remove the noise; so can anyone who
+reads a checkpoint of the running sums together with the seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import scipy.linalg
+
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.factorization import is_lower_triangular, sensitivity
+
+KINDS = ("gradient", "iterate")
+VARIANTS = ("auto", "dense", "compressed")
+DTYPES = ("float32", "float64")
+#: Seeds are Philox keys: integers in [0, 2^128).
+SEED_BOUND = 2**128
+#: Relative max-entry error allowed between a banded-low-rank representation and the operator.
+OPERATOR_RTOL = 1e-10
+#: Largest number of sub-diagonals of A^-1 the compressed gradient stream folds into its band.
+MAX_INVERSE_BANDWIDTH = 64
+#: Relative size below which an entry of A^-1 counts as zero when finding its bandwidth (the
+#: representation is then verified against the exact operator to OPERATOR_RTOL).
+_INVERSE_ZERO_RTOL = 1e-13
+
+#: Elements per chunk of the running-sum update (its scratch buffer).
+_CHUNK = 1 << 16
+
+STATE_FORMAT = "mfcli.noise_state"
+STATE_FORMAT_VERSION = 1
+
+OPERATOR_NAMES = {
+    ("gradient", "dense"): "C^-1 (gradient noise: add row t to the summed clipped gradient of step t)",
+    ("gradient", "compressed"): "C^^-1 = A^-1 B^ (gradient noise of the compressed mechanism)",
+    ("iterate", "dense"): "B (iterate noise: row t is the noise on the released output of step t)",
+    ("iterate", "compressed"): "B^ (iterate noise of the compressed mechanism)",
+}
+
+
+class StaleNoiseStateWarning(UserWarning):
+    """An older :class:`NoiseState` was used again; its buffers are rebuilt in O(t d)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise rows
+
+
+def check_seed(seed: Any) -> int:
+    """Validate a noise seed: an integer in [0, 2^128) (the Philox key)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise MfcliError(f"the noise seed must be an integer in [0, 2^128), got {type(seed).__name__}")
+    s = int(seed)
+    if not 0 <= s < SEED_BOUND:
+        raise MfcliError("the noise seed must be an integer in [0, 2^128)")
+    return s
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """float32 or float64 (as a name or numpy dtype)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise MfcliError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if dt.name not in DTYPES:
+        raise MfcliError(f"dtype must be float32 or float64, got {dt.name}")
+    return dt
+
+
+def check_dimension(d: Any) -> int:
+    """The number of model parameters d: a positive integer."""
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
+        raise MfcliError(f"d (the number of model parameters) must be a positive integer, got {d!r}")
+    return int(d)
+
+
+def _generator(seed: int, j: int) -> np.random.Generator:
+    counter = np.array([0, 0, j, 0], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=seed, counter=counter))
+
+
+def noise_row(seed: int, j: int, d: int, dtype: Any = "float64", *, out: np.ndarray | None = None) -> np.ndarray:
+    """Z[j]: d independent standard normals regenerated from ``(seed, j)``.
+
+    Philox with key ``seed`` and counter ``(0, 0, j, 0)``; rows for different j come from disjoint
+    blocks of the counter space (2^128 draws apart). float32 rows are drawn with numpy's float32
+    sampler, so a float32 stream is not the float64 stream rounded: the dtype is part of the
+    stream's identity.
+    """
+    seed = check_seed(seed)
+    dt = check_dtype(dtype)
+    if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or int(j) < 0:
+        raise MfcliError(f"noise row index must be a non-negative integer, got {j!r}")
+    if out is None:
+        out = np.empty(check_dimension(d), dtype=dt)
+    _generator(seed, int(j)).standard_normal(out=out, dtype=dt)
+    return out
+
+
+def noise_matrix(seed: int, rows: int, d: int, dtype: Any = "float64") -> np.ndarray:
+    """Z[0:rows] stacked (rows x d): for tests and small problems, never for training at scale."""
+    dt = check_dtype(dtype)
+    z = np.empty((rows, check_dimension(d)), dtype=dt)
+    for j in range(rows):
+        noise_row(seed, j, d, dt, out=z[j])
+    return z
+
+
+# ---------------------------------------------------------------------------------------------
+# Operators
+
+
+@dataclass(frozen=True, eq=False)
+class BandedLowRank:
+    """A lower-triangular n x n operator M = band_W(M) + mask_W(U V^T).
+
+    Attributes:
+        band: n x W, ``band[t, i] = M[t, t - i]`` (entries with t - i < 0 are ignored).
+        u: n x R.
+        v: n x R; ``M[t, j] = u[t] . v[j]`` for j <= t - W.
+    """
+
+    band: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+
+    def __post_init__(self) -> None:
+        bd = np.array(self.band, dtype=np.float64)
+        uu = np.array(self.u, dtype=np.float64)
+        vv = np.array(self.v, dtype=np.float64)
+        if bd.ndim != 2 or uu.ndim != 2 or vv.ndim != 2:
+            raise MfcliError("band, u and v must be 2-D arrays")
+        n, w = bd.shape
+        if w < 1 or w > n:
+            raise MfcliError(f"band width {w} out of range 1..{n}")
+        if uu.shape != vv.shape or uu.shape[0] != n:
+            raise MfcliError(f"u {uu.shape} and v {vv.shape} must both be n x R with n = {n}")
+        for name, m in (("band", bd), ("u", uu), ("v", vv)):
+            if not np.all(np.isfinite(m)):
+                raise MfcliError(f"{name} contains NaN or inf")
+        # entries of the band above the first row are not part of the matrix
+        bd[np.arange(w)[None, :] > np.arange(n)[:, None]] = 0.0
+        for m in (bd, uu, vv):
+            m.setflags(write=False)
+        object.__setattr__(self, "band", bd)
+        object.__setattr__(self, "u", uu)
+        object.__setattr__(self, "v", vv)
+
+    @property
+    def n(self) -> int:
+        return int(self.band.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.band.shape[1])
+
+    @property
+    def rank(self) -> int:
+        return int(self.u.shape[1])
+
+    def dense(self) -> np.ndarray:
+        """The n x n matrix M."""
+        n, w = self.n, self.width
+        t = np.arange(n)[:, None]
+        j = np.arange(n)[None, :]
+        out = np.where(j <= t - w, self.u @ self.v.T, 0.0)
+        for i in range(w):
+            rows = np.arange(i, n)
+            out[rows, rows - i] = self.band[i:, i]
+        return out
+
+
+def _band_of(mat: np.ndarray, width: int) -> np.ndarray:
+    n = mat.shape[0]
+    out = np.zeros((n, width))
+    for i in range(min(width, n)):
+        out[i:, i] = np.diagonal(mat, -i)
+    return out
+
+
+def _lower_bandwidth(mat: np.ndarray, *, rtol: float) -> int:
+    """Number of non-negligible sub-diagonals of a lower-triangular matrix."""
+    mag = np.abs(mat)
+    scale = mag.max(axis=1, keepdims=True)
+    nz = mag > rtol * scale
+    t, j = np.nonzero(nz)
+    return int(np.max(t - j)) if t.size else 0
+
+
+def _relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    scale = float(np.max(np.abs(exact)))
+    return float(np.max(np.abs(approx - exact))) / scale if scale > 0 else float(np.max(np.abs(approx)))
+
+
+def compressed_gradient_operator(
+    workload: np.ndarray, comp: BandedLowRank
+) -> tuple[BandedLowRank | None, np.ndarray, int]:
+    """C^^-1 = A^-1 B^ for a compressed decoder B^, as banded-low-rank when A^-1 is banded.
+
+    Returns ``(structured or None, dense C^^-1, p)``: with ``L = band_p(A^-1)`` the operator is
+    band_(K+p)(L B^) plus masked rank R with U' = L U and the same V; it is returned only if it
+    reproduces the dense ``solve_triangular(A, B^)`` to :data:`OPERATOR_RTOL`. Otherwise (a custom
+    workload whose inverse is not banded) the first element is None and the stream regenerates.
+    """
+    a = np.asarray(workload, dtype=np.float64)
+    n = a.shape[0]
+    b_hat = comp.dense()
+    exact = scipy.linalg.solve_triangular(a, b_hat, lower=True)
+    a_inv = scipy.linalg.solve_triangular(a, np.eye(n), lower=True)
+    p = _lower_bandwidth(a_inv, rtol=_INVERSE_ZERO_RTOL)
+    if p > MAX_INVERSE_BANDWIDTH or comp.width + p > n:
+        return None, exact, p
+    low = np.tril(np.triu(a_inv, -p))
+    width = comp.width + p
+    structured = BandedLowRank(band=_band_of(low @ b_hat, width), u=low @ comp.u, v=comp.v)
+    if _relative_error(structured.dense(), exact) > OPERATOR_RTOL:
+        return None, exact, p
+    return structured, exact, p
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream and state
+
+
+@dataclass(eq=False)
+class _Workspace:
+    """Working buffers of a banded-low-rank stream, valid for the state at step ``position``.
+
+    Rows 0..W-1 of ``buf`` hold Z[j] in slot j mod W for j in [position - W, position); rows
+    W..W+R-1 hold S_{position-W-1}. Private: lent from state to state.
+    """
+
+    buf: np.ndarray
+    scratch: np.ndarray
+    position: int
+
+
+@dataclass(frozen=True, eq=False)
+class NoiseState:
+    """Where a noise stream stands: the next step to produce is ``t``.
+
+    A plain immutable value: keep it, pass it to :meth:`NoiseStream.next`, checkpoint it with
+    :meth:`NoiseStream.state_dict`. It carries a tag of the stream that made it, so it cannot be
+    fed to a stream with another seed, operator, d or dtype.
+    """
+
+    t: int
+    stream_tag: str
+    _work: _Workspace | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, eq=False)
+class NoiseStream:
+    """Correlated noise for a model of ``d`` parameters, one row per training step.
+
+    Build one with :func:`noise_stream`. Use as::
+
+        state = stream.init()
+        for t in range(stream.n):
+            noise, state = stream.next(state)      # (d,) array, unit noise multiplier and clip
+            grad += sigma * clip * noise           # kind="gradient": C^-1 Z, added to gradients
+
+    Attributes:
+        kind: ``gradient`` (rows of C^-1 Z) or ``iterate`` (rows of B Z).
+        variant: ``dense`` (the artifact's B, C) or ``compressed`` (its B^, C^).
+        n: steps covered; step t >= n is refused.
+        d: model dimension.
+        dtype: float32 or float64.
+        method: ``banded-low-rank`` or ``regenerate`` (module docstring).
+        operator: the operator applied to Z (a :class:`BandedLowRank` or a dense matrix).
+        sensitivity: sens(C) (dense) or sens(C^) (compressed), single participation, in units of
+            the clip norm: what the privacy accounting of training with this stream must use.
+        fingerprint: SHA-256 of kind, variant and the operator's float64 bytes.
+        source: the artifact path.
+        inverse_bandwidth: p, sub-diagonals of A^-1 (compressed gradient streams only).
+        workload_name, workload_params: what the artifact says A is (for adapters' checks).
+    """
+
+    kind: str
+    variant: str
+    n: int
+    d: int
+    dtype: np.dtype
+    seed: int = field(repr=False)
+    method: str
+    operator: BandedLowRank | np.ndarray = field(repr=False)
+    sensitivity: float
+    fingerprint: str
+    source: str = ""
+    inverse_bandwidth: int | None = None
+    workload_name: str = ""
+    workload_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def operator_name(self) -> str:
+        """Which operator this stream carries, in words (C^-1 gradient noise vs B iterate noise)."""
+        return OPERATOR_NAMES[(self.kind, self.variant)]
+
+    @property
+    def width(self) -> int:
+        """W: noise rows in the band (0 for a regenerating stream)."""
+        return self.operator.width if isinstance(self.operator, BandedLowRank) else 0
+
+    @property
+    def rank(self) -> int:
+        """R: running sums kept (0 for a regenerating stream)."""
+        return self.operator.rank if isinstance(self.operator, BandedLowRank) else 0
+
+    @property
+    def tag(self) -> str:
+        """Identity of the noise sequence: operator fingerprint, seed, d and dtype (hashed)."""
+        h = hashlib.sha256()
+        h.update(f"{self.fingerprint}|{self.seed}|{self.d}|{self.dtype.name}".encode())
+        return h.hexdigest()
+
+    def memory_floats(self) -> int:
+        """Floats a step holds, the returned row included: (W + R + 1) d plus a chunk of scratch
+        for a banded stream, 2 d for a regenerating one (the caller's previous row not counted)."""
+        if self.method == "banded-low-rank":
+            return (self.width + self.rank + 1) * self.d + min(self.d, _CHUNK)
+        return 2 * self.d
+
+    def describe(self) -> dict:
+        """A JSON-ready summary of the stream (no seed)."""
+        return {
+            "kind": self.kind,
+            "operator": self.operator_name,
+            "variant": self.variant,
+            "method": self.method,
+            "n": self.n,
+            "d": self.d,
+            "dtype": self.dtype.name,
+            "band_width": self.width,
+            "rank": self.rank,
+            "inverse_bandwidth": self.inverse_bandwidth,
+            "memory_floats": self.memory_floats(),
+            "sensitivity": self.sensitivity,
+            "fingerprint": self.fingerprint,
+            "source": self.source,
+        }
+
+    def operator_matrix(self) -> np.ndarray:
+        """The operator M the stream applies to Z (n x n, or n x m for a non-square strategy)."""
+        if isinstance(self.operator, BandedLowRank):
+            return self.operator.dense()
+        return np.array(self.operator)
+
+    # ------------------------------------------------------------------ pure interface
+
+    def init(self) -> NoiseState:
+        """The state before step 0."""
+        return NoiseState(t=0, stream_tag=self.tag, _work=self._fresh_workspace(0))
+
+    def next(self, state: NoiseState) -> tuple[np.ndarray, NoiseState]:
+        """Row ``state.t`` of the stream's noise and the state for the following step.
+
+        Returns a new (d,) array the caller owns. Raises MfcliError at t >= n or for a state of
+        another stream.
+        """
+        t = self._check_state(state)
+        if self.method == "regenerate":
+            return self._regenerate_row(t), NoiseState(t=t + 1, stream_tag=state.stream_tag)
+        work = state._work
+        if work is None or work.position != t:
+            if work is not None:
+                warnings.warn(
+                    f"noise state for step {t} was used again after a later step; rebuilding its "
+                    "buffers from the seed (O(t d)). Keep only the latest state, or branch with "
+                    "state_dict/load_state_dict.",
+                    StaleNoiseStateWarning,
+                    stacklevel=2,
+                )
+            work = self._rebuild(t)
+        out = self._advance(work, t)
+        return out, NoiseState(t=t + 1, stream_tag=state.stream_tag, _work=work)
+
+    def state_at(self, t: int) -> NoiseState:
+        """The state before step ``t``, rebuilt from the seed (O(t d) for a banded stream)."""
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
+            raise MfcliError(f"step must be an integer in [0, {self.n}], got {t!r}")
+        t = int(t)
+        work = self._rebuild(t) if self.method == "banded-low-rank" else None
+        return NoiseState(t=t, stream_tag=self.tag, _work=work)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self, state: NoiseState) -> dict:
+        """A checkpoint of ``state``: plain Python values and numpy arrays (np.savez, pickle).
+
+        Holds the step, the stream's identity (operator fingerprint, a hash of the seed, d, dtype,
+        kind) and, for a banded stream, the R x d running sums; the recent noise rows are
+        regenerated on load. Keep it as secret as the seed.
+        """
+        t = self._check_state(state, allow_end=True)
+        running = np.zeros((self.rank, self.d), dtype=self.dtype)
+        if self.method == "banded-low-rank" and self.rank:
+            work = state._work
+            if work is None or work.position != t:
+                work = self._rebuild(t)
+            running = work.buf[self.width:].copy()
+        return {
+            "format": STATE_FORMAT,
+            "format_version": STATE_FORMAT_VERSION,
+            "t": t,
+            "n": self.n,
+            "d": self.d,
+            "dtype": self.dtype.name,
+            "kind": self.kind,
+            "variant": self.variant,
+            "method": self.method,
+            "fingerprint": self.fingerprint,
+            "seed_sha256": self._seed_hash(),
+            "generator_check": self._generator_check(t),
+            "running": running,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoiseState:
+        """The state a :meth:`state_dict` checkpoint describes, after checking it fits this stream.
+
+        Raises MfcliError naming the mismatch: another seed, operator, kind, d or dtype, a
+        malformed checkpoint, or a numpy whose generator draws different noise for (seed, j).
+        """
+        sd = state_dict
+        if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
+            raise MfcliError("not an mfcli noise-stream checkpoint (format is not mfcli.noise_state)")
+        if sd.get("format_version") != STATE_FORMAT_VERSION:
+            raise MfcliError(f"noise checkpoint format_version {sd.get('format_version')!r} is not supported")
+        for key, mine in (
+            ("kind", self.kind),
+            ("variant", self.variant),
+            ("n", self.n),
+            ("d", self.d),
+            ("dtype", self.dtype.name),
+            ("method", self.method),
+            ("fingerprint", self.fingerprint),
+        ):
+            theirs = sd.get(key)
+            if isinstance(theirs, np.ndarray) and theirs.ndim == 0:
+                theirs = theirs.item()
+            if theirs != mine:
+                what = "operator (artifact)" if key == "fingerprint" else key
+                raise MfcliError(f"noise checkpoint does not fit this stream: {what} is {theirs!r}, the stream has {mine!r}")
+        if sd.get("seed_sha256") != self._seed_hash():
+            raise MfcliError("noise checkpoint was written with a different seed than this stream's")
+        t = sd.get("t")
+        if isinstance(t, np.ndarray) and t.ndim == 0:
+            t = t.item()
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
+            raise MfcliError(f"noise checkpoint step t = {t!r} is out of range 0..{self.n}")
+        t = int(t)
+        if sd.get("generator_check") != self._generator_check(t):
+            raise MfcliError(
+                "this numpy draws different noise for (seed, row) than the one that wrote the "
+                "checkpoint; resuming would break the noise correlation"
+            )
+        running = np.asarray(sd.get("running"))
+        if running.shape != (self.rank, self.d):
+            raise MfcliError(
+                f"noise checkpoint running sums have shape {running.shape}, expected {(self.rank, self.d)}"
+            )
+        if not np.all(np.isfinite(running)):
+            raise MfcliError("noise checkpoint running sums contain NaN or inf")
+        if self.method == "regenerate":
+            return NoiseState(t=t, stream_tag=self.tag)
+        work = self._fresh_workspace(t)
+        work.buf[self.width:] = running
+        for j in range(max(0, t - self.width), t):
+            noise_row(self.seed, j, self.d, self.dtype, out=work.buf[j % self.width])
+        return NoiseState(t=t, stream_tag=self.tag, _work=work)
+
+    # ------------------------------------------------------------------ internals
+
+    def _seed_hash(self) -> str:
+        return hashlib.sha256(f"mfcli-noise-seed|{self.seed}|{self.fingerprint}".encode()).hexdigest()
+
+    def _generator_check(self, t: int) -> str:
+        """Hash of the first entries of the last noise row drawn before step t (Z[0] at t = 0)."""
+        j = max(t - 1, 0)
+        k = min(self.d, 16)
+        head = np.empty(self.d, dtype=self.dtype)
+        noise_row(self.seed, j, self.d, self.dtype, out=head)
+        return hashlib.sha256(head[:k].tobytes()).hexdigest()
+
+    def _check_state(self, state: Any, *, allow_end: bool = False) -> int:
+        if not isinstance(state, NoiseState):
+            raise MfcliError(f"expected a NoiseState, got {type(state).__name__}")
+        if state.stream_tag != self.tag:
+            raise MfcliError("this noise state belongs to another stream (different seed, artifact, d or dtype)")
+        t = state.t
+        if t < 0:
+            raise MfcliError(f"noise state step {t} is negative")
+        if t >= self.n and not (allow_end and t == self.n):
+            raise MfcliError(
+                f"noise stream exhausted: step {t} >= n = {self.n}; the artifact covers steps "
+                f"0..{self.n - 1} and running past the end would break the privacy guarantee"
+            )
+        return int(t)
+
+    def _fresh_workspace(self, position: int) -> _Workspace | None:
+        if self.method != "banded-low-rank":
+            return None
+        buf = np.zeros((self.width + self.rank, self.d), dtype=self.dtype)
+        scratch = np.empty(min(self.d, _CHUNK), dtype=self.dtype)
+        return _Workspace(buf=buf, scratch=scratch, position=position)
+
+    def _accumulate(self, work: _Workspace, m: int, z_m: np.ndarray) -> None:
+        """S_m = S_{m-1} + V[m]^T Z[m], in place.
+
+        Element-wise multiply then add (no BLAS, no fused multiply-add), in chunks of
+        :data:`_CHUNK` so the scratch stays small: the running sums are bit-reproducible whatever
+        the BLAS threads or buffer alignment, which makes a resumed stream identical.
+        """
+        w = self.width
+        coeffs = self._v_cast[m]
+        scratch = work.scratch
+        for start in range(0, self.d, _CHUNK):
+            stop = min(start + _CHUNK, self.d)
+            sc = scratch[: stop - start]
+            z = z_m[start:stop]
+            for r in range(self.rank):
+                s = work.buf[w + r, start:stop]
+                np.multiply(z, coeffs[r], out=sc)
+                np.add(s, sc, out=s)
+
+    def _rebuild(self, t: int) -> _Workspace:
+        """Buffers for the state before step t, from the seed alone."""
+        work = self._fresh_workspace(t)
+        w = self.width
+        row = np.empty(self.d, dtype=self.dtype)
+        if self.rank:
+            for m in range(0, t - w):
+                noise_row(self.seed, m, self.d, self.dtype, out=row)
+                self._accumulate(work, m, row)
+        for j in range(max(0, t - w), t):
+            noise_row(self.seed, j, self.d, self.dtype, out=work.buf[j % w])
+        return work
+
+    def _advance(self, work: _Workspace, t: int) -> np.ndarray:
+        w = self.width
+        m = t - w
+        if m >= 0 and self.rank:
+            self._accumulate(work, m, work.buf[m % w])   # S_{t-W}; slot m mod W is reused next
+        noise_row(self.seed, t, self.d, self.dtype, out=work.buf[t % w])
+        out = self._coefficients(t) @ work.buf
+        work.position = t + 1
+        return out
+
+    def _coefficients(self, t: int) -> np.ndarray:
+        """Row t of the operator in buffer order: band entries by ring slot, then U[t]."""
+        op = self.operator
+        w = self.width
+        c = np.zeros(w + self.rank, dtype=self.dtype)
+        i = np.arange(min(w, t + 1))
+        c[(t - i) % w] = op.band[t, i]
+        c[w:] = op.u[t]
+        return c
+
+    def _regenerate_row(self, t: int) -> np.ndarray:
+        row = self.operator[t]
+        out = np.zeros(self.d, dtype=self.dtype)
+        scratch = np.empty(self.d, dtype=self.dtype)
+        for j in np.flatnonzero(row):
+            noise_row(self.seed, int(j), self.d, self.dtype, out=scratch)
+            np.multiply(scratch, self.dtype.type(row[j]), out=scratch)
+            np.add(out, scratch, out=out)
+        return out
+
+    @property
+    def _v_cast(self) -> np.ndarray:
+        cached = self.__dict__.get("_v_cast_cache")
+        if cached is None:
+            cached = np.ascontiguousarray(self.operator.v, dtype=self.dtype)
+            object.__setattr__(self, "_v_cast_cache", cached)
+        return cached
+
+
+# ---------------------------------------------------------------------------------------------
+# Construction from an artifact
+
+
+def _fingerprint(kind: str, variant: str, op: BandedLowRank | np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(f"mfcli-noise|{kind}|{variant}|".encode())
+    arrays = (op.band, op.u, op.v) if isinstance(op, BandedLowRank) else (op,)
+    for arr in arrays:
+        a = np.ascontiguousarray(arr, dtype="<f8")
+        h.update(f"{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def compressed_operator_from_group(group: Mapping[str, Any], n: int, *, where: str = "artifact") -> BandedLowRank:
+    """B^ from an artifact's ``compressed`` group (datasets band, u, v; attrs band, rank).
+
+    Raises ArtifactError if the group is incomplete or its shapes disagree with its attributes.
+    """
+    ds = group.get("datasets", {})
+    attrs = group.get("attrs", {})
+    for name in ("band", "u", "v"):
+        if name not in ds:
+            raise ArtifactError(f"{where}: compressed group has no {name!r} dataset")
+    band, u, v = (np.asarray(ds[k], dtype=np.float64) for k in ("band", "u", "v"))
+    k_attr, r_attr = attrs.get("band"), attrs.get("rank")
+    if band.ndim != 2 or band.shape[0] != n or band.shape[1] != k_attr:
+        raise ArtifactError(f"{where}: compressed band has shape {band.shape}, expected ({n}, {k_attr})")
+    if u.ndim != 2 or v.ndim != 2 or u.shape != (n, r_attr) or v.shape != (n, r_attr):
+        raise ArtifactError(f"{where}: compressed u {u.shape} and v {v.shape} must be ({n}, {r_attr})")
+    try:
+        return BandedLowRank(band=band, u=u, v=v)
+    except MfcliError as exc:
+        raise ArtifactError(f"{where}: compressed group: {exc}") from None
+
+
+def noise_stream(
+    artifact: Any,
+    *,
+    kind: str,
+    d: int,
+    seed: int,
+    dtype: Any = "float32",
+    variant: str = "auto",
+) -> NoiseStream:
+    """A noise stream for a model of ``d`` parameters from an artifact (path or loaded Artifact).
+
+    Args:
+        artifact: path to an mfcli artifact, or an :class:`mfcli.artifact.Artifact`.
+        kind: ``gradient`` (C^-1 Z, add to the summed clipped gradient) or ``iterate`` (B Z, the
+            noise on the released iterate). Required: the two are easy to confuse.
+        d: number of model parameters (the length of each noise row).
+        seed: secret integer in [0, 2^128); e.g. ``secrets.randbits(128)``, stored safely for
+            resume.
+        dtype: float32 (default) or float64.
+        variant: ``auto`` (the compressed decoder if the artifact has one, else dense), ``dense``
+            or ``compressed``.
+
+    Formal guarantees: see the module docstring. For a compressed artifact the stored
+    ``sensitivity`` of C^ = B^-1 A is recomputed and must match; the stream's
+    :attr:`~NoiseStream.sensitivity` is that recomputed value.
+
+    Raises:
+        MfcliError / ArtifactError: a bad option, a non-causal artifact, gradient noise for a
+            non-square strategy, or an inconsistent compressed group.
+    """
+    from mfcli.artifact import Artifact, load_artifact
+
+    if kind not in KINDS:
+        raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+    if variant not in VARIANTS:
+        raise MfcliError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    d = check_dimension(d)
+    seed = check_seed(seed)
+    dt = check_dtype(dtype)
+    art = artifact if isinstance(artifact, Artifact) else load_artifact(Path(artifact))
+    where = str(art.path)
+    fact = art.factorization
+    if not fact.causal:
+        raise MfcliError(f"{where} is not causal (an offline-only strategy): it cannot be streamed")
+    comp_group = art.groups.get("compressed")
+    if variant == "auto":
+        variant = "compressed" if comp_group is not None else "dense"
+    if variant == "compressed" and comp_group is None:
+        raise MfcliError(f"{where} has no compressed decoder (run mfcli compress first)")
+
+    inverse_bandwidth: int | None = None
+    if variant == "dense":
+        if kind == "gradient":
+            if fact.m != fact.n:
+                raise MfcliError(
+                    f"{where} has a {fact.m} x {fact.n} strategy: gradient noise C^-1 Z needs a square "
+                    "strategy (use kind='iterate' for B Z)"
+                )
+            op: BandedLowRank | np.ndarray = fact.noising_matrix()
+        else:
+            op = np.array(fact.decoder)
+        if fact.m == fact.n and not is_lower_triangular(op):
+            raise MfcliError(f"{where}: the {kind} operator is not lower-triangular: it cannot be streamed")
+        op.setflags(write=False)
+        sens = fact.sensitivity
+        method = "regenerate"
+    else:
+        if fact.m != fact.n:
+            raise MfcliError(f"{where}: a compressed decoder needs a square strategy")
+        comp = compressed_operator_from_group(comp_group, fact.n, where=where)
+        diag = comp.band[:, 0]
+        if np.any(diag == 0):
+            raise ArtifactError(f"{where}: compressed decoder B^ has a zero on its diagonal (not invertible)")
+        b_hat = comp.dense()
+        c_hat = scipy.linalg.solve_triangular(b_hat, fact.workload, lower=True)
+        sens = sensitivity(c_hat)
+        stored = comp_group.get("attrs", {}).get("sensitivity")
+        if not isinstance(stored, (int, float)) or not np.isclose(stored, sens, rtol=1e-9, atol=0):
+            raise ArtifactError(
+                f"{where}: compressed sensitivity {stored!r} does not match sens(B^-1 A) recomputed "
+                f"from band, u and v ({sens!r})"
+            )
+        if kind == "iterate":
+            op, method = comp, "banded-low-rank"
+        else:
+            structured, exact, p = compressed_gradient_operator(fact.workload, comp)
+            inverse_bandwidth = p
+            if structured is not None:
+                op, method = structured, "banded-low-rank"
+            else:
+                exact.setflags(write=False)
+                op, method = exact, "regenerate"
+    return NoiseStream(
+        kind=kind,
+        variant=variant,
+        n=fact.n,
+        d=d,
+        dtype=dt,
+        seed=seed,
+        method=method,
+        operator=op,
+        sensitivity=float(sens),
+        fingerprint=_fingerprint(kind, variant, op),
+        source=where,
+        inverse_bandwidth=inverse_bandwidth,
+        workload_name=art.workload_name,
+        workload_params=dict(art.attrs.get("workload_params") or {}),
+    )
+
+
+__all__ = [
+    "BandedLowRank",
+    "NoiseState",
+    "NoiseStream",
+    "StaleNoiseStateWarning",
+    "check_seed",
+    "compressed_gradient_operator",
+    "compressed_operator_from_group",
+    "noise_matrix",
+    "noise_row",
+    "noise_stream",
+]
