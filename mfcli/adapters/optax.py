@@ -1,0 +1,185 @@
+"""optax adapter: correlated gradient noise from an mfcli artifact as a GradientTransformation.
+
+Example::
+
+    import jax, optax
+    from mfcli.noise import noise_stream
+    from mfcli.adapters.optax import correlated_noise
+
+    d = sum(x.size for x in jax.tree_util.tree_leaves(params))
+    stream = noise_stream("artifacts/momentum-n256.h5", kind="gradient", d=d, seed=SECRET_SEED)
+    tx = optax.chain(
+        correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0),   # + sigma clip (C^-1 Z)[t]
+        optax.sgd(learning_rate=0.1, momentum=0.9),                      # runs the workload A
+    )
+    opt_state = tx.init(params)
+    updates, opt_state = jax.jit(tx.update)(summed_clipped_grads, opt_state)
+
+The incoming updates must be the SUM of per-example clipped gradients (pass ``batch_size`` if they
+are the mean over a fixed batch). The noise is the artifact's **gradient** noise, row t of C^-1 Z
+(C^^-1 Z compressed), never the iterate noise B Z.
+
+How it runs: the noise row Z[t] is drawn on the host by numpy's Philox from (seed, t) through
+``jax.pure_callback`` (a pure function of t, so it is safe under ``jit``); the banded-low-rank
+recurrence (module :mod:`mfcli.noise`) runs in JAX on the optimizer state, which holds the W most
+recent noise rows and the R running sums: checkpoint the optax state as usual and the stream
+resumes exactly. Donate the optimizer state to ``jit`` (``donate_argnums``) to update those
+buffers in place. A dense artifact (method ``regenerate``) computes its whole row on the host,
+O(t d) per step: compress it first for large models. Step t >= n raises (an MfcliError when not
+traced; under ``jit`` a runtime error carrying the same message).
+
+Formal guarantees: as for :mod:`mfcli.adapters.torch`: the mechanism is C G + Z, with
+sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+
+from mfcli.errors import MfcliError
+from mfcli.noise import BandedLowRank, NoiseStream, noise_row
+
+
+class CorrelatedNoiseState(NamedTuple):
+    """optax state: the next step, the ring of recent noise rows, the running sums, a stream tag."""
+
+    step: jnp.ndarray
+    ring: jnp.ndarray
+    running: jnp.ndarray
+    tag: jnp.ndarray
+
+
+def _tag_words(stream: NoiseStream) -> np.ndarray:
+    return np.frombuffer(bytes.fromhex(stream.tag[:16]), dtype=">u4").astype(np.uint32)
+
+
+def _slot_coefficients(op: BandedLowRank, dtype: np.dtype) -> np.ndarray:
+    """Row t of the operator in buffer order: band entries by ring slot (Z[j] in slot j mod W)."""
+    n, w, r = op.n, op.width, op.rank
+    table = np.zeros((n, w + r))
+    for t in range(n):
+        i = np.arange(min(w, t + 1))
+        table[t, (t - i) % w] = op.band[t, i]
+    table[:, w:] = op.u
+    return table.astype(dtype)
+
+
+def correlated_noise(
+    stream: NoiseStream,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    batch_size: int | None = None,
+    postprocess: Callable[[jnp.ndarray], jnp.ndarray] | None = None,
+) -> optax.GradientTransformation:
+    """A GradientTransformation adding ``sigma * clip * (C^-1 Z)[t]`` to the updates of step t.
+
+    Args:
+        stream: a :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` equals the
+            number of parameters (all leaves of the params pytree, in ``ravel_pytree`` order).
+        noise_multiplier: sigma.
+        clip_norm: the per-example clip norm.
+        batch_size: None if updates are summed clipped gradients; B if averaged over B.
+        postprocess: optional ``f(flat) -> flat`` on the flattened noisy gradient (length d)
+            before it leaves this transformation, e.g. Laplacian smoothing.
+    """
+    if not isinstance(stream, NoiseStream):
+        raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")
+    if stream.kind != "gradient":
+        raise MfcliError(
+            "correlated_noise adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
+            f"not {stream.kind!r} ({stream.operator_name})"
+        )
+    for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if postprocess is not None and not callable(postprocess):
+        raise MfcliError("postprocess must be callable")
+    dt = stream.dtype
+    if dt == np.float64 and not jax.config.jax_enable_x64:
+        raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")
+    scale = float(noise_multiplier) * float(clip_norm) / (batch_size or 1)
+    n, d = stream.n, stream.d
+    tag = _tag_words(stream)
+    banded = stream.method == "banded-low-rank"
+    w, r = stream.width, stream.rank
+    if banded:
+        coef_table = jnp.asarray(_slot_coefficients(stream.operator, dt))
+        v_table = jnp.asarray(np.asarray(stream.operator.v, dtype=dt))
+
+    def host_row(t: np.ndarray, got_tag: np.ndarray) -> np.ndarray:
+        step = int(t)
+        if not np.array_equal(np.asarray(got_tag, dtype=np.uint32), tag):
+            raise MfcliError("this optax state belongs to another noise stream (different seed, artifact, d or dtype)")
+        if not 0 <= step < n:
+            raise MfcliError(
+                f"noise stream exhausted: step {step} >= n = {n}; the artifact covers steps 0..{n - 1} "
+                "and running past the end would break the privacy guarantee"
+            )
+        if banded:
+            return noise_row(stream.seed, step, d, dt)
+        row, _ = stream.next(stream.state_at(step))
+        return row
+
+    def init_fn(params: Any) -> CorrelatedNoiseState:
+        flat, _ = ravel_pytree(params)
+        if flat.size != d:
+            raise MfcliError(f"the noise stream has d = {d} but the parameters have {flat.size} entries")
+        return CorrelatedNoiseState(
+            step=jnp.zeros((), dtype=jnp.int32),
+            ring=jnp.zeros((w, d), dtype=dt),
+            running=jnp.zeros((r, d), dtype=dt),
+            tag=jnp.asarray(tag),
+        )
+
+    def update_fn(updates: Any, state: CorrelatedNoiseState, params: Any = None) -> tuple[Any, CorrelatedNoiseState]:
+        del params
+        flat, unravel = ravel_pytree(updates)
+        if flat.size != d:
+            raise MfcliError(f"the noise stream has d = {d} but the updates have {flat.size} entries")
+        t = state.step
+        if not isinstance(t, jax.core.Tracer) and not isinstance(state.tag, jax.core.Tracer):
+            if not np.array_equal(np.asarray(state.tag, dtype=np.uint32), tag):
+                raise MfcliError(
+                    "this optax state belongs to another noise stream (different seed, artifact, d or dtype)"
+                )
+            host_step = int(t)
+            if host_step >= n:
+                raise MfcliError(
+                    f"noise stream exhausted: step {host_step} >= n = {n}; the artifact covers steps "
+                    f"0..{n - 1} and running past the end would break the privacy guarantee"
+                )
+        z = jax.pure_callback(host_row, jax.ShapeDtypeStruct((d,), dt), t, state.tag)
+        ring, running = state.ring, state.running
+        if banded:
+            m = t - w
+            slot_m = jnp.mod(m, w)
+            z_m = jax.lax.dynamic_index_in_dim(ring, slot_m, axis=0, keepdims=False)
+            v_m = v_table[jnp.maximum(m, 0)]
+            running = jnp.where(m >= 0, running + v_m[:, None] * z_m[None, :], running)
+            ring = jax.lax.dynamic_update_index_in_dim(ring, z, jnp.mod(t, w), axis=0)
+            c = coef_table[jnp.minimum(t, n - 1)]
+            noise = c[:w] @ ring + c[w:] @ running
+        else:
+            noise = z
+        noisy = flat + (scale * noise).astype(flat.dtype)
+        if postprocess is not None:
+            out = postprocess(noisy)
+            if getattr(out, "shape", None) != noisy.shape:
+                raise MfcliError(f"postprocess must return an array of shape {noisy.shape}")
+            noisy = out
+        new_state = CorrelatedNoiseState(step=t + 1, ring=ring, running=running, tag=state.tag)
+        return unravel(noisy), new_state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+__all__ = ["CorrelatedNoiseState", "correlated_noise"]

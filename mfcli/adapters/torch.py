@@ -1,0 +1,253 @@
+"""PyTorch adapter: correlated gradient noise from an mfcli artifact, added before each step.
+
+Example (the model's gradients must be the SUM of per-example gradients each clipped to norm
+``clip``, e.g. from your own per-example clipping or a DP library)::
+
+    import torch
+    from mfcli.adapters.torch import CorrelatedNoiseOptimizer
+
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # runs the workload A
+    opt = CorrelatedNoiseOptimizer(inner, artifact="artifacts/momentum-n256.h5", seed=SECRET_SEED,
+                                   noise_multiplier=1.0, clip_norm=1.0)
+    for step in range(opt.n):
+        opt.zero_grad()
+        summed_clipped_grads(model, batch).backward()
+        opt.step()            # grad += sigma * clip * (C^-1 Z)[t]; then the inner step
+
+The noise is the artifact's **gradient** noise, row t of C^-1 Z (C^^-1 Z for a compressed artifact).
+With an inner optimizer that computes the artifact's workload A (plain SGD for ``prefix``,
+SGD with ``momentum=beta`` and ``dampening=0`` for ``momentum``) the released iterates carry the
+noise B Z the factorization was optimised for. Step t >= n raises :class:`mfcli.errors.MfcliError`.
+
+Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (sigma clip)^2) entry-wise,
+so its privacy is that of a Gaussian mechanism with sensitivity :attr:`sensitivity` x clip and
+noise sigma x clip (single participation; see the accounting docs). The optimizer is
+post-processing; a mismatch between it and A costs accuracy, not privacy, and only warns.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from mfcli.errors import MfcliError
+from mfcli.noise import NoiseState, NoiseStream, noise_stream
+
+
+def _numpy_dtype_for(params: list[torch.Tensor]) -> str:
+    return "float64" if params and all(p.dtype == torch.float64 for p in params) else "float32"
+
+
+class CorrelatedNoiseOptimizer:
+    """Wraps a ``torch.optim`` optimizer; :meth:`step` first adds correlated gradient noise.
+
+    Args:
+        optimizer: the inner optimizer (it owns the parameters, learning rate and momentum).
+        artifact: path to an mfcli artifact (or a loaded Artifact); or pass ``stream``.
+        stream: a ready :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` is the
+            number of trainable parameters (instead of ``artifact``/``seed``/``variant``).
+        seed: the secret noise seed, an integer in [0, 2^128) (keep it for resume).
+        noise_multiplier: sigma; the noise added is ``sigma * clip * (C^-1 Z)[t]``.
+        clip_norm: the per-example clip norm.
+        batch_size: None if ``.grad`` holds the sum of clipped per-example gradients; B if it holds
+            their average over a fixed batch of B (the noise is then divided by B too).
+        variant: ``auto``, ``dense`` or ``compressed`` (see :func:`mfcli.noise.noise_stream`).
+        dtype: noise dtype; default float64 if every parameter is float64, else float32.
+        postprocess: optional ``f(flat_noisy_grad) -> tensor`` applied to the flattened noisy
+            gradient (length d, parameter order) before the inner step; e.g. Laplacian smoothing.
+        check_workload: warn if a ``torch.optim.SGD`` inner optimizer does not match the
+            artifact's prefix/momentum workload.
+
+    Parameters are flattened in ``optimizer.param_groups`` order; parameter k takes entries
+    [offset_k, offset_k + numel_k) of each noise row. A parameter whose ``.grad`` is None at a
+    step is treated as having zero gradient: it still receives its noise.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        artifact: Any = None,
+        stream: NoiseStream | None = None,
+        seed: int | None = None,
+        noise_multiplier: float,
+        clip_norm: float,
+        batch_size: int | None = None,
+        variant: str = "auto",
+        dtype: str | None = None,
+        postprocess: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        check_workload: bool = True,
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise MfcliError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        params = self._collect(optimizer.param_groups)
+        if not params:
+            raise MfcliError("the optimizer has no trainable parameters")
+        d = sum(p.numel() for p in params)
+        for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if postprocess is not None and not callable(postprocess):
+            raise MfcliError("postprocess must be callable")
+        if stream is None:
+            if artifact is None or seed is None:
+                raise MfcliError("pass either stream=, or artifact= and seed=")
+            stream = noise_stream(
+                artifact, kind="gradient", d=d, seed=seed,
+                dtype=dtype or _numpy_dtype_for(params), variant=variant,
+            )
+        else:
+            if artifact is not None or seed is not None:
+                raise MfcliError("pass either stream=, or artifact= and seed=, not both")
+            if not isinstance(stream, NoiseStream):
+                raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")
+        if stream.kind != "gradient":
+            raise MfcliError(
+                "this optimizer adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
+                f"not {stream.kind!r} ({stream.operator_name})"
+            )
+        if stream.d != d:
+            raise MfcliError(f"the noise stream has d = {stream.d} but the optimizer has {d} trainable parameters")
+        self.optimizer = optimizer
+        self.stream = stream
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip_norm = float(clip_norm)
+        self.batch_size = batch_size
+        self.postprocess = postprocess
+        self._params = params
+        self._state: NoiseState = stream.init()
+        if check_workload:
+            self._check_workload()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def n(self) -> int:
+        """Steps the artifact covers."""
+        return self.stream.n
+
+    @property
+    def steps_taken(self) -> int:
+        """Noisy steps taken so far (the next step is this index)."""
+        return self._state.t
+
+    @property
+    def sensitivity(self) -> float:
+        """sens(C) (or sens(C^) compressed) per unit clip norm: the number accounting must use."""
+        return self.stream.sensitivity
+
+    @property
+    def noise_scale(self) -> float:
+        """The factor applied to each unit noise row: sigma * clip (/ batch_size)."""
+        scale = self.noise_multiplier * self.clip_norm
+        return scale / self.batch_size if self.batch_size else scale
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    # ------------------------------------------------------------------ optimizer interface
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Add ``noise_scale * (C^-1 Z)[t]`` to the gradients, then run the inner step.
+
+        Raises MfcliError at t >= n, before touching any gradient.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        row, new_state = self.stream.next(self._state)
+        noise = torch.from_numpy(row)
+        scale = self.noise_scale
+        if self.postprocess is None:
+            offset = 0
+            for p in self._params:
+                k = p.numel()
+                part = noise[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype)
+                if p.grad is None:
+                    p.grad = part.mul(scale)
+                else:
+                    p.grad.add_(part, alpha=scale)
+                offset += k
+        else:
+            flat = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(noise.dtype).cpu()
+                    for p in self._params
+                ]
+            )
+            flat.add_(noise, alpha=scale)
+            out = self.postprocess(flat)
+            if not isinstance(out, torch.Tensor) or out.shape != flat.shape:
+                raise MfcliError(f"postprocess must return a tensor of shape {tuple(flat.shape)}")
+            offset = 0
+            for p in self._params:
+                k = p.numel()
+                p.grad = out[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype).clone()
+                offset += k
+        self._state = new_state
+        self.optimizer.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict plus the noise stream's checkpoint (tensors and plain
+        values only, so ``torch.load(weights_only=True)`` reads it). Keep it secret, like the seed."""
+        sd = self.stream.state_dict(self._state)
+        sd["running"] = torch.from_numpy(np.ascontiguousarray(sd["running"]))
+        return {"optimizer": self.optimizer.state_dict(), "noise": sd}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore both; refuses a noise checkpoint of another seed, artifact, d or dtype."""
+        if not isinstance(state_dict, Mapping) or "noise" not in state_dict or "optimizer" not in state_dict:
+            raise MfcliError("not a CorrelatedNoiseOptimizer state dict (needs 'optimizer' and 'noise')")
+        noise_sd = dict(state_dict["noise"])
+        running = noise_sd.get("running")
+        if isinstance(running, torch.Tensor):
+            noise_sd["running"] = running.detach().cpu().numpy()
+        state = self.stream.load_state_dict(noise_sd)
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._state = state
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _collect(groups: Iterable[Mapping[str, Any]]) -> list[torch.Tensor]:
+        seen: set[int] = set()
+        out: list[torch.Tensor] = []
+        for g in groups:
+            for p in g["params"]:
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def _check_workload(self) -> None:
+        opt = self.optimizer
+        name = self.stream.workload_name
+        if not isinstance(opt, torch.optim.SGD) or name not in ("prefix", "momentum"):
+            return
+        beta = float(self.stream.workload_params.get("beta", 0.0)) if name == "momentum" else 0.0
+        for g in opt.param_groups:
+            mom, damp, nest = g.get("momentum", 0.0), g.get("dampening", 0.0), g.get("nesterov", False)
+            if not math.isclose(mom, beta, abs_tol=1e-12) or damp != 0 or nest:
+                warnings.warn(
+                    f"the artifact's workload is {name} (beta = {beta:g}) but the SGD optimizer has "
+                    f"momentum={mom:g}, dampening={damp:g}, nesterov={nest}: the noise will not "
+                    "cancel as the factorization intends (accuracy, not privacy, suffers)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                return
+
+
+__all__ = ["CorrelatedNoiseOptimizer"]

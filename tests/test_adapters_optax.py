@@ -1,0 +1,162 @@
+"""optax adapter (optional: runs where jax and optax install).
+
+Oracles as for the torch adapter: the transformation's output on zero updates is
+sigma * clip * (C^-1 Z)[t] computed here by triangular solves from Z drawn straight from Philox,
+and optax.sgd with momentum beta turns it into theta_0 - lr sigma clip (B Z)[t].
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+import jax.numpy as jnp  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
+
+from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
+from mfcli.artifact import save_artifact  # noqa: E402
+from mfcli.errors import MfcliError  # noqa: E402
+from mfcli.noise import noise_stream  # noqa: E402
+from mfcli.solver import optimal_factorization  # noqa: E402
+from mfcli.workloads import momentum_workload  # noqa: E402
+
+SEED = 77
+BETA = 0.9
+N = 14
+PARAMS = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}   # d = 9
+D = 9
+
+
+def philox_z(seed: int, rows: int, d: int, dtype: str) -> np.ndarray:
+    out = np.empty((rows, d), dtype=dtype)
+    for j in range(rows):
+        bitgen = np.random.Philox(key=seed, counter=np.array([0, 0, j, 0], dtype=np.uint64))
+        out[j] = np.random.Generator(bitgen).standard_normal(d, dtype=np.dtype(dtype))
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    a = momentum_workload(N, beta=BETA).matrix
+    fact = optimal_factorization(a, tol=1e-9).factorization
+    k, r = 2, 2
+    b = fact.decoder
+    band = np.zeros((N, k))
+    for i in range(k):
+        band[i:, i] = np.diagonal(b, -i)
+    left, s, right = np.linalg.svd(np.tril(b, -k))
+    u, v = left[:, :r] * s[:r], right[:r].T
+    b_hat = np.where(np.tril(np.ones((N, N)), -k) > 0, u @ v.T, np.tril(b))
+    c_hat = scipy.linalg.solve_triangular(b_hat, a, lower=True)
+    sens = float(np.sqrt(np.max(np.sum(c_hat**2, axis=0))))
+    path = tmp_path_factory.mktemp("optax") / "momentum.h5"
+    save_artifact(path, fact, workload_name="momentum", workload_params={"beta": BETA}, strategy_name="optimal",
+                  groups={"compressed": {"datasets": {"band": band, "u": u, "v": v},
+                                         "attrs": {"band": k, "rank": r, "sensitivity": sens,
+                                                   "loss_total": 0.0, "loss_increase": 0.0}}})
+    return path, a, fact, b_hat
+
+
+def flat(tree) -> np.ndarray:
+    return np.asarray(ravel_pytree(tree)[0], dtype=np.float64)
+
+
+def zeros():
+    return jax.tree_util.tree_map(jnp.zeros_like, PARAMS)
+
+
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_updates_are_scaled_gradient_noise(artifact, variant, jit):
+    path, a, fact, b_hat = artifact
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED, variant=variant)
+    tx = correlated_noise(stream, noise_multiplier=1.5, clip_norm=2.0, batch_size=3)
+    update = jax.jit(tx.update) if jit else tx.update
+    state = tx.init(PARAMS)
+    z = philox_z(SEED, N, D, "float32").astype(np.float64)
+    decoder = fact.decoder if variant == "dense" else b_hat
+    want = 1.5 * 2.0 / 3 * scipy.linalg.solve_triangular(a, decoder @ z, lower=True)  # C^-1 Z = A^-1 B Z
+    for t in range(N):
+        upd, state = update(zeros(), state)
+        np.testing.assert_allclose(flat(upd), want[t], rtol=0, atol=3e-6 * np.max(np.abs(want)), err_msg=f"t={t}")
+    assert int(state.step) == N
+    if jit:
+        with pytest.raises(Exception, match="exhausted"):
+            jax.block_until_ready(update(zeros(), state))
+    else:
+        with pytest.raises(MfcliError, match="exhausted"):
+            update(zeros(), state)
+
+
+def test_chained_momentum_sgd_releases_decoder_noise(artifact):
+    path, a, fact, b_hat = artifact
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED)  # compressed
+    lr = 0.1
+    tx = optax.chain(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), optax.sgd(lr, momentum=BETA))
+    state = tx.init(PARAMS)
+    params = PARAMS
+
+    @jax.jit
+    def step(params, state):
+        upd, state = tx.update(zeros(), state, params)
+        return optax.apply_updates(params, upd), state
+
+    want = -lr * (b_hat @ philox_z(SEED, N, D, "float32").astype(np.float64))
+    for t in range(N):
+        params, state = step(params, state)
+        np.testing.assert_allclose(flat(params), want[t], rtol=0, atol=3e-6 * np.max(np.abs(want)))
+
+
+def test_state_round_trip_resumes_identically(artifact):
+    path = artifact[0]
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
+    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    outs = []
+    saved = None
+    for t in range(N):
+        if t == 5:
+            saved = {k: np.asarray(v) for k, v in state._asdict().items()}   # a checkpoint
+        upd, state = update(zeros(), state)
+        outs.append(flat(upd))
+    restored = CorrelatedNoiseState(**{k: jnp.asarray(v) for k, v in saved.items()})
+    fresh = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=SEED), noise_multiplier=1.0, clip_norm=1.0)
+    state = restored
+    for t in range(5, N):
+        upd, state = jax.jit(fresh.update)(zeros(), state)
+        np.testing.assert_array_equal(flat(upd), outs[t])
+
+
+def test_state_of_another_seed_is_refused(artifact):
+    path = artifact[0]
+    tx1 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_multiplier=1.0, clip_norm=1.0)
+    tx2 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=2), noise_multiplier=1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="another noise stream"):
+        tx2.update(zeros(), tx1.init(PARAMS))
+
+
+def test_bad_construction(artifact):
+    path = artifact[0]
+    with pytest.raises(MfcliError, match="kind='gradient'"):
+        correlated_noise(noise_stream(path, kind="iterate", d=D, seed=1), noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(noise_stream(path, kind="gradient", d=D + 1, seed=1), noise_multiplier=1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="d = 10 but the parameters have 9"):
+        tx.init(PARAMS)
+    with pytest.raises(MfcliError, match="clip_norm"):
+        correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_multiplier=1.0, clip_norm=float("nan"))
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(MfcliError, match="jax_enable_x64"):
+            correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1, dtype="float64"),
+                             noise_multiplier=1.0, clip_norm=1.0)
+
+
+def test_postprocess_hook(artifact):
+    path, a, fact, _ = artifact
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED, variant="dense")
+    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0, postprocess=lambda g: 0.5 * jnp.roll(g, 1))
+    upd, _ = jax.jit(tx.update)(zeros(), tx.init(PARAMS))
+    want = 0.5 * np.roll(scipy.linalg.solve_triangular(fact.strategy, philox_z(SEED, N, D, "float32").astype(float), lower=True)[0], 1)
+    np.testing.assert_allclose(flat(upd), want, atol=1e-5)

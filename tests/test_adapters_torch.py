@@ -1,0 +1,236 @@
+"""PyTorch adapter: torch's own SGD-with-momentum turns the gradient noise into B Z.
+
+Oracle: with zero gradients, heavy-ball SGD (torch.optim.SGD, momentum beta, dampening 0) applies
+the workload A to the noise it is given, so after step t the parameters are
+theta_0 - lr * sigma * clip * (A C^-1 Z)[t] = theta_0 - lr * sigma * clip * (B Z)[t], with B (or
+B^ for a compressed artifact) and Z built in this file, independently of mfcli.noise.
+"""
+from __future__ import annotations
+
+import io
+
+import h5py
+import numpy as np
+import pytest
+import scipy.linalg
+
+torch = pytest.importorskip("torch")
+
+from mfcli.adapters.torch import CorrelatedNoiseOptimizer  # noqa: E402
+from mfcli.artifact import save_artifact  # noqa: E402
+from mfcli.errors import MfcliError  # noqa: E402
+from mfcli.noise import noise_stream  # noqa: E402
+from mfcli.smoothing import LaplacianSmoother, smoothing_matrix  # noqa: E402
+from mfcli.solver import optimal_factorization  # noqa: E402
+from mfcli.workloads import momentum_workload  # noqa: E402
+
+SEED = 424242
+BETA = 0.9
+N = 16
+
+
+def philox_z(seed: int, rows: int, d: int, dtype: str) -> np.ndarray:
+    out = np.empty((rows, d), dtype=dtype)
+    for j in range(rows):
+        bitgen = np.random.Philox(key=seed, counter=np.array([0, 0, j, 0], dtype=np.uint64))
+        out[j] = np.random.Generator(bitgen).standard_normal(d, dtype=np.dtype(dtype))
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    """Momentum n = 16 optimum with a compressed group (K = 3, R = 2: truncated SVD)."""
+    a = momentum_workload(N, beta=BETA).matrix
+    fact = optimal_factorization(a, tol=1e-9).factorization
+    k, r = 3, 2
+    b = fact.decoder
+    band = np.zeros((N, k))
+    for i in range(k):
+        band[i:, i] = np.diagonal(b, -i)
+    left, s, right = np.linalg.svd(np.tril(b, -k))
+    u, v = left[:, :r] * s[:r], right[:r].T
+    b_hat = np.where(np.tril(np.ones((N, N)), -k) > 0, u @ v.T, np.tril(b))
+    c_hat = scipy.linalg.solve_triangular(b_hat, a, lower=True)
+    sens = float(np.sqrt(np.max(np.sum(c_hat**2, axis=0))))
+    path = tmp_path_factory.mktemp("torch") / "momentum.h5"
+    save_artifact(path, fact, workload_name="momentum", workload_params={"beta": BETA, "lr": "constant"},
+                  strategy_name="optimal",
+                  groups={"compressed": {"datasets": {"band": band, "u": u, "v": v},
+                                         "attrs": {"band": k, "rank": r, "sensitivity": sens,
+                                                   "loss_total": sens**2 * float(np.sum(b_hat**2)),
+                                                   "loss_increase": 0.0}}})
+    return path, a, fact, b_hat
+
+
+def model(dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)).to(dtype)  # d = 11
+
+
+def flat_params(m: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()]).double().numpy()
+
+
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+def test_momentum_sgd_releases_decoder_noise(artifact, variant, dtype, tol):
+    path, a, fact, b_hat = artifact
+    net = model(dtype)
+    theta0 = flat_params(net)
+    lr, sigma, clip = 0.05, 1.3, 0.7
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=BETA),
+                                   artifact=path, seed=SEED, noise_multiplier=sigma, clip_norm=clip,
+                                   variant=variant)
+    d = theta0.size
+    np_dtype = "float64" if dtype == torch.float64 else "float32"
+    assert opt.stream.dtype == np.dtype(np_dtype) and opt.stream.d == d == 11
+    z = philox_z(SEED, N, d, np_dtype).astype(np.float64)
+    decoder = fact.decoder if variant == "dense" else b_hat
+    want = theta0[None, :] - lr * sigma * clip * (decoder @ z)
+    for t in range(N):
+        opt.zero_grad()
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        err = np.max(np.abs(flat_params(net) - want[t])) / np.max(np.abs(want - theta0))
+        assert err <= tol, f"step {t}: {err:.2e}"
+    assert opt.steps_taken == N
+    before = flat_params(net)
+    with pytest.raises(MfcliError, match="exhausted"):
+        opt.step()
+    np.testing.assert_array_equal(flat_params(net), before)   # nothing applied past the end
+
+
+def test_noise_is_added_to_the_gradient(artifact):
+    path, a, fact, _ = artifact
+    net = model(torch.float64)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=SEED,
+                                   noise_multiplier=2.0, clip_norm=0.5, batch_size=4, variant="dense")
+    g = [torch.full_like(p, 0.25) for p in net.parameters()]
+    z = philox_z(SEED, N, 11, "float64")
+    grad_noise = scipy.linalg.solve_triangular(fact.strategy, z, lower=True)  # C^-1 Z
+    for t in range(3):
+        for p, gi in zip(net.parameters(), g):
+            p.grad = gi.clone()
+        opt.step()
+        got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
+        np.testing.assert_allclose(got, 0.25 + 2.0 * 0.5 / 4 * grad_noise[t], rtol=0, atol=1e-12)
+
+
+def test_parameter_without_grad_still_gets_noise(artifact):
+    path, _, fact, _ = artifact
+    net = model(torch.float64)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=1,
+                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense")
+    opt.zero_grad()
+    opt.step()
+    got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
+    want = scipy.linalg.solve_triangular(fact.strategy, philox_z(1, N, 11, "float64"), lower=True)[0]
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_postprocess_hook_sees_the_flat_noisy_gradient(artifact):
+    path, _, fact, _ = artifact
+    net = model(torch.float64)
+    smoother = LaplacianSmoother(0.7)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=3,
+                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense", postprocess=smoother)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    noisy = 1.0 + scipy.linalg.solve_triangular(fact.strategy, philox_z(3, N, 11, "float64"), lower=True)[0]
+    want = np.linalg.solve(smoothing_matrix(11, s=0.7), noisy)   # dense solve of (I - s L) u = v
+    got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    bad = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.0), check_workload=False, artifact=path, seed=3,
+                                   noise_multiplier=1.0, clip_norm=1.0, postprocess=lambda x: x[:3])
+    with pytest.raises(MfcliError, match="postprocess must return"):
+        bad.step()
+
+
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+def test_checkpoint_resume_is_identical(artifact, variant):
+    path = artifact[0]
+
+    def make(net):
+        return CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA),
+                                        artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0,
+                                        variant=variant)
+
+    def train(net, opt, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = net(torch.ones(4, 3)).pow(2).sum()
+            loss.backward()
+            opt.step()
+
+    ref_net = model()
+    ref = make(ref_net)
+    train(ref_net, ref, N)
+
+    net = model()
+    opt = make(net)
+    train(net, opt, 6)
+    buf = io.BytesIO()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    ckpt = torch.load(buf, weights_only=True)      # plain tensors and values only
+    net2 = model()
+    net2.load_state_dict(ckpt["model"])
+    opt2 = make(net2)
+    opt2.load_state_dict(ckpt["opt"])
+    assert opt2.steps_taken == 6
+    train(net2, opt2, N - 6)
+    np.testing.assert_array_equal(flat_params(net2), flat_params(ref_net))
+
+
+def test_checkpoint_with_another_seed_is_refused(artifact):
+    path = artifact[0]
+    net = model()
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path, seed=1,
+                                   noise_multiplier=1.0, clip_norm=1.0)
+    other = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path, seed=2,
+                                     noise_multiplier=1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="different seed"):
+        other.load_state_dict(opt.state_dict())
+    with pytest.raises(MfcliError, match="needs 'optimizer' and 'noise'"):
+        other.load_state_dict({"optimizer": {}})
+
+
+def test_bad_construction(artifact):
+    path = artifact[0]
+    params = list(model().parameters())
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=BETA)
+    common = {"noise_multiplier": 1.0, "clip_norm": 1.0}
+    with pytest.raises(MfcliError, match="kind='gradient'"):
+        CorrelatedNoiseOptimizer(sgd, stream=noise_stream(path, kind="iterate", d=11, seed=1), **common)
+    with pytest.raises(MfcliError, match="d = 12 but the optimizer has 11"):
+        CorrelatedNoiseOptimizer(sgd, stream=noise_stream(path, kind="gradient", d=12, seed=1), **common)
+    with pytest.raises(MfcliError, match="artifact= and seed="):
+        CorrelatedNoiseOptimizer(sgd, artifact=path, **common)
+    with pytest.raises(MfcliError, match="noise_multiplier"):
+        CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, noise_multiplier=-1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="batch_size"):
+        CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, batch_size=0, **common)
+    with pytest.raises(MfcliError, match="torch.optim.Optimizer"):
+        CorrelatedNoiseOptimizer(object(), artifact=path, seed=1, **common)
+    with pytest.raises(MfcliError, match="seed"):
+        CorrelatedNoiseOptimizer(sgd, artifact=path, seed=-5, **common)
+
+
+def test_workload_mismatch_warns(artifact):
+    path = artifact[0]
+    with pytest.warns(UserWarning, match="momentum=0.5"):
+        CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=0.5),
+                                 artifact=path, seed=1, noise_multiplier=1.0, clip_norm=1.0)
+
+
+def test_sensitivity_and_scale_exposed(artifact):
+    path = artifact[0]
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA),
+                                   artifact=path, seed=1, noise_multiplier=2.0, clip_norm=3.0,
+                                   batch_size=2, variant="compressed")
+    with h5py.File(path) as f:
+        assert opt.sensitivity == pytest.approx(f["compressed"].attrs["sensitivity"], rel=1e-9)
+    assert opt.noise_scale == pytest.approx(3.0)
+    assert opt.n == N
