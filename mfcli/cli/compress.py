@@ -1,0 +1,89 @@
+"""``mfcli compress``: banded plus low-rank decoder for streaming noise, written as a new artifact."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
+from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact
+from mfcli.errors import MfcliError
+
+
+@guarded
+def compress(
+    artifact: Path = typer.Argument(..., help="Dense causal artifact to compress (never modified)."),
+    band: Optional[int] = typer.Option(None, "--band", "-k", help="K: exact diagonals of B kept (1 <= K <= n)."),
+    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="R: rank of the fitted older part (0 <= R <= n - K)."),
+    max_loss_increase: Optional[float] = typer.Option(
+        None, "--max-loss-increase",
+        help="Budget on the relative loss increase (0.01 = 1%). Without K and R: pick the cheapest "
+        "(K + R) setting within it. With both: fail unless they meet it.",
+    ),
+    max_band: Optional[int] = typer.Option(None, "--max-band", help="Search: largest K tried (default n)."),
+    max_rank: Optional[int] = typer.Option(None, "--max-rank", help="Search: largest R tried (default 64)."),
+    max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input)."),
+    force: bool = typer.Option(
+        False, "--force",
+        help="Overwrite the output; compress a non-causal or already compressed artifact anyway.",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object on stdout."),
+) -> None:
+    """Compress the decoder to B^ = band_K(B) + mask(U V^T) so a trainer can stream the noise in
+    O((K + R) d) time and O(R d) state per step, and write a new artifact with group
+    `compressed`. Its privacy is set by sens(C^) with C^ = B^-1 A, recomputed and stored."""
+    if max_loss_increase is None and (band is None or rank is None):
+        raise MfcliError("give both --band and --rank, or --max-loss-increase to choose them")
+    if max_iter < 0:
+        raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
+
+    def progress(e: Evaluation) -> None:
+        if not quiet:
+            log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase {e.loss_increase:.4%}")
+
+    result = compress_artifact(
+        artifact, band=band, rank=rank, max_loss_increase=max_loss_increase, max_band=max_band,
+        max_rank=max_rank, out=out, force=force, command=command_line(), max_iter=max_iter,
+        progress=progress if max_loss_increase is not None else None,
+    )
+    comp = result.compression
+    if not quiet and not as_json:
+        log(f"wrote {result.path}")
+    summary = {
+        "source": str(artifact),
+        "artifact": str(result.path),
+        "artifact_sha256": result.sha256,
+        "n": comp.n,
+        **comp.summary(),
+    }
+    if result.search is not None:
+        summary["max_loss_increase"] = result.search.max_loss_increase
+        summary["evaluations"] = [
+            {"band": e.band, "rank": e.rank, "cost": e.cost, "loss_increase": e.loss_increase,
+             "sensitivity": e.sensitivity}
+            for e in result.search.evaluations
+        ]
+    if as_json:
+        emit_json(envelope("compress", **summary))
+        return
+    rows = [
+        ("band K (exact diagonals)", comp.band),
+        ("rank R (older noise)", comp.rank),
+        ("per-step streaming cost K + R", comp.stream_cost),
+        ("sensitivity, dense sens(C)", comp.dense_sensitivity),
+        ("sensitivity, compressed sens(C^)", comp.sensitivity),
+        ("loss total, dense", comp.dense_loss_total),
+        ("loss total, compressed", comp.loss_total),
+        ("loss increase", f"{comp.loss_increase:.4%}"),
+        ("RMSE, compressed", comp.factorization.rmse),
+        ("||B - B^||_F / ||B||_F", comp.fit_relative_error),
+        ("ALS iterations", comp.als_iterations),
+    ]
+    if result.search is not None:
+        rows.append(("settings evaluated", len(result.search.evaluations)))
+    rows += [("artifact", str(result.path)), ("sha256", result.sha256[:16] + "...")]
+    stdout().print(key_value_table(f"compressed decoder: {artifact.name}", rows))
+
