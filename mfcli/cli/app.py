@@ -4,6 +4,8 @@ from __future__ import annotations
 import typer
 
 from mfcli import __version__
+from mfcli.cli import compare as _compare
+from mfcli.cli import compress as _compress
 from mfcli.cli import optimize as _optimize
 
 app = typer.Typer(
@@ -30,6 +32,8 @@ def _root(
 
 app.command("optimize")(_optimize.optimize)
 # Further subcommands register below, one line each.
+app.command("compare")(_compare.compare)
+app.command("compress")(_compress.compress)
 
 
 def main() -> None:

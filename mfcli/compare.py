@@ -1,0 +1,335 @@
+"""Error tables: every strategy's sensitivity and error on one workload (BRIEF sections 3 and 5).
+
+All numbers are for single participation, noise multiplier 1 and clip norm 1, recomputed from each
+strategy's B and C:
+
+* ``sensitivity`` = max_j ||C[:, j]||_2;
+* ``loss_total`` = sens^2 ||B||_F^2 (total squared error over the n released steps);
+* ``loss_mean`` = loss_total / n and ``rmse`` = sqrt(loss_mean);
+* ``loss_max`` = sens^2 max_t ||B[t, :]||^2 (the worst step's expected squared error);
+* ``ratio`` = loss_total / (smallest loss_total among the causal strategies).
+
+Example:
+    >>> from mfcli.workloads import prefix_workload
+    >>> table = run_comparison(prefix_workload(4), ["identity", "tree"])
+    >>> [(r.name, r.loss_total) for r in table.rows]
+    [('identity', 10.0), ('tree', 15.0)]
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from mfcli.artifact import atomic_path
+from mfcli.errors import MfcliError
+from mfcli.strategies import STRATEGY_NAMES, Strategy, build_strategy
+from mfcli.workloads import Workload
+
+#: Columns of the table, in order, with the header a reader sees.
+COLUMNS = (
+    ("name", "strategy"),
+    ("causal", "causal"),
+    ("sensitivity", "sensitivity"),
+    ("loss_total", "total sq. error"),
+    ("loss_mean", "mean sq. error"),
+    ("rmse", "RMSE"),
+    ("loss_max", "worst step sq. error"),
+    ("ratio", "ratio to best causal"),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ComparisonRow:
+    """One strategy's numbers (recomputed from its B and C) and its per-step RMSE curve."""
+
+    name: str
+    description: str
+    causal: bool
+    m: int
+    sensitivity: float
+    loss_total: float
+    loss_mean: float
+    rmse: float
+    loss_max: float
+    ratio: float
+    per_step_rmse: np.ndarray
+    source: str | None = None
+    solver_gap: float | None = None
+
+    def as_dict(self, *, curves: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "causal": self.causal,
+            "m": self.m,
+            "sensitivity": self.sensitivity,
+            "loss_total": self.loss_total,
+            "loss_mean": self.loss_mean,
+            "rmse": self.rmse,
+            "loss_max": self.loss_max,
+            "ratio_to_best_causal": None if math.isnan(self.ratio) else self.ratio,
+        }
+        if self.source is not None:
+            out["artifact"] = self.source
+        if self.solver_gap is not None:
+            out["solver_gap"] = self.solver_gap
+        if curves:
+            out["per_step_rmse"] = self.per_step_rmse.tolist()
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """The table for one workload. ``best_causal`` names the causal row with the smallest total
+    squared error (None if no row is causal); every row's ``ratio`` is relative to it."""
+
+    workload_name: str
+    workload_params: dict[str, Any]
+    n: int
+    rows: tuple[ComparisonRow, ...]
+    best_causal: str | None
+    kept: Strategy | None = None
+
+    def row(self, name: str) -> ComparisonRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def as_dict(self, *, curves: bool = False) -> dict[str, Any]:
+        return {
+            "workload": self.workload_name,
+            "workload_params": dict(self.workload_params),
+            "n": self.n,
+            "units": "single participation, noise multiplier 1, clip norm 1",
+            "best_causal": self.best_causal,
+            "strategies": [r.as_dict(curves=curves) for r in self.rows],
+        }
+
+
+def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
+    """Split comma-separated names, drop duplicates (keeping order), reject unknown ones.
+    None or nothing means all of :data:`~mfcli.strategies.STRATEGY_NAMES`."""
+    names: list[str] = []
+    for value in values or ():
+        for part in str(value).split(","):
+            name = part.strip()
+            if not name:
+                continue
+            if name not in STRATEGY_NAMES:
+                raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
+            if name not in names:
+                names.append(name)
+    if not names and values:
+        raise MfcliError("--strategies is empty; choose from " + ", ".join(STRATEGY_NAMES))
+    return tuple(names) if names else STRATEGY_NAMES
+
+
+def row_for(strategy: Strategy, *, label: str | None = None) -> ComparisonRow:
+    """Numbers of one strategy, recomputed from its factorization (ratio filled in later)."""
+    f = strategy.factorization
+    per_step = f.per_step_error
+    gap = None
+    if strategy.solver and isinstance(strategy.solver.get("gap"), (int, float)):
+        gap = float(strategy.solver["gap"])
+    return ComparisonRow(
+        name=label or strategy.name,
+        description=strategy.description,
+        causal=strategy.causal,
+        m=f.m,
+        sensitivity=f.sensitivity,
+        loss_total=float(np.sum(per_step)),
+        loss_mean=float(np.sum(per_step)) / f.n,
+        rmse=math.sqrt(float(np.sum(per_step)) / f.n),
+        loss_max=float(np.max(per_step)),
+        ratio=math.nan,
+        per_step_rmse=np.sqrt(per_step),
+        source=strategy.source,
+        solver_gap=gap,
+    )
+
+
+def _with_ratios(rows: Sequence[ComparisonRow]) -> tuple[tuple[ComparisonRow, ...], str | None]:
+    causal = [r for r in rows if r.causal]
+    if not causal:
+        return tuple(rows), None
+    best = min(causal, key=lambda r: r.loss_total)
+    out = []
+    for r in rows:
+        d = dict(r.__dict__)
+        d["ratio"] = r.loss_total / best.loss_total
+        out.append(ComparisonRow(**d))
+    return tuple(out), best.name
+
+
+def run_comparison(
+    workload: Workload,
+    names: Sequence[str] | None = None,
+    *,
+    artifacts: Sequence[str | Path] = (),
+    tol: float = 1e-6,
+    max_iter: int = 1000,
+    progress: Callable[[str], None] | None = None,
+    solver_callback: Callable[[Any], None] | None = None,
+    keep: str | None = None,
+) -> Comparison:
+    """Build each named strategy for ``workload`` and tabulate its error.
+
+    With ``artifacts``, each artifact becomes a row named ``<stored strategy name> (<file>)`` and
+    the solver is not run: the artifacts stand for ``optimal``. Each artifact must have been made
+    for this workload (same n and A). Strategies are built one at a time and only their numbers
+    are kept, so memory stays at a few n x m matrices.
+
+    With ``keep`` (a strategy name), that strategy object is kept in ``Comparison.kept`` (for
+    saving as an artifact), built even if it is not among ``names``; with ``artifacts``,
+    ``keep="optimal"`` keeps the first artifact's strategy.
+
+    Formal guarantees: each row is recomputed from a factorization verified A = B C; ``causal``
+    is checked in release order by :func:`mfcli.strategies.build_strategy`.
+    """
+    names = tuple(names) if names else STRATEGY_NAMES
+    for name in names:
+        if name not in STRATEGY_NAMES:
+            raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
+    if keep is not None and keep not in STRATEGY_NAMES:
+        raise MfcliError(f"unknown strategy {keep!r} to save; choose from {', '.join(STRATEGY_NAMES)}")
+    wanted = list(names)
+    if artifacts and "optimal" not in wanted:
+        wanted.append("optimal")
+    if keep is not None and keep not in wanted:
+        wanted.append(keep)
+    rows: list[ComparisonRow] = []
+    kept: Strategy | None = None
+    for name in wanted:
+        in_table = name in names or (name == "optimal" and bool(artifacts))
+        if name == "optimal" and artifacts and in_table:
+            for path in artifacts:
+                if progress:
+                    progress(f"loading {path}")
+                s = build_strategy("optimal", workload, artifact=path)
+                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})"))
+            if keep == "optimal":
+                kept = build_strategy("optimal", workload, artifact=artifacts[0])
+            continue
+        if progress:
+            progress(f"building {name}" + (" (solving)" if name == "optimal" else ""))
+        s = build_strategy(name, workload, tol=tol, max_iter=max_iter, callback=solver_callback)
+        if in_table:
+            rows.append(row_for(s))
+        if name == keep:
+            kept = s
+        del s
+    table_rows, best = _with_ratios(rows)
+    return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _num(v: float, digits: int = 6) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v == 0 or 1e-3 <= abs(v) < 1e7:
+        return f"{v:.{digits}g}"
+    return f"{v:.{max(digits - 2, 1)}e}"
+
+
+def table_cells(table: Comparison) -> list[list[str]]:
+    """Rows of display strings, in :data:`COLUMNS` order."""
+    out = []
+    for r in table.rows:
+        out.append(
+            [
+                r.name,
+                "yes" if r.causal else "no",
+                _num(r.sensitivity),
+                _num(r.loss_total),
+                _num(r.loss_mean),
+                _num(r.rmse),
+                _num(r.loss_max),
+                _num(r.ratio, 4),
+            ]
+        )
+    return out
+
+
+def title(table: Comparison) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in sorted(table.workload_params.items()))
+    return f"{table.workload_name} workload, n = {table.n}" + (f" ({params})" if params else "")
+
+
+def render_markdown(table: Comparison) -> str:
+    """A GitHub-flavoured Markdown table with a caption line."""
+    head = [h for _, h in COLUMNS]
+    lines = [
+        f"**{title(table)}**; single participation, noise multiplier 1, clip norm 1",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
+    ]
+    for cells in table_cells(table):
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(table: Comparison) -> str:
+    """CSV with full-precision numbers (repr of the floats), one row per strategy."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([key for key, _ in COLUMNS] + ["m", "description"])
+    for r in table.rows:
+        w.writerow(
+            [
+                r.name, str(r.causal).lower(), repr(r.sensitivity), repr(r.loss_total), repr(r.loss_mean),
+                repr(r.rmse), repr(r.loss_max), "" if math.isnan(r.ratio) else repr(r.ratio), r.m, r.description,
+            ]
+        )
+    return buf.getvalue()
+
+
+def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -> Path:
+    """Per-step RMSE curves of every row (log scale), written atomically as a PNG.
+
+    Raises:
+        MfcliError: matplotlib is missing (install the ``plot`` extra), or ``path`` exists and
+            ``force`` is not set.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MfcliError(
+            "--plot needs matplotlib, which is not installed; install the plot extra: pip install 'mfcli[plot]'"
+        ) from None
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise MfcliError(f"the plot is written as PNG; give a file name ending in .png, not {target.name}")
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    steps = np.arange(1, table.n + 1)
+    for r in table.rows:
+        style = "-" if r.causal else "--"
+        ax.plot(steps, r.per_step_rmse, style, label=f"{r.name} (RMSE {_num(r.rmse, 4)})", linewidth=1.3)
+    ax.set_yscale("log")
+    ax.set_xlabel("step t")
+    ax.set_ylabel("per-step RMSE  sens(C) ||B[t, :]||")
+    ax.set_title(title(table) + "\nsingle participation, noise multiplier 1; dashed = not causal", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        with atomic_path(target, force=force) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+    return target
