@@ -28,7 +28,7 @@ import numpy as np
 
 from mfcli.artifact import atomic_path
 from mfcli.errors import MfcliError
-from mfcli.strategies import STRATEGY_NAMES, Strategy, build_strategy
+from mfcli.strategies import STRATEGY_NAMES, TREE_STRATEGIES, Strategy, build_strategy
 from mfcli.workloads import Workload
 
 #: Columns of the table, in order, with the header a reader sees.
@@ -204,6 +204,12 @@ def run_comparison(
         wanted.append("optimal")
     if keep is not None and keep not in wanted:
         wanted.append(keep)
+    trees = [name for name in wanted if name in TREE_STRATEGIES]
+    if workload.n < 2 and trees:
+        raise MfcliError(
+            f"a binary tree needs n >= 2 steps, got n = {workload.n}; leave out {', '.join(trees)} "
+            "(with one step the tree is the identity strategy)"
+        )
     rows: list[ComparisonRow] = []
     kept: Strategy | None = None
     for name in wanted:
