@@ -47,7 +47,7 @@ def compress(
     result = compress_artifact(
         artifact, band=band, rank=rank, max_loss_increase=max_loss_increase, max_band=max_band,
         max_rank=max_rank, out=out, force=force, command=command_line(), max_iter=max_iter,
-        progress=progress if max_loss_increase is not None else None,
+        progress=progress if max_loss_increase is not None and (band is None or rank is None) else None,
     )
     comp = result.compression
     if not quiet and not as_json:

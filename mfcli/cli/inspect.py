@@ -1,0 +1,126 @@
+"""``mfcli inspect``: what an artifact claims next to what its matrices imply, and its checksums."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from mfcli.cli.common import emit_json, envelope, fail, fmt, guarded, key_value_table, log, stdout
+from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact, plot_report
+
+
+def _precise(v: Any) -> str:
+    # Enough digits that a stored value and its recomputation visibly differ when they do.
+    if isinstance(v, float):
+        return f"{v:.15g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.10e}"
+    return fmt(v)
+
+
+def _numbers_table(title: str, numbers: tuple[NumberCheck, ...]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("quantity", "stored", "recomputed", "check"):
+        t.add_column(col, justify="right" if col != "quantity" else "left")
+    for c in numbers:
+        t.add_row(c.name, _precise(c.stored), _precise(c.recomputed), "ok" if c.ok else "[bold red]MISMATCH[/]")
+    return t
+
+
+def _render(report: InspectionReport) -> None:
+    out = stdout()
+    a = report.attrs
+    out.print(key_value_table(f"artifact {report.path}", [
+        ("format", f"{a.get('format')} v{report.format_version}"),
+        ("file sha256", report.file_sha256),
+        ("created by", report.provenance.get("created_by")),
+        ("created (UTC)", report.provenance.get("created_utc")),
+        ("command", report.provenance.get("command")),
+        ("workload", a.get("workload_name")),
+        ("workload params", a.get("workload_params")),
+        ("strategy", a.get("strategy_name")),
+        ("n x m", f"{report.n} x {report.m}"),
+        ("causal (stored / recomputed)", f"{fmt(report.causal_stored)} / {fmt(report.causal_recomputed)}"),
+        ("noise operator", a.get("noise_operator")),
+    ]))
+    if report.numbers:
+        out.print(_numbers_table("sensitivity and loss (single participation, clip 1, noise multiplier 1)", report.numbers))
+    if report.solver or report.certificate:
+        rows: list[tuple[str, Any]] = [(f"stored {k}", v) for k, v in report.solver.items()]
+        c = report.certificate
+        if "dual_bound" in c:
+            rows += [
+                ("dual bound from stored weights (recomputed)", c["dual_bound"]),
+                ("certified gap (recomputed)", f"{c['certified_gap']:.3e}"),
+            ]
+        if "error" in c:
+            rows.append(("certificate", f"not recomputed: {c['error']}"))
+        if "stored_primal_matches_loss" in c:
+            rows.append(("stored primal = recomputed loss", c["stored_primal_matches_loss"]))
+        out.print(key_value_table("solver certificate", rows))
+    if report.compression:
+        comp = report.compression
+        out.print(key_value_table("compression (group compressed)", [
+            ("band K / rank R", f"{comp.get('band')} / {comp.get('rank')}"),
+            ("per-step streaming cost K + R", comp.get("stream_cost")),
+            ("||B - B^||_F / ||B||_F", comp.get("fit_relative_error")),
+            ("compressed loss mean / max", f"{fmt(comp.get('loss_mean'))} / {fmt(comp.get('loss_max'))}"),
+            ("source", f"{comp.get('source_file')} ({str(comp.get('source_sha256'))[:16]}...)"),
+        ]))
+        if report.compression_numbers:
+            out.print(_numbers_table("compressed mechanism C^ = B^-1 A", report.compression_numbers))
+    if report.accounting:
+        t = Table(title="accounting records (accounting/<id>)", title_justify="left")
+        t.add_column("id")
+        t.add_column("fields")
+        for rec in report.accounting:
+            fields = ", ".join(f"{k}={fmt(v)}" for k, v in sorted(rec["attrs"].items()))
+            t.add_row(str(rec["id"]), fields)
+        out.print(t)
+    if report.other_groups:
+        out.print(f"other groups: {', '.join(report.other_groups)}")
+    t = Table(title="checksums (SHA-256 of every dataset)", title_justify="left")
+    t.add_column("dataset")
+    t.add_column("check")
+    for name, ok in report.checksums:
+        t.add_row(name, "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
+    out.print(t)
+    if report.ok:
+        out.print("[bold green]all checks passed[/]")
+    else:
+        out.print(f"[bold red]{len(report.problems)} check(s) failed[/]")
+        for p in report.problems:
+            out.print(f"  - {p}")
+
+
+@guarded
+def inspect(
+    artifact: Path = typer.Argument(..., help="The artifact to inspect."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write heatmaps of C and B (log scale) and the per-step error to FILE.png."),
+    certificate: bool = typer.Option(
+        True, "--certificate/--no-certificate",
+        help="Recompute the dual bound from the stored dual weights (one eigendecomposition).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing plot file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON report object on stdout."),
+) -> None:
+    """Show an artifact's format, provenance, workload and strategy, and every stored number next
+    to its recomputation from the matrices (sensitivity, losses, solver certificate, compression),
+    accounting records and checksums. Exits 1 if any check fails."""
+    if plot is not None and plot.exists() and not force:
+        raise fail(f"{plot} already exists (use --force to overwrite)")
+    report = inspect_artifact(artifact, certificate=certificate)
+    written = None
+    if plot is not None:
+        written = plot_report(report, plot, force=force)
+    if as_json:
+        payload = report.to_dict()
+        if written is not None:
+            payload["plot"] = str(written)
+        emit_json(envelope("inspect", **payload))
+    else:
+        _render(report)
+        if written is not None:
+            log(f"wrote {written}")
+    if not report.ok:
+        raise fail(f"{artifact}: {len(report.problems)} check(s) failed: {report.problems[0]}")
