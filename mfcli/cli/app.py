@@ -6,6 +6,7 @@ import typer
 from mfcli import __version__
 from mfcli.cli import compare as _compare
 from mfcli.cli import compress as _compress
+from mfcli.cli import inspect as _inspect
 from mfcli.cli import optimize as _optimize
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ app.command("optimize")(_optimize.optimize)
 # Further subcommands register below, one line each.
 app.command("compare")(_compare.compare)
 app.command("compress")(_compress.compress)
+app.command("inspect")(_inspect.inspect)
 
 
 def main() -> None:
