@@ -160,3 +160,29 @@ def test_postprocess_hook(artifact):
     upd, _ = jax.jit(tx.update)(zeros(), tx.init(PARAMS))
     want = 0.5 * np.roll(scipy.linalg.solve_triangular(fact.strategy, philox_z(SEED, N, D, "float32").astype(float), lower=True)[0], 1)
     np.testing.assert_allclose(flat(upd), want, atol=1e-5)
+
+
+def run_doc_example(name: str, where) -> dict:
+    """Execute the ``# example: <name>`` python block of docs/noise-streams.md in ``where``."""
+    import os
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "noise-streams.md"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+              if b.startswith(f"# example: {name}\n")]
+    assert len(blocks) == 1
+    namespace: dict = {"__name__": f"doc_example_{name}"}
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        exec(compile(blocks[0], f"{doc}:{name}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
+
+
+def test_doc_example_optax(tmp_path):
+    ns = run_doc_example("optax", tmp_path)
+    assert int(ns["opt_state"][0].step) == ns["stream"].n == 256
+    assert np.all(np.isfinite(flat(ns["params"])))

@@ -234,3 +234,31 @@ def test_sensitivity_and_scale_exposed(artifact):
         assert opt.sensitivity == pytest.approx(f["compressed"].attrs["sensitivity"], rel=1e-9)
     assert opt.noise_scale == pytest.approx(3.0)
     assert opt.n == N
+
+
+def run_doc_example(name: str, where) -> dict:
+    """Execute the ``# example: <name>`` python block of docs/noise-streams.md in ``where``."""
+    import os
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "noise-streams.md"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+              if b.startswith(f"# example: {name}\n")]
+    assert len(blocks) == 1
+    namespace: dict = {"__name__": f"doc_example_{name}"}
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        exec(compile(blocks[0], f"{doc}:{name}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
+
+
+def test_doc_example_torch(tmp_path):
+    ns = run_doc_example("torch", tmp_path)
+    assert ns["opt"].steps_taken == ns["opt"].n == 256
+    ckpt = torch.load(tmp_path / "opt.pt", weights_only=True)
+    assert int(ckpt["noise"]["t"]) == 256
+    assert all(torch.isfinite(p).all() for p in ns["model"].parameters())

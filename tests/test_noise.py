@@ -7,8 +7,11 @@ C^^-1 Z = A^-1 (B^ Z) by a second triangular solve).
 """
 from __future__ import annotations
 
+import os
 import pickle
+import re
 import warnings
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -38,11 +41,14 @@ SEED = 20240531
 
 
 def philox_z(seed: int, rows: int, d: int, dtype: str = "float64") -> np.ndarray:
-    """Z drawn straight from numpy, row j from Philox(key=seed, counter=(0, 0, j, 0))."""
+    """Z drawn straight from numpy: entries 65536 c .. of row j from Philox(key=seed, counter=(0, c, j, 0))."""
+    block = 65536
     out = np.empty((rows, d), dtype=dtype)
     for j in range(rows):
-        bitgen = np.random.Philox(key=seed, counter=np.array([0, 0, j, 0], dtype=np.uint64))
-        out[j] = np.random.Generator(bitgen).standard_normal(d, dtype=np.dtype(dtype))
+        for c, start in enumerate(range(0, d, block)):
+            bitgen = np.random.Philox(key=seed, counter=np.array([0, c, j, 0], dtype=np.uint64))
+            size = min(block, d - start)
+            out[j, start:start + size] = np.random.Generator(bitgen).standard_normal(size, dtype=np.dtype(dtype))
     return out
 
 
@@ -185,7 +191,7 @@ def test_method_and_band_width(artifacts, name, kind, variant, method, width):
     if variant == "compressed" and kind == "gradient" and expected_p is not None:
         assert stream.inverse_bandwidth == expected_p
     if method == "banded-low-rank":
-        assert stream.memory_floats() == (width + r + 1) * 3 + 3
+        assert stream.memory_floats() == (width + r + 1) * 3
 
 
 def test_operator_names_say_which_operator(artifacts):
@@ -226,6 +232,22 @@ def test_z_rows_are_philox_rows_and_independent_normals():
     assert abs(float(big.mean())) < 6 / np.sqrt(big.size)
 
 
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+def test_blocks_and_threads(artifacts, variant):
+    """d spanning three blocks: rows are the block-wise Philox draws, whatever the thread count."""
+    path, a, fact, _ = artifacts["prefix"]
+    d = 2 * 65536 + 7
+    z = philox_z(SEED, fact.n, d, "float32")
+    np.testing.assert_array_equal(noise_row(SEED, 7, d, "float32", threads=3), z[7])
+    rows = {}
+    for threads in (1, 3):
+        stream = noise_stream(path, kind="iterate", d=d, seed=SEED, variant=variant, threads=threads)
+        rows[threads], _ = run(stream, steps=8)
+    np.testing.assert_array_equal(rows[1], rows[3])
+    want = expected_noise("iterate", variant, a, fact, path, z.astype(np.float64))[:8]
+    np.testing.assert_allclose(rows[1], want, rtol=0, atol=3e-6 * np.max(np.abs(want)))
+
+
 def test_gradient_noise_times_workload_is_iterate_noise(artifacts):
     """A (C^-1 Z) = B Z: the two operators, streamed separately, agree after applying A."""
     path, a, fact, _ = artifacts["momentum"]
@@ -260,6 +282,30 @@ def test_non_causal_artifact_is_refused(tmp_path):
     save_artifact(path, fact, workload_name="prefix", strategy_name="rotated")
     with pytest.raises(MfcliError, match="not causal"):
         noise_stream(path, kind="iterate", d=2, seed=1)
+
+
+def test_stream_of_an_mfcli_compress_artifact(tmp_path):
+    """The layout contract with mfcli.compress: its artifact streams as B^ Z and A^-1 B^ Z."""
+    from mfcli.compress import compress_artifact
+
+    w = momentum_workload(24, beta=0.9)
+    fact = optimal_factorization(w.matrix, tol=1e-9).factorization
+    src = tmp_path / "m.h5"
+    save_artifact(src, fact, workload_name="momentum", workload_params=w.params, strategy_name="optimal")
+    made = compress_artifact(src, band=4, rank=2, out=tmp_path / "m-k4r2.h5")
+    with h5py.File(made.path) as f:
+        g = f["compressed"]
+        b_hat = decoder_from_layout(g["band"][...], g["u"][...], g["v"][...])
+        stored_sens = float(g.attrs["sensitivity"])
+    np.testing.assert_allclose(b_hat, made.compression.decoder, atol=1e-12)
+    z = philox_z(SEED, 24, 5)
+    for kind, want in (("iterate", b_hat @ z),
+                       ("gradient", scipy.linalg.solve_triangular(w.matrix, b_hat @ z, lower=True))):
+        stream = noise_stream(made.path, kind=kind, d=5, seed=SEED, dtype="float64")
+        assert stream.variant == "compressed" and stream.method == "banded-low-rank"
+        got, _ = run(stream)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-11 * np.max(np.abs(want)))
+        assert stream.sensitivity == pytest.approx(stored_sens, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,9 +356,7 @@ def test_resume_through_npz(artifacts, tmp_path):
     _, state = run(stream, steps=7)
     np.savez(tmp_path / "ckpt.npz", **stream.state_dict(state))
     with np.load(tmp_path / "ckpt.npz") as data:
-        sd = {key: data[key] for key in data.files}
-    sd = {key: (val.item() if val.ndim == 0 else val) for key, val in sd.items()}
-    rest, _ = run(stream, stream.load_state_dict(sd))
+        rest, _ = run(stream, stream.load_state_dict(dict(data)))
     np.testing.assert_array_equal(rest, full[7:])
 
 
@@ -419,6 +463,7 @@ def test_state_of_another_stream_is_refused(artifacts):
         ({"dtype": "nonsense"}, "float32 or float64"),
         ({"kind": "noise"}, "'gradient' \\(C\\^-1 Z\\) or 'iterate' \\(B Z\\)"),
         ({"variant": "sparse"}, "variant"),
+        ({"threads": 0}, "threads"),
     ],
 )
 def test_bad_options(artifacts, options, message):
@@ -492,3 +537,52 @@ def test_property_banded_low_rank_streams_exactly(tmp_path_factory, n, k_frac, r
         z = philox_z(seed, n, d)
         want = b_hat @ z if kind == "iterate" else scipy.linalg.solve_triangular(a, b_hat @ z, lower=True)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * max(1.0, np.max(np.abs(want))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The examples in docs/noise-streams.md run as written
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "noise-streams.md"
+
+
+def doc_examples() -> dict[str, str]:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    out = {}
+    for block in blocks:
+        first = block.splitlines()[0]
+        assert first.startswith("# example: "), f"python block without an example marker: {first!r}"
+        out[first.removeprefix("# example: ").strip()] = block
+    return out
+
+
+def run_doc_example(name: str, where: Path) -> dict:
+    code = doc_examples()[name]
+    namespace: dict = {"__name__": f"doc_example_{name}"}
+    cwd = Path.cwd()
+    os.chdir(where)
+    try:
+        exec(compile(code, f"{DOC}:{name}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
+
+
+def test_every_doc_example_is_run_by_a_test():
+    assert set(doc_examples()) == {"numpy", "compressed", "torch", "optax"}
+
+
+def test_doc_example_numpy(tmp_path, capsys):
+    ns = run_doc_example("numpy", tmp_path)
+    assert ns["state"].t == ns["stream"].n == 256
+    assert (tmp_path / "noise-ckpt.npz").exists()
+    out = capsys.readouterr().out
+    assert "C^-1 (gradient noise" in out and "MfcliError noise stream exhausted" in out
+    assert np.all(np.isfinite(ns["theta"]))
+
+
+def test_doc_example_compressed(tmp_path, capsys):
+    ns = run_doc_example("compressed", tmp_path)
+    stream = ns["stream"]
+    assert (stream.method, stream.width, stream.rank) == ("banded-low-rank", 10, 4)
+    assert ns["noise"].shape == (1_000_000,) and ns["noise"].dtype == np.float32
+    assert "banded-low-rank 10 4" in capsys.readouterr().out
