@@ -321,17 +321,18 @@ def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -
     target = Path(path)
     if target.suffix.lower() != ".png":
         raise MfcliError(f"the plot is written as PNG; give a file name ending in .png, not {target.name}")
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
     steps = np.arange(1, table.n + 1)
+    width = 1.3 if table.n <= 256 else 0.7  # tree curves jump at every step; keep them legible
     for r in table.rows:
         style = "-" if r.causal else "--"
-        ax.plot(steps, r.per_step_rmse, style, label=f"{r.name} (RMSE {_num(r.rmse, 4)})", linewidth=1.3)
+        ax.plot(steps, r.per_step_rmse, style, label=f"{r.name} (RMSE {_num(r.rmse, 4)})", linewidth=width)
     ax.set_yscale("log")
     ax.set_xlabel("step t")
     ax.set_ylabel("per-step RMSE  sens(C) ||B[t, :]||")
     ax.set_title(title(table) + "\nsingle participation, noise multiplier 1; dashed = not causal", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     try:
         with atomic_path(target, force=force) as tmp:
