@@ -149,9 +149,14 @@ def smoothing_matrix(d: int, *, s: float) -> np.ndarray:
 class LaplacianSmoother:
     """A smoothing hook with a fixed strength: ``LaplacianSmoother(s)(v) == laplacian_smooth(v, s=s)``.
 
-    Callable on numpy arrays of shape (d,) or (batch, d), and on torch tensors (smoothed with
-    ``torch.fft`` on the tensor's own device and dtype, over the last dimension), so one object
-    serves the numpy trainer and the PyTorch optimizer wrapper as its smoothing hook.
+    Callable on numpy arrays of shape (d,) or (batch, d), on torch tensors (smoothed with
+    ``torch.fft`` on the tensor's own device and dtype) and on JAX arrays, traced ones included
+    (``jax.numpy.fft``, so it can run inside ``jit``), always over the last dimension. One object
+    serves the numpy trainer, the PyTorch wrapper and the optax transformation as their
+    ``postprocess`` hook::
+
+        CorrelatedNoiseOptimizer(inner, ..., postprocess=LaplacianSmoother(1.0))   # PyTorch
+        correlated_noise(stream, ..., postprocess=LaplacianSmoother(1.0))          # optax
 
     Attributes:
         s: smoothing strength, s >= 0 (0 is the identity).
@@ -165,6 +170,8 @@ class LaplacianSmoother:
     def __call__(self, v: Any) -> Any:
         if _is_torch_tensor(v):
             return smooth_torch(v, s=self.s)
+        if _is_jax_array(v):
+            return smooth_jax(v, s=self.s)
         return laplacian_smooth(v, s=self.s)
 
     @property
@@ -175,6 +182,32 @@ class LaplacianSmoother:
 def _is_torch_tensor(v: Any) -> bool:
     mod = type(v).__module__
     return mod.startswith("torch") and hasattr(v, "dim") and hasattr(v, "device")
+
+
+def _is_jax_array(v: Any) -> bool:
+    return type(v).__module__.startswith(("jax", "jaxlib")) and hasattr(v, "shape") and hasattr(v, "dtype")
+
+
+def smooth_jax(v: Any, *, s: float) -> Any:
+    """u = A_s^-1 v for a real JAX array (or tracer), over its last dimension.
+
+    Pure ``jax.numpy``, so it traces under ``jit``; s = 0 returns ``v`` itself. Same operator and
+    guarantees as :func:`laplacian_smooth`.
+    """
+    s = _check_s(s)
+    if s == 0.0:
+        return v
+    import jax.numpy as jnp  # optional dependency, only reached with a JAX array
+
+    if jnp.iscomplexobj(v):
+        raise MfcliError("Laplacian smoothing needs a real array, got a complex one")
+    if v.ndim == 0 or v.size == 0:
+        raise MfcliError(f"cannot smooth an array of shape {tuple(v.shape)}")
+    d = int(v.shape[-1])
+    dt = v.dtype if jnp.issubdtype(v.dtype, jnp.floating) else jnp.float32
+    denom = jnp.asarray(smoothing_denominators(d, s=s), dtype=dt)
+    out = jnp.fft.irfft(jnp.fft.rfft(v.astype(dt), axis=-1) / denom, n=d, axis=-1)
+    return out.astype(v.dtype)
 
 
 def smooth_torch(v: Any, *, s: float) -> Any:

@@ -196,3 +196,65 @@ def test_torch_tensors_match_numpy():
     out32 = LaplacianSmoother(1.7)(torch.from_numpy(v).float())
     assert out32.dtype == torch.float32
     np.testing.assert_allclose(out32.numpy(), laplacian_smooth(v, s=1.7), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# as the adapters' postprocess hook (optional frameworks)
+
+
+def _prefix_artifact(tmp_path, n=6):
+    from mfcli.artifact import save_artifact
+    from mfcli.solver import optimal_factorization
+    from mfcli.workloads import prefix_workload
+
+    fact = optimal_factorization(prefix_workload(n).matrix, tol=1e-8).factorization
+    path = tmp_path / "prefix.h5"
+    save_artifact(path, fact, workload_name="prefix", strategy_name="optimal")
+    return path, fact
+
+
+def test_torch_optimizer_hook_smooths_the_noisy_gradient(tmp_path):
+    """CorrelatedNoiseOptimizer(postprocess=LaplacianSmoother(s)): step 0 moves the parameters by
+    -lr A_s^-1 (grad + sigma clip (C^-1 Z)[0]), computed here from the stream's own noise row."""
+    torch = pytest.importorskip("torch")
+    from mfcli.adapters.torch import CorrelatedNoiseOptimizer
+    from mfcli.noise import noise_stream
+
+    path, fact = _prefix_artifact(tmp_path)
+    d, seed, sigma, lr, s = 10, 99, 0.8, 0.5, 2.0
+    w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD([w], lr=lr), artifact=path, seed=seed, noise_multiplier=sigma,
+                                   clip_norm=1.0, postprocess=LaplacianSmoother(s), dtype="float64")
+    grad = np.linspace(-1.0, 1.0, d)
+    w.grad = torch.from_numpy(grad.copy())
+    opt.step()
+    row, _ = noise_stream(path, kind="gradient", d=d, seed=seed, dtype="float64").next(
+        noise_stream(path, kind="gradient", d=d, seed=seed, dtype="float64").init())
+    expected = -lr * np.linalg.solve(dense_a_s(d, s), grad + sigma * row)
+    np.testing.assert_allclose(w.detach().numpy(), expected, atol=1e-12)
+
+
+def test_jax_arrays_and_optax_hook(tmp_path):
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    import jax.numpy as jnp
+
+    from mfcli.adapters.optax import correlated_noise
+    from mfcli.noise import noise_stream
+
+    v = np.random.default_rng(6).normal(size=(2, 13)).astype(np.float32)
+    got = jax.jit(LaplacianSmoother(1.2))(jnp.asarray(v))  # traced under jit
+    np.testing.assert_allclose(np.asarray(got), laplacian_smooth(v, s=1.2), atol=1e-5)
+    arr = jnp.asarray(v)
+    assert LaplacianSmoother(0.0)(arr) is arr  # s = 0: the hook is the identity
+
+    path, _ = _prefix_artifact(tmp_path)
+    d, seed, sigma, s = 7, 5, 1.3, 0.7
+    stream = noise_stream(path, kind="gradient", d=d, seed=seed, dtype="float32")
+    tx = correlated_noise(stream, noise_multiplier=sigma, clip_norm=1.0, postprocess=LaplacianSmoother(s))
+    params = jnp.zeros(d, dtype=jnp.float32)
+    grad = jnp.asarray(np.linspace(0.0, 1.0, d), dtype=jnp.float32)
+    updates, _ = jax.jit(tx.update)(grad, tx.init(params))
+    row, _ = stream.next(stream.init())
+    expected = np.linalg.solve(dense_a_s(d, s), np.asarray(grad, dtype=np.float64) + sigma * row)
+    np.testing.assert_allclose(np.asarray(updates), expected, rtol=1e-5, atol=1e-5)
