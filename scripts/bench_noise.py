@@ -260,7 +260,7 @@ def main() -> None:
             results["rows"].append(row)
             lines.append(
                 f"| K={k}, R={r} | {dtype} | {threads} | {100 * inc:.2f}% | {grad.method} | {grad.width}+{r} | "
-                f"{1 / g_cpu:.1f} ({1 / g_wall:.1f}) | {1 / i_cpu:.1f} ({1 / i_wall:.1f}) | {peak:.1f} | {k + r + 4} |"
+                f"{1 / g_cpu:.1f} ({1 / g_wall:.1f}) | {1 / i_cpu:.1f} ({1 / i_wall:.1f}) | {peak:.3f} | {k + r + 4} |"
             )
             print(lines[-1], flush=True)
             del grad, it
@@ -273,7 +273,7 @@ def main() -> None:
         at = ", ".join(f"t={t}: {s:.2f} s" for t, s in dense["step_s_at"].items())
         lines.append(
             f"| dense, regenerate Z | {dtype} | 1 | 0 | regenerate | t+1 rows | {1 / dense['mean_step_s']:.3f} (mean; {at}) | "
-            f"- | {dense['peak_floats']:.1f} | - |"
+            f"- | {dense['peak_floats']:.3f} | - |"
         )
         print(lines[-1], flush=True)
         hist = dense_history(art_path, args.d, dtype, args.history_rows, args.n, repeats=5)
