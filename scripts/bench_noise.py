@@ -230,8 +230,8 @@ def main() -> None:
     dtypes = [x for x in args.dtypes.split(",") if x]
     results: dict = {"d": args.d, "n": args.n, "blas": blas_threads(), "load": os.getloadavg(), "rows": []}
 
-    header = (f"| setting | dtype | threads | loss increase | method | W + R | gradient steps/s, CPU (wall) | "
-              f"iterate steps/s, CPU (wall) | peak memory (d floats) | budget (K+R+4) |")
+    header = ("| setting | dtype | threads | loss increase | method | W + R | gradient steps/s, CPU (wall) | "
+              "iterate steps/s, CPU (wall) | peak memory (d floats) | budget (K+R+4) |")
     lines = [header, "|" + "---|" * 10]
     thread_counts = [int(x) for x in args.threads.split(",") if x]
 
