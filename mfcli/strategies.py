@@ -37,7 +37,6 @@ Example:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
@@ -136,7 +135,7 @@ def tree_nodes(n: int) -> TreeNodes:
     in release order (sorted by release step, then bottom-up). Raises MfcliError for n < 2."""
     n = _check_tree_n(n)
     k = (n - 1).bit_length()  # n' = 2^k >= n
-    levels, starts, ends, full, pos = [], [], [], [], []
+    levels, starts, ends, full = [], [], [], []
     for lvl in range(k + 1):
         width = 1 << lvl
         count = -(-n // width)  # nodes at this level whose interval starts before n
@@ -147,12 +146,10 @@ def tree_nodes(n: int) -> TreeNodes:
         starts.append(s)
         ends.append(np.minimum(e_full, n - 1))
         full.append(e_full <= n - 1)
-        pos.append(p)
     level = np.concatenate(levels)
     start = np.concatenate(starts)
     end = np.concatenate(ends)
     complete = np.concatenate(full)
-    position = np.concatenate(pos)
     order = np.lexsort((level, end))  # by release step, then bottom-up
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
@@ -166,7 +163,6 @@ def tree_nodes(n: int) -> TreeNodes:
     level, start, end, complete = level[order], start[order], end[order], complete[order]
     for arr in (level, start, end, complete, parent, *by_level):
         arr.setflags(write=False)
-    del position
     return TreeNodes(level, start, end, complete, parent, by_level)
 
 
