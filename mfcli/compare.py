@@ -12,7 +12,7 @@ strategy's B and C:
 Example:
     >>> from mfcli.workloads import prefix_workload
     >>> table = run_comparison(prefix_workload(4), ["identity", "tree"])
-    >>> [(r.name, r.loss_total) for r in table.rows]
+    >>> [(r.name, round(r.loss_total, 9)) for r in table.rows]
     [('identity', 10.0), ('tree', 15.0)]
 """
 from __future__ import annotations

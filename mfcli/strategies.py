@@ -32,7 +32,7 @@ and B[t, i] = 0 for release_steps[i] > t.
 
 Example:
     >>> s = build_strategy("tree", np.tril(np.ones((4, 4))))
-    >>> s.factorization.loss_total        # (k+1)(k 2^(k-1) + 1) for n = 2^k, k = 2
+    >>> round(s.factorization.loss_total, 9)   # (k+1)(k 2^(k-1) + 1) for n = 2^k, k = 2
     15.0
 """
 from __future__ import annotations
