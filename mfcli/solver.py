@@ -13,10 +13,38 @@ produced the iterate, so acceleration cannot make the certificate dishonest: the
 (U - L) / U reported at the end bounds how far the returned factorization is from optimal.
 
 Methods:
-    ``anderson`` (default): Anderson-accelerated fixed point in log(v), with a restart whenever
-        the dual bound drops, so it never wanders far from the plain iteration's path.
+    ``newton`` (default): Newton's method on the concave dual f(v) = 2 tr(H^1/2) - sum(v), with
+        a preconditioned Hessian and a coarse-to-fine start (below). A handful of full-size
+        eigendecompositions reach gap 1e-6 where the plain iteration needs hundreds.
+    ``anderson``: Anderson-accelerated fixed point in log(v), with a restart whenever the dual
+        bound drops, so it never wanders far from the plain iteration's path.
     ``fixed-point``: the plain iteration v <- phi(v) of the seed paper, for reproduction and as
         the benchmark baseline.
+
+The Newton step. In x = log v the gradient of f is phi - v, and the Hessian of f in v, written
+in the variable u = dv / v, is -T with (Daleckii-Krein, d^2 tr(M^1/2) for M = A D A^T)
+
+    T = sum_ij w_ij (q_i o q_j)(q_i o q_j)^T,   w_ij = s_i s_j / (s_i + s_j) = 1 / (1/s_i + 1/s_j),
+
+q_i the eigenvectors of H. Forming T exactly costs O(n^4). Writing the kernel as an exponential
+sum, 1/x ~ sum_r c_r exp(-t_r x) (relative error a few per cent on the range of x = 1/s_i +
+1/s_j, fitted once per range by least squares), makes it a short sum of Hadamard squares,
+
+    T ~ sum_r c_r P_r o P_r,   P_r = Q diag(exp(-t_r / s)) Q^T,
+
+each P_r one rank-truncated float32 SYRK (columns with exp(-t_r / s_i) ~ 0 are dropped). Since
+w, and so every entry of T, is a positive combination, a relative kernel error e gives
+(1 - e) T <= T~ <= (1 + e) T: the step is Newton's up to a factor 1 +- e, so convergence is
+quadratic until the e-limited linear rate takes over. The step solves T~ dx = phi - v
+(Jacobi-scaled float32 Cholesky) and moves v <- v (1 + dx) where dx > 0, v <- v exp(dx) where
+dx < 0 (the v-space Newton step, kept positive). The dual is rescaled to its best multiple
+after every eigendecomposition (free: H(c v) = c H(v)), and a step whose dual falls is halved.
+
+Coarse-to-fine start. For n >= 256 the solver first solves coarser problems whose steps are
+merged in pairs (Gram matrix P^T A^T A P, P summing adjacent columns) down to n < 256, each
+to a Newton-decrement tolerance, and interpolates log v to the next size. A coarse level costs
+an eighth of the next; the full-size problem then starts at gap ~1e-3 and needs 2-4
+eigendecompositions. Coarse iterations certify nothing and are reported separately.
 
 Example:
     >>> from mfcli.workloads import prefix_workload
@@ -26,10 +54,14 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from functools import lru_cache
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import scipy.linalg
@@ -37,7 +69,51 @@ import scipy.linalg
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization, total_loss
 
-METHODS = ("anderson", "fixed-point")
+METHODS = ("newton", "anderson", "fixed-point")
+DEFAULT_METHOD = "newton"
+
+#: Coarse-to-fine start: the coarsest level has fewer than this many steps ...
+COARSE_MIN_N = 128
+#: ... and the multilevel start is used for n >= 2 * COARSE_MIN_N.
+#: Relative Newton decrement at which a coarse level hands over to the next.
+COARSE_TOL = 1e-4
+COARSE_MAX_ITER = 40
+
+
+# BLAS threads. LAPACK decompositions (eigh, SVD, Cholesky) spend much of their time in
+# level-2 BLAS that synchronises the BLAS threads once per column, and small BLAS calls
+# synchronise on every call. On a machine where other processes hold the cores, a descheduled
+# BLAS thread stalls each of those steps. Measured with OpenBLAS on 2 cores under load ~8:
+# eigh at n = 2048 took 20 s with 2 threads and 3.5 s with 1, Cholesky 8.7 s vs 0.44 s, and a
+# whole n = 256 solve 15 s vs 0.16 s; GEMM/SYRK at n = 2048 were unaffected (0.60 s vs 0.67 s).
+# On an idle machine 2 threads are faster (eigh 1.0 s vs 1.45 s). Hence ``threads="auto"``.
+
+
+@contextmanager
+def _blas_threads(limit: int | None) -> Iterator[None]:
+    """Limit the BLAS thread pools (threadpoolctl) for the duration of a solve."""
+    if limit is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+
+        ctx = threadpool_limits(limits=limit, user_api="blas")
+    except Exception:  # threadpoolctl missing or unable to act: run as is
+        ctx = nullcontext()
+    with ctx:
+        yield
+
+
+def auto_threads() -> int | None:
+    """1 when the machine is busy (1-minute load average above CPUs - 1), else None (the BLAS
+    default). A speed heuristic only: results do not depend on it."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    cpus = os.cpu_count() or 1
+    return 1 if load > cpus - 1 else None
 
 
 class Bounds(NamedTuple):
@@ -45,13 +121,13 @@ class Bounds(NamedTuple):
 
     phi: np.ndarray  # fixed-point image diag(H^1/2)
     dual: float  # lower bound on the optimal loss
-    primal: float  # loss of the column-normalised feasible X~(v)
+    primal: float  # loss of the column-normalised feasible X~(v) (nan if not computed)
     eigvecs: np.ndarray  # Q
     sqrt_eigvals: np.ndarray  # s
 
 
 class Progress(NamedTuple):
-    """One line of solver progress, passed to the callback after every iteration."""
+    """One line of solver progress, passed to the callback after every full-size iteration."""
 
     iteration: int
     primal: float  # best (smallest) feasible loss so far
@@ -69,9 +145,14 @@ class SolveResult:
         factorization: lower-triangular C (unit column norms) and B = A C^-1, verified A = B C.
         dual_weights: the v whose feasible primal was returned (warm-start state).
         primal: loss_total recomputed from the returned B and C.
-        dual: best dual lower bound over all iterates.
+        dual: certified dual lower bound (:func:`certified_dual`, best over the iterates where
+            it was computed).
         gap: (primal - dual) / primal, from the recomputed primal.
+        iterations: full-size eigendecompositions.
         converged: gap <= tol.
+        coarse_iterations: ``newton`` only: (n, eigendecompositions) for each coarse level of
+            the multilevel start, coarsest first (empty when it was not used).
+        threads: the BLAS thread limit the solve ran with (None: the BLAS default).
     """
 
     factorization: Factorization
@@ -85,10 +166,12 @@ class SolveResult:
     tol: float
     converged: bool
     history: list[Progress] = field(default_factory=list, repr=False)
+    coarse_iterations: tuple[tuple[int, int], ...] = ()
+    threads: int | None = None
 
     def certificate(self) -> dict:
         """JSON-ready solver record (stored in artifacts as the ``solver`` attribute)."""
-        return {
+        cert = {
             "method": self.method,
             "tol": self.tol,
             "gap": self.gap,
@@ -98,40 +181,194 @@ class SolveResult:
             "seconds": self.seconds,
             "converged": self.converged,
         }
+        if self.coarse_iterations:
+            cert["coarse_iterations"] = [list(level) for level in self.coarse_iterations]
+        if self.threads is not None:
+            cert["blas_threads"] = self.threads
+        return cert
 
 
-def evaluate(gram: np.ndarray, v: np.ndarray) -> Bounds:
-    """Bounds at dual weights v for the Gram matrix A^T A (one eigendecomposition)."""
+def evaluate(gram: np.ndarray, v: np.ndarray, *, primal: bool = True) -> Bounds:
+    """Bounds at dual weights v for the Gram matrix A^T A (one eigendecomposition).
+
+    The primal is tr(A^T A X~^-1) = tr(R H R H^-1/2) with R = diag(sqrt(phi / v)); in the
+    eigenbasis, with M = Q^T R Q, it is sum_ij M_ij^2 s_j^2 / s_i, a sum of non-negative terms
+    (no cancellation) that costs one SYRK. ``primal=False`` skips it (coarse levels).
+    """
     sv = np.sqrt(v)
     h = gram * sv[:, None]
     h *= sv[None, :]
-    lam, q = scipy.linalg.eigh(h, overwrite_a=False, check_finite=False, driver="evd")
+    # H is symmetric: hand LAPACK a Fortran-ordered view so that it works in place (no copy).
+    h = h if h.flags.f_contiguous else h.T
+    lam, q = scipy.linalg.eigh(h, overwrite_a=True, check_finite=False, driver="evd")
+    del h
     # H is positive definite for a full-rank workload; clip round-off below zero.
     lam = np.maximum(lam, lam[-1] * 1e-300 if lam[-1] > 0 else 1e-300)
     s = np.sqrt(lam)
     phi = np.einsum("ij,ij,j->i", q, q, s)
     dual = float(s.sum() ** 2 / v.sum())
-    # Primal of X~: tr(A^T A X~^-1) = tr(R H R H^-1/2) with R = diag(sqrt(phi / v)).
-    r = np.sqrt(phi / v)
-    h_inv_sqrt = (q / s) @ q.T
-    h *= r[:, None]
-    h *= r[None, :]
-    primal = float(np.einsum("ij,ij->", h, h_inv_sqrt))
-    return Bounds(phi, dual, primal, q, s)
+    value = math.nan
+    if primal:
+        y = q * ((phi / v) ** 0.25)[:, None]
+        m = scipy.linalg.blas.dsyrk(1.0, y, trans=1, lower=0)  # upper triangle of Q^T R Q
+        del y
+        m *= m
+        u, w = 1.0 / s, lam
+        value = float(u @ (m @ w) + w @ (m @ u) - np.sum(np.diag(m) * u * w))
+    return Bounds(phi, dual, value, q, s)
+
+
+def certified_dual(workload: np.ndarray, v: np.ndarray) -> float:
+    """The dual bound sum(s)^2 / sum(v) with s the singular values of A D^1/2, not the square
+    roots of the eigenvalues of H = (A D^1/2)^T (A D^1/2).
+
+    Why: forming H squares the condition number, so eigh gets a small eigenvalue lambda only to
+    an absolute error ~ eps lambda_max, and sqrt(lambda) to ~ sqrt(eps lambda_max): on momentum
+    workloads (cond(H) ~ 1e10 at n = 300) that moves sum(s) by ~1e-9 relative, and taking the
+    best over many iterates picks the upward errors. The SVD of A D^1/2 gets every singular
+    value to ~ n eps s_max absolute, so the bound is good to ~ n^2 eps, far below any tol. It
+    costs about two eigendecompositions, and is paid only where the estimate says the gap is
+    within tol.
+    """
+    k = np.asarray(workload, dtype=np.float64) * np.sqrt(v)[None, :]
+    sigma = scipy.linalg.svdvals(k, overwrite_a=True, check_finite=False)
+    return float(sigma.sum() ** 2 / v.sum())
+
+
+def _rescaled(b: Bounds, v: np.ndarray) -> tuple[np.ndarray, Bounds]:
+    """Move v to its best multiple c v, c = (sum s / sum v)^2 (H(c v) = c H(v): no new
+    eigendecomposition). There the unscaled dual 2 sum(s) - sum(v) equals the scaled bound."""
+    c = (float(b.sqrt_eigvals.sum()) / float(v.sum())) ** 2
+    rc = math.sqrt(c)
+    return v * c, b._replace(phi=b.phi * rc, sqrt_eigvals=b.sqrt_eigvals * rc)
+
+
+@lru_cache(maxsize=128)
+def _exp_sum(log_range: float, terms: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Weights c >= 0 and rates t with sum_r c_r exp(-t_r y) ~ 1/y on [1, e^log_range].
+
+    Rates are geometric; their span is chosen among a few offsets and the weights are the
+    least-squares fit of the relative error on a log grid. Returns (c, t, max relative error).
+    """
+    span = max(log_range, 1.0)
+    y = np.exp(np.linspace(0.0, span, 400))
+    best: tuple[np.ndarray, np.ndarray, float] | None = None
+    for lo in (0.0, 0.5, 1.0, 1.5):
+        for hi in (0.0, 0.5, 1.0, 1.5):
+            t = np.exp(np.linspace(-span - lo, hi, terms))
+            basis = np.exp(-np.outer(y, t)) * y[:, None]
+            c = np.linalg.lstsq(basis, np.ones_like(y), rcond=None)[0]
+            c = np.maximum(c, 0.0)
+            err = float(np.max(np.abs(basis @ c - 1.0)))
+            if best is None or err < best[2]:
+                best = (c, t, err)
+    assert best is not None
+    return best
+
+
+def _kernel_terms(log_range: float) -> int:
+    """Exponential-sum length for a kernel range: about 2-4 % relative error."""
+    return int(min(16, max(4, round(0.75 * log_range + 1.0))))
+
+
+def dual_hessian(q: np.ndarray, s: np.ndarray, *, terms: int | None = None) -> np.ndarray:
+    """Approximate T (minus the Hessian of the dual in u = dv/v), upper triangle, float32.
+
+    T = sum_ij w_ij (q_i o q_j)(q_i o q_j)^T with w_ij = 1 / (1/s_i + 1/s_j), approximated by an
+    exponential sum of the kernel (module docstring). Entries are non-negative sums, so float32
+    keeps each to ~1e-6 relative accuracy.
+    """
+    s_max = float(s.max())
+    s_lo = max(float(s.min()), s_max * 1e-14)
+    x_min = 2.0 / s_max
+    log_range = math.ceil(math.log(s_max / s_lo) * 4.0) / 4.0
+    k = terms if terms is not None else _kernel_terms(log_range)
+    c, t, _ = _exp_sum(log_range, k)
+    s_safe = np.maximum(s, s_lo)
+    n = q.shape[0]
+    q32 = q.astype(np.float32)
+    acc = np.zeros((n, n), dtype=np.float32)
+    for cr, tr in zip(c, t):
+        if cr <= 0.0:
+            continue
+        tau = tr / x_min
+        e = np.exp(-tau / s_safe)
+        # exp(-tau/s_i) < 6e-6 leaves every pair term below ~1e-4 of w_ij: drop the column.
+        cols = np.nonzero(e > 6e-6)[0]
+        if cols.size == 0:
+            continue
+        y = q32[:, cols] * np.sqrt(e[cols] * math.sqrt(cr / x_min)).astype(np.float32)
+        p = scipy.linalg.blas.ssyrk(1.0, y, trans=0, lower=0)
+        del y
+        p *= p
+        acc += p
+        del p
+    return acc
+
+
+def newton_direction(b: Bounds, v: np.ndarray, *, terms: int | None = None) -> tuple[np.ndarray, float] | None:
+    """Newton direction dx (in u = dv/v) for the dual at v and the relative Newton decrement
+    (g . dx) / (2 f), an estimate of the dual's relative distance to the optimum.
+
+    Returns None when the approximate Hessian cannot be factorised (the caller falls back to a
+    fixed-point step)."""
+    grad = b.phi - v
+    t = dual_hessian(b.eigvecs, b.sqrt_eigvals, terms=terms)
+    d = np.diag(t).astype(np.float64)
+    if not np.all(np.isfinite(d)) or np.any(d <= 0):
+        return None
+    scale = (1.0 / np.sqrt(d)).astype(np.float32)
+    t *= scale[:, None]
+    t *= scale[None, :]
+    try:
+        factor = scipy.linalg.cho_factor(t, lower=False, overwrite_a=True, check_finite=False)
+        y = scipy.linalg.cho_solve(factor, (grad * scale).astype(np.float32), check_finite=False)
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    dx = y.astype(np.float64) * scale
+    if not np.all(np.isfinite(dx)):
+        return None
+    f = 2.0 * float(b.sqrt_eigvals.sum()) - float(v.sum())
+    decrement = float(grad @ dx) / (2.0 * abs(f)) if f != 0 else math.inf
+    return dx, decrement
+
+
+def _log_step(dx: np.ndarray, limit: float = 4.0) -> np.ndarray:
+    """log(v_new / v) for the v-space step v (1 + dx), applied multiplicatively where dx < 0,
+    shortened uniformly so that no weight moves by more than e^limit."""
+    step = np.where(dx > 0, np.log1p(np.maximum(dx, 0.0)), dx)
+    big = float(np.max(np.abs(step)))
+    if big > limit:
+        step *= limit / big
+    return step
+
+
+def coarsen_gram(gram: np.ndarray) -> np.ndarray:
+    """P^T G P with P summing adjacent steps (2i, 2i+1): the Gram matrix of the workload whose
+    noise is shared by pairs of steps. Positive definite whenever G is."""
+    n = gram.shape[0]
+    if n % 2:
+        gram = np.pad(gram, ((0, 1), (0, 1)))
+    return gram[0::2, 0::2] + gram[1::2, 0::2] + gram[0::2, 1::2] + gram[1::2, 1::2]
 
 
 def strategy_from_bounds(b: Bounds) -> np.ndarray:
     """Lower-triangular C with C^T C = X~ and unit column norms (reverse-order Cholesky)."""
-    h_sqrt = (b.eigvecs * b.sqrt_eigvals) @ b.eigvecs.T
+    y = b.eigvecs * np.sqrt(b.sqrt_eigvals)
+    x = scipy.linalg.blas.dsyrk(1.0, y)  # upper triangle of H^1/2 = Q S Q^T
+    del y
     w = 1.0 / np.sqrt(b.phi)
-    x = h_sqrt * w[:, None] * w[None, :]
-    x = 0.5 * (x + x.T)
-    # P X P = L L^T  =>  C = P L^T P is lower-triangular with C^T C = X.
+    x *= w[:, None]
+    x *= w[None, :]
+    # P X P = L L^T  =>  C = P L^T P is lower-triangular with C^T C = X. The reversed upper
+    # triangle of X is the lower triangle of P X P, the only one the factorisation reads.
     try:
-        lower = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
+        lower = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, overwrite_a=True, check_finite=False)
     except np.linalg.LinAlgError:
         raise MfcliError("the optimal X is numerically singular; the workload is too ill-conditioned") from None
+    del x
     c = np.ascontiguousarray(lower.T[::-1, ::-1])
+    del lower
     return np.tril(c)
 
 
@@ -164,15 +401,86 @@ def resample_weights(v: np.ndarray, n: int) -> np.ndarray:
     return np.exp(np.interp(dst, src, np.log(v)))
 
 
+class _NewtonWalker:
+    """Newton iterates with the dual safeguard: a trial whose (scaled) dual falls below the
+    last accepted one is replaced by half the step; after a few halvings, a fixed-point step."""
+
+    MAX_HALVINGS = 5
+
+    def __init__(self, terms: int | None) -> None:
+        self.terms = terms
+        self.accepted: tuple[np.ndarray, float, np.ndarray] | None = None  # v, dual, phi
+        self.step: np.ndarray | None = None
+        self.halvings = 0
+        self.decrement = math.inf
+
+    def next(self, v: np.ndarray, b: Bounds) -> np.ndarray:
+        """Given the trial v (already rescaled) and its bounds, return the next trial."""
+        acc = self.accepted
+        slack = 1e-13 * abs(acc[1]) if acc is not None else 0.0
+        if acc is not None and b.dual < acc[1] - slack and self.step is not None:
+            if self.halvings < self.MAX_HALVINGS:
+                self.halvings += 1
+                self.step = 0.5 * self.step
+                return acc[0] * np.exp(self.step)
+            # Give up on this direction: one plain fixed-point step from the accepted point.
+            self.halvings = 0
+            self.step = None
+            return acc[2].copy()
+        self.accepted = (v, b.dual, b.phi)
+        self.halvings = 0
+        found = newton_direction(b, v, terms=self.terms)
+        if found is None:
+            self.step = None
+            self.decrement = math.inf
+            return b.phi.copy()
+        dx, self.decrement = found
+        self.step = _log_step(dx)
+        return v * np.exp(self.step)
+
+
+def _coarse_start(gram: np.ndarray, terms: int | None) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
+    """Dual weights for ``gram`` from the multilevel start, or None when n is too small."""
+    n = gram.shape[0]
+    if n < 2 * COARSE_MIN_N:
+        return None, []
+    grams = [coarsen_gram(gram)]
+    while grams[-1].shape[0] >= 2 * COARSE_MIN_N:
+        grams.append(coarsen_gram(grams[-1]))
+    v: np.ndarray | None = None
+    levels: list[tuple[int, int]] = []
+    for g in reversed(grams):
+        m = g.shape[0]
+        v = np.ones(m) if v is None else resample_weights(v, m)
+        walker = _NewtonWalker(terms)
+        evals = 0
+        for evals in range(1, COARSE_MAX_ITER + 1):
+            b = evaluate(g, v, primal=False)
+            v, b = _rescaled(b, v)
+            v_next = walker.next(v, b)
+            if walker.halvings == 0 and walker.decrement <= COARSE_TOL:
+                break
+            v = v_next
+        assert walker.accepted is not None
+        v = walker.accepted[0]
+        levels.append((m, evals))
+        del g
+    grams.clear()
+    return v, levels
+
+
 def optimal_factorization(
     workload: np.ndarray,
     *,
     tol: float = 1e-6,
     max_iter: int = 1000,
-    method: str = "anderson",
+    method: str = DEFAULT_METHOD,
     v0: np.ndarray | None = None,
     memory: int = 6,
     callback: Callable[[Progress], None] | None = None,
+    multilevel: bool = True,
+    hessian_terms: int | None = None,
+    threads: int | str | None = "auto",
 ) -> SolveResult:
     """Solve for the optimal lower-triangular factorization of ``workload`` to relative gap ``tol``.
 
@@ -180,15 +488,28 @@ def optimal_factorization(
         workload: n x n full-rank lower-triangular A (validate with
             :func:`mfcli.workloads.check_workload_matrix`).
         tol: stop when (primal - dual) / primal <= tol.
-        max_iter: eigendecompositions at most; the result then carries the gap reached.
-        method: ``anderson`` or ``fixed-point``.
-        v0: starting dual weights (any positive vector; resampled if its length differs).
+        max_iter: full-size eigendecompositions at most; the result then carries the gap reached.
+        method: ``newton`` (default), ``anderson`` or ``fixed-point``.
+        v0: starting dual weights (any positive vector; resampled if its length differs). With
+            ``newton`` a v0 replaces the multilevel start.
         memory: Anderson history length.
-        callback: called with :class:`Progress` after every iteration (may raise to abort).
+        callback: called with :class:`Progress` after every full-size iteration (may raise to
+            abort).
+        multilevel: ``newton`` only: use the coarse-to-fine start for n >= 256.
+        hessian_terms: ``newton`` only: exponential-sum length of the Hessian kernel (default
+            chosen from the eigenvalue range).
+        threads: BLAS threads during the solve: an int, None for the BLAS default, or
+            ``"auto"`` (1 on a busy machine, else the default; see :func:`auto_threads`).
+            Affects speed only.
 
     Formal guarantees: the returned factorization satisfies A = B C to 1e-8 relative Frobenius
     error, C is lower-triangular with unit column norms (sensitivity 1), and its loss is within
-    ``gap`` (relative) of the optimum over all factorizations with sensitivity 1.
+    ``gap`` (relative) of the optimum over all factorizations with sensitivity 1. Whatever the
+    method, the gap is (primal - dual) / primal with the primal recomputed from the returned B
+    and C and the dual the largest :func:`certified_dual` (singular values of A D^1/2) among
+    the iterates where it was computed. The iteration itself runs on eigh-based estimates of
+    both bounds (what :class:`Progress` reports); the loop ends only when the certified dual
+    confirms the estimated gap.
     """
     if method not in METHODS:
         raise MfcliError(f"unknown solver method {method!r}; choose one of {', '.join(METHODS)}")
@@ -196,30 +517,70 @@ def optimal_factorization(
         raise MfcliError(f"tol must be in (0, 1), got {tol}")
     if max_iter < 1:
         raise MfcliError(f"max_iter must be at least 1, got {max_iter}")
+    if hessian_terms is not None and not (4 <= hessian_terms <= 40):
+        raise MfcliError(f"hessian_terms must be in [4, 40], got {hessian_terms}")
+    if threads == "auto":
+        limit = auto_threads()
+    elif threads is None or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        limit = threads
+    else:
+        raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
+    with _blas_threads(limit):
+        res = _solve(workload, tol=tol, max_iter=max_iter, method=method, v0=v0, memory=memory,
+                     callback=callback, multilevel=multilevel, hessian_terms=hessian_terms)
+    return dataclasses.replace(res, threads=limit)
+
+
+def _solve(
+    workload: np.ndarray,
+    *,
+    tol: float,
+    max_iter: int,
+    method: str,
+    v0: np.ndarray | None,
+    memory: int,
+    callback: Callable[[Progress], None] | None,
+    multilevel: bool,
+    hessian_terms: int | None,
+) -> SolveResult:
     a = np.asarray(workload, dtype=np.float64)
     n = a.shape[0]
-    gram = a.T @ a
+    start = time.perf_counter()
+    gram = scipy.linalg.blas.dsyrk(1.0, a, trans=1, lower=0)  # upper triangle of A^T A
+    gram += np.triu(gram, 1).T
+    coarse: list[tuple[int, int]] = []
     if v0 is None:
         v = np.ones(n)
+        if method == "newton" and multilevel:
+            v_coarse, coarse = _coarse_start(gram, hessian_terms)
+            if v_coarse is not None:
+                v = resample_weights(v_coarse, n)
     else:
         v = resample_weights(v0, n)
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
             raise MfcliError("warm-start dual weights must be positive and finite")
     v = v / np.exp(np.mean(np.log(v)))
 
-    start = time.perf_counter()
-    best_dual = -math.inf
+    best_dual = -math.inf  # eigh-based estimates
     best_primal = math.inf
     best: tuple[np.ndarray, Bounds] | None = None
+    cert_dual = -math.inf  # largest certified_dual computed
+    v_best_dual = v
     xs: list[np.ndarray] = []
     fs: list[np.ndarray] = []
     history: list[Progress] = []
+    walker = _NewtonWalker(hessian_terms)
+    stalled = 0
     it = 0
     gap = math.inf
     for it in range(1, max_iter + 1):
         bnd = evaluate(gram, v)
+        if method == "newton":
+            v, bnd = _rescaled(bnd, v)
         dual_dropped = bnd.dual < best_dual
-        best_dual = max(best_dual, bnd.dual)
+        improved = bnd.dual > best_dual * (1 + 1e-15) or bnd.primal < best_primal * (1 - 1e-15)
+        if bnd.dual > best_dual:
+            best_dual, v_best_dual = bnd.dual, v
         if bnd.primal < best_primal:
             best_primal = bnd.primal
             best = (v, bnd)
@@ -229,9 +590,19 @@ def optimal_factorization(
         if callback is not None:
             callback(prog)
         if gap <= tol:
-            break
+            cert_dual = max(cert_dual, certified_dual(a, v_best_dual))
+            if (best_primal - cert_dual) / best_primal <= tol:
+                break
         if method == "fixed-point":
             v = bnd.phi
+            continue
+        if method == "newton":
+            # Round-off floor: stop when several iterations improve neither bound.
+            stalled = 0 if improved else stalled + 1
+            if stalled >= 8:
+                break
+            v = walker.next(v, bnd)
+            del bnd  # keep at most the best iterate's eigenvectors alive
             continue
         # Anderson on g(x) = log phi(e^x), residual with its mean removed: the problem is
         # invariant to the scale of v, so only the direction of log v matters.
@@ -261,17 +632,22 @@ def optimal_factorization(
 
     assert best is not None
     v_best, bnd_best = best
+    best = None
+    del walker, gram
+    if cert_dual == -math.inf:  # stopped by max_iter or the round-off floor
+        cert_dual = certified_dual(a, v_best_dual)
     strategy = strategy_from_bounds(bnd_best)
+    del bnd_best
     decoder = decoder_for(a, strategy)
     fact = Factorization(workload=a, strategy=strategy, decoder=decoder, causal=True).verify()
     primal = total_loss(decoder=decoder, strategy=strategy)
-    gap_final = (primal - best_dual) / primal
+    gap_final = (primal - cert_dual) / primal
     seconds = time.perf_counter() - start
     return SolveResult(
         factorization=fact,
         dual_weights=v_best,
         primal=primal,
-        dual=best_dual,
+        dual=cert_dual,
         gap=gap_final,
         iterations=it,
         seconds=seconds,
@@ -279,4 +655,5 @@ def optimal_factorization(
         tol=tol,
         converged=gap_final <= tol,
         history=history,
+        coarse_iterations=tuple(coarse),
     )
