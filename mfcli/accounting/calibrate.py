@@ -1,0 +1,115 @@
+"""Calibration: the smallest noise multiplier sigma meeting a target (epsilon, delta).
+
+epsilon(sigma) is non-increasing for every setting mfcli accounts (more noise is a post-processing
+of less noise: add independent Gaussian noise). The search brackets the target (doubling/halving
+sigma) and then bisects in log sigma until the bracket is within ``rel_tol``; it returns the upper
+end of the final bracket, where the accounting was actually run and met the target. So the
+reported achieved epsilon is a computed guarantee at the returned sigma (never an interpolation),
+and it is at most the target. This is the bracketing that dp-accounting's
+``calibrate_dp_mechanism`` does, applied to any epsilon function (MMCC is not a DpEvent that its
+accountants can build).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from mfcli.errors import MfcliError
+
+SIGMA_MIN = 1e-3
+SIGMA_MAX = 1e4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Result of :func:`calibrate_sigma`.
+
+    Attributes:
+        sigma: the calibrated noise multiplier (upper end of the final bracket).
+        epsilon: the epsilon computed at ``sigma`` (<= target).
+        target_epsilon: the target.
+        sigma_lower: the lower end of the final bracket (epsilon there exceeds the target).
+        evaluations: how many times the accounting ran.
+    """
+
+    sigma: float
+    epsilon: float
+    target_epsilon: float
+    sigma_lower: float
+    evaluations: int
+
+    def as_dict(self) -> dict:
+        return {
+            "sigma": self.sigma,
+            "achieved_epsilon": self.epsilon,
+            "target_epsilon": self.target_epsilon,
+            "sigma_bracket": [self.sigma_lower, self.sigma],
+            "evaluations": self.evaluations,
+            "method": "bracketing on the non-increasing epsilon(sigma), bisection in log sigma; the "
+                      "returned sigma is where the target was met",
+        }
+
+
+def calibrate_sigma(
+    epsilon_of_sigma: Callable[[float], float],
+    *,
+    target_epsilon: float,
+    rel_tol: float = 1e-3,
+    sigma_start: float = 1.0,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Smallest sigma (to a relative ``rel_tol``) with epsilon_of_sigma(sigma) <= target_epsilon.
+
+    Raises:
+        MfcliError: a target that is not a positive finite number, or one that no sigma up to
+            1e4 meets (e.g. a delta split that leaves no room).
+    """
+    try:
+        target = float(target_epsilon)
+    except (TypeError, ValueError):
+        raise MfcliError(f"the target epsilon must be a number, got {target_epsilon!r}") from None
+    if not (math.isfinite(target) and target > 0):
+        raise MfcliError(f"the target epsilon must be positive and finite, got {target_epsilon!r}")
+    if not (0 < rel_tol < 1):
+        raise MfcliError("the calibration tolerance must lie in (0, 1)")
+    say = progress or (lambda s: None)
+    evals = 0
+    cache: dict[float, float] = {}
+
+    def eps(s: float) -> float:
+        nonlocal evals
+        if s not in cache:
+            evals += 1
+            cache[s] = float(epsilon_of_sigma(s))
+            say(f"calibrate: sigma {s:.6g} -> epsilon {cache[s]:.6g}")
+        return cache[s]
+
+    s = float(sigma_start)
+    if eps(s) <= target:
+        hi = s
+        lo = s / 2
+        while eps(lo) <= target:
+            hi, lo = lo, lo / 2
+            if lo < SIGMA_MIN:
+                raise MfcliError(
+                    f"epsilon stays below {target:g} even at sigma = {hi:.3g}; no calibration needed "
+                    "(any sigma >= that works)"
+                )
+    else:
+        lo = s
+        hi = 2 * s
+        while eps(hi) > target:
+            lo, hi = hi, 2 * hi
+            if hi > SIGMA_MAX:
+                raise MfcliError(
+                    f"no sigma up to {SIGMA_MAX:g} meets epsilon {target:g} at this delta "
+                    f"(epsilon at sigma = {lo:.3g} is {eps(lo):.4g}); raise the target or delta"
+                )
+    while hi / lo - 1 > rel_tol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return Calibration(sigma=hi, epsilon=eps(hi), target_epsilon=target, sigma_lower=lo, evaluations=evals)

@@ -1,0 +1,51 @@
+"""dp-accounting events as JSON, both ways (stored in artifacts by ``mfcli account --write``)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+
+
+def _to_plain(obj: Any) -> Any:
+    if hasattr(obj, "to_named_tuple") and hasattr(obj, "__attrs_attrs__"):
+        obj = obj.to_named_tuple()
+    if hasattr(obj, "_asdict"):
+        d = obj._asdict()
+        d.pop("module_name", None)
+        return {k: _to_plain(v) for k, v in d.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [_to_plain(v) for v in obj.tolist()]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    return obj
+
+
+def event_to_json(event: Any) -> str:
+    """Compact JSON of a ``dp_accounting.dp_event.DpEvent``: nested objects with ``class_name``
+    and the event's own fields (floats written with full precision)."""
+    return json.dumps(_to_plain(event), separators=(",", ":"))
+
+
+def event_from_json(text: str) -> Any:
+    """Rebuild the ``DpEvent`` written by :func:`event_to_json`."""
+    from dp_accounting import dp_event
+
+    def build(obj: Any) -> Any:
+        if isinstance(obj, dict) and "class_name" in obj:
+            cls = getattr(dp_event, obj["class_name"], None)
+            if cls is None:
+                raise MfcliError(f"unknown dp-accounting event class {obj['class_name']!r}")
+            return cls(**{k: build(v) for k, v in obj.items() if k != "class_name"})
+        if isinstance(obj, list):
+            return [build(v) for v in obj]
+        return obj
+
+    try:
+        return build(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise MfcliError(f"cannot read the stored dp-accounting event: {exc}") from None

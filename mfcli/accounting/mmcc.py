@@ -1,0 +1,968 @@
+"""Amplified accounting for matrix mechanisms with Poisson sampling (MMCC-style), per MMCC.md.
+
+Model. C (m x n, non-negative) is scaled to max column norm 1 and sigma_eff = sigma / sens(C) is
+the noise multiplier per unit sensitivity. Rows are released in order; row r uses only columns
+j <= t(r) (its release step). The example takes part in step j independently with probability p
+(Poisson sampling); neighbouring datasets differ by adding or removing it. The scalar dominating
+pair (the paper's Thm 4.8 / Cor. 4.7) is P = N(0, sigma^2 I_m) against Q = E_b N(C b, sigma^2 I_m),
+b_j ~ Bernoulli(p) i.i.d.
+
+Algorithm ("MMCC-style conditional composition; a valid upper bound, possibly looser than the
+paper's algorithm"), delta = delta_pld + delta_tail + delta_trunc:
+
+1. Tail events (:func:`tail_epsilons`). With G = C[:r]^T C[:r] the Gram matrix of the rows
+   released before r, for every pair (r, j) with C[r, j] > 0 and G[j, j] > 0 the log-likelihood
+   ratio of the earlier outputs for "j took part" is at most
+   l = (W + sigma sqrt(G[j,j]) N(0,1) - G[j,j]/2) / sigma^2, W = sum_j' b_j' G[j, j'] (under Q;
+   under P it is smaller since W = 0). Each of the K pairs gets delta_rj = delta_tail / K and eps_rj
+   is the smallest eps with T(eps) = P(l > eps) <= delta_rj. The law of W is computed exactly on
+   the grid h_W (every G[j, j'] rounded UP to a multiple of h_W) by convolving binomials (one per
+   distinct rounded value), with the mass above a cap counted as always in the tail.
+2. Posterior bounds. p~_rj = p e^eps_rj / (p e^eps_rj + 1 - p) on the event that every l <= eps_rj
+   (Bayes' rule; the supremum over the other participations is taken since C >= 0); p~ = p for a
+   column not seen before row r; p~ = 1 if the tail cannot be met.
+3. Row mechanism (:func:`row_mixture`). S_r = sum_j C[r, j] B_j, B_j ~ Bernoulli(p~_rj)
+   independent, with every C[r, j] rounded UP to the grid 1/M (default 1/50 = 0.02); the law of
+   S_r is a convolution. Upper-tail mass beyond the point where it falls below eta_r is cut and
+   the rest renormalised; the cut mass eta_r joins delta (delta_trunc = sum_r eta_r, below
+   1e-6 delta): the pair with the cut is dominated by "with probability eta_r reveal everything,
+   otherwise the renormalised mixture", a post-processing argument. The row is the dp-accounting
+   event MixtureOfGaussiansDpEvent(sigma_eff, support, probabilities).
+4. Composition. Identical rows are grouped (SelfComposedDpEvent); every distinct row's pessimistic
+   PLD is built (:mod:`mfcli.accounting.mog_pld`, equal to dp-accounting's builder) and all are
+   composed; eps = get_epsilon_for_delta(delta_pld).
+
+Why it is valid (lemma level): conditional composition (on the event that every l <= eps_rj, each
+row's conditional pair is dominated by the row mixture; the event fails with probability at most
+delta_tail under both P and Q); the conditional law of the participations given the past is
+coordinatewise dominated by independent Bernoulli(p~) (each conditional probability is at most p~),
+and S_r is monotone in them since C >= 0; a mixture of N(s, sigma^2) over s >= 0 has a monotone
+likelihood ratio, so rounding s up (in the stochastic order) can only increase both hockey-stick
+divergences; the PLD discretisation is pessimistic.
+
+Also here: the lower bound (post-processed statistic 1^T C^-1 y, exact), and the full-participation
+sanity bound (a Gaussian with sensitivity ||C 1||_2).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy import special, stats
+
+from mfcli.accounting import mog_pld
+from mfcli.accounting.events import event_to_json
+from mfcli.accounting.single_pass import (
+    DEFAULT_DELTA,
+    DEFAULT_DISCRETIZATION,
+    check_delta,
+    check_discretization,
+    check_sampling,
+    check_sigma,
+    gaussian_epsilon,
+)
+from mfcli.errors import MfcliError
+
+#: Default rounding grid of the row mixtures' sensitivities (MMCC.md step 3): 1/50 = 0.02.
+DEFAULT_MIXTURE_RESOLUTION = 50
+#: Default share of delta spent on the tail events.
+DEFAULT_TAIL_FRACTION = 0.5
+#: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
+TRUNCATION_SHARE = 1e-6
+#: Work budget of all row PLDs together: sum over distinct rows of (privacy-curve points) x
+#: (support size). The PLD grid is coarsened in 1-2-5 steps from the requested one until it fits.
+PLD_WORK_BUDGET = 3e7
+#: Keys of the tail step per batch (memory: batch x cap doubles).
+_TAIL_BATCH = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks
+
+
+@dataclass(frozen=True)
+class PreparedStrategy:
+    """A strategy checked for MMCC: non-negative, causal in release order, scaled to unit sensitivity.
+
+    Attributes:
+        strategy: C / sens(C) (m x n).
+        sensitivity: sens(C) of the matrix as given.
+        release_steps: t(r) for every row.
+    """
+
+    strategy: np.ndarray
+    sensitivity: float
+    release_steps: np.ndarray
+
+    @property
+    def m(self) -> int:
+        return self.strategy.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.strategy.shape[1]
+
+
+def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | None = None) -> PreparedStrategy:
+    """Check C for MMCC and scale it to max column norm 1.
+
+    Raises:
+        MfcliError: C not a finite 2-D array, a negative entry, a zero column, release steps that
+            are not non-decreasing in range, or an entry C[r, j] != 0 with j > t(r) (non-causal).
+    """
+    c = np.asarray(strategy, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] == 0 or c.shape[1] == 0:
+        raise MfcliError(f"the strategy C must be a non-empty 2-D matrix, got shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise MfcliError("the strategy C contains NaN or infinite entries")
+    m, n = c.shape
+    if np.any(c < 0):
+        r, j = np.argwhere(c < 0)[0]
+        raise MfcliError(
+            f"MMCC needs a non-negative strategy C; C[{r}, {j}] = {c[r, j]:.3g} < 0 "
+            "(use the single-pass bound for this C)"
+        )
+    if release_steps is None:
+        if m != n:
+            raise MfcliError(f"a non-square C ({m} x {n}) needs the release step of every row")
+        t = np.arange(n)
+    else:
+        t = np.asarray(release_steps, dtype=np.int64)
+        if t.shape != (m,):
+            raise MfcliError(f"{t.size} release steps for {m} rows of C")
+        if np.any(np.diff(t) < 0) or t.min() < 0 or t.max() >= n:
+            raise MfcliError("release steps must be non-decreasing and within 0..n-1")
+    cols = np.arange(n)
+    bad = (c > 0) & (cols[None, :] > t[:, None])
+    if np.any(bad):
+        r, j = np.argwhere(bad)[0]
+        raise MfcliError(
+            f"the strategy C is not causal: row {r} (released at step {t[r]}) uses column {j}; "
+            "MMCC needs C lower-triangular in release order"
+        )
+    norms = np.sqrt(np.einsum("ij,ij->j", c, c))
+    if np.any(norms == 0):
+        raise MfcliError(f"column {int(np.argmin(norms))} of C is zero: that step's gradient is never used")
+    sens = float(norms.max())
+    cn = c / sens
+    cn.setflags(write=False)
+    t.setflags(write=False)
+    return PreparedStrategy(strategy=cn, sensitivity=sens, release_steps=t)
+
+
+def _round_up_to_grid(x: np.ndarray, resolution: int) -> np.ndarray:
+    """Integers k with k / resolution >= x (checked in floating point), x >= 0."""
+    k = np.ceil(x * resolution)
+    low = k / resolution < x
+    k[low] += 1
+    return k.astype(np.int64)
+
+
+def default_tail_resolution(sigma_eff: float) -> int:
+    """Grid 1/M_W for W: h_W = 0.01 sigma^2 clipped to [1e-3, 0.05] (rounding W up by h_W per
+    participant moves eps_rj by at most h_W / sigma^2 per participant, i.e. 1%)."""
+    h = min(0.05, max(1e-3, 0.01 * sigma_eff * sigma_eff))
+    return int(math.ceil(1.0 / h))
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 1: tail events
+
+
+@dataclass(frozen=True)
+class TailPairs:
+    """The (r, j) pairs of step 1, grouped by their tail problem.
+
+    Attributes:
+        rows: row index r of every pair.
+        cols: column index j of every pair.
+        key: index of the pair's distinct tail problem.
+        counts: (U, M_W + 2) histogram of the rounded-up G[j, j'] (in units 1/M_W) per problem.
+        g_index: (U,) G[j, j] rounded up to the grid 2^-40: g in ((g_index - 1) 2^-40, g_index 2^-40].
+        resolution: M_W.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    key: np.ndarray
+    counts: np.ndarray
+    g_index: np.ndarray
+    resolution: int
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.size)
+
+
+G_QUANTUM = 2.0 ** -40
+
+
+def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int) -> TailPairs:
+    """Walk the rows in release order, keep G = C[:r]^T C[:r], and group the pairs (r, j) of
+    step 1 by (G[j, j], multiset of rounded-up G[j, j']): identical problems are solved once."""
+    c = prep.strategy
+    m, n = c.shape
+    g = np.zeros((n, n))
+    nbins = resolution + 2
+    keys: dict[bytes, int] = {}
+    counts_list: list[np.ndarray] = []
+    gidx_list: list[int] = []
+    rows_out: list[np.ndarray] = []
+    cols_out: list[np.ndarray] = []
+    key_out: list[np.ndarray] = []
+    seen = np.zeros(n, dtype=bool)
+    for r in range(m):
+        row = c[r]
+        cols = np.flatnonzero(row)
+        if cols.size == 0:
+            continue
+        pj = cols[seen[cols]]
+        if pj.size:
+            seen_cols = np.flatnonzero(seen)
+            gsub = g[np.ix_(pj, seen_cols)]
+            kk = _round_up_to_grid(gsub, resolution)
+            kk = np.minimum(kk, nbins - 1)  # G <= 1 (unit columns), so this never binds beyond 1 + 1/M
+            flat = (np.arange(pj.size)[:, None] * nbins + kk).ravel()
+            hist = np.bincount(flat, minlength=pj.size * nbins).reshape(pj.size, nbins)
+            hist[:, 0] = 0  # G[j, j'] = 0 contributes nothing to W
+            gdiag = g[pj, pj]
+            gq = np.ceil(gdiag / G_QUANTUM).astype(np.int64)
+            kidx = np.empty(pj.size, dtype=np.int64)
+            for i in range(pj.size):
+                kb = gq[i].tobytes() + hist[i].astype(np.int32).tobytes()
+                u = keys.get(kb)
+                if u is None:
+                    u = len(counts_list)
+                    keys[kb] = u
+                    counts_list.append(hist[i].astype(np.int64))
+                    gidx_list.append(int(gq[i]))
+                kidx[i] = u
+            rows_out.append(np.full(pj.size, r, dtype=np.int64))
+            cols_out.append(pj)
+            key_out.append(kidx)
+        # G += c_r^T c_r on the row's support
+        v = row[cols]
+        g[np.ix_(cols, cols)] += np.outer(v, v)
+        seen[cols] = True
+    if counts_list:
+        counts = np.vstack(counts_list)
+        gidx = np.asarray(gidx_list, dtype=np.int64)
+        rows_a, cols_a, key_a = np.concatenate(rows_out), np.concatenate(cols_out), np.concatenate(key_out)
+    else:
+        counts = np.zeros((0, nbins), dtype=np.int64)
+        gidx = np.zeros(0, dtype=np.int64)
+        rows_a = cols_a = key_a = np.zeros(0, dtype=np.int64)
+    return TailPairs(rows=rows_a, cols=cols_a, key=key_a, counts=counts, g_index=gidx, resolution=resolution)
+
+
+def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tuple[np.ndarray, np.ndarray]:
+    """Law of W = sum of Bernoulli(p) terms with integer weights, truncated at ``cap`` (direct
+    convolution; the reference for :func:`w_law_fft`).
+
+    Args:
+        counts: (B, K) - counts[b, k] terms of weight k (k = 0 ignored).
+        p: Bernoulli probability.
+        cap: grid points kept (values 0..cap-1).
+        tiny: a binomial's upper tail below this is not expanded term by term (it is added to the
+            overflow instead, which only makes the tail larger).
+
+    Returns:
+        (pmf, overflow): pmf[b, x] = P(W_b = x) for x < cap, overflow[b] >= P(W_b >= cap).
+
+    Formal guarantees: every operation adds products of non-negative numbers (no cancellation);
+    mass that is not tracked is counted in ``overflow``.
+    """
+    bsz, nb = counts.shape
+    pmf = np.zeros((bsz, cap))
+    pmf[:, 0] = 1.0
+    ov = np.zeros(bsz)
+    for k in range(1, nb):
+        h = counts[:, k]
+        hmax = int(h.max()) if bsz else 0
+        if hmax == 0:
+            continue
+        # number of binomial terms to expand: all of them, or until the tail is negligible
+        imax = hmax
+        sf = stats.binom.sf(np.arange(hmax + 1), hmax, p)
+        below = np.flatnonzero(sf < tiny)
+        if below.size:
+            imax = min(imax, int(below[0]))
+        imax = min(imax, (cap - 1) // k + 1)
+        i = np.arange(imax + 1)
+        bi = stats.binom.pmf(i[None, :], h[:, None], p)  # (B, imax+1)
+        tail = stats.binom.sf(imax, h, p)  # P(more than imax of these terms)
+        rc = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]  # rc[:, x] = mass of pmf at >= x
+        total = rc[:, 0].copy()
+        new = pmf * bi[:, 0:1]
+        add_ov = tail * total
+        for ii in range(1, imax + 1):
+            s = ii * k
+            w = bi[:, ii:ii + 1]
+            if s < cap:
+                new[:, s:] += w * pmf[:, :cap - s]
+                add_ov += w[:, 0] * rc[:, cap - s]
+            else:
+                add_ov += w[:, 0] * total
+        pmf = new
+        ov = ov + add_ov
+    return pmf, ov
+
+
+#: Generous bound on the l2 norm of the floating-point error of a W pmf computed by FFT (the
+#: Cooley-Tukey bound is ~ 5 log2(L) u ||phi||_2 / sqrt(L) per transform, ~ 1e-14 here; 10x margin).
+FFT_ERROR_L2 = 1e-13
+
+
+def _log_mgf(counts: np.ndarray, p: float, lam: np.ndarray) -> np.ndarray:
+    """log E[exp(lam W)] for every problem (rows) and lam (columns)."""
+    k = np.arange(counts.shape[1])
+    terms = np.log1p(p * np.expm1(np.outer(k, lam)))  # (K, n_lam)
+    return counts @ terms
+
+
+def chernoff_tail(counts: np.ndarray, p: float, level: float) -> np.ndarray:
+    """Upper bound on P(W >= level) (grid units): min over a lambda grid of
+    exp(log E[e^(lam W)] - lam level) (Markov's inequality), capped at 1."""
+    lam = np.geomspace(1e-3, 20.0, 48)
+    bound = _log_mgf(counts, p, lam) - lam[None, :] * level
+    return np.minimum(1.0, np.exp(bound.min(axis=1)))
+
+
+def w_law_fft(counts: np.ndarray, p: float, length: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Law of W on 0..length-1 through its characteristic function (the fast path).
+
+    phi(w) = prod_k (1 - p + p e^(-2 pi i w k / L))^counts[k] is computed as exp(counts @ log(...))
+    (one matrix product for all problems) and inverted by a real FFT of length L = ``length``.
+    The FFT folds the mass at W >= L onto 0..L-1, i.e. onto smaller values; since the tail
+    probability is increasing in W this could only lower T, so the caller adds an upper bound on
+    P(W >= c) for some c <= L (:func:`chernoff_tail`) and uses the pmf below c only.
+
+    Returns:
+        (pmf, extra, err_l2): the computed pmf (negative round-off clipped to 0), an upper bound on
+        P(W >= L) per problem, and a bound on the l2 norm of the pmf's round-off error.
+    """
+    nfreq = length // 2 + 1
+    w = np.arange(nfreq)
+    k = np.arange(counts.shape[1])
+    z = 1 - p + p * np.exp(-2j * np.pi * np.outer(k, w) / length)  # (K, nfreq)
+    mag = np.abs(z)
+    logmag = np.where(mag > 0, np.log(np.where(mag > 0, mag, 1.0)), -1e4)
+    ang = np.angle(z)
+    cf = counts.astype(np.float64)
+    re = cf @ logmag
+    im = cf @ ang
+    phi = np.exp(re) * (np.cos(im) + 1j * np.sin(im))
+    pmf = np.fft.irfft(phi, n=length, axis=1)
+    np.maximum(pmf, 0.0, out=pmf)
+    extra = chernoff_tail(counts, p, float(length))
+    return pmf, extra, FFT_ERROR_L2
+
+
+def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
+            g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False):
+    """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
+    f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
+    y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
+    it). With ``with_slope`` also returns dT/deps of the main term."""
+    x = np.arange(pmf.shape[1]) * h
+    z = (eps * sigma * sigma + g_lo / 2)[:, None] - x[None, :]  # y
+    neg = z < 0
+    z *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
+    if neg.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
+        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+        z[neg] *= np.broadcast_to(ratio[:, None], z.shape)[neg]
+    f = special.ndtr(-z)
+    t = np.einsum("bx,bx->b", pmf, f) + extra
+    if err_l2:
+        t += err_l2 * np.sqrt(np.einsum("bx,bx->b", f, f))
+    if not with_slope:
+        return t
+    # d f / d eps = phi(z) sigma^2 / tau; tau recovered from z / y is avoided: use tau_hi (the
+    # slope only steers Newton, it does not enter any bound)
+    np.square(z, out=z)
+    z *= -0.5
+    np.exp(z, out=z)
+    scale = sigma * sigma / (sigma * np.sqrt(g_hi)) / math.sqrt(2 * math.pi)
+    return t, -np.einsum("bx,bx->b", pmf, z) * scale
+
+
+def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
+                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float, tol: float = 1e-8) -> np.ndarray:
+    """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem; +inf where none does.
+
+    Newton steps on log T kept inside a bracket (bisection when a step leaves it). The returned
+    value is always the upper end of a bracket, at which T was evaluated and found <= delta.
+    """
+    b = pmf.shape[0]
+    slack = 1 + 1e-12  # floating-point margin on the comparison with delta
+    out = np.full(b, np.inf)
+    kw = dict(sigma=sigma, h=h)
+    cap_w = pmf.shape[1] * h
+    hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
+    lo = np.zeros(b)
+    t_lo = _tail_T(pmf, extra, err_l2, lo, g_lo=g_lo, g_hi=g_hi, **kw) * slack
+    t_hi = _tail_T(pmf, extra, err_l2, hi, g_lo=g_lo, g_hi=g_hi, **kw) * slack
+    zero = t_lo <= delta
+    out[zero] = 0.0
+    active = ~zero & (t_hi <= delta)  # where even hi fails, the tail cannot be met: +inf
+    # start Newton from the W = 0 term's own solution (a lower bound on the answer)
+    p0 = np.maximum(pmf[:, 0], 1e-300)
+    z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
+    x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
+    logd = math.log(delta)
+    for _ in range(100):
+        idx = np.flatnonzero(active & (hi - lo > tol * (1 + hi)))
+        if idx.size == 0:
+            break
+        xi = np.clip(x[idx], lo[idx], hi[idx])
+        t, dt = _tail_T(pmf[idx], extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
+        t = t * slack
+        meets = t <= delta
+        lo[idx] = np.where(meets, lo[idx], xi)
+        hi[idx] = np.where(meets, xi, hi[idx])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = (np.log(np.maximum(t, 1e-300)) - logd) / (dt / np.maximum(t, 1e-300))
+        nx = xi - step
+        # a step outside the bracket, or one that would stall on the side already known, bisects
+        width = hi[idx] - lo[idx]
+        bad = ~np.isfinite(nx) | (nx <= lo[idx]) | (nx >= hi[idx])
+        nx = np.where(bad, 0.5 * (lo[idx] + hi[idx]), nx)
+        # nudge past the root so the bracket closes from both sides
+        nx = np.where(~bad & meets, np.maximum(lo[idx], nx - 0.25 * tol * (1 + hi[idx])), nx)
+        nx = np.where(~bad & ~meets, np.minimum(hi[idx], nx + 0.25 * tol * (1 + hi[idx])), nx)
+        x[idx] = np.where(width > 0, nx, hi[idx])
+    out[active] = hi[active]
+    return out
+
+
+def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float, method: str = "fft") -> np.ndarray:
+    """eps of every distinct tail problem (+inf where the tail cannot be met), step 1 of MMCC.md.
+
+    ``method`` "fft" (default, fast, with explicit folding and round-off allowances) or "direct"
+    (exact convolution)."""
+    u = pairs.counts.shape[0]
+    out = np.full(u, np.inf)
+    if u == 0:
+        return out
+    h = 1.0 / pairs.resolution
+    weights = np.arange(pairs.counts.shape[1])
+    support = pairs.counts @ weights  # largest rounded W (grid units)
+    terms = pairs.counts.sum(axis=1)
+    order = np.argsort(terms, kind="stable")
+    g_hi = pairs.g_index * G_QUANTUM
+    g_lo = np.maximum(g_hi - G_QUANTUM, 0.0)
+    for start in range(0, u, _TAIL_BATCH):
+        sel = order[start:start + _TAIL_BATCH]
+        counts = pairs.counts[sel]
+        sup = support[sel]
+        # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
+        # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
+        # the tail" (a valid over-estimate that moves eps by a negligible amount).
+        def tail_at(c: int) -> np.ndarray:
+            t = chernoff_tail(counts, p, float(c))
+            t[sup < c] = 0.0
+            return t
+
+        lo_c, hi_c = 1, int(sup.max()) + 1
+        while lo_c < hi_c:
+            mid = (lo_c + hi_c) // 2
+            if np.all(tail_at(mid) <= 1e-3 * delta_pair):
+                hi_c = mid
+            else:
+                lo_c = mid + 1
+        cut = max(1, lo_c)
+        if method == "direct":
+            pmf, extra = w_law(counts, p, cut)
+            err = 0.0
+        elif method == "fft":
+            length = 1 << max(4, (cut - 1).bit_length())
+            pmf, _, err = w_law_fft(counts, p, length)
+            pmf = np.ascontiguousarray(pmf[:, :cut])
+            extra = tail_at(cut)  # P(W >= cut): covers the dropped values and the FFT's folding
+        else:
+            raise MfcliError(f"unknown tail method {method!r}")
+        out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
+                                  delta=delta_pair)
+    return out
+
+
+def posterior_bound(p: float, eps: np.ndarray) -> np.ndarray:
+    """p~ = p e^eps / (p e^eps + 1 - p), rounded up by a relative 1e-12; 1 where eps is infinite."""
+    eps = np.asarray(eps, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        pt = 1.0 / (1.0 + (1.0 - p) / p * np.exp(-eps))
+    pt = np.where(np.isfinite(eps), pt * (1 + 1e-12), 1.0)
+    return np.minimum(pt, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 3: row mixtures
+
+
+def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Law of S = sum_j weights[j] B_j, B_j ~ Bernoulli(probs[j]) independent, integer weights.
+
+    The upper tail is cut where its mass falls below ``cut`` (spread over the steps), the rest is
+    renormalised.
+
+    Returns:
+        (support, probabilities, eta): integer support points with positive probability, their
+        renormalised probabilities, and the cut mass eta <= cut.
+    """
+    order = np.lexsort((probs, weights))
+    weights = np.asarray(weights)[order]
+    probs = np.asarray(probs)[order]
+    per_step = cut / max(1, weights.size)
+    pmf = np.array([1.0])
+    eta = 0.0
+    for w, q in zip(weights.tolist(), probs.tolist()):
+        if q <= 0:
+            continue
+        new = np.zeros(pmf.size + w)
+        new[:pmf.size] = (1 - q) * pmf
+        new[w:] += q * pmf
+        pmf = new
+        # cut the upper tail with mass <= per_step
+        rc = np.cumsum(pmf[::-1])
+        k = int(np.searchsorted(rc, per_step, side="right"))  # rc[:k] <= per_step
+        if k > 0 and k < pmf.size:
+            eta += float(rc[k - 1])
+            pmf = pmf[:pmf.size - k]
+    support = np.flatnonzero(pmf > 0)
+    pr = pmf[support]
+    pr = pr / pr.sum()
+    return support, pr, eta
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """A distinct row mechanism: MoG(sigma, support / resolution, probabilities), ``count`` rows."""
+
+    support: np.ndarray
+    probabilities: np.ndarray
+    count: int
+    eta: float
+    first_row: int
+
+
+def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.ndarray, p: float, *,
+                     resolution: int, cut: float) -> list[RowGroup]:
+    """Step 3 for every row, identical row laws grouped."""
+    c = prep.strategy
+    m = c.shape[0]
+    # p~ of the pairs, by row
+    bounds = np.searchsorted(pairs.rows, np.arange(m + 1)) if pairs.count else np.zeros(m + 1, dtype=np.int64)
+    groups: dict[bytes, list] = {}
+    order: list[bytes] = []
+    for r in range(m):
+        cols = np.flatnonzero(c[r])
+        if cols.size == 0:
+            continue
+        probs = np.full(cols.size, p)
+        a, b = bounds[r], bounds[r + 1]
+        if b > a:
+            pos = np.searchsorted(cols, pairs.cols[a:b])
+            probs[pos] = p_tilde_pair[a:b]
+        w = _round_up_to_grid(c[r, cols], resolution)
+        support, pr, eta = row_mixture(w, probs, cut=cut)
+        key = support.astype(np.int64).tobytes() + pr.tobytes()
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [support, pr, 1, eta, r]
+            order.append(key)
+        else:
+            g[2] += 1
+            g[3] = max(g[3], eta)
+    return [RowGroup(support=g[0], probabilities=g[1], count=g[2], eta=g[3], first_row=g[4])
+            for g in (groups[k] for k in order)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole algorithm
+
+
+@dataclass(frozen=True)
+class MMCCResult:
+    """MMCC upper bound and everything needed to audit it.
+
+    Attributes:
+        epsilon: eps at ``delta`` = delta_pld + delta_tail + delta_trunc (an upper bound).
+        delta, delta_pld, delta_tail, delta_trunc: the delta split.
+        tail_fraction: f = delta_tail / delta as chosen (the best of ``fractions_tried``).
+        pairs: K, the number of tail events.
+        distinct_tail_problems: how many distinct tail problems were solved.
+        max_p_tilde: the largest posterior bound p~.
+        rows, distinct_rows: rows of C and distinct row mechanisms.
+        sigma, sensitivity, noise_multiplier: sigma as given, sens(C), sigma / sens(C).
+        sampling: p.
+        value_discretization: PLD grid used; requested_discretization: the one asked for (the
+            grid is coarsened to fit the work budget, see :func:`choose_discretization`).
+        mixture_resolution, tail_resolution: M and M_W of the rounding grids 1/M, 1/M_W.
+        fractions_tried: {f: eps} for every tail fraction tried.
+        seconds: wall time.
+        events: the row events (dp-accounting), grouped; see :meth:`dp_event`.
+    """
+
+    epsilon: float
+    delta: float
+    delta_pld: float
+    delta_tail: float
+    delta_trunc: float
+    tail_fraction: float
+    pairs: int
+    distinct_tail_problems: int
+    max_p_tilde: float
+    rows: int
+    distinct_rows: int
+    sigma: float
+    sensitivity: float
+    noise_multiplier: float
+    sampling: float
+    steps: int
+    value_discretization: float
+    requested_discretization: float
+    mixture_resolution: int
+    tail_resolution: int
+    fractions_tried: dict
+    seconds: float
+    groups: tuple = field(repr=False, default=())
+
+    def dp_event(self):
+        """ComposedDpEvent of SelfComposedDpEvent(MixtureOfGaussiansDpEvent(...), count) per
+        distinct row: exactly what was composed (conditionally on the tail events)."""
+        from dp_accounting import dp_event
+
+        return dp_event.ComposedDpEvent([
+            dp_event.SelfComposedDpEvent(
+                dp_event.MixtureOfGaussiansDpEvent(
+                    self.noise_multiplier,
+                    [float(s) / self.mixture_resolution for s in g.support],
+                    [float(q) for q in g.probabilities],
+                ),
+                int(g.count),
+            )
+            for g in self.groups
+        ])
+
+    def as_dict(self, *, include_event: bool = True) -> dict:
+        d = {
+            "setting": "mmcc",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "delta_pld": self.delta_pld,
+            "delta_tail": self.delta_tail,
+            "delta_trunc": self.delta_trunc,
+            "tail_fraction": self.tail_fraction,
+            "fractions_tried": {str(k): v for k, v in self.fractions_tried.items()},
+            "tail_events_K": self.pairs,
+            "distinct_tail_problems": self.distinct_tail_problems,
+            "max_p_tilde": self.max_p_tilde,
+            "rows": self.rows,
+            "distinct_rows": self.distinct_rows,
+            "sigma": self.sigma,
+            "sensitivity": self.sensitivity,
+            "noise_multiplier": self.noise_multiplier,
+            "sampling": self.sampling,
+            "steps": self.steps,
+            "value_discretization": self.value_discretization,
+            "requested_discretization": self.requested_discretization,
+            "mixture_grid": 1.0 / self.mixture_resolution,
+            "tail_grid": 1.0 / self.tail_resolution,
+            "seconds": self.seconds,
+            "method": "MMCC-style conditional composition (MMCC.md); a valid upper bound, possibly looser "
+                      "than the paper's algorithm",
+            "assumptions": "Poisson sampling with rate p in every step; add or remove one example; C >= 0 "
+                           "causal in release order, scaled to unit sensitivity; pessimistic PLD",
+        }
+        if include_event:
+            d["dp_event"] = event_to_json(self.dp_event())
+        return d
+
+
+def choose_discretization(groups: Sequence[RowGroup], *, sigma: float, resolution: int, requested: float,
+                          budget: float | None = PLD_WORK_BUDGET) -> float:
+    """The PLD grid for the row mechanisms: the requested d, or the first of d x (2, 5, 10, 20,
+    ...) for which sum_rows (loss range / grid) x (support size) fits ``budget``. A coarser grid is
+    still pessimistic (connect-the-dots on fewer points); it only loosens the bound slightly."""
+    if budget is None:
+        return requested
+    work = 0.0
+    for g in groups:
+        work += mog_pld.loss_range(sigma, g.support / resolution, g.probabilities) * g.support.size
+    steps = (1, 2, 5)
+    i = 0
+    d = requested
+    while work / d > budget and d < 0.1:
+        i += 1
+        d = requested * steps[i % 3] * 10 ** (i // 3)
+    return d
+
+
+def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: float, engine: str):
+    if engine == "dp-accounting":
+        from dp_accounting import dp_event
+        from dp_accounting.pld import pld_privacy_accountant
+
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=d)
+        for g in groups:
+            acc.compose(dp_event.MixtureOfGaussiansDpEvent(
+                sigma, [float(s) / resolution for s in g.support], [float(q) for q in g.probabilities]
+            ), int(g.count))
+        return acc._pld  # noqa: SLF001 - the composed PLD (PLDAccountant has no public getter)
+    plds = []
+    for g in groups:
+        pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)
+        if g.count > 1:
+            pld = pld.self_compose(int(g.count))
+        plds.append(pld)
+    # balanced pairwise composition: each level's FFTs add up to the total length once
+    while len(plds) > 1:
+        plds = [mog_pld.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
+                for i in range(0, len(plds), 2)]
+    return plds[0]
+
+
+def mmcc(
+    strategy: np.ndarray | PreparedStrategy,
+    *,
+    sigma: float,
+    sampling: float,
+    delta: float = DEFAULT_DELTA,
+    release_steps: Sequence[int] | None = None,
+    tail_fractions: Sequence[float] = (DEFAULT_TAIL_FRACTION,),
+    value_discretization: float = DEFAULT_DISCRETIZATION,
+    mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION,
+    tail_resolution: int | None = None,
+    engine: str = "fast",
+    pld_work_budget: float | None = PLD_WORK_BUDGET,
+    tail_method: str = "fft",
+    progress: Callable[[str], None] | None = None,
+) -> MMCCResult:
+    """Epsilon of the matrix mechanism C G + Z under Poisson sampling, by MMCC.md.
+
+    Args:
+        strategy: C (m x n, non-negative, causal in release order), any scale.
+        sigma: noise standard deviation in units of the clip norm for C as given; the noise
+            multiplier per unit sensitivity is sigma / sens(C).
+        sampling: Poisson rate p in (0, 1].
+        delta: total delta.
+        release_steps: t(r) of every row (default: square C, t(r) = r).
+        tail_fractions: f values tried for delta_tail = f delta; the smallest eps is reported
+            (free: no data is touched).
+        value_discretization: PLD grid requested (the finest used).
+        mixture_resolution: M, rows' sensitivities are rounded up to multiples of 1/M.
+        tail_resolution: M_W, G entries rounded up to multiples of 1/M_W (default from sigma).
+        engine: "fast" (vectorised PLD builder) or "dp-accounting" (its PLDAccountant with
+            MixtureOfGaussiansDpEvent; slow, for cross-checks).
+        pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
+            this budget (None: never); the grid used is reported as ``value_discretization``.
+        tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
+        progress: called with short stage messages.
+
+    Formal guarantees: an upper bound on the epsilon of add/remove-one DP at ``delta`` for the
+    adaptive matrix mechanism with Poisson sampling (see the module docstring for the argument).
+    For C = I it equals DP-SGD (K = 0, all of delta to the PLD).
+    """
+    t0 = time.perf_counter()
+    sigma = check_sigma(sigma)
+    p = check_sampling(sampling)
+    delta = check_delta(delta)
+    d = check_discretization(value_discretization)
+    if engine not in ("fast", "dp-accounting"):
+        raise MfcliError(f"unknown accounting engine {engine!r} (fast or dp-accounting)")
+    if isinstance(mixture_resolution, bool) or int(mixture_resolution) != mixture_resolution or mixture_resolution < 1:
+        raise MfcliError("the mixture resolution must be a positive integer")
+    fracs = [float(f) for f in tail_fractions]
+    if not fracs or any(not (0 < f < 1) for f in fracs):
+        raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
+    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    sig = sigma / prep.sensitivity
+    res_w = int(tail_resolution) if tail_resolution is not None else default_tail_resolution(sig)
+    say = progress or (lambda s: None)
+
+    say(f"MMCC: collecting tail events ({prep.m} rows)")
+    pairs = collect_tail_pairs(prep, resolution=res_w)
+    k_pairs = pairs.count
+    cut = TRUNCATION_SHARE * delta / max(1, prep.m)
+    best: tuple | None = None
+    tried: dict = {}
+    for f in fracs:
+        if k_pairs == 0 or p == 1.0:
+            # no tail events (every column new when used, e.g. C = I) or no randomness to hide in
+            f_eff, delta_tail = 0.0, 0.0
+            p_tilde = np.ones(k_pairs) if p == 1.0 else np.zeros(0)
+            max_pt = p if k_pairs == 0 else 1.0
+        else:
+            f_eff = f
+            delta_tail = f * delta
+            say(f"MMCC: {k_pairs} tail events, {pairs.counts.shape[0]} distinct (f = {f:g})")
+            eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail / k_pairs, method=tail_method)
+            p_tilde = posterior_bound(p, eps_u[pairs.key])
+            max_pt = float(max(p, p_tilde.max()))
+        groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut)
+        delta_trunc = float(sum(g.eta * g.count for g in groups))
+        delta_pld = delta - delta_tail - delta_trunc
+        say(f"MMCC: composing {len(groups)} distinct row mechanisms of {prep.m}")
+        d_used = d if engine == "dp-accounting" else choose_discretization(
+            groups, sigma=sig, resolution=mixture_resolution, requested=d, budget=pld_work_budget)
+        pld = _compose(groups, sigma=sig, resolution=mixture_resolution, d=d_used, engine=engine)
+        eps = float(pld.get_epsilon_for_delta(delta_pld))
+        tried[f_eff] = eps
+        if best is None or eps < best[0]:
+            best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used)
+        if f_eff == 0.0:
+            break
+    assert best is not None
+    eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used = best
+    return MMCCResult(
+        epsilon=eps, delta=delta, delta_pld=delta_pld, delta_tail=delta_tail, delta_trunc=delta_trunc,
+        tail_fraction=f_eff, pairs=k_pairs, distinct_tail_problems=int(pairs.counts.shape[0]),
+        max_p_tilde=max_pt, rows=prep.m, distinct_rows=len(groups), sigma=sigma,
+        sensitivity=prep.sensitivity, noise_multiplier=sig, sampling=p, steps=prep.n,
+        value_discretization=d_used, requested_discretization=d,
+        mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
+        fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Brackets: lower bound and full-participation sanity bound
+
+
+@dataclass(frozen=True)
+class LowerBoundResult:
+    """Exact epsilon of the post-processed statistic T = 1^T C^+ y: a lower bound on the true eps."""
+
+    epsilon: float
+    delta: float
+    noise_scale: float
+    steps: int
+    sampling: float
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": "lower-bound",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "statistic_noise_std": self.noise_scale,
+            "method": "T = 1^T C^+ y = Bin(n, p) + N(0, s^2), s^2 = sigma_eff^2 1^T (C^T C)^-1 1; exact "
+                      "hockey-stick divergence (max of add and remove), bisection on eps",
+            "assumptions": "Poisson sampling with rate p; add or remove one example; valid for the true "
+                           "epsilon of any mechanism whose outputs determine T",
+        }
+
+
+def lower_bound(
+    strategy: np.ndarray | PreparedStrategy,
+    *,
+    sigma: float,
+    sampling: float,
+    delta: float = DEFAULT_DELTA,
+    release_steps: Sequence[int] | None = None,
+) -> LowerBoundResult:
+    """Lower bound on the true epsilon (MMCC.md oracle): T = 1^T C^+ y is Bin(n, p) + N(0, s^2)
+    under Q and N(0, s^2) under P, s^2 = sigma_eff^2 1^T (C^T C)^-1 1 (C scaled to unit
+    sensitivity, C^+ the best left inverse). Its exact hockey-stick curve (both directions) is
+    inverted by bisection.
+
+    Formal guarantees: a post-processing of the mechanism's output, so its epsilon can only be
+    smaller than the mechanism's: never above the true epsilon. The binomial's far upper tail
+    (below 1e-30) is moved down to 0, which can only lower the value further.
+    """
+    sigma = check_sigma(sigma)
+    p = check_sampling(sampling)
+    delta = check_delta(delta)
+    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    c = prep.strategy
+    n = prep.n
+    sig = sigma / prep.sensitivity
+    gram = c.T @ c
+    try:
+        chol = np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:
+        raise MfcliError("C has dependent columns: no left inverse, no lower bound") from None
+    z = np.linalg.solve(chol, np.ones(n))
+    s = sig * float(np.sqrt(z @ z))
+    k = np.arange(n + 1)
+    probs = stats.binom.pmf(k, n, p)
+    sf = stats.binom.sf(k, n, p)
+    keep = np.flatnonzero(sf >= 1e-30)
+    kmax = int(keep[-1]) + 1 if keep.size else n
+    kmax = min(kmax, n)
+    sup = k[:kmax + 1].astype(np.float64)
+    pr = probs[:kmax + 1].copy()
+    pr[0] += max(0.0, 1.0 - pr.sum())  # tail moved down to 0
+    pr = pr / pr.sum()
+    keep = pr > 0
+    sup, pr = sup[keep], pr[keep]
+
+    def worst_delta(e: float) -> float:
+        a = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=True)[0]
+        b = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=False)[0]
+        return max(a, b)
+
+    if worst_delta(0.0) <= delta:
+        eps = 0.0
+    else:
+        lo, hi = 0.0, 1.0
+        while worst_delta(hi) > delta:
+            lo, hi = hi, 2 * hi
+            if hi > 1e6:
+                break
+        for _ in range(100):
+            if hi - lo <= 1e-10 * (1 + hi):
+                break
+            mid = 0.5 * (lo + hi)
+            if worst_delta(mid) > delta:
+                lo = mid
+            else:
+                hi = mid
+        eps = lo  # the lower end: delta(lo) > delta, so the true eps of T is >= lo
+    return LowerBoundResult(epsilon=eps, delta=delta, noise_scale=s, steps=n, sampling=p)
+
+
+@dataclass(frozen=True)
+class FullParticipationResult:
+    """Gaussian with sensitivity ||C 1||_2 (the example in every step): a sanity upper bound."""
+
+    epsilon: float
+    delta: float
+    sensitivity: float
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": "full-participation",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "sensitivity": self.sensitivity,
+            "method": "exact analytic Gaussian with sensitivity ||C 1||_2 (C scaled to unit sensitivity)",
+            "assumptions": "holds for any participation pattern (C >= 0); no amplification",
+        }
+
+
+def full_participation(
+    strategy: np.ndarray | PreparedStrategy,
+    *,
+    sigma: float,
+    delta: float = DEFAULT_DELTA,
+    release_steps: Sequence[int] | None = None,
+) -> FullParticipationResult:
+    """Epsilon of a Gaussian with sensitivity ||C 1||_2 / sens(C) and noise sigma / sens(C) -- an
+    upper bound for every sampling scheme since C >= 0 (joint convexity of the hockey-stick
+    divergence over the mixture of participation patterns)."""
+    sigma = check_sigma(sigma)
+    delta = check_delta(delta)
+    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    sens1 = float(np.linalg.norm(prep.strategy.sum(axis=1)))
+    sig = sigma / prep.sensitivity
+    return FullParticipationResult(epsilon=gaussian_epsilon(delta, sens1 / sig), delta=delta, sensitivity=sens1)
+
+
+def summary_row(result: Any) -> dict:
+    """as_dict() of any accounting result (helper for renderers)."""
+    return result.as_dict()
