@@ -444,7 +444,7 @@ def compress_factorization(
     best: tuple[float, np.ndarray, np.ndarray, int] | None = None
     failure: MfcliError | None = None
     checkpoints = set(CHECKPOINTS) | {max_iter}
-    for it, u, v in als_iterates(block, rank, max_iter=max(max_iter, 1)):
+    for it, u, v in als_iterates(block, rank, max_iter=max_iter):
         if it not in checkpoints:
             continue
         uf, vf = _embed(u, v, n, band)
@@ -503,12 +503,16 @@ def search_compression(
     """Find the cheapest (K, R), cost K + R per streamed step, whose loss increase is within
     ``max_loss_increase`` (ties: lower loss). A fixed ``band`` or ``rank`` is kept as given.
 
-    Method: for R = 0, 1, ... the smallest feasible K is found by bisection on [1, best - R]
-    (best = cheapest cost so far, starting from K = n, R = 0, which is B itself); R stops as soon
-    as R + 1 > best or R > max_rank. About log2(n) + (R* + K*) log2(K*) evaluations instead of
-    the n^2 of a full grid. The bisection assumes the loss increase does not grow with K at fixed
-    R (each extra diagonal is kept exactly and shrinks the fitted region); the setting returned is
-    always one that was evaluated and meets the bound, whether or not that assumption holds.
+    Method: first an upper bound on the diagonal K = R (1, 2, 4, ... until the budget is met,
+    then bisection), starting from the always feasible K = n, R = 0 (B itself). Then for
+    R = 0, 1, ... the smallest feasible K is found by bisection on [1, min(best - R, K_{R-1})]
+    (best = cheapest cost so far, K_{R-1} the previous rank's smallest K), stopping when
+    R + 1 > best, K reaches 1, or R > ``max_rank``. This needs tens of evaluations where a full
+    grid needs thousands. The bisections assume the loss increase does not grow with K at fixed
+    R, nor with R at fixed K. That usually holds (every extra diagonal is kept exactly, every
+    extra rank fits the older entries better) but not always, since the loss depends on
+    sens(B^-1 A) and not on the fit alone; where it fails the search can miss a cheaper setting.
+    Whatever happens, the setting returned was evaluated and meets the budget.
 
     Raises:
         MfcliError: a bad budget or range, or no setting within the limits meets the budget.
