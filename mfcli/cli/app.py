@@ -4,6 +4,7 @@ from __future__ import annotations
 import typer
 
 from mfcli import __version__
+from mfcli.cli import account as _account
 from mfcli.cli import compare as _compare
 from mfcli.cli import compress as _compress
 from mfcli.cli import inspect as _inspect
@@ -36,6 +37,7 @@ app.command("optimize")(_optimize.optimize)
 app.command("compare")(_compare.compare)
 app.command("compress")(_compress.compress)
 app.command("inspect")(_inspect.inspect)
+app.command("account")(_account.account)
 
 
 def main() -> None:

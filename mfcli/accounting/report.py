@@ -1,0 +1,403 @@
+"""What ``mfcli account`` computes: resolve the strategy, run every setting, record the result.
+
+Library side of the CLI (``mfcli/cli/account.py`` only parses options and renders):
+
+* :func:`resolve_strategy` - an artifact, a .npy C, a built-in strategy, or the documented default
+  (the shipped artifact ``momentum-n256``);
+* :func:`account` - every setting at one sigma, as an :class:`AccountingReport`;
+* :func:`calibrate` - the smallest sigma for one setting at a target epsilon;
+* :func:`record_to_artifact` - ``account --write``: a group ``accounting/<id>`` in the artifact
+  (layout in docs/accounting.md), matrices untouched.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from mfcli.accounting.calibrate import Calibration, calibrate_sigma
+from mfcli.accounting.events import event_to_json
+from mfcli.accounting.mmcc import (
+    DEFAULT_MIXTURE_RESOLUTION,
+    DEFAULT_TAIL_FRACTION,
+    full_participation,
+    lower_bound,
+    mmcc,
+    prepare_strategy,
+)
+from mfcli.accounting.shuffled_tree import shuffled_tree
+from mfcli.accounting.single_pass import (
+    DEFAULT_DELTA,
+    DEFAULT_DISCRETIZATION,
+    check_delta,
+    check_discretization,
+    check_sampling,
+    check_sigma,
+    dpsgd,
+    single_pass,
+)
+from mfcli.errors import MfcliError
+from mfcli.factorization import sensitivity as _sensitivity
+
+DEFAULT_ARTIFACT = "momentum-n256"
+SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
+BUILTIN = ("identity", "tree", "sqrt", "optimal")
+#: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
+ATTR_CHUNK = 60_000
+
+
+@dataclass(frozen=True)
+class StrategyInput:
+    """The strategy being accounted.
+
+    Attributes:
+        name: strategy name (identity, tree, sqrt, optimal, or the artifact's stored name).
+        strategy: C as given (m x n).
+        release_steps: t(r) for every row.
+        source: where it came from, in words.
+        artifact: the artifact path when the input was one (``--write`` needs it).
+        is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
+    """
+
+    name: str
+    strategy: np.ndarray
+    release_steps: np.ndarray
+    source: str
+    artifact: Path | None = None
+    is_tree: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.strategy.shape[1])
+
+
+def _tree_release(c: np.ndarray) -> np.ndarray | None:
+    """Release steps if C is (a positive multiple of) the binary-tree encoder for its n."""
+    from mfcli.strategies import tree_release_steps, tree_strategy_matrix
+
+    n = c.shape[1]
+    if n < 2:
+        return None
+    t = tree_strategy_matrix(n)
+    if t.shape != c.shape:
+        return None
+    scale = c.max()
+    if scale <= 0 or not np.allclose(c / scale, t, rtol=0, atol=1e-12):
+        return None
+    return tree_release_steps(n)
+
+
+def resolve_strategy(
+    path: str | Path | None = None,
+    *,
+    strategy: str | None = None,
+    n: int | None = None,
+    workload: str = "prefix",
+    beta: float = 0.9,
+    tol: float = 1e-6,
+    progress: Callable[[str], None] | None = None,
+) -> StrategyInput:
+    """Find C: an artifact or .npy file, a built-in strategy for the ``workload`` of n steps, or
+    (nothing given) the shipped artifact ``momentum-n256``.
+
+    Raises:
+        MfcliError: both a file and --strategy, a built-in without n, an unknown name, a file that
+            is neither an artifact nor a .npy matrix, a non-square .npy C.
+    """
+    from mfcli.artifact import load_artifact, shipped_artifact
+
+    say = progress or (lambda s: None)
+    if path is not None and strategy is not None:
+        raise MfcliError("give either a strategy file or --strategy, not both")
+    if strategy is not None:
+        if strategy not in BUILTIN:
+            raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
+        if n is None:
+            raise MfcliError(f"--strategy {strategy} needs --n (the number of steps)")
+        from mfcli.strategies import build_strategy
+        from mfcli.workloads import build_workload
+
+        w = build_workload(workload, n, beta=beta)
+        if strategy == "optimal":
+            say(f"solving for the optimal factorization of the {w.name} workload, n = {w.n}")
+        st = build_strategy(strategy, w, tol=tol)
+        c = np.asarray(st.factorization.strategy, dtype=np.float64)
+        return StrategyInput(
+            name=strategy, strategy=c, release_steps=np.asarray(st.release_steps),
+            source=f"built-in strategy {strategy} for the {w.name} workload, n = {w.n}",
+            is_tree=strategy == "tree",
+        )
+    default = path is None
+    if default:
+        path = shipped_artifact(DEFAULT_ARTIFACT)
+    p = Path(path)
+    if not p.exists():
+        raise MfcliError(f"{p} does not exist")
+    if p.suffix.lower() == ".npy":
+        try:
+            c = np.load(p, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise MfcliError(f"cannot read {p} as a .npy matrix: {exc}") from None
+        c = np.asarray(c, dtype=np.float64) if np.issubdtype(np.asarray(c).dtype, np.number) else None
+        if c is None or c.ndim != 2:
+            raise MfcliError(f"{p} must hold a 2-D numeric matrix C")
+        tr = _tree_release(c)
+        if tr is not None:
+            return StrategyInput(name="tree", strategy=c, release_steps=tr, source=f"matrix C from {p} (binary tree)",
+                                 is_tree=True)
+        if c.shape[0] != c.shape[1]:
+            raise MfcliError(
+                f"{p}: C is {c.shape[0]} x {c.shape[1]}; a .npy strategy must be square (row t released at step t)"
+            )
+        return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
+    art = load_artifact(p)
+    c = np.asarray(art.factorization.strategy, dtype=np.float64)
+    tr = _tree_release(c)
+    if tr is not None:
+        release = tr
+    elif c.shape[0] == c.shape[1]:
+        release = np.arange(c.shape[0])
+    else:
+        raise MfcliError(f"{p}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
+    what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
+    return StrategyInput(
+        name=art.strategy_name, strategy=c, release_steps=release,
+        source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
+        artifact=p, is_tree=tr is not None,
+    )
+
+
+@dataclass(frozen=True)
+class AccountingOptions:
+    """Numerical options shared by all settings (see docs/accounting.md)."""
+
+    delta: float = DEFAULT_DELTA
+    value_discretization: float = DEFAULT_DISCRETIZATION
+    tail_fractions: tuple = (DEFAULT_TAIL_FRACTION,)
+    mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
+
+    def checked(self) -> "AccountingOptions":
+        check_delta(self.delta)
+        check_discretization(self.value_discretization)
+        return self
+
+
+@dataclass(frozen=True)
+class AccountingReport:
+    """Every setting for one strategy at one sigma (rows are ``as_dict()`` of the results)."""
+
+    strategy: StrategyInput
+    sigma: float
+    sampling: float | None
+    delta: float
+    rows: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict, repr=False)
+
+    def as_dict(self, *, include_events: bool = True) -> dict:
+        rows = {}
+        for k, v in self.rows.items():
+            v = dict(v)
+            if not include_events:
+                v.pop("dp_event", None)
+            rows[k] = v
+        return {
+            "strategy": self.strategy.name,
+            "source": self.strategy.source,
+            "n": self.strategy.n,
+            "rows_of_C": int(self.strategy.strategy.shape[0]),
+            "sensitivity": float(_sensitivity(self.strategy.strategy)),
+            "sigma": self.sigma,
+            "sampling": self.sampling,
+            "delta": self.delta,
+            "settings": rows,
+        }
+
+
+def account(
+    inp: StrategyInput,
+    *,
+    sigma: float,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+    settings: Sequence[str] = SETTINGS,
+    progress: Callable[[str], None] | None = None,
+) -> AccountingReport:
+    """Run every requested setting that applies: single-pass always; DP-SGD and MMCC (with its
+    lower bound and full-participation sanity bound) when a sampling rate is given; the shuffled
+    tree when C is the binary tree."""
+    sigma = check_sigma(sigma)
+    opts = options.checked()
+    if sampling is not None:
+        sampling = check_sampling(sampling)
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    c = inp.strategy
+    sens = float(_sensitivity(c))
+    rows: dict[str, dict] = {}
+    results: dict[str, Any] = {}
+    if "single-pass" in settings:
+        r = single_pass(sigma=sigma, sensitivity=sens, delta=opts.delta)
+        rows["single-pass"], results["single-pass"] = r.as_dict(), r
+    if sampling is not None and "dp-sgd" in settings:
+        r = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+                  value_discretization=opts.value_discretization)
+        rows["dp-sgd"], results["dp-sgd"] = r.as_dict(), r
+    if sampling is not None and "mmcc" in settings:
+        prep = prepare_strategy(c, inp.release_steps)
+        r = mmcc(prep, sigma=sigma, sampling=sampling, delta=opts.delta, tail_fractions=opts.tail_fractions,
+                 value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
+                 progress=progress)
+        d = r.as_dict()
+        lb = lower_bound(prep, sigma=sigma, sampling=sampling, delta=opts.delta)
+        fp = full_participation(prep, sigma=sigma, delta=opts.delta)
+        d["lower_bound"] = lb.epsilon
+        d["bracket"] = [lb.epsilon, r.epsilon]
+        d["lower_bound_detail"] = lb.as_dict()
+        d["full_participation"] = fp.as_dict()
+        rows["mmcc"], results["mmcc"] = d, r
+    if inp.is_tree and "shuffled-tree" in settings:
+        r = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+        rows["shuffled-tree"], results["shuffled-tree"] = r.as_dict(), r
+    return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta, rows=rows, results=results)
+
+
+def _tree_unit(c: np.ndarray) -> float:
+    """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max()."""
+    return 1.0 / float(c.max())
+
+
+def epsilon_function(
+    inp: StrategyInput,
+    setting: str,
+    *,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+) -> Callable[[float], float]:
+    """epsilon(sigma) of one setting (for calibration)."""
+    opts = options.checked()
+    c = inp.strategy
+    sens = float(_sensitivity(c))
+    if setting == "single-pass":
+        return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
+    if setting in ("dp-sgd", "mmcc"):
+        if sampling is None:
+            raise MfcliError(f"calibrating {setting} needs --sampling")
+        p = check_sampling(sampling)
+        if setting == "dp-sgd":
+            return lambda s: dpsgd(sigma=s, sampling=p, steps=inp.n, delta=opts.delta,
+                                   value_discretization=opts.value_discretization).epsilon
+        prep = prepare_strategy(c, inp.release_steps)
+        return lambda s: mmcc(prep, sigma=s, sampling=p, delta=opts.delta, tail_fractions=opts.tail_fractions,
+                              value_discretization=opts.value_discretization,
+                              mixture_resolution=opts.mixture_resolution).epsilon
+    if setting == "shuffled-tree":
+        if not inp.is_tree:
+            raise MfcliError("the shuffled-tree setting needs the binary-tree strategy")
+        return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
+
+
+def calibrate(
+    inp: StrategyInput,
+    setting: str,
+    *,
+    target_epsilon: float,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+    rel_tol: float = 1e-3,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`)."""
+    f = epsilon_function(inp, setting, sampling=sampling, options=options)
+    start = 4.0 if setting in ("mmcc", "dp-sgd") else 1.0
+    return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------
+# --write
+
+
+def _chunked(attrs: dict[str, Any], name: str, text: str) -> None:
+    if len(text) <= ATTR_CHUNK:
+        attrs[name] = text
+        return
+    parts = [text[i:i + ATTR_CHUNK] for i in range(0, len(text), ATTR_CHUNK)]
+    attrs[f"{name}_parts"] = len(parts)
+    for i, part in enumerate(parts):
+        attrs[f"{name}_{i:03d}"] = part
+
+
+def read_chunked(attrs: Mapping[str, Any], name: str) -> str | None:
+    """Reassemble an attribute written by ``record_to_artifact`` (whole or in parts)."""
+    if name in attrs:
+        v = attrs[name]
+        return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+    k = attrs.get(f"{name}_parts")
+    if k is None:
+        return None
+    return "".join(attrs[f"{name}_{i:03d}"] for i in range(int(k)))
+
+
+def record_to_artifact(
+    report: AccountingReport | None,
+    *,
+    calibration: Calibration | None = None,
+    calibrated_setting: str | None = None,
+    command: str = "",
+) -> str:
+    """Append the result as group ``accounting/<id>`` of the input artifact (atomic, matrices
+    untouched, see ``mfcli.artifact.append_group``). Returns the group name.
+
+    Layout (docs/accounting.md): attrs ``setting`` list, ``sigma``, ``sampling``, ``delta``,
+    ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
+    ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
+    parts with a ``_parts`` count when longer than 60000 characters), ``strategy_sha256`` (checksum
+    of the C it was computed for), ``created_utc``, ``created_by``, ``command``.
+    """
+    from mfcli import __version__
+    from mfcli.artifact import append_group, dataset_sha256
+
+    if report is None or report.strategy.artifact is None:
+        raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
+    inp = report.strategy
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+    params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
+                         "settings": sorted(report.rows)}, sort_keys=True)
+    gid = now.strftime("%Y%m%dT%H%M%SZ") + "-" + hashlib.sha256(params.encode()).hexdigest()[:8]
+    attrs: dict[str, Any] = {
+        "format": "mfcli.accounting",
+        "format_version": 1,
+        "settings": sorted(report.rows),
+        "sigma": report.sigma,
+        "sampling": report.sampling if report.sampling is not None else "null",
+        "delta": report.delta,
+        "strategy_sha256": dataset_sha256(np.asarray(inp.strategy, dtype=np.float64)),
+        "created_utc": now.isoformat().replace("+00:00", "Z"),
+        "created_by": f"mfcli {__version__}",
+        "command": command,
+    }
+    rows = report.as_dict(include_events=False)["settings"]
+    for name, row in report.rows.items():
+        key = name.replace("-", "_")
+        attrs[f"epsilon_{key}"] = float(row["epsilon"]) if row.get("epsilon") is not None else "null"
+        if "dp_event" in row:
+            _chunked(attrs, f"dp_event_{key}", row["dp_event"])
+    _chunked(attrs, "results", json.dumps(rows, sort_keys=True, default=float))
+    if calibration is not None:
+        attrs["calibrated_setting"] = calibrated_setting or ""
+        attrs["calibration"] = json.dumps(calibration.as_dict(), sort_keys=True)
+    group = f"accounting/{gid}"
+    append_group(inp.artifact, group, attrs=attrs)
+    return group
+
+
+def event_of(result: Any) -> str | None:
+    """The dp-accounting event of a result as JSON, when it has one."""
+    ev = getattr(result, "dp_event", None)
+    return event_to_json(ev()) if callable(ev) else None

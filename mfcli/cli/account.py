@@ -1,0 +1,164 @@
+"""``mfcli account``: epsilon of a strategy under single-pass, DP-SGD, MMCC and the shuffled tree,
+or the sigma that meets a target epsilon (docs/accounting.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.table import Table
+
+from mfcli.accounting.report import (
+    DEFAULT_ARTIFACT,
+    SETTINGS,
+    AccountingOptions,
+    account as run_account,
+    calibrate as run_calibrate,
+    record_to_artifact,
+    resolve_strategy,
+)
+from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
+from mfcli.cli.common import command_line, emit_json, envelope, fmt, guarded, key_value_table, log, stdout
+from mfcli.errors import MfcliError
+
+
+def _e(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}" if v != float("inf") else "inf"
+    return str(v)
+
+
+def _rows_table(report: Any) -> tuple[Table, list[str]]:
+    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}), sigma = {fmt(report.sigma)}, "
+                    f"delta = {report.delta:g}", title_justify="left", show_lines=True)
+    t.add_column("setting", style="bold")
+    t.add_column("epsilon", justify="right")
+    t.add_column("details")
+    notes: list[str] = []
+    r = report.rows
+    if "single-pass" in r:
+        d = r["single-pass"]
+        t.add_row("single pass", _e(d["epsilon"]),
+                  f"rho-zCDP {d['rho_zcdp']:.6g}, mu-GDP {d['mu_gdp']:.6g}; sens(C) {d['sensitivity']:.6g}, "
+                  f"noise multiplier sigma/sens {d['noise_multiplier']:.6g}; exact analytic Gaussian")
+        notes.append(f"single pass: {d['assumptions']}")
+    if "dp-sgd" in r:
+        d = r["dp-sgd"]
+        t.add_row("DP-SGD (reference)", _e(d["epsilon"]),
+                  f"C = I, p = {d['sampling']:g}, n = {d['steps']}; PLD, discretization {d['value_discretization']:g}")
+        notes.append(f"DP-SGD: {d['assumptions']}")
+    if "mmcc" in r:
+        d = r["mmcc"]
+        fp = d["full_participation"]
+        t.add_row(
+            "MMCC (Poisson)\n[lower, upper]",
+            f"[{_e(d['lower_bound'])}, {_e(d['epsilon'])}]",
+            f"delta = {d['delta_pld']:.3g} (PLD) + {d['delta_tail']:.3g} (tail, f = {d['tail_fraction']:g}) + "
+            f"{d['delta_trunc']:.2g} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
+            f"{d['max_p_tilde']:.4g}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
+            f"{d['value_discretization']:g}, mixture grid {d['mixture_grid']:g}; "
+            f"example in every step (sanity bound): {fp['epsilon']:.6g}",
+        )
+        notes.append(f"MMCC: {d['assumptions']}. {d['method']}. Lower bound: exact epsilon of the "
+                     "post-processed statistic 1^T C^+ y")
+    if "shuffled-tree" in r:
+        d = r["shuffled-tree"]
+        t.add_row("binary tree, one shuffled epoch", _e(d["epsilon"]),
+                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {d['sensitivity']:.6g}); "
+                  f"amplified bound {d['amplified_note']}")
+        notes.append(f"shuffled tree: {d['assumptions']}")
+    return t, notes
+
+
+@guarded
+def account(
+    source: Optional[Path] = typer.Argument(
+        None, help=f"mfcli artifact (.h5) or strategy matrix C (.npy). Default: the shipped artifact {DEFAULT_ARTIFACT}.",
+        show_default=False,
+    ),
+    strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."),
+    n: Optional[int] = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
+    workload: str = typer.Option("prefix", "--workload", "-w", help="Workload for --strategy optimal (and post-processing): prefix or momentum."),
+    beta: float = typer.Option(0.9, "--beta", help="Momentum coefficient for --workload momentum."),
+    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier: noise std in units of the clip norm, for C as given."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."),
+    sampling: Optional[float] = typer.Option(None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."),
+    delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
+    setting: Optional[str] = typer.Option(
+        None, "--setting", help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass)."
+    ),
+    value_discretization: float = typer.Option(DEFAULT_DISCRETIZATION, "--value-discretization", help="PLD value discretization (MMCC may coarsen it to fit its work budget; the grid used is printed)."),
+    tail_fraction: Optional[List[float]] = typer.Option(None, "--tail-fraction", help="MMCC: share f of delta for the tail events (repeat to try several; the best is reported)."),
+    mixture_grid: float = typer.Option(0.02, "--mixture-grid", help="MMCC: row sensitivities are rounded up to multiples of 1/ceil(1/grid)."),
+    write: bool = typer.Option(False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
+) -> None:
+    """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
+    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
+    say = (lambda s: None) if quiet else log
+    if (sigma is None) == (epsilon is None):
+        raise MfcliError("give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)")
+    if not (mixture_grid > 0 and mixture_grid <= 1):
+        raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
+    import math
+
+    opts = AccountingOptions(
+        delta=delta, value_discretization=value_discretization,
+        tail_fractions=tuple(tail_fraction) if tail_fraction else AccountingOptions().tail_fractions,
+        mixture_resolution=int(math.ceil(1.0 / mixture_grid - 1e-9)),
+    ).checked()
+    inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, progress=say)
+    if source is None and strategy is None:
+        say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
+    if write and inp.artifact is None:
+        raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
+    if write and source is None:
+        raise MfcliError("--write would modify the shipped artifact; copy it and pass the copy")
+
+    calibration = None
+    chosen = None
+    if epsilon is not None:
+        chosen = setting or ("mmcc" if sampling is not None else "single-pass")
+        say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g}")
+        calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts, progress=say)
+        sigma = calibration.sigma
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
+    else:
+        if setting is not None:
+            raise MfcliError("--setting selects what --epsilon calibrates; without --epsilon every setting is shown")
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
+
+    group = None
+    if write:
+        group = record_to_artifact(report, calibration=calibration, calibrated_setting=chosen, command=command_line())
+        say(f"recorded in {inp.artifact} as group {group}")
+
+    if as_json:
+        payload = report.as_dict()
+        if calibration is not None:
+            payload["calibration"] = {"setting": chosen, **calibration.as_dict()}
+        if group is not None:
+            payload["written"] = {"artifact": str(inp.artifact), "group": group}
+        emit_json(envelope("account", **payload))
+        return
+    out = stdout()
+    out.print(f"strategy: {inp.source}")
+    if calibration is not None:
+        out.print(key_value_table(f"calibration: {chosen}", [
+            ("target epsilon", calibration.target_epsilon),
+            ("delta", delta),
+            ("sigma (smallest found)", calibration.sigma),
+            ("achieved epsilon at that sigma", calibration.epsilon),
+            ("bracket", f"[{calibration.sigma_lower:.6g}, {calibration.sigma:.6g}] (relative width <= 1e-3)"),
+            ("accounting runs", calibration.evaluations),
+        ]))
+    table, notes = _rows_table(report)
+    out.print(table)
+    out.print("assumptions:")
+    for line in notes:
+        out.print(f"  - {line}")
+    if group is not None:
+        out.print(f"recorded: {inp.artifact} group {group}")
