@@ -3,12 +3,16 @@
 Settings (each function returns a frozen result with ``as_dict()`` and, where it applies, the
 dp-accounting event it composed):
 
-* :func:`single_pass` - one Gaussian mechanism with noise multiplier sigma / sens(C);
-* :func:`dpsgd` - DP-SGD reference, Poisson-sampled Gaussian composed n times;
-* :func:`mmcc` - Poisson sampling in every step, any non-negative causal C (MMCC.md), with the
-  bracket :func:`lower_bound` and the sanity bound :func:`full_participation`;
-* :func:`shuffled_tree` - the binary tree over one shuffled epoch;
-* :func:`calibrate_sigma` - the smallest sigma meeting a target epsilon.
+* ``single_pass.single_pass`` - one Gaussian mechanism with noise multiplier sigma / sens(C);
+* ``single_pass.dpsgd`` - DP-SGD reference, Poisson-sampled Gaussian composed n times;
+* ``mmcc.mmcc`` - Poisson sampling in every step, any non-negative causal C (MMCC.md), with the
+  bracket ``mmcc.lower_bound`` and the sanity bound ``mmcc.full_participation``;
+* ``shuffled_tree.shuffled_tree`` - the binary tree over one shuffled epoch;
+* ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon;
+* ``report`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``).
+
+The functions named like their modules are not re-exported here, so that
+``import mfcli.accounting.mmcc`` keeps meaning the module.
 
 dp-accounting's pessimistic PLD machinery is the engine; :mod:`mfcli.accounting.mog_pld` builds
 the mixture-of-Gaussians PLDs that MMCC needs with array operations (same numbers as
@@ -22,10 +26,9 @@ from mfcli.accounting.mmcc import (
     MMCCResult,
     full_participation,
     lower_bound,
-    mmcc,
     prepare_strategy,
 )
-from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
+from mfcli.accounting.shuffled_tree import ShuffledTreeResult
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -34,12 +37,11 @@ from mfcli.accounting.single_pass import (
     dpsgd,
     gaussian_delta,
     gaussian_epsilon,
-    single_pass,
 )
 
 __all__ = [
     "Calibration", "calibrate_sigma", "event_from_json", "event_to_json", "FullParticipationResult",
-    "LowerBoundResult", "MMCCResult", "full_participation", "lower_bound", "mmcc", "prepare_strategy",
-    "ShuffledTreeResult", "shuffled_tree", "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "DpSgdResult",
-    "SinglePassResult", "dpsgd", "gaussian_delta", "gaussian_epsilon", "single_pass",
+    "LowerBoundResult", "MMCCResult", "full_participation", "lower_bound", "prepare_strategy",
+    "ShuffledTreeResult", "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "DpSgdResult",
+    "SinglePassResult", "dpsgd", "gaussian_delta", "gaussian_epsilon",
 ]

@@ -319,7 +319,8 @@ FFT_ERROR_L2 = 1e-13
 def _log_mgf(counts: np.ndarray, p: float, lam: np.ndarray) -> np.ndarray:
     """log E[exp(lam W)] for every problem (rows) and lam (columns)."""
     k = np.arange(counts.shape[1])
-    terms = np.log1p(p * np.expm1(np.outer(k, lam)))  # (K, n_lam)
+    # log(1 - p + p e^(lam k)), overflow-free
+    terms = np.logaddexp(math.log1p(-p) if p < 1 else -np.inf, math.log(p) + np.outer(k, lam))  # (K, n_lam)
     return counts @ terms
 
 

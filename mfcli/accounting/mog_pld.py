@@ -158,7 +158,11 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
                 step = (val - e) / slope
             step = np.where(np.isfinite(step), step, 0.0)
             x = x - step
-            if np.all(np.abs(step) <= 1e-12 * (1.0 + np.abs(x))):
+            # converged: the step is negligible, or the loss already equals eps to rounding (then
+            # the step is round-off divided by a tiny slope and x cannot be pinned further; the
+            # delta evaluated there is off by second order in that step)
+            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(x))) | (np.abs(val - e) <= 1e-15 * (1.0 + np.abs(e)))
+            if np.all(done):
                 break
         else:  # pragma: no cover - Newton on a monotone log-sum-exp always converges
             raise RuntimeError("privacy-loss inversion did not converge")

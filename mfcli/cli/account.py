@@ -105,6 +105,12 @@ def account(
         raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
     import math
 
+    from mfcli.accounting.single_pass import check_sampling, check_sigma
+
+    if sigma is not None:
+        check_sigma(sigma)
+    if sampling is not None:
+        check_sampling(sampling)
     opts = AccountingOptions(
         delta=delta, value_discretization=value_discretization,
         tail_fractions=tuple(tail_fraction) if tail_fraction else AccountingOptions().tail_fractions,

@@ -1,0 +1,110 @@
+"""Single-pass Gaussian accounting and the DP-SGD reference, against independent derivations."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import integrate, stats
+
+from mfcli.accounting.single_pass import dpsgd, gaussian_delta, gaussian_epsilon, single_pass
+from mfcli.errors import MfcliError
+
+
+def _hockey_stick_numeric(eps: float, mu: float) -> float:
+    """H_eps(N(mu, 1) || N(0, 1)) by quadrature of (q - e^eps p)_+ (no closed form used)."""
+    def integrand(x: float) -> float:
+        return max(stats.norm.pdf(x, loc=mu) - math.exp(eps) * stats.norm.pdf(x), 0.0)
+
+    # the integrand is positive for x > eps/mu + mu/2 only
+    start = eps / mu + mu / 2
+    val, _ = integrate.quad(integrand, start, start + 40, limit=200, epsabs=1e-14, epsrel=1e-12)
+    return val
+
+
+@pytest.mark.parametrize("mu", [0.05, 0.25, 0.5, 1.0, 2.0, 4.0])
+@pytest.mark.parametrize("delta", [1e-3, 1e-6, 1e-9])
+def test_epsilon_matches_dp_accounting_analytic_gaussian(mu: float, delta: float) -> None:
+    import dp_accounting
+
+    ours = gaussian_epsilon(delta, mu)
+    theirs = dp_accounting.get_epsilon_gaussian(1.0 / mu, delta)
+    assert ours == pytest.approx(theirs, abs=1e-6)
+    # the returned eps meets delta (upper end of the bracket)
+    assert gaussian_delta(ours, mu) <= delta * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("eps,mu", [(0.1, 0.3), (1.0, 1.0), (3.0, 2.0), (0.5, 0.2)])
+def test_delta_curve_matches_quadrature(eps: float, mu: float) -> None:
+    assert gaussian_delta(eps, mu) == pytest.approx(_hockey_stick_numeric(eps, mu), rel=1e-7, abs=1e-15)
+
+
+@pytest.mark.parametrize("sigma,sens", [(4.0, 1.0), (1.0, 2.0), (10.0, 3.3166247903554)])
+def test_single_pass_closed_forms(sigma: float, sens: float) -> None:
+    r = single_pass(sigma=sigma, sensitivity=sens, delta=1e-6)
+    assert r.rho_zcdp == pytest.approx(sens**2 / (2 * sigma**2), rel=1e-15)
+    assert r.mu_gdp == pytest.approx(sens / sigma, rel=1e-15)
+    assert r.noise_multiplier == pytest.approx(sigma / sens, rel=1e-15)
+    # zCDP implies (rho + 2 sqrt(rho log(1/delta)), delta)-DP, never tighter than the exact curve
+    rho = r.rho_zcdp
+    assert r.epsilon <= rho + 2 * math.sqrt(rho * math.log(1 / 1e-6))
+
+
+@given(sigma=st.floats(0.3, 30), k=st.floats(0.1, 10))
+def test_single_pass_depends_on_sigma_over_sensitivity(sigma: float, k: float) -> None:
+    a = single_pass(sigma=sigma * k, sensitivity=k, delta=1e-5).epsilon
+    b = single_pass(sigma=sigma, sensitivity=1.0, delta=1e-5).epsilon
+    assert a == pytest.approx(b, rel=1e-8, abs=1e-10)
+
+
+@given(s1=st.floats(0.3, 20), s2=st.floats(0.3, 20))
+def test_single_pass_monotone_in_sigma(s1: float, s2: float) -> None:
+    lo, hi = sorted((s1, s2))
+    assert single_pass(sigma=hi, sensitivity=1.0).epsilon <= single_pass(sigma=lo, sensitivity=1.0).epsilon + 1e-12
+
+
+def test_dpsgd_reference_value() -> None:
+    # MMCC.md: sigma 4, p 0.01, delta 1e-6, n 64, identity -> 0.0767230 (PLD, discretization 1e-4)
+    r = dpsgd(sigma=4.0, sampling=0.01, steps=64, delta=1e-6)
+    assert r.epsilon == pytest.approx(0.0767230, abs=5e-8)
+    assert '"PoissonSampledDpEvent"' in r.as_dict()["dp_event"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(sigma=0.0, sensitivity=1.0),
+        dict(sigma=-1.0, sensitivity=1.0),
+        dict(sigma=float("nan"), sensitivity=1.0),
+        dict(sigma=float("inf"), sensitivity=1.0),
+        dict(sigma=1.0, sensitivity=1.0, delta=0.0),
+        dict(sigma=1.0, sensitivity=1.0, delta=1.0),
+        dict(sigma=1.0, sensitivity=1.0, delta=-1e-6),
+        dict(sigma=1.0, sensitivity=0.0),
+    ],
+)
+def test_single_pass_bad_input(kwargs: dict) -> None:
+    with pytest.raises(MfcliError):
+        single_pass(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(sigma=1.0, sampling=0.0, steps=4),
+        dict(sigma=1.0, sampling=1.5, steps=4),
+        dict(sigma=1.0, sampling=0.1, steps=0),
+        dict(sigma=1.0, sampling=0.1, steps=4, value_discretization=0.0),
+    ],
+)
+def test_dpsgd_bad_input(kwargs: dict) -> None:
+    with pytest.raises(MfcliError):
+        dpsgd(**kwargs)
+
+
+def test_gaussian_delta_vectorised() -> None:
+    e = np.array([0.0, 0.5, 1.0])
+    d = gaussian_delta(e, 1.0)
+    assert d.shape == (3,) and np.all(np.diff(d) < 0)
