@@ -125,7 +125,7 @@ def main() -> None:
                 c = grid[(k, r)]
                 print(f"  K={k} R={r} increase {c.loss_increase:.4e} sens {c.sensitivity:.6f}", file=sys.stderr, flush=True)
     t_grid = time.perf_counter() - t_grid
-    print(f"## Loss increase (compressed loss / dense loss - 1) for K (rows) x R (columns)\n")
+    print("## Loss increase (compressed loss / dense loss - 1) for K (rows) x R (columns)\n")
     print("| K \\ R | " + " | ".join(str(r) for r in ranks) + " |")
     print("|---" * (len(ranks) + 1) + "|")
     for k in bands:
@@ -144,7 +144,7 @@ def main() -> None:
     if feasible:
         cost, inc, k, r = min(feasible)
         print(f"Cheapest grid setting within {args.budget:.0%}: K = {k}, R = {r} (cost K + R = {cost}, increase {inc:.3%}).\n")
-        print(f"Within-budget settings by cost (first 10):\n")
+        print("Within-budget settings by cost (first 10):\n")
         print("| K | R | K + R | loss increase | sens(C^) |")
         print("|---|---|---|---|---|")
         for cost, inc, k, r in sorted(feasible)[:10]:
