@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from mfcli.cli.common import emit_json, envelope, fail, fmt, guarded, key_value_table, log, stdout
@@ -27,10 +28,15 @@ def _numbers_table(title: str, numbers: tuple[NumberCheck, ...]) -> Table:
     return t
 
 
+def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
+    # Values come from the file: escape them so brackets are shown, not read as rich markup.
+    return key_value_table(escape(title), [(k, escape(fmt(v))) for k, v in rows])
+
+
 def _render(report: InspectionReport) -> None:
     out = stdout()
     a = report.attrs
-    out.print(key_value_table(f"artifact {report.path}", [
+    out.print(_kv(f"artifact {report.path}", [
         ("format", f"{a.get('format')} v{report.format_version}"),
         ("file sha256", report.file_sha256),
         ("created by", report.provenance.get("created_by")),
@@ -57,10 +63,10 @@ def _render(report: InspectionReport) -> None:
             rows.append(("certificate", f"not recomputed: {c['error']}"))
         if "stored_primal_matches_loss" in c:
             rows.append(("stored primal = recomputed loss", c["stored_primal_matches_loss"]))
-        out.print(key_value_table("solver certificate", rows))
+        out.print(_kv("solver certificate", rows))
     if report.compression:
         comp = report.compression
-        out.print(key_value_table("compression (group compressed)", [
+        out.print(_kv("compression (group compressed)", [
             ("band K / rank R", f"{comp.get('band')} / {comp.get('rank')}"),
             ("per-step streaming cost K + R", comp.get("stream_cost")),
             ("||B - B^||_F / ||B||_F", comp.get("fit_relative_error")),
@@ -74,23 +80,29 @@ def _render(report: InspectionReport) -> None:
         t.add_column("id")
         t.add_column("fields")
         for rec in report.accounting:
-            fields = ", ".join(f"{k}={fmt(v)}" for k, v in sorted(rec["attrs"].items()))
-            t.add_row(str(rec["id"]), fields)
+            # Scalars in full; nested records (full detail in --json) by their keys only.
+            fields = ", ".join(
+                f"{k}={{{', '.join(map(str, v))}}}" if isinstance(v, dict)
+                else f"{k}={', '.join(map(fmt, v))}" if isinstance(v, list)
+                else f"{k}={fmt(v)}"
+                for k, v in sorted(rec["attrs"].items())
+            )
+            t.add_row(escape(str(rec["id"])), escape(fields))
         out.print(t)
     if report.other_groups:
-        out.print(f"other groups: {', '.join(report.other_groups)}")
+        out.print(escape(f"other groups: {', '.join(report.other_groups)}"))
     t = Table(title="checksums (SHA-256 of every dataset)", title_justify="left")
     t.add_column("dataset")
     t.add_column("check")
     for name, ok in report.checksums:
-        t.add_row(name, "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
+        t.add_row(escape(name), "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
     out.print(t)
     if report.ok:
         out.print("[bold green]all checks passed[/]")
     else:
         out.print(f"[bold red]{len(report.problems)} check(s) failed[/]")
         for p in report.problems:
-            out.print(f"  - {p}")
+            out.print(f"  - {escape(p)}")
 
 
 @guarded
