@@ -25,21 +25,22 @@ smoothing, identity when s = 0). With s = 0 the iterates are theta_t = theta_0 -
 B Z sigma)[t]: the released stream of the matrix mechanism A G + B Z, so the noise on the iterates
 has covariance (lr sigma / b)^2 B B^T per coordinate.
 
-Formal guarantees: with sigma = noise multiplier x sens(C) x clip, where the noise multiplier is
-calibrated by :func:`mfcli.accounting` for the target (epsilon, delta) of a Gaussian mechanism with
-sensitivity 1, the released iterates are (epsilon, delta)-DP under single participation
-(replace-one-example adjacency with the gradient clipped to ``clip``; Knowl 3). Smoothing is
-post-processing and does not change it. The learning rate and smoothing strength are chosen on a
-validation split that is disjoint from the training examples' test split; as is usual in the
-literature, that tuning is not charged to the privacy budget (say so wherever numbers are shown).
+Formal guarantees: sigma is calibrated by mfcli's accounting code (:func:`calibrate`, exactly what
+``mfcli account --epsilon`` computes for the strategy C: single-pass Gaussian with sensitivity
+sens(C)), so the released iterates are (epsilon, delta)-DP under single participation (one
+example added or removed, equivalently its clipped gradient replaced by zero; Knowl 3) for every
+mechanism alike. Smoothing is post-processing and does not change it. The learning rate and
+smoothing strength are chosen on a validation split disjoint from the training and test
+examples; as is usual in the literature, that tuning is not charged to the privacy budget (say so
+wherever numbers are shown).
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import scipy.linalg
@@ -759,7 +760,6 @@ def run_study(
     for key in config.mechanisms:
         say(f"building {key} (n = {config.n})")
         mechs[key] = prepare_mechanism(mechanism_spec(key), config.n)
-    d = SoftmaxRegression(data.n_features, data.n_classes).d
     mech_info = {
         k: {
             "label": m.spec.label,

@@ -25,7 +25,6 @@ import os
 import platform
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -206,7 +205,7 @@ def plot(res: StudyResult, img_dir: Path) -> list[Path]:
     paths = []
     for what, ylabel, fname in (("acc", "test accuracy", "train-accuracy-vs-epsilon.png"),
                                 ("loss", "test cross-entropy", "train-loss-vs-epsilon.png")):
-        fig, ax = plt.subplots(figsize=(7.5, 5))
+        fig, ax = plt.subplots(figsize=(10, 5))
         for key in res.config.mechanisms:
             for smoothed in (False, True):
                 cells = [res.cell(key, e, smoothed) for e in eps]
@@ -233,7 +232,7 @@ def plot(res: StudyResult, img_dir: Path) -> list[Path]:
         ax.set_title(f"{res.dataset['name']}: logistic regression, n = {res.config.n} steps, "
                      f"{len(res.config.seeds)} seeds (dashed: + Laplacian smoothing)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         path = img_dir / fname
         with atomic_path(path, force=True) as tmp:

@@ -236,7 +236,7 @@ def test_torch_optimizer_hook_smooths_the_noisy_gradient(tmp_path):
 
 def test_jax_arrays_and_optax_hook(tmp_path):
     jax = pytest.importorskip("jax")
-    optax = pytest.importorskip("optax")
+    pytest.importorskip("optax")
     import jax.numpy as jnp
 
     from mfcli.adapters.optax import correlated_noise
