@@ -23,7 +23,7 @@ from mfcli.cli.common import (
     stdout,
 )
 from mfcli.errors import MfcliError
-from mfcli.solver import METHODS, Progress, dual_weights_from_strategy, optimal_factorization
+from mfcli.solver import DEFAULT_METHOD, METHODS, Progress, dual_weights_from_strategy, optimal_factorization
 from mfcli.workloads import build_workload
 
 
@@ -93,7 +93,10 @@ def optimize(
     matrix: Optional[Path] = typer.Option(None, "--matrix", help="custom workload: .npy, .csv or mfcli artifact."),
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
     max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
-    method: str = typer.Option("anderson", "--method", help=f"Solver: {' or '.join(METHODS)} (the seed's plain iteration)."),
+    method: str = typer.Option(
+        DEFAULT_METHOD, "--method",
+        help=f"Solver: {', '.join(METHODS)} (fixed-point is the seed paper's plain iteration). All are certified by the same gap.",
+    ),
     warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
