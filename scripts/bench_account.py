@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Benchmark of ``mfcli account``'s MMCC: time and epsilon next to DP-SGD (docs/accounting.md).
+
+Strategies: identity, 2-, 8- and 32-banded (the first b coefficients of S^1/2) and dense S^1/2, at
+n = 64, 256, 1024, 2048 with sigma = 4, p = 0.01, delta = 1e-6 (sigma per unit sensitivity: every
+C is used at its own scale, and the accounting divides sigma by sens(C)). Each cell is the median of
+``--repeats`` runs (cells slower than ``--single-above`` seconds run once); cells whose estimated
+time exceeds ``--max-seconds`` are reported as not run, with the estimate.
+
+A second table times the alternatives of the MMCC pipeline side by side on one strategy: the
+default (FFT tail law, vectorised PLD builder, grid budget), the exact direct-convolution tail law,
+no grid budget, and dp-accounting's own MixtureOfGaussians PLD builder.
+
+Run:  OPENBLAS_NUM_THREADS=1 python scripts/bench_account.py [--quick]
+The machine is shared with other jobs: the load average is printed with the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def strategy(name: str, n: int) -> np.ndarray:
+    from mfcli.strategies import sqrt_strategy_matrix
+
+    if name == "identity":
+        return np.eye(n)
+    c = sqrt_strategy_matrix(n)
+    if name == "sqrt (dense)":
+        return c
+    b = int(name.split("-")[0])
+    return np.tril(np.triu(c, -(b - 1)))
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def header() -> str:
+    from threadpoolctl import threadpool_info
+
+    blas = ", ".join(f"{i.get('internal_api')}={i.get('num_threads')}" for i in threadpool_info()) or "none"
+    load = os.getloadavg()
+    import dp_accounting  # noqa: F401
+    from mfcli import __version__
+
+    return (f"mfcli {__version__}, Python {platform.python_version()}, numpy {np.__version__}, "
+            f"{os.cpu_count()} CPUs, BLAS threads: {blas}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="n = 64 and 256 only")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--single-above", type=float, default=20.0)
+    ap.add_argument("--max-seconds", type=float, default=600.0)
+    ap.add_argument("--no-ablation", action="store_true")
+    args = ap.parse_args(argv)
+
+    import mfcli.accounting.mmcc as M
+    from mfcli.accounting.single_pass import dpsgd
+
+    sigma, p, delta = 4.0, 0.01, 1e-6
+    ns = (64, 256) if args.quick else (64, 256, 1024, 2048)
+    names = ("identity", "2-banded", "8-banded", "32-banded", "sqrt (dense)")
+    print(header())
+    print()
+    print(f"MMCC, sigma = {sigma:g}, p = {p:g}, delta = {delta:g}; time = median of repeats (s); "
+          "epsilon = MMCC upper bound [lower bound]")
+    print()
+    print("| strategy | n | MMCC time (s) | runs | MMCC epsilon | lower bound | DP-SGD epsilon | distinct rows | PLD grid |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    last_time: dict[str, tuple[int, float]] = {}
+    for name in names:
+        for n in ns:
+            if name == "32-banded" and n < 64:
+                continue
+            c = strategy(name, n)
+            # dense cost grows like n^3 (tail problems x their length) and rows like n: estimate
+            if name in last_time:
+                n0, t0 = last_time[name]
+                est = t0 * (n / n0) ** (3 if name == "sqrt (dense)" else 1)
+                if est > args.max_seconds:
+                    print(f"| {name} | {n} | not run (estimated {est:.0f} s > {args.max_seconds:.0f} s) | | | | | | |")
+                    sys.stdout.flush()
+                    continue
+            run = lambda: M.mmcc(c, sigma=sigma, sampling=p, delta=delta)  # noqa: E731
+            t, r = timed(run, 1)
+            runs = 1
+            if t < args.single_above and args.repeats > 1:
+                t2, r = timed(run, args.repeats - 1)
+                t = statistics.median([t, t2] if args.repeats == 2 else [t] + [t2] * (args.repeats - 1))
+                runs = args.repeats
+            last_time[name] = (n, t)
+            lb = M.lower_bound(c, sigma=sigma, sampling=p, delta=delta).epsilon
+            sgd = dpsgd(sigma=sigma, sampling=p, steps=n, delta=delta).epsilon
+            print(f"| {name} | {n} | {t:.2f} | {runs} | {r.epsilon:.4g} | {lb:.4g} | {sgd:.4g} | "
+                  f"{r.distinct_rows} of {r.rows} | {r.value_discretization:g} |")
+            sys.stdout.flush()
+
+    if not args.no_ablation:
+        print()
+        n, name = 256, "8-banded"
+        c = strategy(name, n)
+        print(f"Alternatives side by side: {name}, n = {n}, sigma = {sigma:g}, p = {p:g} (one run each)")
+        print()
+        print("| variant | time (s) | epsilon |")
+        print("|---|---|---|")
+        variants = [
+            ("default: FFT tail law, vectorised PLD builder, grid budget", dict()),
+            ("exact direct-convolution tail law", dict(tail_method="direct")),
+            ("no grid budget (every row PLD at 1e-4)", dict(pld_work_budget=None)),
+            ("dp-accounting's MixtureOfGaussians PLD builder (PLDAccountant, 1e-4)", dict(engine="dp-accounting")),
+        ]
+        for label, kw in variants:
+            t, r = timed(lambda: M.mmcc(c, sigma=sigma, sampling=p, delta=delta, **kw), 1)
+            print(f"| {label} | {t:.2f} | {r.epsilon:.6g} |")
+            sys.stdout.flush()
+    print()
+    print(header())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
