@@ -52,7 +52,6 @@ def header() -> str:
 
     blas = ", ".join(f"{i.get('internal_api')}={i.get('num_threads')}" for i in threadpool_info()) or "none"
     load = os.getloadavg()
-    import dp_accounting  # noqa: F401
     from mfcli import __version__
 
     return (f"mfcli {__version__}, Python {platform.python_version()}, numpy {np.__version__}, "

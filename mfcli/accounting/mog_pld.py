@@ -199,19 +199,18 @@ def _deltas(loss: _Loss, eps: np.ndarray) -> np.ndarray:
     inside = ~trivial
     if inside.any():
         lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
-        x = _invert(loss, eps[inside], lower_x, upper_x)
+        e_in = eps[inside]
+        x = _invert(loss, e_in, lower_x, upper_x)
         d = np.empty(x.size)
         for start in range(0, x.size, _CHUNK):
             xs = x[start:start + _CHUNK]
-            es = eps[inside][start:start + _CHUNK]
+            es = e_in[start:start + _CHUNK]
             d[start:start + _CHUNK] = loss.upper_cdf(xs) - np.exp(es) * loss.lower_cdf(xs)
         delta[inside] = d
     return np.clip(delta, 0.0, 1.0)
 
 
 def _pmf_one_direction(loss: _Loss, discretization: float, max_points: int | None):
-    from dp_accounting.pld import pld_pmf
-
     lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
     eps_upper = float(loss.value(np.array([lower_x]))[0])
     eps_lower = float(loss.value(np.array([upper_x]))[0])
