@@ -60,14 +60,17 @@ def child(spec: dict) -> dict:
     tracemalloc.start()
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
-    res = optimal_factorization(a, tol=spec["tol"], method=spec["method"], max_iter=spec["max_iter"])
+    threads = spec.get("threads", "auto")
+    threads = int(threads) if threads not in ("auto", "default") else (None if threads == "default" else "auto")
+    res = optimal_factorization(a, tol=spec["tol"], method=spec["method"], max_iter=spec["max_iter"],
+                                threads=threads)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     n = spec["n"]
     coarse_equiv = sum(evals * (m / n) ** 3 for m, evals in res.coarse_iterations)
-    threads = sorted({(i["internal_api"], i["num_threads"]) for i in threadpool_info()})
+    pools = sorted({(i["internal_api"], i["num_threads"]) for i in threadpool_info()})
     return {
         **spec,
         "iterations": res.iterations,
@@ -82,7 +85,8 @@ def child(spec: dict) -> dict:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "peak_traced_mib": traced / 2**20,
         "input_mib": a.nbytes / 2**20,
-        "blas_threads": threads,
+        "blas_threads": pools,
+        "solver_threads": res.threads,  # the limit threads="auto" chose (None: BLAS default)
         "load_after": _load(),
         "capped": (not res.converged) and res.iterations >= spec["max_iter"],
         "finite": bool(np.isfinite(res.gap)),
@@ -110,6 +114,7 @@ def run_case(spec: dict, repeats: int) -> dict:
         "peak_traced_mib": max(r["peak_traced_mib"] for r in records),
         "iterations_all": sorted({r["iterations"] for r in records}),
         "load_after": records[-1]["load_after"],
+        "threads_used": "/".join(sorted({str(r["solver_threads"] or r["blas_threads"][0][1]) for r in records})),
     }
 
 
@@ -123,14 +128,14 @@ def _row(r: dict) -> str:
     return (
         f"| {r['workload']} | {r['n']} | {r['method']} | {its} | {coarse} | {r['gap']:.1e} | "
         f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['peak_rss_mib']:.0f} | {r['peak_traced_mib']:.0f} | "
-        f"{r['repeats']} | {r['load_after']} |"
+        f"{r['threads_used']} | {r['repeats']} | {r['load_after']} |"
     )
 
 
 HEADER = (
     "| workload | n | method | iterations | coarse (full-size equiv.) | certified gap | wall s (median) "
-    "| CPU s | peak RSS MiB | peak numpy MiB | runs | load after |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| CPU s | peak RSS MiB | peak numpy MiB | BLAS threads | runs | load after |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -146,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fp-cap", default=",".join(f"{k}:{v}" for k, v in FP_CAP.items()),
                    help="fixed-point iteration cap per n, as n:cap,...")
     p.add_argument("--no-4096", action="store_true", help="skip the n = 4096 momentum run")
+    p.add_argument("--threads", default="auto",
+                   help="solver BLAS threads: auto (1 on a busy machine), default, or a number")
     p.add_argument("--json", type=Path, help="write the raw records here")
     args = p.parse_args(argv)
     if args.child:
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
           f"{os.cpu_count()} CPUs, BLAS (threadpoolctl) {info}")
     print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}  "
-          f"load average at start: {_load()}  tol={args.tol:g}  beta={args.beta}")
+          f"load average at start: {_load()}  tol={args.tol:g}  beta={args.beta}  solver threads={args.threads}")
     print()
     print(HEADER, flush=True)
     rows = []
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
             max_iter, reps = 1000, (args.repeats if n <= 1024 else 1)
         else:
             max_iter, reps = 1000, (args.repeats if n <= 2048 else 1)
-        spec = {"workload": w, "n": n, "method": m, "beta": args.beta, "tol": args.tol, "max_iter": max_iter}
+        spec = {"workload": w, "n": n, "method": m, "beta": args.beta, "tol": args.tol, "max_iter": max_iter,
+                "threads": args.threads}
         r = run_case(spec, reps)
         rows.append(r)
         print(_row(r), flush=True)

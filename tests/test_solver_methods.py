@@ -21,6 +21,7 @@ from mfcli.solver import (
     DEFAULT_METHOD,
     METHODS,
     _exp_sum,
+    certified_dual,
     coarsen_gram,
     dual_hessian,
     evaluate,
@@ -72,6 +73,50 @@ def test_bounds_match_dense_matrix_functions(n, seed):
     assert b.dual == pytest.approx(np.trace(h_sqrt) ** 2 / v.sum(), rel=1e-10)
     np.testing.assert_allclose(b.phi, np.diag(h_sqrt), rtol=1e-9)
     assert b.dual <= b.primal * (1 + 1e-12)
+
+
+def _nuclear_norm_mpmath(k: np.ndarray) -> float:
+    """sum of singular values in 50-digit arithmetic (independent of LAPACK)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    m = mpmath.matrix(k.tolist())
+    s = mpmath.svd_r(m, compute_uv=False)
+    return float(sum(s))
+
+
+@pytest.mark.parametrize("n, beta", [(12, 0.9), (20, 0.99)])
+def test_certified_dual_routes_against_extended_precision(n, beta):
+    a = momentum_workload(n, beta=beta).matrix
+    gram = a.T @ a
+    v = np.exp(np.random.default_rng(n).normal(size=n))
+    b = evaluate(gram, v)
+    truth = _nuclear_norm_mpmath(a * np.sqrt(v)[None, :]) ** 2 / v.sum()
+    svd_route = certified_dual(a, v)
+    fast_route = certified_dual(a, v, b.eigvecs)
+    assert svd_route == pytest.approx(truth, rel=1e-13)
+    # The eigenvector route is a lower bound, tight to second order in the eigenvector error.
+    assert fast_route <= truth * (1 + 1e-13)
+    assert fast_route == pytest.approx(truth, rel=1e-12)
+
+
+def test_certified_dual_is_a_lower_bound_for_poor_eigenvectors():
+    n = 16
+    a = momentum_workload(n, beta=0.9).matrix
+    v = np.exp(np.random.default_rng(5).normal(size=n))
+    truth = certified_dual(a, v)
+    b = evaluate(a.T @ a, v)
+    kappa = b.sqrt_eigvals.max() / b.sqrt_eigvals.min()
+    rng = np.random.default_rng(6)
+    for eps in (1e-9, 1e-6, 1e-3, 1.0):
+        # Perturb the eigenvectors by a rotation exp(eps S): a large direction leaking into a
+        # small column is amplified by up to kappa = s_max / s_min, so F ~ eps kappa. The bound
+        # stays valid, loosens like (eps kappa)^2, and for a far-off basis (||F|| > 1) falls back
+        # to the singular values.
+        s = rng.normal(size=(n, n))
+        rot = scipy.linalg.expm(eps * (s - s.T) / math.sqrt(n))
+        bound = certified_dual(a, v, b.eigvecs @ rot)
+        assert bound <= truth * (1 + 1e-13)
+        assert bound >= truth * (1 - (eps * kappa) ** 2) or bound == pytest.approx(truth, rel=1e-13)
 
 
 def test_exact_hessian_is_the_daleckii_krein_formula():
