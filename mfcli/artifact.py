@@ -238,6 +238,22 @@ def check_datasets(path: str | Path) -> list[tuple[str, bool]]:
     return out
 
 
+def open_artifact_file(path: str | Path) -> Any:
+    """Open an artifact read-only as an ``h5py.File``, or raise ArtifactError saying why not
+    (missing, a directory, not HDF5: truncated or corrupt). The caller closes it."""
+    import h5py
+
+    p = Path(path)
+    if not p.exists():
+        raise ArtifactError(f"artifact {p} does not exist")
+    if p.is_dir():
+        raise ArtifactError(f"artifact {p} is a directory")
+    try:
+        return h5py.File(p, "r")
+    except OSError as exc:
+        raise ArtifactError(f"{p} is not a readable HDF5 artifact (truncated or corrupt?): {exc}") from None
+
+
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     """Read an artifact and verify it.
 
@@ -251,14 +267,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     import h5py
 
     p = Path(path)
-    if not p.exists():
-        raise ArtifactError(f"artifact {p} does not exist")
-    if p.is_dir():
-        raise ArtifactError(f"artifact {p} is a directory")
-    try:
-        f = h5py.File(p, "r")
-    except OSError as exc:
-        raise ArtifactError(f"{p} is not a readable HDF5 artifact (truncated or corrupt?): {exc}") from None
+    f = open_artifact_file(p)
     try:
         with f:
             fmt = _decode(f.attrs.get("format"))

@@ -29,7 +29,14 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from mfcli.artifact import FORMAT, FORMAT_VERSION, check_datasets, dataset_sha256, file_sha256
+from mfcli.artifact import (
+    FORMAT,
+    FORMAT_VERSION,
+    check_datasets,
+    dataset_sha256,
+    file_sha256,
+    open_artifact_file,
+)
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization, is_lower_triangular
 
@@ -232,14 +239,7 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
     from mfcli.compress import GROUP, recompute_compressed
 
     p = Path(path)
-    if not p.exists():
-        raise ArtifactError(f"artifact {p} does not exist")
-    if p.is_dir():
-        raise ArtifactError(f"artifact {p} is a directory")
-    try:
-        f = h5py.File(p, "r")
-    except OSError as exc:
-        raise ArtifactError(f"{p} is not a readable HDF5 artifact (truncated or corrupt?): {exc}") from None
+    f = open_artifact_file(p)
     problems: list[str] = []
     with f:
         try:

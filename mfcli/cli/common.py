@@ -109,3 +109,26 @@ def fmt(v: Any) -> str:
 
 def command_line() -> str:
     return "mfcli " + " ".join(sys.argv[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload options shared by every subcommand that builds a workload (optimize, compare).
+# Declared once as Annotated types so the flags, defaults and help cannot drift apart.
+
+from pathlib import Path as _Path  # noqa: E402
+from typing import Annotated, Optional  # noqa: E402
+
+WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
+NOpt = Annotated[Optional[int], typer.Option("--n", "-n", help="Number of steps (rows of A).")]
+BetaOpt = Annotated[float, typer.Option("--beta", help="Momentum coefficient in [0, 1) (momentum workload).")]
+LrOpt = Annotated[
+    str,
+    typer.Option(
+        "--lr",
+        help="Learning-rate schedule folded into A: constant, step-decay, cooldown, or a .npy/.csv FILE of n rates.",
+    ),
+]
+LrFactorOpt = Annotated[float, typer.Option("--lr-factor", help="step-decay: multiplier for the decayed steps.")]
+LrFinalOpt = Annotated[float, typer.Option("--lr-final", help="cooldown: final learning rate (linear from 1.0).")]
+LrLastOpt = Annotated[Optional[int], typer.Option("--lr-last", help="Steps the decay/cooldown covers (default n/4).")]
+MatrixOpt = Annotated[Optional[_Path], typer.Option("--matrix", help="custom workload: .npy, .csv or mfcli artifact.")]

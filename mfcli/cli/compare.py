@@ -13,7 +13,21 @@ from rich.console import Console
 from rich.table import Table
 
 from mfcli.artifact import atomic_path
-from mfcli.cli.common import command_line, envelope, guarded, log, stdout
+from mfcli.cli.common import (
+    BetaOpt,
+    LrFactorOpt,
+    LrFinalOpt,
+    LrLastOpt,
+    LrOpt,
+    MatrixOpt,
+    NOpt,
+    WorkloadOpt,
+    command_line,
+    envelope,
+    guarded,
+    log,
+    stdout,
+)
 from mfcli.cli.optimize import SolverDisplay
 from mfcli.compare import (
     Comparison,
@@ -70,17 +84,14 @@ def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> 
 
 @guarded
 def compare(
-    workload: str = typer.Option("prefix", "--workload", "-w", help="prefix, momentum or custom."),
-    n: Optional[int] = typer.Option(None, "--n", "-n", help="Number of steps (rows of A)."),
-    beta: float = typer.Option(0.9, "--beta", help="Momentum coefficient in [0, 1) (momentum workload)."),
-    lr: str = typer.Option(
-        "constant", "--lr",
-        help="Learning-rate schedule folded into A: constant, step-decay, cooldown, or a .npy/.csv FILE of n rates.",
-    ),
-    lr_factor: float = typer.Option(0.15, "--lr-factor", help="step-decay: multiplier for the decayed steps."),
-    lr_final: float = typer.Option(0.05, "--lr-final", help="cooldown: final learning rate (linear from 1.0)."),
-    lr_last: Optional[int] = typer.Option(None, "--lr-last", help="Steps the decay/cooldown covers (default n/4)."),
-    matrix: Optional[Path] = typer.Option(None, "--matrix", help="custom workload: .npy, .csv or mfcli artifact."),
+    workload: WorkloadOpt = "prefix",
+    n: NOpt = None,
+    beta: BetaOpt = 0.9,
+    lr: LrOpt = "constant",
+    lr_factor: LrFactorOpt = 0.15,
+    lr_final: LrFinalOpt = 0.05,
+    lr_last: LrLastOpt = None,
+    matrix: MatrixOpt = None,
     strategies: Optional[List[str]] = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {','.join(STRATEGY_NAMES)}).",

@@ -12,10 +12,17 @@ from rich.table import Table
 
 from mfcli.artifact import default_artifact_path, load_artifact, save_artifact
 from mfcli.cli.common import (
+    BetaOpt,
+    LrFactorOpt,
+    LrFinalOpt,
+    LrLastOpt,
+    LrOpt,
+    MatrixOpt,
+    NOpt,
+    WorkloadOpt,
     command_line,
     emit_json,
     envelope,
-    fmt,
     guarded,
     key_value_table,
     log,
@@ -80,17 +87,14 @@ class SolverDisplay:
 
 @guarded
 def optimize(
-    workload: str = typer.Option("prefix", "--workload", "-w", help="prefix, momentum or custom."),
-    n: Optional[int] = typer.Option(None, "--n", "-n", help="Number of steps (rows of A)."),
-    beta: float = typer.Option(0.9, "--beta", help="Momentum coefficient in [0, 1) (momentum workload)."),
-    lr: str = typer.Option(
-        "constant", "--lr",
-        help="Learning-rate schedule folded into A: constant, step-decay, cooldown, or a .npy/.csv FILE of n rates.",
-    ),
-    lr_factor: float = typer.Option(0.15, "--lr-factor", help="step-decay: multiplier for the decayed steps."),
-    lr_final: float = typer.Option(0.05, "--lr-final", help="cooldown: final learning rate (linear from 1.0)."),
-    lr_last: Optional[int] = typer.Option(None, "--lr-last", help="Steps the decay/cooldown covers (default n/4)."),
-    matrix: Optional[Path] = typer.Option(None, "--matrix", help="custom workload: .npy, .csv or mfcli artifact."),
+    workload: WorkloadOpt = "prefix",
+    n: NOpt = None,
+    beta: BetaOpt = 0.9,
+    lr: LrOpt = "constant",
+    lr_factor: LrFactorOpt = 0.15,
+    lr_final: LrFinalOpt = 0.05,
+    lr_last: LrLastOpt = None,
+    matrix: MatrixOpt = None,
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
     max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
     method: str = typer.Option(
