@@ -494,7 +494,6 @@ def _coarse_start(gram: np.ndarray, terms: int | None) -> tuple[np.ndarray | Non
         assert walker.accepted is not None
         v = walker.accepted[0]
         levels.append((m, evals))
-        del g
     grams.clear()
     return v, levels
 
