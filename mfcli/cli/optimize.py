@@ -168,12 +168,12 @@ def optimize(
         key_value_table(
             f"optimal factorization: {w.name}, n = {w.n}",
             [
-                ("loss total (sum of squared errors)", fact.loss_total),
-                ("loss mean (per step)", fact.loss_mean),
-                ("RMSE", fact.rmse),
-                ("max (worst step)", fact.loss_max),
-                ("sensitivity", fact.sensitivity),
-                ("dual bound", res.dual),
+                ("loss total (sum of squared errors)", f"{fact.loss_total:.10g}"),
+                ("loss mean (per step)", f"{fact.loss_mean:.10g}"),
+                ("RMSE", f"{fact.rmse:.10g}"),
+                ("max (worst step)", f"{fact.loss_max:.10g}"),
+                ("sensitivity", f"{fact.sensitivity:.12g}"),
+                ("dual bound", f"{res.dual:.10g}"),
                 ("relative gap", f"{res.gap:.3e}"),
                 ("iterations", res.iterations),
                 ("seconds", round(res.seconds, 2)),
