@@ -560,32 +560,25 @@ def search_compression(
     def ok(k: int, r: int) -> bool:
         return evaluate(k, r).loss_increase <= max_loss_increase
 
-    def smallest_k(r: int, hi: int) -> int | None:
-        """Smallest feasible K in [1, hi] at rank r (bisection), or None."""
-        hi = min(hi, n - r, k_cap)
-        if hi < 1 or not ok(hi, r):
+    def first_feasible(lo: int, hi: int, feasible: Callable[[int], bool]) -> int | None:
+        """Smallest x in [lo, hi] with feasible(x), by bisection (feasibility assumed monotone), or None."""
+        if hi < lo or not feasible(hi):
             return None
-        lo = 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if ok(mid, r):
+            if feasible(mid):
                 hi = mid
             else:
                 lo = mid + 1
         return hi
 
+    def smallest_k(r: int, hi: int) -> int | None:
+        """Smallest feasible K in [1, hi] at rank r, or None."""
+        return first_feasible(1, min(hi, n - r, k_cap), lambda k: ok(k, r))
+
     def smallest_r(k: int) -> int | None:
-        hi = min(r_cap, n - k)
-        if hi < 0 or not ok(k, hi):
-            return None
-        lo = 0
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ok(k, mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return hi
+        """Smallest feasible R in [0, r_cap] at band k, or None."""
+        return first_feasible(0, min(r_cap, n - k), lambda r: ok(k, r))
 
     if band is not None and rank is not None:
         evaluate(band, rank)

@@ -14,3 +14,20 @@ smoothing, which costs no privacy.
 
 The submodules import their framework on import; this package imports neither.
 """
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mfcli.errors import MfcliError
+
+
+def check_noise_options(*, noise_multiplier: Any, clip_norm: Any, batch_size: Any, postprocess: Any) -> None:
+    """Validate the options both adapters share; raise MfcliError naming the bad one."""
+    for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if postprocess is not None and not callable(postprocess):
+        raise MfcliError("postprocess must be callable")

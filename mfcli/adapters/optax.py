@@ -33,7 +33,6 @@ sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -42,6 +41,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
+from mfcli.adapters import check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.noise import BandedLowRank, NoiseStream, noise_row
 
@@ -96,13 +96,9 @@ def correlated_noise(
             "correlated_noise adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
             f"not {stream.kind!r} ({stream.operator_name})"
         )
-    for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    if postprocess is not None and not callable(postprocess):
-        raise MfcliError("postprocess must be callable")
+    check_noise_options(
+        noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
+    )
     dt = stream.dtype
     if dt == np.float64 and not jax.config.jax_enable_x64:
         raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")

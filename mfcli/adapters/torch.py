@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import torch
 
+from mfcli.adapters import check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.noise import NoiseState, NoiseStream, noise_stream
 
@@ -87,13 +88,9 @@ class CorrelatedNoiseOptimizer:
         if not params:
             raise MfcliError("the optimizer has no trainable parameters")
         d = sum(p.numel() for p in params)
-        for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-            raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-        if postprocess is not None and not callable(postprocess):
-            raise MfcliError("postprocess must be callable")
+        check_noise_options(
+            noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
+        )
         if stream is None:
             if artifact is None or seed is None:
                 raise MfcliError("pass either stream=, or artifact= and seed=")
