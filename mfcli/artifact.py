@@ -59,17 +59,28 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def check_output_path(path: str | Path, *, force: bool = False) -> Path:
+    """Refuse an output path that is a symlink, a directory, a device/pipe/socket, or an existing
+    file without ``force``; return it as a Path. Call it before expensive work."""
+    target = Path(path)
+    if target.is_symlink():
+        raise MfcliError(f"{target} is a symbolic link; give the path of a regular file")
+    if target.exists() and target.is_dir():
+        raise MfcliError(f"{target} is a directory")
+    if target.exists() and not target.is_file():
+        raise MfcliError(f"{target} is not a regular file (a device, pipe or socket)")
+    if target.exists() and not force:
+        raise MfcliError(f"{target} already exists (use --force to overwrite)")
+    return target
+
+
 @contextmanager
 def atomic_path(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
 
     Nothing is left behind on error or Ctrl-C: the temporary file is removed.
     """
-    target = Path(path)
-    if target.exists() and not force:
-        raise MfcliError(f"{target} already exists (use --force to overwrite)")
-    if target.exists() and target.is_dir():
-        raise MfcliError(f"{target} is a directory")
+    target = check_output_path(path, force=force)
     parent = target.parent if str(target.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -309,6 +320,12 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
         raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
 
+    for name in ROOT_DATASETS:
+        data = datasets[name]
+        if data.dtype.kind not in "fiu" or data.ndim != 2:
+            raise ArtifactError(
+                f"{p}: dataset {name!r} must be a 2-D real matrix, got dtype {data.dtype} with shape {data.shape}"
+            )
     for name, data in datasets.items():
         if "/" in name:
             gname, dname = name.rsplit("/", 1)
@@ -396,3 +413,14 @@ def append_group(
                 g.attrs[k] = _to_attr(val)
             for dname, data in (datasets or {}).items():
                 _write_dataset(g, dname, data)
+
+
+def is_shipped_artifact(path: str | Path) -> bool:
+    """Whether ``path`` is one of the ready-made artifacts shipped in ``artifacts/`` (which
+    commands that modify artifacts in place must refuse)."""
+    root = Path(__file__).resolve().parent.parent / "artifacts"
+    try:
+        target = Path(path).resolve()
+    except OSError:
+        return False
+    return any(target == (root / name).resolve() for name in SHIPPED.values())

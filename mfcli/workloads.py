@@ -272,8 +272,13 @@ def _read_array(path: str | Path, *, what: str) -> np.ndarray:
         raise MfcliError(f"{what} {p} is a directory")
     suffix = p.suffix.lower()
     try:
+        if p.stat().st_size == 0:
+            raise MfcliError(f"{what} {p} is empty")
         if suffix == ".npy":
-            return np.asarray(np.load(p, allow_pickle=False), dtype=np.float64)
+            raw = np.load(p, allow_pickle=False)
+            if np.iscomplexobj(raw):
+                raise MfcliError(f"{what} {p} holds complex numbers; a real matrix is needed")
+            return np.asarray(raw, dtype=np.float64)
         if suffix in (".h5", ".hdf5"):
             from mfcli.artifact import load_artifact
 
@@ -281,6 +286,8 @@ def _read_array(path: str | Path, *, what: str) -> np.ndarray:
         # CSV or whitespace-separated text.
         with open(p, "r", encoding="utf-8") as fh:
             text = fh.read()
+        if not text.strip():
+            raise MfcliError(f"{what} {p} is empty")
         delim = "," if "," in text else None
         return np.loadtxt(p, delimiter=delim, dtype=np.float64, ndmin=2)
     except MfcliError:

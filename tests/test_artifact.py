@@ -181,3 +181,15 @@ def test_copy_of_artifact_still_loads(tmp_path, artifact):
     dst = tmp_path / "copy.h5"
     shutil.copy(artifact, dst)
     assert load_artifact(dst).n == 24
+
+
+def test_non_numeric_dataset_with_valid_checksum_is_refused(artifact):
+    from mfcli.artifact import dataset_sha256
+
+    with h5py.File(artifact, "r+") as f:
+        del f["strategy"]
+        bad = np.array([b"a", b"b"], dtype="S1")
+        f["strategy"] = bad
+        f["strategy"].attrs["sha256"] = dataset_sha256(bad)
+    with pytest.raises(ArtifactError, match="'strategy' must be a 2-D real matrix"):
+        load_artifact(artifact)

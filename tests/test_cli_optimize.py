@@ -166,3 +166,35 @@ def test_python_dash_m_and_sigint_subprocess(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5"]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: np.save(d / "c.npy", np.eye(3) + 0j), "complex"),
+        (lambda d: (d / "c.npy").write_bytes(b""), "is empty"),
+        (lambda d: np.save(d / "c.npy", np.tril(np.ones((8, 8))) * 1e300), "numerical failure"),
+    ],
+)
+def test_more_bad_matrices_one_line(tmp_path, make, message):
+    make(tmp_path)
+    r = run("optimize", "-w", "custom", "--matrix", str(tmp_path / "c.npy"), "--out", str(tmp_path / "o.h5"))
+    assert r.exit_code != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_refuses_special_and_symlinked_outputs(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run("optimize", "--n", "4", "--out", str(fifo), "--force", "-q")
+    assert r.exit_code == 1 and "not a regular file" in r.stderr
+    assert fifo.is_fifo()
+    real = tmp_path / "real.h5"
+    real.write_text("keep")
+    link = tmp_path / "link.h5"
+    link.symlink_to(real)
+    r = run("optimize", "--n", "4", "--out", str(link), "--force", "-q")
+    assert r.exit_code == 1 and "symbolic link" in r.stderr
+    assert link.is_symlink() and real.read_text() == "keep"

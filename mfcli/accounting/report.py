@@ -141,11 +141,18 @@ def resolve_strategy(
     if p.suffix.lower() == ".npy":
         try:
             c = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise MfcliError(f"cannot read {p} as a .npy matrix: {exc}") from None
-        c = np.asarray(c, dtype=np.float64) if np.issubdtype(np.asarray(c).dtype, np.number) else None
+        except (OSError, ValueError, EOFError) as exc:
+            raise MfcliError(f"cannot read {p} as a .npy matrix: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}") from None
+        raw = np.asarray(c)
+        if np.iscomplexobj(raw):
+            raise MfcliError(f"{p} holds a complex matrix; C must be real")
+        c = np.asarray(raw, dtype=np.float64) if np.issubdtype(raw.dtype, np.number) else None
         if c is None or c.ndim != 2:
             raise MfcliError(f"{p} must hold a 2-D numeric matrix C")
+        if c.size == 0:
+            raise MfcliError(f"{p} holds an empty matrix")
+        if not np.all(np.isfinite(c)):
+            raise MfcliError(f"{p}: C contains NaN or inf")
         tr = _tree_release(c)
         if tr is not None:
             return StrategyInput(name="tree", strategy=c, release_steps=tr, source=f"matrix C from {p} (binary tree)",

@@ -18,6 +18,7 @@ from mfcli.accounting.report import (
     resolve_strategy,
 )
 from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
+from mfcli.artifact import is_shipped_artifact
 from mfcli.cli.common import command_line, emit_json, envelope, fmt, guarded, key_value_table, log, stdout
 from mfcli.errors import MfcliError
 
@@ -121,8 +122,8 @@ def account(
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write and inp.artifact is None:
         raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
-    if write and source is None:
-        raise MfcliError("--write would modify the shipped artifact; copy it and pass the copy")
+    if write and (source is None or is_shipped_artifact(inp.artifact)):
+        raise MfcliError("--write would modify a shipped artifact; copy it and pass the copy")
 
     calibration = None
     chosen = None

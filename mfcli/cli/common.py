@@ -36,7 +36,8 @@ def log(message: str) -> None:
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
     """Print one error line on stderr and return the Exit to raise."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    print(f"error: {one_line}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 
@@ -55,6 +56,10 @@ def guarded(fn: F) -> F:
             raise fail("interrupted; nothing was written", code=130) from None
         except MemoryError:
             raise fail("out of memory; try a smaller n") from None
+        except EOFError:
+            raise fail("unexpected end of file: an input file is empty or truncated") from None
+        except (np.linalg.LinAlgError, ArithmeticError) as exc:
+            raise fail(f"numerical failure ({type(exc).__name__}: {exc}); the input is out of the range mfcli can handle") from None
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None

@@ -10,7 +10,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from mfcli.artifact import default_artifact_path, load_artifact, save_artifact
+from mfcli.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
 from mfcli.cli.common import (
     BetaOpt,
     LrFactorOpt,
@@ -121,8 +121,7 @@ def optimize(
         if isinstance(lr_param, dict) and "schedule" in lr_param:
             name = f"{name}-{lr_param['schedule']}"
         out = default_artifact_path(name, w.n)
-    if out.exists() and not force:
-        raise MfcliError(f"{out} already exists (use --force to overwrite)")
+    check_output_path(out, force=force)
     v0 = None
     if warm_start is not None:
         prior = load_artifact(warm_start)
