@@ -806,8 +806,13 @@ def mmcc(
             p_tilde = posterior_bound(p, eps_u[pairs.key])
             max_pt = float(max(p, p_tilde.max()))
         groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut)
-        delta_trunc = float(sum(g.eta * g.count for g in groups))
+        # Cutting mass eta from a row's mixture costs eta in the remove direction and
+        # eta / (1 - eta) in the add direction (Q >= (1 - eta) Q'); charge the larger.
+        delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups))
         delta_pld = delta - delta_tail - delta_trunc
+        if not delta_pld > 0:
+            tried[f_eff] = math.inf
+            continue
         say(f"MMCC: composing {len(groups)} distinct row mechanisms of {prep.m}")
         d_used = d if engine == "dp-accounting" else choose_discretization(
             groups, sigma=sig, resolution=mixture_resolution, requested=d, budget=pld_work_budget)

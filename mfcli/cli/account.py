@@ -2,6 +2,7 @@
 or the sigma that meets a target epsilon (docs/accounting.md)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -19,20 +20,26 @@ from mfcli.accounting.report import (
 )
 from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.artifact import is_shipped_artifact
-from mfcli.cli.common import command_line, emit_json, envelope, fmt, guarded, key_value_table, log, stdout
+from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
 from mfcli.errors import MfcliError
 
 
-def _e(v: Any) -> str:
+def _e(v: Any, *, down: bool = False) -> str:
+    """Six significant digits, rounded UP (upper bounds, calibrated sigma) or DOWN (lower bounds),
+    so that a printed privacy number is never on the optimistic side of the computed one."""
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.6g}" if v != float("inf") else "inf"
+        if not math.isfinite(v) or v == 0:
+            return "inf" if v == float("inf") else f"{v:g}"
+        scale = 10.0 ** (math.floor(math.log10(abs(v))) - 5)
+        r = (math.floor if down else math.ceil)(v / scale) * scale
+        return f"{r:.6g}"
     return str(v)
 
 
 def _rows_table(report: Any) -> tuple[Table, list[str]]:
-    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}), sigma = {fmt(report.sigma)}, "
+    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}), sigma = {_e(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
@@ -48,14 +55,15 @@ def _rows_table(report: Any) -> tuple[Table, list[str]]:
     if "dp-sgd" in r:
         d = r["dp-sgd"]
         t.add_row("DP-SGD (reference)", _e(d["epsilon"]),
-                  f"C = I, p = {d['sampling']:g}, n = {d['steps']}; PLD, discretization {d['value_discretization']:g}")
+                  f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
+                  f"p = {d['sampling']:g}, n = {d['steps']}; PLD, discretization {d['value_discretization']:g}")
         notes.append(f"DP-SGD: {d['assumptions']}")
     if "mmcc" in r:
         d = r["mmcc"]
         fp = d["full_participation"]
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{_e(d['lower_bound'])}, {_e(d['epsilon'])}]",
+            f"[{_e(d['lower_bound'], down=True)}, {_e(d['epsilon'])}]",
             f"delta = {d['delta_pld']:.3g} (PLD) + {d['delta_tail']:.3g} (tail, f = {d['tail_fraction']:g}) + "
             f"{d['delta_trunc']:.2g} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
             f"{d['max_p_tilde']:.4g}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
@@ -157,8 +165,8 @@ def account(
         out.print(key_value_table(f"calibration: {chosen}", [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
-            ("sigma (smallest found)", calibration.sigma),
-            ("achieved epsilon at that sigma", calibration.epsilon),
+            ("sigma (smallest found, rounded up)", _e(float(calibration.sigma))),
+            ("achieved epsilon at that sigma", _e(float(calibration.epsilon))),
             ("bracket", f"[{calibration.sigma_lower:.6g}, {calibration.sigma:.6g}] (relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))
