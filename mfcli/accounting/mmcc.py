@@ -24,9 +24,10 @@ paper's algorithm"), delta = delta_pld + delta_tail + delta_trunc:
 3. Row mechanism (:func:`row_mixture`). S_r = sum_j C[r, j] B_j, B_j ~ Bernoulli(p~_rj)
    independent, with every C[r, j] rounded UP to the grid 1/M (default 1/50 = 0.02); the law of
    S_r is a convolution. Upper-tail mass beyond the point where it falls below eta_r is cut and
-   the rest renormalised; the cut mass eta_r joins delta (delta_trunc = sum_r eta_r, below
-   1e-6 delta): the pair with the cut is dominated by "with probability eta_r reveal everything,
-   otherwise the renormalised mixture", a post-processing argument. The row is the dp-accounting
+   the rest renormalised; the cut joins delta as delta_trunc = sum_r eta_r / (1 - eta_r) (below
+   1e-6 delta): in the remove direction the pair with the cut is dominated by "with probability
+   eta_r reveal everything, otherwise the renormalised mixture" (cost eta_r); in the add direction
+   Q >= (1 - eta_r) Q' gives H(P || Q) <= H(P || Q') + eta_r / (1 - eta_r), the larger charge. The row is the dp-accounting
    event MixtureOfGaussiansDpEvent(sigma_eff, support, probabilities).
 4. Composition. Identical rows are grouped (SelfComposedDpEvent); every distinct row's pessimistic
    PLD is built (:mod:`mfcli.accounting.mog_pld`, equal to dp-accounting's builder) and all are
