@@ -235,6 +235,8 @@ def build_workload(
         if n is not None and n != w.n:
             raise MfcliError(f"--n {n} does not match the custom matrix, which has n = {w.n}")
         return w
+    if matrix_file is not None:
+        raise MfcliError(f"--matrix applies to the custom workload, not {name} (use --workload custom)")
     if n is None:
         raise MfcliError(f"the {name} workload needs --n")
     n = check_n(n)

@@ -185,3 +185,22 @@ def test_subprocess_json() -> None:
     bad = subprocess.run([sys.executable, "-m", "mfcli", "account", "--sigma", "-2"], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error:") and "Traceback" not in bad.stderr
+
+
+def test_n_without_builtin_strategy_is_refused():
+    from mfcli.cli.app import app
+
+    r = CliRunner().invoke(app, ["account", "--n", "8", "--sigma", "4"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: --n applies to a built-in --strategy; an artifact or .npy strategy has its own n"
+    ]
+
+
+def test_write_refuses_shipped_artifact_by_path():
+    from mfcli.cli.app import app
+
+    before = shipped_artifact("momentum-n256").read_bytes()
+    r = CliRunner().invoke(app, ["account", str(shipped_artifact("momentum-n256")), "--sigma", "4", "--write"])
+    assert r.exit_code == 1 and "shipped artifact" in r.stderr
+    assert shipped_artifact("momentum-n256").read_bytes() == before

@@ -125,6 +125,8 @@ def account(
         tail_fractions=tuple(tail_fraction) if tail_fraction else AccountingOptions().tail_fractions,
         mixture_resolution=int(math.ceil(1.0 / mixture_grid - 1e-9)),
     ).checked()
+    if strategy is None and n is not None:
+        raise MfcliError("--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
     inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, progress=say)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
