@@ -16,11 +16,9 @@ import jax.numpy as jnp  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
-from mfcli.artifact import save_artifact  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
-from mfcli.solver import optimal_factorization  # noqa: E402
-from mfcli.workloads import momentum_workload  # noqa: E402
+from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
 
 SEED = 77
 BETA = 0.9
@@ -29,34 +27,13 @@ PARAMS = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}   # d = 9
 D = 9
 
 
-def philox_z(seed: int, rows: int, d: int, dtype: str) -> np.ndarray:
-    out = np.empty((rows, d), dtype=dtype)
-    for j in range(rows):
-        bitgen = np.random.Philox(key=seed, counter=np.array([0, 0, j, 0], dtype=np.uint64))
-        out[j] = np.random.Generator(bitgen).standard_normal(d, dtype=np.dtype(dtype))
-    return out
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    a = momentum_workload(N, beta=BETA).matrix
-    fact = optimal_factorization(a, tol=1e-9).factorization
-    k, r = 2, 2
-    b = fact.decoder
-    band = np.zeros((N, k))
-    for i in range(k):
-        band[i:, i] = np.diagonal(b, -i)
-    left, s, right = np.linalg.svd(np.tril(b, -k))
-    u, v = left[:, :r] * s[:r], right[:r].T
-    b_hat = np.where(np.tril(np.ones((N, N)), -k) > 0, u @ v.T, np.tril(b))
-    c_hat = scipy.linalg.solve_triangular(b_hat, a, lower=True)
-    sens = float(np.sqrt(np.max(np.sum(c_hat**2, axis=0))))
-    path = tmp_path_factory.mktemp("optax") / "momentum.h5"
-    save_artifact(path, fact, workload_name="momentum", workload_params={"beta": BETA}, strategy_name="optimal",
-                  groups={"compressed": {"datasets": {"band": band, "u": u, "v": v},
-                                         "attrs": {"band": k, "rank": r, "sensitivity": sens,
-                                                   "loss_total": 0.0, "loss_increase": 0.0}}})
-    return path, a, fact, b_hat
+    """Momentum optimum with a compressed group (K = 2, R = 2: band plus truncated SVD)."""
+    return save_truncated_svd_compression(tmp_path_factory.mktemp("optax") / "momentum.h5",
+                                          n=N, beta=BETA, band=2, rank=2)
 
 
 def flat(tree) -> np.ndarray:

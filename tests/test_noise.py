@@ -32,6 +32,7 @@ from mfcli.noise import (
 )
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+from noise_oracles import philox_z
 
 SEED = 20240531
 
@@ -40,16 +41,6 @@ SEED = 20240531
 # Independent helpers
 
 
-def philox_z(seed: int, rows: int, d: int, dtype: str = "float64") -> np.ndarray:
-    """Z drawn straight from numpy: entries 65536 c .. of row j from Philox(key=seed, counter=(0, c, j, 0))."""
-    block = 65536
-    out = np.empty((rows, d), dtype=dtype)
-    for j in range(rows):
-        for c, start in enumerate(range(0, d, block)):
-            bitgen = np.random.Philox(key=seed, counter=np.array([0, c, j, 0], dtype=np.uint64))
-            size = min(block, d - start)
-            out[j, start:start + size] = np.random.Generator(bitgen).standard_normal(size, dtype=np.dtype(dtype))
-    return out
 
 
 def decoder_from_layout(band: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
