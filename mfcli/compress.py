@@ -330,8 +330,22 @@ class Compression:
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict:
         """The ``compressed`` group for :func:`mfcli.artifact.save_artifact`."""
-        f = self.factorization
         attrs: dict[str, Any] = {
+            **self._numbers(),
+            "definition": DEFINITION,
+            "noise_operator": "B^ (iterate noise); gradient noise is (C^-1 Z)[t] with C^ = B^-1 A",
+        }
+        attrs.update(source or {})
+        return {"datasets": {"band": self.band_values, "u": self.u, "v": self.v}, "attrs": attrs}
+
+    def summary(self) -> dict:
+        """Recomputed numbers as a JSON-ready dict."""
+        return {**self._numbers(), "stream_cost": self.stream_cost}
+
+    def _numbers(self) -> dict:
+        """The recomputed numbers both the stored group and the summary carry."""
+        f = self.factorization
+        return {
             "band": int(self.band),
             "rank": int(self.rank),
             "sensitivity": f.sensitivity,
@@ -343,28 +357,6 @@ class Compression:
             "dense_sensitivity": self.dense_sensitivity,
             "fit_relative_error": self.fit_relative_error,
             "als_iterations": int(self.als_iterations),
-            "definition": DEFINITION,
-            "noise_operator": "B^ (iterate noise); gradient noise is (C^-1 Z)[t] with C^ = B^-1 A",
-        }
-        attrs.update(source or {})
-        return {"datasets": {"band": self.band_values, "u": self.u, "v": self.v}, "attrs": attrs}
-
-    def summary(self) -> dict:
-        """Recomputed numbers as a JSON-ready dict."""
-        f = self.factorization
-        return {
-            "band": self.band,
-            "rank": self.rank,
-            "stream_cost": self.stream_cost,
-            "sensitivity": f.sensitivity,
-            "loss_total": f.loss_total,
-            "loss_mean": f.loss_mean,
-            "loss_max": f.loss_max,
-            "loss_increase": self.loss_increase,
-            "dense_loss_total": self.dense_loss_total,
-            "dense_sensitivity": self.dense_sensitivity,
-            "fit_relative_error": self.fit_relative_error,
-            "als_iterations": self.als_iterations,
         }
 
 
