@@ -1,14 +1,23 @@
-"""Errors that mfcli reports to users.
+"""Errors that mfcli reports to users, and how they relate to Python's built-in ones.
 
-Every problem with user input (a bad option, a malformed matrix, a tampered artifact) is raised as
-:class:`MfcliError` with a one-line message that names the problem. The CLI prints that line and
-exits non-zero; library users can catch the class.
+* :class:`MfcliError` is bad input: a bad parameter value, a malformed matrix, a tampered
+  artifact, an unmet requirement. It subclasses :class:`ValueError`, the idiom numpy, scipy and
+  dp-accounting use, so ``except ValueError`` around a library call catches it; ``except
+  MfcliError`` catches only mfcli's own. Messages are one line and name the offending parameter
+  (by its Python name, never a command-line flag) or entry.
+* :class:`ArtifactError` (a :class:`MfcliError`) is a file that is missing, truncated, tampered
+  with or inconsistent.
+* A wrong argument *type* (a string where a number or an artifact is expected) is a programming
+  mistake, not bad data, and is raised as a plain :class:`TypeError`.
+
+Anything else escaping mfcli (a ``ZeroDivisionError``, a ``KeyError``) is a bug. The CLI prints
+MfcliError as one ``error:`` line and exits non-zero.
 """
 from __future__ import annotations
 
 
-class MfcliError(Exception):
-    """A user-facing error: bad input, an invalid file, or an unmet requirement."""
+class MfcliError(ValueError):
+    """Bad input: a bad value, an invalid file, or an unmet requirement (a ``ValueError``)."""
 
 
 class ArtifactError(MfcliError):

@@ -66,7 +66,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import scipy.linalg
@@ -421,6 +421,39 @@ def dual_weights_from_strategy(workload: np.ndarray, strategy: np.ndarray) -> np
     return np.where(np.isfinite(v) & (v > floor), v, floor)
 
 
+def warm_start_weights(artifact: Any, workload: np.ndarray) -> np.ndarray:
+    """Dual weights to start a solve for ``workload`` from an earlier artifact (path or Artifact).
+
+    The artifact's stored solver dual weights if it has them (any n: the solver resamples them
+    to the workload's size), else weights recovered from its strategy by
+    :func:`dual_weights_from_strategy`, which needs the same n. A warm start only changes where
+    the iteration begins; the result is certified by its own duality gap either way.
+
+    Raises:
+        MfcliError: the artifact cannot be read, or it has no dual weights and another n.
+        TypeError: ``artifact`` is neither a path nor an :class:`~mfcli.artifact.Artifact`.
+    """
+    from pathlib import Path
+
+    from mfcli.artifact import Artifact, load_artifact
+
+    if isinstance(artifact, Artifact):
+        art = artifact
+    elif isinstance(artifact, (str, os.PathLike)):
+        art = load_artifact(Path(artifact))
+    else:
+        raise TypeError(f"artifact must be a path or an Artifact, got {type(artifact).__name__}")
+    if art.dual_weights is not None:
+        return np.array(art.dual_weights, dtype=np.float64)
+    a = np.asarray(workload, dtype=np.float64)
+    if art.n != a.shape[0]:
+        raise MfcliError(
+            f"warm start from an artifact without dual weights needs the same n "
+            f"(the artifact has n = {art.n}, the workload n = {a.shape[0]})"
+        )
+    return dual_weights_from_strategy(a, art.factorization.strategy)
+
+
 def resample_weights(v: np.ndarray, n: int) -> np.ndarray:
     """Interpolate dual weights to a different n (warm start from a neighbouring size)."""
     v = np.asarray(v, dtype=np.float64)
@@ -550,8 +583,12 @@ def optimal_factorization(
         raise MfcliError(f"hessian_terms must be in [4, 40], got {hessian_terms}")
     if threads == "auto":
         limit = auto_threads()
-    elif threads is None or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
-        limit = threads
+    elif threads is None:
+        limit = None
+    elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be a positive integer, None or 'auto', got {type(threads).__name__}")
+    elif threads >= 1:
+        limit = int(threads)
     else:
         raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
     with _blas_threads(limit):

@@ -120,7 +120,9 @@ class TreeNodes(NamedTuple):
 
 
 def _check_tree_n(n: int) -> int:
-    if isinstance(n, bool) or int(n) != n:
+    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
+        raise TypeError(f"n must be an integer, got {type(n).__name__}")
+    if int(n) != n:
         raise MfcliError(f"n must be an integer, got {n!r}")
     n = int(n)
     if n < 2:

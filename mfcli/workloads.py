@@ -13,7 +13,7 @@ depends on the gradients of steps 0..t. mfcli ships:
 Example:
     >>> from mfcli.workloads import momentum_workload
     >>> w = momentum_workload(n=4, beta=0.5)
-    >>> w.matrix[3, 0]
+    >>> float(w.matrix[3, 0])
     1.875
 """
 from __future__ import annotations
@@ -59,7 +59,9 @@ class Workload:
 
 def check_n(n: int) -> int:
     """Validate a step count: 1 <= n <= MAX_N."""
-    if isinstance(n, bool) or int(n) != n:
+    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
+        raise TypeError(f"n must be an integer, got {type(n).__name__}")
+    if int(n) != n:
         raise MfcliError(f"n must be an integer, got {n!r}")
     n = int(n)
     if n < 1:
@@ -221,24 +223,29 @@ def build_workload(
     lr_last: int | None = None,
     matrix_file: str | Path | None = None,
 ) -> Workload:
-    """Build a workload from the options the CLI exposes.
+    """Build a named workload: ``prefix`` or ``momentum`` with n steps, or ``custom`` from a file.
 
     ``lr`` is a schedule name (``constant``, ``step-decay``, ``cooldown``) or a path to a file
-    with n per-step learning rates.
+    with n per-step learning rates; ``lr_factor``, ``lr_final`` and ``lr_last`` shape the named
+    schedules (:func:`learning_rates`). ``matrix_file`` is the custom workload's matrix (.npy,
+    .csv or an mfcli artifact); for it ``n`` is optional and, if given, must match.
+
+    Raises:
+        MfcliError: naming the parameter that is wrong or missing.
     """
     if name not in WORKLOAD_NAMES:
         raise MfcliError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOAD_NAMES)}")
     if name == "custom":
         if matrix_file is None:
-            raise MfcliError("the custom workload needs a matrix file (--matrix FILE)")
+            raise MfcliError("the custom workload needs a matrix file (matrix_file)")
         w = custom_workload(matrix_file)
         if n is not None and n != w.n:
-            raise MfcliError(f"--n {n} does not match the custom matrix, which has n = {w.n}")
+            raise MfcliError(f"n = {n} does not match the custom matrix, which has n = {w.n}")
         return w
     if matrix_file is not None:
-        raise MfcliError(f"--matrix applies to the custom workload, not {name} (use --workload custom)")
+        raise MfcliError(f"a matrix file (matrix_file) applies to the custom workload only, not {name}")
     if n is None:
-        raise MfcliError(f"the {name} workload needs --n")
+        raise MfcliError(f"the {name} workload needs n (the number of steps)")
     n = check_n(n)
     if lr in SCHEDULE_NAMES:
         eta = learning_rates(n, lr, factor=lr_factor, final=lr_final, last=lr_last)
@@ -252,7 +259,7 @@ def build_workload(
     else:
         if not Path(lr).exists():
             raise MfcliError(
-                f"--lr {lr!r} is neither a schedule ({', '.join(SCHEDULE_NAMES)}) nor an existing file"
+                f"lr {lr!r} is neither a schedule ({', '.join(SCHEDULE_NAMES)}) nor an existing file"
             )
         eta = load_learning_rates(lr, n)
         lr_desc = {"file": str(lr)}
@@ -264,6 +271,22 @@ def build_workload(
     params = dict(w.params)
     params["lr"] = lr_desc
     return Workload(w.name, w.matrix, params)
+
+
+def default_artifact_stem(workload: Workload, strategy: str | None = None) -> str:
+    """The file stem mfcli names an artifact of ``workload`` by when no path is given.
+
+    For the optimum, ``<workload>`` with the learning-rate schedule appended when it is not
+    constant (``momentum-cooldown``), so optima for different schedules do not overwrite each
+    other. For a baseline ``strategy`` saved instead, ``<workload>-<strategy>``. The step count
+    is added by :func:`mfcli.artifact.default_artifact_path`.
+    """
+    if strategy is not None:
+        return f"{workload.name}-{strategy}"
+    lr_param = workload.params.get("lr")
+    if isinstance(lr_param, dict) and "schedule" in lr_param:
+        return f"{workload.name}-{lr_param['schedule']}"
+    return workload.name
 
 
 def _read_array(path: str | Path, *, what: str) -> np.ndarray:

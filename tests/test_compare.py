@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
-from mfcli.compare import parse_strategy_names, render_csv, render_markdown, run_comparison
+from mfcli.cli.render import parse_strategy_names, render_csv, render_markdown
+from mfcli.compare import run_comparison
 from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES
 from mfcli.workloads import momentum_workload, prefix_workload

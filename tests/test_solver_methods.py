@@ -283,9 +283,12 @@ def test_methods_tuple_and_bad_options():
     assert set(METHODS) == {"newton", "anderson", "fixed-point"}
     with pytest.raises(MfcliError, match="hessian_terms"):
         optimal_factorization(prefix_workload(4).matrix, hessian_terms=1)
-    for bad in (0, -2, "two", 1.5, True):
+    for bad in (0, -2):
         with pytest.raises(MfcliError, match="threads"):
             optimal_factorization(prefix_workload(4).matrix, threads=bad)
+    for wrong_type in ("two", 1.5, True):  # a programming mistake, not bad data
+        with pytest.raises(TypeError, match="threads"):
+            optimal_factorization(prefix_workload(4).matrix, threads=wrong_type)
 
 
 def test_thread_limit_is_recorded_and_does_not_change_the_answer():

@@ -5,14 +5,12 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
-from mfcli.artifact import atomic_path
+from mfcli.artifact import atomic_path, check_output_path, default_artifact_path
 from mfcli.cli.common import (
     BetaOpt,
     LrFactorOpt,
@@ -28,43 +26,21 @@ from mfcli.cli.common import (
     log,
     stdout,
 )
-from mfcli.cli.optimize import SolverDisplay
-from mfcli.compare import (
-    Comparison,
+from mfcli.cli.display import SolverDisplay
+from mfcli.cli.render import (
+    check_plot_target,
     parse_strategy_names,
     plot_per_step,
     render_csv,
     render_markdown,
-    run_comparison,
-    table_cells,
-    title,
+    rich_table,
 )
+from mfcli.compare import Comparison, run_comparison
 from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
-from mfcli.workloads import build_workload
+from mfcli.workloads import Workload, build_workload, default_artifact_stem
 
 FORMATS = ("table", "markdown", "csv", "json")
-
-
-#: Compact headers for the terminal; the caption says what they mean.
-SHORT_HEADERS = ("strategy", "causal", "sens", "total", "mean", "RMSE", "max step", "ratio")
-
-
-def rich_table(table: Comparison) -> Table:
-    t = Table(
-        title=title(table),
-        caption="squared errors (total, mean per step, worst step), single participation, noise multiplier 1, "
-        "clip norm 1; ratio = total / best causal total",
-        title_justify="left",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for i, head in enumerate(SHORT_HEADERS):
-        t.add_column(head, justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for cells in table_cells(table):
-        t.add_row(*cells)
-    return t
 
 
 def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> str:
@@ -142,57 +118,80 @@ def compare(
     for path in artifact or ():
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
-
-    table_out: Path | None = None
-    artifact_out: Path | None = None
-    if save is not None:
-        artifact_out = out if out is not None else Path("artifacts") / f"{w.name}-{save}-n{w.n}.h5"
-    else:
-        table_out = out
-    # Refuse existing outputs and a missing matplotlib before any work is done.
-    for target in (table_out, artifact_out, plot):
-        if target is not None and target.exists() and not force:
-            raise MfcliError(f"{target} already exists (use --force to overwrite)")
-    if plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise MfcliError(
-                "--plot needs matplotlib, which is not installed; install the plot extra: pip install 'mfcli[plot]'"
-            ) from None
-        if plot.suffix.lower() != ".png":
-            raise MfcliError(f"the plot is written as PNG; give a file name ending in .png, not {plot.name}")
-
+    outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
     progress = None if quiet else log
-    solves = ("optimal" in names or save == "optimal") and not artifact
-    display_title = f"mfcli compare: optimal for {w.name} n={w.n} (tol {tol:g})"
-    with SolverDisplay(quiet=quiet or not solves, title=display_title) as display:
-        table = run_comparison(
-            w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, progress=progress,
-            solver_callback=display if solves else None, keep=save,
-        )
-
-    saved = None
-    if save is not None and artifact_out is not None:
-        assert table.kept is not None
-        digest = save_strategy(
-            artifact_out, table.kept, workload_name=w.name, workload_params=w.params,
-            command=command_line(), force=force,
-        )
-        saved = {"strategy": table.kept.name, "artifact": str(artifact_out), "artifact_sha256": digest}
-        if progress:
-            log(f"wrote {artifact_out} ({table.kept.name})")
+    table = build_table(w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet)
+    saved = write_strategy(table, w, outputs.artifact, force=force, progress=progress)
     if plot is not None:
         plot_per_step(table, plot, force=force)
         if progress:
             log(f"wrote {plot}")
+    emit_table(table, fmt, curves=curves, saved=saved, table_out=outputs.table, force=force, progress=progress)
 
+
+class Outputs(NamedTuple):
+    """Where ``compare`` writes: the table (None: stdout) and the saved strategy's artifact."""
+
+    table: Path | None
+    artifact: Path | None
+
+
+def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path | None, force: bool) -> Outputs:
+    """Decide the output files and refuse unusable ones before any work is done.
+
+    With ``--save-strategy``, ``--out`` names the artifact (default
+    ``artifacts/<workload>-<strategy>-n<N>.h5``) and the table goes to stdout.
+    """
+    if save is not None:
+        outputs = Outputs(None, out if out is not None else default_artifact_path(default_artifact_stem(w, save), w.n))
+    else:
+        outputs = Outputs(out, None)
+    for target in outputs:
+        if target is not None:
+            check_output_path(target, force=force)
+    if plot is not None:
+        check_plot_target(plot, force=force)
+    return outputs
+
+
+def build_table(
+    w: Workload, names: tuple[str, ...], *, artifacts: list[Path], tol: float, max_iter: int,
+    save: str | None, quiet: bool,
+) -> Comparison:
+    """Run the comparison, with the solver's live display when the optimum is solved for."""
+    solves = ("optimal" in names or save == "optimal") and not artifacts
+    display_title = f"mfcli compare: optimal for {w.name} n={w.n} (tol {tol:g})"
+    with SolverDisplay(quiet=quiet or not solves, title=display_title) as display:
+        return run_comparison(
+            w, names, artifacts=artifacts, tol=tol, max_iter=max_iter, progress=None if quiet else log,
+            solver_callback=display if solves else None, keep=save,
+        )
+
+
+def write_strategy(table: Comparison, w: Workload, target: Path | None, *, force: bool, progress: Callable[[str], None] | None) -> dict | None:
+    """Save the strategy kept by ``--save-strategy``; the summary that goes into the JSON output."""
+    if target is None:
+        return None
+    assert table.kept is not None
+    digest = save_strategy(
+        target, table.kept, workload_name=w.name, workload_params=w.params, command=command_line(), force=force,
+    )
+    if progress:
+        progress(f"wrote {target} ({table.kept.name})")
+    return {"strategy": table.kept.name, "artifact": str(target), "artifact_sha256": digest}
+
+
+def emit_table(
+    table: Comparison, fmt: str, *, curves: bool, saved: dict | None, table_out: Path | None, force: bool,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Write the table to ``table_out`` (atomically) or stdout."""
     text = render(table, fmt, curves=curves, saved=saved)
     if table_out is not None:
         with atomic_path(table_out, force=force) as tmp:
             tmp.write_text(text, encoding="utf-8")
         if progress:
-            log(f"wrote {table_out}")
+            progress(f"wrote {table_out}")
         return
     if fmt == "table":
         # A pipe or file has no width; do not squeeze the numbers into 80 columns there.

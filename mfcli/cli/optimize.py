@@ -1,16 +1,12 @@
 """``mfcli optimize``: solve for the optimal factorization and write it as an artifact."""
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.live import Live
-from rich.table import Table
 
-from mfcli.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
+from mfcli.artifact import check_output_path, default_artifact_path, save_artifact
 from mfcli.cli.common import (
     BetaOpt,
     LrFactorOpt,
@@ -26,63 +22,12 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
-    stderr,
     stdout,
 )
+from mfcli.cli.display import SolverDisplay
 from mfcli.errors import MfcliError
-from mfcli.solver import DEFAULT_METHOD, METHODS, Progress, dual_weights_from_strategy, optimal_factorization
-from mfcli.workloads import build_workload
-
-
-class SolverDisplay:
-    """Live duality-gap panel on a terminal; a plain stderr line every few seconds otherwise."""
-
-    def __init__(self, *, quiet: bool, title: str, interval: float = 2.0) -> None:
-        self.quiet = quiet
-        self.title = title
-        self.interval = interval
-        self.tty = sys.stderr.isatty()
-        self._live: Live | None = None
-        self._last = -float("inf")
-        self._prev: Progress | None = None
-
-    def __enter__(self) -> "SolverDisplay":
-        if not self.quiet and self.tty:
-            self._live = Live(self._panel(None), console=stderr(), refresh_per_second=8, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-
-    def _rate(self, p: Progress) -> float:
-        return p.iteration / p.seconds if p.seconds > 0 else float("nan")
-
-    def _panel(self, p: Progress | None) -> Table:
-        t = Table(title=self.title, title_justify="left")
-        for col in ("iter", "primal (loss)", "dual bound", "rel. gap", "it/s", "elapsed"):
-            t.add_column(col, justify="right")
-        if p is not None:
-            t.add_row(
-                str(p.iteration), f"{p.primal:.10g}", f"{p.dual:.10g}", f"{p.gap:.3e}",
-                f"{self._rate(p):.2f}", f"{p.seconds:.1f}s",
-            )
-        return t
-
-    def __call__(self, p: Progress) -> None:
-        if self.quiet:
-            return
-        if self._live is not None:
-            self._live.update(self._panel(p))
-            return
-        now = time.monotonic()
-        if now - self._last >= self.interval or p.iteration == 1:
-            self._last = now
-            log(
-                f"iter {p.iteration:5d}  primal {p.primal:.10g}  dual {p.dual:.10g}  "
-                f"gap {p.gap:.3e}  {self._rate(p):.2f} it/s  {p.seconds:.1f}s"
-            )
+from mfcli.solver import DEFAULT_METHOD, METHODS, optimal_factorization, warm_start_weights
+from mfcli.workloads import build_workload, default_artifact_stem
 
 
 @guarded
@@ -116,20 +61,9 @@ def optimize(
         matrix_file=matrix,
     )
     if out is None:
-        name = w.name
-        lr_param = w.params.get("lr")
-        if isinstance(lr_param, dict) and "schedule" in lr_param:
-            name = f"{name}-{lr_param['schedule']}"
-        out = default_artifact_path(name, w.n)
+        out = default_artifact_path(default_artifact_stem(w), w.n)
     check_output_path(out, force=force)
-    v0 = None
-    if warm_start is not None:
-        prior = load_artifact(warm_start)
-        v0 = prior.dual_weights
-        if v0 is None:
-            if prior.n != w.n:
-                raise MfcliError("warm start from an artifact without dual weights needs the same n")
-            v0 = dual_weights_from_strategy(w.matrix, prior.factorization.strategy)
+    v0 = None if warm_start is None else warm_start_weights(warm_start, w.matrix)
 
     title = f"mfcli optimize: {w.name} n={w.n} ({method}, tol {tol:g})"
     with SolverDisplay(quiet=quiet, title=title) as display:
