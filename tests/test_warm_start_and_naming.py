@@ -13,7 +13,12 @@ import pytest
 from mfcli.artifact import load_artifact, save_artifact
 from mfcli.errors import MfcliError
 from mfcli.solver import optimal_factorization, warm_start_weights
-from mfcli.workloads import build_workload, default_artifact_stem, momentum_workload, prefix_workload
+from mfcli.workloads import (
+    build_workload,
+    default_artifact_stem,
+    momentum_workload,
+    prefix_workload,
+)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ dp-accounting event it composed):
 * ``mmcc.mmcc`` - Poisson sampling in every step, any non-negative causal C (MMCC.md), with the
   bracket ``mmcc.lower_bound`` and the sanity bound ``mmcc.full_participation``;
 * ``shuffled_tree.shuffled_tree`` - the binary tree over one shuffled epoch;
-* ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon;
+* ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
+* ``calibrate.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
+  ``mfcli account --epsilon`` computes);
 * ``report`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``).
 
 The functions named like their modules are not re-exported here, so that
@@ -18,7 +20,7 @@ dp-accounting's pessimistic PLD machinery is the engine; :mod:`mfcli.accounting.
 the mixture-of-Gaussians PLDs that MMCC needs with array operations (same numbers as
 dp-accounting's own builder, tested against it).
 """
-from mfcli.accounting.calibrate import Calibration, calibrate_sigma
+from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
 from mfcli.accounting.events import event_from_json, event_to_json
 from mfcli.accounting.mmcc import (
     FullParticipationResult,
@@ -40,7 +42,7 @@ from mfcli.accounting.single_pass import (
 )
 
 __all__ = [
-    "Calibration", "calibrate_sigma", "event_from_json", "event_to_json", "FullParticipationResult",
+    "Calibration", "calibrate_sigma", "calibrate_strategy", "event_from_json", "event_to_json", "FullParticipationResult",
     "LowerBoundResult", "MMCCResult", "full_participation", "lower_bound", "prepare_strategy",
     "ShuffledTreeResult", "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "DpSgdResult",
     "SinglePassResult", "dpsgd", "gaussian_delta", "gaussian_epsilon",

@@ -26,7 +26,12 @@ from mfcli.cli.common import (
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.errors import MfcliError
-from mfcli.solver import DEFAULT_METHOD, METHODS, optimal_factorization, warm_start_weights
+from mfcli.solver import (
+    DEFAULT_METHOD,
+    METHODS,
+    optimal_factorization,
+    warm_start_weights,
+)
 from mfcli.workloads import build_workload, default_artifact_stem
 
 

