@@ -597,94 +597,38 @@ def optimal_factorization(
     return dataclasses.replace(res, threads=limit)
 
 
-def _solve(
-    workload: np.ndarray,
-    *,
-    tol: float,
-    max_iter: int,
-    method: str,
-    v0: np.ndarray | None,
-    memory: int,
-    callback: Callable[[Progress], None] | None,
-    multilevel: bool,
-    hessian_terms: int | None,
-) -> SolveResult:
-    a = np.asarray(workload, dtype=np.float64)
-    n = a.shape[0]
-    start = time.perf_counter()
-    gram = scipy.linalg.blas.dsyrk(1.0, a, trans=1, lower=0)  # upper triangle of A^T A
-    gram += np.triu(gram, 1).T
-    coarse: list[tuple[int, int]] = []
-    if v0 is None:
-        v = np.ones(n)
-        if method == "newton" and multilevel:
-            v_coarse, coarse = _coarse_start(gram, hessian_terms)
-            if v_coarse is not None:
-                v = resample_weights(v_coarse, n)
-    else:
-        v = resample_weights(v0, n)
-        if not np.all(np.isfinite(v)) or np.any(v <= 0):
-            raise MfcliError("warm-start dual weights must be positive and finite")
-    v = v / np.exp(np.mean(np.log(v)))
+class _FixedPointMethod:
+    """The seed paper's plain iteration: the next weights are phi(v)."""
 
-    best_dual = -math.inf  # eigh-based estimates
-    best_primal = math.inf
-    best: tuple[np.ndarray, Bounds] | None = None
-    cert_dual = -math.inf  # largest certified_dual computed
-    v_best_dual = v
-    xs: list[np.ndarray] = []
-    fs: list[np.ndarray] = []
-    history: list[Progress] = []
-    walker = _NewtonWalker(hessian_terms)
-    stalled = 0
-    it = 0
-    gap = math.inf
-    for it in range(1, max_iter + 1):
-        bnd = evaluate(gram, v)
-        if method == "newton":
-            v, bnd = _rescaled(bnd, v)
-        dual_dropped = bnd.dual < best_dual
-        improved = bnd.dual > best_dual * (1 + 1e-15) or bnd.primal < best_primal * (1 - 1e-15)
-        if bnd.dual > best_dual:
-            best_dual, v_best_dual = bnd.dual, v
-        if bnd.primal < best_primal:
-            best_primal = bnd.primal
-            best = (v, bnd)
-        gap = (best_primal - best_dual) / best_primal
-        prog = Progress(it, best_primal, best_dual, gap, time.perf_counter() - start, method)
-        history.append(prog)
-        if callback is not None:
-            callback(prog)
-        if gap <= tol:
-            # Certify at this iterate (cheap route, its eigenvectors); if that falls short, by
-            # singular values at the iterate with the best estimated dual.
-            cert_dual = max(cert_dual, certified_dual(a, v, bnd.eigvecs))
-            if (best_primal - cert_dual) / best_primal > tol:
-                cert_dual = max(cert_dual, certified_dual(a, v_best_dual))
-            if (best_primal - cert_dual) / best_primal <= tol:
-                break
-        if method == "fixed-point":
-            v = bnd.phi
-            continue
-        if method == "newton":
-            # Round-off floor: stop when several iterations improve neither bound.
-            stalled = 0 if improved else stalled + 1
-            if stalled >= 8:
-                break
-            v = walker.next(v, bnd)
-            del bnd  # keep at most the best iterate's eigenvectors alive
-            continue
-        # Anderson on g(x) = log phi(e^x), residual with its mean removed: the problem is
-        # invariant to the scale of v, so only the direction of log v matters.
+    rescales = False
+
+    def next(self, v: np.ndarray, b: Bounds, *, dual_dropped: bool, improved: bool) -> np.ndarray | None:
+        return b.phi
+
+
+class _AndersonMethod:
+    """Anderson acceleration of the fixed point on g(x) = log phi(e^x), with the residual's mean
+    removed: the problem is invariant to the scale of v, so only the direction of log v matters.
+    The history restarts when the dual drops or the extrapolation leaves the safe range."""
+
+    rescales = False
+
+    def __init__(self, memory: int) -> None:
+        self.memory = memory
+        self.xs: list[np.ndarray] = []
+        self.fs: list[np.ndarray] = []
+
+    def next(self, v: np.ndarray, b: Bounds, *, dual_dropped: bool, improved: bool) -> np.ndarray | None:
+        xs, fs = self.xs, self.fs
         x = np.log(v)
-        f = np.log(bnd.phi / v)
+        f = np.log(b.phi / v)
         f -= f.mean()
         if dual_dropped:
             xs.clear()
             fs.clear()
         xs.append(x)
         fs.append(f)
-        del xs[: -memory - 1], fs[: -memory - 1]
+        del xs[: -self.memory - 1], fs[: -self.memory - 1]
         if len(xs) > 1:
             dx = np.diff(np.array(xs), axis=0).T
             df = np.diff(np.array(fs), axis=0).T
@@ -698,14 +642,150 @@ def _solve(
             fs.clear()
             x_new = x + f
             x_new -= x_new.mean()
-        v = np.exp(x_new)
+        return np.exp(x_new)
 
-    assert best is not None
-    v_best, bnd_best = best
-    best = None
-    del walker, gram
-    if cert_dual == -math.inf:  # stopped by max_iter or the round-off floor
-        cert_dual = certified_dual(a, v_best_dual)
+
+class _NewtonMethod:
+    """Safeguarded Newton (:class:`_NewtonWalker`) on the rescaled weights; stops at the round-off
+    floor, when several iterations in a row improve neither bound."""
+
+    rescales = True
+    STALL_LIMIT = 8
+
+    def __init__(self, hessian_terms: int | None) -> None:
+        self.walker = _NewtonWalker(hessian_terms)
+        self.stalled = 0
+
+    def next(self, v: np.ndarray, b: Bounds, *, dual_dropped: bool, improved: bool) -> np.ndarray | None:
+        self.stalled = 0 if improved else self.stalled + 1
+        if self.stalled >= self.STALL_LIMIT:
+            return None
+        return self.walker.next(v, b)
+
+
+_Method = _FixedPointMethod | _AndersonMethod | _NewtonMethod
+
+
+def _method(name: str, *, memory: int, hessian_terms: int | None) -> _Method:
+    if name == "newton":
+        return _NewtonMethod(hessian_terms)
+    if name == "anderson":
+        return _AndersonMethod(memory)
+    return _FixedPointMethod()
+
+
+class _Certifier:
+    """Bound bookkeeping shared by every method: the best primal iterate (the one returned), the
+    best estimated dual, and the certified dual (:func:`certified_dual`) that confirms the gap."""
+
+    def __init__(self, workload: np.ndarray, v: np.ndarray) -> None:
+        self.a = workload
+        self.best_dual = -math.inf  # eigh-based estimates
+        self.best_primal = math.inf
+        self.best: tuple[np.ndarray, Bounds] | None = None
+        self.cert_dual = -math.inf  # largest certified_dual computed
+        self.v_best_dual = v
+        self.gap = math.inf
+
+    def record(self, v: np.ndarray, b: Bounds) -> tuple[bool, bool]:
+        """Take in one iterate; return (its dual dropped below the best, it improved a bound)."""
+        dual_dropped = b.dual < self.best_dual
+        improved = b.dual > self.best_dual * (1 + 1e-15) or b.primal < self.best_primal * (1 - 1e-15)
+        if b.dual > self.best_dual:
+            self.best_dual, self.v_best_dual = b.dual, v
+        if b.primal < self.best_primal:
+            self.best_primal = b.primal
+            self.best = (v, b)
+        self.gap = (self.best_primal - self.best_dual) / self.best_primal
+        return dual_dropped, improved
+
+    def confirms(self, v: np.ndarray, b: Bounds, tol: float) -> bool:
+        """Whether a certified dual confirms the estimated gap <= tol: first the cheap route at
+        this iterate (its eigenvectors), then singular values at the best-dual iterate."""
+        self.cert_dual = max(self.cert_dual, certified_dual(self.a, v, b.eigvecs))
+        if (self.best_primal - self.cert_dual) / self.best_primal > tol:
+            self.cert_dual = max(self.cert_dual, certified_dual(self.a, self.v_best_dual))
+        return (self.best_primal - self.cert_dual) / self.best_primal <= tol
+
+    def final_dual(self) -> float:
+        """The certified dual; computed at the best-dual iterate if the loop never certified
+        (stopped by max_iter or the round-off floor)."""
+        if self.cert_dual == -math.inf:
+            self.cert_dual = certified_dual(self.a, self.v_best_dual)
+        return self.cert_dual
+
+
+def _initial_weights(
+    gram: np.ndarray, v0: np.ndarray | None, *, method: str, multilevel: bool, hessian_terms: int | None
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Starting dual weights (geometric mean 1) and the coarse levels of a multilevel start."""
+    n = gram.shape[0]
+    coarse: list[tuple[int, int]] = []
+    if v0 is None:
+        v = np.ones(n)
+        if method == "newton" and multilevel:
+            v_coarse, coarse = _coarse_start(gram, hessian_terms)
+            if v_coarse is not None:
+                v = resample_weights(v_coarse, n)
+    else:
+        v = resample_weights(v0, n)
+        if not np.all(np.isfinite(v)) or np.any(v <= 0):
+            raise MfcliError("warm-start dual weights must be positive and finite")
+    return v / np.exp(np.mean(np.log(v))), coarse
+
+
+def _solve(
+    workload: np.ndarray,
+    *,
+    tol: float,
+    max_iter: int,
+    method: str,
+    v0: np.ndarray | None,
+    memory: int,
+    callback: Callable[[Progress], None] | None,
+    multilevel: bool,
+    hessian_terms: int | None,
+) -> SolveResult:
+    a = np.asarray(workload, dtype=np.float64)
+    start = time.perf_counter()
+    gram = scipy.linalg.blas.dsyrk(1.0, a, trans=1, lower=0)  # upper triangle of A^T A
+    gram += np.triu(gram, 1).T
+    v, coarse = _initial_weights(gram, v0, method=method, multilevel=multilevel, hessian_terms=hessian_terms)
+    stepper = _method(method, memory=memory, hessian_terms=hessian_terms)
+    book = _Certifier(a, v)
+    history: list[Progress] = []
+    it = 0
+    for it in range(1, max_iter + 1):
+        bnd = evaluate(gram, v)
+        if stepper.rescales:
+            v, bnd = _rescaled(bnd, v)
+        dual_dropped, improved = book.record(v, bnd)
+        prog = Progress(it, book.best_primal, book.best_dual, book.gap, time.perf_counter() - start, method)
+        history.append(prog)
+        if callback is not None:
+            callback(prog)
+        if book.gap <= tol and book.confirms(v, bnd, tol):
+            break
+        v_next = stepper.next(v, bnd, dual_dropped=dual_dropped, improved=improved)
+        del bnd  # keep at most the best iterate's eigenvectors alive
+        if v_next is None:
+            break
+        v = v_next
+    del stepper, gram
+    return _result(book, start=start, iterations=it, method=method, tol=tol, history=history, coarse=coarse)
+
+
+def _result(
+    book: _Certifier, *, start: float, iterations: int, method: str, tol: float, history: list[Progress],
+    coarse: list[tuple[int, int]],
+) -> SolveResult:
+    """The certified answer: the best primal iterate's factorization, its loss recomputed from
+    the returned B and C, and the gap against the certified dual."""
+    assert book.best is not None
+    v_best, bnd_best = book.best
+    book.best = None
+    cert_dual = book.final_dual()
+    a = book.a
     strategy = strategy_from_bounds(bnd_best)
     del bnd_best
     decoder = decoder_for(a, strategy)
@@ -719,7 +799,7 @@ def _solve(
         primal=primal,
         dual=cert_dual,
         gap=gap_final,
-        iterations=it,
+        iterations=iterations,
         seconds=seconds,
         method=method,
         tol=tol,
