@@ -9,7 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from mfcli.cli.common import emit_json, envelope, fail, fmt, guarded, key_value_table, log, stdout
-from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact, plot_report
+from mfcli.cli.render import plot_report
+from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact
 
 
 def _precise(v: Any) -> str:
