@@ -20,6 +20,7 @@ from mfcli.cli.common import (
     MatrixOpt,
     NOpt,
     WorkloadOpt,
+    artifact_argument,
     command_line,
     emit_json,
     envelope,
@@ -28,6 +29,7 @@ from mfcli.cli.common import (
     log,
     stderr,
     stdout,
+    workload_kwargs,
 )
 from mfcli.errors import MfcliError
 from mfcli.solver import DEFAULT_METHOD, METHODS, Progress, dual_weights_from_strategy, optimal_factorization
@@ -89,10 +91,10 @@ class SolverDisplay:
 def optimize(
     workload: WorkloadOpt = "prefix",
     n: NOpt = None,
-    beta: BetaOpt = 0.9,
-    lr: LrOpt = "constant",
-    lr_factor: LrFactorOpt = 0.15,
-    lr_final: LrFinalOpt = 0.05,
+    beta: BetaOpt = None,
+    lr: LrOpt = None,
+    lr_factor: LrFactorOpt = None,
+    lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
@@ -101,7 +103,7 @@ def optimize(
         DEFAULT_METHOD, "--method",
         help=f"Solver: {', '.join(METHODS)} (fixed-point is the seed paper's plain iteration). All are certified by the same gap.",
     ),
-    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n)."),
+    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -109,12 +111,12 @@ def optimize(
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
     and write it as an HDF5 artifact."""
+    workload_opts = workload_kwargs(
+        workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
+    )
     if method not in METHODS:
         raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    w = build_workload(
-        workload, n, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last,
-        matrix_file=matrix,
-    )
+    w = build_workload(workload, n, **workload_opts)
     if out is None:
         name = w.name
         lr_param = w.params.get("lr")
@@ -124,7 +126,7 @@ def optimize(
     check_output_path(out, force=force)
     v0 = None
     if warm_start is not None:
-        prior = load_artifact(warm_start)
+        prior = load_artifact(artifact_argument(warm_start))
         v0 = prior.dual_weights
         if v0 is None:
             if prior.n != w.n:
