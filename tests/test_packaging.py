@@ -50,8 +50,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
         capture_output=True, text=True,
     )
-    if build.returncode != 0 and "No module named" in build.stderr:
-        pytest.skip(f"cannot build a wheel offline here: {build.stderr.strip().splitlines()[-1]}")
+    # setuptools comes with the test extra, so a failure here is a real packaging failure.
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("mfcli-*.whl")
     with zipfile.ZipFile(wheel) as zf:

@@ -1,12 +1,13 @@
 """The Typer application. Each subcommand lives in its own module under mfcli/cli/.
 
-Help is plain Click help. Subcommands are registered lazily: ``mfcli --help`` and ``mfcli --version`` import none of them,
+Subcommands are registered lazily: ``mfcli --help`` and ``mfcli --version`` import none of them,
 and ``mfcli inspect`` imports only :mod:`mfcli.cli.inspect` (not the accounting stack with scipy
-and dp-accounting). A subcommand is one row of :data:`COMMANDS`.
+and dp-accounting). A subcommand is one row of :data:`COMMANDS`. Help is plain Click help.
 
-Usage errors from the parser (a bad value, an unknown or missing option, a missing argument, an
-option that does not apply to the chosen mode) print one ``error:`` line and a hint and exit 2;
-see :meth:`LazyGroup.main`.
+Usage errors (a value the parser cannot read, an unknown or missing option or argument, and,
+raised by the commands through :func:`mfcli.cli.common.usage_error`, an option that does not apply
+to the chosen mode) print one ``error:`` line, for the parser's errors followed by a
+``try '... --help'`` hint, and exit 2; see :meth:`LazyGroup.main`.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _one_line(text: str) -> str:
 
 
 def _click_exceptions() -> Any:
-    # Typer >= 0.22 vendors Click as typer._click; older versions use Click itself.
+    # Recent Typer versions vendor Click as typer._click; older ones use Click itself.
     try:
         from typer._click import exceptions as exc
     except ImportError:  # pragma: no cover - depends on the installed typer
