@@ -12,13 +12,57 @@ Example:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.factorization import Factorization, sensitivity, total_loss
-from mfcli.solver import SolveResult, optimal_factorization
-from mfcli.workloads import Workload, build_workload, momentum_workload, prefix_workload
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
+    from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact
+    from mfcli.errors import ArtifactError, MfcliError
+    from mfcli.factorization import Factorization, sensitivity, total_loss
+    from mfcli.solver import SolveResult, optimal_factorization
+    from mfcli.workloads import (
+        Workload,
+        build_workload,
+        momentum_workload,
+        prefix_workload,
+    )
+
+#: Public name -> module it is defined in. Imported on first use (PEP 562), so that
+#: ``import mfcli`` and ``mfcli --version`` do not pay for numpy, scipy and h5py.
+_EXPORTS = {
+    "Artifact": "mfcli.artifact",
+    "load_artifact": "mfcli.artifact",
+    "save_artifact": "mfcli.artifact",
+    "shipped_artifact": "mfcli.artifact",
+    "ArtifactError": "mfcli.errors",
+    "MfcliError": "mfcli.errors",
+    "Factorization": "mfcli.factorization",
+    "sensitivity": "mfcli.factorization",
+    "total_loss": "mfcli.factorization",
+    "SolveResult": "mfcli.solver",
+    "optimal_factorization": "mfcli.solver",
+    "Workload": "mfcli.workloads",
+    "build_workload": "mfcli.workloads",
+    "momentum_workload": "mfcli.workloads",
+    "prefix_workload": "mfcli.workloads",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mfcli' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "Artifact",

@@ -5,7 +5,7 @@ were made, the numbers a user relies on, and a SHA-256 of every dataset. The for
 but h5py to read::
 
     import h5py
-    with h5py.File("artifacts/momentum-n256.h5") as f:
+    with h5py.File(path) as f:        # e.g. path = mfcli.shipped_artifact("momentum-n256")
         C = f["strategy"][...]        # encoder, lower-triangular, unit column norms
         B = f["decoder"][...]         # B = A C^-1
         sens = f.attrs["sensitivity"]
@@ -365,18 +365,33 @@ def default_artifact_path(workload_name: str, n: int, directory: str | Path = "a
     return Path(directory) / f"{workload_name}-n{n}.h5"
 
 
+#: Ready-made artifacts shipped as package data in ``mfcli/data/`` (name -> file name).
 SHIPPED = {
     "prefix-n256": "prefix-n256.h5",
     "momentum-n256": "momentum-n256.h5",
 }
 
 
+def _shipped_path(file_name: str) -> Path:
+    # importlib.resources finds package data wherever the package is installed (checkout, wheel,
+    # --target), unlike a path computed from the source tree.
+    from importlib.resources import files
+
+    res = files("mfcli") / "data" / file_name
+    if not isinstance(res, Path):
+        raise MfcliError(f"the shipped artifact {file_name} is inside a zipped install; install mfcli unpacked")
+    return res
+
+
 def shipped_artifact(name: str = "momentum-n256") -> Path:
-    """Path of a ready-made artifact shipped in the repository's ``artifacts/`` folder."""
+    """Path of a ready-made artifact shipped as package data (``mfcli/data/<name>.h5``).
+
+    ``name`` is a key of :data:`SHIPPED`. Treat the file as read-only: copy it before modifying.
+    """
     if name not in SHIPPED:
         raise MfcliError(f"no shipped artifact {name!r}; available: {', '.join(SHIPPED)}")
-    here = Path(__file__).resolve().parent.parent / "artifacts" / SHIPPED[name]
-    if here.exists():
+    here = _shipped_path(SHIPPED[name])
+    if here.is_file():
         return here
     raise MfcliError(f"the shipped artifact {SHIPPED[name]} is not installed (expected at {here})")
 
@@ -416,11 +431,17 @@ def append_group(
 
 
 def is_shipped_artifact(path: str | Path) -> bool:
-    """Whether ``path`` is one of the ready-made artifacts shipped in ``artifacts/`` (which
+    """Whether ``path`` is one of the ready-made artifacts shipped as package data (which
     commands that modify artifacts in place must refuse)."""
-    root = Path(__file__).resolve().parent.parent / "artifacts"
     try:
         target = Path(path).resolve()
     except OSError:
         return False
-    return any(target == (root / name).resolve() for name in SHIPPED.values())
+    for file_name in SHIPPED.values():
+        try:
+            shipped = _shipped_path(file_name)
+            if target == shipped.resolve() or (target.exists() and shipped.exists() and target.samefile(shipped)):
+                return True
+        except (OSError, MfcliError):
+            continue
+    return False

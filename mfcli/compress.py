@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
-import scipy.linalg
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization, sensitivity
@@ -249,6 +248,8 @@ def strategy_for_decoder(workload: np.ndarray, decoder: np.ndarray, *, block: in
     d = np.diagonal(b)
     if not np.all(np.isfinite(d)) or np.any(d == 0):
         raise MfcliError("the compressed decoder has a zero on its diagonal and cannot be inverted")
+    import scipy.linalg  # not at module level: inspect imports this module and needs no scipy
+
     n = a.shape[0]
     c = np.zeros((n, n))
     if np.any(np.triu(a, 1)):

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import scipy.linalg
 
 from mfcli.errors import MfcliError
 
@@ -161,6 +160,8 @@ class Factorization:
         """C^-1 for a square lower-triangular strategy: the gradient-noise operator."""
         if self.m != self.n:
             raise MfcliError("only a square strategy has a noising matrix C^-1")
+        import scipy.linalg  # here, not at the top: scipy costs ~0.5 s of start-up (inspect needs none)
+
         return scipy.linalg.solve_triangular(
             self.strategy, np.eye(self.n), lower=is_lower_triangular(self.strategy)
         )

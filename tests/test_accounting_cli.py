@@ -191,7 +191,7 @@ def test_n_without_builtin_strategy_is_refused():
     from mfcli.cli.app import app
 
     r = CliRunner().invoke(app, ["account", "--n", "8", "--sigma", "4"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a usage error (README: exit codes)
     assert r.stderr.strip().splitlines() == [
         "error: --n applies to a built-in --strategy; an artifact or .npy strategy has its own n"
     ]

@@ -114,7 +114,7 @@ def _bad_files(tmp_path):
         (["-w", "custom", "--matrix", "{tmp}/text.csv"], "cannot read"),
         (["-w", "custom", "--matrix", "{tmp}/missing.npy"], "does not exist"),
         (["-w", "custom"], "needs a matrix file"),
-        (["-w", "prefix", "--n", "8", "--matrix", "{tmp}/sing.npy"], "applies to the custom workload only"),
+        (["-w", "prefix", "--n", "8", "--matrix", "{tmp}/sing.npy"], "--matrix applies to --workload custom only"),
         (["--n", "8", "--tol", "0"], "tol must be in (0, 1)"),
         (["--n", "8", "--method", "magic"], "unknown method"),
         (["--n", "8", "--warm-start", "{tmp}/garbage.npy"], "not a readable HDF5"),

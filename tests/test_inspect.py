@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from mfcli.artifact import append_group, save_artifact, shipped_artifact
 from mfcli.cli.app import app
-from mfcli.cli.render import plot_report
+from mfcli.cli.plots import plot_report
 from mfcli.compress import compress_artifact
 from mfcli.errors import ArtifactError
 from mfcli.inspection import inspect_artifact

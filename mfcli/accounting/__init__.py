@@ -20,26 +20,54 @@ dp-accounting's pessimistic PLD machinery is the engine; :mod:`mfcli.accounting.
 the mixture-of-Gaussians PLDs that MMCC needs with array operations (same numbers as
 dp-accounting's own builder, tested against it).
 """
-from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
-from mfcli.accounting.events import event_from_json, event_to_json
-from mfcli.accounting.mmcc import (
-    FullParticipationResult,
-    LowerBoundResult,
-    MMCCResult,
-    full_participation,
-    lower_bound,
-    prepare_strategy,
-)
-from mfcli.accounting.shuffled_tree import ShuffledTreeResult
-from mfcli.accounting.single_pass import (
-    DEFAULT_DELTA,
-    DEFAULT_DISCRETIZATION,
-    DpSgdResult,
-    SinglePassResult,
-    dpsgd,
-    gaussian_delta,
-    gaussian_epsilon,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
+    from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
+    from mfcli.accounting.events import event_from_json, event_to_json
+    from mfcli.accounting.mmcc import (
+        FullParticipationResult,
+        LowerBoundResult,
+        MMCCResult,
+        full_participation,
+        lower_bound,
+        prepare_strategy,
+    )
+    from mfcli.accounting.shuffled_tree import ShuffledTreeResult
+    from mfcli.accounting.single_pass import (
+        DEFAULT_DELTA,
+        DEFAULT_DISCRETIZATION,
+        DpSgdResult,
+        SinglePassResult,
+        dpsgd,
+        gaussian_delta,
+        gaussian_epsilon,
+    )
+
+#: Public name -> module. Imported on first use (PEP 562): scipy.stats and dp-accounting cost
+#: about a second of start-up, which commands that do not account should not pay.
+_EXPORTS = {
+    "Calibration": "calibrate", "calibrate_sigma": "calibrate", "calibrate_strategy": "calibrate",
+    "event_from_json": "events", "event_to_json": "events",
+    "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
+    "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",
+    "ShuffledTreeResult": "shuffled_tree",
+    "DEFAULT_DELTA": "single_pass", "DEFAULT_DISCRETIZATION": "single_pass", "DpSgdResult": "single_pass",
+    "SinglePassResult": "single_pass", "dpsgd": "single_pass", "gaussian_delta": "single_pass",
+    "gaussian_epsilon": "single_pass",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mfcli.accounting' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"mfcli.accounting.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Calibration", "calibrate_sigma", "calibrate_strategy", "event_from_json", "event_to_json", "FullParticipationResult",

@@ -3,11 +3,12 @@
 Example::
 
     import jax, optax
+    from mfcli.artifact import shipped_artifact
     from mfcli.noise import noise_stream
     from mfcli.adapters.optax import correlated_noise
 
     d = sum(x.size for x in jax.tree_util.tree_leaves(params))
-    stream = noise_stream("artifacts/momentum-n256.h5", kind="gradient", d=d, seed=SECRET_SEED)
+    stream = noise_stream(shipped_artifact("momentum-n256"), kind="gradient", d=d, seed=SECRET_SEED)
     tx = optax.chain(
         correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0),   # + sigma clip (C^-1 Z)[t]
         optax.sgd(learning_rate=0.1, momentum=0.9),                      # runs the workload A

@@ -5,9 +5,10 @@ Example (the model's gradients must be the SUM of per-example gradients each cli
 
     import torch
     from mfcli.adapters.torch import CorrelatedNoiseOptimizer
+    from mfcli.artifact import shipped_artifact
 
     inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # runs the workload A
-    opt = CorrelatedNoiseOptimizer(inner, artifact="artifacts/momentum-n256.h5", seed=SECRET_SEED,
+    opt = CorrelatedNoiseOptimizer(inner, artifact=shipped_artifact("momentum-n256"), seed=SECRET_SEED,
                                    noise_multiplier=1.0, clip_norm=1.0)
     for step in range(opt.n):
         opt.zero_grad()

@@ -20,7 +20,17 @@ from mfcli.accounting.report import (
 )
 from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.artifact import is_shipped_artifact
-from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
+from mfcli.cli.common import (
+    artifact_argument,
+    command_line,
+    emit_json,
+    envelope,
+    guarded,
+    key_value_table,
+    log,
+    refuse_unless,
+    stdout,
+)
 from mfcli.errors import MfcliError
 
 
@@ -84,13 +94,16 @@ def _rows_table(report: Any) -> tuple[Table, list[str]]:
 @guarded
 def account(
     source: Optional[Path] = typer.Argument(
-        None, help=f"mfcli artifact (.h5) or strategy matrix C (.npy). Default: the shipped artifact {DEFAULT_ARTIFACT}.",
+        None, help="mfcli artifact (.h5), a shipped artifact's name (prefix-n256, momentum-n256) or strategy matrix "
+        f"C (.npy). Default: the shipped artifact {DEFAULT_ARTIFACT}.",
         show_default=False,
     ),
     strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."),
     n: Optional[int] = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
-    workload: str = typer.Option("prefix", "--workload", "-w", help="Workload for --strategy optimal (and post-processing): prefix or momentum."),
-    beta: float = typer.Option(0.9, "--beta", help="Momentum coefficient for --workload momentum."),
+    workload: Optional[str] = typer.Option(
+        None, "--workload", "-w", help="With --strategy: the workload it is built for, prefix (default) or momentum."
+    ),
+    beta: Optional[float] = typer.Option(None, "--beta", help="Momentum coefficient for --workload momentum (default 0.9)."),
     sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier: noise std in units of the clip norm, for C as given."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."),
     sampling: Optional[float] = typer.Option(None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."),
@@ -98,9 +111,16 @@ def account(
     setting: Optional[str] = typer.Option(
         None, "--setting", help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass)."
     ),
-    value_discretization: float = typer.Option(DEFAULT_DISCRETIZATION, "--value-discretization", help="PLD value discretization (MMCC may coarsen it to fit its work budget; the grid used is printed)."),
-    tail_fraction: Optional[List[float]] = typer.Option(None, "--tail-fraction", help="MMCC: share f of delta for the tail events (repeat to try several; the best is reported)."),
-    mixture_grid: float = typer.Option(0.02, "--mixture-grid", help="MMCC: row sensitivities are rounded up to multiples of 1/ceil(1/grid)."),
+    value_discretization: Optional[float] = typer.Option(
+        None, "--value-discretization",
+        help=f"DP-SGD and MMCC (with --sampling): PLD value discretization (default {DEFAULT_DISCRETIZATION:g}; MMCC may "
+        "coarsen it to fit its work budget; the grid used is printed).",
+    ),
+    tail_fraction: Optional[List[float]] = typer.Option(None, "--tail-fraction", help="MMCC only (with --sampling): share f of delta for the tail events (repeat to try several; the best is reported)."),
+    mixture_grid: Optional[float] = typer.Option(
+        None, "--mixture-grid",
+        help="MMCC only (with --sampling): row sensitivities are rounded up to multiples of 1/ceil(1/grid) (default 0.02).",
+    ),
     write: bool = typer.Option(False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
@@ -108,9 +128,28 @@ def account(
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
     shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
     say = (lambda s: None) if quiet else log
-    if (sigma is None) == (epsilon is None):
-        raise MfcliError("give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)")
-    if not (mixture_grid > 0 and mixture_grid <= 1):
+    # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
+    refuse_unless((sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)")
+    refuse_unless(setting is None or epsilon is not None,
+                  "--setting selects what --epsilon calibrates; without --epsilon every setting is shown")
+    refuse_unless(n is None or strategy is not None, "--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
+    refuse_unless(workload is None or strategy is not None,
+                  "--workload applies to a built-in --strategy; an artifact or .npy strategy has its own workload")
+    refuse_unless(beta is None or workload == "momentum", "--beta applies to --workload momentum only")
+    calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
+    refuse_unless(sampling is None or calibrated in (None, "dp-sgd", "mmcc"),
+                  f"--sampling does not apply to calibrating {calibrated} (only dp-sgd and mmcc use it)")
+    runs_pld = sampling is not None and calibrated in (None, "dp-sgd", "mmcc")
+    runs_mmcc = sampling is not None and calibrated in (None, "mmcc")
+    why = "needs --sampling" if sampling is None else f"not calibrated here ({calibrated})"
+    refuse_unless(value_discretization is None or runs_pld,
+                  f"--value-discretization applies to the PLD accounting of DP-SGD and MMCC, which {why}")
+    refuse_unless(tail_fraction is None or runs_mmcc, f"--tail-fraction applies to MMCC only, which {why}")
+    refuse_unless(mixture_grid is None or runs_mmcc, f"--mixture-grid applies to MMCC only, which {why}")
+    defaults = AccountingOptions()
+    if value_discretization is None:
+        value_discretization = defaults.value_discretization
+    if mixture_grid is not None and not (mixture_grid > 0 and mixture_grid <= 1):
         raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
     import math
 
@@ -122,12 +161,12 @@ def account(
         check_sampling(sampling)
     opts = AccountingOptions(
         delta=delta, value_discretization=value_discretization,
-        tail_fractions=tuple(tail_fraction) if tail_fraction else AccountingOptions().tail_fractions,
-        mixture_resolution=int(math.ceil(1.0 / mixture_grid - 1e-9)),
+        tail_fractions=tuple(tail_fraction) if tail_fraction else defaults.tail_fractions,
+        mixture_resolution=defaults.mixture_resolution if mixture_grid is None else int(math.ceil(1.0 / mixture_grid - 1e-9)),
     ).checked()
-    if strategy is None and n is not None:
-        raise MfcliError("--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
-    inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, progress=say)
+    built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
+    inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
+                           progress=say, **built_for)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write and inp.artifact is None:
@@ -144,8 +183,6 @@ def account(
         sigma = calibration.sigma
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
     else:
-        if setting is not None:
-            raise MfcliError("--setting selects what --epsilon calibrates; without --epsilon every setting is shown")
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
 
     group = None

@@ -125,15 +125,84 @@ from typing import Annotated, Optional  # noqa: E402
 
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
 NOpt = Annotated[Optional[int], typer.Option("--n", "-n", help="Number of steps (rows of A).")]
-BetaOpt = Annotated[float, typer.Option("--beta", help="Momentum coefficient in [0, 1) (momentum workload).")]
+# Options that apply to one mode only default to None (not given), so that giving one where it
+# does not apply is refused even when its value equals the default (see workload_kwargs).
+BetaOpt = Annotated[
+    Optional[float], typer.Option("--beta", help="Momentum coefficient in [0, 1), momentum workload only (default 0.9).")
+]
 LrOpt = Annotated[
-    str,
+    Optional[str],
     typer.Option(
         "--lr",
-        help="Learning-rate schedule folded into A: constant, step-decay, cooldown, or a .npy/.csv FILE of n rates.",
+        help="Learning-rate schedule folded into A: constant (default), step-decay, cooldown, or a .npy/.csv "
+        "FILE of n rates. Not for the custom workload.",
     ),
 ]
-LrFactorOpt = Annotated[float, typer.Option("--lr-factor", help="step-decay: multiplier for the decayed steps.")]
-LrFinalOpt = Annotated[float, typer.Option("--lr-final", help="cooldown: final learning rate (linear from 1.0).")]
-LrLastOpt = Annotated[Optional[int], typer.Option("--lr-last", help="Steps the decay/cooldown covers (default n/4).")]
-MatrixOpt = Annotated[Optional[_Path], typer.Option("--matrix", help="custom workload: .npy, .csv or mfcli artifact.")]
+LrFactorOpt = Annotated[
+    Optional[float], typer.Option("--lr-factor", help="step-decay only: multiplier for the decayed steps (default 0.15).")
+]
+LrFinalOpt = Annotated[
+    Optional[float], typer.Option("--lr-final", help="cooldown only: final learning rate, linear from 1.0 (default 0.05).")
+]
+LrLastOpt = Annotated[
+    Optional[int], typer.Option("--lr-last", help="step-decay or cooldown: steps the decay/cooldown covers (default n/4).")
+]
+MatrixOpt = Annotated[Optional[_Path], typer.Option("--matrix", help="custom workload only: .npy, .csv or mfcli artifact.")]
+
+
+def usage_error(message: str) -> Exception:
+    """The exception to raise for a command line that is wrong as a whole: options that conflict,
+    or an option given where it does not apply. mfcli.cli.app renders it as one ``error:`` line
+    (the message names the options, so no hint follows) with exit status 2; it is not an
+    MfcliError, so ``guarded`` lets it through."""
+    try:
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - typer before 0.22 uses Click itself
+        from click import exceptions  # type: ignore[no-redef,import-not-found]
+    err = exceptions.UsageError(message)
+    err.mfcli_refusal = True  # type: ignore[attr-defined]  # no hint line (mfcli.cli.app)
+    return err
+
+
+def refuse_unless(condition: bool, message: str) -> None:
+    """Raise :func:`usage_error` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise usage_error(message)
+
+
+def workload_kwargs(
+    workload: str,
+    *,
+    beta: float | None,
+    lr: str | None,
+    lr_factor: float | None,
+    lr_final: float | None,
+    lr_last: int | None,
+    matrix: _Path | None,
+) -> dict[str, Any]:
+    """Refuse workload options that do not apply to ``workload`` and the schedule, and return the
+    keyword arguments for :func:`mfcli.workloads.build_workload` (only those given: the library
+    keeps the defaults)."""
+    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+    refuse_unless(matrix is None or workload == "custom", f"--matrix applies to --workload custom only, not {workload}")
+    refuse_unless(lr is None or workload != "custom", "--lr does not apply to --workload custom (its matrix is used as given)")
+    schedule = lr if lr is not None else "constant"
+    refuse_unless(lr_factor is None or schedule == "step-decay", f"--lr-factor applies to --lr step-decay only, not {schedule}")
+    refuse_unless(lr_final is None or schedule == "cooldown", f"--lr-final applies to --lr cooldown only, not {schedule}")
+    refuse_unless(
+        lr_last is None or schedule in ("step-decay", "cooldown"),
+        f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
+    )
+    given = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last, "matrix_file": matrix}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def artifact_argument(path: _Path) -> _Path:
+    """An artifact named on the command line: the file ``path``, or, when no such file exists and
+    ``path`` is the name of a shipped artifact (``prefix-n256``, ``momentum-n256``), that
+    artifact's installed path (:func:`mfcli.artifact.shipped_artifact`)."""
+    from mfcli.artifact import SHIPPED, shipped_artifact
+
+    if not path.exists() and str(path) in SHIPPED:
+        return shipped_artifact(str(path))
+    return path

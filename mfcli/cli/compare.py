@@ -20,17 +20,19 @@ from mfcli.cli.common import (
     MatrixOpt,
     NOpt,
     WorkloadOpt,
+    artifact_argument,
     command_line,
     envelope,
     guarded,
     log,
+    refuse_unless,
     stdout,
+    workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
+from mfcli.cli.plots import check_plot_target, plot_per_step
 from mfcli.cli.render import (
-    check_plot_target,
     parse_strategy_names,
-    plot_per_step,
     render_csv,
     render_markdown,
     rich_table,
@@ -62,10 +64,10 @@ def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> 
 def compare(
     workload: WorkloadOpt = "prefix",
     n: NOpt = None,
-    beta: BetaOpt = 0.9,
-    lr: LrOpt = "constant",
-    lr_factor: LrFactorOpt = 0.15,
-    lr_final: LrFinalOpt = 0.05,
+    beta: BetaOpt = None,
+    lr: LrOpt = None,
+    lr_factor: LrFactorOpt = None,
+    lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
     strategies: Optional[List[str]] = typer.Option(
@@ -76,11 +78,15 @@ def compare(
         None, "--artifact", "-a",
         help="Use this artifact (from mfcli optimize, or a saved baseline) instead of solving for optimal; repeatable. Must match the workload.",
     ),
-    tol: float = typer.Option(1e-6, "--tol", help="Relative duality gap for the optimal strategy's solve."),
-    max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations for optimal."),
-    fmt: str = typer.Option("table", "--format", "-f", help="Output format: table, markdown, csv or json."),
+    tol: Optional[float] = typer.Option(
+        None, "--tol", help="Relative duality gap for the optimal strategy's solve (default 1e-6); only when optimal is solved."
+    ),
+    max_iter: Optional[int] = typer.Option(
+        None, "--max-iter", help="Maximum solver iterations for optimal (default 1000); only when optimal is solved."
+    ),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Output format: table (default), markdown, csv or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
-    curves: bool = typer.Option(False, "--curves", help="json: include each strategy's per-step RMSE."),
+    curves: bool = typer.Option(False, "--curves", help="json output only: include each strategy's per-step RMSE."),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o",
         help="Write the table here instead of stdout. With --save-strategy: the artifact path instead "
@@ -102,8 +108,14 @@ def compare(
     causal strategy. For workloads other than prefix, the prefix-sum baselines are post-processed
     (B = A S^-1 B_S).
     """
-    if as_json:
-        fmt = "json"
+    workload_opts = workload_kwargs(
+        workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
+    )
+    refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
+    fmt = "json" if as_json else (fmt or "table")
+    refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
+    refuse_unless(not force or out is not None or plot is not None or save is not None,
+                  "--force applies to a file written with --out, --plot or --save-strategy; none is given")
     if fmt not in FORMATS:
         raise MfcliError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     names = parse_strategy_names(strategies)
@@ -111,10 +123,14 @@ def compare(
         raise MfcliError(f"unknown strategy {save!r} for --save-strategy; choose from {', '.join(STRATEGY_NAMES)}")
     if artifact and "optimal" not in names and strategies:
         log("note: --artifact rows are added to the table in place of the optimal solve")
-    w = build_workload(
-        workload, n, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last,
-        matrix_file=matrix,
-    )
+    artifact = [artifact_argument(path) for path in artifact or ()]
+    solves = ("optimal" in names or save == "optimal") and not artifact
+    refuse_unless(solves or (tol is None and max_iter is None),
+                  "--tol and --max-iter apply to the optimal solve, which this command does not run"
+                  + (" (--artifact replaces it)" if artifact else ""))
+    tol = 1e-6 if tol is None else tol
+    max_iter = 1000 if max_iter is None else max_iter
+    w = build_workload(workload, n, **workload_opts)
     for path in artifact or ():
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")

@@ -6,14 +6,28 @@ from typing import Optional
 
 import typer
 
-from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
-from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact
+from mfcli.artifact import is_shipped_artifact
+from mfcli.cli.common import (
+    artifact_argument,
+    command_line,
+    emit_json,
+    envelope,
+    guarded,
+    key_value_table,
+    log,
+    refuse_unless,
+    stdout,
+    usage_error,
+)
+from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 from mfcli.errors import MfcliError
 
 
 @guarded
 def compress(
-    artifact: Path = typer.Argument(..., help="Dense causal artifact to compress (never modified)."),
+    artifact: Path = typer.Argument(
+        ..., help="Dense causal artifact to compress (never modified): a file, or a shipped name such as momentum-n256."
+    ),
     band: Optional[int] = typer.Option(None, "--band", "-k", help="K: exact diagonals of B kept (1 <= K <= n)."),
     rank: Optional[int] = typer.Option(None, "--rank", "-r", help="R: rank of the fitted older part (0 <= R <= n - K)."),
     max_loss_increase: Optional[float] = typer.Option(
@@ -21,10 +35,13 @@ def compress(
         help="Budget on the relative loss increase (0.01 = 1%). Without K and R: pick the cheapest "
         "(K + R) setting within it. With both: fail unless they meet it.",
     ),
-    max_band: Optional[int] = typer.Option(None, "--max-band", help="Search: largest K tried (default n)."),
-    max_rank: Optional[int] = typer.Option(None, "--max-rank", help="Search: largest R tried (default 64)."),
+    max_band: Optional[int] = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
+    max_rank: Optional[int] = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
     max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o",
+        help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input; in the current directory for a shipped artifact).",
+    ),
     force: bool = typer.Option(
         False, "--force",
         help="Overwrite the output; compress a non-causal or already compressed artifact anyway.",
@@ -35,8 +52,16 @@ def compress(
     """Compress the decoder to B^ = band_K(B) + mask(U V^T) so a trainer can stream the noise in
     O((K + R) d) time and O(R d) state per step, and write a new artifact with group
     `compressed`. Its privacy is set by sens(C^) with C^ = B^-1 A, recomputed and stored."""
-    if max_loss_increase is None and (band is None or rank is None):
-        raise MfcliError("give both --band and --rank, or --max-loss-increase to choose them")
+    refuse_unless(max_loss_increase is not None or (band is not None and rank is not None),
+                  "give both --band and --rank, or --max-loss-increase to choose them")
+    refuse_unless(max_band is None or band is None, "--max-band limits the search for K; it does not apply with --band")
+    refuse_unless(max_rank is None or rank is None, "--max-rank limits the search for R; it does not apply with --rank")
+    artifact = artifact_argument(artifact)
+    if out is None and is_shipped_artifact(artifact):
+        # The shipped artifacts are package data: never write beside them.
+        if band is None or rank is None:
+            raise usage_error("compressing a shipped artifact with a search: give --out (its folder is package data)")
+        out = default_output_path(Path(artifact.name), band, rank)
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
 

@@ -8,8 +8,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from mfcli.cli.common import emit_json, envelope, fail, fmt, guarded, key_value_table, log, stdout
-from mfcli.cli.render import plot_report
+from mfcli.cli.common import (
+    artifact_argument,
+    emit_json,
+    envelope,
+    fail,
+    fmt,
+    guarded,
+    key_value_table,
+    log,
+    refuse_unless,
+    stdout,
+)
+from mfcli.cli.plots import plot_report
 from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact
 
 
@@ -108,18 +119,20 @@ def _render(report: InspectionReport) -> None:
 
 @guarded
 def inspect(
-    artifact: Path = typer.Argument(..., help="The artifact to inspect."),
+    artifact: Path = typer.Argument(..., help="The artifact to inspect: a file, or a shipped name such as prefix-n256."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write heatmaps of C and B (log scale) and the per-step error to FILE.png."),
     certificate: bool = typer.Option(
         True, "--certificate/--no-certificate",
         help="Recompute the dual bound from the stored dual weights (one eigendecomposition).",
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing plot file."),
+    force: bool = typer.Option(False, "--force", help="With --plot: overwrite an existing plot file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON report object on stdout."),
 ) -> None:
     """Show an artifact's format, provenance, workload and strategy, and every stored number next
     to its recomputation from the matrices (sensitivity, losses, solver certificate, compression),
     accounting records and checksums. Exits 1 if any check fails."""
+    refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
+    artifact = artifact_argument(artifact)
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
     report = inspect_artifact(artifact, certificate=certificate)

@@ -16,6 +16,7 @@ from mfcli.cli.common import (
     MatrixOpt,
     NOpt,
     WorkloadOpt,
+    artifact_argument,
     command_line,
     emit_json,
     envelope,
@@ -23,6 +24,7 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     stdout,
+    workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.errors import MfcliError
@@ -39,10 +41,10 @@ from mfcli.workloads import build_workload, default_artifact_stem
 def optimize(
     workload: WorkloadOpt = "prefix",
     n: NOpt = None,
-    beta: BetaOpt = 0.9,
-    lr: LrOpt = "constant",
-    lr_factor: LrFactorOpt = 0.15,
-    lr_final: LrFinalOpt = 0.05,
+    beta: BetaOpt = None,
+    lr: LrOpt = None,
+    lr_factor: LrFactorOpt = None,
+    lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
@@ -51,7 +53,7 @@ def optimize(
         DEFAULT_METHOD, "--method",
         help=f"Solver: {', '.join(METHODS)} (fixed-point is the seed paper's plain iteration). All are certified by the same gap.",
     ),
-    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n)."),
+    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -59,16 +61,16 @@ def optimize(
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
     and write it as an HDF5 artifact."""
+    workload_opts = workload_kwargs(
+        workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
+    )
     if method not in METHODS:
         raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    w = build_workload(
-        workload, n, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last,
-        matrix_file=matrix,
-    )
+    w = build_workload(workload, n, **workload_opts)
     if out is None:
         out = default_artifact_path(default_artifact_stem(w), w.n)
     check_output_path(out, force=force)
-    v0 = None if warm_start is None else warm_start_weights(warm_start, w.matrix)
+    v0 = None if warm_start is None else warm_start_weights(artifact_argument(warm_start), w.matrix)
 
     title = f"mfcli optimize: {w.name} n={w.n} ({method}, tol {tol:g})"
     with SolverDisplay(quiet=quiet, title=title) as display:

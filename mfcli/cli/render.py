@@ -1,35 +1,26 @@
-"""Presentation for the command line: option parsing, text tables and plots of library results.
+"""Presentation of ``compare`` tables for the command line: option parsing and text tables.
 
-The library computes :class:`~mfcli.compare.Comparison` tables and
-:class:`~mfcli.inspection.InspectionReport` checks; this module turns them into what a user reads
-(Markdown, CSV, a terminal table, PNG plots) and parses the comma-separated lists the options
-accept. Messages here may name flags; the library's
-never do.
+The library computes :class:`~mfcli.compare.Comparison` tables; this module turns them into what a
+user reads (Markdown, CSV, a terminal table) and parses the comma-separated lists the options
+accept. Plots live in :mod:`mfcli.cli.plots`. Messages here may name flags; the library's never do.
 """
 from __future__ import annotations
 
 import csv
 import io
 import math
-from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
 from rich import box
 from rich.table import Table
 
-from mfcli.artifact import atomic_path, check_output_path
 from mfcli.compare import COLUMNS, Comparison
 from mfcli.errors import MfcliError
-from mfcli.inspection import InspectionReport
 from mfcli.strategies import STRATEGY_NAMES
 
 #: Compact headers for the terminal; the caption says what they mean.
 SHORT_HEADERS = ("strategy", "causal", "sens", "total", "mean", "RMSE", "max step", "ratio")
 
-MATPLOTLIB_MISSING = (
-    "--plot needs matplotlib, which is not installed; install the plot extra: pip install 'mfcli[plot]'"
-)
 
 
 def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
@@ -128,107 +119,3 @@ def rich_table(table: Comparison) -> Table:
     for cells in table_cells(table):
         t.add_row(*cells)
     return t
-
-
-def check_plot_target(path: str | Path, *, force: bool = False) -> Path:
-    """Refuse a plot target before any work is done: matplotlib missing, a name not ending in
-    .png, or an existing file without ``force``."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise MfcliError(MATPLOTLIB_MISSING) from None
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise MfcliError(f"the plot is written as PNG; give a file name ending in .png, not {target.name}")
-    return check_output_path(target, force=force)
-
-
-def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -> Path:
-    """Per-step RMSE curves of every row (log scale), written atomically as a PNG.
-
-    Raises:
-        MfcliError: matplotlib is missing (install the ``plot`` extra), the name does not end in
-            .png, or ``path`` exists and ``force`` is not set.
-    """
-    target = check_plot_target(path, force=force)
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
-    steps = np.arange(1, table.n + 1)
-    width = 1.3 if table.n <= 256 else 0.7  # tree curves jump at every step; keep them legible
-    for r in table.rows:
-        style = "-" if r.causal else "--"
-        ax.plot(steps, r.per_step_rmse, style, label=f"{r.name} (RMSE {_num(r.rmse, 4)})", linewidth=width)
-    ax.set_yscale("log")
-    ax.set_xlabel("step t")
-    ax.set_ylabel("per-step RMSE  sens(C) ||B[t, :]||")
-    ax.set_title(title(table) + "\nsingle participation, noise multiplier 1; dashed = not causal", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
-    try:
-        with atomic_path(target, force=force) as tmp:
-            fig.savefig(tmp, format="png")
-    finally:
-        plt.close(fig)
-    return target
-
-
-def plot_report(report: InspectionReport, out: str | Path, *, force: bool = False) -> Path:
-    """Write a PNG: |C| and |B| as heatmaps on a log colour scale, and the expected squared error
-    of every step, sens(C)^2 ||B[t, :]||^2 (and of the compressed decoder, if any).
-
-    Written atomically. Needs matplotlib (``pip install 'mfcli[plot]'``).
-
-    Raises:
-        MfcliError: matplotlib missing, or no readable matrices to plot.
-    """
-    try:
-        from matplotlib.colors import LogNorm
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MfcliError("--plot needs matplotlib: pip install 'mfcli[plot]'") from None
-    fact = report.factorization
-    if fact is None:
-        raise MfcliError(f"{report.path}: no readable matrices to plot")
-    target = Path(out)
-    if target.suffix.lower() != ".png":
-        raise MfcliError(f"the plot file must end in .png, got {target.name}")
-
-    fig = Figure(figsize=(15, 4.6), constrained_layout=True)
-    axes = fig.subplots(1, 3)
-    for ax, mat, title in (
-        (axes[0], fact.strategy, "|C| (strategy)"),
-        (axes[1], fact.decoder, "|B| (decoder)"),
-    ):
-        absm = np.abs(mat)
-        positive = absm[absm > 0]
-        if positive.size:
-            vmax = float(positive.max())
-            vmin = max(float(positive.min()), vmax * 1e-12)
-            shown = np.ma.masked_less_equal(absm, 0)
-            im = ax.imshow(shown, norm=LogNorm(vmin=vmin, vmax=vmax), cmap="viridis", interpolation="nearest")
-            fig.colorbar(im, ax=ax, shrink=0.85)
-        ax.set_title(f"{title}, log scale")
-        ax.set_xlabel("column j")
-        ax.set_ylabel("row t")
-    steps = np.arange(fact.n)
-    axes[2].plot(steps, fact.per_step_error, label=f"dense: sens(C)^2 ||B[t]||^2, total {fact.loss_total:.6g}")
-    if report.compressed is not None:
-        comp = report.compressed
-        axes[2].plot(
-            steps, comp.factorization.per_step_error, "--",
-            label=f"compressed K={comp.band} R={comp.rank}: total {comp.loss_total:.6g}",
-        )
-    axes[2].set_title("expected squared error per step")
-    axes[2].set_xlabel("step t")
-    axes[2].set_ylabel("squared error (noise multiplier 1, clip 1)")
-    axes[2].legend(fontsize=8)
-    name = report.attrs.get("workload_name", "?")
-    fig.suptitle(f"{report.path.name}: {name}, {report.attrs.get('strategy_name', '?')}, n = {fact.n}")
-    with atomic_path(target, force=force) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    return target
