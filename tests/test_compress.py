@@ -23,18 +23,15 @@ from typer.testing import CliRunner
 from mfcli.artifact import dataset_sha256, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.compress import (
-    GROUP,
-    band_values,
     compress_artifact,
     compress_factorization,
-    compressed_decoder,
     default_output_path,
     fit_low_rank,
-    load_compressed,
     search_compression,
 )
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization
+from mfcli.operators import GROUP, BandedLowRank, band_values, read_compressed
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload, prefix_workload
 
@@ -106,7 +103,7 @@ def test_layout_matches_definition_and_is_causal(n, data):
     for i in range(k):
         band[:i, i] = 0.0  # outside the matrix, as the format requires
     u, v = rng.standard_normal((n, r)), rng.standard_normal((n, r))
-    got = compressed_decoder(band, u, v)
+    got = BandedLowRank(band=band, u=u, v=v).dense()
     np.testing.assert_allclose(got, oracle_decoder(band, u, v), rtol=0, atol=1e-12)
     assert not np.any(np.triu(got, 1)), "B^ must be lower-triangular"
     # The low-rank part only touches j <= t - K: the band region is exactly the band values.
@@ -307,7 +304,7 @@ def test_compressed_artifact_layout_and_verification(artifact, solved):
         assert g.attrs["loss_total"] == pytest.approx(sens**2 * np.sum(b_hat**2), rel=1e-10)
         assert g.attrs["loss_increase"] == pytest.approx(g.attrs["loss_total"] / f.attrs["loss_total"] - 1, rel=1e-9)
         assert g.attrs["source_sha256"] == before
-    comp = load_compressed(art)
+    comp = read_compressed(art)
     np.testing.assert_allclose(comp.decoder, b_hat, atol=1e-13)
     assert comp.loss_total == pytest.approx(res.compression.loss_total, rel=1e-12)
 
@@ -320,7 +317,7 @@ def test_load_compressed_rejects_tampered_group(artifact, tmp_path):
     with h5py.File(edited, "r+") as f:
         f[GROUP].attrs["sensitivity"] = 1.0
     with pytest.raises(ArtifactError, match="compressed/sensitivity"):
-        load_compressed(load_artifact(edited))
+        read_compressed(load_artifact(edited))
     # u replaced with its checksum updated too: passes load_artifact, fails the recomputation.
     forged = tmp_path / "forged.h5"
     shutil.copy(out, forged)
@@ -331,10 +328,10 @@ def test_load_compressed_rejects_tampered_group(artifact, tmp_path):
         ds.attrs["sha256"] = dataset_sha256(u)
     art = load_artifact(forged)
     with pytest.raises(ArtifactError, match="does not match"):
-        load_compressed(art)
+        read_compressed(art)
     # And a plain dense artifact has no compressed group.
     with pytest.raises(ArtifactError, match="no 'compressed' group"):
-        load_compressed(load_artifact(artifact))
+        read_compressed(load_artifact(artifact))
 
 
 def test_already_compressed_and_non_causal_need_force(artifact, tmp_path, solved):
@@ -422,7 +419,7 @@ def test_cli_json_search(artifact):
     assert obj["schema_version"] == 1 and obj["command"] == "compress"
     assert obj["loss_increase"] <= 0.01 and obj["stream_cost"] == obj["band"] + obj["rank"]
     assert obj["evaluations"] and all("loss_increase" in e for e in obj["evaluations"])
-    comp = load_compressed(load_artifact(obj["artifact"]))
+    comp = read_compressed(load_artifact(obj["artifact"]))
     assert comp.sensitivity == pytest.approx(obj["sensitivity"], rel=1e-12)
     assert comp.loss_increase == pytest.approx(obj["loss_increase"], rel=1e-9)
 
@@ -435,7 +432,7 @@ def test_subprocess_compress_shipped_artifact(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "loss increase" in done.stdout
     out = tmp_path / "momentum-n256-k4r4.h5"
-    comp = load_compressed(load_artifact(out))
+    comp = read_compressed(load_artifact(out))
     b_hat = comp.decoder
     c = np.linalg.solve(b_hat, comp.factorization.workload)
     assert comp.sensitivity == pytest.approx(np.sqrt(np.max(np.sum(c**2, axis=0))), rel=1e-10)

@@ -64,7 +64,14 @@ def layout_for(decoder: np.ndarray, k: int, r: int) -> tuple[np.ndarray, np.ndar
     return band, left[:, :r] * s[:r], right[:r].T.copy()
 
 
-def compressed_group(workload: np.ndarray, decoder: np.ndarray, k: int, r: int, *, sens_factor: float = 1.0) -> dict:
+def dense_loss(fact: Factorization) -> float:
+    """sens(C)^2 ||B||_F^2 of the dense root, from the matrices."""
+    return float(np.max(np.sum(fact.strategy**2, axis=0)) * np.sum(fact.decoder**2))
+
+
+def compressed_group(
+    workload: np.ndarray, decoder: np.ndarray, k: int, r: int, *, dense_loss: float, sens_factor: float = 1.0
+) -> dict:
     band, u, v = layout_for(decoder, k, r)
     b_hat = decoder_from_layout(band, u, v)
     c_hat = scipy.linalg.solve_triangular(b_hat, workload, lower=True)
@@ -76,7 +83,7 @@ def compressed_group(workload: np.ndarray, decoder: np.ndarray, k: int, r: int, 
             "rank": r,
             "sensitivity": sens * sens_factor,
             "loss_total": sens**2 * float(np.sum(b_hat**2)),
-            "loss_increase": 0.0,
+            "loss_increase": sens**2 * float(np.sum(b_hat**2)) / dense_loss - 1.0,
         },
     }
 
@@ -109,7 +116,7 @@ def artifacts(tmp_path_factory):
         save_artifact(path, fact, workload_name=name if name in ("prefix", "momentum") else "custom",
                       workload_params={"beta": 0.9} if name == "momentum" else {},
                       strategy_name="optimal",
-                      groups={"compressed": compressed_group(a, fact.decoder, k, r)})
+                      groups={"compressed": compressed_group(a, fact.decoder, k, r, dense_loss=dense_loss(fact))})
         out[name] = (path, a, fact, (k, r))
     return out
 
@@ -476,14 +483,14 @@ def test_tampered_compressed_sensitivity_is_refused(tmp_path, artifacts):
     _, a, fact, _ = artifacts["momentum"]
     path = tmp_path / "tampered.h5"
     save_artifact(path, fact, workload_name="momentum", strategy_name="optimal",
-                  groups={"compressed": compressed_group(a, fact.decoder, 3, 2, sens_factor=0.97)})
-    with pytest.raises(ArtifactError, match="compressed sensitivity"):
+                  groups={"compressed": compressed_group(a, fact.decoder, 3, 2, dense_loss=dense_loss(fact), sens_factor=0.97)})
+    with pytest.raises(ArtifactError, match="compressed/sensitivity"):
         noise_stream(path, kind="iterate", d=2, seed=1)
 
 
 def test_compressed_group_shapes_must_match_attributes(tmp_path, artifacts):
     _, a, fact, _ = artifacts["momentum"]
-    group = compressed_group(a, fact.decoder, 3, 2)
+    group = compressed_group(a, fact.decoder, 3, 2, dense_loss=dense_loss(fact))
     group["attrs"]["band"] = 4
     path = tmp_path / "bad-band.h5"
     save_artifact(path, fact, workload_name="momentum", strategy_name="optimal", groups={"compressed": group})
@@ -518,7 +525,7 @@ def test_property_banded_low_rank_streams_exactly(tmp_path_factory, n, k_frac, r
     fact = Factorization(workload=a, strategy=c, decoder=a)
     path = tmp_path_factory.mktemp("prop") / "p.h5"
     save_artifact(path, fact, workload_name="custom", strategy_name="identity",
-                  groups={"compressed": compressed_group(a, a, k, r)})
+                  groups={"compressed": compressed_group(a, a, k, r, dense_loss=dense_loss(fact))})
     with h5py.File(path) as f:
         g = f["compressed"]
         b_hat = decoder_from_layout(g["band"][...], g["u"][...], g["v"][...])

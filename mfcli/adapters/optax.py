@@ -43,7 +43,8 @@ from jax.flatten_util import ravel_pytree
 
 from mfcli.adapters import check_noise_options
 from mfcli.errors import MfcliError
-from mfcli.noise import BandedLowRank, NoiseStream, noise_row
+from mfcli.noise import NoiseStream, noise_row
+from mfcli.operators import BandedLowRank
 
 
 class CorrelatedNoiseState(NamedTuple):
@@ -57,17 +58,6 @@ class CorrelatedNoiseState(NamedTuple):
 
 def _tag_words(stream: NoiseStream) -> np.ndarray:
     return np.frombuffer(bytes.fromhex(stream.tag[:16]), dtype=">u4").astype(np.uint32)
-
-
-def _slot_coefficients(op: BandedLowRank, dtype: np.dtype) -> np.ndarray:
-    """Row t of the operator in buffer order: band entries by ring slot (Z[j] in slot j mod W)."""
-    n, w, r = op.n, op.width, op.rank
-    table = np.zeros((n, w + r))
-    for t in range(n):
-        i = np.arange(min(w, t + 1))
-        table[t, (t - i) % w] = op.band[t, i]
-    table[:, w:] = op.u
-    return table.astype(dtype)
 
 
 def correlated_noise(
@@ -108,7 +98,8 @@ def correlated_noise(
     banded = stream.method == "banded-low-rank"
     w, r = stream.width, stream.rank
     if banded:
-        coef_table = jnp.asarray(_slot_coefficients(stream.operator, dt))
+        assert isinstance(stream.operator, BandedLowRank)
+        coef_table = jnp.asarray(stream.operator.coefficient_table().astype(dt))
         v_table = jnp.asarray(np.asarray(stream.operator.v, dtype=dt))
 
     def host_row(t: np.ndarray, got_tag: np.ndarray) -> np.ndarray:
