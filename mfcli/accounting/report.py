@@ -62,6 +62,10 @@ class StrategyInput:
         source: where it came from, in words.
         artifact: the artifact path when the input was one (``--write`` needs it).
         is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
+        operator: which operator of an artifact C belongs to, as :func:`mfcli.operators.select_operator`
+            chose it (the one a noise stream streams): ``"dense"`` or
+            ``"compressed (band K, rank R)"`` (then C is C^ = B^-1 A); ``"dense"`` for a .npy
+            matrix or a built-in strategy.
     """
 
     name: str
@@ -70,6 +74,7 @@ class StrategyInput:
     source: str
     artifact: Path | None = None
     is_tree: bool = False
+    operator: str = "dense"
 
     @property
     def n(self) -> int:
@@ -100,10 +105,17 @@ def resolve_strategy(
     workload: str = "prefix",
     beta: float = 0.9,
     tol: float = 1e-6,
+    operator: str = "auto",
     progress: Callable[[str], None] | None = None,
 ) -> StrategyInput:
     """Find C: an artifact or .npy file, a built-in strategy for the ``workload`` of n steps, or
     (nothing given) the shipped artifact ``momentum-n256``.
+
+    For an artifact, C is the strategy of the operator :func:`mfcli.operators.select_operator`
+    picks for ``operator`` (``auto``: the compressed C^ = B^-1 A when the artifact has a
+    ``compressed`` group, as noise streams and the adapters stream it; else the dense C), so
+    the epsilon describes the mechanism that runs. ``compressed`` without such a group, or for a
+    .npy matrix or built-in strategy, is an error.
 
     Raises:
         MfcliError: both a file and --strategy, a built-in without n, an unknown name, a file that
@@ -111,9 +123,15 @@ def resolve_strategy(
     """
     from mfcli.artifact import load_artifact, shipped_artifact
 
+    from mfcli.operators import CHOICES, select_operator
+
     say = progress or (lambda s: None)
+    if operator not in CHOICES:
+        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {operator!r}")
     if path is not None and strategy is not None:
         raise MfcliError("give either a strategy file or --strategy, not both")
+    if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
+        raise MfcliError("operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy")
     if strategy is not None:
         if strategy not in BUILTIN:
             raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
@@ -163,7 +181,8 @@ def resolve_strategy(
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
     art = load_artifact(p)
-    c = np.asarray(art.factorization.strategy, dtype=np.float64)
+    chosen = select_operator(art, operator)
+    c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
     tr = _tree_release(c)
     if tr is not None:
         release = tr
@@ -174,9 +193,25 @@ def resolve_strategy(
     what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
     return StrategyInput(
         name=art.strategy_name, strategy=c, release_steps=release,
-        source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
-        artifact=p, is_tree=tr is not None,
+        source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}; "
+               f"operator {chosen.label}",
+        artifact=p, is_tree=tr is not None, operator=chosen.label,
     )
+
+
+def check_setting_applies(inp: StrategyInput, setting: str) -> None:
+    """Refuse a setting whose assumptions fail for the operator being accounted, in one line,
+    instead of accounting another matrix: MMCC needs a non-negative causal C (the compressed
+    C^ = B^-1 A often has negative entries); the shuffled tree needs the binary-tree encoder."""
+    from mfcli.accounting.mmcc import prepare_strategy as _prepare
+
+    if setting == "mmcc":
+        try:
+            _prepare(inp.strategy, inp.release_steps)
+        except MfcliError as exc:
+            raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
+    elif setting == "shuffled-tree" and not inp.is_tree:
+        raise MfcliError(f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}")
 
 
 @dataclass(frozen=True)
@@ -214,6 +249,7 @@ class AccountingReport:
             rows[k] = v
         return {
             "strategy": self.strategy.name,
+            "operator": self.strategy.operator,
             "source": self.strategy.source,
             "n": self.strategy.n,
             "rows_of_C": int(self.strategy.strategy.shape[0]),
@@ -256,6 +292,7 @@ def account(
                   value_discretization=opts.value_discretization)
         rows["dp-sgd"], results["dp-sgd"] = r.as_dict(), r
     if sampling is not None and "mmcc" in settings:
+        check_setting_applies(inp, "mmcc")
         prep = prepare_strategy(c, inp.release_steps)
         r = mmcc(prep, sigma=sigma, sampling=sampling, delta=opts.delta, tail_fractions=opts.tail_fractions,
                  value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
@@ -299,13 +336,13 @@ def epsilon_function(
         if setting == "dp-sgd":
             return lambda s: dpsgd(sigma=s, sampling=p, steps=inp.n, delta=opts.delta,
                                    value_discretization=opts.value_discretization).epsilon
+        check_setting_applies(inp, "mmcc")
         prep = prepare_strategy(c, inp.release_steps)
         return lambda s: mmcc(prep, sigma=s, sampling=p, delta=opts.delta, tail_fractions=opts.tail_fractions,
                               value_discretization=opts.value_discretization,
                               mixture_resolution=opts.mixture_resolution).epsilon
     if setting == "shuffled-tree":
-        if not inp.is_tree:
-            raise MfcliError("the shuffled-tree setting needs the binary-tree strategy")
+        check_setting_applies(inp, "shuffled-tree")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
@@ -364,8 +401,10 @@ def record_to_artifact(
     Layout (docs/accounting.md): attrs ``setting`` list, ``sigma``, ``sampling``, ``delta``,
     ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
     ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
-    parts with a ``_parts`` count when longer than 60000 characters), ``strategy_sha256`` (checksum
-    of the C it was computed for), ``created_utc``, ``created_by``, ``command``.
+    parts with a ``_parts`` count when longer than 60000 characters), ``operator`` (``dense`` or
+    ``compressed (band K, rank R)``), ``strategy_sha256`` (checksum of the C it was computed for:
+    the accounted operator's strategy, C^ = B^-1 A for the compressed one), ``created_utc``,
+    ``created_by``, ``command``.
     """
     from mfcli import __version__
     from mfcli.artifact import append_group, dataset_sha256
@@ -375,7 +414,7 @@ def record_to_artifact(
     inp = report.strategy
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
-                         "settings": sorted(report.rows)}, sort_keys=True)
+                         "settings": sorted(report.rows), "operator": inp.operator}, sort_keys=True)
     gid = now.strftime("%Y%m%dT%H%M%SZ") + "-" + hashlib.sha256(params.encode()).hexdigest()[:8]
     attrs: dict[str, Any] = {
         "format": "mfcli.accounting",
@@ -384,6 +423,7 @@ def record_to_artifact(
         "sigma": report.sigma,
         "sampling": report.sampling if report.sampling is not None else "null",
         "delta": report.delta,
+        "operator": inp.operator,
         "strategy_sha256": dataset_sha256(np.asarray(inp.strategy, dtype=np.float64)),
         "created_utc": now.isoformat().replace("+00:00", "Z"),
         "created_by": f"mfcli {__version__}",

@@ -24,22 +24,32 @@ from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_val
 from mfcli.errors import MfcliError
 
 
-def _e(v: Any, *, down: bool = False) -> str:
-    """Six significant digits, rounded UP (upper bounds, calibrated sigma) or DOWN (lower bounds),
-    so that a printed privacy number is never on the optimistic side of the computed one."""
+def _e(v: Any, *, down: bool = False, digits: int = 6) -> str:
+    """``digits`` significant digits, rounded UP (upper bounds: epsilon, rho-zCDP, mu-GDP, delta
+    parts, sensitivity, calibrated sigma) or DOWN (lower bounds: the MMCC lower bound, the lower
+    end of a calibration bracket, the noise multiplier sigma/sens), so that a printed privacy
+    number is never on the optimistic side of the computed one."""
     if v is None:
         return "-"
-    if isinstance(v, float):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = float(v)
         if not math.isfinite(v) or v == 0:
             return "inf" if v == float("inf") else f"{v:g}"
-        scale = 10.0 ** (math.floor(math.log10(abs(v))) - 5)
+        scale = 10.0 ** (math.floor(math.log10(abs(v))) - (digits - 1))
         r = (math.floor if down else math.ceil)(v / scale) * scale
-        return f"{r:.6g}"
+        # The printed decimal must stay on the safe side of v after float formatting too.
+        text = f"{r:.{digits}g}"
+        step = (-1 if down else 1) * scale
+        while (float(text) < v) if not down else (float(text) > v):
+            r += step
+            text = f"{r:.{digits}g}"
+        return text
     return str(v)
 
 
 def _rows_table(report: Any) -> tuple[Table, list[str]]:
-    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}), sigma = {_e(float(report.sigma))}, "
+    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}, operator "
+                    f"{report.strategy.operator}), sigma = {_e(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
@@ -49,8 +59,9 @@ def _rows_table(report: Any) -> tuple[Table, list[str]]:
     if "single-pass" in r:
         d = r["single-pass"]
         t.add_row("single pass", _e(d["epsilon"]),
-                  f"rho-zCDP {d['rho_zcdp']:.6g}, mu-GDP {d['mu_gdp']:.6g}; sens(C) {d['sensitivity']:.6g}, "
-                  f"noise multiplier sigma/sens {d['noise_multiplier']:.6g}; exact analytic Gaussian")
+                  f"rho-zCDP {_e(d['rho_zcdp'])}, mu-GDP {_e(d['mu_gdp'])}; sens(C) {_e(d['sensitivity'])} "
+                  f"({report.strategy.operator} operator), "
+                  f"noise multiplier sigma/sens {_e(d['noise_multiplier'], down=True)}; exact analytic Gaussian")
         notes.append(f"single pass: {d['assumptions']}")
     if "dp-sgd" in r:
         d = r["dp-sgd"]
@@ -64,18 +75,18 @@ def _rows_table(report: Any) -> tuple[Table, list[str]]:
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
             f"[{_e(d['lower_bound'], down=True)}, {_e(d['epsilon'])}]",
-            f"delta = {d['delta_pld']:.3g} (PLD) + {d['delta_tail']:.3g} (tail, f = {d['tail_fraction']:g}) + "
-            f"{d['delta_trunc']:.2g} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
-            f"{d['max_p_tilde']:.4g}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
+            f"delta = {_e(d['delta_pld'], digits=3)} (PLD) + {_e(d['delta_tail'], digits=3)} (tail, f = {d['tail_fraction']:g}) + "
+            f"{_e(d['delta_trunc'], digits=2)} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
+            f"{_e(d['max_p_tilde'], digits=4)}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
             f"{d['value_discretization']:g}, mixture grid {d['mixture_grid']:g}; "
-            f"example in every step (sanity bound): {fp['epsilon']:.6g}",
+            f"example in every step (sanity bound): {_e(fp['epsilon'])}",
         )
         notes.append(f"MMCC: {d['assumptions']}. {d['method']}. Lower bound: exact epsilon of the "
                      "post-processed statistic 1^T C^+ y")
     if "shuffled-tree" in r:
         d = r["shuffled-tree"]
         t.add_row("binary tree, one shuffled epoch", _e(d["epsilon"]),
-                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {d['sensitivity']:.6g}); "
+                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {_e(d['sensitivity'])}); "
                   f"amplified bound {d['amplified_note']}")
         notes.append(f"shuffled tree: {d['assumptions']}")
     return t, notes
@@ -101,6 +112,11 @@ def account(
     value_discretization: float = typer.Option(DEFAULT_DISCRETIZATION, "--value-discretization", help="PLD value discretization (MMCC may coarsen it to fit its work budget; the grid used is printed)."),
     tail_fraction: Optional[List[float]] = typer.Option(None, "--tail-fraction", help="MMCC: share f of delta for the tail events (repeat to try several; the best is reported)."),
     mixture_grid: float = typer.Option(0.02, "--mixture-grid", help="MMCC: row sensitivities are rounded up to multiples of 1/ceil(1/grid)."),
+    operator: str = typer.Option(
+        "auto", "--operator",
+        help="Operator of an artifact to account: auto (the compressed decoder if the artifact has one, "
+        "as noise streams and the adapters stream it; else dense), dense or compressed.",
+    ),
     write: bool = typer.Option(False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
@@ -127,7 +143,9 @@ def account(
     ).checked()
     if strategy is None and n is not None:
         raise MfcliError("--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
-    inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, progress=say)
+    if operator not in ("auto", "dense", "compressed"):
+        raise MfcliError(f"--operator must be auto, dense or compressed, got {operator!r}")
+    inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, operator=operator, progress=say)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write and inp.artifact is None:
@@ -163,13 +181,16 @@ def account(
         return
     out = stdout()
     out.print(f"strategy: {inp.source}")
+    out.print(f"operator accounted: {inp.operator} (the one noise streams and the adapters stream by default)"
+              if inp.artifact is not None else f"operator accounted: {inp.operator} (C as given)")
     if calibration is not None:
         out.print(key_value_table(f"calibration: {chosen}", [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
             ("sigma (smallest found, rounded up)", _e(float(calibration.sigma))),
             ("achieved epsilon at that sigma", _e(float(calibration.epsilon))),
-            ("bracket", f"[{calibration.sigma_lower:.6g}, {calibration.sigma:.6g}] (relative width <= 1e-3)"),
+            ("bracket", f"[{_e(float(calibration.sigma_lower), down=True)}, {_e(float(calibration.sigma))}] "
+                        "(relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))
     table, notes = _rows_table(report)
