@@ -231,6 +231,33 @@ def _check_compression(fact: Factorization, group: Mapping[str, Any]) -> tuple[A
     return reading.operator, numbers, reading.failures()
 
 
+def _check_accounting_records(
+    records: list[dict[str, Any]], fact: Factorization | None, compressed: Any
+) -> list[str]:
+    """Each ``mfcli.accounting`` record against the operators this artifact really has (the dense
+    root, and the compressed operator when its group verifies): the strategy hash of the operator
+    it claims, and every stored epsilon against the one recomputed from its stored event
+    (:func:`mfcli.accounting.report.verify_record`). Groups of another format are listed only."""
+    from mfcli.accounting.report import verify_record
+
+    problems: list[str] = []
+    for rec in records:
+        attrs = rec["attrs"]
+        if attrs.get("format") != "mfcli.accounting":
+            rec["verified"] = False
+            continue
+        if fact is None:
+            problems.append(f"accounting record {rec['id']!r} cannot be checked without readable root matrices")
+            continue
+        operators = {"dense": fact.strategy}
+        if compressed is not None:
+            operators[compressed.label] = compressed.strategy
+        found = verify_record(attrs, operators)
+        rec["verified"] = not found
+        problems.extend(f"accounting record {rec['id']!r}: {p}" for p in found)
+    return problems
+
+
 def inspect_artifact(path: str | Path, *, certificate: bool = True) -> InspectionReport:
     """Read an artifact without trusting it and report every check.
 
@@ -388,6 +415,8 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
             if comp_obj is not None:
                 compression["loss_mean"] = comp_obj.factorization.loss_mean
                 compression["loss_max"] = comp_obj.factorization.loss_max
+
+    problems.extend(_check_accounting_records(accounting, fact, comp_obj))
 
     return InspectionReport(
         path=p,

@@ -448,3 +448,151 @@ def event_of(result: Any) -> str | None:
     """The dp-accounting event of a result as JSON, when it has one."""
     ev = getattr(result, "dp_event", None)
     return event_to_json(ev()) if callable(ev) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifying a stored record (mfcli inspect)
+
+#: Relative slack when comparing a stored epsilon or parameter with its recomputation (float noise).
+RECORD_RTOL = 1e-9
+
+
+def _as_json(value: Any) -> Any:
+    """An attribute that holds JSON, decoded or not."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    v = float(value)
+    return v if np.isfinite(v) else None
+
+
+def _close_rel(a: float, b: float) -> bool:
+    return abs(a - b) <= RECORD_RTOL * max(abs(a), abs(b))
+
+
+def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sampling: float | None,
+                      delta: float, row: Mapping[str, Any], strategy: np.ndarray) -> float:
+    """Epsilon recomputed from a stored dp-accounting event, after checking that the event is
+    the one the record's parameters and the claimed operator's sensitivity imply.
+
+    Raises:
+        MfcliError: an event of the wrong shape or whose parameters do not match.
+    """
+    from dp_accounting import dp_event
+
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    nm = sigma / sens
+    if setting == "single-pass":
+        if not isinstance(event, dp_event.GaussianDpEvent):
+            raise MfcliError("the single-pass event is not a GaussianDpEvent")
+        if not _close_rel(float(event.noise_multiplier), nm):
+            raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens(C) = {nm!r}")
+        return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
+    if setting == "dp-sgd":
+        ok = (isinstance(event, dp_event.SelfComposedDpEvent)
+              and isinstance(event.event, dp_event.PoissonSampledDpEvent)
+              and isinstance(event.event.event, dp_event.GaussianDpEvent))
+        if not ok:
+            raise MfcliError("the dp-sgd event is not n self-composed Poisson-sampled Gaussians")
+        if (not _close_rel(float(event.event.event.noise_multiplier), sigma) or sampling is None
+                or not _close_rel(float(event.event.sampling_probability), sampling) or event.count != strategy.shape[1]):
+            raise MfcliError("the dp-sgd event's sigma, sampling rate or step count differs from the record's")
+        from dp_accounting.pld import pld_privacy_accountant
+
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=float(row["value_discretization"]))
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+    if setting == "mmcc":
+        from mfcli.accounting import mog_pld
+
+        if not isinstance(event, dp_event.ComposedDpEvent):
+            raise MfcliError("the mmcc event is not a ComposedDpEvent")
+        parts = []
+        for sc in event.events:
+            if not (isinstance(sc, dp_event.SelfComposedDpEvent) and isinstance(sc.event, dp_event.MixtureOfGaussiansDpEvent)):
+                raise MfcliError("the mmcc event is not a composition of self-composed Gaussian mixtures")
+            if not _close_rel(float(sc.event.standard_deviation), nm):
+                raise MfcliError(f"an mmcc mixture has noise {sc.event.standard_deviation!r}, not sigma / sens(C) = {nm!r}")
+            parts.append(sc)
+        if sum(int(sc.count) for sc in parts) != strategy.shape[0]:
+            raise MfcliError(f"the mmcc event composes {sum(int(sc.count) for sc in parts)} rows; C has {strategy.shape[0]}")
+        split = [_num(row.get(k)) for k in ("delta_pld", "delta_tail", "delta_trunc")]
+        if any(x is None or x < 0 for x in split) or sum(split) > delta * (1 + RECORD_RTOL):  # type: ignore[operator, arg-type]
+            raise MfcliError("the mmcc delta split does not add up to at most the record's delta")
+        d = float(row["value_discretization"])
+        plds = []
+        for sc in parts:
+            pld = mog_pld.mixture_pld(float(sc.event.standard_deviation), list(sc.event.sensitivities),
+                                      list(sc.event.sampling_probs), value_discretization_interval=d)
+            plds.append(pld.self_compose(int(sc.count)) if sc.count > 1 else pld)
+        while len(plds) > 1:
+            plds = [mog_pld.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
+                    for i in range(0, len(plds), 2)]
+        return float(plds[0].get_epsilon_for_delta(split[0]))
+    raise MfcliError(f"no recomputation for setting {setting!r}")
+
+
+def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray]) -> list[str]:
+    """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
+
+    ``operators`` maps each operator label the artifact really has (``"dense"``, and
+    ``"compressed (band K, rank R)"`` when its compressed group verifies) to that operator's
+    strategy. Checks: the record's operator exists (records without an ``operator`` attribute
+    predate it and accounted the dense C); ``strategy_sha256`` is the hash of that operator's
+    strategy; every ``epsilon_<setting>`` is at least the epsilon recomputed from the stored
+    dp-accounting event (single-pass: exact analytic Gaussian; dp-sgd: dp-accounting's PLD;
+    mmcc: mfcli's mixture PLD at the stored delta split), and each event's noise multiplier is
+    sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
+    Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
+    run, ``mfcli account``).
+    """
+    from mfcli.accounting.events import event_from_json
+    from mfcli.artifact import dataset_sha256
+
+    problems: list[str] = []
+    label = attrs.get("operator", "dense")
+    if label not in operators:
+        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(operators)})"]
+    c = np.asarray(operators[label], dtype=np.float64)
+    if attrs.get("strategy_sha256") != dataset_sha256(c):
+        problems.append(f"strategy_sha256 is not the hash of the {label} operator's strategy")
+    sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
+    sampling = _num(attrs.get("sampling"))
+    if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
+        return problems + ["sigma or delta is missing or out of range"]
+    settings = _as_json(attrs.get("settings"))
+    results = _as_json(read_chunked(attrs, "results") or "{}")
+    if not isinstance(settings, list) or not isinstance(results, dict):
+        return problems + ["the settings list or the results are missing"]
+    sens = float(_sensitivity(c))
+    for setting in settings:
+        key = str(setting).replace("-", "_")
+        stored = _num(attrs.get(f"epsilon_{key}"))
+        row = results.get(setting) if isinstance(results.get(setting), dict) else {}
+        if stored is None:
+            problems.append(f"epsilon_{key} is missing or not a number")
+            continue
+        try:
+            if setting == "shuffled-tree":
+                recomputed = shuffled_tree(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta).epsilon
+            else:
+                text = read_chunked(attrs, f"dp_event_{key}")
+                if text is None:
+                    raise MfcliError("no stored dp-accounting event")
+                recomputed = _epsilon_of_event(str(setting), event_from_json(text), sigma=sigma, sens=sens,
+                                               sampling=sampling, delta=delta, row=row, strategy=c)
+        except (MfcliError, KeyError, TypeError, ValueError) as exc:
+            problems.append(f"{setting}: cannot recompute epsilon: {exc}")
+            continue
+        if stored < recomputed * (1 - RECORD_RTOL):
+            problems.append(f"{setting}: stored epsilon {stored!r} is below the {recomputed!r} recomputed from its event")
+    return problems
