@@ -55,6 +55,7 @@ reads a checkpoint of the running sums together with the seed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +88,13 @@ _LOCAL = threading.local()
 _MASK64 = (1 << 64) - 1
 
 STATE_FORMAT = "mfcli.noise_state"
-STATE_FORMAT_VERSION = 1
+#: Version 2 added the authentication tag; version 1 checkpoints (no tag) are refused.
+STATE_FORMAT_VERSION = 2
+#: Checkpoint fields covered by the authentication tag (everything but the tag itself).
+_TAGGED_FIELDS = (
+    "format", "format_version", "t", "n", "d", "dtype", "kind", "variant", "method", "fingerprint",
+    "seed_sha256", "generator_check",
+)
 
 OPERATOR_NAMES = {
     ("gradient", "dense"): "C^-1 (gradient noise: add row t to the summed clipped gradient of step t)",
@@ -390,8 +397,13 @@ class NoiseStream:
         """A checkpoint of ``state``: plain Python values and numpy arrays (np.savez, pickle).
 
         Holds the step, the stream's identity (operator fingerprint, a hash of the seed, d, dtype,
-        kind) and, for a banded stream, the R x d running sums; the recent noise rows are
-        regenerated on load. Keep it as secret as the seed.
+        kind), for a banded stream the R x d running sums (the recent noise rows are regenerated
+        on load), and ``tag``: an HMAC-SHA256 of all of it keyed by a key derived from the seed
+        (SHA-256 of the seed, never stored), so an edited checkpoint (running sums zeroed, step
+        changed) is refused by :meth:`load_state_dict`. The seed itself is not in it, only one-way
+        hashes; with a low-entropy seed those could be brute-forced, so draw seeds with
+        ``secrets.randbits(128)``. Keep the checkpoint private all the same: the running sums are
+        sums of noise.
         """
         t = self._check_state(state, allow_end=True)
         running = np.zeros((self.rank, self.d), dtype=self.dtype)
@@ -400,7 +412,7 @@ class NoiseStream:
             if work is None or work.position != t:
                 work = self._rebuild(t)
             running = work.buf[self.width:].copy()
-        return {
+        sd: dict[str, Any] = {
             "format": STATE_FORMAT,
             "format_version": STATE_FORMAT_VERSION,
             "t": t,
@@ -415,6 +427,8 @@ class NoiseStream:
             "generator_check": self._generator_check(t),
             "running": running,
         }
+        sd["tag"] = self._checkpoint_tag(sd, running)
+        return sd
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoiseState:
         """The state a :meth:`state_dict` checkpoint describes, after checking it fits this stream.
@@ -449,11 +463,6 @@ class NoiseStream:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
             raise MfcliError(f"noise checkpoint step t = {t!r} is out of range 0..{self.n}")
         t = int(t)
-        if sd.get("generator_check") != self._generator_check(t):
-            raise MfcliError(
-                "this numpy draws different noise for (seed, row) than the one that wrote the "
-                "checkpoint; resuming would break the noise correlation"
-            )
         running = np.asarray(sd.get("running"))
         if running.shape != (self.rank, self.d):
             raise MfcliError(
@@ -461,6 +470,17 @@ class NoiseStream:
             )
         if not np.all(np.isfinite(running)):
             raise MfcliError("noise checkpoint running sums contain NaN or inf")
+        tag = sd.get("tag")
+        if not isinstance(tag, str) or not hmac.compare_digest(tag, self._checkpoint_tag(sd, running)):
+            raise MfcliError(
+                "noise checkpoint failed its authentication tag: it was edited (step, running sums or "
+                "identity changed) or not written by this stream; resuming from it would break the noise"
+            )
+        if sd.get("generator_check") != self._generator_check(t):
+            raise MfcliError(
+                "this numpy draws different noise for (seed, row) than the one that wrote the "
+                "checkpoint; resuming would break the noise correlation"
+            )
         if self.method == "regenerate":
             return NoiseState(t=t, stream_tag=self.tag)
         work = self._fresh_workspace(t)
@@ -473,6 +493,20 @@ class NoiseStream:
 
     def _seed_hash(self) -> str:
         return hashlib.sha256(f"mfcli-noise-seed|{self.seed}|{self.fingerprint}".encode()).hexdigest()
+
+    def _checkpoint_tag(self, sd: Mapping[str, Any], running: np.ndarray) -> str:
+        """HMAC-SHA256 over the checkpoint's fields and running sums, keyed by SHA-256 of the seed
+        (and the operator), so only a holder of the seed can write a checkpoint that loads."""
+        key = hashlib.sha256(f"mfcli-noise-checkpoint-key|{self.seed}|{self.fingerprint}".encode()).digest()
+        mac = hmac.new(key, digestmod=hashlib.sha256)
+        for name in _TAGGED_FIELDS:
+            v = sd.get(name)
+            text = str(int(v)) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else repr(v)
+            mac.update(f"{name}={text};".encode())
+        arr = np.ascontiguousarray(running, dtype=self.dtype)
+        mac.update(f"running={arr.shape}|{arr.dtype.name};".encode())
+        mac.update(arr.tobytes())
+        return mac.hexdigest()
 
     def _generator_check(self, t: int) -> str:
         """Hash of the first entries of the last noise row drawn before step t (Z[0] at t = 0)."""

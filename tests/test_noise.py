@@ -427,7 +427,7 @@ def test_checkpoint_of_another_artifact_is_refused(checkpoint, artifacts):
         (lambda sd: {**sd, "t": -1}, "out of range"),
         (lambda sd: {**sd, "running": sd["running"][:, :3]}, "running sums have shape"),
         (lambda sd: {**sd, "running": sd["running"] * np.nan}, "NaN"),
-        (lambda sd: {**sd, "generator_check": "0" * 64}, "draws different noise"),
+        (lambda sd: {**sd, "generator_check": "0" * 64}, "authentication tag"),
         (lambda sd: [1, 2], "not an mfcli noise-stream checkpoint"),
     ],
 )
@@ -436,6 +436,59 @@ def test_malformed_checkpoint_is_refused(checkpoint, edit, message):
     stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
     with pytest.raises(MfcliError, match=message):
         stream.load_state_dict(edit(sd))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda sd: {**sd, "running": np.zeros_like(sd["running"])},          # running sums zeroed
+        lambda sd: {**sd, "running": sd["running"] * np.float32(1.0001)},   # slightly scaled
+        lambda sd: {**sd, "t": sd["t"] - 1},                                 # step moved back
+        lambda sd: {**sd, "t": sd["t"] + 1},                                 # step moved on
+        lambda sd: {**sd, "tag": "0" * 64},
+        lambda sd: {k: v for k, v in sd.items() if k != "tag"},
+    ],
+    ids=["running-zeroed", "running-scaled", "t-back", "t-forward", "tag-zeroed", "tag-removed"],
+)
+def test_edited_checkpoint_fails_its_tag(checkpoint, edit):
+    path, sd = checkpoint
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    assert stream.method == "banded-low-rank" and stream.rank > 0 and np.any(sd["running"])
+    with pytest.raises(MfcliError, match="authentication tag"):
+        stream.load_state_dict(edit(sd))
+
+
+def test_checkpoint_round_trips_through_npz_and_holds_no_seed(checkpoint, tmp_path):
+    path, sd = checkpoint
+    f = tmp_path / "ck.npz"
+    np.savez(f, **sd)
+    loaded = dict(np.load(f))
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    state = stream.load_state_dict(loaded)
+    # The resumed stream continues exactly as an uninterrupted one.
+    _, ref = run(stream, steps=6)
+    np.testing.assert_array_equal(stream.next(state)[0], stream.next(ref)[0])
+    # No field holds the seed, in decimal or as bytes.
+    text = repr({k: v for k, v in sd.items() if k != "running"})
+    assert str(SEED) not in text and SEED.to_bytes(16, "big").hex() not in text
+
+
+def test_checkpoint_tag_needs_the_seed(checkpoint):
+    """A forger without the seed cannot re-sign: another seed's stream signs differently."""
+    path, sd = checkpoint
+    other = noise_stream(path, kind="gradient", d=6, seed=SEED + 1)
+    assert other._checkpoint_tag(sd, sd["running"]) != sd["tag"]
+
+
+def test_checkpoint_from_another_numpy_generator_is_refused(checkpoint, monkeypatch):
+    """A genuine checkpoint read where (seed, row) draws other noise (simulated)."""
+    from mfcli.noise import NoiseStream
+
+    path, sd = checkpoint
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    monkeypatch.setattr(NoiseStream, "_generator_check", lambda self, t: "0" * 64)
+    with pytest.raises(MfcliError, match="draws different noise"):
+        stream.load_state_dict(sd)
 
 
 def test_state_of_another_stream_is_refused(artifacts):
