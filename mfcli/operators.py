@@ -26,8 +26,9 @@ from ``band``, ``u`` and ``v`` is an :class:`~mfcli.errors.ArtifactError`; nothi
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import scipy.linalg
@@ -439,7 +440,7 @@ class CompressedOperator:
     @classmethod
     def build(
         cls, dense: Factorization, decoder: BandedLowRank, *, als_iterations: int = 0
-    ) -> "CompressedOperator":
+    ) -> CompressedOperator:
         """The compressed mechanism of ``decoder`` for the workload of ``dense``, recomputed."""
         b_hat = decoder.dense()
         b = dense.decoder
@@ -678,13 +679,13 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
 
 
 __all__ = [
-    "BandedLowRank",
     "CHOICES",
+    "GROUP",
+    "BandedLowRank",
     "CompressedOperator",
     "CompressedReading",
     "DenseLowerTriangular",
     "DenseOperator",
-    "GROUP",
     "NoiseOperator",
     "NumberCheck",
     "Streaming",

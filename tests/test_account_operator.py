@@ -20,8 +20,18 @@ import pytest
 from scipy import optimize, stats
 from typer.testing import CliRunner
 
-from mfcli.accounting.report import account, calibrate, record_to_artifact, resolve_strategy
-from mfcli.artifact import dataset_sha256, load_artifact, save_artifact, shipped_artifact
+from mfcli.accounting.report import (
+    account,
+    calibrate,
+    record_to_artifact,
+    resolve_strategy,
+)
+from mfcli.artifact import (
+    dataset_sha256,
+    load_artifact,
+    save_artifact,
+    shipped_artifact,
+)
 from mfcli.cli.account import _e
 from mfcli.cli.app import app
 from mfcli.compress import compress_artifact
@@ -191,7 +201,7 @@ def test_write_records_the_operator_and_its_hash(artifacts, tmp_path):
 def test_subprocess_end_to_end(artifacts):
     res = subprocess.run(
         [sys.executable, "-m", "mfcli", "account", str(artifacts["compressed"]), "--sigma", "1.5", "--json", "-q"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)

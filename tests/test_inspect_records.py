@@ -54,7 +54,7 @@ def _edited(recorded, name: str, tmp_path: Path, edit) -> Path:
 
 @pytest.mark.parametrize("name", ["dense-all", "compressed", "compressed-as-dense"])
 def test_genuine_records_verify(recorded, name):
-    path, group = recorded[name]
+    path, _ = recorded[name]
     rep = inspect_artifact(path)
     assert rep.ok, rep.problems
     assert [r["verified"] for r in rep.accounting] == [True]

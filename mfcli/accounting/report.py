@@ -577,7 +577,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray])
     for setting in settings:
         key = str(setting).replace("-", "_")
         stored = _num(attrs.get(f"epsilon_{key}"))
-        row = results.get(setting) if isinstance(results.get(setting), dict) else {}
+        found = results.get(setting)
+        row: Mapping[str, Any] = found if isinstance(found, dict) else {}
         if stored is None:
             problems.append(f"epsilon_{key} is missing or not a number")
             continue
