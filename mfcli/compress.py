@@ -414,7 +414,7 @@ def search_compression(
     _require_square(fact)
     n = fact.n
     if not (isinstance(max_loss_increase, (int, float)) and math.isfinite(max_loss_increase)) or max_loss_increase < 0:
-        raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")
+        raise MfcliError(f"max_loss_increase must be a finite number >= 0, got {max_loss_increase!r}")
     k_cap = n if max_band is None else int(max_band)
     if not 1 <= k_cap <= n:
         raise MfcliError(f"max band {max_band} is out of range: need 1 <= K <= n = {n}")
@@ -467,12 +467,12 @@ def check_compressible(artifact: Any, *, force: bool = False) -> None:
     if GROUP in artifact.groups and not force:
         raise MfcliError(
             f"{artifact.path} is already compressed (K = {artifact.groups[GROUP]['attrs'].get('band')}, "
-            f"R = {artifact.groups[GROUP]['attrs'].get('rank')}); use --force to compress its dense decoder again"
+            f"R = {artifact.groups[GROUP]['attrs'].get('rank')}); pass force=True to compress its dense decoder again"
         )
     if not fact.causal and not force:
         raise MfcliError(
             f"{artifact.path} is not causal (strategy {artifact.strategy_name!r} is offline-only); "
-            "its entries above the diagonal would be dropped. Use --force to compress anyway"
+            "its entries above the diagonal would be dropped. Pass force=True to compress anyway"
         )
 
 
@@ -525,7 +525,7 @@ def compress_artifact(
     elif band is not None and rank is not None:
         comp = compress_factorization(fact, band=band, rank=rank, max_iter=max_iter)
     else:
-        raise MfcliError("give both --band and --rank, or --max-loss-increase to choose them")
+        raise MfcliError("give both band and rank, or max_loss_increase to choose them")
 
     target = Path(out) if out is not None else default_output_path(src, comp.band, comp.rank)
     if _same_file(src, target) or target.resolve() == src.resolve():

@@ -266,3 +266,21 @@ def test_dense_sensitivity_of_loaded_artifact_matches(artifacts):
     inp = resolve_strategy(artifacts["dense"])
     assert inp.operator == "dense"
     np.testing.assert_array_equal(inp.strategy, art.factorization.strategy)
+
+
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda: resolve_strategy(strategy="identity"), "needs n"),
+        (lambda: resolve_strategy("x.npy", strategy="identity", n=4), "not both"),
+        (lambda: calibrate(resolve_strategy(strategy="identity", n=4), "mmcc", target_epsilon=1.0, sampling=None),
+         "needs a sampling rate"),
+        (lambda: record_to_artifact(account(resolve_strategy(strategy="identity", n=4), sigma=1.0, sampling=None)),
+         "needs an artifact"),
+        (lambda: resolve_strategy(strategy="identity", n=4, operator="sparse"), "operator must be one of"),
+    ],
+)
+def test_library_messages_name_parameters_not_flags(call, needle):
+    with pytest.raises(MfcliError, match=needle) as info:
+        call()
+    assert "--" not in str(info.value)

@@ -141,6 +141,9 @@ BAD = [
     (["--strategy", "identity", "--n", "4", "--epsilon", "1e-9", "--setting", "dp-sgd", "--sampling", "0.5"], "no sigma"),
     (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "nope"], "unknown setting"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--write"], "--write needs an artifact"),
+    (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "mmcc"], "calibrating mmcc needs --sampling"),
+    (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "dp-sgd"], "calibrating dp-sgd needs --sampling"),
+    (["x.npy", "--strategy", "identity", "--n", "4", "--sigma", "1"], "either a strategy file or --strategy"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--value-discretization", "0"], "discretization"),
 ]
 

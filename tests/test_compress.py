@@ -268,9 +268,9 @@ def test_search_refuses_what_cannot_be_met(solved):
     fact = solved["momentum"][1].factorization
     with pytest.raises(MfcliError, match="no compression"):
         search_compression(fact, max_loss_increase=1e-3, band=1, rank=0)
-    with pytest.raises(MfcliError, match="max-loss-increase"):
+    with pytest.raises(MfcliError, match="max_loss_increase"):
         search_compression(fact, max_loss_increase=-0.1)
-    with pytest.raises(MfcliError, match="max-loss-increase"):
+    with pytest.raises(MfcliError, match="max_loss_increase"):
         search_compression(fact, max_loss_increase=float("nan"))
 
 
@@ -379,7 +379,8 @@ def test_non_square_strategy_is_refused(tmp_path):
     (["--band", "38", "--rank", "3"], "rank R = 3 is out of range"),
     (["--band", "2", "--rank", "-1"], "rank R = -1 is out of range"),
     (["--band", "2"], "give both --band and --rank"),
-    (["--max-loss-increase", "-1"], "max-loss-increase"),
+    (["--max-loss-increase", "-1"], "--max-loss-increase must be"),
+    (["--max-loss-increase", "nan"], "--max-loss-increase must be"),
     (["--band", "1", "--rank", "0", "--max-loss-increase", "0.001"], "no compression"),
     (["--max-iter", "-2", "--band", "1", "--rank", "1"], "--max-iter"),
 ])
@@ -391,6 +392,17 @@ def test_cli_bad_input_one_line(artifact, args, message):
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
     assert "Traceback" not in r.output
     assert sorted(p.name for p in artifact.parent.iterdir()) == before, "nothing may be written"
+
+
+def test_messages_name_parameters_in_the_library_and_flags_in_the_cli(artifact, tmp_path):
+    out = compress_artifact(artifact, band=2, rank=1, out=tmp_path / "once.h5").path
+    with pytest.raises(MfcliError, match="pass force=True") as info:
+        compress_artifact(out, band=2, rank=2)
+    assert "--" not in str(info.value)
+    with pytest.raises(MfcliError, match="give both band and rank"):
+        compress_artifact(artifact)
+    r = runner.invoke(app, ["compress", str(out), "--band", "2", "--rank", "2"])
+    assert r.exit_code == 1 and "use --force" in r.stderr and "force=True" not in r.stderr
 
 
 def test_cli_refuses_tampered_truncated_and_same_output(artifact, tmp_path):

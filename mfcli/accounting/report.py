@@ -118,7 +118,7 @@ def resolve_strategy(
     .npy matrix or built-in strategy, is an error.
 
     Raises:
-        MfcliError: both a file and --strategy, a built-in without n, an unknown name, a file that
+        MfcliError: both a file and a built-in strategy, a built-in without n, an unknown name, a file that
             is neither an artifact nor a .npy matrix, a non-square .npy C.
     """
     from mfcli.artifact import load_artifact, shipped_artifact
@@ -129,14 +129,14 @@ def resolve_strategy(
     if operator not in CHOICES:
         raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {operator!r}")
     if path is not None and strategy is not None:
-        raise MfcliError("give either a strategy file or --strategy, not both")
+        raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
     if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
         raise MfcliError("operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy")
     if strategy is not None:
         if strategy not in BUILTIN:
             raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
         if n is None:
-            raise MfcliError(f"--strategy {strategy} needs --n (the number of steps)")
+            raise MfcliError(f"the built-in strategy {strategy} needs n (the number of steps)")
         from mfcli.strategies import build_strategy
         from mfcli.workloads import build_workload
 
@@ -331,7 +331,7 @@ def epsilon_function(
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
     if setting in ("dp-sgd", "mmcc"):
         if sampling is None:
-            raise MfcliError(f"calibrating {setting} needs --sampling")
+            raise MfcliError(f"calibrating {setting} needs a sampling rate")
         p = check_sampling(sampling)
         if setting == "dp-sgd":
             return lambda s: dpsgd(sigma=s, sampling=p, steps=inp.n, delta=opts.delta,
@@ -410,7 +410,7 @@ def record_to_artifact(
     from mfcli.artifact import append_group, dataset_sha256
 
     if report is None or report.strategy.artifact is None:
-        raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
+        raise MfcliError("recording a result needs an artifact as input (not a .npy file or a built-in strategy)")
     inp = report.strategy
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,

@@ -143,6 +143,12 @@ def account(
     ).checked()
     if strategy is None and n is not None:
         raise MfcliError("--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
+    if strategy is not None and source is not None:
+        raise MfcliError("give either a strategy file or --strategy, not both")
+    if strategy is not None and n is None:
+        raise MfcliError(f"--strategy {strategy} needs --n (the number of steps)")
+    if epsilon is not None and sampling is None and setting in ("mmcc", "dp-sgd"):
+        raise MfcliError(f"calibrating {setting} needs --sampling")
     if operator not in ("auto", "dense", "compressed"):
         raise MfcliError(f"--operator must be auto, dense or compressed, got {operator!r}")
     inp = resolve_strategy(source, strategy=strategy, n=n, workload=workload, beta=beta, operator=operator, progress=say)
