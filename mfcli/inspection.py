@@ -237,8 +237,8 @@ def _check_accounting_records(
     """Each ``mfcli.accounting`` record against the operators this artifact really has (the dense
     root, and the compressed operator when its group verifies): the strategy hash of the operator
     it claims, and every stored epsilon against the one recomputed from its stored event
-    (:func:`mfcli.accounting.report.verify_record`). Groups of another format are listed only."""
-    from mfcli.accounting.report import verify_record
+    (:func:`mfcli.accounting.session.verify_record`). Groups of another format are listed only."""
+    from mfcli.accounting.session import verify_record
 
     problems: list[str] = []
     for rec in records:

@@ -20,7 +20,7 @@ import pytest
 from scipy import optimize, stats
 from typer.testing import CliRunner
 
-from mfcli.accounting.report import (
+from mfcli.accounting.session import (
     account,
     calibrate,
     record_to_artifact,

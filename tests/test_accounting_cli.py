@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mfcli.accounting.events import event_from_json
-from mfcli.accounting.report import read_chunked
+from mfcli.accounting.session import read_chunked
 from mfcli.artifact import check_datasets, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.factorization import Factorization

@@ -10,7 +10,7 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting.report import account, record_to_artifact, resolve_strategy
+from mfcli.accounting.session import account, record_to_artifact, resolve_strategy
 from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
 from mfcli.compress import compress_artifact

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mfcli.accounting.report import resolve_strategy
+from mfcli.accounting.session import resolve_strategy
 from mfcli.artifact import dataset_sha256, load_artifact, save_artifact
 from mfcli.cli.app import app
 from mfcli.compress import compress_artifact

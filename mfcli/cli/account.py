@@ -9,10 +9,12 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from mfcli.accounting.report import (
+from mfcli.accounting.mmcc import MMCCResult
+from mfcli.accounting.session import (
     DEFAULT_ARTIFACT,
     SETTINGS,
     AccountingOptions,
+    AccountingReport,
     account as run_account,
     calibrate as run_calibrate,
     record_to_artifact,
@@ -47,7 +49,13 @@ def _e(v: Any, *, down: bool = False, digits: int = 6) -> str:
     return str(v)
 
 
-def _rows_table(report: Any) -> tuple[Table, list[str]]:
+def _text(result: Any, key: str) -> str:
+    """A result's descriptive text (assumptions, method), which lives with its JSON form."""
+    d = result.as_dict(include_event=False) if isinstance(result, MMCCResult) else result.as_dict()
+    return str(d[key])
+
+
+def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}, operator "
                     f"{report.strategy.operator}), sigma = {_e(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
@@ -55,40 +63,39 @@ def _rows_table(report: Any) -> tuple[Table, list[str]]:
     t.add_column("epsilon", justify="right")
     t.add_column("details")
     notes: list[str] = []
-    r = report.rows
-    if "single-pass" in r:
-        d = r["single-pass"]
-        t.add_row("single pass", _e(d["epsilon"]),
-                  f"rho-zCDP {_e(d['rho_zcdp'])}, mu-GDP {_e(d['mu_gdp'])}; sens(C) {_e(d['sensitivity'])} "
+    sp = report.single_pass
+    if sp is not None:
+        t.add_row("single pass", _e(sp.epsilon),
+                  f"rho-zCDP {_e(sp.rho_zcdp)}, mu-GDP {_e(sp.mu_gdp)}; sens(C) {_e(sp.sensitivity)} "
                   f"({report.strategy.operator} operator), "
-                  f"noise multiplier sigma/sens {_e(d['noise_multiplier'], down=True)}; exact analytic Gaussian")
-        notes.append(f"single pass: {d['assumptions']}")
-    if "dp-sgd" in r:
-        d = r["dp-sgd"]
-        t.add_row("DP-SGD (reference)", _e(d["epsilon"]),
+                  f"noise multiplier sigma/sens {_e(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
+        notes.append(f"single pass: {_text(sp, 'assumptions')}")
+    dp = report.dp_sgd
+    if dp is not None:
+        t.add_row("DP-SGD (reference)", _e(dp.epsilon),
                   f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
-                  f"p = {d['sampling']:g}, n = {d['steps']}; PLD, discretization {d['value_discretization']:g}")
-        notes.append(f"DP-SGD: {d['assumptions']}")
-    if "mmcc" in r:
-        d = r["mmcc"]
-        fp = d["full_participation"]
+                  f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
+        notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
+    br = report.mmcc
+    if br is not None:
+        u = br.upper
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{_e(d['lower_bound'], down=True)}, {_e(d['epsilon'])}]",
-            f"delta = {_e(d['delta_pld'], digits=3)} (PLD) + {_e(d['delta_tail'], digits=3)} (tail, f = {d['tail_fraction']:g}) + "
-            f"{_e(d['delta_trunc'], digits=2)} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
-            f"{_e(d['max_p_tilde'], digits=4)}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
-            f"{d['value_discretization']:g}, mixture grid {d['mixture_grid']:g}; "
-            f"example in every step (sanity bound): {_e(fp['epsilon'])}",
+            f"[{_e(br.lower.epsilon, down=True)}, {_e(u.epsilon)}]",
+            f"delta = {_e(u.delta_pld, digits=3)} (PLD) + {_e(u.delta_tail, digits=3)} (tail, f = {u.tail_fraction:g}) + "
+            f"{_e(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
+            f"{_e(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
+            f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g}; "
+            f"example in every step (sanity bound): {_e(br.full.epsilon)}",
         )
-        notes.append(f"MMCC: {d['assumptions']}. {d['method']}. Lower bound: exact epsilon of the "
+        notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
                      "post-processed statistic 1^T C^+ y")
-    if "shuffled-tree" in r:
-        d = r["shuffled-tree"]
-        t.add_row("binary tree, one shuffled epoch", _e(d["epsilon"]),
-                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {_e(d['sensitivity'])}); "
-                  f"amplified bound {d['amplified_note']}")
-        notes.append(f"shuffled tree: {d['assumptions']}")
+    st = report.shuffled_tree
+    if st is not None:
+        t.add_row("binary tree, one shuffled epoch", _e(st.epsilon),
+                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {_e(st.sensitivity)}); "
+                  f"amplified bound {st.amplified_note}")
+        notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
     return t, notes
 
 
