@@ -32,8 +32,8 @@ from mfcli.artifact import (
     save_artifact,
     shipped_artifact,
 )
-from mfcli.cli.account import _e
 from mfcli.cli.app import app
+from mfcli.cli.rounding import safe as _e
 from mfcli.compress import compress_artifact
 from mfcli.errors import MfcliError
 from mfcli.noise import noise_stream
@@ -284,3 +284,16 @@ def test_library_messages_name_parameters_not_flags(call, needle):
     with pytest.raises(MfcliError, match=needle) as info:
         call()
     assert "--" not in str(info.value)
+
+
+def test_compress_table_prints_sensitivities_rounded_up(artifacts, tmp_path):
+    src = artifacts["dense"]
+    args = ["compress", str(src), "--band", "2", "--rank", "1", "-q"]
+    js = runner.invoke(app, [*args, "--out", str(tmp_path / "a.h5"), "--json"])
+    assert js.exit_code == 0, js.output
+    exact = json.loads(js.stdout)["sensitivity"]
+    r = runner.invoke(app, [*args, "--out", str(tmp_path / "b.h5")], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    m = re.search(r"compressed sens\(C\^\) \(rounded up\)\s*│?\s*([0-9.e+-]+)", r.stdout)
+    assert m, r.stdout
+    assert float(m.group(1)) >= exact and float(m.group(1)) - exact < 1e-5 * exact

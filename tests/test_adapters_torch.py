@@ -204,6 +204,17 @@ def test_edited_checkpoint_is_refused(artifact, edit):
     assert fresh.steps_taken == 0
 
 
+@pytest.mark.parametrize("variant", ["auto", "dense"])
+def test_accounted_operator_is_what_account_uses(artifact, variant):
+    from mfcli.accounting.session import resolve_strategy
+
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), artifact=artifact[0], seed=1,
+                                   noise_multiplier=1.0, clip_norm=1.0, variant=variant, check_workload=False)
+    inp = resolve_strategy(artifact[0], operator=variant)
+    assert opt.accounted_operator == inp.operator
+    assert opt.sensitivity == pytest.approx(float(np.sqrt(np.max(np.sum(inp.strategy**2, axis=0)))), rel=1e-9)
+
+
 def test_bad_construction(artifact):
     path = artifact[0]
     params = list(model().parameters())

@@ -23,30 +23,8 @@ from mfcli.accounting.session import (
 from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.artifact import is_shipped_artifact
 from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
+from mfcli.cli.rounding import safe as _e
 from mfcli.errors import MfcliError
-
-
-def _e(v: Any, *, down: bool = False, digits: int = 6) -> str:
-    """``digits`` significant digits, rounded UP (upper bounds: epsilon, rho-zCDP, mu-GDP, delta
-    parts, sensitivity, calibrated sigma) or DOWN (lower bounds: the MMCC lower bound, the lower
-    end of a calibration bracket, the noise multiplier sigma/sens), so that a printed privacy
-    number is never on the optimistic side of the computed one."""
-    if v is None:
-        return "-"
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        v = float(v)
-        if not math.isfinite(v) or v == 0:
-            return "inf" if v == float("inf") else f"{v:g}"
-        scale = 10.0 ** (math.floor(math.log10(abs(v))) - (digits - 1))
-        r = (math.floor if down else math.ceil)(v / scale) * scale
-        # The printed decimal must stay on the safe side of v after float formatting too.
-        text = f"{r:.{digits}g}"
-        step = (-1 if down else 1) * scale
-        while (float(text) < v) if not down else (float(text) > v):
-            r += step
-            text = f"{r:.{digits}g}"
-        return text
-    return str(v)
 
 
 def _text(result: Any, key: str) -> str:

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from mfcli.cli.common import command_line, emit_json, envelope, guarded, key_value_table, log, stdout
+from mfcli.cli.rounding import safe
 from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact
 from mfcli.errors import MfcliError
 
@@ -81,8 +82,8 @@ def compress(
         ("band K (exact diagonals)", comp.band),
         ("rank R (older noise)", comp.rank),
         ("per-step streaming cost K + R", comp.stream_cost),
-        ("sensitivity, dense sens(C)", comp.dense_sensitivity),
-        ("sensitivity, compressed sens(C^)", comp.sensitivity),
+        ("sensitivity, dense sens(C) (rounded up)", safe(comp.dense_sensitivity)),
+        ("sensitivity, compressed sens(C^) (rounded up)", safe(comp.sensitivity)),
         ("loss total, dense", comp.dense_loss_total),
         ("loss total, compressed", comp.loss_total),
         ("loss increase", f"{comp.loss_increase:.4%}"),
