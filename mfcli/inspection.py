@@ -221,6 +221,45 @@ def recompute_certificate(fact: Factorization, dual_weights: np.ndarray) -> dict
     return {"dual_bound": bound, "loss_total": loss, "certified_gap": (loss - bound) / loss}
 
 
+def _check_compression(fact: Factorization, group: Mapping[str, Any]) -> tuple[Any, list[NumberCheck], list[str]]:
+    """The ``compressed`` group through the one strict reader (:func:`mfcli.operators.check_compressed`):
+    (operator or None, stored versus recomputed numbers, problems)."""
+    from mfcli.operators import check_compressed
+
+    reading = check_compressed(fact, group)
+    numbers = [NumberCheck(c.name, c.stored, c.recomputed, c.ok) for c in reading.checks]
+    return reading.operator, numbers, reading.failures()
+
+
+def _check_accounting_records(
+    records: list[dict[str, Any]], fact: Factorization | None, compressed: Any
+) -> list[str]:
+    """Each ``mfcli.accounting`` record against the operators this artifact really has (the dense
+    root, and the compressed operator when its group verifies): the strategy hash of the operator
+    it claims, and every stored epsilon against the one recomputed from its stored event
+    (:func:`mfcli.accounting.session.verify_record`). Groups of another format are listed only."""
+    problems: list[str] = []
+    if not records:
+        return problems  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
+    from mfcli.accounting.session import verify_record
+
+    for rec in records:
+        attrs = rec["attrs"]
+        if attrs.get("format") != "mfcli.accounting":
+            rec["verified"] = False
+            continue
+        if fact is None:
+            problems.append(f"accounting record {rec['id']!r} cannot be checked without readable root matrices")
+            continue
+        operators = {"dense": fact.strategy}
+        if compressed is not None:
+            operators[compressed.label] = compressed.strategy
+        found = verify_record(attrs, operators)
+        rec["verified"] = not found
+        problems.extend(f"accounting record {rec['id']!r}: {p}" for p in found)
+    return problems
+
+
 def inspect_artifact(path: str | Path, *, certificate: bool = True) -> InspectionReport:
     """Read an artifact without trusting it and report every check.
 
@@ -236,7 +275,7 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
     """
     import h5py
 
-    from mfcli.compress import GROUP, recompute_compressed
+    from mfcli.operators import GROUP
 
     p = Path(path)
     f = open_artifact_file(p)
@@ -373,18 +412,13 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
         if fact is None:
             problems.append(f"the {GROUP!r} group cannot be checked without readable root matrices")
         else:
-            comp_obj, checks, problem = recompute_compressed(fact, comp_group)
-            if problem is not None:
-                problems.append(problem)
-            for c in checks:
-                comp_numbers.append(NumberCheck(c.name, c.stored, c.recomputed, c.ok))
-                if not c.ok:
-                    problems.append(
-                        f"stored {GROUP}/{c.name} {c.stored!r} does not match the value recomputed from band, u and v ({c.recomputed!r})"
-                    )
+            comp_obj, comp_numbers, found = _check_compression(fact, comp_group)
+            problems.extend(found)
             if comp_obj is not None:
                 compression["loss_mean"] = comp_obj.factorization.loss_mean
                 compression["loss_max"] = comp_obj.factorization.loss_max
+
+    problems.extend(_check_accounting_records(accounting, fact, comp_obj))
 
     return InspectionReport(
         path=p,

@@ -55,6 +55,7 @@ reads a checkpoint of the running sums together with the seed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -63,23 +64,21 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import scipy.linalg
 
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.factorization import is_lower_triangular, sensitivity
+from mfcli.errors import MfcliError
+from mfcli.operators import (
+    CHOICES,
+    KINDS,
+    BandedLowRank,
+    DenseLowerTriangular,
+    StreamingMatrix,
+    select_operator,
+)
 
-KINDS = ("gradient", "iterate")
-VARIANTS = ("auto", "dense", "compressed")
+VARIANTS = CHOICES
 DTYPES = ("float32", "float64")
 #: Seeds are Philox keys: integers in [0, 2^128).
 SEED_BOUND = 2**128
-#: Relative max-entry error allowed between a banded-low-rank representation and the operator.
-OPERATOR_RTOL = 1e-10
-#: Largest number of sub-diagonals of A^-1 the compressed gradient stream folds into its band.
-MAX_INVERSE_BANDWIDTH = 64
-#: Relative size below which an entry of A^-1 counts as zero when finding its bandwidth (the
-#: representation is then verified against the exact operator to OPERATOR_RTOL).
-_INVERSE_ZERO_RTOL = 1e-13
 
 #: Entries per block of a noise row: block c of Z[j] is drawn from Philox counter (0, c, j, 0),
 #: and a step works block by block (in cache, and in parallel with ``threads``).
@@ -89,7 +88,13 @@ _LOCAL = threading.local()
 _MASK64 = (1 << 64) - 1
 
 STATE_FORMAT = "mfcli.noise_state"
-STATE_FORMAT_VERSION = 1
+#: Version 2 added the authentication tag; version 1 checkpoints (no tag) are refused.
+STATE_FORMAT_VERSION = 2
+#: Checkpoint fields covered by the authentication tag (everything but the tag itself).
+_TAGGED_FIELDS = (
+    "format", "format_version", "t", "n", "d", "dtype", "kind", "variant", "method", "fingerprint",
+    "seed_sha256", "generator_check",
+)
 
 OPERATOR_NAMES = {
     ("gradient", "dense"): "C^-1 (gradient noise: add row t to the summed clipped gradient of step t)",
@@ -216,118 +221,6 @@ def noise_matrix(seed: int, rows: int, d: int, dtype: Any = "float64") -> np.nda
 
 
 # ---------------------------------------------------------------------------------------------
-# Operators
-
-
-@dataclass(frozen=True, eq=False)
-class BandedLowRank:
-    """A lower-triangular n x n operator M = band_W(M) + mask_W(U V^T).
-
-    Attributes:
-        band: n x W, ``band[t, i] = M[t, t - i]`` (entries with t - i < 0 are ignored).
-        u: n x R.
-        v: n x R; ``M[t, j] = u[t] . v[j]`` for j <= t - W.
-    """
-
-    band: np.ndarray
-    u: np.ndarray
-    v: np.ndarray
-
-    def __post_init__(self) -> None:
-        bd = np.array(self.band, dtype=np.float64)
-        uu = np.array(self.u, dtype=np.float64)
-        vv = np.array(self.v, dtype=np.float64)
-        if bd.ndim != 2 or uu.ndim != 2 or vv.ndim != 2:
-            raise MfcliError("band, u and v must be 2-D arrays")
-        n, w = bd.shape
-        if w < 1 or w > n:
-            raise MfcliError(f"band width {w} out of range 1..{n}")
-        if uu.shape != vv.shape or uu.shape[0] != n:
-            raise MfcliError(f"u {uu.shape} and v {vv.shape} must both be n x R with n = {n}")
-        for name, m in (("band", bd), ("u", uu), ("v", vv)):
-            if not np.all(np.isfinite(m)):
-                raise MfcliError(f"{name} contains NaN or inf")
-        # entries of the band above the first row are not part of the matrix
-        bd[np.arange(w)[None, :] > np.arange(n)[:, None]] = 0.0
-        for m in (bd, uu, vv):
-            m.setflags(write=False)
-        object.__setattr__(self, "band", bd)
-        object.__setattr__(self, "u", uu)
-        object.__setattr__(self, "v", vv)
-
-    @property
-    def n(self) -> int:
-        return int(self.band.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.band.shape[1])
-
-    @property
-    def rank(self) -> int:
-        return int(self.u.shape[1])
-
-    def dense(self) -> np.ndarray:
-        """The n x n matrix M."""
-        n, w = self.n, self.width
-        t = np.arange(n)[:, None]
-        j = np.arange(n)[None, :]
-        out = np.where(j <= t - w, self.u @ self.v.T, 0.0)
-        for i in range(w):
-            rows = np.arange(i, n)
-            out[rows, rows - i] = self.band[i:, i]
-        return out
-
-
-def _band_of(mat: np.ndarray, width: int) -> np.ndarray:
-    n = mat.shape[0]
-    out = np.zeros((n, width))
-    for i in range(min(width, n)):
-        out[i:, i] = np.diagonal(mat, -i)
-    return out
-
-
-def _lower_bandwidth(mat: np.ndarray, *, rtol: float) -> int:
-    """Number of non-negligible sub-diagonals of a lower-triangular matrix."""
-    mag = np.abs(mat)
-    scale = mag.max(axis=1, keepdims=True)
-    nz = mag > rtol * scale
-    t, j = np.nonzero(nz)
-    return int(np.max(t - j)) if t.size else 0
-
-
-def _relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
-    scale = float(np.max(np.abs(exact)))
-    return float(np.max(np.abs(approx - exact))) / scale if scale > 0 else float(np.max(np.abs(approx)))
-
-
-def compressed_gradient_operator(
-    workload: np.ndarray, comp: BandedLowRank
-) -> tuple[BandedLowRank | None, np.ndarray, int]:
-    """C^^-1 = A^-1 B^ for a compressed decoder B^, as banded-low-rank when A^-1 is banded.
-
-    Returns ``(structured or None, dense C^^-1, p)``: with ``L = band_p(A^-1)`` the operator is
-    band_(K+p)(L B^) plus masked rank R with U' = L U and the same V; it is returned only if it
-    reproduces the dense ``solve_triangular(A, B^)`` to :data:`OPERATOR_RTOL`. Otherwise (a custom
-    workload whose inverse is not banded) the first element is None and the stream regenerates.
-    """
-    a = np.asarray(workload, dtype=np.float64)
-    n = a.shape[0]
-    b_hat = comp.dense()
-    exact = scipy.linalg.solve_triangular(a, b_hat, lower=True)
-    a_inv = scipy.linalg.solve_triangular(a, np.eye(n), lower=True)
-    p = _lower_bandwidth(a_inv, rtol=_INVERSE_ZERO_RTOL)
-    if p > MAX_INVERSE_BANDWIDTH or comp.width + p > n:
-        return None, exact, p
-    low = np.tril(np.triu(a_inv, -p))
-    width = comp.width + p
-    structured = BandedLowRank(band=_band_of(low @ b_hat, width), u=low @ comp.u, v=comp.v)
-    if _relative_error(structured.dense(), exact) > OPERATOR_RTOL:
-        return None, exact, p
-    return structured, exact, p
-
-
-# ---------------------------------------------------------------------------------------------
 # Stream and state
 
 
@@ -375,7 +268,8 @@ class NoiseStream:
         d: model dimension.
         dtype: float32 or float64.
         method: ``banded-low-rank`` or ``regenerate`` (module docstring).
-        operator: the operator applied to Z (a :class:`BandedLowRank` or a dense matrix).
+        operator: the matrix applied to Z (:class:`~mfcli.operators.BandedLowRank`, streamed
+            with running sums, or :class:`~mfcli.operators.DenseLowerTriangular`, regenerated).
         sensitivity: sens(C) (dense) or sens(C^) (compressed), single participation, in units of
             the clip norm: what the privacy accounting of training with this stream must use.
         fingerprint: SHA-256 of kind, variant and the operator's float64 bytes.
@@ -384,6 +278,8 @@ class NoiseStream:
         workload_name, workload_params: what the artifact says A is (for adapters' checks).
         threads: worker threads a step uses over blocks of 65,536 coordinates (results do not
             depend on it).
+        accounted_operator: the label of the mechanism whose strategy accounting uses
+            (``"dense"`` or ``"compressed (band K, rank R)"``, as ``mfcli account`` prints it).
     """
 
     kind: str
@@ -393,7 +289,7 @@ class NoiseStream:
     dtype: np.dtype
     seed: int = field(repr=False)
     method: str
-    operator: BandedLowRank | np.ndarray = field(repr=False)
+    operator: StreamingMatrix = field(repr=False)
     sensitivity: float
     fingerprint: str
     source: str = ""
@@ -401,6 +297,7 @@ class NoiseStream:
     workload_name: str = ""
     workload_params: Mapping[str, Any] = field(default_factory=dict, repr=False)
     threads: int = 1
+    accounted_operator: str = ""
 
     # ------------------------------------------------------------------ description
 
@@ -412,12 +309,12 @@ class NoiseStream:
     @property
     def width(self) -> int:
         """W: noise rows in the band (0 for a regenerating stream)."""
-        return self.operator.width if isinstance(self.operator, BandedLowRank) else 0
+        return self.operator.width
 
     @property
     def rank(self) -> int:
         """R: running sums kept (0 for a regenerating stream)."""
-        return self.operator.rank if isinstance(self.operator, BandedLowRank) else 0
+        return self.operator.rank
 
     @property
     def tag(self) -> str:
@@ -448,15 +345,14 @@ class NoiseStream:
             "inverse_bandwidth": self.inverse_bandwidth,
             "memory_floats": self.memory_floats(),
             "sensitivity": self.sensitivity,
+            "accounted_operator": self.accounted_operator,
             "fingerprint": self.fingerprint,
             "source": self.source,
         }
 
     def operator_matrix(self) -> np.ndarray:
         """The operator M the stream applies to Z (n x n, or n x m for a non-square strategy)."""
-        if isinstance(self.operator, BandedLowRank):
-            return self.operator.dense()
-        return np.array(self.operator)
+        return self.operator.dense()
 
     # ------------------------------------------------------------------ pure interface
 
@@ -501,8 +397,13 @@ class NoiseStream:
         """A checkpoint of ``state``: plain Python values and numpy arrays (np.savez, pickle).
 
         Holds the step, the stream's identity (operator fingerprint, a hash of the seed, d, dtype,
-        kind) and, for a banded stream, the R x d running sums; the recent noise rows are
-        regenerated on load. Keep it as secret as the seed.
+        kind), for a banded stream the R x d running sums (the recent noise rows are regenerated
+        on load), and ``tag``: an HMAC-SHA256 of all of it keyed by a key derived from the seed
+        (SHA-256 of the seed, never stored), so an edited checkpoint (running sums zeroed, step
+        changed) is refused by :meth:`load_state_dict`. The seed itself is not in it, only one-way
+        hashes; with a low-entropy seed those could be brute-forced, so draw seeds with
+        ``secrets.randbits(128)``. Keep the checkpoint private all the same: the running sums are
+        sums of noise.
         """
         t = self._check_state(state, allow_end=True)
         running = np.zeros((self.rank, self.d), dtype=self.dtype)
@@ -511,7 +412,7 @@ class NoiseStream:
             if work is None or work.position != t:
                 work = self._rebuild(t)
             running = work.buf[self.width:].copy()
-        return {
+        sd: dict[str, Any] = {
             "format": STATE_FORMAT,
             "format_version": STATE_FORMAT_VERSION,
             "t": t,
@@ -526,6 +427,8 @@ class NoiseStream:
             "generator_check": self._generator_check(t),
             "running": running,
         }
+        sd["tag"] = self._checkpoint_tag(sd, running)
+        return sd
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoiseState:
         """The state a :meth:`state_dict` checkpoint describes, after checking it fits this stream.
@@ -560,11 +463,6 @@ class NoiseStream:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
             raise MfcliError(f"noise checkpoint step t = {t!r} is out of range 0..{self.n}")
         t = int(t)
-        if sd.get("generator_check") != self._generator_check(t):
-            raise MfcliError(
-                "this numpy draws different noise for (seed, row) than the one that wrote the "
-                "checkpoint; resuming would break the noise correlation"
-            )
         running = np.asarray(sd.get("running"))
         if running.shape != (self.rank, self.d):
             raise MfcliError(
@@ -572,6 +470,17 @@ class NoiseStream:
             )
         if not np.all(np.isfinite(running)):
             raise MfcliError("noise checkpoint running sums contain NaN or inf")
+        tag = sd.get("tag")
+        if not isinstance(tag, str) or not hmac.compare_digest(tag, self._checkpoint_tag(sd, running)):
+            raise MfcliError(
+                "noise checkpoint failed its authentication tag: it was edited (step, running sums or "
+                "identity changed) or not written by this stream; resuming from it would break the noise"
+            )
+        if sd.get("generator_check") != self._generator_check(t):
+            raise MfcliError(
+                "this numpy draws different noise for (seed, row) than the one that wrote the "
+                "checkpoint; resuming would break the noise correlation"
+            )
         if self.method == "regenerate":
             return NoiseState(t=t, stream_tag=self.tag)
         work = self._fresh_workspace(t)
@@ -584,6 +493,20 @@ class NoiseStream:
 
     def _seed_hash(self) -> str:
         return hashlib.sha256(f"mfcli-noise-seed|{self.seed}|{self.fingerprint}".encode()).hexdigest()
+
+    def _checkpoint_tag(self, sd: Mapping[str, Any], running: np.ndarray) -> str:
+        """HMAC-SHA256 over the checkpoint's fields and running sums, keyed by SHA-256 of the seed
+        (and the operator), so only a holder of the seed can write a checkpoint that loads."""
+        key = hashlib.sha256(f"mfcli-noise-checkpoint-key|{self.seed}|{self.fingerprint}".encode()).digest()
+        mac = hmac.new(key, digestmod=hashlib.sha256)
+        for name in _TAGGED_FIELDS:
+            v = sd.get(name)
+            text = str(int(v)) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else repr(v)
+            mac.update(f"{name}={text};".encode())
+        arr = np.ascontiguousarray(running, dtype=self.dtype)
+        mac.update(f"running={arr.shape}|{arr.dtype.name};".encode())
+        mac.update(arr.tobytes())
+        return mac.hexdigest()
 
     def _generator_check(self, t: int) -> str:
         """Hash of the first entries of the last noise row drawn before step t (Z[0] at t = 0)."""
@@ -654,7 +577,8 @@ class NoiseStream:
         w = self.width
         m = t - w
         slot = t % w
-        coef = self._coefficients(t)
+        assert isinstance(self.operator, BandedLowRank)
+        coef = self.operator.slot_coefficients(t).astype(self.dtype)
         out = np.empty(self.d, dtype=self.dtype)      # the returned row; scratch until its block is set
         buf = work.buf
 
@@ -668,18 +592,9 @@ class NoiseStream:
         work.position = t + 1
         return out
 
-    def _coefficients(self, t: int) -> np.ndarray:
-        """Row t of the operator in buffer order: band entries by ring slot, then U[t]."""
-        op = self.operator
-        w = self.width
-        c = np.zeros(w + self.rank, dtype=self.dtype)
-        i = np.arange(min(w, t + 1))
-        c[(t - i) % w] = op.band[t, i]
-        c[w:] = op.u[t]
-        return c
-
     def _regenerate_row(self, t: int) -> np.ndarray:
-        row = self.operator[t]
+        assert isinstance(self.operator, DenseLowerTriangular)
+        row = self.operator.row(t)
         support = [(int(j), self.dtype.type(row[j])) for j in np.flatnonzero(row)]
         out = np.zeros(self.d, dtype=self.dtype)
         scratch = np.empty(self.d, dtype=self.dtype)
@@ -698,6 +613,7 @@ class NoiseStream:
     def _v_cast(self) -> np.ndarray:
         cached = self.__dict__.get("_v_cast_cache")
         if cached is None:
+            assert isinstance(self.operator, BandedLowRank)
             cached = np.ascontiguousarray(self.operator.v, dtype=self.dtype)
             object.__setattr__(self, "_v_cast_cache", cached)
         return cached
@@ -707,37 +623,28 @@ class NoiseStream:
 # Construction from an artifact
 
 
-def _fingerprint(kind: str, variant: str, op: BandedLowRank | np.ndarray) -> str:
+def _fingerprint(kind: str, variant: str, op: StreamingMatrix) -> str:
     h = hashlib.sha256()
     h.update(f"mfcli-noise|{kind}|{variant}|".encode())
-    arrays = (op.band, op.u, op.v) if isinstance(op, BandedLowRank) else (op,)
-    for arr in arrays:
+    for arr in op.fingerprint_arrays():
         a = np.ascontiguousarray(arr, dtype="<f8")
         h.update(f"{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
 
 
-def compressed_operator_from_group(group: Mapping[str, Any], n: int, *, where: str = "artifact") -> BandedLowRank:
-    """B^ from an artifact's ``compressed`` group (datasets band, u, v; attrs band, rank).
-
-    Raises ArtifactError if the group is incomplete or its shapes disagree with its attributes.
-    """
-    ds = group.get("datasets", {})
-    attrs = group.get("attrs", {})
-    for name in ("band", "u", "v"):
-        if name not in ds:
-            raise ArtifactError(f"{where}: compressed group has no {name!r} dataset")
-    band, u, v = (np.asarray(ds[k], dtype=np.float64) for k in ("band", "u", "v"))
-    k_attr, r_attr = attrs.get("band"), attrs.get("rank")
-    if band.ndim != 2 or band.shape[0] != n or band.shape[1] != k_attr:
-        raise ArtifactError(f"{where}: compressed band has shape {band.shape}, expected ({n}, {k_attr})")
-    if u.ndim != 2 or v.ndim != 2 or u.shape != (n, r_attr) or v.shape != (n, r_attr):
-        raise ArtifactError(f"{where}: compressed u {u.shape} and v {v.shape} must be ({n}, {r_attr})")
-    try:
-        return BandedLowRank(band=band, u=u, v=v)
-    except MfcliError as exc:
-        raise ArtifactError(f"{where}: compressed group: {exc}") from None
+def _check_stream_options(
+    *, kind: Any, variant: Any, d: Any, seed: Any, dtype: Any, threads: Any
+) -> tuple[int, int, np.dtype, int]:
+    """Validate the options of :func:`noise_stream` before any file is read."""
+    if kind not in KINDS:
+        raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+    if variant not in VARIANTS:
+        raise MfcliError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    dims, key, dt = check_dimension(d), check_seed(seed), check_dtype(dtype)
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= int(threads) <= 256:
+        raise MfcliError(f"threads must be an integer in 1..256, got {threads!r}")
+    return dims, key, dt, int(threads)
 
 
 def noise_stream(
@@ -776,95 +683,41 @@ def noise_stream(
     """
     from mfcli.artifact import Artifact, load_artifact
 
-    if kind not in KINDS:
-        raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
-    if variant not in VARIANTS:
-        raise MfcliError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    d = check_dimension(d)
-    seed = check_seed(seed)
-    dt = check_dtype(dtype)
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= int(threads) <= 256:
-        raise MfcliError(f"threads must be an integer in 1..256, got {threads!r}")
+    d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
     art = artifact if isinstance(artifact, Artifact) else load_artifact(Path(artifact))
     where = str(art.path)
     fact = art.factorization
     if not fact.causal:
         raise MfcliError(f"{where} is not causal (an offline-only strategy): it cannot be streamed")
-    comp_group = art.groups.get("compressed")
-    if variant == "auto":
-        variant = "compressed" if comp_group is not None else "dense"
-    if variant == "compressed" and comp_group is None:
-        raise MfcliError(f"{where} has no compressed decoder (run mfcli compress first)")
-
-    inverse_bandwidth: int | None = None
-    if variant == "dense":
-        if kind == "gradient":
-            if fact.m != fact.n:
-                raise MfcliError(
-                    f"{where} has a {fact.m} x {fact.n} strategy: gradient noise C^-1 Z needs a square "
-                    "strategy (use kind='iterate' for B Z)"
-                )
-            op: BandedLowRank | np.ndarray = fact.noising_matrix()
-        else:
-            op = np.array(fact.decoder)
-        if fact.m == fact.n and not is_lower_triangular(op):
-            raise MfcliError(f"{where}: the {kind} operator is not lower-triangular: it cannot be streamed")
-        op.setflags(write=False)
-        sens = fact.sensitivity
-        method = "regenerate"
-    else:
-        if fact.m != fact.n:
-            raise MfcliError(f"{where}: a compressed decoder needs a square strategy")
-        comp = compressed_operator_from_group(comp_group, fact.n, where=where)
-        diag = comp.band[:, 0]
-        if np.any(diag == 0):
-            raise ArtifactError(f"{where}: compressed decoder B^ has a zero on its diagonal (not invertible)")
-        b_hat = comp.dense()
-        c_hat = scipy.linalg.solve_triangular(b_hat, fact.workload, lower=True)
-        sens = sensitivity(c_hat)
-        stored = comp_group.get("attrs", {}).get("sensitivity")
-        if not isinstance(stored, (int, float)) or not np.isclose(stored, sens, rtol=1e-9, atol=0):
-            raise ArtifactError(
-                f"{where}: compressed sensitivity {stored!r} does not match sens(B^-1 A) recomputed "
-                f"from band, u and v ({sens!r})"
-            )
-        if kind == "iterate":
-            op, method = comp, "banded-low-rank"
-        else:
-            structured, exact, p = compressed_gradient_operator(fact.workload, comp)
-            inverse_bandwidth = p
-            if structured is not None:
-                op, method = structured, "banded-low-rank"
-            else:
-                exact.setflags(write=False)
-                op, method = exact, "regenerate"
+    # The same choice as mfcli.accounting: the operator streamed is the operator accounted.
+    chosen = select_operator(art, variant)
+    matrix, inverse_bandwidth = chosen.streaming(kind, where=where)
+    method = "banded-low-rank" if isinstance(matrix, BandedLowRank) else "regenerate"
     return NoiseStream(
         kind=kind,
-        variant=variant,
+        variant=chosen.variant,
         n=fact.n,
         d=d,
         dtype=dt,
         seed=seed,
         method=method,
-        operator=op,
-        sensitivity=float(sens),
-        fingerprint=_fingerprint(kind, variant, op),
+        operator=matrix,
+        sensitivity=chosen.sensitivity,
+        fingerprint=_fingerprint(kind, chosen.variant, matrix),
         source=where,
         inverse_bandwidth=inverse_bandwidth,
         workload_name=art.workload_name,
         workload_params=dict(art.attrs.get("workload_params") or {}),
-        threads=int(threads),
+        threads=threads,
+        accounted_operator=chosen.label,
     )
 
 
 __all__ = [
-    "BandedLowRank",
     "NoiseState",
     "NoiseStream",
     "StaleNoiseStateWarning",
     "check_seed",
-    "compressed_gradient_operator",
-    "compressed_operator_from_group",
     "noise_matrix",
     "noise_row",
     "noise_stream",

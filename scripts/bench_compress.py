@@ -25,16 +25,13 @@ from threadpoolctl import threadpool_info
 
 from mfcli.artifact import load_artifact, shipped_artifact
 from mfcli.compress import (
-    Compression,
     als_iterates,
-    band_values,
     compress_factorization,
-    compressed_decoder,
     masked_block,
     search_compression,
-    strategy_for_decoder,
     _embed,
 )
+from mfcli.operators import BandedLowRank, CompressedOperator, band_values, strategy_for_decoder
 from mfcli.factorization import Factorization, sensitivity
 
 
@@ -74,10 +71,10 @@ def variants(fact: Factorization, k: int, r: int, iters: int) -> dict[str, float
     for it, u, v in als_iterates(block, r, max_iter=iters):
         if it == 0:
             uf, vf = _embed(u, v, n, k)
-            out["svd start"] = loss_of(fact.workload, compressed_decoder(bv, uf, vf)) / base - 1
+            out["svd start"] = loss_of(fact.workload, BandedLowRank(band=bv, u=uf, v=vf).dense()) / base - 1
         last = (u, v)
     uf, vf = _embed(*last, n, k)
-    out[f"ALS {iters} it"] = loss_of(fact.workload, compressed_decoder(bv, uf, vf)) / base - 1
+    out[f"ALS {iters} it"] = loss_of(fact.workload, BandedLowRank(band=bv, u=uf, v=vf).dense()) / base - 1
     comp = compress_factorization(fact, band=k, rank=r)
     out["loss-selected (mfcli)"] = comp.loss_increase
     out["iterations kept"] = comp.als_iterations
@@ -117,7 +114,7 @@ def main() -> None:
 
     # 1. Grid of loss increases.
     t_grid = time.perf_counter()
-    grid: dict[tuple[int, int], Compression] = {}
+    grid: dict[tuple[int, int], CompressedOperator] = {}
     for k in bands:
         for r in ranks:
             if r <= n - k:

@@ -165,7 +165,7 @@ def dense_regeneration(path: Path, d: int, dtype: str, ts: list[int], n: int) ->
         c0 = time.process_time()
         row, _ = stream.next(state)
         dt = time.process_time() - c0
-        nnz = int(np.count_nonzero(stream.operator[t]))
+        nnz = int(np.count_nonzero(stream.operator.row(t)))
         per_row.append(dt / nnz)
         detail[t] = dt
         del row

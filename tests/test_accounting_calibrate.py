@@ -6,7 +6,7 @@ import pytest
 
 import mfcli.accounting.mmcc as M
 from mfcli.accounting.calibrate import calibrate_sigma
-from mfcli.accounting.report import AccountingOptions, StrategyInput, calibrate
+from mfcli.accounting.session import AccountingOptions, StrategyInput, calibrate
 from mfcli.accounting.single_pass import gaussian_epsilon
 from mfcli.errors import MfcliError
 

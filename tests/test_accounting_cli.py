@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mfcli.accounting.events import event_from_json
-from mfcli.accounting.report import read_chunked
+from mfcli.accounting.session import read_chunked
 from mfcli.artifact import check_datasets, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.factorization import Factorization
@@ -141,6 +141,9 @@ BAD = [
     (["--strategy", "identity", "--n", "4", "--epsilon", "1e-9", "--setting", "dp-sgd", "--sampling", "0.5"], "no sigma"),
     (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "nope"], "unknown setting"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--write"], "--write needs an artifact"),
+    (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "mmcc"], "calibrating mmcc needs --sampling"),
+    (["--strategy", "identity", "--n", "4", "--epsilon", "1", "--setting", "dp-sgd"], "calibrating dp-sgd needs --sampling"),
+    (["x.npy", "--strategy", "identity", "--n", "4", "--sigma", "1"], "either a strategy file or --strategy"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--value-discretization", "0"], "discretization"),
 ]
 

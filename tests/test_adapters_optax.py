@@ -15,6 +15,7 @@ optax = pytest.importorskip("optax")
 import jax.numpy as jnp  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
+from mfcli.adapters import optax as optax_adapter  # noqa: E402
 from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
@@ -105,6 +106,53 @@ def test_state_round_trip_resumes_identically(artifact):
     for t in range(5, N):
         upd, state = jax.jit(fresh.update)(zeros(), state)
         np.testing.assert_array_equal(flat(upd), outs[t])
+
+
+def _run_to(tx, steps):
+    update = jax.jit(tx.update)
+    state = tx.init(PARAMS)
+    outs = []
+    for _ in range(steps):
+        upd, state = update(zeros(), state)
+        outs.append(flat(upd))
+    return outs, state
+
+
+def test_authenticated_checkpoint_resumes_identically(artifact, tmp_path):
+    path = artifact[0]
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
+    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    ref, _ = _run_to(tx, N)
+    _, state = _run_to(tx, 9)
+    ck = optax_adapter.state_dict(stream, state)
+    np.savez(tmp_path / "ck.npz", **ck)
+    fresh_stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
+    fresh = correlated_noise(fresh_stream, noise_multiplier=1.0, clip_norm=1.0)
+    state = optax_adapter.load_state_dict(fresh_stream, dict(np.load(tmp_path / "ck.npz")))
+    for t in range(9, N):
+        upd, state = jax.jit(fresh.update)(zeros(), state)
+        np.testing.assert_array_equal(flat(upd), ref[t])
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda ck: {**ck, "running": np.zeros_like(ck["running"])},
+        lambda ck: {**ck, "t": ck["t"] + 2},
+        lambda ck: {**ck, "tag": "0" * 64},
+    ],
+    ids=["running-zeroed", "step-changed", "tag-zeroed"],
+)
+def test_edited_checkpoint_is_refused(artifact, edit):
+    path = artifact[0]
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
+    _, state = _run_to(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), 9)
+    ck = optax_adapter.state_dict(stream, state)
+    assert np.any(ck["running"])
+    with pytest.raises(MfcliError, match="authentication tag"):
+        optax_adapter.load_state_dict(noise_stream(path, kind="gradient", d=D, seed=SEED), edit(ck))
+    with pytest.raises(MfcliError, match="different seed"):
+        optax_adapter.load_state_dict(noise_stream(path, kind="gradient", d=D, seed=SEED + 1), ck)
 
 
 def test_state_of_another_seed_is_refused(artifact):

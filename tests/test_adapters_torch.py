@@ -171,6 +171,50 @@ def test_checkpoint_with_another_seed_is_refused(artifact):
         other.load_state_dict({"optimizer": {}})
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda n: n.update(running=torch.zeros_like(n["running"])),
+        lambda n: n.update(t=n["t"] - 1),
+        lambda n: n.update(tag="0" * 64),
+    ],
+    ids=["running-zeroed", "step-changed", "tag-zeroed"],
+)
+def test_edited_checkpoint_is_refused(artifact, edit):
+    """A saved checkpoint with its running sums zeroed or its step moved fails its HMAC tag."""
+    path = artifact[0]
+    net = model()
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path, seed=1,
+                                   noise_multiplier=1.0, clip_norm=1.0)
+    assert opt.stream.rank > 0
+    for _ in range(9):
+        opt.zero_grad()
+        net(torch.ones(4, 3)).pow(2).sum().backward()
+        opt.step()
+    assert torch.count_nonzero(opt.state_dict()["noise"]["running"]) > 0
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    ckpt = torch.load(buf, weights_only=True)
+    edit(ckpt["noise"])
+    fresh = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path,
+                                     seed=1, noise_multiplier=1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="authentication tag"):
+        fresh.load_state_dict(ckpt)
+    assert fresh.steps_taken == 0
+
+
+@pytest.mark.parametrize("variant", ["auto", "dense"])
+def test_accounted_operator_is_what_account_uses(artifact, variant):
+    from mfcli.accounting.session import resolve_strategy
+
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), artifact=artifact[0], seed=1,
+                                   noise_multiplier=1.0, clip_norm=1.0, variant=variant, check_workload=False)
+    inp = resolve_strategy(artifact[0], operator=variant)
+    assert opt.accounted_operator == inp.operator
+    assert opt.sensitivity == pytest.approx(float(np.sqrt(np.max(np.sum(inp.strategy**2, axis=0)))), rel=1e-9)
+
+
 def test_bad_construction(artifact):
     path = artifact[0]
     params = list(model().parameters())

@@ -23,18 +23,15 @@ from typer.testing import CliRunner
 from mfcli.artifact import dataset_sha256, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.compress import (
-    GROUP,
-    band_values,
     compress_artifact,
     compress_factorization,
-    compressed_decoder,
     default_output_path,
     fit_low_rank,
-    load_compressed,
     search_compression,
 )
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization
+from mfcli.operators import GROUP, BandedLowRank, band_values, read_compressed
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload, prefix_workload
 
@@ -106,7 +103,7 @@ def test_layout_matches_definition_and_is_causal(n, data):
     for i in range(k):
         band[:i, i] = 0.0  # outside the matrix, as the format requires
     u, v = rng.standard_normal((n, r)), rng.standard_normal((n, r))
-    got = compressed_decoder(band, u, v)
+    got = BandedLowRank(band=band, u=u, v=v).dense()
     np.testing.assert_allclose(got, oracle_decoder(band, u, v), rtol=0, atol=1e-12)
     assert not np.any(np.triu(got, 1)), "B^ must be lower-triangular"
     # The low-rank part only touches j <= t - K: the band region is exactly the band values.
@@ -271,9 +268,9 @@ def test_search_refuses_what_cannot_be_met(solved):
     fact = solved["momentum"][1].factorization
     with pytest.raises(MfcliError, match="no compression"):
         search_compression(fact, max_loss_increase=1e-3, band=1, rank=0)
-    with pytest.raises(MfcliError, match="max-loss-increase"):
+    with pytest.raises(MfcliError, match="max_loss_increase"):
         search_compression(fact, max_loss_increase=-0.1)
-    with pytest.raises(MfcliError, match="max-loss-increase"):
+    with pytest.raises(MfcliError, match="max_loss_increase"):
         search_compression(fact, max_loss_increase=float("nan"))
 
 
@@ -307,7 +304,7 @@ def test_compressed_artifact_layout_and_verification(artifact, solved):
         assert g.attrs["loss_total"] == pytest.approx(sens**2 * np.sum(b_hat**2), rel=1e-10)
         assert g.attrs["loss_increase"] == pytest.approx(g.attrs["loss_total"] / f.attrs["loss_total"] - 1, rel=1e-9)
         assert g.attrs["source_sha256"] == before
-    comp = load_compressed(art)
+    comp = read_compressed(art)
     np.testing.assert_allclose(comp.decoder, b_hat, atol=1e-13)
     assert comp.loss_total == pytest.approx(res.compression.loss_total, rel=1e-12)
 
@@ -320,7 +317,7 @@ def test_load_compressed_rejects_tampered_group(artifact, tmp_path):
     with h5py.File(edited, "r+") as f:
         f[GROUP].attrs["sensitivity"] = 1.0
     with pytest.raises(ArtifactError, match="compressed/sensitivity"):
-        load_compressed(load_artifact(edited))
+        read_compressed(load_artifact(edited))
     # u replaced with its checksum updated too: passes load_artifact, fails the recomputation.
     forged = tmp_path / "forged.h5"
     shutil.copy(out, forged)
@@ -331,10 +328,10 @@ def test_load_compressed_rejects_tampered_group(artifact, tmp_path):
         ds.attrs["sha256"] = dataset_sha256(u)
     art = load_artifact(forged)
     with pytest.raises(ArtifactError, match="does not match"):
-        load_compressed(art)
+        read_compressed(art)
     # And a plain dense artifact has no compressed group.
     with pytest.raises(ArtifactError, match="no 'compressed' group"):
-        load_compressed(load_artifact(artifact))
+        read_compressed(load_artifact(artifact))
 
 
 def test_already_compressed_and_non_causal_need_force(artifact, tmp_path, solved):
@@ -382,7 +379,8 @@ def test_non_square_strategy_is_refused(tmp_path):
     (["--band", "38", "--rank", "3"], "rank R = 3 is out of range"),
     (["--band", "2", "--rank", "-1"], "rank R = -1 is out of range"),
     (["--band", "2"], "give both --band and --rank"),
-    (["--max-loss-increase", "-1"], "max-loss-increase"),
+    (["--max-loss-increase", "-1"], "--max-loss-increase must be"),
+    (["--max-loss-increase", "nan"], "--max-loss-increase must be"),
     (["--band", "1", "--rank", "0", "--max-loss-increase", "0.001"], "no compression"),
     (["--max-iter", "-2", "--band", "1", "--rank", "1"], "--max-iter"),
 ])
@@ -394,6 +392,17 @@ def test_cli_bad_input_one_line(artifact, args, message):
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], r.stderr
     assert "Traceback" not in r.output
     assert sorted(p.name for p in artifact.parent.iterdir()) == before, "nothing may be written"
+
+
+def test_messages_name_parameters_in_the_library_and_flags_in_the_cli(artifact, tmp_path):
+    out = compress_artifact(artifact, band=2, rank=1, out=tmp_path / "once.h5").path
+    with pytest.raises(MfcliError, match="pass force=True") as info:
+        compress_artifact(out, band=2, rank=2)
+    assert "--" not in str(info.value)
+    with pytest.raises(MfcliError, match="give both band and rank"):
+        compress_artifact(artifact)
+    r = runner.invoke(app, ["compress", str(out), "--band", "2", "--rank", "2"])
+    assert r.exit_code == 1 and "use --force" in r.stderr and "force=True" not in r.stderr
 
 
 def test_cli_refuses_tampered_truncated_and_same_output(artifact, tmp_path):
@@ -422,7 +431,7 @@ def test_cli_json_search(artifact):
     assert obj["schema_version"] == 1 and obj["command"] == "compress"
     assert obj["loss_increase"] <= 0.01 and obj["stream_cost"] == obj["band"] + obj["rank"]
     assert obj["evaluations"] and all("loss_increase" in e for e in obj["evaluations"])
-    comp = load_compressed(load_artifact(obj["artifact"]))
+    comp = read_compressed(load_artifact(obj["artifact"]))
     assert comp.sensitivity == pytest.approx(obj["sensitivity"], rel=1e-12)
     assert comp.loss_increase == pytest.approx(obj["loss_increase"], rel=1e-9)
 
@@ -435,7 +444,7 @@ def test_subprocess_compress_shipped_artifact(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "loss increase" in done.stdout
     out = tmp_path / "momentum-n256-k4r4.h5"
-    comp = load_compressed(load_artifact(out))
+    comp = read_compressed(load_artifact(out))
     b_hat = comp.decoder
     c = np.linalg.solve(b_hat, comp.factorization.workload)
     assert comp.sensitivity == pytest.approx(np.sqrt(np.max(np.sum(c**2, axis=0))), rel=1e-10)

@@ -64,7 +64,14 @@ def layout_for(decoder: np.ndarray, k: int, r: int) -> tuple[np.ndarray, np.ndar
     return band, left[:, :r] * s[:r], right[:r].T.copy()
 
 
-def compressed_group(workload: np.ndarray, decoder: np.ndarray, k: int, r: int, *, sens_factor: float = 1.0) -> dict:
+def dense_loss(fact: Factorization) -> float:
+    """sens(C)^2 ||B||_F^2 of the dense root, from the matrices."""
+    return float(np.max(np.sum(fact.strategy**2, axis=0)) * np.sum(fact.decoder**2))
+
+
+def compressed_group(
+    workload: np.ndarray, decoder: np.ndarray, k: int, r: int, *, dense_loss: float, sens_factor: float = 1.0
+) -> dict:
     band, u, v = layout_for(decoder, k, r)
     b_hat = decoder_from_layout(band, u, v)
     c_hat = scipy.linalg.solve_triangular(b_hat, workload, lower=True)
@@ -76,7 +83,7 @@ def compressed_group(workload: np.ndarray, decoder: np.ndarray, k: int, r: int, 
             "rank": r,
             "sensitivity": sens * sens_factor,
             "loss_total": sens**2 * float(np.sum(b_hat**2)),
-            "loss_increase": 0.0,
+            "loss_increase": sens**2 * float(np.sum(b_hat**2)) / dense_loss - 1.0,
         },
     }
 
@@ -109,7 +116,7 @@ def artifacts(tmp_path_factory):
         save_artifact(path, fact, workload_name=name if name in ("prefix", "momentum") else "custom",
                       workload_params={"beta": 0.9} if name == "momentum" else {},
                       strategy_name="optimal",
-                      groups={"compressed": compressed_group(a, fact.decoder, k, r)})
+                      groups={"compressed": compressed_group(a, fact.decoder, k, r, dense_loss=dense_loss(fact))})
         out[name] = (path, a, fact, (k, r))
     return out
 
@@ -420,7 +427,7 @@ def test_checkpoint_of_another_artifact_is_refused(checkpoint, artifacts):
         (lambda sd: {**sd, "t": -1}, "out of range"),
         (lambda sd: {**sd, "running": sd["running"][:, :3]}, "running sums have shape"),
         (lambda sd: {**sd, "running": sd["running"] * np.nan}, "NaN"),
-        (lambda sd: {**sd, "generator_check": "0" * 64}, "draws different noise"),
+        (lambda sd: {**sd, "generator_check": "0" * 64}, "authentication tag"),
         (lambda sd: [1, 2], "not an mfcli noise-stream checkpoint"),
     ],
 )
@@ -429,6 +436,59 @@ def test_malformed_checkpoint_is_refused(checkpoint, edit, message):
     stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
     with pytest.raises(MfcliError, match=message):
         stream.load_state_dict(edit(sd))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda sd: {**sd, "running": np.zeros_like(sd["running"])},          # running sums zeroed
+        lambda sd: {**sd, "running": sd["running"] * np.float32(1.0001)},   # slightly scaled
+        lambda sd: {**sd, "t": sd["t"] - 1},                                 # step moved back
+        lambda sd: {**sd, "t": sd["t"] + 1},                                 # step moved on
+        lambda sd: {**sd, "tag": "0" * 64},
+        lambda sd: {k: v for k, v in sd.items() if k != "tag"},
+    ],
+    ids=["running-zeroed", "running-scaled", "t-back", "t-forward", "tag-zeroed", "tag-removed"],
+)
+def test_edited_checkpoint_fails_its_tag(checkpoint, edit):
+    path, sd = checkpoint
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    assert stream.method == "banded-low-rank" and stream.rank > 0 and np.any(sd["running"])
+    with pytest.raises(MfcliError, match="authentication tag"):
+        stream.load_state_dict(edit(sd))
+
+
+def test_checkpoint_round_trips_through_npz_and_holds_no_seed(checkpoint, tmp_path):
+    path, sd = checkpoint
+    f = tmp_path / "ck.npz"
+    np.savez(f, **sd)
+    loaded = dict(np.load(f))
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    state = stream.load_state_dict(loaded)
+    # The resumed stream continues exactly as an uninterrupted one.
+    _, ref = run(stream, steps=6)
+    np.testing.assert_array_equal(stream.next(state)[0], stream.next(ref)[0])
+    # No field holds the seed, in decimal or as bytes.
+    text = repr({k: v for k, v in sd.items() if k != "running"})
+    assert str(SEED) not in text and SEED.to_bytes(16, "big").hex() not in text
+
+
+def test_checkpoint_tag_needs_the_seed(checkpoint):
+    """A forger without the seed cannot re-sign: another seed's stream signs differently."""
+    path, sd = checkpoint
+    other = noise_stream(path, kind="gradient", d=6, seed=SEED + 1)
+    assert other._checkpoint_tag(sd, sd["running"]) != sd["tag"]
+
+
+def test_checkpoint_from_another_numpy_generator_is_refused(checkpoint, monkeypatch):
+    """A genuine checkpoint read where (seed, row) draws other noise (simulated)."""
+    from mfcli.noise import NoiseStream
+
+    path, sd = checkpoint
+    stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
+    monkeypatch.setattr(NoiseStream, "_generator_check", lambda self, t: "0" * 64)
+    with pytest.raises(MfcliError, match="draws different noise"):
+        stream.load_state_dict(sd)
 
 
 def test_state_of_another_stream_is_refused(artifacts):
@@ -476,14 +536,14 @@ def test_tampered_compressed_sensitivity_is_refused(tmp_path, artifacts):
     _, a, fact, _ = artifacts["momentum"]
     path = tmp_path / "tampered.h5"
     save_artifact(path, fact, workload_name="momentum", strategy_name="optimal",
-                  groups={"compressed": compressed_group(a, fact.decoder, 3, 2, sens_factor=0.97)})
-    with pytest.raises(ArtifactError, match="compressed sensitivity"):
+                  groups={"compressed": compressed_group(a, fact.decoder, 3, 2, dense_loss=dense_loss(fact), sens_factor=0.97)})
+    with pytest.raises(ArtifactError, match="compressed/sensitivity"):
         noise_stream(path, kind="iterate", d=2, seed=1)
 
 
 def test_compressed_group_shapes_must_match_attributes(tmp_path, artifacts):
     _, a, fact, _ = artifacts["momentum"]
-    group = compressed_group(a, fact.decoder, 3, 2)
+    group = compressed_group(a, fact.decoder, 3, 2, dense_loss=dense_loss(fact))
     group["attrs"]["band"] = 4
     path = tmp_path / "bad-band.h5"
     save_artifact(path, fact, workload_name="momentum", strategy_name="optimal", groups={"compressed": group})
@@ -518,7 +578,7 @@ def test_property_banded_low_rank_streams_exactly(tmp_path_factory, n, k_frac, r
     fact = Factorization(workload=a, strategy=c, decoder=a)
     path = tmp_path_factory.mktemp("prop") / "p.h5"
     save_artifact(path, fact, workload_name="custom", strategy_name="identity",
-                  groups={"compressed": compressed_group(a, a, k, r)})
+                  groups={"compressed": compressed_group(a, a, k, r, dense_loss=dense_loss(fact))})
     with h5py.File(path) as f:
         g = f["compressed"]
         b_hat = decoder_from_layout(g["band"][...], g["u"][...], g["v"][...])

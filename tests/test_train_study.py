@@ -253,7 +253,7 @@ def test_unit_noise_equals_noise_streams_of_saved_artifacts(tmp_path, mechs):
 def test_noise_comes_from_mfcli_accounting(monkeypatch):
     """Replace the accountant's answer: every cell's sigma must follow it (no hand-set sigma)."""
     from mfcli.accounting import Calibration as AccCal
-    from mfcli.accounting import report
+    from mfcli.accounting import session
 
     calls = []
 
@@ -262,7 +262,7 @@ def test_noise_comes_from_mfcli_accounting(monkeypatch):
         return AccCal(sigma=6.25 * (2.0 if inp.is_tree else 1.0), epsilon=target_epsilon * 0.99,
                       target_epsilon=target_epsilon, sigma_lower=6.0, evaluations=1)
 
-    monkeypatch.setattr(report, "calibrate", fake_calibrate)
+    monkeypatch.setattr(session, "calibrate", fake_calibrate)
     x, y, _ = toy_problem(2, n_examples=40, p=6)
     data = study.Dataset("toy", "toy", x, y, x[:10], y[:10], x[10:20], y[10:20], 3, (1, 6))
     cfg = StudyConfig(n=4, epsilons=(3.0,), delta=1e-6, mechanisms=("dp-sgd", "tree"), smoothing=(1.0,),

@@ -151,7 +151,7 @@ def calibrate_strategy(
     """
     import numpy as np
 
-    from mfcli.accounting import report
+    from mfcli.accounting import session
 
     c = np.asarray(strategy_matrix, dtype=np.float64)
     if c.ndim != 2:
@@ -160,11 +160,11 @@ def calibrate_strategy(
         if c.shape[0] != c.shape[1]:
             raise MfcliError(f"a {c.shape[0]} x {c.shape[1]} strategy needs its release_steps")
         release_steps = np.arange(c.shape[1])
-    inp = report.StrategyInput(
+    inp = session.StrategyInput(
         name=name, strategy=c, release_steps=np.asarray(release_steps), source=f"{name}, n = {c.shape[1]}",
         is_tree=bool(is_tree),
     )
-    return report.calibrate(
+    return session.calibrate(
         inp, setting, target_epsilon=epsilon, sampling=sampling,
-        options=report.AccountingOptions(delta=delta), rel_tol=rel_tol, progress=progress,
+        options=session.AccountingOptions(delta=delta), rel_tol=rel_tol, progress=progress,
     )

@@ -24,7 +24,8 @@ How it runs: the noise row Z[t] is drawn on the host by numpy's Philox from (see
 ``jax.pure_callback`` (a pure function of t, so it is safe under ``jit``); the banded-low-rank
 recurrence (module :mod:`mfcli.noise`) runs in JAX on the optimizer state, which holds the W most
 recent noise rows and the R running sums: checkpoint the optax state as usual and the stream
-resumes exactly. Donate the optimizer state to ``jit`` (``donate_argnums``) to update those
+resumes exactly; for an authenticated checkpoint (refused on load if edited) save
+``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``. Donate the optimizer state to ``jit`` (``donate_argnums``) to update those
 buffers in place. A dense artifact (method ``regenerate``) computes its whole row on the host,
 O(t d) per step: compress it first for large models. Step t >= n raises (an MfcliError when not
 traced; under ``jit`` a runtime error carrying the same message).
@@ -44,7 +45,8 @@ from jax.flatten_util import ravel_pytree
 
 from mfcli.adapters import check_noise_options
 from mfcli.errors import MfcliError
-from mfcli.noise import BandedLowRank, NoiseStream, noise_row
+from mfcli.noise import NoiseStream, noise_row
+from mfcli.operators import BandedLowRank
 
 
 class CorrelatedNoiseState(NamedTuple):
@@ -58,17 +60,6 @@ class CorrelatedNoiseState(NamedTuple):
 
 def _tag_words(stream: NoiseStream) -> np.ndarray:
     return np.frombuffer(bytes.fromhex(stream.tag[:16]), dtype=">u4").astype(np.uint32)
-
-
-def _slot_coefficients(op: BandedLowRank, dtype: np.dtype) -> np.ndarray:
-    """Row t of the operator in buffer order: band entries by ring slot (Z[j] in slot j mod W)."""
-    n, w, r = op.n, op.width, op.rank
-    table = np.zeros((n, w + r))
-    for t in range(n):
-        i = np.arange(min(w, t + 1))
-        table[t, (t - i) % w] = op.band[t, i]
-    table[:, w:] = op.u
-    return table.astype(dtype)
 
 
 def correlated_noise(
@@ -109,7 +100,8 @@ def correlated_noise(
     banded = stream.method == "banded-low-rank"
     w, r = stream.width, stream.rank
     if banded:
-        coef_table = jnp.asarray(_slot_coefficients(stream.operator, dt))
+        assert isinstance(stream.operator, BandedLowRank)
+        coef_table = jnp.asarray(stream.operator.coefficient_table().astype(dt))
         v_table = jnp.asarray(np.asarray(stream.operator.v, dtype=dt))
 
     def host_row(t: np.ndarray, got_tag: np.ndarray) -> np.ndarray:
@@ -179,4 +171,45 @@ def correlated_noise(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-__all__ = ["CorrelatedNoiseState", "correlated_noise"]
+def state_dict(stream: NoiseStream, state: CorrelatedNoiseState) -> dict:
+    """An authenticated checkpoint of the optax noise state: :meth:`NoiseStream.state_dict`'s
+    format (step, running sums, HMAC-SHA256 tag keyed from the seed), host numpy values only.
+
+    Save this, not the raw ``CorrelatedNoiseState`` pytree: :func:`load_state_dict` refuses an
+    edited checkpoint (running sums zeroed, step changed), a raw pytree cannot be authenticated.
+    """
+    from mfcli.noise import NoiseState, _Workspace
+
+    if not isinstance(state, CorrelatedNoiseState):
+        raise MfcliError(f"expected a CorrelatedNoiseState, got {type(state).__name__}")
+    if not np.array_equal(np.asarray(state.tag, dtype=np.uint32), _tag_words(stream)):
+        raise MfcliError("this optax state belongs to another noise stream (different seed, artifact, d or dtype)")
+    t = int(state.step)
+    work = None
+    if stream.method == "banded-low-rank":
+        buf = np.concatenate([np.asarray(state.ring, dtype=stream.dtype), np.asarray(state.running, dtype=stream.dtype)])
+        work = _Workspace(buf=buf, position=t)
+    return stream.state_dict(NoiseState(t=t, stream_tag=stream.tag, _work=work))
+
+
+def load_state_dict(stream: NoiseStream, checkpoint: Any) -> CorrelatedNoiseState:
+    """The optax noise state a :func:`state_dict` checkpoint describes, after
+    :meth:`NoiseStream.load_state_dict` has checked its tag and that it fits ``stream``; the ring
+    of recent noise rows is regenerated from the seed."""
+    noise_state = stream.load_state_dict(checkpoint)
+    w, r, d = stream.width, stream.rank, stream.d
+    work = noise_state._work
+    if work is None:
+        ring = np.zeros((w, d), dtype=stream.dtype)
+        running = np.zeros((r, d), dtype=stream.dtype)
+    else:
+        ring, running = work.buf[:w], work.buf[w:]
+    return CorrelatedNoiseState(
+        step=jnp.asarray(noise_state.t, dtype=jnp.int32),
+        ring=jnp.asarray(ring),
+        running=jnp.asarray(running),
+        tag=jnp.asarray(_tag_words(stream)),
+    )
+
+
+__all__ = ["CorrelatedNoiseState", "correlated_noise", "load_state_dict", "state_dict"]

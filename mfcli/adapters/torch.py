@@ -140,6 +140,13 @@ class CorrelatedNoiseOptimizer:
         return self.stream.sensitivity
 
     @property
+    def accounted_operator(self) -> str:
+        """The operator whose strategy the accounting of this training must use, as ``mfcli
+        account`` names it (``dense`` or ``compressed (band K, rank R)``); ``account`` picks the
+        same one by default, or pass ``--operator`` to match a ``variant`` given here."""
+        return self.stream.accounted_operator
+
+    @property
     def noise_scale(self) -> float:
         """The factor applied to each unit noise row: sigma * clip (/ batch_size)."""
         scale = self.noise_multiplier * self.clip_norm

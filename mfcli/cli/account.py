@@ -9,10 +9,12 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from mfcli.accounting.report import (
+from mfcli.accounting.mmcc import MMCCResult
+from mfcli.accounting.session import (
     DEFAULT_ARTIFACT,
     SETTINGS,
     AccountingOptions,
+    AccountingReport,
     account as run_account,
     calibrate as run_calibrate,
     record_to_artifact,
@@ -31,63 +33,57 @@ from mfcli.cli.common import (
     refuse_unless,
     stdout,
 )
+from mfcli.cli.rounding import safe as _e
 from mfcli.errors import MfcliError
 
 
-def _e(v: Any, *, down: bool = False) -> str:
-    """Six significant digits, rounded UP (upper bounds, calibrated sigma) or DOWN (lower bounds),
-    so that a printed privacy number is never on the optimistic side of the computed one."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if not math.isfinite(v) or v == 0:
-            return "inf" if v == float("inf") else f"{v:g}"
-        scale = 10.0 ** (math.floor(math.log10(abs(v))) - 5)
-        r = (math.floor if down else math.ceil)(v / scale) * scale
-        return f"{r:.6g}"
-    return str(v)
+def _text(result: Any, key: str) -> str:
+    """A result's descriptive text (assumptions, method), which lives with its JSON form."""
+    d = result.as_dict(include_event=False) if isinstance(result, MMCCResult) else result.as_dict()
+    return str(d[key])
 
 
-def _rows_table(report: Any) -> tuple[Table, list[str]]:
-    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}), sigma = {_e(float(report.sigma))}, "
+def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
+    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}, operator "
+                    f"{report.strategy.operator}), sigma = {_e(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
     t.add_column("details")
     notes: list[str] = []
-    r = report.rows
-    if "single-pass" in r:
-        d = r["single-pass"]
-        t.add_row("single pass", _e(d["epsilon"]),
-                  f"rho-zCDP {d['rho_zcdp']:.6g}, mu-GDP {d['mu_gdp']:.6g}; sens(C) {d['sensitivity']:.6g}, "
-                  f"noise multiplier sigma/sens {d['noise_multiplier']:.6g}; exact analytic Gaussian")
-        notes.append(f"single pass: {d['assumptions']}")
-    if "dp-sgd" in r:
-        d = r["dp-sgd"]
-        t.add_row("DP-SGD (reference)", _e(d["epsilon"]),
+    sp = report.single_pass
+    if sp is not None:
+        t.add_row("single pass", _e(sp.epsilon),
+                  f"rho-zCDP {_e(sp.rho_zcdp)}, mu-GDP {_e(sp.mu_gdp)}; sens(C) {_e(sp.sensitivity)} "
+                  f"({report.strategy.operator} operator), "
+                  f"noise multiplier sigma/sens {_e(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
+        notes.append(f"single pass: {_text(sp, 'assumptions')}")
+    dp = report.dp_sgd
+    if dp is not None:
+        t.add_row("DP-SGD (reference)", _e(dp.epsilon),
                   f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
-                  f"p = {d['sampling']:g}, n = {d['steps']}; PLD, discretization {d['value_discretization']:g}")
-        notes.append(f"DP-SGD: {d['assumptions']}")
-    if "mmcc" in r:
-        d = r["mmcc"]
-        fp = d["full_participation"]
+                  f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
+        notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
+    br = report.mmcc
+    if br is not None:
+        u = br.upper
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{_e(d['lower_bound'], down=True)}, {_e(d['epsilon'])}]",
-            f"delta = {d['delta_pld']:.3g} (PLD) + {d['delta_tail']:.3g} (tail, f = {d['tail_fraction']:g}) + "
-            f"{d['delta_trunc']:.2g} (cut mixture tails); K = {d['tail_events_K']} tail events, max p~ = "
-            f"{d['max_p_tilde']:.4g}; {d['distinct_rows']} distinct of {d['rows']} rows; PLD grid "
-            f"{d['value_discretization']:g}, mixture grid {d['mixture_grid']:g}; "
-            f"example in every step (sanity bound): {fp['epsilon']:.6g}",
+            f"[{_e(br.lower.epsilon, down=True)}, {_e(u.epsilon)}]",
+            f"delta = {_e(u.delta_pld, digits=3)} (PLD) + {_e(u.delta_tail, digits=3)} (tail, f = {u.tail_fraction:g}) + "
+            f"{_e(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
+            f"{_e(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
+            f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g}; "
+            f"example in every step (sanity bound): {_e(br.full.epsilon)}",
         )
-        notes.append(f"MMCC: {d['assumptions']}. {d['method']}. Lower bound: exact epsilon of the "
+        notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
                      "post-processed statistic 1^T C^+ y")
-    if "shuffled-tree" in r:
-        d = r["shuffled-tree"]
-        t.add_row("binary tree, one shuffled epoch", _e(d["epsilon"]),
-                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {d['sensitivity']:.6g}); "
-                  f"amplified bound {d['amplified_note']}")
-        notes.append(f"shuffled tree: {d['assumptions']}")
+    st = report.shuffled_tree
+    if st is not None:
+        t.add_row("binary tree, one shuffled epoch", _e(st.epsilon),
+                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {_e(st.sensitivity)}); "
+                  f"amplified bound {st.amplified_note}")
+        notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
     return t, notes
 
 
@@ -121,6 +117,11 @@ def account(
         None, "--mixture-grid",
         help="MMCC only (with --sampling): row sensitivities are rounded up to multiples of 1/ceil(1/grid) (default 0.02).",
     ),
+    operator: Optional[str] = typer.Option(
+        None, "--operator",
+        help="Operator of an artifact to account: auto (default: the compressed decoder if the artifact has one, "
+        "as noise streams and the adapters stream it; else dense), dense or compressed.",
+    ),
     write: bool = typer.Option(False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
@@ -136,7 +137,15 @@ def account(
     refuse_unless(workload is None or strategy is not None,
                   "--workload applies to a built-in --strategy; an artifact or .npy strategy has its own workload")
     refuse_unless(beta is None or workload == "momentum", "--beta applies to --workload momentum only")
+    refuse_unless(operator is None or strategy is None,
+                  "--operator chooses between the operators of an artifact; a built-in --strategy has only one")
+    refuse_unless(strategy is None or source is None, "give either a strategy file or --strategy, not both")
+    refuse_unless(strategy is None or n is not None, f"--strategy {strategy} needs --n (the number of steps)")
+    if operator not in (None, "auto", "dense", "compressed"):
+        raise MfcliError(f"--operator must be auto, dense or compressed, got {operator!r}")
     calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
+    refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
+                  f"calibrating {calibrated} needs --sampling")
     refuse_unless(sampling is None or calibrated in (None, "dp-sgd", "mmcc"),
                   f"--sampling does not apply to calibrating {calibrated} (only dp-sgd and mmcc use it)")
     runs_pld = sampling is not None and calibrated in (None, "dp-sgd", "mmcc")
@@ -166,7 +175,7 @@ def account(
     ).checked()
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
-                           progress=say, **built_for)
+                           operator=operator or "auto", progress=say, **built_for)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write and inp.artifact is None:
@@ -200,13 +209,16 @@ def account(
         return
     out = stdout()
     out.print(f"strategy: {inp.source}")
+    out.print(f"operator accounted: {inp.operator} (the one noise streams and the adapters stream by default)"
+              if inp.artifact is not None else f"operator accounted: {inp.operator} (C as given)")
     if calibration is not None:
         out.print(key_value_table(f"calibration: {chosen}", [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
             ("sigma (smallest found, rounded up)", _e(float(calibration.sigma))),
             ("achieved epsilon at that sigma", _e(float(calibration.epsilon))),
-            ("bracket", f"[{calibration.sigma_lower:.6g}, {calibration.sigma:.6g}] (relative width <= 1e-3)"),
+            ("bracket", f"[{_e(float(calibration.sigma_lower), down=True)}, {_e(float(calibration.sigma))}] "
+                        "(relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))
     table, notes = _rows_table(report)

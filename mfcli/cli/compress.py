@@ -1,6 +1,7 @@
 """``mfcli compress``: banded plus low-rank decoder for streaming noise, written as a new artifact."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +20,7 @@ from mfcli.cli.common import (
     stdout,
     usage_error,
 )
+from mfcli.cli.rounding import safe
 from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 from mfcli.errors import MfcliError
 
@@ -64,16 +66,23 @@ def compress(
         out = default_output_path(Path(artifact.name), band, rank)
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
+    if max_loss_increase is not None and not (math.isfinite(max_loss_increase) and max_loss_increase >= 0):
+        raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")
 
     def progress(e: Evaluation) -> None:
         if not quiet:
             log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase {e.loss_increase:.4%}")
 
-    result = compress_artifact(
-        artifact, band=band, rank=rank, max_loss_increase=max_loss_increase, max_band=max_band,
-        max_rank=max_rank, out=out, force=force, command=command_line(), max_iter=max_iter,
-        progress=progress if max_loss_increase is not None and (band is None or rank is None) else None,
-    )
+    try:
+        result = compress_artifact(
+            artifact, band=band, rank=rank, max_loss_increase=max_loss_increase, max_band=max_band,
+            max_rank=max_rank, out=out, force=force, command=command_line(), max_iter=max_iter,
+            progress=progress if max_loss_increase is not None and (band is None or rank is None) else None,
+        )
+    except MfcliError as exc:
+        # The library names its parameters; here they are flags.
+        text = str(exc).replace("pass force=True", "use --force").replace("Pass force=True", "Use --force")
+        raise type(exc)(text) from None
     comp = result.compression
     if not quiet and not as_json:
         log(f"wrote {result.path}")
@@ -98,8 +107,8 @@ def compress(
         ("band K (exact diagonals)", comp.band),
         ("rank R (older noise)", comp.rank),
         ("per-step streaming cost K + R", comp.stream_cost),
-        ("sensitivity, dense sens(C)", comp.dense_sensitivity),
-        ("sensitivity, compressed sens(C^)", comp.sensitivity),
+        ("sensitivity, dense sens(C) (rounded up)", safe(comp.dense_sensitivity)),
+        ("sensitivity, compressed sens(C^) (rounded up)", safe(comp.sensitivity)),
         ("loss total, dense", comp.dense_loss_total),
         ("loss total, compressed", comp.loss_total),
         ("loss increase", f"{comp.loss_increase:.4%}"),

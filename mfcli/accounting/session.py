@@ -1,0 +1,655 @@
+"""An accounting session: resolve the strategy (and the operator that runs), account it in every
+setting that applies, calibrate sigma, record the result in the artifact and verify records.
+
+Results are typed (:class:`AccountingReport` holds one result object per setting); ``as_dict``
+builds the JSON at the boundary. ``mfcli/cli/account.py`` only parses options and renders.
+
+* :func:`resolve_strategy` - an artifact, a .npy C, a built-in strategy, or the documented default
+  (the shipped artifact ``momentum-n256``);
+* :func:`account` - every setting at one sigma, as an :class:`AccountingReport`;
+* :func:`calibrate` - the smallest sigma for one setting at a target epsilon;
+* :func:`record_to_artifact` - ``account --write``: a group ``accounting/<id>`` in the artifact
+  (layout in docs/accounting.md), matrices untouched.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from mfcli.accounting.calibrate import Calibration, calibrate_sigma
+from mfcli.accounting.events import event_to_json
+from mfcli.accounting.mmcc import (
+    DEFAULT_MIXTURE_RESOLUTION,
+    DEFAULT_TAIL_FRACTION,
+    FullParticipationResult,
+    LowerBoundResult,
+    MMCCResult,
+    full_participation,
+    lower_bound,
+    mmcc,
+    prepare_strategy,
+)
+from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
+from mfcli.accounting.single_pass import (
+    DEFAULT_DELTA,
+    DEFAULT_DISCRETIZATION,
+    DpSgdResult,
+    SinglePassResult,
+    check_delta,
+    check_discretization,
+    check_sampling,
+    check_sigma,
+    dpsgd,
+    single_pass,
+)
+from mfcli.errors import MfcliError
+from mfcli.factorization import sensitivity as _sensitivity
+
+DEFAULT_ARTIFACT = "momentum-n256"
+SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
+BUILTIN = ("identity", "tree", "sqrt", "optimal")
+#: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
+ATTR_CHUNK = 60_000
+
+
+@dataclass(frozen=True)
+class StrategyInput:
+    """The strategy being accounted.
+
+    Attributes:
+        name: strategy name (identity, tree, sqrt, optimal, or the artifact's stored name).
+        strategy: C as given (m x n).
+        release_steps: t(r) for every row.
+        source: where it came from, in words.
+        artifact: the artifact path when the input was one (``--write`` needs it).
+        is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
+        operator: which operator of an artifact C belongs to, as :func:`mfcli.operators.select_operator`
+            chose it (the one a noise stream streams): ``"dense"`` or
+            ``"compressed (band K, rank R)"`` (then C is C^ = B^-1 A); ``"dense"`` for a .npy
+            matrix or a built-in strategy.
+    """
+
+    name: str
+    strategy: np.ndarray
+    release_steps: np.ndarray
+    source: str
+    artifact: Path | None = None
+    is_tree: bool = False
+    operator: str = "dense"
+
+    @property
+    def n(self) -> int:
+        return int(self.strategy.shape[1])
+
+
+def _tree_release(c: np.ndarray) -> np.ndarray | None:
+    """Release steps if C is (a positive multiple of) the binary-tree encoder for its n."""
+    from mfcli.strategies import tree_release_steps, tree_strategy_matrix
+
+    n = c.shape[1]
+    if n < 2:
+        return None
+    t = tree_strategy_matrix(n)
+    if t.shape != c.shape:
+        return None
+    scale = c.max()
+    if scale <= 0 or not np.allclose(c / scale, t, rtol=0, atol=1e-12):
+        return None
+    return tree_release_steps(n)
+
+
+def resolve_strategy(
+    path: str | Path | None = None,
+    *,
+    strategy: str | None = None,
+    n: int | None = None,
+    workload: str = "prefix",
+    beta: float = 0.9,
+    tol: float = 1e-6,
+    operator: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> StrategyInput:
+    """Find C: an artifact or .npy file, a built-in strategy for the ``workload`` of n steps, or
+    (nothing given) the shipped artifact ``momentum-n256``.
+
+    For an artifact, C is the strategy of the operator :func:`mfcli.operators.select_operator`
+    picks for ``operator`` (``auto``: the compressed C^ = B^-1 A when the artifact has a
+    ``compressed`` group, as noise streams and the adapters stream it; else the dense C), so
+    the epsilon describes the mechanism that runs. ``compressed`` without such a group, or for a
+    .npy matrix or built-in strategy, is an error.
+
+    Raises:
+        MfcliError: both a file and a built-in strategy, a built-in without n, an unknown name, a file that
+            is neither an artifact nor a .npy matrix, a non-square .npy C.
+    """
+    from mfcli.artifact import load_artifact, shipped_artifact
+
+    from mfcli.operators import CHOICES, select_operator
+
+    say = progress or (lambda s: None)
+    if operator not in CHOICES:
+        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {operator!r}")
+    if path is not None and strategy is not None:
+        raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
+    if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
+        raise MfcliError("operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy")
+    if strategy is not None:
+        if strategy not in BUILTIN:
+            raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
+        if n is None:
+            raise MfcliError(f"the built-in strategy {strategy} needs n (the number of steps)")
+        from mfcli.strategies import build_strategy
+        from mfcli.workloads import build_workload
+
+        w = build_workload(workload, n, beta=beta)
+        if strategy == "optimal":
+            say(f"solving for the optimal factorization of the {w.name} workload, n = {w.n}")
+        st = build_strategy(strategy, w, tol=tol)
+        c = np.asarray(st.factorization.strategy, dtype=np.float64)
+        return StrategyInput(
+            name=strategy, strategy=c, release_steps=np.asarray(st.release_steps),
+            source=f"built-in strategy {strategy} for the {w.name} workload, n = {w.n}",
+            is_tree=strategy == "tree",
+        )
+    default = path is None
+    if default:
+        path = shipped_artifact(DEFAULT_ARTIFACT)
+    p = Path(path)
+    if not p.exists():
+        raise MfcliError(f"{p} does not exist")
+    if p.suffix.lower() == ".npy":
+        try:
+            c = np.load(p, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise MfcliError(f"cannot read {p} as a .npy matrix: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}") from None
+        raw = np.asarray(c)
+        if np.iscomplexobj(raw):
+            raise MfcliError(f"{p} holds a complex matrix; C must be real")
+        c = np.asarray(raw, dtype=np.float64) if np.issubdtype(raw.dtype, np.number) else None
+        if c is None or c.ndim != 2:
+            raise MfcliError(f"{p} must hold a 2-D numeric matrix C")
+        if c.size == 0:
+            raise MfcliError(f"{p} holds an empty matrix")
+        if not np.all(np.isfinite(c)):
+            raise MfcliError(f"{p}: C contains NaN or inf")
+        tr = _tree_release(c)
+        if tr is not None:
+            return StrategyInput(name="tree", strategy=c, release_steps=tr, source=f"matrix C from {p} (binary tree)",
+                                 is_tree=True)
+        if c.shape[0] != c.shape[1]:
+            raise MfcliError(
+                f"{p}: C is {c.shape[0]} x {c.shape[1]}; a .npy strategy must be square (row t released at step t)"
+            )
+        return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
+    art = load_artifact(p)
+    chosen = select_operator(art, operator)
+    c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
+    tr = _tree_release(c)
+    if tr is not None:
+        release = tr
+    elif c.shape[0] == c.shape[1]:
+        release = np.arange(c.shape[0])
+    else:
+        raise MfcliError(f"{p}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
+    what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
+    return StrategyInput(
+        name=art.strategy_name, strategy=c, release_steps=release,
+        source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
+        artifact=p, is_tree=tr is not None, operator=chosen.label,
+    )
+
+
+def check_setting_applies(inp: StrategyInput, setting: str) -> None:
+    """Refuse a setting whose assumptions fail for the operator being accounted, in one line,
+    instead of accounting another matrix: MMCC needs a non-negative causal C (the compressed
+    C^ = B^-1 A often has negative entries); the shuffled tree needs the binary-tree encoder."""
+    from mfcli.accounting.mmcc import prepare_strategy as _prepare
+
+    if setting == "mmcc":
+        try:
+            _prepare(inp.strategy, inp.release_steps)
+        except MfcliError as exc:
+            raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
+    elif setting == "shuffled-tree" and not inp.is_tree:
+        raise MfcliError(f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}")
+
+
+@dataclass(frozen=True)
+class AccountingOptions:
+    """Numerical options shared by all settings (see docs/accounting.md)."""
+
+    delta: float = DEFAULT_DELTA
+    value_discretization: float = DEFAULT_DISCRETIZATION
+    tail_fractions: tuple = (DEFAULT_TAIL_FRACTION,)
+    mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
+
+    def checked(self) -> "AccountingOptions":
+        check_delta(self.delta)
+        check_discretization(self.value_discretization)
+        return self
+
+
+@dataclass(frozen=True)
+class MMCCBracket:
+    """The MMCC row: the upper bound, the lower bound (exact epsilon of a post-processed
+    statistic) and the "example in every step" sanity bound."""
+
+    upper: MMCCResult
+    lower: LowerBoundResult
+    full: FullParticipationResult
+
+    @property
+    def epsilon(self) -> float:
+        """The upper bound (what the setting guarantees)."""
+        return self.upper.epsilon
+
+    def as_dict(self, *, include_event: bool = True) -> dict:
+        d = self.upper.as_dict(include_event=include_event)
+        d["lower_bound"] = self.lower.epsilon
+        d["bracket"] = [self.lower.epsilon, self.upper.epsilon]
+        d["lower_bound_detail"] = self.lower.as_dict()
+        d["full_participation"] = self.full.as_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class AccountingReport:
+    """Every setting that applies for one strategy at one sigma: one typed result per setting
+    (None where it was not run)."""
+
+    strategy: StrategyInput
+    sigma: float
+    sampling: float | None
+    delta: float
+    single_pass: SinglePassResult | None = None
+    dp_sgd: DpSgdResult | None = None
+    mmcc: MMCCBracket | None = None
+    shuffled_tree: ShuffledTreeResult | None = None
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """{setting name: result} for the settings that were run, in display order."""
+        pairs = (("single-pass", self.single_pass), ("dp-sgd", self.dp_sgd), ("mmcc", self.mmcc),
+                 ("shuffled-tree", self.shuffled_tree))
+        return {name: r for name, r in pairs if r is not None}
+
+    @property
+    def rows(self) -> dict[str, dict]:
+        """The JSON rows (``as_dict()`` of each result, events included)."""
+        return {name: r.as_dict() for name, r in self.results.items()}
+
+    def as_dict(self, *, include_events: bool = True) -> dict:
+        rows = {}
+        for k, v in self.rows.items():
+            if not include_events:
+                v.pop("dp_event", None)
+            rows[k] = v
+        return {
+            "strategy": self.strategy.name,
+            "operator": self.strategy.operator,
+            "source": self.strategy.source,
+            "n": self.strategy.n,
+            "rows_of_C": int(self.strategy.strategy.shape[0]),
+            "sensitivity": float(_sensitivity(self.strategy.strategy)),
+            "sigma": self.sigma,
+            "sampling": self.sampling,
+            "delta": self.delta,
+            "settings": rows,
+        }
+
+
+def account(
+    inp: StrategyInput,
+    *,
+    sigma: float,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+    settings: Sequence[str] = SETTINGS,
+    progress: Callable[[str], None] | None = None,
+) -> AccountingReport:
+    """Run every requested setting that applies: single-pass always; DP-SGD and MMCC (with its
+    lower bound and full-participation sanity bound) when a sampling rate is given; the shuffled
+    tree when C is the binary tree."""
+    sigma = check_sigma(sigma)
+    opts = options.checked()
+    if sampling is not None:
+        sampling = check_sampling(sampling)
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    c = inp.strategy
+    sp = dp = br = st = None
+    if "single-pass" in settings:
+        sp = single_pass(sigma=sigma, sensitivity=float(_sensitivity(c)), delta=opts.delta)
+    if sampling is not None and "dp-sgd" in settings:
+        dp = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+                   value_discretization=opts.value_discretization)
+    if sampling is not None and "mmcc" in settings:
+        check_setting_applies(inp, "mmcc")
+        prep = prepare_strategy(c, inp.release_steps)
+        upper = mmcc(prep, sigma=sigma, sampling=sampling, delta=opts.delta, tail_fractions=opts.tail_fractions,
+                     value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
+                     progress=progress)
+        br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=sampling, delta=opts.delta),
+                         full=full_participation(prep, sigma=sigma, delta=opts.delta))
+    if inp.is_tree and "shuffled-tree" in settings:
+        st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+    return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
+                            single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st)
+
+
+def _tree_unit(c: np.ndarray) -> float:
+    """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max()."""
+    return 1.0 / float(c.max())
+
+
+def epsilon_function(
+    inp: StrategyInput,
+    setting: str,
+    *,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+) -> Callable[[float], float]:
+    """epsilon(sigma) of one setting (for calibration)."""
+    opts = options.checked()
+    c = inp.strategy
+    sens = float(_sensitivity(c))
+    if setting == "single-pass":
+        return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
+    if setting in ("dp-sgd", "mmcc"):
+        if sampling is None:
+            raise MfcliError(f"calibrating {setting} needs a sampling rate")
+        p = check_sampling(sampling)
+        if setting == "dp-sgd":
+            return lambda s: dpsgd(sigma=s, sampling=p, steps=inp.n, delta=opts.delta,
+                                   value_discretization=opts.value_discretization).epsilon
+        check_setting_applies(inp, "mmcc")
+        prep = prepare_strategy(c, inp.release_steps)
+        return lambda s: mmcc(prep, sigma=s, sampling=p, delta=opts.delta, tail_fractions=opts.tail_fractions,
+                              value_discretization=opts.value_discretization,
+                              mixture_resolution=opts.mixture_resolution).epsilon
+    if setting == "shuffled-tree":
+        check_setting_applies(inp, "shuffled-tree")
+        return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
+
+
+def calibrate(
+    inp: StrategyInput,
+    setting: str,
+    *,
+    target_epsilon: float,
+    sampling: float | None,
+    options: AccountingOptions = AccountingOptions(),
+    rel_tol: float = 1e-3,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`)."""
+    f = epsilon_function(inp, setting, sampling=sampling, options=options)
+    start = 4.0 if setting in ("mmcc", "dp-sgd") else 1.0
+    return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------
+# --write
+
+
+def _chunked(attrs: dict[str, Any], name: str, text: str) -> None:
+    if len(text) <= ATTR_CHUNK:
+        attrs[name] = text
+        return
+    parts = [text[i:i + ATTR_CHUNK] for i in range(0, len(text), ATTR_CHUNK)]
+    attrs[f"{name}_parts"] = len(parts)
+    for i, part in enumerate(parts):
+        attrs[f"{name}_{i:03d}"] = part
+
+
+def read_chunked(attrs: Mapping[str, Any], name: str) -> str | None:
+    """Reassemble an attribute written by ``record_to_artifact`` (whole or in parts)."""
+    if name in attrs:
+        v = attrs[name]
+        return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+    k = attrs.get(f"{name}_parts")
+    if k is None:
+        return None
+    return "".join(attrs[f"{name}_{i:03d}"] for i in range(int(k)))
+
+
+def record_to_artifact(
+    report: AccountingReport | None,
+    *,
+    calibration: Calibration | None = None,
+    calibrated_setting: str | None = None,
+    command: str = "",
+) -> str:
+    """Append the result as group ``accounting/<id>`` of the input artifact (atomic, matrices
+    untouched, see ``mfcli.artifact.append_group``). Returns the group name.
+
+    Layout (docs/accounting.md): attrs ``setting`` list, ``sigma``, ``sampling``, ``delta``,
+    ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
+    ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
+    parts with a ``_parts`` count when longer than 60000 characters), ``operator`` (``dense`` or
+    ``compressed (band K, rank R)``), ``strategy_sha256`` (checksum of the C it was computed for:
+    the accounted operator's strategy, C^ = B^-1 A for the compressed one), ``created_utc``,
+    ``created_by``, ``command``.
+    """
+    from mfcli import __version__
+    from mfcli.artifact import append_group, dataset_sha256
+
+    if report is None or report.strategy.artifact is None:
+        raise MfcliError("recording a result needs an artifact as input (not a .npy file or a built-in strategy)")
+    inp = report.strategy
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+    params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
+                         "settings": sorted(report.results), "operator": inp.operator}, sort_keys=True)
+    gid = now.strftime("%Y%m%dT%H%M%SZ") + "-" + hashlib.sha256(params.encode()).hexdigest()[:8]
+    attrs: dict[str, Any] = {
+        "format": "mfcli.accounting",
+        "format_version": 1,
+        "settings": sorted(report.results),
+        "sigma": report.sigma,
+        "sampling": report.sampling if report.sampling is not None else "null",
+        "delta": report.delta,
+        "operator": inp.operator,
+        "strategy_sha256": dataset_sha256(np.asarray(inp.strategy, dtype=np.float64)),
+        "created_utc": now.isoformat().replace("+00:00", "Z"),
+        "created_by": f"mfcli {__version__}",
+        "command": command,
+    }
+    full_rows = report.rows
+    rows = {name: {k: v for k, v in row.items() if k != "dp_event"} for name, row in full_rows.items()}
+    for name, row in full_rows.items():
+        key = name.replace("-", "_")
+        attrs[f"epsilon_{key}"] = float(row["epsilon"]) if row.get("epsilon") is not None else "null"
+        if "dp_event" in row:
+            _chunked(attrs, f"dp_event_{key}", row["dp_event"])
+    _chunked(attrs, "results", json.dumps(rows, sort_keys=True, default=float))
+    if calibration is not None:
+        attrs["calibrated_setting"] = calibrated_setting or ""
+        attrs["calibration"] = json.dumps(calibration.as_dict(), sort_keys=True)
+    group = f"accounting/{gid}"
+    append_group(inp.artifact, group, attrs=attrs)
+    return group
+
+
+def event_of(result: Any) -> str | None:
+    """The dp-accounting event of a result as JSON, when it has one."""
+    ev = getattr(result, "dp_event", None)
+    return event_to_json(ev()) if callable(ev) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifying a stored record (mfcli inspect)
+
+#: Relative slack when comparing a stored epsilon or parameter with its recomputation (float noise).
+RECORD_RTOL = 1e-9
+
+
+def _as_json(value: Any) -> Any:
+    """An attribute that holds JSON, decoded or not."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    v = float(value)
+    return v if np.isfinite(v) else None
+
+
+def _close_rel(a: float, b: float) -> bool:
+    return abs(a - b) <= RECORD_RTOL * max(abs(a), abs(b))
+
+
+def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sampling: float | None,
+                      delta: float, row: Mapping[str, Any], strategy: np.ndarray) -> float:
+    """Epsilon recomputed from a stored dp-accounting event, after checking that the event is
+    the one the record's parameters and the claimed operator's sensitivity imply.
+
+    Raises:
+        MfcliError: an event of the wrong shape or whose parameters do not match.
+    """
+    from dp_accounting import dp_event
+
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    nm = sigma / sens
+    if setting == "single-pass":
+        if not isinstance(event, dp_event.GaussianDpEvent):
+            raise MfcliError("the single-pass event is not a GaussianDpEvent")
+        if not _close_rel(float(event.noise_multiplier), nm):
+            raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens(C) = {nm!r}")
+        return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
+    if setting == "dp-sgd":
+        ok = (isinstance(event, dp_event.SelfComposedDpEvent)
+              and isinstance(event.event, dp_event.PoissonSampledDpEvent)
+              and isinstance(event.event.event, dp_event.GaussianDpEvent))
+        if not ok:
+            raise MfcliError("the dp-sgd event is not n self-composed Poisson-sampled Gaussians")
+        if (not _close_rel(float(event.event.event.noise_multiplier), sigma) or sampling is None
+                or not _close_rel(float(event.event.sampling_probability), sampling) or event.count != strategy.shape[1]):
+            raise MfcliError("the dp-sgd event's sigma, sampling rate or step count differs from the record's")
+        from dp_accounting.pld import pld_privacy_accountant
+
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=float(row["value_discretization"]))
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+    if setting == "mmcc":
+        from mfcli.accounting import mog_pld
+
+        if not isinstance(event, dp_event.ComposedDpEvent):
+            raise MfcliError("the mmcc event is not a ComposedDpEvent")
+        parts = []
+        for sc in event.events:
+            if not (isinstance(sc, dp_event.SelfComposedDpEvent) and isinstance(sc.event, dp_event.MixtureOfGaussiansDpEvent)):
+                raise MfcliError("the mmcc event is not a composition of self-composed Gaussian mixtures")
+            if not _close_rel(float(sc.event.standard_deviation), nm):
+                raise MfcliError(f"an mmcc mixture has noise {sc.event.standard_deviation!r}, not sigma / sens(C) = {nm!r}")
+            parts.append(sc)
+        if sum(int(sc.count) for sc in parts) != strategy.shape[0]:
+            raise MfcliError(f"the mmcc event composes {sum(int(sc.count) for sc in parts)} rows; C has {strategy.shape[0]}")
+        split = [_num(row.get(k)) for k in ("delta_pld", "delta_tail", "delta_trunc")]
+        if any(x is None or x < 0 for x in split) or sum(split) > delta * (1 + RECORD_RTOL):  # type: ignore[operator, arg-type]
+            raise MfcliError("the mmcc delta split does not add up to at most the record's delta")
+        d = float(row["value_discretization"])
+        plds = []
+        for sc in parts:
+            pld = mog_pld.mixture_pld(float(sc.event.standard_deviation), list(sc.event.sensitivities),
+                                      list(sc.event.sampling_probs), value_discretization_interval=d)
+            plds.append(pld.self_compose(int(sc.count)) if sc.count > 1 else pld)
+        while len(plds) > 1:
+            plds = [mog_pld.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
+                    for i in range(0, len(plds), 2)]
+        return float(plds[0].get_epsilon_for_delta(split[0]))
+    raise MfcliError(f"no recomputation for setting {setting!r}")
+
+
+def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray]) -> list[str]:
+    """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
+
+    ``operators`` maps each operator label the artifact really has (``"dense"``, and
+    ``"compressed (band K, rank R)"`` when its compressed group verifies) to that operator's
+    strategy. Checks: the record's operator exists (records without an ``operator`` attribute
+    predate it and accounted the dense C); ``strategy_sha256`` is the hash of that operator's
+    strategy; every ``epsilon_<setting>`` is at least the epsilon recomputed from the stored
+    dp-accounting event (single-pass: exact analytic Gaussian; dp-sgd: dp-accounting's PLD;
+    mmcc: mfcli's mixture PLD at the stored delta split), and each event's noise multiplier is
+    sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
+    Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
+    run, ``mfcli account``).
+    """
+    from mfcli.accounting.events import event_from_json
+    from mfcli.artifact import dataset_sha256
+
+    problems: list[str] = []
+    label = attrs.get("operator", "dense")
+    if label not in operators:
+        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(operators)})"]
+    c = np.asarray(operators[label], dtype=np.float64)
+    if attrs.get("strategy_sha256") != dataset_sha256(c):
+        problems.append(f"strategy_sha256 is not the hash of the {label} operator's strategy")
+    sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
+    sampling = _num(attrs.get("sampling"))
+    if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
+        return problems + ["sigma or delta is missing or out of range"]
+    settings = _as_json(attrs.get("settings"))
+    results = _as_json(read_chunked(attrs, "results") or "{}")
+    if not isinstance(settings, list) or not isinstance(results, dict):
+        return problems + ["the settings list or the results are missing"]
+    sens = float(_sensitivity(c))
+    for setting in settings:
+        key = str(setting).replace("-", "_")
+        stored = _num(attrs.get(f"epsilon_{key}"))
+        found = results.get(setting)
+        row: Mapping[str, Any] = found if isinstance(found, dict) else {}
+        if stored is None:
+            problems.append(f"epsilon_{key} is missing or not a number")
+            continue
+        try:
+            if setting == "shuffled-tree":
+                recomputed = shuffled_tree(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta).epsilon
+            else:
+                text = read_chunked(attrs, f"dp_event_{key}")
+                if text is None:
+                    raise MfcliError("no stored dp-accounting event")
+                recomputed = _epsilon_of_event(str(setting), event_from_json(text), sigma=sigma, sens=sens,
+                                               sampling=sampling, delta=delta, row=row, strategy=c)
+        except (MfcliError, KeyError, TypeError, ValueError) as exc:
+            problems.append(f"{setting}: cannot recompute epsilon: {exc}")
+            continue
+        if stored < recomputed * (1 - RECORD_RTOL):
+            problems.append(f"{setting}: stored epsilon {stored!r} is below the {recomputed!r} recomputed from its event")
+    return problems
+
+
+__all__ = [
+    "ATTR_CHUNK",
+    "BUILTIN",
+    "DEFAULT_ARTIFACT",
+    "RECORD_RTOL",
+    "SETTINGS",
+    "AccountingOptions",
+    "AccountingReport",
+    "MMCCBracket",
+    "StrategyInput",
+    "account",
+    "calibrate",
+    "check_setting_applies",
+    "epsilon_function",
+    "event_of",
+    "read_chunked",
+    "record_to_artifact",
+    "resolve_strategy",
+    "verify_record",
+]

@@ -1,0 +1,704 @@
+"""Noise operators: one class per representation of a mechanism, one verified reader, and the one
+function that decides which operator runs (docs/noise-streams.md, docs/compress.md).
+
+A factorization A = B C is run as ``A G + B Z = B (C G + Z)``; its privacy is set by the strategy C
+that is actually released (sens(C) = max column norm), and the noise a trainer adds is a row of
+C^-1 Z (gradient noise) or B Z (iterate noise). An artifact can hold two mechanisms for the same
+workload: the dense root (B, C) and, in group ``compressed``, a banded plus low-rank decoder
+B^ = band_K(B) + mask(U V^T) with C^ = B^-1 A. Which one a noise stream streams and which one
+``account`` accounts must be the same: both call :func:`select_operator`.
+
+Two layers:
+
+* :class:`StreamingMatrix` (protocol): a lower-triangular matrix M streamed against Z row by row:
+  :class:`BandedLowRank` (``M[t, t-i] = band[t, i]`` for i < W, ``M[t, j] = u[t] . v[j]`` for
+  j <= t - W; row t in O(W + R) coefficients) or :class:`DenseLowerTriangular` (row t regenerated
+  from its non-zero entries).
+* :class:`NoiseOperator` (protocol): a mechanism: the accounted strategy and its recomputed
+  sensitivity, the decoder (``dense()``), the streaming matrix for each noise kind, and its HDF5
+  group. :class:`DenseOperator` (the root B, C) and :class:`CompressedOperator` (B^, C^) implement
+  it; banded Toeplitz or BLT operators would be a third and fourth class with the same protocol.
+
+:func:`read_compressed` is the only reader of the ``compressed`` group. It is strict: a malformed
+group, a non-zero band entry above the first row (outside the matrix), a non-finite entry or a
+stored ``sensitivity`` / ``loss_total`` / ``loss_increase`` that differs from its recomputation
+from ``band``, ``u`` and ``v`` is an :class:`~mfcli.errors.ArtifactError`; nothing is repaired.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.factorization import Factorization, is_lower_triangular
+
+#: Name of the HDF5 group that holds the compressed decoder.
+GROUP = "compressed"
+#: Relative tolerance for the stored sensitivity and loss against their recomputation.
+ATTR_RTOL = 1e-9
+#: Absolute tolerance for the stored loss_increase (a difference of two relative numbers).
+INCREASE_ATOL = 1e-8
+#: Operator choices: ``auto`` streams (and accounts) the compressed decoder when there is one.
+CHOICES = ("auto", "dense", "compressed")
+#: Noise kinds: gradient noise C^-1 Z, iterate noise B Z.
+KINDS = ("gradient", "iterate")
+#: Relative max-entry error allowed between a banded-low-rank representation and the operator.
+OPERATOR_RTOL = 1e-10
+#: Largest number of sub-diagonals of A^-1 the compressed gradient stream folds into its band.
+MAX_INVERSE_BANDWIDTH = 64
+#: Relative size below which an entry of A^-1 counts as zero when finding its bandwidth (the
+#: representation is then verified against the exact operator to OPERATOR_RTOL).
+_INVERSE_ZERO_RTOL = 1e-13
+
+DEFINITION = (
+    "B^[t, j] = band[t, t - j] for 0 <= t - j < K; u[t] . v[j] for j <= t - K; 0 for j > t"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming matrices
+# --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StreamingMatrix(Protocol):
+    """A lower-triangular matrix M applied to the noise Z one row at a time."""
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def width(self) -> int:
+        """W: recent noise rows a step keeps (0 when rows are regenerated)."""
+        ...
+
+    @property
+    def rank(self) -> int:
+        """R: running sums a step keeps (0 when rows are regenerated)."""
+        ...
+
+    def dense(self) -> np.ndarray:
+        """M as a dense matrix (for checks and small problems)."""
+        ...
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays that identify M (hashed into a stream's fingerprint)."""
+        ...
+
+
+def band_values(matrix: np.ndarray, band: int) -> np.ndarray:
+    """The n x K band layout of a square matrix: ``out[t, i] = matrix[t, t - i]`` (0 if t < i)."""
+    b = np.asarray(matrix, dtype=np.float64)
+    n = b.shape[0]
+    out = np.zeros((n, band))
+    for i in range(min(band, n)):
+        out[i:, i] = np.diagonal(b, offset=-i)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class BandedLowRank:
+    """A lower-triangular n x n matrix M = band_W(M) + mask_W(U V^T).
+
+    Attributes:
+        band: n x W, ``band[t, i] = M[t, t - i]``; entries with t - i < 0 lie outside the matrix
+            and must be zero (a non-zero one is refused, never silently dropped).
+        u: n x R.
+        v: n x R; ``M[t, j] = u[t] . v[j]`` for j <= t - W.
+
+    Raises:
+        MfcliError: shapes that do not fit, NaN or inf, or a non-zero entry outside the matrix.
+    """
+
+    band: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+
+    def __post_init__(self) -> None:
+        bd = np.array(self.band, dtype=np.float64)
+        uu = np.array(self.u, dtype=np.float64)
+        vv = np.array(self.v, dtype=np.float64)
+        if bd.ndim != 2 or uu.ndim != 2 or vv.ndim != 2:
+            raise MfcliError("band, u and v must be 2-D arrays")
+        n, w = bd.shape
+        if not 1 <= w <= n:
+            raise MfcliError(f"band has {w} columns; need 1 <= K <= n = {n}")
+        if uu.shape != vv.shape or uu.shape[0] != n:
+            raise MfcliError(f"u {uu.shape} and v {vv.shape} must both be n x R with n = {n} (band is {bd.shape})")
+        for name, m in (("band", bd), ("u", uu), ("v", vv)):
+            if not np.all(np.isfinite(m)):
+                raise MfcliError(f"{name} contains NaN or inf")
+        outside = np.arange(w)[None, :] > np.arange(n)[:, None]
+        if np.any(bd[outside]):
+            raise MfcliError("band has non-zero entries where t - i < 0 (outside the matrix)")
+        for m in (bd, uu, vv):
+            m.setflags(write=False)
+        object.__setattr__(self, "band", bd)
+        object.__setattr__(self, "u", uu)
+        object.__setattr__(self, "v", vv)
+
+    @property
+    def n(self) -> int:
+        return int(self.band.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.band.shape[1])
+
+    @property
+    def rank(self) -> int:
+        return int(self.u.shape[1])
+
+    def dense(self) -> np.ndarray:
+        """The n x n matrix M."""
+        n, w = self.n, self.width
+        out = np.zeros((n, n))
+        if self.rank > 0 and w < n:
+            out[w:, : n - w] = np.tril(self.u[w:] @ self.v[: n - w].T)
+        rows = np.arange(n)
+        for i in range(w):
+            out[rows[i:], rows[i:] - i] = self.band[i:, i]
+        return out
+
+    def slot_coefficients(self, t: int) -> np.ndarray:
+        """Row t in streaming-buffer order (length W + R): the band entry for Z[j] at ring slot
+        j mod W for j in (t - W, t], then u[t] for the R running sums S_{t-W}."""
+        w = self.width
+        c = np.zeros(w + self.rank)
+        i = np.arange(min(w, t + 1))
+        c[(t - i) % w] = self.band[t, i]
+        c[w:] = self.u[t]
+        return c
+
+    def coefficient_table(self) -> np.ndarray:
+        """:meth:`slot_coefficients` for every t (n x (W + R)): what a jitted trainer indexes."""
+        return np.stack([self.slot_coefficients(t) for t in range(self.n)]) if self.n else np.zeros((0, self.width + self.rank))
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.band, self.u, self.v)
+
+
+@dataclass(frozen=True, eq=False)
+class DenseLowerTriangular:
+    """A dense operator (n x n lower-triangular, or n x m for a non-square decoder) whose row t
+    is applied by regenerating the noise rows it touches."""
+
+    matrix: np.ndarray
+
+    def __post_init__(self) -> None:
+        m = np.array(self.matrix, dtype=np.float64)
+        m.setflags(write=False)
+        object.__setattr__(self, "matrix", m)
+
+    @property
+    def n(self) -> int:
+        return int(self.matrix.shape[0])
+
+    @property
+    def width(self) -> int:
+        return 0
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    def dense(self) -> np.ndarray:
+        return np.array(self.matrix)
+
+    def row(self, t: int) -> np.ndarray:
+        """Row t of M (read-only view)."""
+        return self.matrix[t]
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.matrix,)
+
+
+def _lower_bandwidth(mat: np.ndarray, *, rtol: float) -> int:
+    """Number of non-negligible sub-diagonals of a lower-triangular matrix."""
+    mag = np.abs(mat)
+    scale = mag.max(axis=1, keepdims=True)
+    nz = mag > rtol * scale
+    t, j = np.nonzero(nz)
+    return int(np.max(t - j)) if t.size else 0
+
+
+def _relative_error(approx: np.ndarray, exact: np.ndarray) -> float:
+    scale = float(np.max(np.abs(exact)))
+    return float(np.max(np.abs(approx - exact))) / scale if scale > 0 else float(np.max(np.abs(approx)))
+
+
+def compressed_gradient_operator(
+    workload: np.ndarray, decoder: BandedLowRank
+) -> tuple[BandedLowRank | None, np.ndarray, int]:
+    """C^^-1 = A^-1 B^ for a compressed decoder B^, as banded-low-rank when A^-1 is banded.
+
+    Returns ``(structured or None, dense C^^-1, p)``: with ``L = band_p(A^-1)`` the operator is
+    band_(K+p)(L B^) plus masked rank R with U' = L U and the same V; it is returned only if it
+    reproduces the dense ``solve_triangular(A, B^)`` to :data:`OPERATOR_RTOL`. Otherwise (a custom
+    workload whose inverse is not banded) the first element is None and the stream regenerates.
+    """
+    a = np.asarray(workload, dtype=np.float64)
+    n = a.shape[0]
+    b_hat = decoder.dense()
+    import scipy.linalg  # not at module level: commands that never solve (inspect --help) skip scipy
+
+    exact = scipy.linalg.solve_triangular(a, b_hat, lower=True)
+    a_inv = scipy.linalg.solve_triangular(a, np.eye(n), lower=True)
+    p = _lower_bandwidth(a_inv, rtol=_INVERSE_ZERO_RTOL)
+    if p > MAX_INVERSE_BANDWIDTH or decoder.width + p > n:
+        return None, exact, p
+    low = np.tril(np.triu(a_inv, -p))
+    structured = BandedLowRank(band=band_values(low @ b_hat, decoder.width + p), u=low @ decoder.u, v=decoder.v)
+    if _relative_error(structured.dense(), exact) > OPERATOR_RTOL:
+        return None, exact, p
+    return structured, exact, p
+
+
+class Streaming(NamedTuple):
+    """What a noise stream needs from an operator for one noise kind."""
+
+    matrix: BandedLowRank | DenseLowerTriangular
+    inverse_bandwidth: int | None  # p, sub-diagonals of A^-1 (compressed gradient noise only)
+
+
+# --------------------------------------------------------------------------------------------
+# Mechanisms (noise operators)
+# --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class NoiseOperator(Protocol):
+    """A mechanism A = B C as it runs: what is accounted and what is streamed.
+
+    ``variant`` is ``dense`` or ``compressed``; ``label`` names it for humans and records
+    (``"dense"``, ``"compressed (band 4, rank 2)"``); ``factorization`` holds A, the accounted
+    strategy and the decoder; ``sensitivity`` is recomputed from that strategy.
+    """
+
+    @property
+    def variant(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def factorization(self) -> Factorization: ...
+
+    @property
+    def sensitivity(self) -> float: ...
+
+    def dense(self) -> np.ndarray:
+        """The decoder (B or B^) as a dense matrix."""
+        ...
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        """The matrix streamed for noise ``kind`` (gradient: C^-1; iterate: B)."""
+        ...
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        """Its HDF5 group for :func:`mfcli.artifact.save_artifact` (None: it is the root)."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class DenseOperator:
+    """The dense root mechanism of an artifact: strategy C, decoder B, gradient noise C^-1."""
+
+    factorization: Factorization
+
+    variant = "dense"
+
+    @property
+    def label(self) -> str:
+        return "dense"
+
+    @property
+    def n(self) -> int:
+        return self.factorization.n
+
+    @property
+    def strategy(self) -> np.ndarray:
+        return self.factorization.strategy
+
+    @property
+    def sensitivity(self) -> float:
+        return float(self.factorization.sensitivity)
+
+    def dense(self) -> np.ndarray:
+        return np.array(self.factorization.decoder)
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        fact = self.factorization
+        if kind == "gradient":
+            if fact.m != fact.n:
+                raise MfcliError(
+                    f"{where} has a {fact.m} x {fact.n} strategy: gradient noise C^-1 Z needs a square "
+                    "strategy (use kind='iterate' for B Z)"
+                )
+            op = fact.noising_matrix()
+        elif kind == "iterate":
+            op = np.array(fact.decoder)
+        else:
+            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+        if fact.m == fact.n and not is_lower_triangular(op):
+            raise MfcliError(f"{where}: the {kind} operator is not lower-triangular: it cannot be streamed")
+        return Streaming(DenseLowerTriangular(op), None)
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        return None
+
+
+def strategy_for_decoder(workload: np.ndarray, decoder: np.ndarray, *, block: int = 256) -> np.ndarray:
+    """C^ = B^-1 A for a lower-triangular B^ with non-zero diagonal and lower-triangular A.
+
+    C^ is lower-triangular, so columns j0..j1 only need the trailing system
+    B^[j0:, j0:] C^[j0:, j0:j1] = A[j0:, j0:j1]: blocked triangular solves costing about 0.4 n^3
+    flops instead of n^3 for one solve against all of A.
+
+    Raises:
+        MfcliError: if B^ has a zero diagonal entry or the solve is not finite.
+    """
+    a = np.asarray(workload, dtype=np.float64)
+    b = np.asarray(decoder, dtype=np.float64)
+    d = np.diagonal(b)
+    if not np.all(np.isfinite(d)) or np.any(d == 0):
+        raise MfcliError("the compressed decoder has a zero on its diagonal and cannot be inverted")
+    import scipy.linalg  # not at module level: inspect imports this module and needs no scipy to start
+
+    n = a.shape[0]
+    c = np.zeros((n, n))
+    if np.any(np.triu(a, 1)):
+        c[:] = scipy.linalg.solve_triangular(b, a, lower=True, check_finite=False)
+    else:
+        for j0 in range(0, n, block):
+            j1 = min(n, j0 + block)
+            c[j0:, j0:j1] = scipy.linalg.solve_triangular(
+                b[j0:, j0:], a[j0:, j0:j1], lower=True, check_finite=False
+            )
+    if not np.all(np.isfinite(c)):
+        raise MfcliError("the compressed decoder is numerically singular: C^ = B^-1 A is not finite")
+    return np.tril(c)
+
+
+def mechanism_for_decoder(workload: np.ndarray, decoder: np.ndarray) -> Factorization:
+    """The factorization (A, C^ = B^-1 A, B^) a lower-triangular decoder implies, verified."""
+    c = strategy_for_decoder(workload, decoder)
+    fact = Factorization(workload=workload, strategy=c, decoder=decoder, causal=True)
+    try:
+        fact.verify()
+    except MfcliError as exc:
+        raise MfcliError(f"the compressed decoder is too ill-conditioned to use: {exc}") from None
+    return fact
+
+
+def check_band_rank(n: int, band: int, rank: int) -> None:
+    """Raise MfcliError unless 1 <= K <= n and 0 <= R <= n - K.
+
+    K >= 1 keeps the diagonal of B (so B^ is invertible); the masked region j <= t - K has
+    n - K rows and columns, so a rank above n - K means nothing.
+    """
+    if isinstance(band, bool) or not isinstance(band, (int, np.integer)):
+        raise MfcliError(f"band K must be an integer, got {band!r}")
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise MfcliError(f"rank R must be an integer, got {rank!r}")
+    if not 1 <= band <= n:
+        raise MfcliError(f"band K = {band} is out of range: need 1 <= K <= n = {n}")
+    if not 0 <= rank <= n - band:
+        raise MfcliError(f"rank R = {rank} is out of range: need 0 <= R <= n - K = {n - band}")
+
+
+@dataclass(frozen=True, eq=False)
+class CompressedOperator:
+    """A banded plus low-rank decoder B^ and the mechanism (A, C^ = B^-1 A, B^) it implies.
+
+    Attributes:
+        decoder_matrix: B^ as a :class:`BandedLowRank` (K = its width, R = its rank).
+        factorization: workload A, strategy C^ = B^-1 A, decoder B^ (verified A = B^ C^).
+        dense_loss_total: loss of the dense factorization it was made from.
+        dense_sensitivity: sens(C) of that dense factorization.
+        fit_relative_error: ||B - B^||_F / ||B||_F against the dense decoder.
+        als_iterations: ALS iterations used (0 when R = 0 or K = n).
+
+    Formal guarantees: ``sensitivity``, ``loss_total`` and ``loss_increase`` are recomputed from
+    B^ (sens(C^) = max_j ||(B^-1 A)[:, j]||_2, single participation, clip norm 1), not carried
+    over from the dense solution. Releasing A G + B^ Z with Z ~ N(0, sigma^2) is the Gaussian
+    mechanism on C^ G with L2 sensitivity sens(C^) x clip, post-processed by B^.
+    """
+
+    decoder_matrix: BandedLowRank
+    factorization: Factorization
+    dense_loss_total: float
+    dense_sensitivity: float
+    fit_relative_error: float
+    als_iterations: int = 0
+
+    variant = "compressed"
+
+    @classmethod
+    def build(
+        cls, dense: Factorization, decoder: BandedLowRank, *, als_iterations: int = 0
+    ) -> CompressedOperator:
+        """The compressed mechanism of ``decoder`` for the workload of ``dense``, recomputed."""
+        b_hat = decoder.dense()
+        b = dense.decoder
+        return cls(
+            decoder_matrix=decoder, factorization=mechanism_for_decoder(dense.workload, b_hat),
+            dense_loss_total=dense.loss_total, dense_sensitivity=dense.sensitivity,
+            fit_relative_error=float(np.linalg.norm(b - b_hat) / np.linalg.norm(b)),
+            als_iterations=int(als_iterations),
+        )
+
+    @property
+    def band(self) -> int:
+        """K, the number of exact diagonals kept."""
+        return self.decoder_matrix.width
+
+    @property
+    def rank(self) -> int:
+        """R, the rank of the masked low-rank part."""
+        return self.decoder_matrix.rank
+
+    @property
+    def band_values(self) -> np.ndarray:
+        """n x K, ``band_values[t, i] = B^[t, t - i]``."""
+        return self.decoder_matrix.band
+
+    @property
+    def u(self) -> np.ndarray:
+        return self.decoder_matrix.u
+
+    @property
+    def v(self) -> np.ndarray:
+        return self.decoder_matrix.v
+
+    @property
+    def label(self) -> str:
+        return f"compressed (band {self.band}, rank {self.rank})"
+
+    @property
+    def n(self) -> int:
+        return self.factorization.n
+
+    @property
+    def decoder(self) -> np.ndarray:
+        """B^."""
+        return self.factorization.decoder
+
+    @property
+    def strategy(self) -> np.ndarray:
+        """C^ = B^-1 A."""
+        return self.factorization.strategy
+
+    @property
+    def sensitivity(self) -> float:
+        return float(self.factorization.sensitivity)
+
+    @property
+    def loss_total(self) -> float:
+        return self.factorization.loss_total
+
+    @property
+    def loss_increase(self) -> float:
+        """loss_total / dense_loss_total - 1 (0.01 means 1% more total squared error)."""
+        return self.loss_total / self.dense_loss_total - 1.0
+
+    @property
+    def stream_cost(self) -> int:
+        """K + R: noise rows touched per step (K band rows, R state rows)."""
+        return self.band + self.rank
+
+    def dense(self) -> np.ndarray:
+        return np.array(self.factorization.decoder)
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        if kind == "iterate":
+            return Streaming(self.decoder_matrix, None)
+        if kind != "gradient":
+            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+        structured, exact, p = compressed_gradient_operator(self.factorization.workload, self.decoder_matrix)
+        if structured is not None:
+            return Streaming(structured, p)
+        return Streaming(DenseLowerTriangular(exact), p)
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict:
+        """The ``compressed`` group for :func:`mfcli.artifact.save_artifact`."""
+        attrs: dict[str, Any] = {
+            **self.numbers(),
+            "definition": DEFINITION,
+            "noise_operator": "B^ (iterate noise); gradient noise is (C^-1 Z)[t] with C^ = B^-1 A",
+        }
+        attrs.update(source or {})
+        return {"datasets": {"band": self.band_values, "u": self.u, "v": self.v}, "attrs": attrs}
+
+    def summary(self) -> dict:
+        """Recomputed numbers as a JSON-ready dict."""
+        return {**self.numbers(), "stream_cost": self.stream_cost}
+
+    def numbers(self) -> dict:
+        """The recomputed numbers both the stored group and the summary carry."""
+        f = self.factorization
+        return {
+            "band": int(self.band),
+            "rank": int(self.rank),
+            "sensitivity": f.sensitivity,
+            "loss_total": f.loss_total,
+            "loss_mean": f.loss_mean,
+            "loss_max": f.loss_max,
+            "loss_increase": self.loss_increase,
+            "dense_loss_total": self.dense_loss_total,
+            "dense_sensitivity": self.dense_sensitivity,
+            "fit_relative_error": self.fit_relative_error,
+            "als_iterations": int(self.als_iterations),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The one reader of the compressed group, and the one choice of the operator that runs
+# --------------------------------------------------------------------------------------------
+
+
+class NumberCheck(NamedTuple):
+    """One stored number next to its recomputation."""
+
+    name: str
+    stored: Any
+    recomputed: Any
+    ok: bool
+
+
+@dataclass(frozen=True)
+class CompressedReading:
+    """What :func:`check_compressed` found: the operator (None if the group is unusable), each
+    stored number next to its recomputation, and the structural problem if any."""
+
+    operator: CompressedOperator | None
+    checks: tuple[NumberCheck, ...] = field(default_factory=tuple)
+    problem: str | None = None
+
+    def failures(self) -> list[str]:
+        """Every finding as one line (empty when the group is sound)."""
+        out = [self.problem] if self.problem else []
+        out += [
+            f"stored {GROUP}/{c.name} {c.stored!r} does not match the value recomputed from band, u and v "
+            f"({c.recomputed!r})"
+            for c in self.checks if not c.ok
+        ]
+        return out
+
+
+def check_compressed(dense: Factorization, group: Mapping[str, Any]) -> CompressedReading:
+    """Rebuild B^ from a ``compressed`` group and compare every stored number; never raises for a
+    bad group (``mfcli inspect`` lists the findings, :func:`read_compressed` refuses them)."""
+    attrs = group.get("attrs", {})
+    ds = group.get("datasets", {})
+    n = dense.n
+    missing = [name for name in ("band", "u", "v") if name not in ds]
+    if missing:
+        return CompressedReading(None, problem=f"group {GROUP!r} lacks dataset(s) {', '.join(missing)}")
+    try:
+        bd, u, v = (np.asarray(ds[name], dtype=np.float64) for name in ("band", "u", "v"))
+    except (TypeError, ValueError):
+        return CompressedReading(None, problem=f"{GROUP}/band, u and v must be numeric arrays")
+    k_attr, r_attr = attrs.get("band"), attrs.get("rank")
+    if dense.m != n:
+        return CompressedReading(None, problem="a compressed group needs a square root factorization")
+    if bd.ndim != 2 or bd.shape != (n, k_attr):
+        return CompressedReading(None, problem=f"{GROUP} band has shape {bd.shape}, expected ({n}, {k_attr!r}) from its attributes")
+    if u.ndim != 2 or v.ndim != 2 or u.shape != (n, r_attr) or v.shape != (n, r_attr):
+        return CompressedReading(None, problem=f"{GROUP} u {u.shape} and v {v.shape} must be ({n}, {r_attr!r}) from its attributes")
+    try:
+        check_band_rank(n, bd.shape[1], u.shape[1])
+        op = CompressedOperator.build(
+            dense, BandedLowRank(band=bd, u=u, v=v), als_iterations=_int_or_zero(attrs.get("als_iterations"))
+        )
+    except MfcliError as exc:
+        return CompressedReading(None, problem=f"{GROUP} group: {exc}")
+    checks = []
+    for name, recomputed, rtol, atol in (
+        ("sensitivity", op.sensitivity, ATTR_RTOL, 0.0),
+        ("loss_total", op.loss_total, ATTR_RTOL, 0.0),
+        ("loss_increase", op.loss_increase, 0.0, INCREASE_ATOL),
+    ):
+        stored = attrs.get(name)
+        ok = isinstance(stored, (int, float)) and not isinstance(stored, bool) and bool(
+            np.isclose(stored, recomputed, rtol=rtol, atol=atol)
+        )
+        checks.append(NumberCheck(name, stored, recomputed, ok))
+    return CompressedReading(op, tuple(checks))
+
+
+def _int_or_zero(value: Any) -> int:
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else 0
+
+
+def read_compressed(artifact: Any) -> CompressedOperator:
+    """The verified compressed operator of a loaded artifact (from :func:`mfcli.artifact.load_artifact`,
+    which has already checked every dataset's SHA-256 and the dense root).
+
+    Rebuilds B^ from ``band``, ``u``, ``v``, recomputes C^ = B^-1 A, sens(C^), the loss
+    sens(C^)^2 ||B^||_F^2 and the loss increase, and compares each with the stored attribute.
+
+    Raises:
+        ArtifactError: no ``compressed`` group, a malformed one, or a stored number that does not
+            match its recomputation (naming which).
+    """
+    where = str(getattr(artifact, "path", "artifact"))
+    group = artifact.groups.get(GROUP)
+    if group is None:
+        raise ArtifactError(f"{where} has no {GROUP!r} group (no compressed decoder; run mfcli compress first)")
+    reading = check_compressed(artifact.factorization, group)
+    failures = reading.failures()
+    if failures or reading.operator is None:
+        raise ArtifactError(f"{where}: {failures[0] if failures else 'unreadable compressed group'}")
+    return reading.operator
+
+
+def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | CompressedOperator:
+    """The operator that runs for ``artifact``: what noise streams stream and what accounting
+    accounts (one function, so the two cannot disagree).
+
+    ``auto`` is the compressed operator when the artifact has a ``compressed`` group, else the
+    dense root; ``dense`` and ``compressed`` force one (``compressed`` where there is none is an
+    error). The compressed operator comes from :func:`read_compressed` (strict, recomputed).
+
+    Raises:
+        MfcliError: an unknown choice, or ``compressed`` without a compressed group.
+        ArtifactError: a compressed group that does not verify.
+    """
+    if choice not in CHOICES:
+        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {choice!r}")
+    has = GROUP in artifact.groups
+    if choice == "compressed" and not has:
+        raise MfcliError(f"{getattr(artifact, 'path', 'artifact')} has no compressed decoder (run mfcli compress first)")
+    if choice == "compressed" or (choice == "auto" and has):
+        return read_compressed(artifact)
+    return DenseOperator(artifact.factorization)
+
+
+__all__ = [
+    "CHOICES",
+    "GROUP",
+    "BandedLowRank",
+    "CompressedOperator",
+    "CompressedReading",
+    "DenseLowerTriangular",
+    "DenseOperator",
+    "NoiseOperator",
+    "NumberCheck",
+    "Streaming",
+    "StreamingMatrix",
+    "band_values",
+    "check_band_rank",
+    "check_compressed",
+    "compressed_gradient_operator",
+    "mechanism_for_decoder",
+    "read_compressed",
+    "select_operator",
+    "strategy_for_decoder",
+]
