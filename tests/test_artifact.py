@@ -133,7 +133,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mfcli.artifact.file_sha256", boom)
+    monkeypatch.setattr("mfcli.artifact.write_bytes_to", boom)
     with pytest.raises(KeyboardInterrupt):
         save_artifact(target, res.factorization, workload_name="momentum", strategy_name="optimal")
     assert list(tmp_path.iterdir()) == []
