@@ -41,4 +41,6 @@ app.command("account")(_account.account)
 
 
 def main() -> None:
-    app()
+    from mfcli.cli.common import run_cli
+
+    run_cli(app)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import signal
 import sys
@@ -77,6 +78,10 @@ def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
     return typer.Exit(code)
 
 
+_SIGINT_LINE = "interrupted (SIGINT); no partial file was left"
+_SIGTERM_LINE = "terminated (SIGTERM); no partial file was left"
+
+
 class Terminated(BaseException):
     """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no ``except Exception``
     on the way up swallows it; :func:`guarded` turns it into exit status 143."""
@@ -121,9 +126,9 @@ def guarded(fn: F) -> F:
         except MfcliError as exc:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:
-            raise fail("interrupted (SIGINT); no partial file was left", code=EXIT_SIGINT) from None
+            raise fail(_SIGINT_LINE, code=EXIT_SIGINT) from None
         except Terminated:
-            raise fail("terminated (SIGTERM); no partial file was left", code=EXIT_SIGTERM) from None
+            raise fail(_SIGTERM_LINE, code=EXIT_SIGTERM) from None
         except MemoryError:
             raise fail("out of memory; try a smaller n") from None
         except EOFError:
@@ -141,6 +146,59 @@ def guarded(fn: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _late_signal(signum: int, frame: Any) -> None:
+    # The command has ended and every file is committed: report the signal, exit with its code.
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    sigint = signum == signal.SIGINT
+    os.write(2, f"error: {_SIGINT_LINE if sigint else _SIGTERM_LINE}\n".encode())
+    os._exit(EXIT_SIGINT if sigint else EXIT_SIGTERM)
+
+
+def _exit_status(app: Callable[[], Any]) -> int:
+    try:
+        with _sigterm_raises():
+            app()
+    except KeyboardInterrupt:
+        return fail(_SIGINT_LINE, code=EXIT_SIGINT).exit_code
+    except Terminated:
+        return fail(_SIGTERM_LINE, code=EXIT_SIGTERM).exit_code
+    except SystemExit as exc:
+        # Typer turns a KeyboardInterrupt outside the command into a silent exit 130.
+        inner = exc.__context__
+        if isinstance(inner, typer.Exit) and isinstance(inner.__cause__, KeyboardInterrupt):
+            fail(_SIGINT_LINE, code=EXIT_SIGINT)
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def run_cli(app: Callable[[], Any]) -> None:
+    """The CLI entry point: run ``app`` with SIGTERM raising :class:`Terminated`; give a signal
+    that arrives outside any command (while options are parsed, before or after :func:`guarded`)
+    the same one line and exit status as inside one; then end the process at once.
+
+    Why ``os._exit``: tearing down the interpreter (numpy, scipy, h5py) takes a noticeable time,
+    during which Python has already restored the default signal actions, so a Ctrl-C there killed
+    the process silently. Every file is committed and closed by then, and stdout and stderr are
+    flushed here."""
+    code = _exit_status(app)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _late_signal)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or EXIT_ERROR  # e.g. stdout closed early by a pipe reader
+    os._exit(code)
 
 
 def _jsonable(obj: Any) -> Any:
