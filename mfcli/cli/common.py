@@ -73,7 +73,9 @@ def log(message: str) -> None:
 
 def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
     """Print one error line on stderr and return the Exit to raise."""
-    one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    # Only real line breaks join with "; "; any other control character (a CR in a file name)
+    # is shown escaped by safe().
+    one_line = "; ".join(part.strip() for part in str(message).split("\n") if part.strip())
     print(f"error: {safe(one_line)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
