@@ -82,3 +82,27 @@ def test_safe_markup_escapes_rich_markup():
         safe_markup("[red]x[/red]\x1b[2J"))
     text = buf.getvalue()
     assert "[red]x[/red]\\x1b[2J" in text and "\x1b[2J" not in text and "\x1b[31m" not in text
+
+
+def test_every_console_string_is_sanitized():
+    """Through the CLI's console, a string printed directly, a table title and a table cell are
+    all shown with controls escaped, even by a renderer that forgot to call safe()."""
+    from rich.table import Table
+
+    from mfcli.cli import common
+
+    buf = io.StringIO()
+    orig = common.sys.stdout
+    try:
+        common.sys.stdout = buf
+        out = common.stdout()
+        t = Table(title="title \x1b[2J")
+        t.add_column("c")
+        t.add_row("cell \r\x07")
+        out.print("direct \x1b]0;x\x07")
+        out.print(t)
+    finally:
+        common.sys.stdout = orig
+    text = buf.getvalue()
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert "title \\x1b[2J" in text and "cell \\r\\x07" in text and "direct \\x1b]0;x\\x07" in text

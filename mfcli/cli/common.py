@@ -28,13 +28,23 @@ JSON_SCHEMA_VERSION = 1
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _SafeConsole(Console):
+    """A rich Console that passes every string it renders (prints, table titles and cells)
+    through :func:`safe`, so no command can forget to: control characters from a file are shown
+    escaped whatever the renderer. Rich markup written by mfcli still works; values from files
+    should also go through :func:`safe_markup` so their brackets are not read as markup."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(safe(text), **kwargs)
+
+
 def stdout() -> Console:
     # Created per call so CliRunner's captured streams are honoured.
-    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+    return _SafeConsole(file=sys.stdout, soft_wrap=True, highlight=False)
 
 
 def stderr() -> Console:
-    return Console(file=sys.stderr, soft_wrap=True, highlight=False)
+    return _SafeConsole(file=sys.stderr, soft_wrap=True, highlight=False)
 
 
 #: Exit statuses (README.md, "Exit codes"). 2 is click's usage error; 128 + N for signal N.
