@@ -108,7 +108,7 @@ def deferred_signals() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield pending
         return
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
 
     def hold(signum: int, frame: Any) -> None:
         pending.append(signum)

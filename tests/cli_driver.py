@@ -10,10 +10,13 @@ code that runs is the production path, only paused at a chosen point:
   wait until COUNT processes have done so, so that every process has passed its early checks
   before any of them writes (the race the lock must settle).
 * ``DRIVER_READY``: a file created just before the CLI starts (imports done).
+* ``DRIVER_SIGINT``: restore Python's SIGINT handler (a shell's background job starts with
+  SIGINT ignored, which the CLI, like any program, then keeps).
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -84,6 +87,8 @@ if barrier:
 
     art.directory_lock = directory_lock
 
+if os.environ.get("DRIVER_SIGINT"):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 if os.environ.get("DRIVER_READY"):
     Path(os.environ["DRIVER_READY"]).touch()
 sys.argv[0] = "mfcli"

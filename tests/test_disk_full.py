@@ -111,7 +111,7 @@ def small_fs(tmp_path):
     if not shutil.which("mount"):
         pytest.skip("no mount command on this machine")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip() or r.returncode}")
     try:
@@ -123,7 +123,7 @@ def small_fs(tmp_path):
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "mfcli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def _fill(mnt: Path, leave: int) -> None:

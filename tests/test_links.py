@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import h5py
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 

@@ -37,11 +37,11 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
-    # SIGINT must not be inherited as ignored (as it is for background jobs of a shell).
+    # The driver restores Python's SIGINT handler, in case the test runs as a shell's
+    # background job (which starts with SIGINT ignored).
     return subprocess.Popen(
-        [sys.executable, str(DRIVER), *args], cwd=cwd, env=_env(**extra),
+        [sys.executable, str(DRIVER), *args], cwd=cwd, env=_env(DRIVER_SIGINT="1", **extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -49,7 +49,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            out, err = proc.communicate()
+            _out, err = proc.communicate()
             pytest.fail(f"process ended before the pause point: rc {proc.returncode}\n{err}")
         if time.monotonic() > deadline:
             proc.kill()
@@ -105,7 +105,7 @@ def test_signal_inside_the_write_leaves_nothing(tmp_path, source, kind, stage, s
     proc = _start(args, tmp_path, DRIVER_PAUSE_AT=stage, DRIVER_MARKER=str(marker), DRIVER_PAUSE_S="2")
     _wait_for(marker, proc)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT[sig], err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(LINE[sig]), err
@@ -125,7 +125,7 @@ def test_signal_after_the_rename_is_still_reported(tmp_path, sig):
                   DRIVER_PAUSE_AT="after", DRIVER_MARKER=str(marker), DRIVER_PAUSE_S="2")
     _wait_for(marker, proc)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT[sig] and len(err.strip().splitlines()) == 1, err
     assert _leftovers(tmp_path) == []
     assert load_artifact(target).n == 16
@@ -146,7 +146,7 @@ def test_signals_at_many_delays(tmp_path, sig):
         _wait_for(ready, proc)
         time.sleep(delay)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
         assert _leftovers(work) == [], (delay, err)
         if proc.returncode == 0:
             assert load_artifact(target).n == 160

@@ -150,7 +150,7 @@ def guarded(fn: F) -> F:
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug: shown, not hidden
             traceback.print_exc(file=sys.stderr)
             raise fail(
                 f"internal error ({type(exc).__name__}); this is a bug in mfcli, please report it with the traceback above",
