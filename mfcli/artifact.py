@@ -637,9 +637,9 @@ def append_group(
     untouched, and concurrent appends each see the previous one's result, so none is lost.
     """
     p = Path(path)
-    load_artifact(p)
     with atomic_path(p, force=True) as tmp:
-        # Verified again under the lock: this is the version the group is added to.
+        # Verified under the lock: this is the version the group is added to, including any
+        # group another writer added while this one waited.
         load_artifact(p)
         base = p.read_bytes()
 
