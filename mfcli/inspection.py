@@ -268,8 +268,9 @@ def dual_weights_problem(dual_weights: np.ndarray, n: int) -> str | None:
     return None
 
 
-#: A stored solver gap may be below the recomputed certified gap by floating-point noise only.
-GAP_ATOL = 1e-9
+#: A stored solver gap may be below the recomputed certified gap by floating-point noise only
+#: (measured: under 5e-13 on the shipped n = 256 artifacts).
+GAP_ATOL = 1e-10
 
 
 def _read_header(p: Path, f: Any) -> tuple[dict[str, Any], Any]:
