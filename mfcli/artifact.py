@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import io
 import json
 import os
+import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # Windows: writers are not locked against each other
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 
-from mfcli.errors import ArtifactError, MfcliError
+from mfcli.errors import ArtifactError, MfcliError, OutputExistsError
 from mfcli.factorization import Factorization, sensitivity
 
 FORMAT = "mfcli.factorization"
@@ -61,7 +69,8 @@ def utc_now() -> str:
 
 def check_output_path(path: str | Path, *, force: bool = False) -> Path:
     """Refuse an output path that is a symlink, a directory, a device/pipe/socket, or an existing
-    file without ``force``; return it as a Path. Call it before expensive work."""
+    file without ``force``; return it as a Path. Call it before expensive work (the writer checks
+    again under its lock, :func:`atomic_path`)."""
     target = Path(path)
     if target.is_symlink():
         raise MfcliError(f"{target} is a symbolic link; give the path of a regular file")
@@ -70,15 +79,115 @@ def check_output_path(path: str | Path, *, force: bool = False) -> Path:
     if target.exists() and not target.is_file():
         raise MfcliError(f"{target} is not a regular file (a device, pipe or socket)")
     if target.exists() and not force:
-        raise MfcliError(f"{target} already exists (use --force to overwrite)")
+        raise OutputExistsError(f"{target} already exists")
     return target
+
+
+#: Signals held back while a file is being written and committed (see :func:`deferred_signals`).
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def deferred_signals() -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM for the duration of the block, then deliver them, in order.
+
+    Why: an exception raised by a signal handler while HDF5 is closing or flushing a file is
+    printed and swallowed by h5py ("Exception ignored in ..."), so a Ctrl-C there used to be lost
+    and the write committed with exit status 0. Inside the block a signal is only recorded; the
+    yielded list shows which arrived, so the caller can abandon its work before committing. On
+    exit the previous handlers are restored and each recorded signal is raised again, so it is
+    never swallowed (KeyboardInterrupt, the CLI's SIGTERM exception, or death by the default
+    action, after the caller's cleanup). Only the main thread can handle signals: elsewhere the
+    block runs as is.
+    """
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous: dict[signal.Signals, Any] = {}
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+
+    try:
+        for sig in _DEFERRED_SIGNALS:
+            old = signal.getsignal(sig)
+            if old is None or old == signal.SIG_IGN:
+                continue
+            previous[sig] = old
+            signal.signal(sig, hold)
+        yield pending
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        for sig in dict.fromkeys(pending):
+            signal.raise_signal(sig)
+
+
+_locks = threading.local()
+
+
+@contextmanager
+def directory_lock(directory: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``directory`` (waiting for it) for the duration of the block.
+
+    Every mfcli writer takes it around "check the precondition, write, rename" for a file in
+    that directory, so two writers cannot both create the same new file and two appends to one
+    artifact cannot lose a record: the second waits, then sees the first one's result. Locking
+    the directory rather than the file means no lock file is left behind and a file replaced by
+    rename is still covered. Re-entrant within a thread. The lock is advisory (other programs
+    ignore it) and is skipped where ``fcntl`` is missing (Windows) or the directory cannot be
+    opened for reading.
+    """
+    held: dict[str, int] | None = getattr(_locks, "held", None)
+    if held is None:
+        held = _locks.held = {}
+    key = os.path.realpath(directory)
+    if fcntl is None or key in held:
+        yield
+        return
+    try:
+        fd = os.open(key, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except PermissionError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held[key] = fd
+        try:
+            yield
+        finally:
+            del held[key]
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Make the rename durable; not every platform or file system can fsync a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager
 def atomic_path(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only if the block succeeds.
 
-    Nothing is left behind on error or Ctrl-C: the temporary file is removed.
+    Guarantees (docs/artifact-format.md, "Writing"):
+
+    * the directory lock (:func:`directory_lock`) is held from the precondition check to the
+      rename, and the precondition (``path`` absent unless ``force``) is checked again under it;
+    * SIGINT/SIGTERM are deferred (:func:`deferred_signals`); one that arrives before the commit
+      abandons the write, removes the temporary file and is then delivered;
+    * any error (a full disk included) removes the temporary file; the target is either the old
+      file or the complete new one, fsynced before the rename.
     """
     target = check_output_path(path, force=force)
     parent = target.parent if str(target.parent) else Path(".")
@@ -86,19 +195,84 @@ def atomic_path(path: str | Path, *, force: bool = False) -> Iterator[Path]:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise MfcliError(f"cannot create directory {parent}: {exc.strerror or exc}") from None
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    abandoned = False
+    with directory_lock(parent):
+        with deferred_signals() as pending:
+            check_output_path(target, force=force)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+            try:
+                # mkstemp creates 0600; give the artifact the permissions a normal file would get.
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+                yield tmp
+                if not pending:
+                    _fsync_file(tmp)
+                if pending:
+                    abandoned = True
+                    tmp.unlink(missing_ok=True)
+                else:
+                    os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            if not abandoned:
+                _fsync_dir(parent)
+        # The held signals were delivered on leaving the block above; a handler that did not
+        # raise lands here, and the caller must still learn that nothing was written.
+        if abandoned:
+            raise MfcliError(f"{target} was not written: interrupted by a signal")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        # mkstemp creates 0600; give the artifact the permissions a normal file would get.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        yield tmp
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: Largest single ``os.write``; a seam for tests that simulate a full disk.
+_WRITE_CHUNK = 1 << 24
+_os_write = os.write
+
+
+def write_bytes_to(tmp: Path, data: bytes, *, target: Path) -> None:
+    """Write ``data`` to the (temporary) file ``tmp`` with plain ``os.write`` and fsync it.
+
+    A full disk surfaces here as one clean error naming ``target`` (the file the user asked
+    for), rather than inside HDF5's close, where it used to crash the interpreter.
+    """
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            view = memoryview(data)
+            while view:
+                written = _os_write(fd, view[:_WRITE_CHUNK])
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise MfcliError(f"cannot write {target}: {exc.strerror or exc}; nothing was written") from None
+
+
+def hdf5_image(build: Callable[[Any], None], base: bytes | None = None) -> bytes:
+    """Bytes of an HDF5 file made in memory: ``build(f)`` fills a new file, or edits a copy of
+    ``base`` (an existing file's bytes) in place, leaving everything else byte for byte.
+
+    Why in memory: HDF5 writes at close, and a failed write there (a full disk) leaves h5py
+    closing a broken file, which crashed the interpreter. Here nothing touches the disk until
+    :func:`write_bytes_to`.
+    """
+    import h5py
+
+    buffer = io.BytesIO(base if base is not None else b"")
+    with h5py.File(buffer, "r+" if base is not None else "w") as f:
+        build(f)
+    return buffer.getvalue()
 
 
 def _to_attr(value: Any) -> Any:
@@ -167,49 +341,50 @@ def save_artifact(
     ``groups`` maps a group name to ``{"datasets": {name: array}, "attrs": {name: value}}``.
     Returns the SHA-256 of the written file.
     """
-    import h5py
-
     factorization.verify()
+    attrs: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "n": factorization.n,
+        "m": factorization.m,
+        "workload_name": workload_name,
+        "workload_params": dict(workload_params or {}),
+        "strategy_name": strategy_name,
+        "sensitivity": factorization.sensitivity,
+        "loss_total": factorization.loss_total,
+        "loss_mean": factorization.loss_mean,
+        "loss_max": factorization.loss_max,
+        "causal": factorization.causal,
+        "noise_operator": "C^-1 (gradient noise) and B (iterate noise)",
+        "solver": dict(solver) if solver is not None else {},
+        "created_by": f"mfcli {_version()}",
+        "created_utc": utc_now(),
+        "command": command,
+    }
+    attrs.update(extra_attrs or {})
+
+    def build(f: Any) -> None:
+        for name, data in (
+            ("workload", factorization.workload),
+            ("strategy", factorization.strategy),
+            ("decoder", factorization.decoder),
+        ):
+            _write_dataset(f, name, data)
+        if dual_weights is not None:
+            _write_dataset(f, "dual_weights", dual_weights)
+        for k, val in attrs.items():
+            f.attrs[k] = _to_attr(val)
+        for gname, content in (groups or {}).items():
+            g = f.create_group(gname)
+            for dname, data in content.get("datasets", {}).items():
+                _write_dataset(g, dname, data)
+            for k, val in content.get("attrs", {}).items():
+                g.attrs[k] = _to_attr(val)
+
     with atomic_path(path, force=force) as tmp:
-        with h5py.File(tmp, "w") as f:
-            for name, data in (
-                ("workload", factorization.workload),
-                ("strategy", factorization.strategy),
-                ("decoder", factorization.decoder),
-            ):
-                _write_dataset(f, name, data)
-            if dual_weights is not None:
-                _write_dataset(f, "dual_weights", dual_weights)
-            attrs: dict[str, Any] = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "n": factorization.n,
-                "m": factorization.m,
-                "workload_name": workload_name,
-                "workload_params": dict(workload_params or {}),
-                "strategy_name": strategy_name,
-                "sensitivity": factorization.sensitivity,
-                "loss_total": factorization.loss_total,
-                "loss_mean": factorization.loss_mean,
-                "loss_max": factorization.loss_max,
-                "causal": factorization.causal,
-                "noise_operator": "C^-1 (gradient noise) and B (iterate noise)",
-                "solver": dict(solver) if solver is not None else {},
-                "created_by": f"mfcli {_version()}",
-                "created_utc": utc_now(),
-                "command": command,
-            }
-            attrs.update(extra_attrs or {})
-            for k, val in attrs.items():
-                f.attrs[k] = _to_attr(val)
-            for gname, content in (groups or {}).items():
-                g = f.create_group(gname)
-                for dname, data in content.get("datasets", {}).items():
-                    _write_dataset(g, dname, data)
-                for k, val in content.get("attrs", {}).items():
-                    g.attrs[k] = _to_attr(val)
-        digest = file_sha256(tmp)
-    return digest
+        image = hdf5_image(build)
+        write_bytes_to(tmp, image, target=Path(path))
+    return hashlib.sha256(image).hexdigest()
 
 
 def file_sha256(path: str | Path) -> str:
@@ -247,6 +422,66 @@ def check_datasets(path: str | Path) -> list[tuple[str, bool]]:
 
         f.visititems(visit)
     return out
+
+
+def structure_problems(f: Any) -> list[str]:
+    """Everything in an open HDF5 file that is not a plain group or a plain dataset stored in it.
+
+    An artifact holds only groups and datasets whose data lives in the file itself, each
+    reachable by exactly one path. Refused, one line each: soft links, external links (the data
+    would come from another, unhashed file), hard links (one object under two names, so a check
+    of one path vouches for another), virtual datasets and datasets with external raw storage
+    (data in other files), and committed datatypes. Links are examined without following them,
+    so a dangling or cyclic link is reported, not followed. Shared by :func:`load_artifact`
+    (which refuses the first) and :mod:`mfcli.inspection` (which reports them all).
+    """
+    import h5py
+
+    problems: list[str] = []
+    plain = "an artifact holds only plain datasets and groups"
+
+    def walk(group: Any, prefix: str) -> None:
+        for name in group:
+            where = f"{prefix}{name}"
+            try:
+                link = group.get(name, getlink=True)
+            except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+                problems.append(f"object {where!r} cannot be read (corrupt?): {exc}")
+                continue
+            if isinstance(link, h5py.SoftLink):
+                problems.append(f"{where!r} is a soft link to {link.path!r}; {plain}")
+                continue
+            if isinstance(link, h5py.ExternalLink):
+                problems.append(f"{where!r} is an external link to {link.path!r} in file {link.filename!r}; {plain}")
+                continue
+            try:
+                obj = group[name]
+                paths = h5py.h5o.get_info(obj.id).rc
+            except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+                problems.append(f"object {where!r} cannot be read (corrupt?): {exc}")
+                continue
+            if paths > 1:
+                problems.append(f"{where!r} is a hard link: the same object is reachable by {paths} paths; {plain}")
+            if isinstance(obj, h5py.Group):
+                walk(obj, f"{where}/")
+            elif isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    problems.append(f"{where!r} is a virtual dataset (its data lives in other files); {plain}")
+                elif obj.id.get_create_plist().get_external_count():
+                    problems.append(f"{where!r} stores its data in external files; {plain}")
+            else:
+                problems.append(f"{where!r} is a {type(obj).__name__}, not a dataset or group; {plain}")
+
+    walk(f, "")
+    return problems
+
+
+def check_structure(f: Any, path: str | Path) -> None:
+    """Raise ArtifactError naming the first link or non-plain object (:func:`structure_problems`)."""
+    problems = structure_problems(f)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ArtifactError(f"{path}: {problems[0]}{more}")
 
 
 def open_artifact_file(path: str | Path) -> Any:
@@ -289,6 +524,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
                 raise ArtifactError(
                     f"{p} has format_version {version!r}; this mfcli reads version {FORMAT_VERSION}"
                 )
+            check_structure(f, p)
             for name in ROOT_DATASETS:
                 if name not in f or not isinstance(f[name], h5py.Dataset):
                     raise ArtifactError(f"{p} has no {name!r} dataset")
@@ -406,19 +642,19 @@ def append_group(
 ) -> None:
     """Add a group (e.g. ``accounting/<id>``) to an existing artifact, atomically.
 
-    The file is verified, copied byte for byte to a temporary file beside it, the group is added
-    to the copy (datasets with their SHA-256), and the copy is renamed over the original: the
-    matrices are never re-encoded and a crash leaves the original untouched.
+    Under the directory lock (:func:`atomic_path`), the file is verified, its bytes are read, the
+    group is added to an in-memory copy (datasets with their SHA-256), and the result is written
+    beside it and renamed over it: the matrices are never re-encoded, a crash leaves the original
+    untouched, and concurrent appends each see the previous one's result, so none is lost.
     """
-    import shutil
-
-    import h5py
-
     p = Path(path)
-    load_artifact(p)
     with atomic_path(p, force=True) as tmp:
-        shutil.copyfile(p, tmp)
-        with h5py.File(tmp, "r+") as f:
+        # Verified under the lock: this is the version the group is added to, including any
+        # group another writer added while this one waited.
+        load_artifact(p)
+        base = p.read_bytes()
+
+        def build(f: Any) -> None:
             if group in f:
                 if not replace:
                     raise MfcliError(f"{p} already has a group {group!r}")
@@ -428,6 +664,8 @@ def append_group(
                 g.attrs[k] = _to_attr(val)
             for dname, data in (datasets or {}).items():
                 _write_dataset(g, dname, data)
+
+        write_bytes_to(tmp, hdf5_image(build, base), target=p)
 
 
 def is_shipped_artifact(path: str | Path) -> bool:

@@ -7,11 +7,13 @@
   (by its Python name, never a command-line flag) or entry.
 * :class:`ArtifactError` (a :class:`MfcliError`) is a file that is missing, truncated, tampered
   with or inconsistent.
+* :class:`OutputExistsError` (a :class:`MfcliError`) is an output file that exists where
+  overwriting was not asked for (``force=False``); the CLI adds the ``--force`` hint.
 * A wrong argument *type* (a string where a number or an artifact is expected) is a programming
   mistake, not bad data, and is raised as a plain :class:`TypeError`.
 
 Anything else escaping mfcli (a ``ZeroDivisionError``, a ``KeyError``) is a bug. The CLI prints
-MfcliError as one ``error:`` line and exits non-zero.
+MfcliError as one ``error:`` line and exits 1; a bug exits 70 with its traceback.
 """
 from __future__ import annotations
 
@@ -22,3 +24,7 @@ class MfcliError(ValueError):
 
 class ArtifactError(MfcliError):
     """An artifact is missing, truncated, tampered with or inconsistent."""
+
+
+class OutputExistsError(MfcliError):
+    """The output file exists and overwriting was not asked for (``force=False``)."""

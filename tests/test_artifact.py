@@ -133,7 +133,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mfcli.artifact.file_sha256", boom)
+    monkeypatch.setattr("mfcli.artifact.write_bytes_to", boom)
     with pytest.raises(KeyboardInterrupt):
         save_artifact(target, res.factorization, workload_name="momentum", strategy_name="optimal")
     assert list(tmp_path.iterdir()) == []
@@ -193,3 +193,53 @@ def test_non_numeric_dataset_with_valid_checksum_is_refused(artifact):
         f["strategy"].attrs["sha256"] = dataset_sha256(bad)
     with pytest.raises(ArtifactError, match="'strategy' must be a 2-D real matrix"):
         load_artifact(artifact)
+
+
+def test_signal_inside_atomic_write_abandons_it_and_is_delivered(tmp_path):
+    import signal
+
+    from mfcli.artifact import atomic_path
+
+    target = tmp_path / "out.txt"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            tmp.write_text("complete")
+            signal.raise_signal(signal.SIGINT)  # held until the write is abandoned
+            tmp.write_text("still running after the signal")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_signal_with_a_handler_that_does_not_raise_still_fails_the_write(tmp_path):
+    import signal
+
+    from mfcli.artifact import atomic_path
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+    try:
+        with pytest.raises(MfcliError, match="was not written: interrupted by a signal"):
+            with atomic_path(tmp_path / "out.txt") as tmp:
+                tmp.write_text("x")
+                signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [signal.SIGTERM] and list(tmp_path.iterdir()) == []
+
+
+def test_nested_writers_in_one_directory_do_not_deadlock(tmp_path):
+    from mfcli.artifact import atomic_path
+
+    with atomic_path(tmp_path / "a.txt") as a:
+        a.write_text("a")
+        with atomic_path(tmp_path / "b.txt") as b:
+            b.write_text("b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
+def test_library_message_names_no_cli_flag(artifact, solved):
+    from mfcli.artifact import OutputExistsError
+
+    w, res = solved
+    with pytest.raises(OutputExistsError) as err:
+        save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal")
+    assert "--" not in str(err.value)

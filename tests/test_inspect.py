@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import append_group, save_artifact, shipped_artifact
+from mfcli.artifact import append_group, dataset_sha256, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.cli.plots import plot_report
 from mfcli.compress import compress_artifact
@@ -245,3 +245,132 @@ def test_subprocess_inspect_shipped(tmp_path):
     with h5py.File(src) as f:
         c = f["strategy"][...]
     assert obj["numbers"]["sensitivity"]["recomputed"] == pytest.approx(np.sqrt(np.max(np.sum(c**2, axis=0))), rel=1e-12)
+
+
+# ------------------------------------------------------------------ datasets, certificate, records
+
+
+def _rehash(f, name, data):
+    """Replace a dataset by ``data`` with a valid checksum, as a careful forger would."""
+    del f[name]
+    f[name] = data
+    f[name].attrs["sha256"] = dataset_sha256(np.asarray(data))
+
+
+def _independent_certified_gap(a, c, b, v):
+    """(loss - L(v)) / loss with L(v) = (sum sqrt(eig(D^1/2 A^T A D^1/2)))^2 / sum(v), from numpy."""
+    sens = np.sqrt(np.max(np.sum(c**2, axis=0)))
+    loss = sens**2 * np.sum(b**2)
+    d = np.sqrt(v)
+    eig = np.clip(np.linalg.eigvalsh(d[:, None] * (a.T @ a) * d[None, :]), 0, None)
+    bound = np.sum(np.sqrt(eig)) ** 2 / np.sum(v)
+    return (loss - bound) / loss
+
+
+def test_stored_gap_below_the_certified_gap_fails(artifact):
+    rng = np.random.default_rng(0)
+    with h5py.File(artifact, "r+") as f:
+        v = f["dual_weights"][...] * rng.uniform(0.2, 5.0, size=32)
+        _rehash(f, "dual_weights", v)
+        solver = json.loads(f.attrs["solver"])
+        solver["gap"] = 1e-15
+        f.attrs["solver"] = json.dumps(solver)
+        a, c, b = f["workload"][...], f["strategy"][...], f["decoder"][...]
+    expected = _independent_certified_gap(a, c, b, v)
+    assert expected > 1e-3
+    rep = inspect_artifact(artifact)
+    assert rep.certificate["certified_gap"] == pytest.approx(expected, rel=1e-6)
+    assert any("stored solver gap 1e-15 is below the gap certified" in p for p in rep.problems), rep.problems
+    r = runner.invoke(app, ["inspect", str(artifact)])
+    assert r.exit_code == 1 and "below the gap certified" in r.stderr
+    # Without the recomputation there is nothing to compare; the file is otherwise consistent.
+    assert inspect_artifact(artifact, certificate=False).ok
+
+
+def test_honest_gap_passes(artifact):
+    with h5py.File(artifact, "r") as f:
+        v = f["dual_weights"][...]
+        a, c, b = f["workload"][...], f["strategy"][...], f["decoder"][...]
+        stored = json.loads(f.attrs["solver"])["gap"]
+    assert _independent_certified_gap(a, c, b, v) <= stored + 1e-10
+    assert inspect_artifact(artifact).ok
+
+
+@pytest.mark.parametrize("weights,needle", [
+    (lambda v: -v, "not all positive"),
+    (lambda v: np.where(np.arange(v.size) == 3, np.nan, v), "not all finite"),
+    (lambda v: v[:-1], "shape (31,), expected (32,)"),
+    (lambda v: np.stack([v, v]), "shape (2, 32), expected (32,)"),
+])
+def test_bad_dual_weights_fail(artifact, weights, needle):
+    with h5py.File(artifact, "r+") as f:
+        _rehash(f, "dual_weights", weights(f["dual_weights"][...]))
+    for cert in (True, False):
+        rep = inspect_artifact(artifact, certificate=cert)
+        assert any(needle in p for p in rep.problems), rep.problems
+    r = runner.invoke(app, ["inspect", str(artifact)])
+    assert r.exit_code == 1 and needle in r.stderr
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda f: f.attrs.__setitem__("m", 31), "stored m 31"),
+    (lambda f: f.attrs.__setitem__("m", "32"), "stored m '32'"),
+    (lambda f: f.attrs.__setitem__("solver", "{not json"), "the solver attribute is not a JSON object"),
+    (lambda f: f.attrs.__setitem__("solver", "[1, 2]"), "the solver attribute is not a JSON object"),
+    (lambda f: f["decoder"].attrs.__delitem__("sha256"), "dataset 'decoder' has no sha256 checksum"),
+    (lambda f: f.create_dataset("notes", data="free text"), "dataset 'notes' is not numeric"),
+    (lambda f: f.create_dataset("notes", data=np.ones(3)), "dataset 'notes' has no sha256 checksum"),
+    (lambda f: f.create_dataset("accounting/r1/events", data=np.array([b"a", b"b"])), "dataset 'accounting/r1/events' is not numeric"),
+])
+def test_other_inconsistencies_fail(artifact, edit, needle):
+    with h5py.File(artifact, "r+") as f:
+        edit(f)
+    rep = inspect_artifact(artifact)
+    assert any(needle in p for p in rep.problems), rep.problems
+    r = runner.invoke(app, ["inspect", str(artifact), "--json"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["ok"] is False
+
+
+def test_string_root_matrix_is_reported_not_crashed(artifact):
+    with h5py.File(artifact, "r+") as f:
+        del f["decoder"]
+        f["decoder"] = np.array([b"x"] * 4)
+        f["decoder"].attrs["sha256"] = "0" * 64
+    rep = inspect_artifact(artifact)
+    assert "dataset 'decoder' is not a readable numeric matrix" in rep.problems
+    assert rep.factorization is None
+    r = runner.invoke(app, ["inspect", str(artifact)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+
+
+# ------------------------------------------------------------------ terminal safety
+
+EVIL = "\x1b[2J\x1b[31mOK\rall checks passed\x07 [red]x[/red] \x9b2J"
+
+
+def test_file_strings_cannot_drive_the_terminal(artifact):
+    with h5py.File(artifact, "r+") as f:
+        f.attrs["workload_name"] = EVIL
+        f.attrs["command"] = EVIL
+        f.attrs["workload_params"] = json.dumps({"beta": EVIL})
+        f.attrs["solver"] = EVIL
+        g = f.create_group("accounting").create_group("r\x1b[2J1")
+        g.attrs["note"] = EVIL
+        f.create_group("extra\x1b]0;title\x07")
+    for args in (["inspect", str(artifact)], ["inspect", str(artifact), "--json"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1
+        for stream in (r.stdout, r.stderr):
+            for bad in ("\x1b", "\r", "\x07", "\x9b"):
+                assert bad not in stream, (args, bad)
+    r = runner.invoke(app, ["inspect", str(artifact)])
+    assert "[red]x[/red]" in r.stdout and "\\x1b[2J" in r.stdout
+    obj = json.loads(runner.invoke(app, ["inspect", str(artifact), "--json"]).stdout)
+    assert obj["workload"]["name"] == EVIL and obj["provenance"]["command"] == EVIL  # data kept exact
+
+
+def test_error_line_is_sanitized(tmp_path):
+    missing = tmp_path / "a\x1b[2J\rb.h5"
+    r = runner.invoke(app, ["inspect", str(missing)])
+    assert r.exit_code == 1 and "\x1b" not in r.stderr and "\r" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "\\x1b[2J\\rb.h5" in r.stderr

@@ -133,8 +133,11 @@ def test_is_shipped_artifact_sees_links_but_not_copies(tmp_path: Path) -> None:
 HEAVY = ("numpy", "scipy", "h5py", "dp_accounting", "matplotlib", "torch", "jax", "pydantic")
 
 _PROBE = """
-import json, sys
+import json, os, sys
 sys.argv = ["mfcli", *json.loads(sys.argv[1])]
+def _exit(code):  # the CLI ends the process with os._exit; report the modules first
+    raise SystemExit(code)
+os._exit = _exit
 from mfcli.cli.app import main
 try:
     main()

@@ -20,6 +20,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from mfcli import __version__
+from mfcli.cli.common import run_cli
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -127,4 +128,4 @@ def _root(
 
 
 def main() -> None:
-    app()
+    run_cli(app)

@@ -4,15 +4,21 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import re
+import signal
 import sys
-from typing import Any, Callable, TypeVar
+import threading
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
-import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from mfcli.errors import MfcliError
+from mfcli.errors import MfcliError, OutputExistsError
 
 #: Version of the JSON objects printed by ``--json``; bump when a field changes meaning.
 JSON_SCHEMA_VERSION = 1
@@ -20,54 +26,207 @@ JSON_SCHEMA_VERSION = 1
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _SafeConsole(Console):
+    """A rich Console that passes every string it renders (prints, table titles and cells)
+    through :func:`safe`, so no command can forget to: control characters from a file are shown
+    escaped whatever the renderer. Rich markup written by mfcli still works; values from files
+    should also go through :func:`safe_markup` so their brackets are not read as markup."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(safe(text), **kwargs)
+
+
 def stdout() -> Console:
     # Created per call so CliRunner's captured streams are honoured.
-    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+    return _SafeConsole(file=sys.stdout, soft_wrap=True, highlight=False)
 
 
 def stderr() -> Console:
-    return Console(file=sys.stderr, soft_wrap=True, highlight=False)
+    return _SafeConsole(file=sys.stderr, soft_wrap=True, highlight=False)
+
+
+#: Exit statuses (README.md, "Exit codes"). 2 is click's usage error; 128 + N for signal N.
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_BUG = 70  # EX_SOFTWARE: an internal error, printed with its traceback
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+# C0 and C1 control characters, DEL, and the Unicode bidirectional overrides and isolates that
+# can reorder what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: Any) -> str:
+    """``text`` as a string a terminal shows literally: every control character (ESC, CR, BEL,
+    newline, C1 controls such as CSI) and bidi override is replaced by its escape (``\\x1b``).
+
+    Applied at the rendering boundary to every string that may come from a file (attributes,
+    group names, workload parameters, paths, messages quoting them), so an artifact cannot clear
+    the screen, rewrite a line or spoof a result. Rich markup is escaped separately
+    (:func:`safe_markup`)."""
+    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], str(text))
+
+
+def safe_markup(text: Any) -> str:
+    """:func:`safe`, then rich markup escaped: for values placed in rich tables and prints, so
+    ``[red]x[/red]`` read from a file is shown as written, not as red."""
+    return escape(safe(text))
 
 
 def log(message: str) -> None:
     """A progress or log line on stderr."""
-    print(message, file=sys.stderr, flush=True)
+    print(safe(message), file=sys.stderr, flush=True)
 
 
-def fail(message: str, code: int = 1) -> "typer.Exit":
+def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
     """Print one error line on stderr and return the Exit to raise."""
-    one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    # Only real line breaks join with "; "; any other control character (a CR in a file name)
+    # is shown escaped by safe().
+    one_line = "; ".join(part.strip() for part in str(message).split("\n") if part.strip())
+    print(f"error: {safe(one_line)}", file=sys.stderr, flush=True)
+    _reported.append(code)
     return typer.Exit(code)
 
 
+#: Exit codes whose error line :func:`fail` has printed in this process (the CLI entry reports a
+#: signal that Typer turned into a bare exit status, and must not report it twice).
+_reported: list[int] = []
+
+
+_SIGINT_LINE = "interrupted (SIGINT); no partial file was left"
+_SIGTERM_LINE = "terminated (SIGTERM); no partial file was left"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so that no ``except Exception``
+    on the way up swallows it; :func:`guarded` turns it into exit status 143."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    # Python's default for SIGTERM is to die at once, skipping every cleanup (temporary files
+    # were left behind). While a command runs, SIGTERM raises instead, like SIGINT does.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def guarded(fn: F) -> F:
-    """Turn user errors, I/O errors and Ctrl-C into one error line and a non-zero exit."""
+    """Run a command and map how it ends to one ``error:`` line and an exit status.
+
+    1: bad input, an invalid file, an I/O error (a full disk), a numerical failure of the input
+    (LinAlgError, or a FloatingPointError raised on purpose by the numerics); 130: SIGINT;
+    143: SIGTERM; 70: anything else, which is a bug in mfcli and is printed with its traceback.
+    Writers leave no partial file in any of these cases (:func:`mfcli.artifact.atomic_path`).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
+            with _sigterm_raises():
+                return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.TyperException):
             raise
+        except OutputExistsError as exc:
+            raise fail(f"{exc} (use --force to overwrite)") from None
         except MfcliError as exc:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:
-            raise fail("interrupted; nothing was written", code=130) from None
+            raise fail(_SIGINT_LINE, code=EXIT_SIGINT) from None
+        except Terminated:
+            raise fail(_SIGTERM_LINE, code=EXIT_SIGTERM) from None
         except MemoryError:
             raise fail("out of memory; try a smaller n") from None
         except EOFError:
             raise fail("unexpected end of file: an input file is empty or truncated") from None
-        except (np.linalg.LinAlgError, ArithmeticError) as exc:
+        except (_linalg_error(), FloatingPointError) as exc:
             raise fail(f"numerical failure ({type(exc).__name__}: {exc}); the input is out of the range mfcli can handle") from None
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug: shown, not hidden
+            traceback.print_exc(file=sys.stderr)
+            raise fail(
+                f"internal error ({type(exc).__name__}); this is a bug in mfcli, please report it with the traceback above",
+                code=EXIT_BUG,
+            ) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def _late_signal(signum: int, frame: Any) -> None:
+    # The command has ended and every file is committed: report the signal, exit with its code.
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    sigint = signum == signal.SIGINT
+    os.write(2, f"error: {_SIGINT_LINE if sigint else _SIGTERM_LINE}\n".encode())
+    os._exit(EXIT_SIGINT if sigint else EXIT_SIGTERM)
+
+
+def _exit_status(app: Callable[[], Any]) -> int:
+    try:
+        with _sigterm_raises():
+            app()
+    except KeyboardInterrupt:
+        return fail(_SIGINT_LINE, code=EXIT_SIGINT).exit_code
+    except Terminated:
+        return fail(_SIGTERM_LINE, code=EXIT_SIGTERM).exit_code
+    except SystemExit as exc:
+        # Typer turns a KeyboardInterrupt outside the command (while options are parsed or a
+        # subcommand's module is imported) into a bare exit status 130, printing nothing.
+        if exc.code == EXIT_SIGINT and EXIT_SIGINT not in _reported:
+            fail(_SIGINT_LINE, code=EXIT_SIGINT)
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def run_cli(app: Callable[[], Any]) -> None:
+    """The CLI entry point: run ``app`` with SIGTERM raising :class:`Terminated`; give a signal
+    that arrives outside any command (while options are parsed, before or after :func:`guarded`)
+    the same one line and exit status as inside one; then end the process at once.
+
+    Why ``os._exit``: tearing down the interpreter (numpy, scipy, h5py) takes a noticeable time,
+    during which Python has already restored the default signal actions, so a Ctrl-C there killed
+    the process silently. Every file is committed and closed by then, and stdout and stderr are
+    flushed here."""
+    code = _exit_status(app)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _late_signal)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or EXIT_ERROR  # e.g. stdout closed early by a pipe reader
+    os._exit(code)
+
+
+def _linalg_error() -> type[Exception]:
+    # numpy is imported lazily: --help and --version must not pay for it.
+    import numpy as np
+
+    return np.linalg.LinAlgError
+
+
 def _jsonable(obj: Any) -> Any:
+    import numpy as np
+
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -89,16 +248,19 @@ def envelope(command: str, **payload: Any) -> dict:
 
 
 def emit_json(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    # ensure_ascii escapes every control and non-ASCII character (\u001b), so file-supplied
+    # strings reach the terminal inert; the parsed JSON keeps them exactly.
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=True) + "\n")
     sys.stdout.flush()
 
 
 def key_value_table(title: str, rows: list[tuple[str, Any]]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
+    """A two-column table; the title and every value are shown literally (:func:`safe_markup`)."""
+    table = Table(title=safe_markup(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
     for k, v in rows:
-        table.add_row(k, fmt(v))
+        table.add_row(safe_markup(k), safe_markup(fmt(v)))
     return table
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from mfcli.cli.common import (
@@ -18,6 +17,7 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     refuse_unless,
+    safe_markup,
     stdout,
 )
 from mfcli.cli.plots import plot_report
@@ -36,13 +36,16 @@ def _numbers_table(title: str, numbers: tuple[NumberCheck, ...]) -> Table:
     for col in ("quantity", "stored", "recomputed", "check"):
         t.add_column(col, justify="right" if col != "quantity" else "left")
     for c in numbers:
-        t.add_row(c.name, _precise(c.stored), _precise(c.recomputed), "ok" if c.ok else "[bold red]MISMATCH[/]")
+        t.add_row(
+            safe_markup(c.name), safe_markup(_precise(c.stored)), safe_markup(_precise(c.recomputed)),
+            "ok" if c.ok else "[bold red]MISMATCH[/]",
+        )
     return t
 
 
 def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
-    # Values come from the file: escape them so brackets are shown, not read as rich markup.
-    return key_value_table(escape(title), [(k, escape(fmt(v))) for k, v in rows])
+    # Values come from the file; key_value_table shows them literally (no markup, no controls).
+    return key_value_table(title, [(k, fmt(v)) for k, v in rows])
 
 
 def _render(report: InspectionReport) -> None:
@@ -99,22 +102,22 @@ def _render(report: InspectionReport) -> None:
                 else f"{k}={fmt(v)}"
                 for k, v in sorted(rec["attrs"].items())
             )
-            t.add_row(escape(str(rec["id"])), escape(fields))
+            t.add_row(safe_markup(rec["id"]), safe_markup(fields))
         out.print(t)
     if report.other_groups:
-        out.print(escape(f"other groups: {', '.join(report.other_groups)}"))
+        out.print(safe_markup(f"other groups: {', '.join(report.other_groups)}"))
     t = Table(title="checksums (SHA-256 of every dataset)", title_justify="left")
     t.add_column("dataset")
     t.add_column("check")
     for name, ok in report.checksums:
-        t.add_row(escape(name), "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
+        t.add_row(safe_markup(name), "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
     out.print(t)
     if report.ok:
         out.print("[bold green]all checks passed[/]")
     else:
         out.print(f"[bold red]{len(report.problems)} check(s) failed[/]")
         for p in report.problems:
-            out.print(f"  - {escape(p)}")
+            out.print(f"  - {safe_markup(p)}")
 
 
 @guarded
