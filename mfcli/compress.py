@@ -1,4 +1,4 @@
-"""Banded plus low-rank compression of a decoder (BRIEF section 6, Knowl 9; docs/compress.md).
+"""Banded plus low-rank compression of a decoder (Denisov et al. 2022, arXiv:2202.08312; docs/compress.md).
 
 A dense decoder B (n x n, lower-triangular) costs O(n d) memory to stream: step t's noise mixes
 every earlier noise row. The compressed decoder

@@ -240,7 +240,7 @@ def recompute_certificate(fact: Factorization, dual_weights: np.ndarray) -> dict
     """Lower bound on the optimal loss from the stored dual weights v, and the gap it certifies.
 
     Every v > 0 gives L(v) = sum(s)^2 / sum(v) <= OPT, with s the square roots of the eigenvalues
-    of D^1/2 A^T A D^1/2 (BRIEF section 4). So (loss - L(v)) / loss bounds how far the stored
+    of D^1/2 A^T A D^1/2 (docs/concepts.md). So (loss - L(v)) / loss bounds how far the stored
     factorization's loss is above optimal, whatever the stored ``gap`` claims.
     """
     from mfcli.solver import evaluate

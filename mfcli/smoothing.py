@@ -1,4 +1,4 @@
-"""Laplacian smoothing of noisy updates (DP-LSSGD, seed 002; BRIEF section 9).
+"""Laplacian smoothing of noisy updates (DP-LSSGD: Wang et al. 2019, arXiv:1906.12056; docs/concepts.md).
 
 A trainer that privatises a gradient g_t by adding noise (independent, or the correlated
 (C^-1 Z)[t] of a matrix-factorization mechanism) may replace the noisy vector v = g_t + noise by

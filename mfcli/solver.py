@@ -1,4 +1,4 @@
-"""The optimal factorization of a workload, with a duality-gap certificate (BRIEF section 4).
+"""The optimal factorization of a workload, with a duality-gap certificate (docs/concepts.md).
 
 Problem: minimise tr(A^T A X^-1) over X > 0 with diag(X) <= 1, X = C^T C. For dual weights v > 0
 let D = diag(v), H = D^1/2 A^T A D^1/2 = Q diag(lambda) Q^T and s = sqrt(lambda). Then
@@ -22,7 +22,7 @@ Methods:
         eigendecompositions reach gap 1e-6 where the plain iteration needs hundreds.
     ``anderson``: Anderson-accelerated fixed point in log(v), with a restart whenever the dual
         bound drops, so it never wanders far from the plain iteration's path.
-    ``fixed-point``: the plain iteration v <- phi(v) of the seed paper, for reproduction and as
+    ``fixed-point``: the plain iteration v <- phi(v) of Denisov et al. 2022, for reproduction and as
         the benchmark baseline.
 
 The Newton step. In x = log v the gradient of f is phi - v, and the Hessian of f in v, written
@@ -598,7 +598,7 @@ def optimal_factorization(
 
 
 class _FixedPointMethod:
-    """The seed paper's plain iteration: the next weights are phi(v)."""
+    """The plain iteration of Denisov et al. 2022: the next weights are phi(v)."""
 
     rescales = False
 

@@ -1,4 +1,4 @@
-"""Baseline strategies and the optimum as first-class objects (BRIEF sections 3 and 5).
+"""Baseline strategies and the optimum as first-class objects (docs/concepts.md, docs/compare.md).
 
 Each strategy is a factorization A = B C of the workload A, where C (the encoder, m x n) is what the
 mechanism privatises (C G + Z) and B (the decoder, n x m) turns the noisy encodings into the

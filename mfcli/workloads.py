@@ -126,7 +126,7 @@ def learning_rates(
         n: number of steps.
         schedule: ``constant``; ``step-decay`` (eta = ``factor`` for the last ``last`` steps);
             ``cooldown`` (linear from 1.0 to ``final`` over the last ``last`` steps).
-        last: steps the decay covers; default n // 4 (512 of 2048 as in the seed paper).
+        last: steps the decay covers; default n // 4 (512 of 2048 as in Denisov et al. 2022).
     """
     n = check_n(n)
     if schedule not in SCHEDULE_NAMES:

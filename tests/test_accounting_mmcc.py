@@ -1,4 +1,4 @@
-"""MMCC (MMCC.md) against its oracles: DP-SGD for C = I, the exact small cases, the bracket
+"""MMCC (docs/accounting.md) against its oracles: DP-SGD for C = I, the exact small cases, the bracket
 [lower bound, full participation], monotonicity, and unit tests of every step (tail law and bound
 against brute force and Monte Carlo, rounding always upward, dp-accounting's own composition)."""
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_identity_equals_dpsgd_other_settings(n: int, sigma: float, p: float) ->
     assert r.epsilon == pytest.approx(ref, rel=1e-7)
 
 
-# MMCC.md "Exact small cases": true epsilon by Monte Carlo, [low, high] = 3 standard errors.
+# docs/accounting.md, "Exact small cases": true epsilon by Monte Carlo, [low, high] = 3 standard errors.
 EXACT = [
     ("band2", lambda: unit(banded(8, 2)), 2.0, 0.05, 1e-2, 0.0990, 0.0999),
     ("sqrtS", lambda: unit(sqrt_toeplitz(6)), 1.0, 0.2, 1e-2, 3.0725, 3.1017),
@@ -84,7 +84,7 @@ def test_exact_small_cases(name, make, sigma, p, delta, low, high) -> None:
     lb = M.lower_bound(c, sigma=sigma, sampling=p, delta=delta)
     assert r.epsilon >= low
     assert lb.epsilon <= high
-    assert r.epsilon <= 12 * high  # MMCC.md: observed looseness 1.1x to 10x
+    assert r.epsilon <= 12 * high  # observed looseness 1.1x to 10x (same section)
 
 
 BRACKET = [

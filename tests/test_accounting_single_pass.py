@@ -66,7 +66,8 @@ def test_single_pass_monotone_in_sigma(s1: float, s2: float) -> None:
 
 
 def test_dpsgd_reference_value() -> None:
-    # MMCC.md: sigma 4, p 0.01, delta 1e-6, n 64, identity -> 0.0767230 (PLD, discretization 1e-4)
+    # docs/accounting.md, "Oracles": sigma 4, p 0.01, delta 1e-6, n 64, identity -> 0.0767230
+    # (PLD, discretization 1e-4)
     r = dpsgd(sigma=4.0, sampling=0.01, steps=64, delta=1e-6)
     assert r.epsilon == pytest.approx(0.0767230, abs=5e-8)
     assert '"PoissonSampledDpEvent"' in r.as_dict()["dp_event"]

@@ -193,7 +193,8 @@ def test_cli_optimal_artifact_from_optimize(tmp_path) -> None:
     res = invoke("-w", "prefix", "--n", "64", "-s", "sqrt,optimal", "--artifact", str(opt), "--json", "-q")
     assert res.exit_code == 0, res.output
     rows = {s["name"]: s for s in json.loads(res.stdout)["strategies"]}
-    assert rows["optimal (opt.h5)"]["loss_total"] == pytest.approx(282.2014, abs=1e-3)  # BRIEF
+    # docs/concepts.md, "Known small cases"
+    assert rows["optimal (opt.h5)"]["loss_total"] == pytest.approx(282.2014, abs=1e-3)
     assert rows["sqrt"]["ratio_to_best_causal"] == pytest.approx(sqrt_loss(64) / rows["optimal (opt.h5)"]["loss_total"])
 
 

@@ -80,7 +80,8 @@ def test_batches_and_axis():
 
 
 def test_paper_denoising_example():
-    """Seed 002's 1-D illustration: sin(2 pi i / 100) + 0.1 N(0, 1) is pulled towards the sine."""
+    """The 1-D illustration of DP-LSSGD (Wang et al. 2019, arXiv:1906.12056):
+    sin(2 pi i / 100) + 0.1 N(0, 1) is pulled towards the sine."""
     i = np.arange(1, 101)
     clean = np.sin(2 * np.pi * i / 100)
     noisy = clean + 0.1 * np.random.default_rng(2).normal(size=100)

@@ -236,7 +236,7 @@ def test_post_processing_is_a_times_s_inverse(name: str) -> None:
 
 def test_optimal_prefix_64_and_beats_baselines() -> None:
     fact = build_strategy("optimal", prefix_workload(64), tol=1e-8).factorization
-    assert fact.loss_total == pytest.approx(282.2014, abs=1e-3)  # BRIEF section 4
+    assert fact.loss_total == pytest.approx(282.2014, abs=1e-3)  # docs/concepts.md, "Known small cases"
     w = momentum_workload(64)
     best = build_strategy("optimal", w, tol=1e-6).factorization.loss_total
     for name in ("identity", "tree", "honaker-online", "sqrt"):

@@ -84,8 +84,8 @@ def reference_training(*, model, x, y, batches, clip, lr, beta, eta):
 
 
 def spec_schedule(key: str, n: int) -> tuple[float, np.ndarray]:
-    """beta and learning rates straight from the spec (BRIEF section 2): momentum 0.9, linear
-    cooldown from 1.0 to 0.05 over the last n // 4 steps."""
+    """beta and learning rates straight from the workload definitions (docs/concepts.md,
+    "Workloads"): momentum 0.9, linear cooldown from 1.0 to 0.05 over the last n // 4 steps."""
     spec = mechanism_spec(key)
     eta = np.ones(n)
     if spec.schedule == "cooldown":

@@ -1,4 +1,4 @@
-"""Workload matrices against their definitions (BRIEF section 2)."""
+"""Workload matrices against their definitions (docs/concepts.md, "Workloads")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,17 +1,17 @@
-"""Privacy accounting for matrix mechanisms (BRIEF section 8, MMCC.md).
+"""Privacy accounting for matrix mechanisms (docs/accounting.md).
 
 Settings (each function returns a frozen result with ``as_dict()`` and, where it applies, the
 dp-accounting event it composed):
 
 * ``single_pass.single_pass`` - one Gaussian mechanism with noise multiplier sigma / sens(C);
 * ``single_pass.dpsgd`` - DP-SGD reference, Poisson-sampled Gaussian composed n times;
-* ``mmcc.mmcc`` - Poisson sampling in every step, any non-negative causal C (MMCC.md), with the
-  bracket ``mmcc.lower_bound`` and the sanity bound ``mmcc.full_participation``;
+* ``mmcc.mmcc`` - Poisson sampling in every step, any non-negative causal C (docs/accounting.md,
+  "MMCC"), with the bracket ``mmcc.lower_bound`` and the sanity bound ``mmcc.full_participation``;
 * ``shuffled_tree.shuffled_tree`` - the binary tree over one shuffled epoch;
 * ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
 * ``calibrate.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
   ``mfcli account --epsilon`` computes);
-* ``report`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``).
+* ``session`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``).
 
 The functions named like their modules are not re-exported here, so that
 ``import mfcli.accounting.mmcc`` keeps meaning the module.

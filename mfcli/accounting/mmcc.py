@@ -1,4 +1,7 @@
-"""Amplified accounting for matrix mechanisms with Poisson sampling (MMCC-style), per MMCC.md.
+"""Amplified accounting for matrix mechanisms with Poisson sampling (MMCC-style), as derived in
+docs/accounting.md, section "MMCC: amplification by Poisson sampling for any non-negative causal C"
+(after Choquette-Choo, Ganesh, Steinke, Thakurta 2024, "Privacy amplification for matrix
+mechanisms", arXiv:2310.15526).
 
 Model. C (m x n, non-negative) is scaled to max column norm 1 and sigma_eff = sigma / sens(C) is
 the noise multiplier per unit sensitivity. Rows are released in order; row r uses only columns
@@ -67,7 +70,8 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 
-#: Default rounding grid of the row mixtures' sensitivities (MMCC.md step 3): 1/50 = 0.02.
+#: Default rounding grid of the row mixtures' sensitivities (docs/accounting.md, "Algorithm",
+#: step 3): 1/50 = 0.02.
 DEFAULT_MIXTURE_RESOLUTION = 50
 #: Default share of delta spent on the tail events.
 DEFAULT_TAIL_FRACTION = 0.5
@@ -443,7 +447,8 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
 
 
 def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float, method: str = "fft") -> np.ndarray:
-    """eps of every distinct tail problem (+inf where the tail cannot be met), step 1 of MMCC.md.
+    """eps of every distinct tail problem (+inf where the tail cannot be met): step 1 of
+    docs/accounting.md, "Algorithm".
 
     ``method`` "fft" (default, fast, with explicit folding and round-off allowances) or "direct"
     (exact convolution)."""
@@ -676,8 +681,8 @@ class MMCCResult:
             "mixture_grid": 1.0 / self.mixture_resolution,
             "tail_grid": 1.0 / self.tail_resolution,
             "seconds": self.seconds,
-            "method": "MMCC-style conditional composition (MMCC.md); a valid upper bound, possibly looser "
-                      "than the paper's algorithm",
+            "method": "MMCC-style conditional composition (docs/accounting.md); a valid upper bound, "
+                      "possibly looser than the paper's algorithm",
             "assumptions": "Poisson sampling with rate p in every step; add or remove one example; C >= 0 "
                            "causal in release order, scaled to unit sensitivity; pessimistic PLD",
         }
@@ -745,7 +750,7 @@ def mmcc(
     tail_method: str = "fft",
     progress: Callable[[str], None] | None = None,
 ) -> MMCCResult:
-    """Epsilon of the matrix mechanism C G + Z under Poisson sampling, by MMCC.md.
+    """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
     Args:
         strategy: C (m x n, non-negative, causal in release order), any scale.
@@ -872,8 +877,8 @@ def lower_bound(
     delta: float = DEFAULT_DELTA,
     release_steps: Sequence[int] | None = None,
 ) -> LowerBoundResult:
-    """Lower bound on the true epsilon (MMCC.md oracle): T = 1^T C^+ y is Bin(n, p) + N(0, s^2)
-    under Q and N(0, s^2) under P, s^2 = sigma_eff^2 1^T (C^T C)^-1 1 (C scaled to unit
+    """Lower bound on the true epsilon (docs/accounting.md, "Oracles"): T = 1^T C^+ y is
+    Bin(n, p) + N(0, s^2) under Q and N(0, s^2) under P, s^2 = sigma_eff^2 1^T (C^T C)^-1 1 (C scaled to unit
     sensitivity, C^+ the best left inverse). Its exact hockey-stick curve (both directions) is
     inverted by bisection.
 

@@ -1,4 +1,5 @@
-"""The binary-tree mechanism over one shuffled epoch (MMCC.md, last section).
+"""The binary-tree mechanism over one shuffled epoch (docs/accounting.md, "Binary tree over one
+shuffled epoch").
 
 Setting: n steps, one epoch, every example in exactly one step (its position is given by a
 uniformly random shuffle); C is the binary-tree encoder (every column has L + 1 ones for 2^L
@@ -9,15 +10,16 @@ What is reported:
 1. Always, the valid single-epoch bound: a Gaussian mechanism with sensitivity sens(C) =
    sqrt(L + 1) and noise sigma. It holds for ANY order of the data (shuffled or not), so shuffling
    can only make the true epsilon smaller.
-2. The amplified bound of MMCC.md (split level h, top levels as an unamplified Gaussian, lower
-   levels as shuffles of M Gaussian local reports bounded by the Feldman-McMillan-Talwar closed
-   form) is NOT reported. Its steps could not be checked against their sources (the seed's copy of
-   the MMCC paper stops before section 5, where the tree analysis is; the shuffling paper is not
-   among the seeds), and two of them need more than a black-box use of the closed form: FMT's
-   theorem is stated for pure eps0-DP randomizers (a Gaussian report is only (eps0, delta0)-DP),
-   and a level whose posterior over the example's node is merely bounded by e^eta / M is not a
-   uniform shuffle. MMCC.md requires each formula to be checked against its paper before it
-   ships; until then mfcli prints the valid bound 1 and says why the amplified one is absent.
+2. The amplified bound sketched in section 5 of Choquette-Choo et al. 2024 (arXiv:2310.15526)
+   (split level h, top levels as an unamplified Gaussian, lower levels as shuffles of M Gaussian
+   local reports bounded by the Feldman-McMillan-Talwar closed form) is NOT reported. Its steps
+   have not been checked against their sources (the paper states the tree result without
+   constants, and the shuffling bound comes from another paper), and two of them need more than a
+   black-box use of the closed form: FMT's theorem is stated for pure eps0-DP randomizers (a
+   Gaussian report is only (eps0, delta0)-DP), and a level whose posterior over the example's
+   node is merely bounded by e^eta / M is not a uniform shuffle. No formula ships before it is
+   checked against its paper; until then mfcli prints the valid bound 1 and says why the
+   amplified one is absent.
    An amplified, valid guarantee for the tree is available under Poisson sampling instead:
    ``mfcli account --strategy tree --sampling p`` (MMCC, :mod:`mfcli.accounting.mmcc`).
 

@@ -1,4 +1,4 @@
-"""Single-pass Gaussian accounting and the DP-SGD reference (BRIEF section 8).
+"""Single-pass Gaussian accounting and the DP-SGD reference (docs/accounting.md).
 
 Single pass: each example takes part in at most one step, so the matrix mechanism C G + Z is one
 Gaussian mechanism with L2 sensitivity sens(C) = max_j ||C[:, j]||_2 (in units of the clip norm)

@@ -51,7 +51,7 @@ def optimize(
     max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
     method: str = typer.Option(
         DEFAULT_METHOD, "--method",
-        help=f"Solver: {', '.join(METHODS)} (fixed-point is the seed paper's plain iteration). All are certified by the same gap.",
+        help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). All are certified by the same gap.",
     ),
     warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
