@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import special, stats
@@ -166,7 +167,7 @@ def default_tail_resolution(sigma_eff: float) -> int:
     """Grid 1/M_W for W: h_W = 0.01 sigma^2 clipped to [1e-3, 0.05] (rounding W up by h_W per
     participant moves eps_rj by at most h_W / sigma^2 per participant, i.e. 1%)."""
     h = min(0.05, max(1e-3, 0.01 * sigma_eff * sigma_eff))
-    return int(math.ceil(1.0 / h))
+    return math.ceil(1.0 / h)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +466,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
         # the tail" (a valid over-estimate that moves eps by a negligible amount).
-        def tail_at(c: int) -> np.ndarray:
+        def tail_at(c: int, counts: np.ndarray = counts, sup: np.ndarray = sup) -> np.ndarray:
             t = chernoff_tail(counts, p, float(c))
             t[sup < c] = 0.0
             return t
@@ -522,7 +523,7 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     per_step = cut / max(1, weights.size)
     pmf = np.array([1.0])
     eta = 0.0
-    for w, q in zip(weights.tolist(), probs.tolist()):
+    for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
         new = np.zeros(pmf.size + w)
@@ -715,7 +716,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(
                 sigma, [float(s) / resolution for s in g.support], [float(q) for q in g.probabilities]
             ), int(g.count))
-        return acc._pld  # noqa: SLF001 - the composed PLD (PLDAccountant has no public getter)
+        return acc._pld
     plds = []
     for g in groups:
         pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)

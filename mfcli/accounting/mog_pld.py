@@ -28,7 +28,7 @@ mixtures (tests/test_accounting_mog_pld.py).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import special
@@ -152,7 +152,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
         # from the wrong side of the root overshoots once and then converges monotonically
         x = x0 + frac * (x1 - x0)
-        for it in range(100):
+        for _ in range(100):
             val, slope = loss.value_and_slope(x)
             with np.errstate(divide="ignore", invalid="ignore"):
                 step = (val - e) / slope
@@ -288,12 +288,12 @@ def _compose_pmf(a, b, tail_mass_truncation: float):
 
     a = a.to_dense_pmf()
     b = b.to_dense_pmf()
-    if a._discretization != b._discretization:  # noqa: SLF001
+    if a._discretization != b._discretization:
         raise MfcliError("cannot compose PLDs with different discretizations")
-    probs = signal.fftconvolve(a._probs, b._probs)  # noqa: SLF001
-    inf = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass  # noqa: SLF001
+    probs = signal.fftconvolve(a._probs, b._probs)
+    inf = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass
     offset, probs, right = _truncate(probs, tail_mass_truncation)
-    return pld_pmf.DensePLDPmf(a._discretization, a._lower_loss + b._lower_loss + offset, probs,  # noqa: SLF001
+    return pld_pmf.DensePLDPmf(a._discretization, a._lower_loss + b._lower_loss + offset, probs,
                                inf + right, True)
 
 
@@ -303,8 +303,8 @@ def compose(a, b, *, tail_mass_truncation: float = 1e-15):
     (dp-accounting scans the array in a Python loop)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-    rem = _compose_pmf(a._pmf_remove, b._pmf_remove, tail_mass_truncation)  # noqa: SLF001
-    add = _compose_pmf(a._pmf_add, b._pmf_add, tail_mass_truncation)  # noqa: SLF001
+    rem = _compose_pmf(a._pmf_remove, b._pmf_remove, tail_mass_truncation)
+    add = _compose_pmf(a._pmf_add, b._pmf_add, tail_mass_truncation)
     return pld_lib.PrivacyLossDistribution(rem, add)
 
 

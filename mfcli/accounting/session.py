@@ -16,9 +16,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,6 @@ def resolve_strategy(
             is neither an artifact nor a .npy matrix, a non-square .npy C.
     """
     from mfcli.artifact import load_artifact, shipped_artifact
-
     from mfcli.operators import CHOICES, select_operator
 
     say = progress or (lambda s: None)
@@ -138,7 +138,9 @@ def resolve_strategy(
     if path is not None and strategy is not None:
         raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
     if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
-        raise MfcliError("operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy")
+        raise MfcliError(
+            "operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy"
+        )
     if strategy is not None:
         if strategy not in BUILTIN:
             raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
@@ -167,7 +169,8 @@ def resolve_strategy(
         try:
             c = np.load(p, allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
-            raise MfcliError(f"cannot read {p} as a .npy matrix: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}") from None
+            why = str(exc).splitlines()[0] if str(exc) else "empty or truncated file"
+            raise MfcliError(f"cannot read {p} as a .npy matrix: {why}") from None
         raw = np.asarray(c)
         if np.iscomplexobj(raw):
             raise MfcliError(f"{p} holds a complex matrix; C must be real")
@@ -217,7 +220,9 @@ def check_setting_applies(inp: StrategyInput, setting: str) -> None:
         except MfcliError as exc:
             raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
     elif setting == "shuffled-tree" and not inp.is_tree:
-        raise MfcliError(f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}")
+        raise MfcliError(
+            f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+        )
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ class AccountingOptions:
     tail_fractions: tuple = (DEFAULT_TAIL_FRACTION,)
     mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
 
-    def checked(self) -> "AccountingOptions":
+    def checked(self) -> AccountingOptions:
         check_delta(self.delta)
         check_discretization(self.value_discretization)
         return self
@@ -602,11 +607,11 @@ def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray])
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     sampling = _num(attrs.get("sampling"))
     if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
-        return problems + ["sigma or delta is missing or out of range"]
+        return [*problems, "sigma or delta is missing or out of range"]
     settings = _as_json(attrs.get("settings"))
     results = _as_json(read_chunked(attrs, "results") or "{}")
     if not isinstance(settings, list) or not isinstance(results, dict):
-        return problems + ["the settings list or the results are missing"]
+        return [*problems, "the settings list or the results are missing"]
     sens = float(_sensitivity(c))
     for setting in settings:
         key = str(setting).replace("-", "_")
