@@ -121,8 +121,8 @@ def deferred_signals() -> Iterator[list[int]]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        for sig in dict.fromkeys(pending):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 _locks = threading.local()

@@ -108,7 +108,7 @@ class PreparedStrategy:
         return self.strategy.shape[1]
 
 
-def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | None = None) -> PreparedStrategy:
+def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
     """Check C for MMCC and scale it to max column norm 1.
 
     Raises:
@@ -404,7 +404,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
     out = np.full(b, np.inf)
-    kw = dict(sigma=sigma, h=h)
+    kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)

@@ -28,9 +28,9 @@ mixtures (tests/test_accounting_mog_pld.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import special
 
 from mfcli.errors import MfcliError
@@ -41,7 +41,7 @@ LOG_MASS_TRUNCATION_BOUND = -50.0
 _CHUNK = 4096
 
 
-def _check_mixture(sigma: float, sens: Sequence[float], probs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(sens, dtype=np.float64).ravel()
     q = np.asarray(probs, dtype=np.float64).ravel()
     if not (sigma > 0 and math.isfinite(sigma)):
@@ -172,8 +172,8 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
 
 def hockey_stick(
     sigma: float,
-    sens: Sequence[float],
-    probs: Sequence[float],
+    sens: ArrayLike,
+    probs: ArrayLike,
     epsilons: np.ndarray,
     *,
     remove: bool,
@@ -308,7 +308,7 @@ def compose(a, b, *, tail_mass_truncation: float = 1e-15):
     return pld_lib.PrivacyLossDistribution(rem, add)
 
 
-def loss_range(sigma: float, sensitivities: Sequence[float], probabilities: Sequence[float]) -> float:
+def loss_range(sigma: float, sensitivities: ArrayLike, probabilities: ArrayLike) -> float:
     """Width of the privacy-loss interval the PLD of this mixture spans (both directions summed):
     the PLD has about width / d points per direction at discretization d."""
     s, q = _check_mixture(sigma, sensitivities, probabilities)
@@ -323,8 +323,8 @@ def loss_range(sigma: float, sensitivities: Sequence[float], probabilities: Sequ
 
 def mixture_pld(
     sigma: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
+    sensitivities: ArrayLike,
+    probabilities: ArrayLike,
     *,
     value_discretization_interval: float = 1e-4,
     max_points: int | None = None,
@@ -360,8 +360,8 @@ def mixture_pld(
 
 def reference_mixture_pld(
     sigma: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
+    sensitivities: ArrayLike,
+    probabilities: ArrayLike,
     *,
     value_discretization_interval: float = 1e-4,
 ):

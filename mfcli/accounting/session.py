@@ -160,7 +160,7 @@ def resolve_strategy(
             is_tree=strategy == "tree",
         )
     default = path is None
-    if default:
+    if path is None:
         path = shipped_artifact(DEFAULT_ARTIFACT)
     p = Path(path)
     if not p.exists():
@@ -174,9 +174,9 @@ def resolve_strategy(
         raw = np.asarray(c)
         if np.iscomplexobj(raw):
             raise MfcliError(f"{p} holds a complex matrix; C must be real")
-        c = np.asarray(raw, dtype=np.float64) if np.issubdtype(raw.dtype, np.number) else None
-        if c is None or c.ndim != 2:
+        if not np.issubdtype(raw.dtype, np.number) or raw.ndim != 2:
             raise MfcliError(f"{p} must hold a 2-D numeric matrix C")
+        c = np.asarray(raw, dtype=np.float64)
         if c.size == 0:
             raise MfcliError(f"{p} holds an empty matrix")
         if not np.all(np.isfinite(c)):
@@ -449,6 +449,7 @@ def record_to_artifact(
 
     if report is None or report.strategy.artifact is None:
         raise MfcliError("recording a result needs an artifact as input (not a .npy file or a built-in strategy)")
+    target = report.strategy.artifact
     inp = report.strategy
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
@@ -479,7 +480,7 @@ def record_to_artifact(
         attrs["calibrated_setting"] = calibrated_setting or ""
         attrs["calibration"] = json.dumps(calibration.as_dict(), sort_keys=True)
     group = f"accounting/{gid}"
-    append_group(inp.artifact, group, attrs=attrs)
+    append_group(target, group, attrs=attrs)
     return group
 
 
@@ -565,7 +566,7 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
         if sum(int(sc.count) for sc in parts) != strategy.shape[0]:
             raise MfcliError(f"the mmcc event composes {sum(int(sc.count) for sc in parts)} rows; C has {strategy.shape[0]}")
         split = [_num(row.get(k)) for k in ("delta_pld", "delta_tail", "delta_trunc")]
-        if any(x is None or x < 0 for x in split) or sum(split) > delta * (1 + RECORD_RTOL):  # type: ignore[operator, arg-type]
+        if any(x is None or x < 0 for x in split) or sum(x or 0.0 for x in split) > delta * (1 + RECORD_RTOL):
             raise MfcliError("the mmcc delta split does not add up to at most the record's delta")
         d = float(row["value_discretization"])
         plds = []

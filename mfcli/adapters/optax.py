@@ -94,7 +94,7 @@ def correlated_noise(
         noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
     )
     dt = stream.dtype
-    if dt == np.float64 and not jax.config.jax_enable_x64:
+    if dt == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:  # x64 disabled
         raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")
     scale = float(noise_multiplier) * float(clip_norm) / (batch_size or 1)
     n, d = stream.n, stream.d

@@ -198,10 +198,11 @@ def account(
                            operator=operator or "auto", progress=say, **built_for)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
-    if write and inp.artifact is None:
-        raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
-    if write and (source is None or is_shipped_artifact(inp.artifact)):
-        raise MfcliError("--write would modify a shipped artifact; copy it and pass the copy")
+    if write:
+        if inp.artifact is None:
+            raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
+        if source is None or is_shipped_artifact(inp.artifact):
+            raise MfcliError("--write would modify a shipped artifact; copy it and pass the copy")
 
     calibration = None
     chosen = None
@@ -212,6 +213,7 @@ def account(
         sigma = calibration.sigma
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
     else:
+        assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
 
     group = None
