@@ -23,10 +23,11 @@ import os
 import signal
 import tempfile
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 try:
     import fcntl
@@ -120,8 +121,8 @@ def deferred_signals() -> Iterator[list[int]]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        for sig in dict.fromkeys(pending):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 _locks = threading.local()
@@ -398,7 +399,7 @@ def file_sha256(path: str | Path) -> str:
 def _decode(value: Any) -> Any:
     if isinstance(value, bytes):
         value = value.decode()
-    if isinstance(value, str) and value[:1] in "{[" or value == "null":
+    if (isinstance(value, str) and value[:1] in "{[") or value == "null":
         try:
             return json.loads(value)
         except (ValueError, TypeError):

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -158,9 +160,8 @@ def fit_low_rank(
     target = float(np.linalg.norm(block))
     if rank == 0 or target == 0.0:
         return LowRankFit(np.zeros((n, rank)), np.zeros((n, rank)), 0, target, target)
-    it, u, v = 0, None, None
-    for it, u, v in als_iterates(block, rank, max_iter=iterations, seed=seed):
-        pass
+    # only the last iterate is kept (the iterates are yielded from the start, so there is one)
+    it, u, v = deque(als_iterates(block, rank, max_iter=iterations, seed=seed), maxlen=1)[0]
     res = float(np.linalg.norm(block - np.tril(u @ v.T)))
     uf, vf = _embed(u, v, n, band)
     return LowRankFit(uf, vf, it, res, target)
@@ -376,7 +377,10 @@ class _Search:
     def result(self) -> SearchResult:
         if self.best_operator is None:
             tried = min(self.evaluations, key=lambda e: e.loss_increase) if self.evaluations else None
-            where = f"; the best tried, K = {tried.band}, R = {tried.rank}, increases the loss by {tried.loss_increase:.4%}" if tried else ""
+            where = (
+                f"; the best tried, K = {tried.band}, R = {tried.rank}, increases the loss by {tried.loss_increase:.4%}"
+                if tried else ""
+            )
             raise MfcliError(
                 f"no compression within the limits keeps the loss increase <= {self.budget:g}{where}"
             )

@@ -143,7 +143,7 @@ class Factorization:
         a = self.workload
         return float(np.linalg.norm(a - self.decoder @ self.strategy) / np.linalg.norm(a))
 
-    def verify(self, *, rtol: float = RECONSTRUCTION_RTOL) -> "Factorization":
+    def verify(self, *, rtol: float = RECONSTRUCTION_RTOL) -> Factorization:
         """Check A = B C (relative Frobenius error <= rtol) and, for square causal factors,
         lower-triangularity. Raises MfcliError naming what failed; returns self."""
         err = self.reconstruction_error

@@ -58,10 +58,11 @@ import hashlib
 import hmac
 import threading
 import warnings
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -483,7 +484,7 @@ class NoiseStream:
             )
         if self.method == "regenerate":
             return NoiseState(t=t, stream_tag=self.tag)
-        work = self._fresh_workspace(t)
+        work = self._new_workspace(t)
         work.buf[self.width:] = running
         for j in range(max(0, t - self.width), t):
             noise_row(self.seed, j, self.d, self.dtype, out=work.buf[j % self.width], threads=self.threads)
@@ -534,6 +535,9 @@ class NoiseStream:
     def _fresh_workspace(self, position: int) -> _Workspace | None:
         if self.method != "banded-low-rank":
             return None
+        return self._new_workspace(position)
+
+    def _new_workspace(self, position: int) -> _Workspace:
         buf = np.zeros((self.width + self.rank, self.d), dtype=self.dtype)
         return _Workspace(buf=buf, position=position)
 
@@ -555,7 +559,7 @@ class NoiseStream:
 
     def _rebuild(self, t: int) -> _Workspace:
         """Buffers for the state before step t, from the seed alone."""
-        work = self._fresh_workspace(t)
+        work = self._new_workspace(t)
         w = self.width
         if self.rank and t > w:
             row = np.empty(self.d, dtype=self.dtype)

@@ -609,9 +609,13 @@ def check_compressed(dense: Factorization, group: Mapping[str, Any]) -> Compress
     if dense.m != n:
         return CompressedReading(None, problem="a compressed group needs a square root factorization")
     if bd.ndim != 2 or bd.shape != (n, k_attr):
-        return CompressedReading(None, problem=f"{GROUP} band has shape {bd.shape}, expected ({n}, {k_attr!r}) from its attributes")
+        return CompressedReading(
+            None, problem=f"{GROUP} band has shape {bd.shape}, expected ({n}, {k_attr!r}) from its attributes"
+        )
     if u.ndim != 2 or v.ndim != 2 or u.shape != (n, r_attr) or v.shape != (n, r_attr):
-        return CompressedReading(None, problem=f"{GROUP} u {u.shape} and v {v.shape} must be ({n}, {r_attr!r}) from its attributes")
+        return CompressedReading(
+            None, problem=f"{GROUP} u {u.shape} and v {v.shape} must be ({n}, {r_attr!r}) from its attributes"
+        )
     try:
         check_band_rank(n, bd.shape[1], u.shape[1])
         op = CompressedOperator.build(

@@ -63,10 +63,11 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.linalg
@@ -318,7 +319,7 @@ def dual_hessian(q: np.ndarray, s: np.ndarray, *, terms: int | None = None) -> n
     n = q.shape[0]
     q32 = q.astype(np.float32)
     acc = np.zeros((n, n), dtype=np.float32)
-    for cr, tr in zip(c, t):
+    for cr, tr in zip(c, t, strict=True):
         if cr <= 0.0:
             continue
         tau = tr / x_min
@@ -517,7 +518,7 @@ def _coarse_start(gram: np.ndarray, terms: int | None) -> tuple[np.ndarray | Non
         v = np.ones(m) if v is None else resample_weights(v, m)
         walker = _NewtonWalker(terms)
         evals = 0
-        for evals in range(1, COARSE_MAX_ITER + 1):
+        for evals in range(1, COARSE_MAX_ITER + 1):  # noqa: B007 (the count after the loop is reported)
             b = evaluate(g, v, primal=False)
             v, b = _rescaled(b, v)
             v_next = walker.next(v, b)

@@ -37,9 +37,10 @@ Example:
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse
@@ -196,7 +197,7 @@ def tree_strategy_matrix(n: int) -> np.ndarray:
 def _tree_sparse(nodes: TreeNodes, n: int) -> scipy.sparse.csr_matrix:
     lengths = nodes.end - nodes.start + 1
     rows = np.repeat(np.arange(nodes.start.size), lengths)
-    cols = np.concatenate([np.arange(s, e + 1) for s, e in zip(nodes.start, nodes.end)])
+    cols = np.concatenate([np.arange(s, e + 1) for s, e in zip(nodes.start, nodes.end, strict=True)])
     return scipy.sparse.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(nodes.start.size, n))
 
 

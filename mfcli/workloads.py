@@ -19,9 +19,10 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -309,7 +310,7 @@ def _read_array(path: str | Path, *, what: str) -> np.ndarray:
 
             return np.array(load_artifact(p).factorization.workload)
         # CSV or whitespace-separated text.
-        with open(p, "r", encoding="utf-8") as fh:
+        with open(p, encoding="utf-8") as fh:
             text = fh.read()
         if not text.strip():
             raise MfcliError(f"{what} {p} is empty")

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"| {name} | {n} | not run (estimated {est:.0f} s > {args.max_seconds:.0f} s) | | | | | | |")
                     sys.stdout.flush()
                     continue
-            run = lambda: M.mmcc(c, sigma=sigma, sampling=p, delta=delta)  # noqa: E731
+            run = lambda c=c: M.mmcc(c, sigma=sigma, sampling=p, delta=delta)  # noqa: E731
             t, r = timed(run, 1)
             runs = 1
             if t < args.single_above and args.repeats > 1:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             ("dp-accounting's MixtureOfGaussians PLD builder (PLDAccountant, 1e-4)", dict(engine="dp-accounting")),
         ]
         for label, kw in variants:
-            t, r = timed(lambda: M.mmcc(c, sigma=sigma, sampling=p, delta=delta, **kw), 1)
+            t, r = timed(lambda kw=kw: M.mmcc(c, sigma=sigma, sampling=p, delta=delta, **kw), 1)
             print(f"| {label} | {t:.2f} | {r.epsilon:.6g} |")
             sys.stdout.flush()
     print()

@@ -73,21 +73,22 @@ def main() -> None:
 
     print("\n## Honaker constructions: structured vs explicit pseudo-inverses (median seconds)")
     print("(n pinvs only for n <= 128 and the SVD pinv only for n <= 512: they take minutes beyond)")
-    print("| n | online: closed form | online: n pinvs | max abs diff | full: two-pass | full: pinv (SVD) | full: normal eq. | max abs diff |")
+    print("| n | online: closed form | online: n pinvs | max abs diff "
+          "| full: two-pass | full: pinv (SVD) | full: normal eq. | max abs diff |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in ((32, 64) if args.quick else (64, 128, 512, 2048)):
-        t_on, b_on = median_time(lambda: honaker_online_decoder(n), args.repeats)
+        t_on, b_on = median_time(lambda n=n: honaker_online_decoder(n), args.repeats)
         if n <= 128:
-            t_on_p, b_on_p = median_time(lambda: online_by_pinv(n), 1)
+            t_on_p, b_on_p = median_time(lambda n=n: online_by_pinv(n), 1)
             d_on = f"{np.max(np.abs(b_on - b_on_p)):.1e}"
             t_on_p_s = f"{t_on_p:.3f}"
         else:
             t_on_p_s, d_on = "(skipped)", "-"
-        t_full, b_full = median_time(lambda: honaker_full_decoder(n), args.repeats)
-        t_ne, b_ne = median_time(lambda: full_by_normal_equations(n), args.repeats)
+        t_full, b_full = median_time(lambda n=n: honaker_full_decoder(n), args.repeats)
+        t_ne, b_ne = median_time(lambda n=n: full_by_normal_equations(n), args.repeats)
         d_full = np.max(np.abs(b_full - b_ne))
         if n <= 512:
-            t_pinv, b_pinv = median_time(lambda: full_by_pinv(n), 1)
+            t_pinv, b_pinv = median_time(lambda n=n: full_by_pinv(n), 1)
             d_full = max(d_full, np.max(np.abs(b_full - b_pinv)))
             t_pinv_s = f"{t_pinv:.3f}"
         else:
@@ -105,7 +106,7 @@ def main() -> None:
         cells = []
         for name in STRATEGY_NAMES:
             reps = 1 if name == "optimal" else args.repeats
-            t, _ = median_time(lambda: build_strategy(name, w), reps)
+            t, _ = median_time(lambda name=name, w=w: build_strategy(name, w), reps)
             cells.append(f"{t:.2f}")
         print(f"| {wname} | {n} | " + " | ".join(cells) + " |")
     print(f"\nload average after: {os.getloadavg()}")

@@ -25,20 +25,21 @@ from threadpoolctl import threadpool_info
 
 from mfcli.artifact import load_artifact, shipped_artifact
 from mfcli.compress import (
+    _embed,
     als_iterates,
     compress_factorization,
     masked_block,
     search_compression,
-    _embed,
 )
-from mfcli.operators import BandedLowRank, CompressedOperator, band_values, strategy_for_decoder
 from mfcli.factorization import Factorization, sensitivity
+from mfcli.operators import BandedLowRank, CompressedOperator, band_values, strategy_for_decoder
 
 
 def environment() -> str:
     threads = ", ".join(f"{i['internal_api']} {i['num_threads']} thread(s)" for i in threadpool_info())
     load = os.getloadavg()
-    return f"BLAS: {threads or 'none found'}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs (shared)"
+    loads = f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    return f"BLAS: {threads or 'none found'}; load average {loads}; {os.cpu_count()} CPUs (shared)"
 
 
 def get_factorization(args: argparse.Namespace) -> tuple[Factorization, str]:
@@ -180,7 +181,7 @@ def main() -> None:
     print(f"| C^ = B^-1 A, blocked (mfcli) | {blocked:.3f} |")
     for k, r in ((8, 8), (16, 16)):
         if r <= n - k:
-            s = median_time(lambda: compress_factorization(fact, band=k, rank=r), args.repeats)
+            s = median_time(lambda k=k, r=r: compress_factorization(fact, band=k, rank=r), args.repeats)
             print(f"| compress K = {k}, R = {r} | {s:.2f} |")
     print(f"\n- {environment()}")
 

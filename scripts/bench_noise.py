@@ -174,7 +174,7 @@ def dense_regeneration(path: Path, d: int, dtype: str, ts: list[int], n: int) ->
     gc.collect()
     tracemalloc.start()
     try:
-        row, _ = stream.next(stream.state_at(min(ts)))
+        _row, _ = stream.next(stream.state_at(min(ts)))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -159,10 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
 
-    from threadpoolctl import threadpool_info
-
     import numpy as np
     import scipy
+    from threadpoolctl import threadpool_info
 
     caps = {int(k): int(v) for k, v in (x.split(":") for x in args.fp_cap.split(","))}
     sizes = [int(x) for x in args.sizes.split(",")]

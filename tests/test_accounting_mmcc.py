@@ -232,13 +232,13 @@ def test_tail_eps_against_monte_carlo(method: str) -> None:
         r, j = int(pairs.rows[idx]), int(pairs.cols[idx])
         g_full = c[:r].T @ c[:r]
         b = rng.random((trials, c.shape[1])) < p
-        l = (b @ g_full[j] + sigma * np.sqrt(g_full[j, j]) * rng.standard_normal(trials) - g_full[j, j] / 2) / sigma**2
+        loss = (b @ g_full[j] + sigma * np.sqrt(g_full[j, j]) * rng.standard_normal(trials) - g_full[j, j] / 2) / sigma**2
         e = eps[pairs.key[idx]]
-        tail = np.mean(l > e)
+        tail = np.mean(loss > e)
         se = math.sqrt(delta_pair * (1 - delta_pair) / trials)
         assert tail <= delta_pair + 4 * se
         # and the rounding costs little: a slightly smaller eps already fails
-        assert np.mean(l > e - 0.1) > delta_pair
+        assert np.mean(loss > e - 0.1) > delta_pair
 
 
 @given(x=st.lists(st.floats(0, 3, allow_nan=False), min_size=1, max_size=20), m=st.integers(1, 200))
@@ -279,17 +279,20 @@ def test_row_mixture_matches_enumeration(w, q) -> None:
         b = np.array(bits)
         brute[int(w @ b)] = brute.get(int(w @ b), 0.0) + float(np.prod(np.where(b == 1, q, 1 - q)))
     assert eta == 0.0
-    assert dict(zip(support.tolist(), probs.tolist())) == pytest.approx(brute, rel=1e-10)
+    assert dict(zip(support.tolist(), probs.tolist(), strict=True)) == pytest.approx(brute, rel=1e-10)
 
 
 def test_row_mixture_cut_is_counted() -> None:
     w = np.array([1, 2, 3, 4, 5, 6])
     q = np.full(6, 0.1)
-    _, probs_full, _ = M.row_mixture(w, q, cut=0.0)
+    support_full, probs_full, eta_full = M.row_mixture(w, q, cut=0.0)
     support, probs, eta = M.row_mixture(w, q, cut=1e-3)
+    assert eta_full == 0.0 and support_full.max() == 21
     assert 0 < eta <= 1e-3
     assert support.max() < 21
     assert probs.sum() == pytest.approx(1.0)
+    # every outcome beyond the cut support went through a cut partial sum, so eta covers its mass
+    assert 0 < probs_full[support_full > support.max()].sum() <= eta * (1 + 1e-12)
 
 
 def test_rounded_rows_dominate_exact_rows() -> None:

@@ -2,6 +2,7 @@
 and dp-accounting's PMF constructors and composition."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -52,7 +53,7 @@ def _numeric_hockey_stick(sigma, sens, probs, eps, remove):
         f = lambda x: max(ppdf(x) - math.exp(eps) * qpdf(x), 0.0)  # noqa: E731
     lo, hi = -12 * sigma, s.max() + 12 * sigma
     pts = np.linspace(lo, hi, 41)
-    return sum(integrate.quad(f, a, b, epsabs=1e-15, epsrel=1e-11, limit=200)[0] for a, b in zip(pts[:-1], pts[1:]))
+    return sum(integrate.quad(f, a, b, epsabs=1e-15, epsrel=1e-11, limit=200)[0] for a, b in itertools.pairwise(pts))
 
 
 @pytest.mark.parametrize("sigma,sens,probs", MIXTURES[:4])

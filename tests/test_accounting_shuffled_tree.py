@@ -2,6 +2,7 @@
 a Monte Carlo estimate of the true (shuffled) privacy loss on small trees."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ def test_bound_is_gaussian_with_sqrt_levels(n: int, levels: int) -> None:
 
 def test_monotone_in_sigma() -> None:
     eps = [shuffled_tree(n=256, sigma=s).epsilon for s in (0.5, 1.0, 2.0, 4.0, 8.0)]
-    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert all(a > b for a, b in itertools.pairwise(eps))
 
 
 def test_fmt_condition_closed_form() -> None:

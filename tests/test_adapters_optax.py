@@ -19,6 +19,7 @@ from mfcli.adapters import optax as optax_adapter  # noqa: E402
 from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
+
 from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
 
 SEED = 77
@@ -69,7 +70,7 @@ def test_updates_are_scaled_gradient_noise(artifact, variant, jit):
 
 
 def test_chained_momentum_sgd_releases_decoder_noise(artifact):
-    path, a, fact, b_hat = artifact
+    path, _a, _fact, b_hat = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)  # compressed
     lr = 0.1
     tx = optax.chain(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), optax.sgd(lr, momentum=BETA))
@@ -179,11 +180,12 @@ def test_bad_construction(artifact):
 
 
 def test_postprocess_hook(artifact):
-    path, a, fact, _ = artifact
+    path, _a, fact, _ = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED, variant="dense")
     tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0, postprocess=lambda g: 0.5 * jnp.roll(g, 1))
     upd, _ = jax.jit(tx.update)(zeros(), tx.init(PARAMS))
-    want = 0.5 * np.roll(scipy.linalg.solve_triangular(fact.strategy, philox_z(SEED, N, D, "float32").astype(float), lower=True)[0], 1)
+    z = philox_z(SEED, N, D, "float32").astype(float)
+    want = 0.5 * np.roll(scipy.linalg.solve_triangular(fact.strategy, z, lower=True)[0], 1)
     np.testing.assert_allclose(flat(upd), want, atol=1e-5)
 
 

@@ -20,6 +20,7 @@ from mfcli.adapters.torch import CorrelatedNoiseOptimizer  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
 from mfcli.smoothing import LaplacianSmoother, smoothing_matrix  # noqa: E402
+
 from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
 
 SEED = 424242
@@ -48,7 +49,7 @@ def flat_params(m: torch.nn.Module) -> np.ndarray:
 @pytest.mark.parametrize("variant", ["dense", "compressed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
 def test_momentum_sgd_releases_decoder_noise(artifact, variant, dtype, tol):
-    path, a, fact, b_hat = artifact
+    path, _a, fact, b_hat = artifact
     net = model(dtype)
     theta0 = flat_params(net)
     lr, sigma, clip = 0.05, 1.3, 0.7
@@ -76,7 +77,7 @@ def test_momentum_sgd_releases_decoder_noise(artifact, variant, dtype, tol):
 
 
 def test_noise_is_added_to_the_gradient(artifact):
-    path, a, fact, _ = artifact
+    path, _a, fact, _ = artifact
     net = model(torch.float64)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=SEED,
                                    noise_multiplier=2.0, clip_norm=0.5, batch_size=4, variant="dense")
@@ -84,7 +85,7 @@ def test_noise_is_added_to_the_gradient(artifact):
     z = philox_z(SEED, N, 11, "float64")
     grad_noise = scipy.linalg.solve_triangular(fact.strategy, z, lower=True)  # C^-1 Z
     for t in range(3):
-        for p, gi in zip(net.parameters(), g):
+        for p, gi in zip(net.parameters(), g, strict=True):
             p.grad = gi.clone()
         opt.step()
         got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
@@ -230,7 +231,7 @@ def test_bad_construction(artifact):
         CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, noise_multiplier=-1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="batch_size"):
         CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, batch_size=0, **common)
-    with pytest.raises(MfcliError, match="torch.optim.Optimizer"):
+    with pytest.raises(MfcliError, match=r"torch\.optim\.Optimizer"):
         CorrelatedNoiseOptimizer(object(), artifact=path, seed=1, **common)
     with pytest.raises(MfcliError, match="seed"):
         CorrelatedNoiseOptimizer(sgd, artifact=path, seed=-5, **common)

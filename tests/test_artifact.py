@@ -37,7 +37,7 @@ def artifact(tmp_path, solved):
 
 
 def test_round_trip_readable_by_plain_h5py(artifact, solved):
-    w, res = solved
+    _w, res = solved
     with h5py.File(artifact) as f:
         assert f.attrs["format"] == FORMAT and f.attrs["format_version"] == 1
         c = f["strategy"][...]
@@ -127,7 +127,7 @@ def test_truncated_and_foreign_files(tmp_path, artifact):
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
-    w, res = solved
+    _w, res = solved
     target = tmp_path / "out.h5"
 
     def boom(*a, **k):
@@ -140,7 +140,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
 
 
 def test_refuses_overwrite_without_force(artifact, solved):
-    w, res = solved
+    _w, res = solved
     with pytest.raises(MfcliError, match="already exists"):
         save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal")
     save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal", force=True)
@@ -239,7 +239,7 @@ def test_nested_writers_in_one_directory_do_not_deadlock(tmp_path):
 def test_library_message_names_no_cli_flag(artifact, solved):
     from mfcli.artifact import OutputExistsError
 
-    w, res = solved
+    _w, res = solved
     with pytest.raises(OutputExistsError) as err:
         save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal")
     assert "--" not in str(err.value)

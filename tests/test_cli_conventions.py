@@ -109,7 +109,8 @@ USAGE_ERRORS: list[tuple[list[str], str]] = [
     (["account", "--sigma", "4", "--n", "8"], "--n applies to a built-in --strategy"),
     (["account", "--sigma", "4", "--workload", "prefix"], "--workload applies to a built-in --strategy"),
     (["account", "prefix-n256", "--sigma", "4", "-w", "momentum"], "--workload applies to a built-in --strategy"),
-    (["account", "--strategy", "tree", "--n", "8", "--sigma", "4", "--beta", "0.9"], "--beta applies to --workload momentum only"),
+    (["account", "--strategy", "tree", "--n", "8", "--sigma", "4", "--beta", "0.9"],
+     "--beta applies to --workload momentum only"),
     (["account", "--strategy", "tree", "--n", "8", "-w", "prefix", "--sigma", "4", "--beta", "0.5"], "--beta"),
 ]
 
@@ -153,7 +154,8 @@ def test_compress_of_a_shipped_name_writes_to_the_current_directory(in_tmp: Path
 
 @pytest.mark.parametrize(
     "args, expected",
-    [(["optimize", "--n", "abc"], "Invalid value for '--n'"), (["account", "--sigma", "4", "--tail-fraction", "0.5"], "MMCC only")],
+    [(["optimize", "--n", "abc"], "Invalid value for '--n'"),
+     (["account", "--sigma", "4", "--tail-fraction", "0.5"], "MMCC only")],
 )
 def test_usage_errors_in_a_real_process(args: list[str], expected: str, tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "mfcli", *args], cwd=tmp_path, capture_output=True, text=True,

@@ -160,7 +160,9 @@ def test_cli_plot_without_matplotlib(tmp_path, monkeypatch) -> None:
 
 def test_cli_save_strategy_then_compare_with_artifact(tmp_path) -> None:
     path = tmp_path / "tree16.h5"
-    res = invoke("-w", "prefix", "--n", "16", "-s", "identity", "--save-strategy", "tree", "--out", str(path), "--format", "csv", "-q")
+    res = invoke(
+        "-w", "prefix", "--n", "16", "-s", "identity", "--save-strategy", "tree", "--out", str(path), "--format", "csv", "-q"
+    )
     assert res.exit_code == 0, res.output
     # --out named the artifact; the table (which does not list tree) went to stdout.
     assert res.stdout.startswith("name,causal") and "\ntree," not in res.stdout
@@ -230,7 +232,8 @@ def test_cli_artifact_for_other_workload_refused(tmp_path) -> None:
 
 def test_subprocess_csv() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mfcli", "compare", "-w", "prefix", "--n", "32", "-s", "identity,tree,sqrt", "--format", "csv", "-q"],
+        [sys.executable, "-m", "mfcli", "compare", "-w", "prefix", "--n", "32", "-s", "identity,tree,sqrt",
+         "--format", "csv", "-q"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr

@@ -116,7 +116,7 @@ def test_layout_matches_definition_and_is_causal(n, data):
 
 @pytest.mark.parametrize("which", ["prefix", "momentum"])
 def test_full_band_keeps_b_exactly(solved, which):
-    w, res = solved[which]
+    _w, res = solved[which]
     fact = res.factorization
     comp = compress_factorization(fact, band=fact.n, rank=0)
     np.testing.assert_array_equal(comp.decoder, fact.decoder)

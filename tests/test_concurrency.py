@@ -33,7 +33,7 @@ def _run_all(arglists: list[list[str]], cwd: Path, barrier: Path) -> list[subpro
     procs = [subprocess.Popen([sys.executable, str(DRIVER), *args], cwd=cwd, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in arglists]
     out = []
-    for p, args in zip(procs, arglists):
+    for p, args in zip(procs, arglists, strict=True):
         o, e = p.communicate(timeout=600)
         out.append(subprocess.CompletedProcess(args, p.returncode, o, e))
     return out

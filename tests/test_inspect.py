@@ -21,7 +21,7 @@ from mfcli.artifact import append_group, dataset_sha256, save_artifact, shipped_
 from mfcli.cli.app import app
 from mfcli.cli.plots import plot_report
 from mfcli.compress import compress_artifact
-from mfcli.errors import ArtifactError
+from mfcli.errors import ArtifactError, OutputExistsError
 from mfcli.inspection import inspect_artifact
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload, prefix_workload
@@ -206,7 +206,7 @@ def test_plot_writes_png(artifact, tmp_path):
     assert not (tmp_path / "plot.jpg").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
-    with pytest.raises(Exception):
+    with pytest.raises(OutputExistsError):
         plot_report(inspect_artifact(out), png)  # exists, no force
 
 
@@ -320,7 +320,8 @@ def test_bad_dual_weights_fail(artifact, weights, needle):
     (lambda f: f["decoder"].attrs.__delitem__("sha256"), "dataset 'decoder' has no sha256 checksum"),
     (lambda f: f.create_dataset("notes", data="free text"), "dataset 'notes' is not numeric"),
     (lambda f: f.create_dataset("notes", data=np.ones(3)), "dataset 'notes' has no sha256 checksum"),
-    (lambda f: f.create_dataset("accounting/r1/events", data=np.array([b"a", b"b"])), "dataset 'accounting/r1/events' is not numeric"),
+    (lambda f: f.create_dataset("accounting/r1/events", data=np.array([b"a", b"b"])),
+     "dataset 'accounting/r1/events' is not numeric"),
 ])
 def test_other_inconsistencies_fail(artifact, edit, needle):
     with h5py.File(artifact, "r+") as f:

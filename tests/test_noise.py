@@ -32,6 +32,7 @@ from mfcli.noise import (
 )
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+
 from noise_oracles import philox_z
 
 SEED = 20240531
@@ -180,7 +181,7 @@ def test_stream_equals_dense_computation(artifacts, name, kind, variant, dtype, 
     ],
 )
 def test_method_and_band_width(artifacts, name, kind, variant, method, width):
-    path, _, _, (k, r) = artifacts[name]
+    path, _, _, (_k, r) = artifacts[name]
     stream = noise_stream(path, kind=kind, d=3, seed=1, variant=variant)
     assert stream.method == method
     assert stream.width == width
@@ -248,7 +249,7 @@ def test_blocks_and_threads(artifacts, variant):
 
 def test_gradient_noise_times_workload_is_iterate_noise(artifacts):
     """A (C^-1 Z) = B Z: the two operators, streamed separately, agree after applying A."""
-    path, a, fact, _ = artifacts["momentum"]
+    path, a, _fact, _ = artifacts["momentum"]
     for variant in ("dense", "compressed"):
         grad, _ = run(noise_stream(path, kind="gradient", d=4, seed=5, dtype="float64", variant=variant))
         it, _ = run(noise_stream(path, kind="iterate", d=4, seed=5, dtype="float64", variant=variant))
@@ -524,7 +525,7 @@ def test_bad_options(artifacts, options, message):
 
 
 def test_compressed_needs_a_group(tmp_path, artifacts):
-    _, a, fact, _ = artifacts["prefix"]
+    _, _a, fact, _ = artifacts["prefix"]
     path = tmp_path / "plain.h5"
     save_artifact(path, fact, workload_name="prefix", strategy_name="optimal")
     assert noise_stream(path, kind="gradient", d=2, seed=1).variant == "dense"

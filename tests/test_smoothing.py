@@ -155,7 +155,7 @@ def test_post_processing_is_pure():
     after = np.random.get_state()
     assert np.array_equal(v, before)  # input untouched
     assert np.array_equal(u1, u2)  # deterministic
-    assert all(np.array_equal(a, b) for a, b in zip(state[1:2], after[1:2]))  # no randomness drawn
+    assert all(np.array_equal(a, b) for a, b in zip(state[1:2], after[1:2], strict=True))  # no randomness drawn
     # composes with any noise stream: smoothing the noisy gradient = smoothing each part
     np.testing.assert_allclose(u1, laplacian_smooth(g, s=1.5) + laplacian_smooth(noise, s=1.5), atol=1e-12)
 
@@ -221,7 +221,7 @@ def test_torch_optimizer_hook_smooths_the_noisy_gradient(tmp_path):
     from mfcli.adapters.torch import CorrelatedNoiseOptimizer
     from mfcli.noise import noise_stream
 
-    path, fact = _prefix_artifact(tmp_path)
+    path, _fact = _prefix_artifact(tmp_path)
     d, seed, sigma, lr, s = 10, 99, 0.8, 0.5, 2.0
     w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD([w], lr=lr), artifact=path, seed=seed, noise_multiplier=sigma,

@@ -58,7 +58,7 @@ def test_weights_are_recovered_from_the_strategy_without_stored_ones(tmp_path, s
 def test_warm_start_refusals(tmp_path, solved):
     w, res = solved
     p = _save(tmp_path / "c.h5", w, res, with_dual=False)
-    with pytest.raises(MfcliError, match="needs the same n .*n = 12.* n = 8"):
+    with pytest.raises(MfcliError, match=r"needs the same n .*n = 12.* n = 8"):
         warm_start_weights(p, prefix_workload(8).matrix)
     with pytest.raises(TypeError, match="artifact must be a path or an Artifact"):
         warm_start_weights(res.factorization, w.matrix)

@@ -31,7 +31,8 @@ from :mod:`mfcli.workloads`.
 
 Formal guarantees: sigma is calibrated by mfcli's accounting code (:func:`calibrate`, through
 :func:`mfcli.accounting.calibrate_strategy`: exactly what ``mfcli account --epsilon`` computes for
-the strategy C, single-pass Gaussian with sensitivity sens(C)), so the released iterates are (epsilon, delta)-DP under single participation (one
+the strategy C, single-pass Gaussian with sensitivity sens(C)), so the released iterates are (epsilon, delta)-DP
+under single participation (one
 example added or removed, equivalently its clipped gradient replaced by zero) for every
 mechanism alike. Smoothing is post-processing and does not change it. The learning rate and
 smoothing strength are chosen on a validation split disjoint from the training and test
@@ -42,9 +43,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import scipy.linalg
@@ -149,9 +150,9 @@ def load_mnist5k(
     parts: list[list[np.ndarray]] = [[], [], []]
     for c in classes:
         idx = rng.permutation(np.flatnonzero(y == c))
-        a = int(round(len(idx) * n_train / n_total))
-        b = int(round(len(idx) * (n_train + n_val) / n_total))
-        for p, sl in zip(parts, (idx[:a], idx[a:b], idx[b:])):
+        a = round(len(idx) * n_train / n_total)
+        b = round(len(idx) * (n_train + n_val) / n_total)
+        for p, sl in zip(parts, (idx[:a], idx[a:b], idx[b:]), strict=True):
             p.append(sl)
     tr, va, te = (rng.permutation(np.concatenate(p)) for p in parts)
     side = 28 // pool
@@ -185,7 +186,7 @@ class SoftmaxRegression:
 
     def _logits(self, theta: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Logits (..., b, k) for theta (..., d) and x (..., b, p) (leading dims broadcast)."""
-        w = theta.reshape(theta.shape[:-1] + (self.k, self.p + 1))
+        w = theta.reshape((*theta.shape[:-1], self.k, self.p + 1))
         return x @ np.swapaxes(w[..., :-1], -1, -2) + w[..., None, :, -1]
 
     def clipped_gradient_sum(self, theta: np.ndarray, x: np.ndarray, y: np.ndarray, clip: float) -> np.ndarray:
@@ -202,7 +203,7 @@ class SoftmaxRegression:
         np.put_along_axis(r, y[..., None], np.take_along_axis(r, y[..., None], axis=-1) - 1.0, axis=-1)
         norms = np.sqrt(np.sum(r * r, axis=-1) * (np.sum(x * x, axis=-1) + 1.0))
         r *= np.minimum(1.0, clip / np.maximum(norms, 1e-300))[..., None]
-        g = np.empty(theta.shape[:-1] + (self.k, self.p + 1))
+        g = np.empty((*theta.shape[:-1], self.k, self.p + 1))
         g[..., :-1] = np.swapaxes(r, -1, -2) @ x
         g[..., -1] = r.sum(axis=-2)
         return g.reshape(theta.shape)
@@ -219,7 +220,7 @@ class SoftmaxRegression:
         z -= z.max(axis=-1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
         acc = np.mean(np.argmax(z, axis=-1) == y, axis=-1)
-        loss = -np.mean(np.take_along_axis(logp, np.broadcast_to(y[:, None], logp.shape[:-1] + (1,)), axis=-1)[..., 0],
+        loss = -np.mean(np.take_along_axis(logp, np.broadcast_to(y[:, None], (*logp.shape[:-1], 1)), axis=-1)[..., 0],
                         axis=-1)
         return np.where(ok, acc, 0.0), np.where(ok, loss, np.inf)
 
@@ -407,14 +408,14 @@ def run_optimizer(
     """
     n = mech.n
     shape = (d,) if runs is None else (int(runs), d)
-    if noise is not None and noise.shape != (n,) + shape:
-        raise MfcliError(f"noise has shape {noise.shape}, expected {(n,) + shape}")
+    if noise is not None and noise.shape != (n, *shape):
+        raise MfcliError(f"noise has shape {noise.shape}, expected {(n, *shape)}")
     rate = np.asarray(lr, dtype=np.float64)
     if runs is not None:
         rate = np.broadcast_to(rate, (int(runs),))[:, None]
     theta = np.zeros(shape)
     mom = np.zeros(shape)
-    out = np.empty((n,) + shape) if trajectory else None
+    out = np.empty((n, *shape)) if trajectory else None
     for t in range(n):
         v = gradient(theta, t)
         if noise is not None:
@@ -682,14 +683,14 @@ def search_learning_rate(
     trained as one batch). Ties go to the smallest learning rate.
     """
     grid = sorted(float(g) for g in grid)
-    scores = dict(zip(grid, (float(s) for s in score(grid))))
+    scores = dict(zip(grid, (float(s) for s in score(grid)), strict=True))
 
     def best() -> float:
         return max(scores, key=lambda k: (scores[k], -k))
 
     for _ in range(max_extend):
         b, lo, hi = best(), min(scores), max(scores)
-        if b == hi and len(scores) > 1 or b == hi == lo:
+        if (b == hi and len(scores) > 1) or b == hi == lo:
             new = hi * 2.0
         elif b == lo:
             new = lo / 2.0
@@ -728,7 +729,7 @@ def _tune_and_evaluate(
 
     best: tuple[float, float, float] | None = None
     for s in s_grid:
-        lr, val = search_learning_rate(lambda lrs: score(lrs, s), config.lrs)
+        lr, val = search_learning_rate(lambda lrs, s=s: score(lrs, s), config.lrs)
         if best is None or val > best[0]:
             best = (val, lr, s)
     assert best is not None
@@ -779,7 +780,9 @@ def run_study(
     # Non-private ceilings: SGD (prefix optimizer) and momentum + cooldown.
     for key in ("dp-sgd", "opt-momentum-cooldown"):
         m = mechs.get(key) or prepare_mechanism(mechanism_spec(key), config.n)
-        val, lr, s, runs = _tune_and_evaluate(data=data, mech=m, sigma=0.0, config=config, s_grid=(0.0,), counter=counter, cache=cache)
+        val, lr, s, runs = _tune_and_evaluate(
+            data=data, mech=m, sigma=0.0, config=config, s_grid=(0.0,), counter=counter, cache=cache
+        )
         label = "Non-private SGD" if m.beta == 0 else "Non-private momentum + cooldown"
         cells.append(Cell(f"nonprivate-{'sgd' if m.beta == 0 else 'momentum-cooldown'}", label, False, None, 0.0, 0.0,
                           m.sensitivity, lr, s, tuple(r.test_accuracy for r in runs),

@@ -19,6 +19,7 @@ is downloaded. The noise of every mechanism is calibrated by mfcli.accounting.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -132,7 +133,8 @@ def summary_table(res: StudyResult) -> list[str]:
 
 def detail_table(res: StudyResult) -> list[str]:
     lines = [
-        "| ε | mechanism | test accuracy (mean ± std) | test loss (mean) | lr | s | sens(C) | noise multiplier z | σ = z·sens·clip |",
+        "| ε | mechanism | test accuracy (mean ± std) | test loss (mean) | lr | s | sens(C) | noise multiplier z "
+        "| σ = z·sens·clip |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in res.cells:
@@ -156,7 +158,7 @@ def ordering_lines(res: StudyResult) -> list[str]:
     """The paper's ordering, gap by gap (paired over seeds), and the smoothing gain for DP-SGD."""
     chain = [k for k in ("opt-momentum-cooldown", "opt-prefix", "tree", "dp-sgd") if k in res.config.mechanisms]
     names = {"opt-momentum-cooldown": "mom+cooldown", "opt-prefix": "opt prefix", "tree": "tree", "dp-sgd": "DP-SGD"}
-    gaps = list(zip(chain, chain[1:]))
+    gaps = list(itertools.pairwise(chain))
     out = [
         "| ε | " + " | ".join(f"{names[a]} − {names[b]}" for a, b in gaps)
         + " | ordering holds (means) | every gap > 2 s.e. | DP-SGD + LS − DP-SGD |",
@@ -187,8 +189,9 @@ def mechanism_lines(res: StudyResult) -> list[str]:
         "| mechanism | strategy | workload | sens(C) | noise rows m | loss_mean (noise mult. 1) | loss_max |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
-    for k, m in res.mechanisms.items():
-        wl = m["workload"] + (f", β = {m['beta']:g}" if m["beta"] else "") + (f", {m['schedule']}" if m["schedule"] != "constant" else "")
+    for m in res.mechanisms.values():
+        wl = m["workload"] + (f", β = {m['beta']:g}" if m["beta"] else "")
+        wl += f", {m['schedule']}" if m["schedule"] != "constant" else ""
         lines.append(
             f"| {m['label']} | {m['strategy']} | {wl} | {m['sensitivity']:.4f} | {m['noise_rows']} | "
             f"{m['loss_mean']:.3f} | {m['loss_max']:.3f} |"
@@ -334,7 +337,8 @@ def to_json(res: StudyResult, command: str, env: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python examples/training_study/train_study.py" + ("".join(" " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)))
+    given = sys.argv[1:] if argv is None else argv
+    command = "python examples/training_study/train_study.py" + "".join(" " + shlex.quote(a) for a in given)
     try:
         config = build_config(args)
         res = run_study(config, progress=lambda m: print(m, file=sys.stderr, flush=True))

@@ -70,8 +70,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Calibration", "calibrate_sigma", "calibrate_strategy", "event_from_json", "event_to_json", "FullParticipationResult",
-    "LowerBoundResult", "MMCCResult", "full_participation", "lower_bound", "prepare_strategy",
-    "ShuffledTreeResult", "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "DpSgdResult",
-    "SinglePassResult", "dpsgd", "gaussian_delta", "gaussian_epsilon",
+    "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "Calibration", "DpSgdResult", "FullParticipationResult", "LowerBoundResult",
+    "MMCCResult", "ShuffledTreeResult", "SinglePassResult", "calibrate_sigma", "calibrate_strategy", "dpsgd",
+    "event_from_json", "event_to_json", "full_participation", "gaussian_delta", "gaussian_epsilon", "lower_bound",
+    "prepare_strategy",
 ]

@@ -12,8 +12,9 @@ accountants can build).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mfcli.errors import MfcliError
 

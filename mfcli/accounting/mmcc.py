@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import special, stats
@@ -111,7 +112,7 @@ class PreparedStrategy:
         return self.strategy.shape[1]
 
 
-def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | None = None) -> PreparedStrategy:
+def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
     """Check C for MMCC and scale it to max column norm 1.
 
     Raises:
@@ -170,7 +171,7 @@ def default_tail_resolution(sigma_eff: float) -> int:
     """Grid 1/M_W for W: h_W = 0.01 sigma^2 clipped to [1e-3, 0.05] (rounding W up by h_W per
     participant moves eps_rj by at most h_W / sigma^2 per participant, i.e. 1%)."""
     h = min(0.05, max(1e-3, 0.01 * sigma_eff * sigma_eff))
-    return int(math.ceil(1.0 / h))
+    return math.ceil(1.0 / h)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +408,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
     out = np.full(b, np.inf)
-    kw = dict(sigma=sigma, h=h)
+    kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)
@@ -470,7 +471,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
         # the tail" (a valid over-estimate that moves eps by a negligible amount).
-        def tail_at(c: int) -> np.ndarray:
+        def tail_at(c: int, counts: np.ndarray = counts, sup: np.ndarray = sup) -> np.ndarray:
             t = chernoff_tail(counts, p, float(c))
             t[sup < c] = 0.0
             return t
@@ -527,7 +528,7 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     per_step = cut / max(1, weights.size)
     pmf = np.array([1.0])
     eta = 0.0
-    for w, q in zip(weights.tolist(), probs.tolist()):
+    for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
         new = np.zeros(pmf.size + w)
@@ -720,7 +721,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(
                 sigma, [float(s) / resolution for s in g.support], [float(q) for q in g.probabilities]
             ), int(g.count))
-        return acc._pld  # noqa: SLF001 - the composed PLD (PLDAccountant has no public getter)
+        return acc._pld
     plds = []
     for g in groups:
         pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)

@@ -28,9 +28,9 @@ mixtures (tests/test_accounting_mog_pld.py).
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import special
 
 from mfcli.errors import MfcliError
@@ -41,7 +41,7 @@ LOG_MASS_TRUNCATION_BOUND = -50.0
 _CHUNK = 4096
 
 
-def _check_mixture(sigma: float, sens: Sequence[float], probs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(sens, dtype=np.float64).ravel()
     q = np.asarray(probs, dtype=np.float64).ravel()
     if not (sigma > 0 and math.isfinite(sigma)):
@@ -152,7 +152,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
         # from the wrong side of the root overshoots once and then converges monotonically
         x = x0 + frac * (x1 - x0)
-        for it in range(100):
+        for _ in range(100):
             val, slope = loss.value_and_slope(x)
             with np.errstate(divide="ignore", invalid="ignore"):
                 step = (val - e) / slope
@@ -172,8 +172,8 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
 
 def hockey_stick(
     sigma: float,
-    sens: Sequence[float],
-    probs: Sequence[float],
+    sens: ArrayLike,
+    probs: ArrayLike,
     epsilons: np.ndarray,
     *,
     remove: bool,
@@ -288,12 +288,12 @@ def _compose_pmf(a, b, tail_mass_truncation: float):
 
     a = a.to_dense_pmf()
     b = b.to_dense_pmf()
-    if a._discretization != b._discretization:  # noqa: SLF001
+    if a._discretization != b._discretization:
         raise MfcliError("cannot compose PLDs with different discretizations")
-    probs = signal.fftconvolve(a._probs, b._probs)  # noqa: SLF001
-    inf = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass  # noqa: SLF001
+    probs = signal.fftconvolve(a._probs, b._probs)
+    inf = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass
     offset, probs, right = _truncate(probs, tail_mass_truncation)
-    return pld_pmf.DensePLDPmf(a._discretization, a._lower_loss + b._lower_loss + offset, probs,  # noqa: SLF001
+    return pld_pmf.DensePLDPmf(a._discretization, a._lower_loss + b._lower_loss + offset, probs,
                                inf + right, True)
 
 
@@ -303,12 +303,12 @@ def compose(a, b, *, tail_mass_truncation: float = 1e-15):
     (dp-accounting scans the array in a Python loop)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-    rem = _compose_pmf(a._pmf_remove, b._pmf_remove, tail_mass_truncation)  # noqa: SLF001
-    add = _compose_pmf(a._pmf_add, b._pmf_add, tail_mass_truncation)  # noqa: SLF001
+    rem = _compose_pmf(a._pmf_remove, b._pmf_remove, tail_mass_truncation)
+    add = _compose_pmf(a._pmf_add, b._pmf_add, tail_mass_truncation)
     return pld_lib.PrivacyLossDistribution(rem, add)
 
 
-def loss_range(sigma: float, sensitivities: Sequence[float], probabilities: Sequence[float]) -> float:
+def loss_range(sigma: float, sensitivities: ArrayLike, probabilities: ArrayLike) -> float:
     """Width of the privacy-loss interval the PLD of this mixture spans (both directions summed):
     the PLD has about width / d points per direction at discretization d."""
     s, q = _check_mixture(sigma, sensitivities, probabilities)
@@ -323,8 +323,8 @@ def loss_range(sigma: float, sensitivities: Sequence[float], probabilities: Sequ
 
 def mixture_pld(
     sigma: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
+    sensitivities: ArrayLike,
+    probabilities: ArrayLike,
     *,
     value_discretization_interval: float = 1e-4,
     max_points: int | None = None,
@@ -360,8 +360,8 @@ def mixture_pld(
 
 def reference_mixture_pld(
     sigma: float,
-    sensitivities: Sequence[float],
-    probabilities: Sequence[float],
+    sensitivities: ArrayLike,
+    probabilities: ArrayLike,
     *,
     value_discretization_interval: float = 1e-4,
 ):

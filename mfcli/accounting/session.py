@@ -16,9 +16,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,6 @@ def resolve_strategy(
             is neither an artifact nor a .npy matrix, a non-square .npy C.
     """
     from mfcli.artifact import load_artifact, shipped_artifact
-
     from mfcli.operators import CHOICES, select_operator
 
     say = progress or (lambda s: None)
@@ -138,7 +138,9 @@ def resolve_strategy(
     if path is not None and strategy is not None:
         raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
     if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
-        raise MfcliError("operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy")
+        raise MfcliError(
+            "operator 'compressed' needs an artifact with a compressed decoder, not a .npy matrix or a built-in strategy"
+        )
     if strategy is not None:
         if strategy not in BUILTIN:
             raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
@@ -158,7 +160,7 @@ def resolve_strategy(
             is_tree=strategy == "tree",
         )
     default = path is None
-    if default:
+    if path is None:
         path = shipped_artifact(DEFAULT_ARTIFACT)
     p = Path(path)
     if not p.exists():
@@ -167,13 +169,14 @@ def resolve_strategy(
         try:
             c = np.load(p, allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
-            raise MfcliError(f"cannot read {p} as a .npy matrix: {str(exc).splitlines()[0] if str(exc) else 'empty or truncated file'}") from None
+            why = str(exc).splitlines()[0] if str(exc) else "empty or truncated file"
+            raise MfcliError(f"cannot read {p} as a .npy matrix: {why}") from None
         raw = np.asarray(c)
         if np.iscomplexobj(raw):
             raise MfcliError(f"{p} holds a complex matrix; C must be real")
-        c = np.asarray(raw, dtype=np.float64) if np.issubdtype(raw.dtype, np.number) else None
-        if c is None or c.ndim != 2:
+        if not np.issubdtype(raw.dtype, np.number) or raw.ndim != 2:
             raise MfcliError(f"{p} must hold a 2-D numeric matrix C")
+        c = np.asarray(raw, dtype=np.float64)
         if c.size == 0:
             raise MfcliError(f"{p} holds an empty matrix")
         if not np.all(np.isfinite(c)):
@@ -217,7 +220,9 @@ def check_setting_applies(inp: StrategyInput, setting: str) -> None:
         except MfcliError as exc:
             raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
     elif setting == "shuffled-tree" and not inp.is_tree:
-        raise MfcliError(f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}")
+        raise MfcliError(
+            f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+        )
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ class AccountingOptions:
     tail_fractions: tuple = (DEFAULT_TAIL_FRACTION,)
     mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
 
-    def checked(self) -> "AccountingOptions":
+    def checked(self) -> AccountingOptions:
         check_delta(self.delta)
         check_discretization(self.value_discretization)
         return self
@@ -444,6 +449,7 @@ def record_to_artifact(
 
     if report is None or report.strategy.artifact is None:
         raise MfcliError("recording a result needs an artifact as input (not a .npy file or a built-in strategy)")
+    target = report.strategy.artifact
     inp = report.strategy
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
@@ -474,7 +480,7 @@ def record_to_artifact(
         attrs["calibrated_setting"] = calibrated_setting or ""
         attrs["calibration"] = json.dumps(calibration.as_dict(), sort_keys=True)
     group = f"accounting/{gid}"
-    append_group(inp.artifact, group, attrs=attrs)
+    append_group(target, group, attrs=attrs)
     return group
 
 
@@ -560,7 +566,7 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
         if sum(int(sc.count) for sc in parts) != strategy.shape[0]:
             raise MfcliError(f"the mmcc event composes {sum(int(sc.count) for sc in parts)} rows; C has {strategy.shape[0]}")
         split = [_num(row.get(k)) for k in ("delta_pld", "delta_tail", "delta_trunc")]
-        if any(x is None or x < 0 for x in split) or sum(split) > delta * (1 + RECORD_RTOL):  # type: ignore[operator, arg-type]
+        if any(x is None or x < 0 for x in split) or sum(x or 0.0 for x in split) > delta * (1 + RECORD_RTOL):
             raise MfcliError("the mmcc delta split does not add up to at most the record's delta")
         d = float(row["value_discretization"])
         plds = []
@@ -602,11 +608,11 @@ def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray])
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     sampling = _num(attrs.get("sampling"))
     if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
-        return problems + ["sigma or delta is missing or out of range"]
+        return [*problems, "sigma or delta is missing or out of range"]
     settings = _as_json(attrs.get("settings"))
     results = _as_json(read_chunked(attrs, "results") or "{}")
     if not isinstance(settings, list) or not isinstance(results, dict):
-        return problems + ["the settings list or the results are missing"]
+        return [*problems, "the settings list or the results are missing"]
     sens = float(_sensitivity(c))
     for setting in settings:
         key = str(setting).replace("-", "_")

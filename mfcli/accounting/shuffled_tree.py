@@ -47,7 +47,7 @@ def tree_levels(n: int) -> int:
     """L = ceil(log2 n): the tree on 2^L >= n leaves has L + 1 levels (every column in L + 1 nodes)."""
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
-    return int(math.ceil(math.log2(int(n)))) if n > 1 else 0
+    return math.ceil(math.log2(int(n))) if n > 1 else 0
 
 
 def fmt_min_reports(eps0: float, delta: float) -> float:

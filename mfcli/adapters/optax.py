@@ -25,7 +25,8 @@ How it runs: the noise row Z[t] is drawn on the host by numpy's Philox from (see
 recurrence (module :mod:`mfcli.noise`) runs in JAX on the optimizer state, which holds the W most
 recent noise rows and the R running sums: checkpoint the optax state as usual and the stream
 resumes exactly; for an authenticated checkpoint (refused on load if edited) save
-``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``. Donate the optimizer state to ``jit`` (``donate_argnums``) to update those
+``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``. Donate the optimizer
+state to ``jit`` (``donate_argnums``) to update those
 buffers in place. A dense artifact (method ``regenerate``) computes its whole row on the host,
 O(t d) per step: compress it first for large models. Step t >= n raises (an MfcliError when not
 traced; under ``jit`` a runtime error carrying the same message).
@@ -35,7 +36,8 @@ sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +94,7 @@ def correlated_noise(
         noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
     )
     dt = stream.dtype
-    if dt == np.float64 and not jax.config.jax_enable_x64:
+    if dt == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:  # x64 disabled
         raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")
     scale = float(noise_multiplier) * float(clip_norm) / (batch_size or 1)
     n, d = stream.n, stream.d

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

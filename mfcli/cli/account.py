@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -15,10 +15,14 @@ from mfcli.accounting.session import (
     SETTINGS,
     AccountingOptions,
     AccountingReport,
-    account as run_account,
-    calibrate as run_calibrate,
     record_to_artifact,
     resolve_strategy,
+)
+from mfcli.accounting.session import (
+    account as run_account,
+)
+from mfcli.accounting.session import (
+    calibrate as run_calibrate,
 )
 from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.artifact import is_shipped_artifact
@@ -89,40 +93,54 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
 
 @guarded
 def account(
-    source: Optional[Path] = typer.Argument(
+    source: Path | None = typer.Argument(
         None, help="mfcli artifact (.h5), a shipped artifact's name (prefix-n256, momentum-n256) or strategy matrix "
         f"C (.npy). Default: the shipped artifact {DEFAULT_ARTIFACT}.",
         show_default=False,
     ),
-    strategy: Optional[str] = typer.Option(None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."),
-    n: Optional[int] = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
-    workload: Optional[str] = typer.Option(
+    strategy: str | None = typer.Option(
+        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."
+    ),
+    n: int | None = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
+    workload: str | None = typer.Option(
         None, "--workload", "-w", help="With --strategy: the workload it is built for, prefix (default) or momentum."
     ),
-    beta: Optional[float] = typer.Option(None, "--beta", help="Momentum coefficient for --workload momentum (default 0.9)."),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier: noise std in units of the clip norm, for C as given."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."),
-    sampling: Optional[float] = typer.Option(None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."),
-    delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
-    setting: Optional[str] = typer.Option(
-        None, "--setting", help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass)."
+    beta: float | None = typer.Option(None, "--beta", help="Momentum coefficient for --workload momentum (default 0.9)."),
+    sigma: float | None = typer.Option(
+        None, "--sigma", help="Noise multiplier: noise std in units of the clip norm, for C as given."
     ),
-    value_discretization: Optional[float] = typer.Option(
+    epsilon: float | None = typer.Option(
+        None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
+    ),
+    sampling: float | None = typer.Option(
+        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."
+    ),
+    delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
+    setting: str | None = typer.Option(
+        None, "--setting",
+        help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass).",
+    ),
+    value_discretization: float | None = typer.Option(
         None, "--value-discretization",
         help=f"DP-SGD and MMCC (with --sampling): PLD value discretization (default {DEFAULT_DISCRETIZATION:g}; MMCC may "
         "coarsen it to fit its work budget; the grid used is printed).",
     ),
-    tail_fraction: Optional[List[float]] = typer.Option(None, "--tail-fraction", help="MMCC only (with --sampling): share f of delta for the tail events (repeat to try several; the best is reported)."),
-    mixture_grid: Optional[float] = typer.Option(
+    tail_fraction: list[float] | None = typer.Option(
+        None, "--tail-fraction",
+        help="MMCC only (with --sampling): share f of delta for the tail events (repeat to try several; the best is reported).",
+    ),
+    mixture_grid: float | None = typer.Option(
         None, "--mixture-grid",
         help="MMCC only (with --sampling): row sensitivities are rounded up to multiples of 1/ceil(1/grid) (default 0.02).",
     ),
-    operator: Optional[str] = typer.Option(
+    operator: str | None = typer.Option(
         None, "--operator",
         help="Operator of an artifact to account: auto (default: the compressed decoder if the artifact has one, "
         "as noise streams and the adapters stream it; else dense), dense or compressed.",
     ),
-    write: bool = typer.Option(False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."),
+    write: bool = typer.Option(
+        False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
@@ -130,10 +148,14 @@ def account(
     shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
     say = (lambda s: None) if quiet else log
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
-    refuse_unless((sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)")
+    refuse_unless(
+        (sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)"
+    )
     refuse_unless(setting is None or epsilon is not None,
                   "--setting selects what --epsilon calibrates; without --epsilon every setting is shown")
-    refuse_unless(n is None or strategy is not None, "--n applies to a built-in --strategy; an artifact or .npy strategy has its own n")
+    refuse_unless(
+        n is None or strategy is not None, "--n applies to a built-in --strategy; an artifact or .npy strategy has its own n"
+    )
     refuse_unless(workload is None or strategy is not None,
                   "--workload applies to a built-in --strategy; an artifact or .npy strategy has its own workload")
     refuse_unless(beta is None or workload == "momentum", "--beta applies to --workload momentum only")
@@ -160,8 +182,6 @@ def account(
         value_discretization = defaults.value_discretization
     if mixture_grid is not None and not (mixture_grid > 0 and mixture_grid <= 1):
         raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
-    import math
-
     from mfcli.accounting.single_pass import check_sampling, check_sigma
 
     if sigma is not None:
@@ -171,17 +191,18 @@ def account(
     opts = AccountingOptions(
         delta=delta, value_discretization=value_discretization,
         tail_fractions=tuple(tail_fraction) if tail_fraction else defaults.tail_fractions,
-        mixture_resolution=defaults.mixture_resolution if mixture_grid is None else int(math.ceil(1.0 / mixture_grid - 1e-9)),
+        mixture_resolution=defaults.mixture_resolution if mixture_grid is None else math.ceil(1.0 / mixture_grid - 1e-9),
     ).checked()
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
                            operator=operator or "auto", progress=say, **built_for)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
-    if write and inp.artifact is None:
-        raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
-    if write and (source is None or is_shipped_artifact(inp.artifact)):
-        raise MfcliError("--write would modify a shipped artifact; copy it and pass the copy")
+    if write:
+        if inp.artifact is None:
+            raise MfcliError("--write needs an artifact as input (not a .npy file or a built-in strategy)")
+        if source is None or is_shipped_artifact(inp.artifact):
+            raise MfcliError("--write would modify a shipped artifact; copy it and pass the copy")
 
     calibration = None
     chosen = None
@@ -192,6 +213,7 @@ def account(
         sigma = calibration.sigma
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
     else:
+        assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
         report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
 
     group = None

@@ -28,7 +28,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "compare": ("compare", "compare", "Tabulate error and sensitivity of baseline strategies against the optimum."),
     "compress": ("compress", "compress", "Compress the decoder to banded plus low rank for streaming noise."),
     "inspect": ("inspect", "inspect", "Show an artifact's stored numbers next to their recomputation."),
-    "account": ("account", "account", "Epsilon of a strategy (single pass, DP-SGD, MMCC, shuffled tree) or the sigma for a target."),
+    "account": (
+        "account", "account", "Epsilon of a strategy (single pass, DP-SGD, MMCC, shuffled tree) or the sigma for a target."
+    ),
 }
 
 #: Exit status of a usage error (bad or inapplicable options), as Click and POSIX tools use.

@@ -10,8 +10,9 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -79,7 +80,7 @@ def log(message: str) -> None:
     print(safe(message), file=sys.stderr, flush=True)
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
+def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
     """Print one error line on stderr and return the Exit to raise."""
     # Only real line breaks join with "; "; any other control character (a CR in a file name)
     # is shown escaped by safe().
@@ -150,11 +151,13 @@ def guarded(fn: F) -> F:
         except EOFError:
             raise fail("unexpected end of file: an input file is empty or truncated") from None
         except (_linalg_error(), FloatingPointError) as exc:
-            raise fail(f"numerical failure ({type(exc).__name__}: {exc}); the input is out of the range mfcli can handle") from None
+            raise fail(
+                f"numerical failure ({type(exc).__name__}: {exc}); the input is out of the range mfcli can handle"
+            ) from None
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
-        except Exception as exc:  # noqa: BLE001 - anything else is a bug: shown, not hidden
+        except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             raise fail(
                 f"internal error ({type(exc).__name__}); this is a bug in mfcli, please report it with the traceback above",
@@ -283,17 +286,17 @@ def command_line() -> str:
 # Declared once as Annotated types so the flags, defaults and help cannot drift apart.
 
 from pathlib import Path as _Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
+from typing import Annotated  # noqa: E402
 
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
-NOpt = Annotated[Optional[int], typer.Option("--n", "-n", help="Number of steps (rows of A).")]
+NOpt = Annotated[int | None, typer.Option("--n", "-n", help="Number of steps (rows of A).")]
 # Options that apply to one mode only default to None (not given), so that giving one where it
 # does not apply is refused even when its value equals the default (see workload_kwargs).
 BetaOpt = Annotated[
-    Optional[float], typer.Option("--beta", help="Momentum coefficient in [0, 1), momentum workload only (default 0.9).")
+    float | None, typer.Option("--beta", help="Momentum coefficient in [0, 1), momentum workload only (default 0.9).")
 ]
 LrOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--lr",
         help="Learning-rate schedule folded into A: constant (default), step-decay, cooldown, or a .npy/.csv "
@@ -301,15 +304,15 @@ LrOpt = Annotated[
     ),
 ]
 LrFactorOpt = Annotated[
-    Optional[float], typer.Option("--lr-factor", help="step-decay only: multiplier for the decayed steps (default 0.15).")
+    float | None, typer.Option("--lr-factor", help="step-decay only: multiplier for the decayed steps (default 0.15).")
 ]
 LrFinalOpt = Annotated[
-    Optional[float], typer.Option("--lr-final", help="cooldown only: final learning rate, linear from 1.0 (default 0.05).")
+    float | None, typer.Option("--lr-final", help="cooldown only: final learning rate, linear from 1.0 (default 0.05).")
 ]
 LrLastOpt = Annotated[
-    Optional[int], typer.Option("--lr-last", help="step-decay or cooldown: steps the decay/cooldown covers (default n/4).")
+    int | None, typer.Option("--lr-last", help="step-decay or cooldown: steps the decay/cooldown covers (default n/4).")
 ]
-MatrixOpt = Annotated[Optional[_Path], typer.Option("--matrix", help="custom workload only: .npy, .csv or mfcli artifact.")]
+MatrixOpt = Annotated[_Path | None, typer.Option("--matrix", help="custom workload only: .npy, .csv or mfcli artifact.")]
 
 
 def usage_error(message: str) -> Exception:

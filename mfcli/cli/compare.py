@@ -4,8 +4,9 @@ from __future__ import annotations
 import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, NamedTuple, Optional
+from typing import NamedTuple
 
 import typer
 from rich.console import Console
@@ -43,6 +44,7 @@ from mfcli.strategies import STRATEGY_NAMES, save_strategy
 from mfcli.workloads import Workload, build_workload, default_artifact_stem
 
 FORMATS = ("table", "markdown", "csv", "json")
+_ALL_STRATEGIES = ",".join(STRATEGY_NAMES)
 
 
 def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> str:
@@ -70,30 +72,31 @@ def compare(
     lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
-    strategies: Optional[List[str]] = typer.Option(
+    strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
-        help=f"Strategies to compare, comma-separated or repeated (default all: {','.join(STRATEGY_NAMES)}).",
+        help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}).",
     ),
-    artifact: Optional[List[Path]] = typer.Option(
+    artifact: list[Path] | None = typer.Option(
         None, "--artifact", "-a",
-        help="Use this artifact (from mfcli optimize, or a saved baseline) instead of solving for optimal; repeatable. Must match the workload.",
+        help="Use this artifact (from mfcli optimize, or a saved baseline) instead of solving for optimal; repeatable. "
+        "Must match the workload.",
     ),
-    tol: Optional[float] = typer.Option(
+    tol: float | None = typer.Option(
         None, "--tol", help="Relative duality gap for the optimal strategy's solve (default 1e-6); only when optimal is solved."
     ),
-    max_iter: Optional[int] = typer.Option(
+    max_iter: int | None = typer.Option(
         None, "--max-iter", help="Maximum solver iterations for optimal (default 1000); only when optimal is solved."
     ),
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Output format: table (default), markdown, csv or json."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="Output format: table (default), markdown, csv or json."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     curves: bool = typer.Option(False, "--curves", help="json output only: include each strategy's per-step RMSE."),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", "-o",
         help="Write the table here instead of stdout. With --save-strategy: the artifact path instead "
         "(default artifacts/<workload>-<strategy>-n<N>.h5), and the table goes to stdout.",
     ),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write per-step RMSE curves to this PNG (needs matplotlib)."),
-    save: Optional[str] = typer.Option(
+    plot: Path | None = typer.Option(None, "--plot", help="Write per-step RMSE curves to this PNG (needs matplotlib)."),
+    save: str | None = typer.Option(
         None, "--save-strategy",
         help="Write this strategy for the workload as an artifact (path from --out) to train with or account.",
     ),
@@ -184,7 +187,9 @@ def build_table(
         )
 
 
-def write_strategy(table: Comparison, w: Workload, target: Path | None, *, force: bool, progress: Callable[[str], None] | None) -> dict | None:
+def write_strategy(
+    table: Comparison, w: Workload, target: Path | None, *, force: bool, progress: Callable[[str], None] | None
+) -> dict | None:
     """Save the strategy kept by ``--save-strategy``; the summary that goes into the JSON output."""
     if target is None:
         return None

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -30,19 +29,20 @@ def compress(
     artifact: Path = typer.Argument(
         ..., help="Dense causal artifact to compress (never modified): a file, or a shipped name such as momentum-n256."
     ),
-    band: Optional[int] = typer.Option(None, "--band", "-k", help="K: exact diagonals of B kept (1 <= K <= n)."),
-    rank: Optional[int] = typer.Option(None, "--rank", "-r", help="R: rank of the fitted older part (0 <= R <= n - K)."),
-    max_loss_increase: Optional[float] = typer.Option(
+    band: int | None = typer.Option(None, "--band", "-k", help="K: exact diagonals of B kept (1 <= K <= n)."),
+    rank: int | None = typer.Option(None, "--rank", "-r", help="R: rank of the fitted older part (0 <= R <= n - K)."),
+    max_loss_increase: float | None = typer.Option(
         None, "--max-loss-increase",
         help="Budget on the relative loss increase (0.01 = 1%). Without K and R: pick the cheapest "
         "(K + R) setting within it. With both: fail unless they meet it.",
     ),
-    max_band: Optional[int] = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
-    max_rank: Optional[int] = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
+    max_band: int | None = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
+    max_rank: int | None = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
     max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", "-o",
-        help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input; in the current directory for a shipped artifact).",
+        help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input; "
+        "in the current directory for a shipped artifact).",
     ),
     force: bool = typer.Option(
         False, "--force",

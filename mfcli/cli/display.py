@@ -23,7 +23,7 @@ class SolverDisplay:
         self._last = -float("inf")
         self._prev: Progress | None = None
 
-    def __enter__(self) -> "SolverDisplay":
+    def __enter__(self) -> SolverDisplay:
         if not self.quiet and self.tty:
             self._live = Live(self._panel(None), console=stderr(), refresh_per_second=8, transient=False)
             self._live.__enter__()

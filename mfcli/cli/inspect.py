@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -123,7 +123,9 @@ def _render(report: InspectionReport) -> None:
 @guarded
 def inspect(
     artifact: Path = typer.Argument(..., help="The artifact to inspect: a file, or a shipped name such as prefix-n256."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write heatmaps of C and B (log scale) and the per-step error to FILE.png."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write heatmaps of C and B (log scale) and the per-step error to FILE.png."
+    ),
     certificate: bool = typer.Option(
         True, "--certificate/--no-certificate",
         help="Recompute the dual bound from the stored dual weights (one eigendecomposition).",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -51,10 +50,13 @@ def optimize(
     max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
     method: str = typer.Option(
         DEFAULT_METHOD, "--method",
-        help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). All are certified by the same gap.",
+        help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). "
+        "All are certified by the same gap.",
     ),
-    warm_start: Optional[Path] = typer.Option(None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
+    warm_start: Path | None = typer.Option(
+        None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object on stdout."),

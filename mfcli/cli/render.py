@@ -9,7 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich import box
 from rich.table import Table

@@ -1,0 +1,61 @@
+"""What CI runs: README's test command is .ci/run's, which also lints and type-checks; the
+hypothesis profile follows the CI environment variables (tests/conftest.py): derandomized under CI
+(``.ci/run`` sets MFCLI_CI=1; most CI services set CI=true), random otherwise."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+PROBE = (
+    "import conftest; from hypothesis import settings as s; d = s.default; "
+    "print(d.derandomize, d.print_blob, d.database is None, d.deadline)"
+)
+
+
+def _probe(**env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in ("CI", "MFCLI_CI", "HYPOTHESIS_PROFILE")}
+    res = subprocess.run([sys.executable, "-c", PROBE], cwd=TESTS, env={**clean, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
+
+
+@pytest.mark.parametrize("env, derandomized", [
+    ({}, False),
+    ({"MFCLI_CI": "1"}, True),
+    ({"CI": "true"}, True),
+    ({"CI": "false"}, False),
+    ({"MFCLI_CI": "0"}, False),
+    ({"CI": ""}, False),
+])
+def test_profile_follows_ci_variables(env: dict[str, str], derandomized: bool) -> None:
+    derandomize, print_blob, no_database, deadline = _probe(**env)
+    assert derandomize == str(derandomized)
+    assert print_blob == str(derandomized)
+    assert no_database == str(derandomized)
+    assert deadline == "None"
+
+
+def _readme_test_command() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text.split("Run the tests", 1)[1]
+    block = after.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) == 1, block
+    return lines[0]
+
+
+def test_ci_runs_readme_test_command_then_lint_and_types() -> None:
+    steps = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.startswith("#")]
+    test_line = _readme_test_command()
+    assert test_line in steps
+    after = steps[steps.index(test_line) + 1:]
+    assert after == ["ruff check mfcli tests scripts examples", "mypy", ".ci/wheel-check"]
+    assert steps.index("export MFCLI_CI=1") < steps.index(test_line)
