@@ -33,10 +33,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         lower_bound,
         prepare_strategy,
     )
+    from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
     from mfcli.accounting.single_pass import (
-        DEFAULT_DELTA,
-        DEFAULT_DISCRETIZATION,
         DpSgdResult,
         SinglePassResult,
         dpsgd,
@@ -52,7 +51,7 @@ _EXPORTS = {
     "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
     "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",
     "ShuffledTreeResult": "shuffled_tree",
-    "DEFAULT_DELTA": "single_pass", "DEFAULT_DISCRETIZATION": "single_pass", "DpSgdResult": "single_pass",
+    "DEFAULT_DELTA": "defaults", "DEFAULT_DISCRETIZATION": "defaults", "DpSgdResult": "single_pass",
     "SinglePassResult": "single_pass", "dpsgd": "single_pass", "gaussian_delta": "single_pass",
     "gaussian_epsilon": "single_pass",
 }

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
+from mfcli.accounting.defaults import BUILTIN, DEFAULT_ARTIFACT, SETTINGS
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
@@ -54,9 +55,6 @@ from mfcli.factorization import sensitivity as _sensitivity
 if TYPE_CHECKING:
     from mfcli.operators import NoiseOperator
 
-DEFAULT_ARTIFACT = "momentum-n256"
-SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
-BUILTIN = ("identity", "tree", "sqrt", "optimal")
 #: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
 ATTR_CHUNK = 60_000
 

@@ -22,12 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json as event_json
 from mfcli.errors import MfcliError
-
-DEFAULT_DELTA = 1e-6
-#: PLD value discretization used unless asked otherwise (dp-accounting's default).
-DEFAULT_DISCRETIZATION = 1e-4
 
 
 def check_sigma(sigma: float) -> float:
