@@ -703,6 +703,17 @@ def read_compressed(artifact: Any) -> CompressedOperator:
     return reading.operator
 
 
+def check_operator_choice(choice: Any) -> str:
+    """``choice`` if it is one of :data:`CHOICES`; the one check of an operator choice.
+
+    Raises:
+        MfcliError: any other value.
+    """
+    if choice not in CHOICES:
+        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {choice!r}")
+    return str(choice)
+
+
 def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | CompressedOperator:
     """The operator that runs for ``artifact``: what noise streams stream and what accounting
     accounts (one function, so the two cannot disagree).
@@ -715,8 +726,7 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
         MfcliError: an unknown choice, or ``compressed`` without a compressed group.
         ArtifactError: a compressed group that does not verify.
     """
-    if choice not in CHOICES:
-        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {choice!r}")
+    check_operator_choice(choice)
     has = GROUP in artifact.groups
     if choice == "compressed" and not has:
         raise MfcliError(f"{getattr(artifact, 'path', 'artifact')} has no compressed decoder (run mfcli compress first)")
@@ -740,6 +750,7 @@ __all__ = [
     "band_values",
     "check_band_rank",
     "check_compressed",
+    "check_operator_choice",
     "compressed_gradient_operator",
     "compressed_identity_sha256",
     "mechanism_for_decoder",

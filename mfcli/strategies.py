@@ -46,6 +46,7 @@ import scipy.sparse
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
+from mfcli.validation import step_count
 from mfcli.workloads import Workload, check_workload_matrix
 
 STRATEGY_NAMES = ("identity", "tree", "honaker-online", "honaker-full", "sqrt", "optimal")
@@ -120,16 +121,9 @@ class TreeNodes(NamedTuple):
 
 
 def _check_tree_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
-        raise TypeError(f"n must be an integer, got {type(n).__name__}")
-    if int(n) != n:
-        raise MfcliError(f"n must be an integer, got {n!r}")
-    n = int(n)
-    if n < 2:
-        raise MfcliError(
-            f"a binary tree needs n >= 2 steps, got n = {n} (with one step the tree is the identity strategy)"
-        )
-    return n
+    return step_count(
+        n, minimum=2, too_few="a binary tree needs n >= 2 steps (with one step the tree is the identity strategy)"
+    )
 
 
 def tree_nodes(n: int) -> TreeNodes:

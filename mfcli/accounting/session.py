@@ -134,11 +134,10 @@ def resolve_strategy(
     """
     from mfcli.artifact import load_artifact, shipped_artifact
 
-    from mfcli.operators import CHOICES, select_operator
+    from mfcli.operators import check_operator_choice, select_operator
 
     say = progress or (lambda s: None)
-    if operator not in CHOICES:
-        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {operator!r}")
+    check_operator_choice(operator)
     if path is not None and strategy is not None:
         raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
     if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):

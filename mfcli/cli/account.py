@@ -147,8 +147,13 @@ def account(
                   "--operator chooses between the operators of an artifact; a built-in --strategy has only one")
     refuse_unless(strategy is None or source is None, "give either a strategy file or --strategy, not both")
     refuse_unless(strategy is None or n is not None, f"--strategy {strategy} needs --n (the number of steps)")
-    if operator not in (None, "auto", "dense", "compressed"):
-        raise MfcliError(f"--operator must be auto, dense or compressed, got {operator!r}")
+    if operator is not None:
+        from mfcli.operators import CHOICES, check_operator_choice
+
+        try:
+            check_operator_choice(operator)
+        except MfcliError:  # the library names the parameter; the user needs the flag
+            raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
     calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
     refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
                   f"calibrating {calibrated} needs --sampling")
@@ -164,11 +169,11 @@ def account(
     defaults = AccountingOptions()
     if value_discretization is None:
         value_discretization = defaults.value_discretization
-    if mixture_grid is not None and not (mixture_grid > 0 and mixture_grid <= 1):
-        raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
-    import math
-
     from mfcli.accounting.single_pass import check_sampling, check_sigma
+    from mfcli.validation import positive_number
+
+    if mixture_grid is not None:  # a CLI-only parameter (the library takes mixture_resolution)
+        positive_number(mixture_grid, "--mixture-grid", upper=1.0, upper_closed=True)
 
     if sigma is not None:
         check_sigma(sigma)
