@@ -39,10 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
-import scipy.sparse
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
@@ -191,6 +193,8 @@ def _tree_sparse(nodes: TreeNodes, n: int) -> scipy.sparse.csr_matrix:
     lengths = nodes.end - nodes.start + 1
     rows = np.repeat(np.arange(nodes.start.size), lengths)
     cols = np.concatenate([np.arange(s, e + 1) for s, e in zip(nodes.start, nodes.end)])
+    import scipy.sparse  # here: `mfcli compare --help` imports this module and needs no scipy
+
     return scipy.sparse.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(nodes.start.size, n))
 
 
@@ -363,6 +367,8 @@ def is_causal_in_release_order(*, strategy: np.ndarray, decoder: np.ndarray, rel
 
 
 def _check_reconstruction(a: np.ndarray, b: np.ndarray, c: np.ndarray | scipy.sparse.spmatrix, name: str) -> None:
+    import scipy.sparse
+
     bc = (c.T @ b.T).T if scipy.sparse.issparse(c) else b @ c
     err = float(np.linalg.norm(a - bc) / np.linalg.norm(a))
     if not err <= RECONSTRUCTION_RTOL:
@@ -417,6 +423,8 @@ def build_strategy(
         return Strategy("optimal", res.factorization, True, desc, solver=res.certificate())
 
     if name == "identity":
+        import scipy.sparse
+
         fact = Factorization(workload=a, strategy=np.eye(n), decoder=a.copy(), causal=True)
         _check_reconstruction(a, fact.decoder, scipy.sparse.identity(n, format="csr"), name)
         return Strategy(name, fact, True, DESCRIPTIONS[name])
