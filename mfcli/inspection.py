@@ -286,9 +286,9 @@ def _check_accounting_records(
         if fact is None:
             problems.append(f"accounting record {rec['id']!r} cannot be checked without readable root matrices")
             continue
-        operators = {"dense": fact.strategy}
-        if compressed is not None:
-            operators[compressed.label] = compressed.strategy
+        from mfcli.operators import DenseOperator
+
+        operators = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
         found = verify_record(attrs, operators)
         rec["verified"] = not found
         problems.extend(f"accounting record {rec['id']!r}: {p}" for p in found)

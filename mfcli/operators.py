@@ -26,12 +26,14 @@ from ``band``, ``u`` and ``v`` is an :class:`~mfcli.errors.ArtifactError`; nothi
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from mfcli.artifact import dataset_sha256
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization, is_lower_triangular
 
@@ -52,6 +54,11 @@ MAX_INVERSE_BANDWIDTH = 64
 #: Relative size below which an entry of A^-1 counts as zero when finding its bandwidth (the
 #: representation is then verified against the exact operator to OPERATOR_RTOL).
 _INVERSE_ZERO_RTOL = 1e-13
+
+#: Prefix and order of the parts hashed into a compressed operator's identity
+#: (:func:`compressed_identity_sha256`, docs/artifact-format.md).
+IDENTITY_TAG = "mfcli.operator.compressed.v1"
+IDENTITY_PARTS = ("workload", f"{GROUP}/band", f"{GROUP}/u", f"{GROUP}/v")
 
 DEFINITION = (
     "B^[t, j] = band[t, t - j] for 0 <= t - j < K; u[t] . v[j] for j <= t - K; 0 for j > t"
@@ -293,6 +300,13 @@ class NoiseOperator(Protocol):
     @property
     def sensitivity(self) -> float: ...
 
+    @property
+    def identity_sha256(self) -> str:
+        """SHA-256 of the stored arrays that define the operator (never of a matrix computed
+        from them, whose bytes could depend on the LAPACK build): what an accounting record's
+        ``strategy_sha256`` holds (docs/artifact-format.md)."""
+        ...
+
     def dense(self) -> np.ndarray:
         """The decoder (B or B^) as a dense matrix."""
         ...
@@ -329,6 +343,12 @@ class DenseOperator:
     @property
     def sensitivity(self) -> float:
         return float(self.factorization.sensitivity)
+
+    @property
+    def identity_sha256(self) -> str:
+        """:func:`mfcli.artifact.dataset_sha256` of the strategy C (float64): the stored
+        ``strategy`` dataset's own ``sha256`` attribute, since C is stored, not computed."""
+        return dataset_sha256(np.asarray(self.factorization.strategy, dtype=np.float64))
 
     def dense(self) -> np.ndarray:
         return np.array(self.factorization.decoder)
@@ -395,6 +415,22 @@ def mechanism_for_decoder(workload: np.ndarray, decoder: np.ndarray) -> Factoriz
     except MfcliError as exc:
         raise MfcliError(f"the compressed decoder is too ill-conditioned to use: {exc}") from None
     return fact
+
+
+def compressed_identity_sha256(workload: np.ndarray, band: np.ndarray, u: np.ndarray, v: np.ndarray) -> str:
+    """Identity of the compressed mechanism (A, B^): SHA-256 of the ASCII text
+    ``"mfcli.operator.compressed.v1 workload=<h> compressed/band=<h> compressed/u=<h> compressed/v=<h>"``
+    where each ``<h>`` is :func:`mfcli.artifact.dataset_sha256` of that array as float64 (for
+    the float64 datasets mfcli writes, the dataset's stored ``sha256`` attribute).
+
+    A and B^ = (band, u, v) define the mechanism completely (C^ = B^-1 A), and these hashes are
+    of stored bytes, so the identity is the same on every machine.
+    """
+    arrays = (workload, band, u, v)
+    text = " ".join([IDENTITY_TAG] + [
+        f"{name}={dataset_sha256(np.asarray(arr, dtype=np.float64))}" for name, arr in zip(IDENTITY_PARTS, arrays, strict=True)
+    ])
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def check_band_rank(n: int, band: int, rank: int) -> None:
@@ -498,6 +534,14 @@ class CompressedOperator:
     @property
     def sensitivity(self) -> float:
         return float(self.factorization.sensitivity)
+
+    @property
+    def identity_sha256(self) -> str:
+        """:func:`compressed_identity_sha256` of A, band, u and v: C^ = B^-1 A is computed by a
+        triangular solve whose last bits depend on the LAPACK build, so it is not hashed."""
+        return compressed_identity_sha256(
+            self.factorization.workload, self.decoder_matrix.band, self.decoder_matrix.u, self.decoder_matrix.v
+        )
 
     @property
     def loss_total(self) -> float:
@@ -663,6 +707,17 @@ def read_compressed(artifact: Any) -> CompressedOperator:
     return reading.operator
 
 
+def check_operator_choice(choice: Any) -> str:
+    """``choice`` if it is one of :data:`CHOICES`; the one check of an operator choice.
+
+    Raises:
+        MfcliError: any other value.
+    """
+    if choice not in CHOICES:
+        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {choice!r}")
+    return str(choice)
+
+
 def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | CompressedOperator:
     """The operator that runs for ``artifact``: what noise streams stream and what accounting
     accounts (one function, so the two cannot disagree).
@@ -675,8 +730,7 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
         MfcliError: an unknown choice, or ``compressed`` without a compressed group.
         ArtifactError: a compressed group that does not verify.
     """
-    if choice not in CHOICES:
-        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {choice!r}")
+    check_operator_choice(choice)
     has = GROUP in artifact.groups
     if choice == "compressed" and not has:
         raise MfcliError(f"{getattr(artifact, 'path', 'artifact')} has no compressed decoder (run mfcli compress first)")
@@ -700,7 +754,9 @@ __all__ = [
     "band_values",
     "check_band_rank",
     "check_compressed",
+    "check_operator_choice",
     "compressed_gradient_operator",
+    "compressed_identity_sha256",
     "mechanism_for_decoder",
     "read_compressed",
     "select_operator",

@@ -70,10 +70,12 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
-import scipy.linalg
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization, total_loss
+
+# scipy.linalg is imported inside the functions that use it, not here: `mfcli optimize --help`
+# and `mfcli compare --help` import this module for option defaults and need no scipy.
 
 METHODS = ("newton", "anderson", "fixed-point")
 DEFAULT_METHOD = "newton"
@@ -202,6 +204,8 @@ def evaluate(gram: np.ndarray, v: np.ndarray, *, primal: bool = True) -> Bounds:
     eigenbasis, with M = Q^T R Q, it is sum_ij M_ij^2 s_j^2 / s_i, a sum of non-negative terms
     (no cancellation) that costs one SYRK. ``primal=False`` skips it (coarse levels).
     """
+    import scipy.linalg
+
     sv = np.sqrt(v)
     h = gram * sv[:, None]
     h *= sv[None, :]
@@ -245,6 +249,8 @@ def certified_dual(workload: np.ndarray, v: np.ndarray, eigvecs: np.ndarray | No
     to ~n eps s_max absolute; about two eigendecompositions.
     Both are valid to ~n eps relative, far below any useful tol.
     """
+    import scipy.linalg
+
     a = np.asarray(workload, dtype=np.float64)
     sv = np.sqrt(v)
     if eigvecs is not None:
@@ -309,6 +315,8 @@ def dual_hessian(q: np.ndarray, s: np.ndarray, *, terms: int | None = None) -> n
     exponential sum of the kernel (module docstring). Entries are non-negative sums, so float32
     keeps each to ~1e-6 relative accuracy.
     """
+    import scipy.linalg
+
     s_max = float(s.max())
     s_lo = max(float(s.min()), s_max * 1e-14)
     x_min = 2.0 / s_max
@@ -343,6 +351,8 @@ def newton_direction(b: Bounds, v: np.ndarray, *, terms: int | None = None) -> t
 
     Returns None when the approximate Hessian cannot be factorised (the caller falls back to a
     fixed-point step)."""
+    import scipy.linalg
+
     grad = b.phi - v
     t = dual_hessian(b.eigvecs, b.sqrt_eigvals, terms=terms)
     d = np.diag(t).astype(np.float64)
@@ -385,6 +395,8 @@ def coarsen_gram(gram: np.ndarray) -> np.ndarray:
 
 def strategy_from_bounds(b: Bounds) -> np.ndarray:
     """Lower-triangular C with C^T C = X~ and unit column norms (reverse-order Cholesky)."""
+    import scipy.linalg
+
     y = b.eigvecs * np.sqrt(b.sqrt_eigvals)
     x = scipy.linalg.blas.dsyrk(1.0, y)  # upper triangle of H^1/2 = Q S Q^T
     del y
@@ -405,6 +417,8 @@ def strategy_from_bounds(b: Bounds) -> np.ndarray:
 
 def decoder_for(workload: np.ndarray, strategy: np.ndarray) -> np.ndarray:
     """B = A C^-1 for lower-triangular C, by a triangular solve (C^T B^T = A^T)."""
+    import scipy.linalg
+
     bt = scipy.linalg.solve_triangular(strategy, workload.T, lower=True, trans="T", check_finite=False)
     return np.tril(bt.T)
 
@@ -747,6 +761,8 @@ def _solve(
     multilevel: bool,
     hessian_terms: int | None,
 ) -> SolveResult:
+    import scipy.linalg
+
     a = np.asarray(workload, dtype=np.float64)
     start = time.perf_counter()
     gram = scipy.linalg.blas.dsyrk(1.0, a, trans=1, lower=0)  # upper triangle of A^T A

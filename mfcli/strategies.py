@@ -40,13 +40,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import scipy.sparse
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
+from mfcli.validation import step_count
 from mfcli.workloads import Workload, check_workload_matrix
 
 STRATEGY_NAMES = ("identity", "tree", "honaker-online", "honaker-full", "sqrt", "optimal")
@@ -121,16 +124,9 @@ class TreeNodes(NamedTuple):
 
 
 def _check_tree_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
-        raise TypeError(f"n must be an integer, got {type(n).__name__}")
-    if int(n) != n:
-        raise MfcliError(f"n must be an integer, got {n!r}")
-    n = int(n)
-    if n < 2:
-        raise MfcliError(
-            f"a binary tree needs n >= 2 steps, got n = {n} (with one step the tree is the identity strategy)"
-        )
-    return n
+    return step_count(
+        n, minimum=2, too_few="a binary tree needs n >= 2 steps (with one step the tree is the identity strategy)"
+    )
 
 
 def tree_nodes(n: int) -> TreeNodes:
@@ -198,6 +194,8 @@ def _tree_sparse(nodes: TreeNodes, n: int) -> scipy.sparse.csr_matrix:
     lengths = nodes.end - nodes.start + 1
     rows = np.repeat(np.arange(nodes.start.size), lengths)
     cols = np.concatenate([np.arange(s, e + 1) for s, e in zip(nodes.start, nodes.end, strict=True)])
+    import scipy.sparse  # here: `mfcli compare --help` imports this module and needs no scipy
+
     return scipy.sparse.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(nodes.start.size, n))
 
 
@@ -370,6 +368,8 @@ def is_causal_in_release_order(*, strategy: np.ndarray, decoder: np.ndarray, rel
 
 
 def _check_reconstruction(a: np.ndarray, b: np.ndarray, c: np.ndarray | scipy.sparse.spmatrix, name: str) -> None:
+    import scipy.sparse
+
     bc = (c.T @ b.T).T if scipy.sparse.issparse(c) else b @ c
     err = float(np.linalg.norm(a - bc) / np.linalg.norm(a))
     if not err <= RECONSTRUCTION_RTOL:
@@ -424,6 +424,8 @@ def build_strategy(
         return Strategy("optimal", res.factorization, True, desc, solver=res.certificate())
 
     if name == "identity":
+        import scipy.sparse
+
         fact = Factorization(workload=a, strategy=np.eye(n), decoder=a.copy(), causal=True)
         _check_reconstruction(a, fact.decoder, scipy.sparse.identity(n, format="csr"), name)
         return Strategy(name, fact, True, DESCRIPTIONS[name])

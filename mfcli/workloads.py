@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.validation import step_count
 
 #: Largest n mfcli accepts. The dense solver keeps about eight n x n float64 matrices alive
 #: (n = 8192: about 4 GiB), which is what a 24 GiB machine can hold next to other work.
@@ -59,14 +60,9 @@ class Workload:
 
 
 def check_n(n: int) -> int:
-    """Validate a step count: 1 <= n <= MAX_N."""
-    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
-        raise TypeError(f"n must be an integer, got {type(n).__name__}")
-    if int(n) != n:
-        raise MfcliError(f"n must be an integer, got {n!r}")
-    n = int(n)
-    if n < 1:
-        raise MfcliError(f"n must be at least 1, got {n}")
+    """Validate a step count for a workload: :func:`mfcli.validation.step_count`, and n <= MAX_N
+    (the dense solver's memory)."""
+    n = step_count(n)
     if n > MAX_N:
         raise MfcliError(
             f"n = {n} is too large: the dense solver needs about {8 * 8 * n * n / 2**30:.0f} GiB; "

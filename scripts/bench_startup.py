@@ -87,6 +87,8 @@ def main() -> None:
             "mfcli inspect (n = 16)": ["inspect", str(small)],
             "mfcli inspect --no-certificate (n = 16)": ["inspect", str(small), "--no-certificate"],
             "mfcli account --help": ["account", "--help"],
+            "mfcli optimize --help": ["optimize", "--help"],
+            "mfcli compare --help": ["compare", "--help"],
         }
         load = os.getloadavg()
         print(f"# {args.label or args.root}: Python {platform.python_version()}, {os.cpu_count()} CPUs, "

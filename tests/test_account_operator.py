@@ -7,6 +7,7 @@ curve solved with scipy's brentq and dp-accounting's PLD accountant), never with
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -27,7 +28,6 @@ from mfcli.accounting.session import (
     resolve_strategy,
 )
 from mfcli.artifact import (
-    dataset_sha256,
     load_artifact,
     save_artifact,
     shipped_artifact,
@@ -191,9 +191,17 @@ def test_write_records_the_operator_and_its_hash(artifacts, tmp_path):
         stream = noise_stream(path, kind="gradient", d=1, seed=1, variant=operator)
         c = np.linalg.inv(stream.operator_matrix())
         assert attrs["operator"] == ("compressed (band 3, rank 1)" if operator == "auto" else "dense")
-        # The hash is of the accounted C: equal (to rounding) to the inverse of the streamed C^-1.
+        # The accounted C is (to rounding) the inverse of the streamed C^-1; the hash is the
+        # operator's identity, built from the stored checksums (tests/test_operator_identity.py).
         np.testing.assert_allclose(inp.strategy, c, atol=1e-9)
-        assert attrs["strategy_sha256"] == dataset_sha256(np.asarray(inp.strategy, dtype=np.float64))
+        with h5py.File(path) as f:
+            names = ("workload", "strategy", "compressed/band", "compressed/u", "compressed/v")
+            stored = {k: f[k].attrs["sha256"] for k in names}
+        expected = (stored["strategy"] if operator == "dense" else hashlib.sha256(
+            ("mfcli.operator.compressed.v1 " + " ".join(
+                f"{k}={stored[k]}" for k in ("workload", "compressed/band", "compressed/u", "compressed/v"))).encode()
+        ).hexdigest())
+        assert attrs["strategy_sha256"] == expected
         assert attrs["epsilon_single_pass"] == pytest.approx(
             analytic_gaussian_epsilon(stream_sensitivity(path, operator), 1.0), rel=1e-8
         )

@@ -166,8 +166,14 @@ def _imported(args: list[str], cwd: Path) -> set[str]:
         # The certificate is one eigendecomposition (scipy.linalg); no accounting, no plotting.
         (["inspect", "SMALL"], {"numpy", "pydantic", "h5py", "scipy"}),
         (["compress", "--help"], {"numpy", "pydantic"}),
+        # The accounting stack (scipy.stats, dp-accounting) and even numpy load only when account runs.
+        (["account", "--help"], {"pydantic"}),
+        # scipy.linalg and scipy.sparse load only when the solver runs or a strategy is built.
+        (["optimize", "--help"], {"numpy", "pydantic"}),
+        (["compare", "--help"], {"numpy", "pydantic"}),
     ],
-    ids=["help", "version", "no-args", "inspect-help", "inspect-no-cert", "inspect", "compress-help"],
+    ids=["help", "version", "no-args", "inspect-help", "inspect-no-cert", "inspect", "compress-help",
+         "account-help", "optimize-help", "compare-help"],
 )
 def test_commands_import_only_what_they_need(args: list[str], allowed: set[str], tmp_path: Path) -> None:
     if "SMALL" in args:

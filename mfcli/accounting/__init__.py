@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
     from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
+    from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
     from mfcli.accounting.events import event_from_json, event_to_json
     from mfcli.accounting.mmcc import (
         FullParticipationResult,
@@ -35,8 +36,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
     )
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
     from mfcli.accounting.single_pass import (
-        DEFAULT_DELTA,
-        DEFAULT_DISCRETIZATION,
         DpSgdResult,
         SinglePassResult,
         dpsgd,
@@ -52,7 +51,7 @@ _EXPORTS = {
     "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
     "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",
     "ShuffledTreeResult": "shuffled_tree",
-    "DEFAULT_DELTA": "single_pass", "DEFAULT_DISCRETIZATION": "single_pass", "DpSgdResult": "single_pass",
+    "DEFAULT_DELTA": "defaults", "DEFAULT_DISCRETIZATION": "defaults", "DpSgdResult": "single_pass",
     "SinglePassResult": "single_pass", "dpsgd": "single_pass", "gaussian_delta": "single_pass",
     "gaussian_epsilon": "single_pass",
 }

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mfcli.errors import MfcliError
+from mfcli.validation import positive_number
 
 SIGMA_MIN = 1e-3
 SIGMA_MAX = 1e4
@@ -66,12 +67,7 @@ def calibrate_sigma(
         MfcliError: a target that is not a positive finite number, or one that no sigma up to
             1e4 meets (e.g. a delta split that leaves no room).
     """
-    try:
-        target = float(target_epsilon)
-    except (TypeError, ValueError):
-        raise MfcliError(f"the target epsilon must be a number, got {target_epsilon!r}") from None
-    if not (math.isfinite(target) and target > 0):
-        raise MfcliError(f"the target epsilon must be positive and finite, got {target_epsilon!r}")
+    target = positive_number(target_epsilon, "the target epsilon")
     if not (0 < rel_tol < 1):
         raise MfcliError("the calibration tolerance must lie in (0, 1)")
     say = progress or (lambda s: None)

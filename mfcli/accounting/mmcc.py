@@ -59,6 +59,7 @@ import numpy as np
 from scipy import special, stats
 
 from mfcli.accounting import mog_pld
+from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
@@ -71,11 +72,6 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 
-#: Default rounding grid of the row mixtures' sensitivities (docs/accounting.md, "Algorithm",
-#: step 3): 1/50 = 0.02.
-DEFAULT_MIXTURE_RESOLUTION = 50
-#: Default share of delta spent on the tail events.
-DEFAULT_TAIL_FRACTION = 0.5
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
 #: Work budget of all row PLDs together: sum over distinct rows of (privacy-curve points) x

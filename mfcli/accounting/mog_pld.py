@@ -34,6 +34,7 @@ from numpy.typing import ArrayLike
 from scipy import special
 
 from mfcli.errors import MfcliError
+from mfcli.validation import positive_number
 
 #: dp-accounting's default: ln of the noise mass that may be cut from each tail.
 LOG_MASS_TRUNCATION_BOUND = -50.0
@@ -44,8 +45,7 @@ _CHUNK = 4096
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(sens, dtype=np.float64).ravel()
     q = np.asarray(probs, dtype=np.float64).ravel()
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise MfcliError(f"mixture-of-Gaussians noise must be positive and finite, got {sigma!r}")
+    positive_number(sigma, "mixture-of-Gaussians noise")
     if s.shape != q.shape or s.size == 0:
         raise MfcliError("mixture-of-Gaussians sensitivities and probabilities must be non-empty and of equal length")
     keep = q > 0

@@ -19,11 +19,12 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
+from mfcli.accounting.defaults import BUILTIN, DEFAULT_ARTIFACT, SETTINGS
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
@@ -52,9 +53,9 @@ from mfcli.accounting.single_pass import (
 from mfcli.errors import MfcliError
 from mfcli.factorization import sensitivity as _sensitivity
 
-DEFAULT_ARTIFACT = "momentum-n256"
-SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
-BUILTIN = ("identity", "tree", "sqrt", "optimal")
+if TYPE_CHECKING:
+    from mfcli.operators import NoiseOperator
+
 #: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
 ATTR_CHUNK = 60_000
 
@@ -74,6 +75,8 @@ class StrategyInput:
             chose it (the one a noise stream streams): ``"dense"`` or
             ``"compressed (band K, rank R)"`` (then C is C^ = B^-1 A); ``"dense"`` for a .npy
             matrix or a built-in strategy.
+        operator_sha256: the operator's ``identity_sha256`` (hash of the stored arrays that define
+            it) for an artifact; None for a .npy matrix or a built-in strategy.
     """
 
     name: str
@@ -83,6 +86,7 @@ class StrategyInput:
     artifact: Path | None = None
     is_tree: bool = False
     operator: str = "dense"
+    operator_sha256: str | None = None
 
     @property
     def n(self) -> int:
@@ -130,11 +134,10 @@ def resolve_strategy(
             is neither an artifact nor a .npy matrix, a non-square .npy C.
     """
     from mfcli.artifact import load_artifact, shipped_artifact
-    from mfcli.operators import CHOICES, select_operator
+    from mfcli.operators import check_operator_choice, select_operator
 
     say = progress or (lambda s: None)
-    if operator not in CHOICES:
-        raise MfcliError(f"operator must be one of {', '.join(CHOICES)}, got {operator!r}")
+    check_operator_choice(operator)
     if path is not None and strategy is not None:
         raise MfcliError("give either a strategy file (path) or a built-in strategy, not both")
     if operator == "compressed" and (strategy is not None or (path is not None and Path(path).suffix.lower() == ".npy")):
@@ -204,7 +207,7 @@ def resolve_strategy(
     return StrategyInput(
         name=art.strategy_name, strategy=c, release_steps=release,
         source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
-        artifact=p, is_tree=tr is not None, operator=chosen.label,
+        artifact=p, is_tree=tr is not None, operator=chosen.label, operator_sha256=chosen.identity_sha256,
     )
 
 
@@ -440,14 +443,15 @@ def record_to_artifact(
     ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
     ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
     parts with a ``_parts`` count when longer than 60000 characters), ``operator`` (``dense`` or
-    ``compressed (band K, rank R)``), ``strategy_sha256`` (checksum of the C it was computed for:
-    the accounted operator's strategy, C^ = B^-1 A for the compressed one), ``created_utc``,
+    ``compressed (band K, rank R)``), ``strategy_sha256`` (the accounted operator's
+    ``identity_sha256``: the stored strategy's checksum for the dense operator, a hash of the
+    stored checksums of workload, band, u and v for the compressed one), ``created_utc``,
     ``created_by``, ``command``.
     """
     from mfcli import __version__
-    from mfcli.artifact import append_group, dataset_sha256
+    from mfcli.artifact import append_group
 
-    if report is None or report.strategy.artifact is None:
+    if report is None or report.strategy.artifact is None or report.strategy.operator_sha256 is None:
         raise MfcliError("recording a result needs an artifact as input (not a .npy file or a built-in strategy)")
     target = report.strategy.artifact
     inp = report.strategy
@@ -463,7 +467,7 @@ def record_to_artifact(
         "sampling": report.sampling if report.sampling is not None else "null",
         "delta": report.delta,
         "operator": inp.operator,
-        "strategy_sha256": dataset_sha256(np.asarray(inp.strategy, dtype=np.float64)),
+        "strategy_sha256": inp.operator_sha256,
         "created_utc": now.isoformat().replace("+00:00", "Z"),
         "created_by": f"mfcli {__version__}",
         "command": command,
@@ -581,30 +585,30 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
     raise MfcliError(f"no recomputation for setting {setting!r}")
 
 
-def verify_record(attrs: Mapping[str, Any], operators: Mapping[str, np.ndarray]) -> list[str]:
+def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) -> list[str]:
     """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
 
-    ``operators`` maps each operator label the artifact really has (``"dense"``, and
-    ``"compressed (band K, rank R)"`` when its compressed group verifies) to that operator's
-    strategy. Checks: the record's operator exists (records without an ``operator`` attribute
-    predate it and accounted the dense C); ``strategy_sha256`` is the hash of that operator's
-    strategy; every ``epsilon_<setting>`` is at least the epsilon recomputed from the stored
-    dp-accounting event (single-pass: exact analytic Gaussian; dp-sgd: dp-accounting's PLD;
-    mmcc: mfcli's mixture PLD at the stored delta split), and each event's noise multiplier is
+    ``operators`` are the operators the artifact really has (the dense root, and the compressed
+    operator when its compressed group verifies). Checks: the record's operator is one of them
+    by label (records without an ``operator`` attribute predate it and accounted the dense C);
+    ``strategy_sha256`` is that operator's ``identity_sha256``; every ``epsilon_<setting>`` is at
+    least the epsilon recomputed from the stored dp-accounting event (single-pass: exact analytic
+    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split), and each event's noise multiplier is
     sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
     Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
     run, ``mfcli account``).
     """
     from mfcli.accounting.events import event_from_json
-    from mfcli.artifact import dataset_sha256
 
     problems: list[str] = []
     label = attrs.get("operator", "dense")
-    if label not in operators:
-        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(operators)})"]
-    c = np.asarray(operators[label], dtype=np.float64)
-    if attrs.get("strategy_sha256") != dataset_sha256(c):
-        problems.append(f"strategy_sha256 is not the hash of the {label} operator's strategy")
+    by_label = {op.label: op for op in operators}
+    if label not in by_label:
+        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(by_label)})"]
+    op = by_label[label]
+    c = np.asarray(op.factorization.strategy, dtype=np.float64)
+    if attrs.get("strategy_sha256") != op.identity_sha256:
+        problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     sampling = _num(attrs.get("sampling"))
     if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sigma, gaussian_epsilon
-from mfcli.errors import MfcliError
+from mfcli.validation import step_count
 
 AMPLIFIED_NOT_REPORTED = (
     "not reported: the shuffled-tree amplification (MMCC paper section 5 with the Feldman-McMillan-"
@@ -45,9 +45,8 @@ AMPLIFIED_NOT_REPORTED = (
 
 def tree_levels(n: int) -> int:
     """L = ceil(log2 n): the tree on 2^L >= n leaves has L + 1 levels (every column in L + 1 nodes)."""
-    if isinstance(n, bool) or int(n) != n or n < 1:
-        raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
-    return math.ceil(math.log2(int(n))) if n > 1 else 0
+    n = step_count(n)
+    return math.ceil(math.log2(n)) if n > 1 else 0
 
 
 def fmt_min_reports(eps0: float, delta: float) -> float:

@@ -22,56 +22,29 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json as event_json
-from mfcli.errors import MfcliError
-
-DEFAULT_DELTA = 1e-6
-#: PLD value discretization used unless asked otherwise (dp-accounting's default).
-DEFAULT_DISCRETIZATION = 1e-4
+from mfcli.validation import positive_number, step_count
 
 
 def check_sigma(sigma: float) -> float:
     """sigma must be a positive finite number."""
-    try:
-        s = float(sigma)
-    except (TypeError, ValueError):
-        raise MfcliError(f"sigma must be a number, got {sigma!r}") from None
-    if not math.isfinite(s) or s <= 0:
-        raise MfcliError(f"sigma (noise multiplier) must be positive and finite, got {sigma!r}")
-    return s
+    return positive_number(sigma, "sigma (noise multiplier)")
 
 
 def check_delta(delta: float) -> float:
     """delta must lie in the open interval (0, 1)."""
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise MfcliError(f"delta must be a number, got {delta!r}") from None
-    if not (0 < d < 1):
-        raise MfcliError(f"delta must be in (0, 1), got {delta!r}")
-    return d
+    return positive_number(delta, "delta", upper=1.0)
 
 
 def check_sampling(p: float) -> float:
     """A Poisson sampling rate must lie in (0, 1]."""
-    try:
-        q = float(p)
-    except (TypeError, ValueError):
-        raise MfcliError(f"the sampling rate must be a number, got {p!r}") from None
-    if not (0 < q <= 1):
-        raise MfcliError(f"the sampling rate p must be in (0, 1], got {p!r}")
-    return q
+    return positive_number(p, "the sampling rate p", upper=1.0, upper_closed=True)
 
 
 def check_discretization(d: float) -> float:
     """The PLD value discretization interval must lie in (0, 0.1]."""
-    try:
-        v = float(d)
-    except (TypeError, ValueError):
-        raise MfcliError(f"the value discretization must be a number, got {d!r}") from None
-    if not (0 < v <= 0.1):
-        raise MfcliError(f"the PLD value discretization must be in (0, 0.1], got {d!r}")
-    return v
+    return positive_number(d, "the PLD value discretization", upper=0.1, upper_closed=True)
 
 
 def gaussian_delta(epsilon: float | np.ndarray, mu: float) -> np.ndarray | float:
@@ -167,8 +140,7 @@ def single_pass(*, sigma: float, sensitivity: float, delta: float = DEFAULT_DELT
     """
     sigma = check_sigma(sigma)
     delta = check_delta(delta)
-    if not (sensitivity > 0 and math.isfinite(sensitivity)):
-        raise MfcliError(f"sensitivity must be positive and finite, got {sensitivity!r}")
+    sensitivity = positive_number(sensitivity, "sensitivity")
     mu = sensitivity / sigma
     return SinglePassResult(
         epsilon=gaussian_epsilon(delta, mu),
@@ -235,8 +207,7 @@ def dpsgd(
     sampling = check_sampling(sampling)
     delta = check_delta(delta)
     value_discretization = check_discretization(value_discretization)
-    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
-        raise MfcliError(f"the number of steps must be a positive integer, got {steps!r}")
+    steps = step_count(steps, name="the number of steps")
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
     acc.compose(dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(sigma)), int(steps)

@@ -31,3 +31,17 @@ def check_noise_options(*, noise_multiplier: Any, clip_norm: Any, batch_size: An
         raise MfcliError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     if postprocess is not None and not callable(postprocess):
         raise MfcliError("postprocess must be callable")
+
+
+def check_gradient_stream(stream: Any, adds: str) -> None:
+    """Both adapters add C^-1 Z to gradients: ``stream`` must be a NoiseStream of kind
+    ``gradient``. ``adds`` names the adapter in the message ("this optimizer", ...)."""
+    from mfcli.noise import NoiseStream
+
+    if not isinstance(stream, NoiseStream):
+        raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")
+    if stream.kind != "gradient":
+        raise MfcliError(
+            f"{adds} adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
+            f"not {stream.kind!r} ({stream.operator_name})"
+        )

@@ -45,7 +45,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from mfcli.adapters import check_noise_options
+from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.noise import NoiseStream, noise_row
 from mfcli.operators import BandedLowRank
@@ -83,13 +83,7 @@ def correlated_noise(
         postprocess: optional ``f(flat) -> flat`` on the flattened noisy gradient (length d)
             before it leaves this transformation, e.g. Laplacian smoothing.
     """
-    if not isinstance(stream, NoiseStream):
-        raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")
-    if stream.kind != "gradient":
-        raise MfcliError(
-            "correlated_noise adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
-            f"not {stream.kind!r} ({stream.operator_name})"
-        )
+    check_gradient_stream(stream, "correlated_noise")
     check_noise_options(
         noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
     )

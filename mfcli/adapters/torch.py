@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mfcli.adapters import check_noise_options
+from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.noise import NoiseState, NoiseStream, noise_stream
 
@@ -100,16 +100,9 @@ class CorrelatedNoiseOptimizer:
                 artifact, kind="gradient", d=d, seed=seed,
                 dtype=dtype or _numpy_dtype_for(params), variant=variant,
             )
-        else:
-            if artifact is not None or seed is not None:
-                raise MfcliError("pass either stream=, or artifact= and seed=, not both")
-            if not isinstance(stream, NoiseStream):
-                raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")
-        if stream.kind != "gradient":
-            raise MfcliError(
-                "this optimizer adds noise to gradients: it needs a kind='gradient' stream (C^-1 Z), "
-                f"not {stream.kind!r} ({stream.operator_name})"
-            )
+        elif artifact is not None or seed is not None:
+            raise MfcliError("pass either stream=, or artifact= and seed=, not both")
+        check_gradient_stream(stream, "this optimizer")
         if stream.d != d:
             raise MfcliError(f"the noise stream has d = {stream.d} but the optimizer has {d} trainable parameters")
         self.optimizer = optimizer

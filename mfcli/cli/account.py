@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from mfcli.accounting.mmcc import MMCCResult
-from mfcli.accounting.session import (
-    DEFAULT_ARTIFACT,
-    SETTINGS,
-    AccountingOptions,
-    AccountingReport,
-    record_to_artifact,
-    resolve_strategy,
-)
-from mfcli.accounting.session import (
-    account as run_account,
-)
-from mfcli.accounting.session import (
-    calibrate as run_calibrate,
-)
-from mfcli.accounting.single_pass import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
-from mfcli.artifact import is_shipped_artifact
+# Only the defaults at module level: the accounting stack (scipy.stats, dp-accounting) is imported
+# when the command runs, so `mfcli account --help` does not pay for it (docs/performance.md).
+from mfcli.accounting.defaults import DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
 from mfcli.cli.common import (
     artifact_argument,
     command_line,
@@ -35,21 +21,28 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     refuse_unless,
+    safe_markup,
     stdout,
 )
 from mfcli.cli.rounding import safe as _e
 from mfcli.errors import MfcliError
 
+if TYPE_CHECKING:
+    from mfcli.accounting.session import AccountingReport
+
 
 def _text(result: Any, key: str) -> str:
     """A result's descriptive text (assumptions, method), which lives with its JSON form."""
+    from mfcli.accounting.mmcc import MMCCResult
+
     d = result.as_dict(include_event=False) if isinstance(result, MMCCResult) else result.as_dict()
     return str(d[key])
 
 
 def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
-    t = Table(title=f"privacy of {report.strategy.name} (n = {report.strategy.n}, operator "
-                    f"{report.strategy.operator}), sigma = {_e(float(report.sigma))}, "
+    # The strategy name comes from the file: shown literally (safe_markup), never as markup.
+    t = Table(title=f"privacy of {safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
+                    f"{safe_markup(report.strategy.operator)}), sigma = {_e(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
@@ -59,7 +52,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     if sp is not None:
         t.add_row("single pass", _e(sp.epsilon),
                   f"rho-zCDP {_e(sp.rho_zcdp)}, mu-GDP {_e(sp.mu_gdp)}; sens(C) {_e(sp.sensitivity)} "
-                  f"({report.strategy.operator} operator), "
+                  f"({safe_markup(report.strategy.operator)} operator), "
                   f"noise multiplier sigma/sens {_e(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
         notes.append(f"single pass: {_text(sp, 'assumptions')}")
     dp = report.dp_sgd
@@ -146,6 +139,19 @@ def account(
 ) -> None:
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
     shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
+    from mfcli.accounting.session import (
+        AccountingOptions,
+        record_to_artifact,
+        resolve_strategy,
+    )
+    from mfcli.accounting.session import (
+        account as run_account,
+    )
+    from mfcli.accounting.session import (
+        calibrate as run_calibrate,
+    )
+    from mfcli.artifact import is_shipped_artifact
+
     say = (lambda s: None) if quiet else log
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
     refuse_unless(
@@ -163,8 +169,13 @@ def account(
                   "--operator chooses between the operators of an artifact; a built-in --strategy has only one")
     refuse_unless(strategy is None or source is None, "give either a strategy file or --strategy, not both")
     refuse_unless(strategy is None or n is not None, f"--strategy {strategy} needs --n (the number of steps)")
-    if operator not in (None, "auto", "dense", "compressed"):
-        raise MfcliError(f"--operator must be auto, dense or compressed, got {operator!r}")
+    if operator is not None:
+        from mfcli.operators import CHOICES, check_operator_choice
+
+        try:
+            check_operator_choice(operator)
+        except MfcliError:  # the library names the parameter; the user needs the flag
+            raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
     calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
     refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
                   f"calibrating {calibrated} needs --sampling")
@@ -180,9 +191,11 @@ def account(
     defaults = AccountingOptions()
     if value_discretization is None:
         value_discretization = defaults.value_discretization
-    if mixture_grid is not None and not (mixture_grid > 0 and mixture_grid <= 1):
-        raise MfcliError(f"--mixture-grid must lie in (0, 1], got {mixture_grid!r}")
     from mfcli.accounting.single_pass import check_sampling, check_sigma
+    from mfcli.validation import positive_number
+
+    if mixture_grid is not None:  # a CLI-only parameter (the library takes mixture_resolution)
+        positive_number(mixture_grid, "--mixture-grid", upper=1.0, upper_closed=True)
 
     if sigma is not None:
         check_sigma(sigma)
@@ -230,9 +243,10 @@ def account(
         emit_json(envelope("account", **payload))
         return
     out = stdout()
-    out.print(f"strategy: {inp.source}")
-    out.print(f"operator accounted: {inp.operator} (the one noise streams and the adapters stream by default)"
-              if inp.artifact is not None else f"operator accounted: {inp.operator} (C as given)")
+    out.print(f"strategy: {safe_markup(inp.source)}")
+    operator_line = safe_markup(inp.operator)
+    out.print(f"operator accounted: {operator_line} (the one noise streams and the adapters stream by default)"
+              if inp.artifact is not None else f"operator accounted: {operator_line} (C as given)")
     if calibration is not None:
         out.print(key_value_table(f"calibration: {chosen}", [
             ("target epsilon", calibration.target_epsilon),
@@ -249,4 +263,4 @@ def account(
     for line in notes:
         out.print(f"  - {line}")
     if group is not None:
-        out.print(f"recorded: {inp.artifact} group {group}")
+        out.print(f"recorded: {safe_markup(inp.artifact)} group {safe_markup(group)}")

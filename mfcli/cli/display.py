@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from rich.live import Live
 from rich.table import Table
 
 from mfcli.cli.common import log, stderr
-from mfcli.solver import Progress
+
+if TYPE_CHECKING:
+    from mfcli.solver import Progress
 
 
 class SolverDisplay:

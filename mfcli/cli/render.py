@@ -15,6 +15,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from mfcli.cli.common import safe, safe_markup
 from mfcli.compare import COLUMNS, Comparison
 from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES
@@ -53,10 +54,11 @@ def _num(v: Any, digits: int = 6) -> str:
 
 
 def table_cells(table: Comparison) -> list[list[str]]:
-    """Rows of display strings, in :data:`~mfcli.compare.COLUMNS` order."""
+    """Rows of display strings, in :data:`~mfcli.compare.COLUMNS` order. A row's name can come
+    from an artifact (``--artifact``): control characters are shown escaped (:func:`safe`)."""
     return [
         [
-            r.name,
+            safe(r.name),
             "yes" if r.causal else "no",
             _num(r.sensitivity),
             _num(r.loss_total),
@@ -97,8 +99,8 @@ def render_csv(table: Comparison) -> str:
     for r in table.rows:
         w.writerow(
             [
-                r.name, str(r.causal).lower(), repr(r.sensitivity), repr(r.loss_total), repr(r.loss_mean),
-                repr(r.rmse), repr(r.loss_max), "" if math.isnan(r.ratio) else repr(r.ratio), r.m, r.description,
+                safe(r.name), str(r.causal).lower(), repr(r.sensitivity), repr(r.loss_total), repr(r.loss_mean),
+                repr(r.rmse), repr(r.loss_max), "" if math.isnan(r.ratio) else repr(r.ratio), r.m, safe(r.description),
             ]
         )
     return buf.getvalue()
@@ -107,7 +109,7 @@ def render_csv(table: Comparison) -> str:
 def rich_table(table: Comparison) -> Table:
     """The terminal table (compact headers, a caption with the units)."""
     t = Table(
-        title=title(table),
+        title=safe_markup(title(table)),
         caption="squared errors (total, mean per step, worst step), single participation, noise multiplier 1, "
         "clip norm 1; ratio = total / best causal total",
         title_justify="left",
@@ -118,5 +120,5 @@ def rich_table(table: Comparison) -> Table:
     for i, head in enumerate(SHORT_HEADERS):
         t.add_column(head, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for cells in table_cells(table):
-        t.add_row(*cells)
+        t.add_row(*(safe_markup(c) for c in cells))  # names from files are shown, not read as markup
     return t

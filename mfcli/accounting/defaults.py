@@ -1,0 +1,33 @@
+"""Default accounting parameters and the names of the settings, in a module that imports nothing.
+
+``mfcli account --help`` shows these defaults; keeping them here (not in :mod:`single_pass`,
+:mod:`mmcc` or :mod:`session`, which import scipy.stats and dp-accounting) lets the help render
+without loading the accounting stack (docs/performance.md, "Start-up time"). The modules that use
+a default import it from here, so each value is defined once.
+"""
+from __future__ import annotations
+
+#: delta used unless asked otherwise.
+DEFAULT_DELTA = 1e-6
+#: PLD value discretization used unless asked otherwise (dp-accounting's default).
+DEFAULT_DISCRETIZATION = 1e-4
+#: Default rounding grid of the row mixtures' sensitivities (MMCC.md step 3): 1/50 = 0.02.
+DEFAULT_MIXTURE_RESOLUTION = 50
+#: Default share of delta spent on the tail events.
+DEFAULT_TAIL_FRACTION = 0.5
+#: The shipped artifact accounted when no strategy is given.
+DEFAULT_ARTIFACT = "momentum-n256"
+#: The accounting settings, in display order.
+SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
+#: Built-in strategies ``account`` can build for a workload.
+BUILTIN = ("identity", "tree", "sqrt", "optimal")
+
+__all__ = [
+    "BUILTIN",
+    "DEFAULT_ARTIFACT",
+    "DEFAULT_DELTA",
+    "DEFAULT_DISCRETIZATION",
+    "DEFAULT_MIXTURE_RESOLUTION",
+    "DEFAULT_TAIL_FRACTION",
+    "SETTINGS",
+]
