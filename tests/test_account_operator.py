@@ -33,7 +33,7 @@ from mfcli.artifact import (
     shipped_artifact,
 )
 from mfcli.cli.app import app
-from mfcli.cli.rounding import safe as _e
+from mfcli.cli.rounding import pessimistic
 from mfcli.compress import compress_artifact
 from mfcli.errors import MfcliError
 from mfcli.noise import noise_stream
@@ -243,7 +243,7 @@ def test_subprocess_end_to_end(artifacts):
     ],
 )
 def test_safe_rounding_table(value, down, digits, expected):
-    got = _e(value, down=down, digits=digits)
+    got = pessimistic(value, down=down, digits=digits)
     assert float(got) == float(expected)
     assert (float(got) <= value) if down else (float(got) >= value)
 

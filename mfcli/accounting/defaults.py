@@ -11,7 +11,7 @@ from __future__ import annotations
 DEFAULT_DELTA = 1e-6
 #: PLD value discretization used unless asked otherwise (dp-accounting's default).
 DEFAULT_DISCRETIZATION = 1e-4
-#: Default rounding grid of the row mixtures' sensitivities (MMCC.md step 3): 1/50 = 0.02.
+#: Default rounding grid of the row mixtures' sensitivities (docs/accounting.md, "Algorithm", step 3): 1/50 = 0.02.
 DEFAULT_MIXTURE_RESOLUTION = 50
 #: Default share of delta spent on the tail events.
 DEFAULT_TAIL_FRACTION = 0.5

@@ -593,8 +593,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
     by label (records without an ``operator`` attribute predate it and accounted the dense C);
     ``strategy_sha256`` is that operator's ``identity_sha256``; every ``epsilon_<setting>`` is at
     least the epsilon recomputed from the stored dp-accounting event (single-pass: exact analytic
-    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split), and each event's noise multiplier is
-    sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
+    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
+    and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
     Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
     run, ``mfcli account``).
     """

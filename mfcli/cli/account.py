@@ -24,7 +24,7 @@ from mfcli.cli.common import (
     safe_markup,
     stdout,
 )
-from mfcli.cli.rounding import safe as _e
+from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def _text(result: Any, key: str) -> str:
 def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
     t = Table(title=f"privacy of {safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
-                    f"{safe_markup(report.strategy.operator)}), sigma = {_e(float(report.sigma))}, "
+                    f"{safe_markup(report.strategy.operator)}), sigma = {pessimistic(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
@@ -50,14 +50,14 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     notes: list[str] = []
     sp = report.single_pass
     if sp is not None:
-        t.add_row("single pass", _e(sp.epsilon),
-                  f"rho-zCDP {_e(sp.rho_zcdp)}, mu-GDP {_e(sp.mu_gdp)}; sens(C) {_e(sp.sensitivity)} "
+        t.add_row("single pass", pessimistic(sp.epsilon),
+                  f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
                   f"({safe_markup(report.strategy.operator)} operator), "
-                  f"noise multiplier sigma/sens {_e(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
+                  f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
         notes.append(f"single pass: {_text(sp, 'assumptions')}")
     dp = report.dp_sgd
     if dp is not None:
-        t.add_row("DP-SGD (reference)", _e(dp.epsilon),
+        t.add_row("DP-SGD (reference)", pessimistic(dp.epsilon),
                   f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
                   f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
         notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
@@ -66,19 +66,20 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         u = br.upper
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{_e(br.lower.epsilon, down=True)}, {_e(u.epsilon)}]",
-            f"delta = {_e(u.delta_pld, digits=3)} (PLD) + {_e(u.delta_tail, digits=3)} (tail, f = {u.tail_fraction:g}) + "
-            f"{_e(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
-            f"{_e(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
+            f"[{pessimistic(br.lower.epsilon, down=True)}, {pessimistic(u.epsilon)}]",
+            f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
+            f"(tail, f = {u.tail_fraction:g}) + "
+            f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
+            f"{pessimistic(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
             f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g}; "
-            f"example in every step (sanity bound): {_e(br.full.epsilon)}",
+            f"example in every step (sanity bound): {pessimistic(br.full.epsilon)}",
         )
         notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
                      "post-processed statistic 1^T C^+ y")
     st = report.shuffled_tree
     if st is not None:
-        t.add_row("binary tree, one shuffled epoch", _e(st.epsilon),
-                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {_e(st.sensitivity)}); "
+        t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon),
+                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
                   f"amplified bound {st.amplified_note}")
         notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
     return t, notes
@@ -251,9 +252,9 @@ def account(
         out.print(key_value_table(f"calibration: {chosen}", [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
-            ("sigma (smallest found, rounded up)", _e(float(calibration.sigma))),
-            ("achieved epsilon at that sigma", _e(float(calibration.epsilon))),
-            ("bracket", f"[{_e(float(calibration.sigma_lower), down=True)}, {_e(float(calibration.sigma))}] "
+            ("sigma (smallest found, rounded up)", pessimistic(float(calibration.sigma))),
+            ("achieved epsilon at that sigma", pessimistic(float(calibration.epsilon))),
+            ("bracket", f"[{pessimistic(float(calibration.sigma_lower), down=True)}, {pessimistic(float(calibration.sigma))}] "
                         "(relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))

@@ -19,7 +19,7 @@ from mfcli.cli.common import (
     stdout,
     usage_error,
 )
-from mfcli.cli.rounding import safe
+from mfcli.cli.rounding import pessimistic
 from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 from mfcli.errors import MfcliError
 
@@ -107,8 +107,8 @@ def compress(
         ("band K (exact diagonals)", comp.band),
         ("rank R (older noise)", comp.rank),
         ("per-step streaming cost K + R", comp.stream_cost),
-        ("sensitivity, dense sens(C) (rounded up)", safe(comp.dense_sensitivity)),
-        ("sensitivity, compressed sens(C^) (rounded up)", safe(comp.sensitivity)),
+        ("sensitivity, dense sens(C) (rounded up)", pessimistic(comp.dense_sensitivity)),
+        ("sensitivity, compressed sens(C^) (rounded up)", pessimistic(comp.sensitivity)),
         ("loss total, dense", comp.dense_loss_total),
         ("loss total, compressed", comp.loss_total),
         ("loss increase", f"{comp.loss_increase:.4%}"),

@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 
-def safe(v: Any, *, down: bool = False, digits: int = 6) -> str:
+def pessimistic(v: Any, *, down: bool = False, digits: int = 6) -> str:
     """``digits`` significant digits, rounded UP (upper bounds: epsilon, rho-zCDP, mu-GDP, delta
     parts, sensitivity, calibrated sigma) or DOWN (lower bounds: the MMCC lower bound, the lower
     end of a calibration bracket, the noise multiplier sigma/sens), so that a printed privacy
