@@ -20,6 +20,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
     from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact
     from mfcli.errors import ArtifactError, MfcliError
     from mfcli.factorization import Factorization, sensitivity, total_loss
+    from mfcli.participation import (
+        FixedEpoch,
+        MinSeparation,
+        Participation,
+        Sensitivity,
+        SingleParticipation,
+        participation_from_json,
+    )
     from mfcli.solver import SolveResult, optimal_factorization
     from mfcli.workloads import (
         Workload,
@@ -40,6 +48,12 @@ _EXPORTS = {
     "Factorization": "mfcli.factorization",
     "sensitivity": "mfcli.factorization",
     "total_loss": "mfcli.factorization",
+    "FixedEpoch": "mfcli.participation",
+    "MinSeparation": "mfcli.participation",
+    "Participation": "mfcli.participation",
+    "Sensitivity": "mfcli.participation",
+    "SingleParticipation": "mfcli.participation",
+    "participation_from_json": "mfcli.participation",
     "SolveResult": "mfcli.solver",
     "optimal_factorization": "mfcli.solver",
     "Workload": "mfcli.workloads",
@@ -68,13 +82,19 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "Factorization",
+    "FixedEpoch",
     "MfcliError",
+    "MinSeparation",
+    "Participation",
+    "Sensitivity",
+    "SingleParticipation",
     "SolveResult",
     "Workload",
     "build_workload",
     "load_artifact",
     "momentum_workload",
     "optimal_factorization",
+    "participation_from_json",
     "prefix_workload",
     "save_artifact",
     "sensitivity",

@@ -1,0 +1,479 @@
+"""Participation schemas (how often, and when, one example takes part in training) and the L2
+sensitivity of a strategy C under each.
+
+A schema says which sets P of steps one example's gradients may occupy (its *participation
+patterns*):
+
+* :class:`SingleParticipation`: one step, any step.
+* :class:`FixedEpoch` ``(epochs=k)``: n = k b steps in k epochs of b steps; the example takes part
+  in steps i, i + b, ..., i + (k - 1) b for one i < b.
+* :class:`MinSeparation` ``(separation=b, max_participations=k)``: at most k steps (as many as fit
+  when k is None), any two at least b apart.
+
+Adjacent inputs differ in one example: G - G' has rows g_t (one per step, d coordinates each,
+||g_t|| <= 1) on some pattern P and zeros elsewhere. With X = C^T C,
+
+    ||C (G - G')||_F^2 = sum_{i, l in P} X_il <g_i, g_l>,
+
+and the sensitivity is the supremum of its square root over the patterns and the rows. Gradients
+are d-dimensional, so the supremum is over unit *vectors*, not over signs: for k >= 3 the vector
+supremum can exceed every sign vector's value (``X = [[1, -1/2, -1/2], ...]``: signs give 4, three
+unit vectors at 120 degrees give 4.5). This module therefore never calls a sign enumeration exact
+by itself. Every result is an upper bound U valid for every d, together with a witness: an
+explicit sign vector on an explicit pattern (a pair of adjacent inputs with d = 1, and so with any
+d) whose value is a lower bound. The result is *exact* when the witness attains U; the proofs are
+in :func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+from mfcli.validation import step_count
+
+#: The version of the JSON written by ``to_json``; :func:`participation_from_json` reads it.
+JSON_VERSION = 1
+
+#: Relative tolerance within which a witness is taken to attain the upper bound (the two are sums
+#: of the same entries of X in different orders, so they differ by rounding only).
+EXACT_RTOL = 1e-10
+
+#: At most this many min-separation patterns are enumerated to tighten the bound on small n.
+ENUMERATION_LIMIT = 20_000
+
+#: ``patterns(n)`` lists patterns for tests and brute force only; beyond this n it refuses.
+PATTERNS_MAX_N = 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class SingleParticipation:
+    """Every example takes part in exactly one step (the default everywhere in mfcli)."""
+
+    kind: ClassVar[str] = "single"
+
+    def participations(self, n: int) -> int:
+        """The most steps one example takes part in over n steps: 1."""
+        step_count(n)
+        return 1
+
+    def check(self, n: int) -> None:
+        """Raise :class:`MfcliError` if the schema does not fit n steps (it always fits)."""
+        step_count(n)
+
+    def describe(self, n: int | None = None) -> str:
+        """One human line: ``single participation``."""
+        return "single participation"
+
+    def to_json(self) -> str:
+        """The schema as versioned JSON (the future artifact attribute ``participation``)."""
+        return json.dumps({"version": JSON_VERSION, "kind": self.kind}, sort_keys=True)
+
+    def patterns(self, n: int) -> list[tuple[int, ...]]:
+        """Every participation pattern over n steps (small n; tests and brute force)."""
+        _check_enumerable(n)
+        return [(i,) for i in range(n)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedEpoch:
+    """k epochs of b = n / k steps: an example takes part in steps i, i + b, ..., i + (k - 1) b."""
+
+    epochs: int
+    kind: ClassVar[str] = "fixed-epoch"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epochs", step_count(self.epochs, name="epochs"))
+
+    def steps_per_epoch(self, n: int) -> int:
+        """b = n / k; :class:`MfcliError` naming n and epochs if k does not divide n."""
+        n = step_count(n)
+        if n % self.epochs:
+            raise MfcliError(f"the number of steps n = {n} is not divisible by epochs = {self.epochs}")
+        return n // self.epochs
+
+    def participations(self, n: int) -> int:
+        """The most steps one example takes part in over n steps: k."""
+        self.steps_per_epoch(n)
+        return self.epochs
+
+    def check(self, n: int) -> None:
+        """Raise :class:`MfcliError` if k does not divide n."""
+        self.steps_per_epoch(n)
+
+    def describe(self, n: int | None = None) -> str:
+        """One human line, e.g. ``fixed-epoch: 4 epochs of 256 steps``."""
+        unit = "epoch" if self.epochs == 1 else "epochs"
+        if n is None:
+            return f"fixed-epoch: {self.epochs} {unit}"
+        b = self.steps_per_epoch(n)
+        return f"fixed-epoch: {self.epochs} {unit} of {b} step{'s' if b != 1 else ''}"
+
+    def to_json(self) -> str:
+        """The schema as versioned JSON (the future artifact attribute ``participation``)."""
+        return json.dumps({"version": JSON_VERSION, "kind": self.kind, "epochs": self.epochs}, sort_keys=True)
+
+    def patterns(self, n: int) -> list[tuple[int, ...]]:
+        """Every participation pattern over n steps (small n; tests and brute force)."""
+        _check_enumerable(n)
+        b = self.steps_per_epoch(n)
+        return [tuple(range(i, n, b)) for i in range(b)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MinSeparation:
+    """At most k participations (``None``: as many as fit), any two at least b steps apart."""
+
+    separation: int
+    max_participations: int | None = None
+    kind: ClassVar[str] = "min-sep"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "separation", step_count(self.separation, name="separation"))
+        if self.max_participations is not None:
+            object.__setattr__(self, "max_participations", step_count(self.max_participations, name="max_participations"))
+
+    def participations(self, n: int) -> int:
+        """min(k, ceil(n / b)): the most steps one example can take part in over n steps."""
+        self.check(n)
+        fit = -(-n // self.separation)
+        return fit if self.max_participations is None else min(self.max_participations, fit)
+
+    def check(self, n: int) -> None:
+        """Raise :class:`MfcliError` if the separation b exceeds the number of steps n."""
+        n = step_count(n)
+        if self.separation > n:
+            raise MfcliError(f"separation = {self.separation} exceeds the number of steps n = {n}")
+
+    def describe(self, n: int | None = None) -> str:
+        """One human line, e.g. ``min-separation: at most 4 participations, at least 64 steps apart``."""
+        apart = f"at least {self.separation} step{'s' if self.separation != 1 else ''} apart"
+        if n is not None:
+            k = self.participations(n)
+            return f"min-separation: at most {k} participation{'s' if k != 1 else ''}, {apart}"
+        if self.max_participations is None:
+            return f"min-separation: as many participations as fit, {apart}"
+        k = self.max_participations
+        return f"min-separation: at most {k} participation{'s' if k != 1 else ''}, {apart}"
+
+    def to_json(self) -> str:
+        """The schema as versioned JSON (the future artifact attribute ``participation``)."""
+        return json.dumps({"version": JSON_VERSION, "kind": self.kind, "separation": self.separation,
+                           "max_participations": self.max_participations}, sort_keys=True)
+
+    def patterns(self, n: int) -> list[tuple[int, ...]]:
+        """Every non-empty participation pattern over n steps (small n; tests and brute force)."""
+        _check_enumerable(n)
+        return list(_separated_sets(n, self.separation, self.participations(n)))
+
+
+#: A participation schema.
+Participation = Union[SingleParticipation, FixedEpoch, MinSeparation]  # noqa: UP007 (a runtime alias on 3.10)
+
+
+def participation_from_json(text: str | bytes) -> Participation:
+    """The schema written by ``to_json``; :class:`MfcliError` on anything else (unknown version,
+    kind or key, or a bad value)."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError):
+        raise MfcliError(f"participation is not valid JSON: {text!r}") from None
+    if not isinstance(data, dict):
+        raise MfcliError(f"participation must be a JSON object, got {text!r}")
+    if data.get("version") != JSON_VERSION:
+        raise MfcliError(f"participation version must be {JSON_VERSION}, got {data.get('version')!r}")
+    keys = {"single": set(), "fixed-epoch": {"epochs"}, "min-sep": {"separation", "max_participations"}}
+    kind = data.get("kind")
+    if kind not in keys:
+        raise MfcliError(f"participation kind must be one of {', '.join(keys)}, got {kind!r}")
+    extra = set(data) - {"version", "kind"} - keys[kind]
+    missing = keys[kind] - set(data)
+    if extra or missing:
+        expected = sorted(keys[kind] | {"kind", "version"})
+        raise MfcliError(f"participation of kind {kind} has keys {sorted(data)}, expected {expected}")
+    try:
+        if kind == "single":
+            return SingleParticipation()
+        if kind == "fixed-epoch":
+            return FixedEpoch(epochs=data["epochs"])
+        return MinSeparation(separation=data["separation"], max_participations=data["max_participations"])
+    except TypeError as exc:  # a string or a bool where a count belongs: bad data in a file
+        raise MfcliError(f"participation: {exc}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sensitivity:
+    """The L2 sensitivity of a strategy under a participation schema, in units of the clip norm.
+
+    Attributes:
+        value: an upper bound on the sensitivity, valid for gradients of any dimension.
+        exact: True when ``value`` is attained (``lower`` equals it to rounding).
+        lower: the value of an explicit pair of adjacent inputs (a sign vector on a pattern),
+            so the sensitivity lies in [lower, value].
+        method: the argument that gave ``value`` and decided ``exact``.
+        schema: the participation schema.
+    """
+
+    value: float
+    exact: bool
+    lower: float
+    method: str
+    schema: Participation
+
+
+def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
+    """The L2 sensitivity of ``strategy`` (C, m x n) under ``schema``, computed from X = C^T C.
+
+    Notation: P a pattern, |X| the entrywise absolute value, a(P) = sum_{i, l in P} |X_il|. The
+    proofs rest on three facts.
+
+    1. *Upper bound.* For unit rows g, sum_{i,l in P} X_il <g_i, g_l> <= a(P), since
+       |<g_i, g_l>| <= 1. Any number at least max_P a(P) bounds the squared sensitivity.
+    2. *Witness.* For a sign vector s on P (one coordinate, d = 1, embeds in any d), s^T X_P s is
+       the squared norm of C (G - G') for an actual adjacent pair: a lower bound.
+    3. If P's nonzero off-diagonal entries can be signed so that s_i s_l X_il >= 0 for all of
+       them (the sign graph is balanced, e.g. X_P >= 0, or X_P diagonal), then s^T X_P s = a(P).
+       So when the bound's maximiser is balanced, the bound is attained: exact.
+
+    Per schema:
+
+    * single: max_j X_jj, the largest column norm squared (``factorization.sensitivity``); exact.
+    * fixed-epoch: the b patterns are known, so U = max_j a(P_j) over the b blocks of k x k,
+      O(n^2) time, O(n k) extra memory. Exact when a maximising block is balanced (non-negative
+      blocks, blocks with zero cross-epoch entries as in the orthogonal strategies of
+      Choquette-Choo et al. 2023, every k <= 2). Otherwise a bound, with the best witness found.
+    * min-sep, X zero beyond the band (X_il = 0 for |i - l| >= b, e.g. C lower-triangular
+      banded with at most b bands): on a b-separated pattern the cross terms vanish, so the value
+      of P is sum_{i in P} X_ii ||g_i||^2 and the sensitivity squared is the largest sum of at most
+      k diagonal entries at b-separated indices: a dynamic program (O(n k)); exact.
+    * min-sep otherwise: for each row i, r_i = max over patterns T containing i of sum_{l in T}
+      |X_il| (a dynamic program over the steps left of i - b and right of i + b, vectorised over
+      rows, O(n^2 k) time, O(n b k) memory; O(n^2) when k is unlimited). For any pattern S,
+      a(S) = sum_{i in S} sum_{l in S} |X_il| <= sum_{i in S} r_i, since S itself is one of the
+      T containing i; so U = max_S sum_{i in S} r_i (the same dynamic program on r) bounds
+      max_S a(S). When at most ``ENUMERATION_LIMIT`` patterns exist, U is tightened to
+      max_S a(S) by enumeration. Exact when the maximising pattern is balanced and attains U.
+
+    Raises:
+        MfcliError: C is not a finite 2-D matrix, or the schema does not fit its n columns.
+    """
+    if not isinstance(schema, (SingleParticipation, FixedEpoch, MinSeparation)):
+        raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+    c = np.asarray(strategy, dtype=np.float64)
+    if c.ndim != 2 or c.shape[1] == 0 or c.shape[0] == 0:
+        raise MfcliError(f"the strategy must be a non-empty 2-D matrix, got shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise MfcliError("the strategy has non-finite entries")
+    n = c.shape[1]
+    schema.check(n)
+    if isinstance(schema, SingleParticipation):
+        from mfcli.factorization import sensitivity as single
+
+        value = single(c)
+        return Sensitivity(value=value, exact=True, lower=value, method="max column norm", schema=schema)
+    x = c.T @ c
+    x = (x + x.T) / 2  # symmetric to the last bit, so that |X_il| and |X_li| are the same number
+    if isinstance(schema, FixedEpoch):
+        return _fixed_epoch(x, schema, n)
+    return _min_separation(x, schema, n)
+
+
+def _result(upper2: float, witness2: float, method: str, schema: Participation) -> Sensitivity:
+    exact = witness2 >= upper2 * (1 - EXACT_RTOL)
+    suffix = ", attained" if exact else " (upper bound)"
+    return Sensitivity(value=math.sqrt(max(upper2, 0.0)), exact=exact, lower=math.sqrt(max(witness2, 0.0)),
+                       method=method + suffix, schema=schema)
+
+
+def _fixed_epoch(x: np.ndarray, schema: FixedEpoch, n: int) -> Sensitivity:
+    k = schema.epochs
+    b = n // k
+    idx = np.arange(b)
+    blocks = x.reshape(k, b, k, b)[:, idx, :, idx]  # (b, k, k): block j is X restricted to P_j
+    bounds = np.abs(blocks).sum(axis=(1, 2))
+    upper2 = float(bounds.max())
+    witness2 = float(blocks.sum(axis=(1, 2)).max())  # all-plus on every block
+    for j in np.flatnonzero(bounds >= upper2 * (1 - EXACT_RTOL))[:8]:
+        witness2 = max(witness2, _sign_witness(blocks[j]))
+    return _result(upper2, witness2, f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k})",
+                   schema)
+
+
+def _min_separation(x: np.ndarray, schema: MinSeparation, n: int) -> Sensitivity:
+    b = schema.separation
+    k = schema.participations(n)
+    diag = np.diag(x).copy()
+    if not np.any(np.triu(x, b)):
+        value2, chosen = _separated_max(diag, b, k)
+        witness2 = float(x[np.ix_(chosen, chosen)].sum()) if chosen else 0.0
+        return _result(value2, witness2,
+                       "min-sep: C^T C is zero beyond the band, sum of separated diagonal entries", schema)
+    absx = np.abs(x)
+    count = _count_separated(n, b, k)
+    if count <= ENUMERATION_LIMIT:
+        pats = list(_separated_sets(n, b, k))
+        sums = np.array([absx[np.ix_(p, p)].sum() for p in pats])
+        upper2 = float(sums.max())
+        witness2 = 0.0
+        for i in np.flatnonzero(sums >= upper2 * (1 - EXACT_RTOL))[:8]:
+            p = list(pats[i])
+            witness2 = max(witness2, _sign_witness(x[np.ix_(p, p)]))
+        return _result(upper2, witness2, f"min-sep: sum of |C^T C| over each of the {count} patterns", schema)
+    rows = _row_bounds(absx, b, k)
+    upper2, chosen = _separated_max(rows, b, k)
+    witness2 = _sign_witness(x[np.ix_(chosen, chosen)]) if chosen else 0.0
+    witness2 = max(witness2, float(diag.max()))
+    return _result(upper2, witness2, "min-sep: row-wise dynamic program over |C^T C|", schema)
+
+
+def _sign_witness(block: np.ndarray) -> float:
+    """s^T M s for a sign vector s that makes every significant entry of M non-negative where the
+    sign graph allows it (breadth-first search), improved by single flips; a lower bound."""
+    m = np.asarray(block)
+    size = m.shape[0]
+    if size == 0:
+        return 0.0
+    scale = float(np.abs(m).max())
+    strong = np.abs(m) > scale * 1e-13
+    signs = np.zeros(size)
+    for root in range(size):
+        if signs[root]:
+            continue
+        signs[root] = 1.0
+        queue = deque([root])
+        while queue:
+            i = queue.popleft()
+            for j in np.flatnonzero(strong[i] & (signs == 0)):
+                signs[j] = signs[i] * (1.0 if m[i, j] >= 0 else -1.0)
+                queue.append(int(j))
+    for _ in range(min(2 * size, 64)):  # single flips while one improves: each strictly increases s^T M s
+        gains = -4 * signs * (m @ signs - np.diag(m) * signs)
+        best = int(np.argmax(gains))
+        if gains[best] <= scale * 1e-12:
+            break
+        signs[best] = -signs[best]
+    return float(signs @ m @ signs)
+
+
+def _separated_max(values: np.ndarray, b: int, k: int) -> tuple[float, list[int]]:
+    """max over sets S of at most k indices, pairwise at least b apart, of sum_{i in S} values_i
+    (values >= 0), and a maximising S: O(n k) dynamic program (O(n) when k does not bind)."""
+    n = values.shape[0]
+    if k >= -(-n // b):  # every b-separated set has at most ceil(n / b) elements: no count limit
+        best = np.zeros(n + 1)  # best[i + 1]: indices <= i
+        take = np.zeros(n, dtype=bool)
+        for i in range(n):
+            with_i = values[i] + best[max(i - b + 1, 0)]
+            take[i] = with_i > best[i]
+            best[i + 1] = with_i if take[i] else best[i]
+        chosen, i = [], n - 1
+        while i >= 0:
+            if take[i]:
+                chosen.append(i)
+                i -= b
+            else:
+                i -= 1
+        return float(best[n]), sorted(chosen)
+    table = np.zeros((n + 1, k + 1))  # table[i + 1, c]: indices <= i, at most c of them
+    takes = np.zeros((n, k + 1), dtype=bool)
+    for i in range(n):
+        with_i = values[i] + table[max(i - b + 1, 0), :-1]
+        takes[i, 1:] = with_i > table[i, 1:]
+        table[i + 1, 1:] = np.where(takes[i, 1:], with_i, table[i, 1:])
+    chosen, i, c = [], n - 1, k
+    while i >= 0 and c > 0:
+        if takes[i, c]:
+            chosen.append(i)
+            i -= b
+            c -= 1
+        else:
+            i -= 1
+    return float(table[n, k]), sorted(chosen)
+
+
+def _left_best(a: np.ndarray, b: int, slots: int | None) -> np.ndarray:
+    """For every row i: the largest sum of a[i, l] over l <= i - b, the l pairwise at least b
+    apart, at most c of them, for c = 0..slots-1 (shape (n, slots)); with ``slots`` None the count
+    is unlimited (shape (n,)). The dynamic program runs over the columns for all rows at once."""
+    n = a.shape[0]
+    width = () if slots is None else (slots,)
+    out = np.zeros((n, *width))
+    history: deque[np.ndarray] = deque()  # states after columns t - b + 1 .. t, oldest first
+    state = np.zeros((n, *width))
+    zero = np.zeros((n, *width))
+    for t in range(n - b):  # row i = t + b reads the state after column t
+        before = history[0] if len(history) == b else zero  # state after column t - b
+        col = a[:, t]
+        if slots is None:
+            state = np.maximum(state, col + before)
+        else:
+            new = state.copy()
+            new[:, 1:] = np.maximum(state[:, 1:], col[:, None] + before[:, :-1])
+            state = new
+        history.append(state)
+        if len(history) > b:
+            history.popleft()
+        out[t + b] = state[t + b]
+    return out
+
+
+def _row_bounds(absx: np.ndarray, b: int, k: int) -> np.ndarray:
+    """r_i = max over b-separated patterns T of at most k steps containing i of sum_{l in T} |X_il|."""
+    n = absx.shape[0]
+    unlimited = k >= -(-n // b)
+    slots = None if unlimited else k  # 0..k-1 further participations on each side
+    left = _left_best(absx, b, slots)
+    right = _left_best(absx[::-1, ::-1], b, slots)[::-1]
+    diag = np.diag(absx)
+    if unlimited:
+        return diag + left + right
+    # c further steps on the left and k - 1 - c on the right; "at most" makes the split complete
+    return diag + np.max(left + right[:, ::-1], axis=1)
+
+
+def _count_separated(n: int, b: int, k: int) -> int:
+    """The number of non-empty sets of at most k indices in [0, n), pairwise at least b apart."""
+    ways = [[0] * (k + 1) for _ in range(n + 1)]  # ways[i][c]: sets of exactly c indices < i
+    for i in range(n + 1):
+        ways[i][0] = 1
+    for i in range(1, n + 1):
+        for c in range(1, k + 1):
+            ways[i][c] = ways[i - 1][c] + ways[max(i - b, 0)][c - 1]
+            if ways[i][c] > ENUMERATION_LIMIT:
+                return ENUMERATION_LIMIT + 1
+    return sum(ways[n][1:])
+
+
+def _separated_sets(n: int, b: int, k: int) -> Iterator[tuple[int, ...]]:
+    """Every non-empty set of at most k indices in [0, n), pairwise at least b apart, in
+    lexicographic order."""
+    def extend(prefix: tuple[int, ...], start: int) -> Iterator[tuple[int, ...]]:
+        for i in range(start, n):
+            pattern = (*prefix, i)
+            yield pattern
+            if len(pattern) < k:
+                yield from extend(pattern, i + b)
+    yield from extend((), 0)
+
+
+def _check_enumerable(n: Any) -> None:
+    step_count(n)
+    if n > PATTERNS_MAX_N:
+        raise MfcliError(f"patterns are listed for n <= {PATTERNS_MAX_N} steps only, got n = {n}")
+
+
+__all__ = [
+    "FixedEpoch",
+    "MinSeparation",
+    "Participation",
+    "Sensitivity",
+    "SingleParticipation",
+    "participation_from_json",
+    "sensitivity",
+]

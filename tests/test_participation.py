@@ -1,0 +1,315 @@
+"""Participation schemas and their sensitivity, against brute force over every pattern and every
+sign vector (n <= 10), closed forms, and explicit vector-valued adjacent pairs."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mfcli
+import mfcli.participation as part
+from mfcli.errors import MfcliError
+from mfcli.participation import (
+    FixedEpoch,
+    MinSeparation,
+    SingleParticipation,
+    participation_from_json,
+    sensitivity,
+)
+
+UNIT_C = np.array([[1, 0, 0, 0], [2, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, -6]], dtype=float)
+
+
+def brute_force_squared(c: np.ndarray, patterns: list[tuple[int, ...]]) -> float:
+    """max over the patterns P and the sign vectors s on P of ||C s||^2, straight from C (not C^T C)."""
+    best = 0.0
+    for p in patterns:
+        cols = c[:, list(p)]
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(p))))
+        best = max(best, float(np.max(np.sum((signs @ cols.T) ** 2, axis=1))))
+    return best
+
+
+def valid_patterns(n: int, schema: part.Participation) -> list[tuple[int, ...]]:
+    """The patterns from the schema's definition, independently of ``schema.patterns``."""
+    if isinstance(schema, SingleParticipation):
+        return [(i,) for i in range(n)]
+    if isinstance(schema, FixedEpoch):
+        b = n // schema.epochs
+        return [tuple(i + e * b for e in range(schema.epochs)) for i in range(b)]
+    k = schema.max_participations or n
+    return [p for size in range(1, k + 1) for p in itertools.combinations(range(n), size)
+            if all(q - r >= schema.separation for r, q in itertools.pairwise(p))]
+
+
+@st.composite
+def cases(draw: st.DrawFn, *, nonnegative: bool = False) -> tuple[np.ndarray, part.Participation]:
+    n = draw(st.integers(1, 10))
+    lower = draw(st.booleans())
+    values = st.integers(0 if nonnegative else -4, 4)
+    c = np.array(draw(st.lists(values, min_size=n * n, max_size=n * n)), dtype=float).reshape(n, n)
+    c += np.eye(n) * 0.5  # full rank is not needed, but keeps some column non-zero
+    if lower:
+        c = np.tril(c)
+    kind = draw(st.sampled_from(["single", "fixed", "minsep"]))
+    if kind == "single":
+        return c, SingleParticipation()
+    if kind == "fixed":
+        return c, FixedEpoch(epochs=draw(st.sampled_from([k for k in range(1, n + 1) if n % k == 0])))
+    return c, MinSeparation(separation=draw(st.integers(1, n)), max_participations=draw(st.none() | st.integers(1, n)))
+
+
+def check_against_brute_force(c: np.ndarray, schema: part.Participation) -> part.Sensitivity:
+    n = c.shape[1]
+    truth_d1 = brute_force_squared(c, valid_patterns(n, schema))
+    res = sensitivity(c, schema)
+    tol = 1e-9 * max(1.0, truth_d1)
+    assert res.schema == schema
+    assert res.lower**2 <= truth_d1 + tol  # the witness is an actual adjacent pair
+    assert res.value**2 >= truth_d1 - tol  # never below the truth
+    if res.exact:
+        assert abs(res.value**2 - truth_d1) <= tol
+        assert abs(res.value - res.lower) <= 1e-9 * max(1.0, res.value)
+    return res
+
+
+@given(cases())
+def test_sensitivity_brackets_brute_force_over_patterns_and_signs(case: tuple[np.ndarray, part.Participation]) -> None:
+    check_against_brute_force(*case)
+
+
+@given(cases())
+def test_row_dynamic_program_bound_brackets_brute_force(case: tuple[np.ndarray, part.Participation]) -> None:
+    c, schema = case
+    with pytest.MonkeyPatch.context() as m:  # no enumeration: the O(n^2 k) bound that runs for large n
+        m.setattr(part, "ENUMERATION_LIMIT", 0)
+        bound = check_against_brute_force(c, schema)
+    if isinstance(schema, MinSeparation):  # the enumerated bound is the tighter of the two
+        assert sensitivity(c, schema).value <= bound.value * (1 + 1e-12)
+
+
+@given(cases(nonnegative=True))
+def test_nonnegative_strategies_are_exact(case: tuple[np.ndarray, part.Participation]) -> None:
+    """C >= 0 gives C^T C >= 0: all-plus signs attain the bound under every schema (min-sep by
+    enumeration, which covers every n <= 10)."""
+    res = check_against_brute_force(*case)
+    assert res.exact
+
+
+@given(st.integers(1, 10), st.integers(1, 4), st.data())
+def test_banded_strategies_are_exact_under_min_separation(n: int, bands: int, data: st.DataObject) -> None:
+    """C lower-triangular with at most b bands: columns b apart have disjoint supports."""
+    b = data.draw(st.integers(bands, max(bands, n)))
+    if b > n:
+        return
+    rows = data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=n * n, max_size=n * n))
+    c = np.tril(np.array(rows).reshape(n, n)) - np.tril(np.array(rows).reshape(n, n), -bands)
+    schema = MinSeparation(separation=b, max_participations=data.draw(st.none() | st.integers(1, n)))
+    res = check_against_brute_force(c, schema)
+    assert res.exact and "zero beyond the band" in res.method
+
+
+@given(st.integers(1, 10), st.data())
+def test_no_bound_is_below_an_explicit_vector_valued_pair(n: int, data: st.DataObject) -> None:
+    """Gradients have d coordinates: random unit rows in R^3 on any pattern stay within the bound."""
+    c = np.array(data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=n * n, max_size=n * n))).reshape(n, n)
+    schema = data.draw(st.sampled_from([SingleParticipation(), MinSeparation(separation=1),
+                                        FixedEpoch(epochs=max(k for k in (1, 2, n) if n % k == 0))]))
+    res = sensitivity(c, schema)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    for p in valid_patterns(n, schema)[:50]:
+        g = np.zeros((n, 3))
+        g[list(p)] = rng.standard_normal((len(p), 3))
+        g[list(p)] /= np.linalg.norm(g[list(p)], axis=1, keepdims=True)
+        assert np.sum((c @ g) ** 2) <= res.value**2 * (1 + 1e-12) + 1e-12
+
+
+def test_sign_vectors_are_not_the_sensitivity_of_vector_gradients() -> None:
+    """X = C^T C with X_ii = 1 and X_il = -1/2: every sign vector gives 4, three unit vectors at
+    120 degrees give 4.5. So no sign enumeration may be called exact for k >= 3."""
+    x = np.array([[1, -0.5, -0.5], [-0.5, 1, -0.5], [-0.5, -0.5, 1]])
+    w, v = np.linalg.eigh(x)
+    c = (v * np.sqrt(np.clip(w, 0, None))).T
+    assert np.allclose(c.T @ c, x)
+    assert brute_force_squared(c, [(0, 1, 2)]) == pytest.approx(4.0)
+    angles = 2 * np.pi * np.arange(3) / 3
+    g = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # three unit vectors in R^2
+    assert np.sum((c @ g) ** 2) == pytest.approx(4.5)
+    res = sensitivity(c, FixedEpoch(epochs=3))
+    assert not res.exact
+    assert res.value**2 >= 4.5
+    assert res.value**2 == pytest.approx(6.0)  # sum of |X|
+    assert res.lower**2 == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(("schema", "expected"), [
+    (SingleParticipation(), 6.0),
+    (MinSeparation(separation=2), math.sqrt(41)),
+    (MinSeparation(separation=3), math.sqrt(41)),
+    (MinSeparation(separation=2, max_participations=1), 6.0),
+    (MinSeparation(separation=4), 6.0),
+])
+def test_public_unit_case(schema: part.Participation, expected: float) -> None:
+    """jax_privacy's sensitivity_test.py case; sqrt(41) = ||(1, 2, 0, 0)||^2 + ||(0, 0, 1, -6)||^2
+    from steps 0 and 3, whose columns have disjoint supports."""
+    res = sensitivity(UNIT_C, schema)
+    assert res.value == pytest.approx(expected, rel=1e-12)
+    assert res.exact
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (6, 2), (12, 3), (12, 12), (64, 8), (256, 16)])
+def test_fixed_epoch_identity_is_sqrt_k(n: int, k: int) -> None:
+    res = sensitivity(np.eye(n), FixedEpoch(epochs=k))
+    assert res.value == pytest.approx(math.sqrt(k), rel=1e-15) and res.exact
+
+
+@pytest.mark.parametrize(("n", "b", "k", "expected"), [(10, 3, None, 4), (10, 3, 2, 2), (10, 10, None, 1), (7, 1, None, 7)])
+def test_min_separation_identity(n: int, b: int, k: int | None, expected: int) -> None:
+    res = sensitivity(np.eye(n), MinSeparation(separation=b, max_participations=k))
+    assert res.value == pytest.approx(math.sqrt(expected), rel=1e-15) and res.exact
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (4, 2), (6, 3), (12, 4), (12, 12), (10, 5), (9, 3)])
+def test_prefix_sum_fixed_epoch_closed_form(n: int, k: int) -> None:
+    """C = lower-triangular ones: X_il = n - max(i, l) >= 0, worst residue class 0, so
+    sens^2 = sum_{e,f<k} (n - max(e, f) b) = b k (k + 1) (2k + 1) / 6, also by enumeration."""
+    c = np.tril(np.ones((n, n)))
+    b = n // k
+    closed = b * k * (k + 1) * (2 * k + 1) / 6
+    assert brute_force_squared(c, valid_patterns(n, FixedEpoch(epochs=k))) == pytest.approx(closed, rel=1e-12)
+    res = sensitivity(c, FixedEpoch(epochs=k))
+    assert res.value**2 == pytest.approx(closed, rel=1e-12) and res.exact
+
+
+def test_large_min_separation_bound_runs_and_brackets() -> None:
+    """n = 512, beyond enumeration: the row dynamic program's bound is at least its own witness and
+    at least the explicit all-plus pairs on the fixed-epoch patterns (valid min-sep patterns)."""
+    rng = np.random.default_rng(7)
+    n = 512
+    c = np.tril(rng.standard_normal((n, n)))
+    for schema in (MinSeparation(separation=64), MinSeparation(separation=32, max_participations=4)):
+        res = sensitivity(c, schema)
+        assert "row-wise" in res.method and res.lower <= res.value
+        k = schema.participations(n)
+        for i in range(32):
+            p = [i + 64 * e for e in range(k)]
+            assert np.sum(c[:, p].sum(axis=1) ** 2) <= res.value**2 * (1 + 1e-12)
+    banded = np.tril(c) - np.tril(c, -16)
+    res = sensitivity(banded, MinSeparation(separation=16, max_participations=5))
+    col2 = np.sum(banded**2, axis=0)
+    assert res.exact and res.value**2 >= np.sort(col2)[-1]
+
+
+@pytest.mark.parametrize("schema", [SingleParticipation(), FixedEpoch(epochs=4), MinSeparation(separation=3),
+                                    MinSeparation(separation=3, max_participations=2)])
+def test_json_round_trip(schema: part.Participation) -> None:
+    text = schema.to_json()
+    assert json.loads(text)["version"] == 1
+    assert participation_from_json(text) == schema
+    assert participation_from_json(text.encode()) == schema
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("not json", "not valid JSON"),
+    ("[1]", "JSON object"),
+    ('{"kind": "single"}', "version"),
+    ('{"version": 2, "kind": "single"}', "version"),
+    ('{"version": 1, "kind": "poisson"}', "kind"),
+    ('{"version": 1, "kind": "fixed-epoch"}', "keys"),
+    ('{"version": 1, "kind": "single", "epochs": 2}', "keys"),
+    ('{"version": 1, "kind": "fixed-epoch", "epochs": 0}', "epochs"),
+    ('{"version": 1, "kind": "fixed-epoch", "epochs": "4"}', "epochs"),
+    ('{"version": 1, "kind": "min-sep", "separation": 2.5, "max_participations": null}', "separation"),
+    ('{"version": 1, "kind": "min-sep", "separation": 2, "max_participations": true}', "max_participations"),
+])
+def test_bad_json_is_one_clear_error(text: str, needle: str) -> None:
+    with pytest.raises(MfcliError, match=needle):
+        participation_from_json(text)
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: FixedEpoch(epochs=0), "epochs"),
+    (lambda: FixedEpoch(epochs=-2), "epochs"),
+    (lambda: MinSeparation(separation=0), "separation"),
+    (lambda: MinSeparation(separation=2, max_participations=0), "max_participations"),
+    (lambda: sensitivity(np.eye(10), FixedEpoch(epochs=3)), "n = 10 is not divisible by epochs = 3"),
+    (lambda: FixedEpoch(epochs=3).patterns(10), "epochs = 3"),
+    (lambda: sensitivity(np.eye(4), MinSeparation(separation=5)), "separation = 5"),
+    (lambda: sensitivity(np.ones(4), SingleParticipation()), "2-D"),
+    (lambda: sensitivity(np.array([[1.0, np.nan]]), SingleParticipation()), "non-finite"),
+    (lambda: MinSeparation(separation=1).patterns(40), "n <= 24"),
+])
+def test_bad_parameters_are_value_errors_naming_the_parameter(make: object, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle) as info:
+        make()  # type: ignore[operator]
+    assert isinstance(info.value, MfcliError)
+
+
+def test_wrong_types_are_type_errors() -> None:
+    with pytest.raises(TypeError):
+        FixedEpoch(epochs=True)
+    with pytest.raises(TypeError):
+        MinSeparation(separation="3")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        sensitivity(np.eye(2), "single")  # type: ignore[arg-type]
+
+
+def test_schemas_are_frozen_and_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        FixedEpoch(4)  # type: ignore[misc]
+    schema = MinSeparation(separation=3)
+    with pytest.raises(AttributeError):
+        schema.separation = 4  # type: ignore[misc]
+    assert FixedEpoch(epochs=4.0).epochs == 4 and isinstance(FixedEpoch(epochs=4.0).epochs, int)
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_patterns_match_the_definition(n: int) -> None:
+    schemas: list[part.Participation] = [SingleParticipation(), MinSeparation(separation=1),
+                                         MinSeparation(separation=min(3, n), max_participations=2)]
+    schemas += [FixedEpoch(epochs=k) for k in range(1, n + 1) if n % k == 0]
+    for schema in schemas:
+        assert sorted(schema.patterns(n)) == sorted(valid_patterns(n, schema))
+        assert max(len(p) for p in schema.patterns(n)) == schema.participations(n)
+
+
+@pytest.mark.parametrize(("schema", "n", "line"), [
+    (SingleParticipation(), 8, "single participation"),
+    (FixedEpoch(epochs=4), 1024, "fixed-epoch: 4 epochs of 256 steps"),
+    (FixedEpoch(epochs=1), None, "fixed-epoch: 1 epoch"),
+    (MinSeparation(separation=64), None, "min-separation: as many participations as fit, at least 64 steps apart"),
+    (MinSeparation(separation=64), 1000, "min-separation: at most 16 participations, at least 64 steps apart"),
+    (MinSeparation(separation=64, max_participations=4), 1000,
+     "min-separation: at most 4 participations, at least 64 steps apart"),
+    (MinSeparation(separation=1, max_participations=1), None, "min-separation: at most 1 participation, at least 1 step apart"),
+])
+def test_describe(schema: part.Participation, n: int | None, line: str) -> None:
+    assert schema.describe(n) == line
+
+
+def test_public_names_resolve_lazily() -> None:
+    for name in ("SingleParticipation", "FixedEpoch", "MinSeparation", "Sensitivity", "participation_from_json"):
+        assert getattr(mfcli, name) is getattr(part, name)
+
+
+@pytest.mark.parametrize(("n", "b", "k"), [(n, b, k) for n in (1, 5, 9) for b in range(1, n + 1) for k in range(1, n + 1)])
+def test_dynamic_programs_equal_their_definitions(n: int, b: int, k: int) -> None:
+    """The two dynamic programs behind the large-n bound, each equal to its definition by brute
+    force: the best separated sum, and the row values r_i."""
+    rng = np.random.default_rng(1000 * n + 10 * b + k)
+    schema = MinSeparation(separation=b, max_participations=k)
+    pats = valid_patterns(n, schema)
+    values = rng.exponential(size=n) * (rng.random(n) < 0.8)
+    best, chosen = part._separated_max(values, b, schema.participations(n))
+    assert best == pytest.approx(max(values[list(p)].sum() for p in pats), abs=1e-12)
+    assert (tuple(chosen) in pats or (not chosen and best == 0)) and values[chosen].sum() == pytest.approx(best, abs=1e-12)
+    a = np.abs(rng.standard_normal((n, n)))
+    a = a + a.T
+    rows = part._row_bounds(a, b, schema.participations(n))
+    for i in range(n):
+        assert rows[i] == pytest.approx(max(a[i, list(p)].sum() for p in pats if i in p), abs=1e-12)
