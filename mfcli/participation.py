@@ -23,6 +23,15 @@ by itself. Every result is an upper bound U valid for every d, together with a w
 explicit sign vector on an explicit pattern (a pair of adjacent inputs with d = 1, and so with any
 d) whose value is a lower bound. The result is *exact* when the witness attains U; the proofs are
 in :func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
+
+Example (the prefix sum over 2 epochs of 4 steps: sens^2 = b k (k + 1) (2k + 1) / 6 = 20):
+    >>> import numpy as np
+    >>> from mfcli.participation import FixedEpoch, sensitivity
+    >>> s = sensitivity(np.tril(np.ones((8, 8))), FixedEpoch(epochs=2))
+    >>> round(s.value ** 2, 9), s.exact
+    (20.0, True)
+    >>> FixedEpoch(epochs=2).describe(8)
+    'fixed-epoch: 2 epochs of 4 steps'
 """
 from __future__ import annotations
 
@@ -186,7 +195,8 @@ def participation_from_json(text: str | bytes) -> Participation:
         raise MfcliError(f"participation is not valid JSON: {text!r}") from None
     if not isinstance(data, dict):
         raise MfcliError(f"participation must be a JSON object, got {text!r}")
-    if data.get("version") != JSON_VERSION:
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != JSON_VERSION:
         raise MfcliError(f"participation version must be {JSON_VERSION}, got {data.get('version')!r}")
     keys = {"single": set(), "fixed-epoch": {"epochs"}, "min-sep": {"separation", "max_participations"}}
     kind = data.get("kind")
@@ -301,7 +311,7 @@ def _fixed_epoch(x: np.ndarray, schema: FixedEpoch, n: int) -> Sensitivity:
     witness2 = float(blocks.sum(axis=(1, 2)).max())  # all-plus on every block
     for j in np.flatnonzero(bounds >= upper2 * (1 - EXACT_RTOL))[:8]:
         witness2 = max(witness2, _sign_witness(blocks[j]))
-    return _result(upper2, witness2, f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k})",
+    return _result(upper2, witness2, f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k} x {k})",
                    schema)
 
 

@@ -219,6 +219,8 @@ def test_json_round_trip(schema: part.Participation) -> None:
     ("[1]", "JSON object"),
     ('{"kind": "single"}', "version"),
     ('{"version": 2, "kind": "single"}', "version"),
+    ('{"version": true, "kind": "single"}', "version"),
+    ('{"version": 1.0, "kind": "single"}', "version"),
     ('{"version": 1, "kind": "poisson"}', "kind"),
     ('{"version": 1, "kind": "fixed-epoch"}', "keys"),
     ('{"version": 1, "kind": "single", "epochs": 2}', "keys"),
