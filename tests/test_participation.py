@@ -168,6 +168,21 @@ def test_fixed_epoch_identity_is_sqrt_k(n: int, k: int) -> None:
     assert res.value == pytest.approx(math.sqrt(k), rel=1e-15) and res.exact
 
 
+@pytest.mark.parametrize(("b", "k", "seed"), [(1, 3, 0), (4, 2, 1), (5, 3, 2), (3, 6, 3)])
+def test_fixed_epoch_orthogonal_epochs_closed_form(b: int, k: int, seed: int) -> None:
+    """C block-diagonal by epoch (signed entries): columns of different epochs have disjoint
+    supports, every block of C^T C is diagonal, and sens^2 = max_j sum_e ||C[:, j + e b]||^2."""
+    rng = np.random.default_rng(seed)
+    c = np.zeros((b * k, b * k))
+    for e in range(k):
+        c[e * b:(e + 1) * b, e * b:(e + 1) * b] = np.tril(rng.standard_normal((b, b)))
+    col2 = np.sum(c**2, axis=0)
+    closed = max(sum(col2[j + e * b] for e in range(k)) for j in range(b))
+    res = sensitivity(c, FixedEpoch(epochs=k))
+    assert res.exact and res.value**2 == pytest.approx(closed, rel=1e-12)
+    assert brute_force_squared(c, valid_patterns(b * k, FixedEpoch(epochs=k))) == pytest.approx(closed, rel=1e-12)
+
+
 @pytest.mark.parametrize(("n", "b", "k", "expected"), [(10, 3, None, 4), (10, 3, 2, 2), (10, 10, None, 1), (7, 1, None, 7)])
 def test_min_separation_identity(n: int, b: int, k: int | None, expected: int) -> None:
     res = sensitivity(np.eye(n), MinSeparation(separation=b, max_participations=k))
