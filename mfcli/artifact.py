@@ -38,6 +38,7 @@ import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError, OutputExistsError
 from mfcli.factorization import Factorization, sensitivity
+from mfcli.participation import Participation, SingleParticipation, participation_from_json
 
 FORMAT = "mfcli.factorization"
 FORMAT_VERSION = 1
@@ -45,6 +46,9 @@ FORMAT_VERSION = 1
 ATTR_RTOL = 1e-9
 
 ROOT_DATASETS = ("workload", "strategy", "decoder")
+
+#: Root attribute holding the participation schema as JSON (absent: single participation).
+PARTICIPATION_ATTR = "participation"
 
 
 def dataset_sha256(arr: np.ndarray) -> str:
@@ -302,6 +306,8 @@ class Artifact:
         attrs: root attributes, JSON strings decoded.
         dual_weights: solver state for warm starts, if stored.
         groups: other groups (``compressed``, ``accounting``) as dicts of datasets and attrs.
+        participation: the participation schema the artifact declares (attribute
+            ``participation``); single participation when the attribute is absent.
     """
 
     path: Path
@@ -309,6 +315,7 @@ class Artifact:
     attrs: Mapping[str, Any]
     dual_weights: np.ndarray | None = None
     groups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    participation: Participation = field(default_factory=SingleParticipation)
 
     @property
     def n(self) -> int:
@@ -336,13 +343,18 @@ def save_artifact(
     extra_attrs: Mapping[str, Any] | None = None,
     groups: Mapping[str, Mapping[str, Any]] | None = None,
     force: bool = False,
+    participation: Participation | None = None,
 ) -> str:
     """Verify ``factorization`` and write it as a format-v1 artifact, atomically.
 
     ``groups`` maps a group name to ``{"datasets": {name: array}, "attrs": {name: value}}``.
-    Returns the SHA-256 of the written file.
+    ``participation``, when given, is stored as the JSON attribute ``participation`` (it must fit
+    n); when None the attribute is left out, which means single participation, so the file is
+    the same as one written before schemas existed. Returns the SHA-256 of the written file.
     """
     factorization.verify()
+    if participation is not None:
+        participation.check(factorization.n)
     attrs: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -363,6 +375,8 @@ def save_artifact(
         "command": command,
     }
     attrs.update(extra_attrs or {})
+    if participation is not None:
+        attrs[PARTICIPATION_ATTR] = participation.to_json()
 
     def build(f: Any) -> None:
         for name, data in (
@@ -552,6 +566,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             except (OSError, KeyError, ValueError, RuntimeError) as exc:
                 raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
             attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
     except ArtifactError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
@@ -579,6 +594,10 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     n = fact.n
     if attrs.get("n") != n:
         raise ArtifactError(f"{p}: attribute n = {attrs.get('n')!r} but the workload is {n} x {n}")
+    try:
+        schema = read_participation(raw_participation, n)
+    except MfcliError as exc:
+        raise ArtifactError(f"{p}: {exc}") from None
     if verify:
         for key, recomputed in (
             ("sensitivity", sensitivity(fact.strategy)),
@@ -594,7 +613,36 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
         except MfcliError as exc:
             raise ArtifactError(f"{p}: {exc}") from None
     dual = datasets.get("dual_weights")
-    return Artifact(path=p, factorization=fact, attrs=attrs, dual_weights=dual, groups=groups)
+    return Artifact(path=p, factorization=fact, attrs=attrs, dual_weights=dual, groups=groups, participation=schema)
+
+
+def read_participation(raw: Any, n: int | None) -> Participation:
+    """The schema in a raw ``participation`` attribute (None: absent, single participation),
+    parsed strictly and checked against n steps (not checked when n is None: matrices unreadable).
+
+    Raises:
+        MfcliError: the attribute is not a string, not the JSON of a schema, or does not fit n.
+    """
+    if raw is None:
+        return SingleParticipation()
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode()
+        except UnicodeDecodeError:
+            raise MfcliError(f"attribute {PARTICIPATION_ATTR} is not UTF-8 text") from None
+    if not isinstance(raw, str):
+        raise MfcliError(f"attribute {PARTICIPATION_ATTR} must be a JSON string, got {type(raw).__name__}")
+    try:
+        schema = participation_from_json(raw)
+    except MfcliError as exc:
+        raise MfcliError(f"attribute {exc}") from None
+    if n is None:
+        return schema
+    try:
+        schema.check(n)
+    except MfcliError as exc:
+        raise MfcliError(f"attribute {PARTICIPATION_ATTR} ({schema.to_json()}) does not fit the artifact: {exc}") from None
+    return schema
 
 
 def default_artifact_path(workload_name: str, n: int, directory: str | Path = "artifacts") -> Path:

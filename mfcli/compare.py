@@ -3,10 +3,12 @@
 This module computes the numbers; :mod:`mfcli.cli.render` turns a :class:`Comparison` into
 Markdown, CSV, a terminal table or a plot.
 
-All numbers are for single participation, noise multiplier 1 and clip norm 1, recomputed from each
-strategy's B and C:
+All numbers are for noise multiplier 1 and clip norm 1, recomputed from each strategy's B and C,
+under a participation schema (default single participation, :mod:`mfcli.participation`):
 
-* ``sensitivity`` = max_j ||C[:, j]||_2;
+* ``sensitivity`` = :func:`mfcli.participation.sensitivity` of C under the schema (max_j
+  ||C[:, j]||_2 for single participation); ``sensitivity_exact`` says whether it is attained or
+  only an upper bound (then every loss below is an upper bound too);
 * ``loss_total`` = sens^2 ||B||_F^2 (total squared error over the n released steps);
 * ``loss_mean`` = loss_total / n and ``rmse`` = sqrt(loss_mean);
 * ``loss_max`` = sens^2 max_t ||B[t, :]||^2 (the worst step's expected squared error);
@@ -20,15 +22,18 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import sensitivity as schema_sensitivity
 from mfcli.strategies import STRATEGY_NAMES, TREE_STRATEGIES, Strategy, build_strategy
 from mfcli.workloads import Workload
 
@@ -62,8 +67,11 @@ class ComparisonRow:
     per_step_rmse: np.ndarray
     source: str | None = None
     solver_gap: float | None = None
+    sensitivity_exact: bool = True
 
-    def as_dict(self, *, curves: bool = False) -> dict[str, Any]:
+    def as_dict(self, *, curves: bool = False, schema: bool = False) -> dict[str, Any]:
+        """JSON-ready numbers; ``schema`` (a non-single participation schema) adds
+        ``sensitivity_exact``, so single-participation output keeps its keys."""
         out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
@@ -76,6 +84,8 @@ class ComparisonRow:
             "loss_max": self.loss_max,
             "ratio_to_best_causal": None if math.isnan(self.ratio) else self.ratio,
         }
+        if schema:
+            out["sensitivity_exact"] = self.sensitivity_exact
         if self.source is not None:
             out["artifact"] = self.source
         if self.solver_gap is not None:
@@ -96,6 +106,18 @@ class Comparison:
     rows: tuple[ComparisonRow, ...]
     best_causal: str | None
     kept: Strategy | None = None
+    participation: Participation = field(default_factory=SingleParticipation)
+
+    @property
+    def multi(self) -> bool:
+        """Whether the schema is other than single participation (the table then says which
+        sensitivities are exact and which are upper bounds)."""
+        return not isinstance(self.participation, SingleParticipation)
+
+    def units(self) -> str:
+        """The conditions every number holds under, e.g. ``single participation, noise
+        multiplier 1, clip norm 1``."""
+        return f"{self.participation.describe(self.n)}, noise multiplier 1, clip norm 1"
 
     def row(self, name: str) -> ComparisonRow:
         for r in self.rows:
@@ -104,20 +126,33 @@ class Comparison:
         raise KeyError(name)
 
     def as_dict(self, *, curves: bool = False) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "workload": self.workload_name,
             "workload_params": dict(self.workload_params),
             "n": self.n,
-            "units": "single participation, noise multiplier 1, clip norm 1",
-            "best_causal": self.best_causal,
-            "strategies": [r.as_dict(curves=curves) for r in self.rows],
+            "units": self.units(),
         }
+        if self.multi:
+            out["participation"] = {
+                **json.loads(self.participation.to_json()), "description": self.participation.describe(self.n),
+            }
+        out["best_causal"] = self.best_causal
+        out["strategies"] = [r.as_dict(curves=curves, schema=self.multi) for r in self.rows]
+        return out
 
 
-def row_for(strategy: Strategy, *, label: str | None = None) -> ComparisonRow:
-    """Numbers of one strategy, recomputed from its factorization (ratio filled in later)."""
+def row_for(strategy: Strategy, *, label: str | None = None, participation: Participation | None = None) -> ComparisonRow:
+    """Numbers of one strategy, recomputed from its factorization (ratio filled in later), under
+    ``participation`` (None: single participation): sens^2 times the squared row norms of B."""
     f = strategy.factorization
-    per_step = f.per_step_error
+    exact = True
+    if participation is None or isinstance(participation, SingleParticipation):
+        per_step = f.per_step_error
+        sens = f.sensitivity
+    else:
+        s = schema_sensitivity(f.strategy, participation)
+        sens, exact = s.value, s.exact
+        per_step = sens**2 * np.sum(np.asarray(f.decoder, dtype=np.float64) ** 2, axis=1)
     gap = None
     if strategy.solver and isinstance(strategy.solver.get("gap"), (int, float)):
         gap = float(strategy.solver["gap"])
@@ -126,7 +161,7 @@ def row_for(strategy: Strategy, *, label: str | None = None) -> ComparisonRow:
         description=strategy.description,
         causal=strategy.causal,
         m=f.m,
-        sensitivity=f.sensitivity,
+        sensitivity=sens,
         loss_total=float(np.sum(per_step)),
         loss_mean=float(np.sum(per_step)) / f.n,
         rmse=math.sqrt(float(np.sum(per_step)) / f.n),
@@ -135,6 +170,7 @@ def row_for(strategy: Strategy, *, label: str | None = None) -> ComparisonRow:
         per_step_rmse=np.sqrt(per_step),
         source=strategy.source,
         solver_gap=gap,
+        sensitivity_exact=exact,
     )
 
 
@@ -161,6 +197,7 @@ def run_comparison(
     progress: Callable[[str], None] | None = None,
     solver_callback: Callable[[Any], None] | None = None,
     keep: str | None = None,
+    participation: Participation | None = None,
 ) -> Comparison:
     """Build each named strategy for ``workload`` and tabulate its error.
 
@@ -173,10 +210,16 @@ def run_comparison(
     saving as an artifact), built even if it is not among ``names``; with ``artifacts``,
     ``keep="optimal"`` keeps the first artifact's strategy.
 
+    With ``participation`` (a schema; None means single participation), every row's sensitivity
+    and losses are those of its strategy under the schema (:func:`row_for`). The strategies
+    themselves are not changed: ``optimal`` is still the single-participation optimum.
+
     Formal guarantees: each row is recomputed from a factorization verified A = B C; ``causal``
     is checked in release order by :func:`mfcli.strategies.build_strategy`.
     """
     names = tuple(names) if names else STRATEGY_NAMES
+    schema = participation if participation is not None else SingleParticipation()
+    schema.check(workload.n)
     for name in names:
         if name not in STRATEGY_NAMES:
             raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
@@ -202,7 +245,7 @@ def run_comparison(
                 if progress:
                     progress(f"loading {path}")
                 s = build_strategy("optimal", workload, artifact=path)
-                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})"))
+                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema))
             if keep == "optimal":
                 kept = build_strategy("optimal", workload, artifact=artifacts[0])
             continue
@@ -210,9 +253,9 @@ def run_comparison(
             progress(f"building {name}" + (" (solving)" if name == "optimal" else ""))
         s = build_strategy(name, workload, tol=tol, max_iter=max_iter, callback=solver_callback)
         if in_table:
-            rows.append(row_for(s))
+            rows.append(row_for(s, participation=schema))
         if name == keep:
             kept = s
         del s
     table_rows, best = _with_ratios(rows)
-    return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept)
+    return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept, schema)

@@ -512,6 +512,7 @@ def compress_artifact(
     The input file is never modified; ``out`` defaults to ``<stem>-k<K>r<R>.h5`` beside it.
     """
     from mfcli.artifact import file_sha256, load_artifact, save_artifact
+    from mfcli.participation import SingleParticipation
 
     src = Path(source)
     art = load_artifact(src)
@@ -553,5 +554,7 @@ def compress_artifact(
         extra_attrs={"compression_band": comp.band, "compression_rank": comp.rank},
         groups={GROUP: comp.group(source=source_info)},
         force=force,
+        # The schema the source declares travels with it (None keeps a single-participation file as it was).
+        participation=None if isinstance(art.participation, SingleParticipation) else art.participation,
     )
     return CompressedArtifact(path=target, sha256=digest, compression=comp, search=search)

@@ -8,6 +8,10 @@ matrices actually imply, and exactly which parts disagree:
 * workload and strategy, n, causality (stored flag and lower-triangularity of the matrices);
 * sensitivity sens(C) = max_j ||C[:, j]||_2 and the losses sens(C)^2 ||B||_F^2 (total, mean,
   worst step), stored next to recomputed; A = B C;
+* the participation schema (attribute ``participation``; absent: single participation) and,
+  for another schema, the sensitivity under it (:func:`mfcli.participation.sensitivity`, exact
+  or an upper bound) and the losses sens^2 ||B||_F^2 etc. under it; a malformed attribute is a
+  problem;
 * the solver certificate: the stored duality gap, and a lower bound on the optimal loss
   recomputed from the stored dual weights (one eigendecomposition), giving a certified gap that
   does not trust the stored one;
@@ -36,13 +40,17 @@ import numpy as np
 from mfcli.artifact import (
     FORMAT,
     FORMAT_VERSION,
+    PARTICIPATION_ATTR,
     dataset_sha256,
     file_sha256,
     open_artifact_file,
+    read_participation,
     structure_problems,
 )
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization, is_lower_triangular
+from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import sensitivity as schema_sensitivity
 
 #: Relative tolerance for stored numbers against their recomputation (as load_artifact).
 RTOL = 1e-9
@@ -101,6 +109,11 @@ class InspectionReport:
         compression_numbers: its stored versus recomputed numbers.
         accounting: one dict per ``accounting/<id>`` group: id, attrs, datasets.
         checksums: (dataset, OK) for every dataset; OK is None if it cannot be read.
+        participation: the declared schema (None when the attribute is malformed).
+        participation_declared: whether the attribute is present.
+        participation_numbers: under a schema other than single participation, its sensitivity
+            (``sensitivity``, ``exact``, ``lower``, ``method``) and the losses under it
+            (``loss_total``, ``loss_mean``, ``loss_max``); empty otherwise.
         problems: one line per failed check.
         factorization, compressed: the matrices (for plots); not part of :meth:`to_dict`.
     """
@@ -123,6 +136,9 @@ class InspectionReport:
     other_groups: tuple[str, ...]
     checksums: tuple[tuple[str, bool | None], ...]
     problems: tuple[str, ...]
+    participation: Participation | None = field(default_factory=SingleParticipation)
+    participation_declared: bool = False
+    participation_numbers: Mapping[str, Any] = field(default_factory=dict)
     factorization: Factorization | None = field(default=None, repr=False)
     compressed: Any = field(default=None, repr=False)
 
@@ -150,6 +166,7 @@ class InspectionReport:
             "n": self.n,
             "m": self.m,
             "causal": {"stored": self.causal_stored, "recomputed": self.causal_recomputed},
+            "participation": self._participation_dict(),
             "numbers": nums(self.numbers),
             "solver": dict(self.solver),
             "certificate": dict(self.certificate),
@@ -158,6 +175,17 @@ class InspectionReport:
             "accounting": [dict(a) for a in self.accounting],
             "other_groups": list(self.other_groups),
             "checksums": {name: ok for name, ok in self.checksums},
+        }
+
+
+    def _participation_dict(self) -> dict[str, Any] | None:
+        if self.participation is None:
+            return None
+        return {
+            **json.loads(self.participation.to_json()),
+            "declared": self.participation_declared,
+            "description": self.participation.describe(self.n) if self.n is not None else self.participation.describe(),
+            **({"under_schema": dict(self.participation_numbers)} if self.participation_numbers else {}),
         }
 
 
@@ -513,6 +541,29 @@ def _check_compression(
     return compression, comp_numbers, comp_obj, problems
 
 
+def _check_participation(
+    raw: Any, fact: Factorization | None
+) -> tuple[Participation | None, dict[str, Any], list[str]]:
+    """The declared schema (strictly parsed; None and a problem when malformed) and, for a schema
+    other than single participation, the sensitivity and losses under it, recomputed from C and B:
+    loss_total = sens^2 ||B||_F^2, loss_mean = loss_total / n, loss_max = sens^2 max_t ||B[t, :]||^2."""
+    try:
+        schema = read_participation(raw, fact.n if fact is not None else None)
+    except MfcliError as exc:
+        return None, {}, [str(exc)]
+    if fact is None or isinstance(schema, SingleParticipation):
+        return schema, {}, []
+    s = schema_sensitivity(fact.strategy, schema)
+    rows = np.sum(np.asarray(fact.decoder, dtype=np.float64) ** 2, axis=1)
+    numbers = {
+        "sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
+        "loss_total": s.value**2 * float(np.sum(rows)),
+        "loss_mean": s.value**2 * float(np.sum(rows)) / fact.n,
+        "loss_max": s.value**2 * float(np.max(rows)),
+    }
+    return schema, numbers, []
+
+
 def inspect_artifact(path: str | Path, *, certificate: bool = True) -> InspectionReport:
     """Read an artifact without trusting it and report every check.
 
@@ -539,7 +590,14 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
         problems += found
         comp_group, accounting, other, found = _collect_groups(f, GROUP)
         problems += found
+        try:
+            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:
+            raw_participation = None
+            problems.append(f"attribute {PARTICIPATION_ATTR} cannot be read (corrupt?): {exc}")
     fact, numbers, causal_recomputed, found = _check_root(attrs, mats)
+    problems += found
+    schema, schema_numbers, found = _check_participation(raw_participation, fact)
     problems += found
     solver, cert, found = _check_solver(attrs, fact, dual, certificate=certificate)
     problems += found
@@ -567,6 +625,9 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
         other_groups=tuple(other),
         checksums=tuple(checksums),
         problems=tuple(problems),
+        participation=schema,
+        participation_declared=raw_participation is not None,
+        participation_numbers=schema_numbers,
         factorization=fact,
         compressed=comp_obj,
     )

@@ -47,6 +47,8 @@ import numpy as np
 if TYPE_CHECKING:
     import scipy.sparse
 
+    from mfcli.participation import Participation
+
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
 from mfcli.validation import step_count
@@ -507,10 +509,12 @@ def save_strategy(
     workload_params: Mapping[str, Any] | None = None,
     command: str = "",
     force: bool = False,
+    participation: Participation | None = None,
 ) -> str:
     """Write a strategy as a format-v1 artifact (atomically), so a baseline can be trained with
     and accounted like the optimum. The release order goes into group ``baseline`` (dataset
-    ``release_steps``, checksummed). Returns the file's SHA-256."""
+    ``release_steps``, checksummed); ``participation`` (a schema other than None) is stored as the
+    artifact's ``participation`` attribute. Returns the file's SHA-256."""
     from mfcli.artifact import save_artifact
 
     groups = {
@@ -525,4 +529,5 @@ def save_strategy(
     return save_artifact(
         path, strategy.factorization, workload_name=workload_name, workload_params=workload_params,
         strategy_name=strategy.name, solver=strategy.solver, command=command, groups=groups, force=force,
+        participation=participation,
     )

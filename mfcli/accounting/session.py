@@ -135,6 +135,7 @@ def resolve_strategy(
     """
     from mfcli.artifact import load_artifact, shipped_artifact
     from mfcli.operators import check_operator_choice, select_operator
+    from mfcli.participation import SingleParticipation
 
     say = progress or (lambda s: None)
     check_operator_choice(operator)
@@ -194,6 +195,13 @@ def resolve_strategy(
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
     art = load_artifact(p)
+    if not isinstance(art.participation, SingleParticipation):
+        # Every setting here assumes one participation per example; an epsilon for it would
+        # understate the privacy loss of the declared schema.
+        raise MfcliError(
+            f"{p} declares {art.participation.describe(art.n)}; multi-participation accounting is not "
+            "available yet (only single participation is accounted)"
+        )
     chosen = select_operator(art, operator)
     c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
     tr = _tree_release(c)

@@ -371,3 +371,34 @@ def artifact_argument(path: _Path) -> _Path:
     if not path.exists() and str(path) in SHIPPED:
         return shipped_artifact(str(path))
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Participation options (docs/concepts.md, "Participation and sensitivity"); default single.
+
+EpochsOpt = Annotated[
+    int | None,
+    typer.Option("--epochs", help="Fixed-epoch participation: K epochs of n/K steps (default: single participation)."),
+]
+MinSepOpt = Annotated[
+    int | None,
+    typer.Option("--min-sep", help="Min-separation participation: any two participations at least B steps apart."),
+]
+MaxParticipationsOpt = Annotated[
+    int | None,
+    typer.Option("--max-participations", help="--min-sep only: at most K participations (default: as many as fit)."),
+]
+
+
+def participation_options(epochs: int | None, min_sep: int | None, max_participations: int | None) -> Any:
+    """The participation schema the options name (single participation when none is given);
+    conflicting or inapplicable combinations are refused as usage errors."""
+    from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
+
+    refuse_unless(epochs is None or min_sep is None, "--epochs and --min-sep are different participation schemas; give one")
+    refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
+    if epochs is not None:
+        return FixedEpoch(epochs=epochs)
+    if min_sep is not None:
+        return MinSeparation(separation=min_sep, max_participations=max_participations)
+    return SingleParticipation()

@@ -14,11 +14,14 @@ from rich.console import Console
 from mfcli.artifact import atomic_path, check_output_path, default_artifact_path
 from mfcli.cli.common import (
     BetaOpt,
+    EpochsOpt,
     LrFactorOpt,
     LrFinalOpt,
     LrLastOpt,
     LrOpt,
     MatrixOpt,
+    MaxParticipationsOpt,
+    MinSepOpt,
     NOpt,
     WorkloadOpt,
     artifact_argument,
@@ -26,6 +29,7 @@ from mfcli.cli.common import (
     envelope,
     guarded,
     log,
+    participation_options,
     refuse_unless,
     stdout,
     workload_kwargs,
@@ -40,6 +44,7 @@ from mfcli.cli.render import (
 )
 from mfcli.compare import Comparison, run_comparison
 from mfcli.errors import MfcliError
+from mfcli.participation import Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
 from mfcli.workloads import Workload, build_workload, default_artifact_stem
 
@@ -72,6 +77,9 @@ def compare(
     lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}).",
@@ -106,14 +114,17 @@ def compare(
     """Tabulate sensitivity and error of the baseline strategies (identity, tree, Honaker online
     and full, sqrt) against the optimal factorization on one workload.
 
-    Errors are for single participation, noise multiplier 1 and clip norm 1: total squared error
-    sens(C)^2 ||B||_F^2, its mean over the n steps, RMSE, the worst step, and the ratio to the best
-    causal strategy. For workloads other than prefix, the prefix-sum baselines are post-processed
+    Errors are for noise multiplier 1 and clip norm 1: total squared error sens(C)^2 ||B||_F^2,
+    its mean over the n steps, RMSE, the worst step, and the ratio to the best causal strategy.
+    sens(C) is for single participation unless --epochs or --min-sep names another schema; the
+    strategies are the same either way, and a column says whether each sensitivity is exact or an
+    upper bound. For workloads other than prefix, the prefix-sum baselines are post-processed
     (B = A S^-1 B_S).
     """
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
+    schema = participation_options(epochs, min_sep, max_participations)
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
@@ -134,12 +145,15 @@ def compare(
     tol = 1e-6 if tol is None else tol
     max_iter = 1000 if max_iter is None else max_iter
     w = build_workload(workload, n, **workload_opts)
+    schema.check(w.n)
     for path in artifact or ():
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
     progress = None if quiet else log
-    table = build_table(w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet)
+    table = build_table(
+        w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
+    )
     saved = write_strategy(table, w, outputs.artifact, force=force, progress=progress)
     if plot is not None:
         plot_per_step(table, plot, force=force)
@@ -175,7 +189,7 @@ def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path 
 
 def build_table(
     w: Workload, names: tuple[str, ...], *, artifacts: list[Path], tol: float, max_iter: int,
-    save: str | None, quiet: bool,
+    save: str | None, quiet: bool, participation: Participation | None = None,
 ) -> Comparison:
     """Run the comparison, with the solver's live display when the optimum is solved for."""
     solves = ("optimal" in names or save == "optimal") and not artifacts
@@ -183,7 +197,7 @@ def build_table(
     with SolverDisplay(quiet=quiet or not solves, title=display_title) as display:
         return run_comparison(
             w, names, artifacts=artifacts, tol=tol, max_iter=max_iter, progress=None if quiet else log,
-            solver_callback=display if solves else None, keep=save,
+            solver_callback=display if solves else None, keep=save, participation=participation,
         )
 
 
@@ -196,6 +210,7 @@ def write_strategy(
     assert table.kept is not None
     digest = save_strategy(
         target, table.kept, workload_name=w.name, workload_params=w.params, command=command_line(), force=force,
+        participation=table.participation if table.multi else None,
     )
     if progress:
         progress(f"wrote {target} ({table.kept.name})")

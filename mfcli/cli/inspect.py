@@ -21,6 +21,7 @@ from mfcli.cli.common import (
     stdout,
 )
 from mfcli.cli.plots import plot_report
+from mfcli.cli.rounding import pessimistic
 from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact
 
 
@@ -48,6 +49,32 @@ def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
     return key_value_table(title, [(k, fmt(v)) for k, v in rows])
 
 
+def _render_participation(report: InspectionReport) -> None:
+    """The declared schema and, for one other than single participation, the sensitivity and
+    losses under it, labelled exact or upper bound (an upper bound rounded up)."""
+    schema = report.participation
+    if schema is None:
+        return  # malformed: listed among the problems
+    where = "attribute participation" if report.participation_declared else "no participation attribute"
+    described = schema.describe(report.n) if report.n is not None else schema.describe()
+    rows: list[tuple[str, Any]] = [("schema", f"{described} ({where})")]
+    nums = report.participation_numbers
+    if nums:
+        label = "exact" if nums["exact"] else "upper bound"
+        show = _precise if nums["exact"] else pessimistic
+        rows.append((f"sensitivity ({label})", show(nums["sensitivity"])))
+        if not nums["exact"]:
+            rows.append(("sensitivity lower bound (an explicit pair of inputs)", pessimistic(nums["lower"], down=True)))
+        rows += [
+            ("method", nums["method"]),
+            (f"total sq. error sens^2 ||B||_F^2 ({label})", show(nums["loss_total"])),
+            (f"mean sq. error ({label})", show(nums["loss_mean"])),
+            (f"worst step sq. error ({label})", show(nums["loss_max"])),
+        ]
+    out = stdout()
+    out.print(key_value_table("participation (clip 1, noise multiplier 1)", [(k, fmt(v)) for k, v in rows]))
+
+
 def _render(report: InspectionReport) -> None:
     out = stdout()
     a = report.attrs
@@ -66,6 +93,7 @@ def _render(report: InspectionReport) -> None:
     ]))
     if report.numbers:
         out.print(_numbers_table("sensitivity and loss (single participation, clip 1, noise multiplier 1)", report.numbers))
+    _render_participation(report)
     if report.solver or report.certificate:
         rows: list[tuple[str, Any]] = [(f"stored {k}", v) for k, v in report.solver.items()]
         c = report.certificate

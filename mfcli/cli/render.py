@@ -16,6 +16,7 @@ from rich import box
 from rich.table import Table
 
 from mfcli.cli.common import safe, safe_markup
+from mfcli.cli.rounding import pessimistic
 from mfcli.compare import COLUMNS, Comparison
 from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES
@@ -23,6 +24,20 @@ from mfcli.strategies import STRATEGY_NAMES
 #: Compact headers for the terminal; the caption says what they mean.
 SHORT_HEADERS = ("strategy", "causal", "sens", "total", "mean", "RMSE", "max step", "ratio")
 
+#: The column added after the sensitivity under a multi-participation schema: (key, header, short header).
+EXACT_COLUMN = ("sensitivity_exact", "sensitivity is", "sens is")
+
+
+def exactness(exact: bool) -> str:
+    """How a row's sensitivity under a schema was established: ``exact`` or ``upper bound``."""
+    return "exact" if exact else "upper bound"
+
+
+def _headers(table: Comparison, *, short: bool) -> list[str]:
+    heads = list(SHORT_HEADERS) if short else [h for _, h in COLUMNS]
+    if table.multi:
+        heads.insert(3, EXACT_COLUMN[2] if short else EXACT_COLUMN[1])
+    return heads
 
 
 def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
@@ -55,33 +70,44 @@ def _num(v: Any, digits: int = 6) -> str:
 
 def table_cells(table: Comparison) -> list[list[str]]:
     """Rows of display strings, in :data:`~mfcli.compare.COLUMNS` order. A row's name can come
-    from an artifact (``--artifact``): control characters are shown escaped (:func:`safe`)."""
-    return [
-        [
+    from an artifact (``--artifact``): control characters are shown escaped (:func:`safe`).
+
+    Under a multi-participation schema a column after the sensitivity says ``exact`` or ``upper
+    bound``; an upper bound's sensitivity and losses are rounded up, never down."""
+    rows = []
+    for r in table.rows:
+        num = _num if r.sensitivity_exact else pessimistic
+        cells = [
             safe(r.name),
             "yes" if r.causal else "no",
-            _num(r.sensitivity),
-            _num(r.loss_total),
-            _num(r.loss_mean),
-            _num(r.rmse),
-            _num(r.loss_max),
+            num(r.sensitivity),
+            num(r.loss_total),
+            num(r.loss_mean),
+            num(r.rmse),
+            num(r.loss_max),
             _num(r.ratio, 4),
         ]
-        for r in table.rows
-    ]
+        if table.multi:
+            cells.insert(3, exactness(r.sensitivity_exact))
+        rows.append(cells)
+    return rows
 
 
 def title(table: Comparison) -> str:
-    """``<workload> workload, n = N (params)``: the caption of every rendering."""
+    """``<workload> workload, n = N (params)``, then the schema when it is not single
+    participation: the caption of every rendering."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(table.workload_params.items()))
-    return f"{table.workload_name} workload, n = {table.n}" + (f" ({params})" if params else "")
+    text = f"{table.workload_name} workload, n = {table.n}" + (f" ({params})" if params else "")
+    return f"{text}, {table.participation.describe(table.n)}" if table.multi else text
 
 
 def render_markdown(table: Comparison) -> str:
     """A GitHub-flavoured Markdown table with a caption line."""
-    head = [h for _, h in COLUMNS]
+    head = _headers(table, short=False)
+    # The title names a non-single schema already; the units line then says the rest.
+    units = "noise multiplier 1, clip norm 1; 'upper bound' rows: sensitivity and losses are upper bounds, rounded up"
     lines = [
-        f"**{title(table)}**; single participation, noise multiplier 1, clip norm 1",
+        f"**{title(table)}**; {units if table.multi else table.units()}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
@@ -95,14 +121,18 @@ def render_csv(table: Comparison) -> str:
     """CSV with full-precision numbers (repr of the floats), one row per strategy."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([key for key, _ in COLUMNS] + ["m", "description"])
+    keys = [key for key, _ in COLUMNS]
+    if table.multi:
+        keys.insert(3, EXACT_COLUMN[0])
+    w.writerow([*keys, "m", "description"])
     for r in table.rows:
-        w.writerow(
-            [
-                safe(r.name), str(r.causal).lower(), repr(r.sensitivity), repr(r.loss_total), repr(r.loss_mean),
-                repr(r.rmse), repr(r.loss_max), "" if math.isnan(r.ratio) else repr(r.ratio), r.m, safe(r.description),
-            ]
-        )
+        cells: list[Any] = [
+            safe(r.name), str(r.causal).lower(), repr(r.sensitivity), repr(r.loss_total), repr(r.loss_mean),
+            repr(r.rmse), repr(r.loss_max), "" if math.isnan(r.ratio) else repr(r.ratio), r.m, safe(r.description),
+        ]
+        if table.multi:
+            cells.insert(3, str(r.sensitivity_exact).lower())
+        w.writerow(cells)
     return buf.getvalue()
 
 
@@ -110,14 +140,14 @@ def rich_table(table: Comparison) -> Table:
     """The terminal table (compact headers, a caption with the units)."""
     t = Table(
         title=safe_markup(title(table)),
-        caption="squared errors (total, mean per step, worst step), single participation, noise multiplier 1, "
-        "clip norm 1; ratio = total / best causal total",
+        caption=f"squared errors (total, mean per step, worst step), {table.units()}; ratio = total / best causal total"
+        + ("; 'upper bound' rows: sensitivity and losses are upper bounds, rounded up" if table.multi else ""),
         title_justify="left",
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for i, head in enumerate(SHORT_HEADERS):
+    for i, head in enumerate(_headers(table, short=True)):
         t.add_column(head, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for cells in table_cells(table):
         t.add_row(*(safe_markup(c) for c in cells))  # names from files are shown, not read as markup
