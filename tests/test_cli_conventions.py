@@ -80,6 +80,9 @@ USAGE_ERRORS: list[tuple[list[str], str]] = [
     (["compare", *W8, "-s", "tree", "--tol", "1e-6"], "--tol and --max-iter apply to the optimal solve"),
     (["compare", *W8, "-s", "identity,sqrt", "--max-iter", "1000"], "--tol and --max-iter apply to the optimal solve"),
     (["compare", *W8, "--artifact", "prefix-n256", "--tol", "1e-8"], "(--artifact replaces it)"),
+    (["compare", *W8, "--max-participations", "2"], "--max-participations applies to --min-sep only"),
+    (["compare", *W8, "--epochs", "2", "--max-participations", "2"], "--max-participations applies to --min-sep only"),
+    (["compare", *W8, "--epochs", "2", "--min-sep", "2"], "--epochs and --min-sep are different participation schemas"),
     # compress: search limits with the dimension fixed, and no way to choose K and R.
     (["compress", "momentum-n256", "--band", "4", "--rank", "2", "--max-band", "8"], "--max-band limits the search for K"),
     (["compress", "momentum-n256", "--band", "4", "--rank", "2", "--max-rank", "8"], "--max-rank limits the search for R"),
@@ -128,6 +131,8 @@ ACCEPTED: list[list[str]] = [
     ["optimize", *W8, "--lr", "cooldown", "--lr-final", "0.1", "--lr-last", "3", "--out", "o.h5"],
     ["optimize", "-w", "custom", "--matrix", "m.npy", "--out", "o.h5"],
     ["compare", *W8, "-s", "tree", "--json", "--curves"],
+    ["compare", *W8, "-s", "identity", "--min-sep", "2", "--max-participations", "2"],
+    ["compare", *W8, "-s", "identity", "--epochs", "2"],
     ["compare", *W8, "-s", "tree,optimal", "--tol", "1e-6", "--max-iter", "50", "--format", "csv"],
     ["compare", *W8, "-s", "tree", "--out", "t.md", "--format", "markdown", "--force"],
     ["compress", "prefix-n256", "--band", "4", "--rank", "2"],
