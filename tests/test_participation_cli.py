@@ -61,12 +61,13 @@ def factorization(name: str, n: int = 8) -> Factorization:
 
 
 def upper_bound_factorization() -> Factorization:
-    """C with C^T C = [[1, -.4, -.4], [-.4, 1, -.4], [-.4, -.4, 1]], B = I, A = C: under 3 epochs of
-    one step the sign graph of the single pattern is unbalanced, so the sum of |X| (5.4) is not
-    attained by any sign vector (best 4.2 ... see brute_force): the result is an upper bound."""
+    """A causal C with C^T C = X = [[1, -.4, -.4], [-.4, 1, -.4], [-.4, -.4, 1]], B = I, A = C. Under
+    3 epochs of one step the single pattern's sign graph is unbalanced: the sum of |X| (5.4) bounds
+    the squared sensitivity, the best sign vector reaches 3.8 only, so the result is an upper bound."""
     x = np.array([[1.0, -0.4, -0.4], [-0.4, 1.0, -0.4], [-0.4, -0.4, 1.0]])
-    c = np.linalg.cholesky(x).T
-    return Factorization(workload=c, strategy=c, decoder=np.eye(3), causal=False)
+    j = np.eye(3)[::-1]
+    c = j @ np.linalg.cholesky(x).T @ j  # lower-triangular, and still C^T C = X (J X J = X)
+    return Factorization(workload=c, strategy=c, decoder=np.eye(3), causal=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,21 +289,30 @@ def test_compare_renderings_name_the_schema_and_exactness() -> None:
     assert "sens is" in table.stdout and described in " ".join(table.stdout.split())
 
 
-def test_compare_marks_upper_bounds() -> None:
-    # sqrt under min-sep 8 with 4 participations at n = 64 (momentum): C^T C has negative entries
-    # inside the band, the bound is not attained; the row must say so (brute force is too large
-    # here, so the label is checked against the library's own bracket, and its value rounded up).
-    w = momentum_workload(64)
-    schema = MinSeparation(separation=8, max_participations=4)
-    c = build_strategy("sqrt", w).factorization.strategy
-    s = sensitivity(c, schema)
-    r = runner.invoke(app, ["compare", "-w", "momentum", "-n", "64", "-q", "-s", "sqrt", "--min-sep", "8",
-                            "--max-participations", "4", "-f", "markdown"])
+def test_compare_marks_upper_bounds(tmp_path: Path) -> None:
+    # The unbalanced C as the optimal row (--artifact) of its own workload: its row must say
+    # "upper bound", with the brute-force upper bound as value (rounded up in the Markdown).
+    path = tmp_path / "u.h5"
+    fact = upper_bound_factorization()
+    save_artifact(path, fact, workload_name="custom", strategy_name="custom")
+    lower, upper = brute_force(fact.strategy, FixedEpoch(epochs=3))
+    assert upper == pytest.approx(5.4) and lower == pytest.approx(3.8)
+    base = ["compare", "-w", "custom", "--matrix", str(path), "-q", "-s", "identity", "--artifact", str(path),
+            "--epochs", "3"]
+    r = runner.invoke(app, [*base, "--json"])
     assert r.exit_code == 0, r.stderr
-    cells = [x.strip() for x in r.stdout.splitlines()[-1].strip("|").split("|")]
-    assert cells[3] == ("exact" if s.exact else "upper bound")
-    if not s.exact:
-        assert float(cells[2]) >= s.value
+    rows = {row["name"]: row for row in json.loads(r.stdout)["strategies"]}
+    row = rows["custom (u.h5)"]
+    assert row["sensitivity_exact"] is False
+    assert row["sensitivity"] ** 2 == pytest.approx(upper, rel=1e-12)
+    assert row["loss_total"] == pytest.approx(upper * 3, rel=1e-12)
+    assert rows["identity"]["sensitivity_exact"] is True
+    assert rows["identity"]["sensitivity"] == pytest.approx(math.sqrt(3), rel=1e-14)
+    md = runner.invoke(app, [*base, "-f", "markdown"]).stdout
+    cells = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in md.splitlines()[4:])}
+    assert cells["custom (u.h5)"][3] == "upper bound" and cells["identity"][3] == "exact"
+    assert float(cells["custom (u.h5)"][2]) >= math.sqrt(upper)
+    assert float(cells["custom (u.h5)"][4]) >= upper * 3
 
 
 def test_compare_default_is_single_participation_as_before() -> None:
