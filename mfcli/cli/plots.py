@@ -60,7 +60,9 @@ def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -
     ax.set_yscale("log")
     ax.set_xlabel("step t")
     ax.set_ylabel("per-step RMSE  sens(C) ||B[t, :]||")
-    ax.set_title(title(table) + "\nsingle participation, noise multiplier 1; dashed = not causal", fontsize=10)
+    # title() names a schema other than single participation itself.
+    units = "noise multiplier 1" if table.multi else "single participation, noise multiplier 1"
+    ax.set_title(f"{title(table)}\n{units}; dashed = not causal", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
