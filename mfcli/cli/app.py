@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from mfcli import __version__
-from mfcli.cli.common import run_cli
+from mfcli.cli.common import fail, run_cli
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -35,10 +35,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 #: Exit status of a usage error (bad or inapplicable options), as Click and POSIX tools use.
 USAGE_EXIT = 2
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def _click_exceptions() -> Any:
@@ -90,12 +86,12 @@ class LazyGroup(TyperGroup):
             print(exc.format_message(), file=sys.stderr)
             sys.exit(USAGE_EXIT)
         except ce.UsageError as exc:
-            print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
+            fail(exc.format_message(), code=USAGE_EXIT)  # one sanitized line, as every other error
             if exc.ctx is not None and not getattr(exc, "mfcli_refusal", False):
                 print(f"try '{exc.ctx.command_path} --help'", file=sys.stderr)
             sys.exit(USAGE_EXIT)
         except ce.ClickException as exc:
-            print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
+            fail(exc.format_message(), code=exc.exit_code)
             sys.exit(exc.exit_code)
         except typer.Abort:
             print("error: aborted", file=sys.stderr)
