@@ -30,6 +30,16 @@ def philox_z(seed: int, rows: int, d: int, dtype: str = "float64") -> np.ndarray
     return out
 
 
+def decoder_from_layout(band: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """B^ entry by entry from the layout: band[t, t-j] inside the band, u[t].v[j] for j <= t-K."""
+    n, k = band.shape
+    out = np.zeros((n, n))
+    for t in range(n):
+        for j in range(t + 1):
+            out[t, j] = band[t, t - j] if t - j < k else float(u[t] @ v[j])
+    return out
+
+
 def _dense_loss(fact) -> float:
     """sens(C)^2 ||B||_F^2 of the dense root, from the matrices."""
     c, b = fact.strategy, fact.decoder

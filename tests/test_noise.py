@@ -33,7 +33,7 @@ from mfcli.noise import (
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
 
-from noise_oracles import philox_z
+from noise_oracles import decoder_from_layout, philox_z
 
 SEED = 20240531
 
@@ -42,16 +42,6 @@ SEED = 20240531
 # Independent helpers
 
 
-
-
-def decoder_from_layout(band: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """B^ entry by entry from the layout: band[t, t-j] inside the band, u[t].v[j] for j <= t-K."""
-    n, k = band.shape
-    out = np.zeros((n, n))
-    for t in range(n):
-        for j in range(t + 1):
-            out[t, j] = band[t, t - j] if t - j < k else float(u[t] @ v[j])
-    return out
 
 
 def layout_for(decoder: np.ndarray, k: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

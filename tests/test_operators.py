@@ -35,16 +35,9 @@ from mfcli.operators import (
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload
 
+from noise_oracles import decoder_from_layout
+
 runner = CliRunner()
-
-
-def oracle(band: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    n, k = band.shape
-    out = np.zeros((n, n))
-    for t in range(n):
-        for j in range(t + 1):
-            out[t, j] = band[t, t - j] if t - j < k else float(u[t] @ v[j])
-    return out
 
 
 @given(st.integers(1, 9), st.data())
@@ -57,7 +50,7 @@ def test_banded_low_rank_dense_and_row_coefficients(n, data):
         band[:i, i] = 0.0
     u, v = rng.standard_normal((n, r)), rng.standard_normal((n, r))
     op = BandedLowRank(band=band, u=u, v=v)
-    m = oracle(band, u, v)
+    m = decoder_from_layout(band, u, v)
     np.testing.assert_allclose(op.dense(), m, atol=1e-12)
     # Row t from the slot coefficients: ring slot j mod K holds Z[j], the R sums hold V^T Z up to t - K.
     z = rng.standard_normal((n, 2))
