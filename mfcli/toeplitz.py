@@ -33,13 +33,15 @@ epoch length, k the schema's participations) and v = C 1_{P_0} = sum_{m<k} shift
   p_m >= m s, so every term is at most the matching term of P_0: sens^2 <= ||C' 1_{P_0}||^2.
   Exact when c is non-negative and non-increasing (then c' = c, the bound of 2405.13763 Thm 2).
 
-Example (the square root of the prefix sum, 4 bands, single participation):
+Example (the square root of the prefix sum, 2 bands, n = 2: beta = (1, 1/2), sens^2 = 5/4, so
+total = 5/4 (2 + 1/4), max = 5/4 (1 + 1/4)):
     >>> from mfcli.toeplitz import BandedToeplitz, TOEPLITZ_PREFIX
-    >>> bt = BandedToeplitz.sqrt_init(4)
-    >>> [round(x, 4) for x in bt.coefs]
-    [1.0, 0.5, 0.375, 0.3125]
-    >>> round(bt.loss(8, TOEPLITZ_PREFIX).mean, 6) > 0
-    True
+    >>> bt = BandedToeplitz.sqrt_init(2)
+    >>> bt.coefs.tolist(), bt.decoder_coefs(TOEPLITZ_PREFIX, 2).tolist()
+    ([1.0, 0.5], [1.0, 0.5])
+    >>> loss = bt.loss(2, TOEPLITZ_PREFIX)
+    >>> loss.total, loss.mean, loss.max
+    (2.8125, 1.40625, 1.5625)
 """
 from __future__ import annotations
 
