@@ -542,7 +542,9 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             check_structure(f, p)
             for name in ROOT_DATASETS:
                 if name not in f or not isinstance(f[name], h5py.Dataset):
-                    raise ArtifactError(f"{p} has no {name!r} dataset")
+                    structured = " (a structured strategy: read it with mfcli.structured.load_any_artifact)" \
+                        if "structured" in f else ""
+                    raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
             datasets: dict[str, np.ndarray] = {}
             groups: dict[str, dict[str, Any]] = {}
 

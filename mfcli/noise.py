@@ -102,7 +102,11 @@ OPERATOR_NAMES = {
     ("gradient", "compressed"): "C^^-1 = A^-1 B^ (gradient noise of the compressed mechanism)",
     ("iterate", "dense"): "B (iterate noise: row t is the noise on the released output of step t)",
     ("iterate", "compressed"): "B^ (iterate noise of the compressed mechanism)",
+    ("gradient", "structured"): "C^-1 of a structured (Toeplitz) strategy, by recursion (gradient noise)",
+    ("iterate", "structured"): "B = A C^-1 of a structured (Toeplitz) strategy, by recursion (iterate noise)",
 }
+#: Methods that keep a workspace (W recent noise rows, R running sums or recent outputs).
+_BUFFERED = ("banded-low-rank", "recursion")
 
 
 class StaleNoiseStateWarning(UserWarning):
@@ -327,7 +331,7 @@ class NoiseStream:
     def memory_floats(self) -> int:
         """Floats a step holds, the returned row included: (W + R + 1) d for a banded stream,
         2 d for a regenerating one (a previous row the caller still holds is not counted)."""
-        if self.method == "banded-low-rank":
+        if self.method in _BUFFERED:
             return (self.width + self.rank + 1) * self.d
         return 2 * self.d
 
@@ -389,7 +393,7 @@ class NoiseStream:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
             raise MfcliError(f"step must be an integer in [0, {self.n}], got {t!r}")
         t = int(t)
-        work = self._rebuild(t) if self.method == "banded-low-rank" else None
+        work = self._rebuild(t) if self.method in _BUFFERED else None
         return NoiseState(t=t, stream_tag=self.tag, _work=work)
 
     # ------------------------------------------------------------------ checkpoints
@@ -408,7 +412,7 @@ class NoiseStream:
         """
         t = self._check_state(state, allow_end=True)
         running = np.zeros((self.rank, self.d), dtype=self.dtype)
-        if self.method == "banded-low-rank" and self.rank:
+        if self.method in _BUFFERED and self.rank:
             work = state._work
             if work is None or work.position != t:
                 work = self._rebuild(t)
@@ -533,7 +537,7 @@ class NoiseStream:
         return int(t)
 
     def _fresh_workspace(self, position: int) -> _Workspace | None:
-        if self.method != "banded-low-rank":
+        if self.method not in _BUFFERED:
             return None
         return self._new_workspace(position)
 
@@ -560,6 +564,11 @@ class NoiseStream:
     def _rebuild(self, t: int) -> _Workspace:
         """Buffers for the state before step t, from the seed alone."""
         work = self._new_workspace(t)
+        if self.method == "recursion":  # the recursion itself, from step 0: O(t (W + R) d)
+            work.position = 0
+            for s in range(t):
+                self._advance(work, s)
+            return work
         w = self.width
         if self.rank and t > w:
             row = np.empty(self.d, dtype=self.dtype)
@@ -578,6 +587,8 @@ class NoiseStream:
     def _advance(self, work: _Workspace, t: int) -> np.ndarray:
         """One step, block by block: S_{t-W} += V[t-W]^T Z[t-W] (Z[t-W] sits in slot t mod W),
         draw Z[t] into that slot, then the returned row = coefficients . buffer rows."""
+        if self.method == "recursion":
+            return self._advance_recursion(work, t)
         w = self.width
         m = t - w
         slot = t % w
@@ -591,6 +602,41 @@ class NoiseStream:
                 self._accumulate(work, m, buf[slot], out, a, b)
             _fill_block(self.seed, t, c, buf[slot, a:b])
             np.matmul(coef, buf[:, a:b], out=out[a:b])
+
+        _for_blocks(self.d, self.threads, block)
+        work.position = t + 1
+        return out
+
+    def _advance_recursion(self, work: _Workspace, t: int) -> np.ndarray:
+        """One step of den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}: buffer
+        slots 0..W-1 hold z_{t-W}..z_{t-1} (slot j mod W), slots W..W+R-1 hold x_{t-R}..x_{t-1}
+        (slot W + j mod R). Element-wise, in a fixed order, so a rebuilt or resumed state gives
+        the same bits."""
+        op = self.operator
+        w, r = self.width, self.rank
+        num = [self.dtype.type(x) for x in op.numerator]  # type: ignore[attr-defined]
+        den = [self.dtype.type(x) for x in op.denominator]  # type: ignore[attr-defined]
+        out = np.empty(self.d, dtype=self.dtype)
+        z = np.empty(self.d, dtype=self.dtype)
+        sc_all = np.empty(self.d, dtype=self.dtype)
+        buf = work.buf
+
+        def block(c: int, a: int, b: int) -> None:
+            o, zt, sc = out[a:b], z[a:b], sc_all[a:b]
+            _fill_block(self.seed, t, c, zt)
+            np.multiply(zt, num[0], out=o)
+            for k in range(1, min(w, t) + 1):
+                np.multiply(buf[(t - k) % w, a:b], num[k], out=sc)
+                np.add(o, sc, out=o)
+            for k in range(1, min(r, t) + 1):
+                np.multiply(buf[w + (t - k) % r, a:b], den[k], out=sc)
+                np.subtract(o, sc, out=o)
+            if den[0] != 1:
+                np.divide(o, den[0], out=o)
+            if w:
+                buf[t % w, a:b] = zt
+            if r:
+                buf[w + t % r, a:b] = o
 
         _for_blocks(self.d, self.threads, block)
         work.position = t + 1
@@ -685,11 +731,24 @@ def noise_stream(
         MfcliError / ArtifactError: a bad option, a non-causal artifact, gradient noise for a
             non-square strategy, or an inconsistent compressed group.
     """
-    from mfcli.artifact import Artifact, load_artifact
+    from mfcli.artifact import Artifact
+    from mfcli.structured import RationalToeplitz, StructuredArtifact, load_any_artifact
 
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
-    art = artifact if isinstance(artifact, Artifact) else load_artifact(Path(artifact))
+    art = artifact if isinstance(artifact, (Artifact, StructuredArtifact)) else load_any_artifact(Path(artifact))
     where = str(art.path)
+    if isinstance(art, StructuredArtifact):
+        if variant == "compressed":
+            raise MfcliError(f"{where} has no compressed decoder (it is a structured {art.kind} strategy)")
+        op = art.operator()
+        rec, _ = op.streaming(kind, where=where)
+        assert isinstance(rec, RationalToeplitz)
+        return NoiseStream(
+            kind=kind, variant=op.variant, n=art.n, d=d, dtype=dt, seed=seed, method="recursion",
+            operator=rec, sensitivity=op.sensitivity, fingerprint=_fingerprint(kind, op.variant, rec), source=where,
+            workload_name=art.workload_name, workload_params=dict(art.attrs.get("workload_params") or {}),
+            threads=threads, accounted_operator=op.label,
+        )
     fact = art.factorization
     if not fact.causal:
         raise MfcliError(f"{where} is not causal (an offline-only strategy): it cannot be streamed")

@@ -731,6 +731,10 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
         ArtifactError: a compressed group that does not verify.
     """
     check_operator_choice(choice)
+    if hasattr(artifact, "schema_sensitivity"):  # a structured artifact (mfcli.structured)
+        if choice == "compressed":
+            raise MfcliError(f"{artifact.path} has no compressed decoder (it is a structured {artifact.kind} strategy)")
+        return artifact.operator()
     has = GROUP in artifact.groups
     if choice == "compressed" and not has:
         raise MfcliError(f"{getattr(artifact, 'path', 'artifact')} has no compressed decoder (run mfcli compress first)")

@@ -1,0 +1,438 @@
+"""Structured (Toeplitz) strategies as first-class mechanisms: the kind registry, the artifact
+group ``structured``, the noise operator and the streamed recursion (docs/artifact-format.md,
+docs/noise-streams.md).
+
+A structured strategy stores parameters, never an n x n matrix. Every kind is a frozen dataclass
+with ``kind``, ``strategy_coefs(n)``, ``noising_coefs(n)``, ``parameters()``,
+``from_parameters(params)``, ``sensitivity(n, schema)`` and ``rational()`` (C^-1 as a rational
+filter, so that noise streams in O(order x d)); :data:`KINDS` maps the kind name to the class.
+BLT (``mfcli/blt.py``) plugs in by adding ``"blt": BLT`` to :func:`strategy_class`.
+
+An artifact of a structured strategy has the root attributes of every artifact (``format``,
+``n``, ``workload_name``, ``sensitivity``, ``loss_*`` at single participation, ``participation``)
+and no root datasets; group ``structured`` has attribute ``kind``, one checksummed dataset per
+parameter, and the schema's sensitivity and losses (``schema_sensitivity``, ``schema_loss_mean``,
+``schema_loss_max``), all recomputed from the parameters on load and compared.
+
+Noise: with C^-1 = num(z) / den(z) (banded Toeplitz: num = 1, den = c), gradient noise x = C^-1 Z
+and iterate noise B Z = A C^-1 Z (den multiplied by the workload's denominator) are the IIR
+recursions den_0 x_t = sum_k num_k z_{t-k} - sum_{k>=1} den_k x_{t-k}: O((len num + len den) d)
+memory and time per step.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.participation import Participation, Sensitivity, SingleParticipation
+from mfcli.toeplitz import (
+    DENSE_MAX_N,
+    BandedToeplitz,
+    Loss,
+    ToeplitzWorkload,
+    check_n,
+    loss_from_decoder,
+    materialize,
+    toeplitz_workload,
+)
+
+GROUP = "structured"
+ATTR_RTOL = 1e-9
+VARIANT = "structured"
+IDENTITY_TAG = "mfcli.operator.structured.v1"
+
+
+def strategy_class(kind: str) -> Any:
+    """The class of a structured kind; :class:`MfcliError` for an unknown one."""
+    kinds: dict[str, Any] = {"banded-toeplitz": BandedToeplitz}
+    # BLT plugs in here: kinds["blt"] = mfcli.blt.BLT (with the same protocol)
+    if kind not in kinds:
+        raise MfcliError(f"structured kind must be one of {', '.join(kinds)}, got {kind!r}")
+    return kinds[kind]
+
+
+def rational(strategy: Any) -> tuple[np.ndarray, np.ndarray]:
+    """C^-1 as num(z) / den(z): banded Toeplitz C^-1 = 1 / c(z); other kinds provide ``rational()``."""
+    if isinstance(strategy, BandedToeplitz):
+        return np.array([1.0]), np.array(strategy.coefs)
+    num, den = strategy.rational()
+    return np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+
+
+def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+    """First column of B = A C^-1 for any kind, from its rational form (O(n order))."""
+    import scipy.signal
+
+    num, den = rational(strategy)
+    x = np.zeros(check_n(n))
+    x[0] = 1.0
+    return scipy.signal.lfilter(np.convolve(num, workload.numerator), np.convolve(den, workload.denominator), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The streamed operator
+
+
+@dataclass(frozen=True, eq=False)
+class RationalToeplitz:
+    """The n x n lower-triangular Toeplitz matrix of num(z) / den(z), streamed by the recursion
+    den_0 x_t = sum_{k<W+1} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}.
+
+    ``width`` W = len(num) - 1 recent noise rows (regenerated from the seed on resume) and
+    ``rank`` R = len(den) - 1 recent outputs (kept in checkpoints, like running sums).
+    """
+
+    numerator: np.ndarray
+    denominator: np.ndarray
+    size: int
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    @property
+    def width(self) -> int:
+        return int(self.numerator.size - 1)
+
+    @property
+    def rank(self) -> int:
+        return int(self.denominator.size - 1)
+
+    def coefs(self) -> np.ndarray:
+        """The first column (impulse response), length n."""
+        import scipy.signal
+
+        x = np.zeros(self.size)
+        x[0] = 1.0
+        return scipy.signal.lfilter(self.numerator, self.denominator, x)
+
+    def dense(self) -> np.ndarray:
+        return materialize(self.coefs(), self.size)
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.numerator, self.denominator, np.array([float(self.size)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Artifact
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredArtifact:
+    """A loaded, verified structured artifact: the strategy, the workload and recomputed numbers.
+
+    Attributes:
+        sensitivity: single participation (the root attribute ``sensitivity``).
+        schema_sensitivity: under the declared participation schema.
+        loss: at single participation; schema_loss: at the schema's sensitivity.
+    """
+
+    path: Path
+    strategy: Any
+    workload: ToeplitzWorkload
+    n: int
+    attrs: Mapping[str, Any]
+    participation: Participation
+    sensitivity: Sensitivity
+    schema_sensitivity: Sensitivity
+    loss: Loss
+    schema_loss: Loss
+    groups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        return self.workload.name
+
+    @property
+    def strategy_name(self) -> str:
+        return str(self.strategy.kind)
+
+    @property
+    def kind(self) -> str:
+        return str(self.strategy.kind)
+
+    def operator(self) -> StructuredOperator:
+        return StructuredOperator(self.strategy, self.workload, self.n)
+
+
+def workload_params(workload: ToeplitzWorkload) -> dict[str, Any]:
+    return {"lr": "constant"} | ({"beta": workload.beta} if workload.name == "momentum" else {})
+
+
+def evaluate(strategy: Any, workload: ToeplitzWorkload, n: int,
+             schema: Participation) -> tuple[Sensitivity, Sensitivity, Loss, Loss]:
+    """Single and schema sensitivity and loss, recomputed from the parameters in O(n order)."""
+    single = strategy.sensitivity(n, SingleParticipation())
+    sens = strategy.sensitivity(n, schema)
+    beta = decoder_coefs(strategy, workload, n)
+    return single, sens, loss_from_decoder(beta, single.value), loss_from_decoder(beta, sens.value)
+
+
+def save_structured_artifact(
+    path: str | Path,
+    strategy: Any,
+    *,
+    workload: ToeplitzWorkload,
+    n: int,
+    participation: Participation | None = None,
+    command: str = "",
+    solver: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> str:
+    """Write a structured strategy as a format-v1 artifact (no n x n datasets), atomically.
+    Returns the SHA-256 of the written file."""
+    from mfcli.artifact import (
+        FORMAT,
+        FORMAT_VERSION,
+        PARTICIPATION_ATTR,
+        _to_attr,
+        _version,
+        _write_dataset,
+        atomic_path,
+        hdf5_image,
+        utc_now,
+        write_bytes_to,
+    )
+
+    n = check_n(n)
+    schema = participation or SingleParticipation()
+    schema.check(n)
+    single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    attrs: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "n": n,
+        "m": n,
+        "workload_name": workload.name,
+        "workload_params": workload_params(workload),
+        "strategy_name": strategy.kind,
+        "sensitivity": single.value,
+        "loss_total": loss.total,
+        "loss_mean": loss.mean,
+        "loss_max": loss.max,
+        "causal": True,
+        "noise_operator": "C^-1 (gradient noise) and B (iterate noise), streamed by recursion",
+        "solver": dict(solver or {}),
+        "created_by": f"mfcli {_version()}",
+        "created_utc": utc_now(),
+        "command": command,
+    }
+    if participation is not None:
+        attrs[PARTICIPATION_ATTR] = participation.to_json()
+    gattrs = {"kind": strategy.kind, "schema_sensitivity": sens.value, "schema_sensitivity_exact": sens.exact,
+              "schema_loss_mean": sloss.mean, "schema_loss_max": sloss.max}
+
+    def build(f: Any) -> None:
+        for k, val in attrs.items():
+            f.attrs[k] = _to_attr(val)
+        g = f.create_group(GROUP)
+        for k, val in gattrs.items():
+            g.attrs[k] = _to_attr(val)
+        for name, data in strategy.parameters().items():
+            _write_dataset(g, name, data)
+
+    with atomic_path(path, force=force) as tmp:
+        image = hdf5_image(build)
+        write_bytes_to(tmp, image, target=Path(path))
+    return hashlib.sha256(image).hexdigest()
+
+
+def is_structured_file(path: str | Path) -> bool:
+    """Whether the file at ``path`` holds a structured strategy (group ``structured``); False for
+    anything unreadable (the regular loader then reports why)."""
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            return GROUP in f and "strategy" not in f
+    except (OSError, ValueError):
+        return False
+
+
+def load_structured_artifact(path: str | Path) -> StructuredArtifact:
+    """Read and verify a structured artifact: format, plain structure, every dataset's checksum,
+    the parameters (strict ``from_parameters``), the workload and schema, and every stored number
+    against its recomputation from the parameters.
+
+    Raises:
+        ArtifactError: naming the first check that fails.
+    """
+    import h5py
+
+    from mfcli.artifact import (
+        FORMAT,
+        FORMAT_VERSION,
+        PARTICIPATION_ATTR,
+        _decode,
+        check_structure,
+        dataset_sha256,
+        open_artifact_file,
+        read_participation,
+    )
+
+    p = Path(path)
+    f = open_artifact_file(p)
+    try:
+        with f:
+            if _decode(f.attrs.get("format")) != FORMAT:
+                raise ArtifactError(f"{p} is not an mfcli artifact (format attribute is {_decode(f.attrs.get('format'))!r})")
+            if _decode(f.attrs.get("format_version")) != FORMAT_VERSION:
+                raise ArtifactError(f"{p} has format_version {_decode(f.attrs.get('format_version'))!r}; "
+                                    f"this mfcli reads version {FORMAT_VERSION}")
+            check_structure(f, p)
+            if GROUP not in f or not isinstance(f[GROUP], h5py.Group):
+                raise ArtifactError(f"{p} has no {GROUP!r} group")
+            for name in f:
+                if name != GROUP and isinstance(f[name], h5py.Dataset):
+                    raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
+            g = f[GROUP]
+            params: dict[str, np.ndarray] = {}
+            for name in g:
+                obj = g[name]
+                if not isinstance(obj, h5py.Dataset):
+                    raise ArtifactError(f"{p}: {GROUP}/{name} is not a dataset")
+                data = obj[...]
+                stored = _decode(obj.attrs.get("sha256"))
+                if stored is None:
+                    raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' has no sha256 checksum")
+                if stored != dataset_sha256(data):
+                    raise ArtifactError(f"{p}: checksum mismatch in dataset '{GROUP}/{name}' (file modified or corrupt)")
+                params[name] = data
+            gattrs = {k: _decode(v) for k, v in g.attrs.items()}
+            attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
+    except ArtifactError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+    try:
+        cls = strategy_class(str(gattrs.get("kind")))
+        strategy = cls.from_parameters(params)
+        n = attrs.get("n")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise MfcliError(f"attribute n must be an integer, got {n!r}")
+        n = check_n(n)
+        wparams = attrs.get("workload_params") or {}
+        if not isinstance(wparams, dict):
+            raise MfcliError(f"attribute workload_params must be a JSON object, got {wparams!r}")
+        workload = toeplitz_workload(str(attrs.get("workload_name")), beta=wparams.get("beta", 0.9),
+                                     lr=wparams.get("lr", "constant"))
+        schema = read_participation(raw_participation, n)
+        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{p}: {exc}") from None
+    except MfcliError as exc:
+        raise ArtifactError(f"{p}: {exc}") from None
+    checks = [(attrs, "sensitivity", single.value), (attrs, "loss_total", loss.total), (attrs, "loss_mean", loss.mean),
+              (attrs, "loss_max", loss.max), (gattrs, "schema_sensitivity", sens.value),
+              (gattrs, "schema_loss_mean", sloss.mean), (gattrs, "schema_loss_max", sloss.max)]
+    for where, key, recomputed in checks:
+        stored = where.get(key)
+        if isinstance(stored, bool) or not isinstance(stored, (int, float)) \
+                or not np.isclose(stored, recomputed, rtol=ATTR_RTOL, atol=0):
+            raise ArtifactError(f"{p}: stored {key} {stored!r} does not match the value recomputed from the "
+                                f"parameters ({recomputed!r})")
+    return StructuredArtifact(path=p, strategy=strategy, workload=workload, n=n, attrs=attrs, participation=schema,
+                              sensitivity=single, schema_sensitivity=sens, loss=loss, schema_loss=sloss,
+                              groups={GROUP: {"attrs": gattrs, "datasets": params}})
+
+
+def load_any_artifact(path: str | Path) -> Any:
+    """:func:`load_structured_artifact` for a structured file, else :func:`mfcli.artifact.load_artifact`."""
+    from mfcli.artifact import load_artifact
+
+    return load_structured_artifact(path) if is_structured_file(path) else load_artifact(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise operator
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredOperator:
+    """A structured mechanism as it runs: the NoiseOperator protocol without n x n matrices
+    (``factorization`` and ``dense`` only for n <= DENSE_MAX_N)."""
+
+    strategy: Any
+    workload: ToeplitzWorkload
+    size: int
+
+    variant = VARIANT
+
+    @property
+    def label(self) -> str:
+        params = ", ".join(f"{k} {v.size}" for k, v in self.strategy.parameters().items())
+        return f"{self.strategy.kind} ({params})"
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    @property
+    def sensitivity(self) -> float:
+        """Single participation, like every operator's ``sensitivity``."""
+        return float(self.strategy.sensitivity(self.size, SingleParticipation()).value)
+
+    @property
+    def identity_sha256(self) -> str:
+        """SHA-256 over the tag, the kind, n, the workload and each parameter's dataset_sha256."""
+        from mfcli.artifact import dataset_sha256
+
+        h = hashlib.sha256()
+        h.update(f"{IDENTITY_TAG}|{self.strategy.kind}|{self.size}|{self.workload.name}|{self.workload.beta!r}".encode())
+        for name, arr in sorted(self.strategy.parameters().items()):
+            h.update(f"|{name}|{dataset_sha256(np.asarray(arr, dtype=np.float64))}".encode())
+        return h.hexdigest()
+
+    def _check_dense(self) -> None:
+        if self.size > DENSE_MAX_N:
+            raise MfcliError(f"a dense matrix of a structured strategy is built for n <= {DENSE_MAX_N} only, "
+                             f"got n = {self.size}")
+
+    @property
+    def factorization(self) -> Any:
+        from mfcli.factorization import Factorization
+
+        self._check_dense()
+        c = materialize(self.strategy.strategy_coefs(self.size), self.size)
+        a = materialize(self.workload.coefs(self.size), self.size)
+        b = materialize(decoder_coefs(self.strategy, self.workload, self.size), self.size)
+        return Factorization(workload=a, strategy=c, decoder=b, causal=True)
+
+    def dense(self) -> np.ndarray:
+        self._check_dense()
+        return materialize(decoder_coefs(self.strategy, self.workload, self.size), self.size)
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Any:
+        from mfcli.operators import Streaming
+
+        num, den = rational(self.strategy)
+        if kind == "iterate":
+            num, den = np.convolve(num, self.workload.numerator), np.convolve(den, self.workload.denominator)
+        elif kind != "gradient":
+            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+        return Streaming(RationalToeplitz(np.asarray(num, float), np.asarray(den, float), self.size), None)  # type: ignore[arg-type]
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}
+
+
+__all__ = [
+    "GROUP",
+    "RationalToeplitz",
+    "StructuredArtifact",
+    "StructuredOperator",
+    "decoder_coefs",
+    "evaluate",
+    "is_structured_file",
+    "load_any_artifact",
+    "load_structured_artifact",
+    "save_structured_artifact",
+    "strategy_class",
+]
