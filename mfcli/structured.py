@@ -350,6 +350,17 @@ def load_any_artifact(path: str | Path) -> Any:
     return load_structured_artifact(path) if is_structured_file(path) else load_artifact(path)
 
 
+def single_pass_epsilon(art: StructuredArtifact, *, sigma: float, delta: float) -> Any:
+    """The deterministic-participation guarantee of a structured artifact: C G + sigma Z is a
+    Gaussian mechanism with L2 sensitivity S, the schema sensitivity (an upper bound over every
+    pair of adjacent inputs the schema allows, for any gradient dimension), so it is mu-GDP with
+    mu = S / sigma whatever the participation pattern (no sampling amplification). O(n) time.
+    Returns :class:`mfcli.accounting.single_pass.SinglePassResult`."""
+    from mfcli.accounting.single_pass import single_pass
+
+    return single_pass(sigma=sigma, sensitivity=art.schema_sensitivity.value, delta=delta)
+
+
 # ---------------------------------------------------------------------------------------------
 # Noise operator
 
@@ -434,5 +445,6 @@ __all__ = [
     "load_any_artifact",
     "load_structured_artifact",
     "save_structured_artifact",
+    "single_pass_epsilon",
     "strategy_class",
 ]

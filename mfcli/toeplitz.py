@@ -508,7 +508,7 @@ def optimize_banded_toeplitz(
     error: str = "mean",
     init: np.ndarray | None = None,
     max_iterations: int = 1000,
-    tol: float = 1e-15,
+    tol: float = 1e-12,
 ) -> OptimizeResult:
     """Banded Toeplitz coefficients (c_0 = 1) minimising the mean or max loss under ``schema`` by
     L-BFGS-B with analytic gradients, O(n b) time and O(n) memory per evaluation.

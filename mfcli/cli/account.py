@@ -13,7 +13,6 @@ from rich.table import Table
 # when the command runs, so `mfcli account --help` does not pay for it (docs/performance.md).
 from mfcli.accounting.defaults import DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
 from mfcli.cli.common import (
-    artifact_argument,
     command_line,
     emit_json,
     envelope,
@@ -177,6 +176,16 @@ def account(
             check_operator_choice(operator)
         except MfcliError:  # the library names the parameter; the user needs the flag
             raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
+    if source is not None and strategy is None:
+        from mfcli.cli.common import artifact_argument
+        from mfcli.structured import is_structured_file
+
+        if is_structured_file(artifact_argument(source)):
+            from mfcli.cli.structured import account_structured
+
+            account_structured(artifact_argument(source), sigma=sigma, sampling=sampling, epsilon=epsilon, write=write,
+                               operator=operator, delta=delta, as_json=as_json)
+            return
     calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
     refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
                   f"calibrating {calibrated} needs --sampling")

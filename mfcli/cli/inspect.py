@@ -166,6 +166,14 @@ def inspect(
     accounting records and checksums. Exits 1 if any check fails."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
+    from mfcli.structured import is_structured_file
+
+    if is_structured_file(artifact):
+        from mfcli.cli.structured import inspect_structured
+
+        refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
+        inspect_structured(artifact, as_json=as_json)
+        return
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
     report = inspect_artifact(artifact, certificate=certificate)

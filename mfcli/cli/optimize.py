@@ -8,11 +8,14 @@ import typer
 from mfcli.artifact import check_output_path, default_artifact_path, save_artifact
 from mfcli.cli.common import (
     BetaOpt,
+    EpochsOpt,
     LrFactorOpt,
     LrFinalOpt,
     LrLastOpt,
     LrOpt,
     MatrixOpt,
+    MaxParticipationsOpt,
+    MinSepOpt,
     NOpt,
     WorkloadOpt,
     artifact_argument,
@@ -22,10 +25,13 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
+    participation_options,
+    refuse_unless,
     stdout,
     workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
+from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
 from mfcli.errors import MfcliError
 from mfcli.solver import (
     DEFAULT_METHOD,
@@ -60,9 +66,33 @@ def optimize(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object on stdout."),
+    strategy: str = typer.Option(
+        "optimal", "--strategy",
+        help="optimal (dense, certified) or banded-toeplitz (no n x n matrix; n up to 10^7; needs --bands).",
+    ),
+    bands: int | None = typer.Option(None, "--bands", help="banded-toeplitz only: number of bands b."),
+    error: str = typer.Option("mean", "--error", help="banded-toeplitz only: minimise the mean or max error."),
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
-    and write it as an HDF5 artifact."""
+    and write it as an HDF5 artifact; or optimise a structured strategy (--strategy banded-toeplitz)."""
+    if strategy != "optimal":
+        refuse_unless(strategy in STRUCTURED_STRATEGIES,
+                      f"--strategy must be optimal or one of {', '.join(STRUCTURED_STRATEGIES)}, not {strategy}")
+        refuse_unless(lr is None or lr == "constant" or workload == "custom",
+                      f"--strategy {strategy} needs a Toeplitz workload: --lr {lr} scales A's columns, so A is not Toeplitz")
+        refuse_unless(all(v is None for v in (lr_factor, lr_final, lr_last, matrix, warm_start)),
+                      f"--strategy {strategy} takes no --lr-*, --matrix or --warm-start")
+        refuse_unless(error in ("mean", "max"), f"--error must be mean or max, not {error}")
+        optimize_structured(strategy=strategy, workload=workload, n=n, beta=beta, lr=lr, bands=bands, error=error,
+                            schema=participation_options(epochs, min_sep, max_participations), out=out, force=force,
+                            quiet=quiet, as_json=as_json)
+        return
+    refuse_unless(bands is None and error == "mean", "--bands and --error apply to --strategy banded-toeplitz only")
+    refuse_unless(epochs is None and min_sep is None and max_participations is None,
+                  "--epochs/--min-sep apply to --strategy banded-toeplitz here")
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )

@@ -1,0 +1,163 @@
+"""CLI side of structured strategies: ``mfcli optimize --strategy banded-toeplitz`` and the rendering
+of a structured artifact's numbers (the library is mfcli.toeplitz and mfcli.structured)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from mfcli.artifact import check_output_path
+from mfcli.cli.common import command_line, emit_json, envelope, key_value_table, log, stdout
+from mfcli.cli.rounding import pessimistic
+from mfcli.participation import Participation, SingleParticipation
+from mfcli.structured import StructuredArtifact, load_structured_artifact, save_structured_artifact
+from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
+
+#: ``--strategy`` values of ``mfcli optimize`` (``optimal``: the dense certified solver).
+STRUCTURED_STRATEGIES = ("banded-toeplitz",)  # BLT plugs in here ("blt", with --buffers)
+
+
+def default_path(workload: str, kind: str, size: int, n: int) -> Path:
+    return Path("artifacts") / f"{workload}-{kind}-{size}-n{n}.h5"
+
+
+def optimize_structured(
+    *,
+    strategy: str,
+    workload: str,
+    n: int | None,
+    beta: float | None,
+    lr: str | None,
+    bands: int | None,
+    error: str,
+    schema: Participation,
+    out: Path | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Optimise a structured strategy, write its artifact, print the recomputed numbers."""
+    from mfcli.cli.common import refuse_unless
+
+    refuse_unless(n is not None, f"--strategy {strategy} needs --n")
+    refuse_unless(bands is not None, f"--strategy {strategy} needs --bands")
+    assert n is not None and bands is not None
+    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+    w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
+    n = check_n(n)
+    bands = check_bands(bands, n)
+    schema.check(n)
+    if out is None:
+        out = default_path(workload, strategy, bands, n)
+    check_output_path(out, force=force)
+    if not quiet and not as_json:
+        log(f"optimising a {bands}-band Toeplitz strategy for the {w.describe()}, n = {n}, {error} error, "
+            f"{schema.describe(n)}")
+    start = time.perf_counter()
+    res = optimize_banded_toeplitz(n, bands, workload=w, schema=schema, error=error)
+    seconds = time.perf_counter() - start
+    participation = None if isinstance(schema, SingleParticipation) else schema
+    digest = save_structured_artifact(
+        out, res.strategy, workload=w, n=n, participation=participation, command=command_line(), force=force,
+        solver={"method": "L-BFGS-B", "error": error, "iterations": res.iterations, "converged": res.converged,
+                "seconds": seconds},
+    )
+    art = load_structured_artifact(out)  # the numbers printed are the ones a reader recomputes
+    if not quiet and not as_json:
+        log(f"wrote {out}")
+    render_structured(art, title=f"{strategy}: {w.name}, n = {n}, {bands} bands", as_json=as_json, command="optimize",
+                      extra={"iterations": res.iterations, "converged": res.converged, "seconds": round(seconds, 3),
+                             "artifact": str(out), "artifact_sha256": digest})
+
+
+def structured_summary(art: StructuredArtifact) -> dict[str, Any]:
+    """The recomputed numbers of a structured artifact, JSON-ready."""
+    sens = art.schema_sensitivity
+    return {
+        "kind": art.kind,
+        "workload": art.workload.name,
+        "workload_params": dict(art.attrs.get("workload_params") or {}),
+        "n": art.n,
+        "parameters": {k: v.tolist() for k, v in art.strategy.parameters().items()},
+        "participation": art.participation.describe(art.n),
+        "sensitivity": sens.value,
+        "sensitivity_exact": sens.exact,
+        "sensitivity_method": sens.method,
+        "sensitivity_single": art.sensitivity.value,
+        "loss": {"total": art.schema_loss.total, "mean": art.schema_loss.mean, "max": art.schema_loss.max},
+    }
+
+
+def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, command: str,
+                      extra: dict[str, Any] | None = None) -> None:
+    summary = structured_summary(art) | dict(extra or {})
+    if as_json:
+        emit_json(envelope(command, **summary))
+        return
+    sens = art.schema_sensitivity
+    bound = "" if sens.exact else " (upper bound)"
+    rows: list[tuple[str, Any]] = [
+        ("strategy", f"{art.kind}, {', '.join(f'{k} {v.size}' for k, v in art.strategy.parameters().items())}"),
+        ("workload", art.workload.describe()),
+        ("participation", art.participation.describe(art.n)),
+        ("sensitivity" + bound, pessimistic(sens.value, digits=10)),  # printed numbers rounded up
+        ("loss total" + bound, pessimistic(art.schema_loss.total, digits=10)),
+        ("loss mean (per step)" + bound, pessimistic(art.schema_loss.mean, digits=10)),
+        ("max (worst step)" + bound, pessimistic(art.schema_loss.max, digits=10)),
+    ]
+    rows += [(k, v) for k, v in (extra or {}).items() if k != "artifact_sha256"]
+    stdout().print(key_value_table(title, rows))
+
+
+def inspect_structured(path: Path, *, as_json: bool) -> None:
+    """``mfcli inspect`` of a structured artifact: the loader checks every checksum and stored
+    number against its recomputation from the parameters and refuses in one line otherwise."""
+    from mfcli.artifact import file_sha256
+
+    art = load_structured_artifact(path)
+    extra = {"file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
+             "created_with": art.attrs.get("command"), "checks": "checksums and stored numbers match their recomputation"}
+    render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
+
+
+def account_structured(path: Path, *, sigma: float | None, sampling: float | None, epsilon: float | None,
+                       write: bool, operator: str | None, delta: float, as_json: bool) -> None:
+    """``mfcli account`` of a structured artifact: the single-pass (deterministic participation)
+    Gaussian guarantee at the schema sensitivity, in O(n)."""
+    from mfcli.cli.common import refuse_unless
+    from mfcli.structured import single_pass_epsilon
+
+    refuse_unless(sampling is None, "--sampling (DP-SGD, MMCC) needs the dense strategy C; a structured artifact is "
+                  "accounted single-pass at its schema sensitivity")
+    refuse_unless(epsilon is None, "--epsilon calibration is not available for a structured artifact; give --sigma")
+    refuse_unless(not write, "--write is not available for a structured artifact")
+    refuse_unless(operator in (None, "auto", "dense"), "a structured artifact has one operator; --operator does not apply")
+    assert sigma is not None
+    art = load_structured_artifact(path)
+    res = single_pass_epsilon(art, sigma=sigma, delta=delta)
+    sens = art.schema_sensitivity
+    payload = {"artifact": str(path), "kind": art.kind, "n": art.n, "participation": art.participation.describe(art.n),
+               "sensitivity": sens.value, "sensitivity_exact": sens.exact, "sigma": sigma, "delta": delta,
+               "epsilon": res.epsilon, "mu_gdp": res.mu_gdp, "rho_zcdp": res.rho_zcdp,
+               "setting": "single-pass: deterministic participation, Gaussian mechanism at the schema sensitivity"}
+    if as_json:
+        emit_json(envelope("account", **payload))
+        return
+    stdout().print(key_value_table(f"account: {art.kind}, n = {art.n}", [
+        ("participation", payload["participation"]),
+        ("sensitivity" + ("" if sens.exact else " (upper bound)"), pessimistic(sens.value)),
+        ("sigma / delta", f"{sigma:g} / {delta:g}"),
+        ("epsilon (single-pass, upper bound)", pessimistic(res.epsilon)),
+        ("mu-GDP", pessimistic(res.mu_gdp)),
+        ("rho-zCDP", pessimistic(res.rho_zcdp)),
+    ]))
+
+
+__all__ = [
+    "STRUCTURED_STRATEGIES",
+    "account_structured",
+    "inspect_structured",
+    "optimize_structured",
+    "render_structured",
+    "structured_summary",
+]
