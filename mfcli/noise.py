@@ -27,6 +27,11 @@ How a step is computed (the *method* of a stream):
   noise has W = K; gradient noise has W = K + p when A^-1 is banded with p sub-diagonals (p = 1
   for prefix sums, p = 2 for heavy-ball momentum, with any learning-rate schedule), since then
   ``C^^-1 = band_p(A^-1) B^`` is again banded (K + p) plus masked rank R with U' = band_p(A^-1) U.
+* ``recursion``: a structured (Toeplitz) artifact, whose operator is the rational filter
+  num(z) / den(z) (:class:`mfcli.structured.RationalToeplitz`):
+  ``den_0 x_t = sum_{k<=W} num_k Z[t-k] - sum_{1<=k<=R} den_k x_{t-k}``. W recent noise rows
+  (regenerated on resume) and R recent outputs (kept in checkpoints in place of running sums):
+  O((W + R) d) time and (W + R + 1) d floats, whatever n.
 * ``regenerate``: any other causal operator (a dense optimal C^-1, a tree decoder, a compressed
   gradient stream whose A^-1 is not banded): ``(M Z)[t] = sum_j M[t, j] Z[j]`` over the non-zero
   entries of row t, regenerating each Z[j]. Memory 2 d floats, time O(nnz(M[t]) d) per step, i.e.
@@ -272,7 +277,7 @@ class NoiseStream:
         n: steps covered; step t >= n is refused.
         d: model dimension.
         dtype: float32 or float64.
-        method: ``banded-low-rank`` or ``regenerate`` (module docstring).
+        method: ``banded-low-rank``, ``recursion`` or ``regenerate`` (module docstring).
         operator: the matrix applied to Z (:class:`~mfcli.operators.BandedLowRank`, streamed
             with running sums, or :class:`~mfcli.operators.DenseLowerTriangular`, regenerated).
         sensitivity: sens(C) (dense) or sens(C^) (compressed), single participation, in units of

@@ -434,6 +434,77 @@ class StructuredOperator:
         return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison rows (mfcli compare), without dense matrices
+
+
+def structured_rows(
+    workload: ToeplitzWorkload,
+    n: int,
+    *,
+    bands: tuple[int, ...] = (),
+    identity: bool = False,
+    participation: Participation | None = None,
+    error: str = "mean",
+) -> list[Any]:
+    """:class:`mfcli.compare.ComparisonRow` objects (ratio unset) for the identity strategy
+    (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
+    Toeplitz strategies optimised for ``workload``, n and the schema, each recomputed from its
+    coefficients in O(n b)."""
+    import math
+
+    from mfcli.compare import ComparisonRow
+    from mfcli.toeplitz import check_bands, optimize_banded_toeplitz
+
+    n = check_n(n)
+    schema = participation or SingleParticipation()
+    schema.check(n)
+    candidates: list[tuple[str, str, BandedToeplitz]] = []
+    if identity:
+        candidates.append(("identity", "C = I (1-band Toeplitz), B = A", BandedToeplitz(np.array([1.0]))))
+    for b in bands:
+        b = check_bands(b, n)
+        strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
+        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands, optimised for {error} error",
+                           strat))
+    rows = []
+    for name, description, strat in candidates:
+        sens = strat.sensitivity(n, schema)
+        beta = decoder_coefs(strat, workload, n)
+        per_step = sens.value**2 * np.cumsum(beta * beta)
+        total = float(per_step.sum())
+        rows.append(ComparisonRow(
+            name=name, description=description, causal=True, m=n, sensitivity=sens.value, loss_total=total,
+            loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(per_step[-1]), ratio=math.nan,
+            per_step_rmse=np.sqrt(per_step), source=None, solver_gap=None, sensitivity_exact=sens.exact,
+        ))
+    return rows
+
+
+def extend_comparison(table: Any, rows: list[Any]) -> Any:
+    """``table`` (a :class:`mfcli.compare.Comparison`) with ``rows`` added and every ratio recomputed
+    against the best causal row."""
+    from mfcli.compare import Comparison, _with_ratios
+
+    all_rows, best = _with_ratios([*table.rows, *rows])
+    return Comparison(table.workload_name, table.workload_params, table.n, all_rows, best, table.kept,
+                      table.participation)
+
+
+def structured_comparison(workload: ToeplitzWorkload, n: int, *, bands: tuple[int, ...],
+                          participation: Participation | None = None, error: str = "mean") -> Any:
+    """A :class:`mfcli.compare.Comparison` of identity and banded Toeplitz strategies at any n
+    (no n x n matrix: O(n b) time, O(n) memory per row)."""
+    from mfcli.compare import Comparison
+
+    schema = participation or SingleParticipation()
+    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error)
+    empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema)
+    return extend_comparison(empty, rows)
+
+
 __all__ = [
     "GROUP",
     "RationalToeplitz",
@@ -441,10 +512,13 @@ __all__ = [
     "StructuredOperator",
     "decoder_coefs",
     "evaluate",
+    "extend_comparison",
     "is_structured_file",
     "load_any_artifact",
     "load_structured_artifact",
     "save_structured_artifact",
     "single_pass_epsilon",
     "strategy_class",
+    "structured_comparison",
+    "structured_rows",
 ]

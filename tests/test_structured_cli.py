@@ -103,3 +103,33 @@ def test_subprocess_large_n_writes_parameters_only(tmp_path):
     from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
     assert art.schema_loss.mean <= BandedToeplitz.sqrt_init(8).loss(100_000, TOEPLITZ_PREFIX).mean
+
+
+def test_compare_large_n_structured_rows_with_closed_form_identity():
+    n = 100_000
+    r = run("compare", "--n", str(n), "--workload", "momentum", "--beta", "0.5", "--bands", "4", "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout)
+    rows = {s["name"]: s for s in js["strategies"]}
+    a = (1 - 0.5 ** np.arange(1, n + 1)) / 0.5  # first column of the momentum workload
+    identity_total = float(np.dot(np.arange(n, 0, -1), a * a))  # sum_t ||A[t]||^2, A Toeplitz
+    assert rows["identity"]["loss_total"] == pytest.approx(identity_total, rel=1e-12)
+    assert rows["banded-toeplitz-4"]["loss_total"] < identity_total
+    assert js["best_causal"] == "banded-toeplitz-4"
+
+
+def test_compare_small_n_adds_banded_rows_next_to_the_certified_optimum():
+    r = run("compare", "--n", "128", "--bands", "8", "--bands", "128", "--strategies", "identity,optimal",
+            "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
+    rows = {s["name"]: s for s in json.loads(r.stdout)["strategies"]}
+    opt = rows["optimal"]["loss_total"]
+    assert opt <= rows["banded-toeplitz-128"]["loss_total"] <= rows["banded-toeplitz-8"]["loss_total"] * (1 + 1e-9)
+    assert rows["banded-toeplitz-128"]["ratio_to_best_causal"] == pytest.approx(rows["banded-toeplitz-128"]["loss_total"] / opt)
+
+
+def test_compare_large_n_refuses_dense_options():
+    r = run("compare", "--n", "100000", "--strategies", "tree")
+    assert r.exit_code == 2 and "needs" not in r.stderr and r.stderr.strip().startswith("error:")
+    r = run("compare", "--n", "100000")
+    assert r.exit_code == 2 and "--bands" in r.stderr

@@ -46,7 +46,7 @@ from mfcli.compare import Comparison, run_comparison
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
-from mfcli.workloads import Workload, build_workload, default_artifact_stem
+from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 
 FORMATS = ("table", "markdown", "csv", "json")
 _ALL_STRATEGIES = ",".join(STRATEGY_NAMES)
@@ -110,6 +110,11 @@ def compare(
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
+    bands: list[int] | None = typer.Option(
+        None, "--bands",
+        help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
+        f"Above n = {MAX_N} only identity and banded Toeplitz rows are built (no dense matrices).",
+    ),
 ) -> None:
     """Tabulate sensitivity and error of the baseline strategies (identity, tree, Honaker online
     and full, sqrt) against the optimal factorization on one workload.
@@ -125,6 +130,16 @@ def compare(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
     schema = participation_options(epochs, min_sep, max_participations)
+    if n is not None and n > MAX_N:
+        from mfcli.cli.structured import compare_structured
+
+        refuse_unless(bands is not None, f"n = {n} > {MAX_N}: dense strategies are not built; give --bands for "
+                      "banded Toeplitz rows (identity is added)")
+        refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
+                      f"n = {n} > {MAX_N}: only --bands rows (and identity) are compared; dense options do not apply")
+        compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), schema=schema,
+                           fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet)
+        return
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
@@ -154,6 +169,12 @@ def compare(
     table = build_table(
         w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
     )
+    if bands:
+        from mfcli.structured import extend_comparison, structured_rows
+        from mfcli.toeplitz import toeplitz_workload
+
+        tw = toeplitz_workload(w.name, beta=float(w.params.get("beta", 0.9)), lr=lr or "constant")
+        table = extend_comparison(table, structured_rows(tw, w.n, bands=tuple(bands), participation=schema))
     saved = write_strategy(table, w, outputs.artifact, force=force, progress=progress)
     if plot is not None:
         plot_per_step(table, plot, force=force)

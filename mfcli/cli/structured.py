@@ -153,9 +153,30 @@ def account_structured(path: Path, *, sigma: float | None, sampling: float | Non
     ]))
 
 
+def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
+                       schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool) -> None:
+    """``mfcli compare`` above the dense limit: identity and banded Toeplitz rows, O(n b) each."""
+    from mfcli.cli.common import refuse_unless
+    from mfcli.cli.compare import FORMATS, emit_table
+    from mfcli.errors import MfcliError
+    from mfcli.structured import structured_comparison
+
+    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+    if fmt not in FORMATS:
+        raise MfcliError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
+    if out is not None:
+        check_output_path(out, force=force)
+    if not quiet:
+        log(f"building identity and banded Toeplitz ({', '.join(map(str, bands))} bands) for n = {n}")
+    table = structured_comparison(w, n, bands=bands, participation=schema)
+    emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)
+
+
 __all__ = [
     "STRUCTURED_STRATEGIES",
     "account_structured",
+    "compare_structured",
     "inspect_structured",
     "optimize_structured",
     "render_structured",
