@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--d", type=int, default=1_000_000)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--jax-large", action="store_true", help="also time jax_privacy at n = 10^5 (very slow)")
+    ap.add_argument("--skip-jax-speed", action="store_true", help="time jax_privacy at no n (accuracy rows only)")
     args = ap.parse_args()
     out: dict = {"speed": [], "accuracy": [], "stream": {}}
 
@@ -62,7 +64,8 @@ def main() -> None:
         res, cpu, wall = timed(lambda n=n: optimize_banded_toeplitz(n, 64))
         row = {"n": n, "bands": 64, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "iterations": res.iterations,
                "loss_mean": res.loss.mean}
-        jx = None if args.quick else jax_optimize(n, 64)
+        # jax_privacy takes minutes at 10^4 on 2 cores (531 s wall on a loaded machine): timed there only
+        jx = None if args.quick or args.skip_jax_speed or (n > 10_000 and not args.jax_large) else jax_optimize(n, 64)
         if jx is not None:
             row |= {"jax_cpu_s": round(jx[1], 2), "jax_wall_s": round(jx[2], 2),
                     "jax_loss_mean": jx[0].loss(n, TOEPLITZ_PREFIX).mean}
