@@ -52,8 +52,10 @@ from mfcli.factorization import Factorization
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
 from mfcli.solver import Progress, _blas_threads, auto_threads, decoder_for
 
-#: L-BFGS history length.
-MEMORY = 10
+#: L-BFGS history length (pairs of n x n matrices), capped by MEMORY_BYTES. Measured at n = 256
+#: (prefix, 16 epochs / 16 bands): 30 pairs took 220 / 140 iterations, 10 pairs 320 / 170.
+MEMORY = 30
+MEMORY_BYTES = 1.5e9
 #: Armijo sufficient-decrease constant.
 ARMIJO = 1e-4
 
@@ -294,6 +296,7 @@ def _solve(
     if m is None:
         raise MfcliError("the starting X is not positive definite")
     g = st.tangent(-m)
+    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * x.size))))
     ss: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     best_dual = -math.inf
@@ -331,7 +334,7 @@ def _solve(
         if float(np.vdot(s_vec, y_vec)) > 1e-300:
             ss.append(s_vec)
             ys.append(y_vec)
-            if len(ss) > MEMORY:
+            if len(ss) > memory:
                 ss.pop(0)
                 ys.pop(0)
         x, f, m, g = x_new, f_new, m_new, g_new
