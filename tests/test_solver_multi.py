@@ -241,3 +241,20 @@ def test_cli_bad_input_one_line_nothing_written(tmp_path, opts, needle):
     assert r.exit_code != 0
     one_error_line(r.stderr, needle)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("opts", [["--epochs", "1"], ["--min-sep", "16"], ["--min-sep", "3", "--max-participations", "1"]])
+def test_cli_one_participation_uses_the_single_solver(tmp_path, opts):
+    """At most one participation: the single-participation optimum (its own certificate), the
+    schema recorded; the loss equals the library's single-participation optimum."""
+    out = tmp_path / "one.h5"
+    r = runner.invoke(app, ["optimize", "--n", "16", *opts, "--tol", "1e-9", "--out", str(out), "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    art = load_artifact(out)
+    assert obj["participation"] == json.loads(art.participation.to_json()) and obj["participation"]["kind"] != "single"
+    single = optimal_factorization(prefix_workload(16).matrix, tol=1e-10)
+    assert obj["loss"]["total"] == pytest.approx(single.primal, rel=2e-9)
+    assert obj["sensitivity"] == pytest.approx(1.0, rel=1e-12)
+    assert sensitivity(art.factorization.strategy, art.participation).value == pytest.approx(1.0, rel=1e-9)
+    assert inspect_artifact(out).ok

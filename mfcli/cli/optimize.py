@@ -86,9 +86,11 @@ def optimize(
     if method not in METHODS:
         raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     w = build_workload(workload, n, **workload_opts)
-    multi = not isinstance(schema, SingleParticipation)
+    schema.check(w.n)
+    # One participation at most (--epochs 1, --min-sep n, --max-participations 1): the problem is
+    # the single-participation one, solved by its own (faster) solver; the schema is still recorded.
+    multi = schema.participations(w.n) > 1
     if multi:
-        schema.check(w.n)
         refuse_unless(warm_start is None, "--warm-start applies to single participation only")
         refuse_unless(method == DEFAULT_METHOD, "--method applies to single participation only")
     if out is None:
@@ -111,6 +113,7 @@ def optimize(
     digest = save_artifact(
         out, fact, workload_name=w.name, workload_params=w.params, strategy_name="optimal",
         solver=res.certificate(), command=command_line(), dual_weights=res.dual_weights, force=force,
+        participation=None if isinstance(schema, SingleParticipation) else schema,
     )
     if not res.converged and not quiet:
         log(f"warning: stopped after {res.iterations} iterations at gap {res.gap:.3e} > tol {tol:g}")
@@ -123,7 +126,7 @@ def optimize(
         "method": method,
         "tol": tol,
         "loss": {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max},
-        "participation": json.loads(SingleParticipation().to_json()),
+        "participation": json.loads(schema.to_json()),
         "sensitivity": fact.sensitivity,
         "gap": res.gap,
         "primal": res.primal,
