@@ -58,7 +58,10 @@ def optimize(
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
-    max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
+    max_iter: int = typer.Option(
+        1000, "--max-iter",
+        help="Maximum solver iterations (eigendecompositions; L-BFGS iterations with --epochs/--min-sep).",
+    ),
     method: str = typer.Option(
         DEFAULT_METHOD, "--method",
         help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). "
