@@ -457,10 +457,14 @@ def _same_int(stored: Any, value: int) -> bool:
 
 
 def _check_solver(
-    attrs: Mapping[str, Any], fact: Factorization | None, dual: np.ndarray | None, *, certificate: bool
+    attrs: Mapping[str, Any], fact: Factorization | None, dual: np.ndarray | None, *, certificate: bool,
+    schema_loss: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The stored solver record against the loss and the dual bound recomputed from the stored
-    dual weights: the stored gap may not claim more than the recomputation certifies."""
+    dual weights: the stored gap may not claim more than the recomputation certifies. A
+    multi-participation solver record (it names a ``structure``, :mod:`mfcli.multi_solver`)
+    stores as primal the loss under the artifact's schema (``schema_loss``, sens^2 ||B||_F^2
+    with the schema sensitivity)."""
     problems: list[str] = []
     raw = attrs.get("solver")
     solver: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -472,11 +476,12 @@ def _check_solver(
             problems.append(problem)
     cert: dict[str, Any] = {}
     if fact is not None and solver and isinstance(solver.get("primal"), (int, float)):
-        primal_ok = _close(solver["primal"], fact.loss_total)
+        expected = schema_loss if "structure" in solver and schema_loss is not None else fact.loss_total
+        primal_ok = _close(solver["primal"], expected)
         cert["stored_primal_matches_loss"] = primal_ok
         if not primal_ok:
             problems.append(
-                f"solver primal {solver['primal']!r} does not match the loss recomputed from the matrices ({fact.loss_total!r})"
+                f"solver primal {solver['primal']!r} does not match the loss recomputed from the matrices ({expected!r})"
             )
     if certificate and fact is not None and dual is not None and fact.m == fact.n:
         try:
@@ -599,7 +604,8 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
     problems += found
     schema, schema_numbers, found = _check_participation(raw_participation, fact)
     problems += found
-    solver, cert, found = _check_solver(attrs, fact, dual, certificate=certificate)
+    solver, cert, found = _check_solver(attrs, fact, dual, certificate=certificate,
+                                        schema_loss=schema_numbers.get("loss_total") if schema_numbers else None)
     problems += found
     compression, comp_numbers, comp_obj, found = _check_compression(attrs, fact, comp_group)
     problems += found

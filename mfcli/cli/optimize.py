@@ -1,6 +1,7 @@
 """``mfcli optimize``: solve for the optimal factorization and write it as an artifact."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -33,13 +34,15 @@ from mfcli.cli.common import (
 from mfcli.cli.display import SolverDisplay
 from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
 from mfcli.errors import MfcliError
+from mfcli.multi_solver import multi_participation_factorization
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.solver import (
     DEFAULT_METHOD,
     METHODS,
     optimal_factorization,
     warm_start_weights,
 )
-from mfcli.workloads import build_workload, default_artifact_stem
+from mfcli.workloads import Workload, build_workload, default_artifact_stem
 
 
 @guarded
@@ -52,8 +55,14 @@ def optimize(
     lr_final: LrFinalOpt = None,
     lr_last: LrLastOpt = None,
     matrix: MatrixOpt = None,
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
     tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
-    max_iter: int = typer.Option(1000, "--max-iter", help="Maximum solver iterations (eigendecompositions)."),
+    max_iter: int = typer.Option(
+        1000, "--max-iter",
+        help="Maximum solver iterations (eigendecompositions; L-BFGS iterations with --epochs/--min-sep).",
+    ),
     method: str = typer.Option(
         DEFAULT_METHOD, "--method",
         help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). "
@@ -62,7 +71,10 @@ def optimize(
     warm_start: Path | None = typer.Option(
         None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."
     ),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Output artifact (default artifacts/<workload>-n<N>.h5)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o",
+        help="Output artifact (default artifacts/<workload>-n<N>.h5, with -epochs<K> or -minsep<B>-k<K> for a schema).",
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object on stdout."),
@@ -72,12 +84,12 @@ def optimize(
     ),
     bands: int | None = typer.Option(None, "--bands", help="banded-toeplitz only: number of bands b."),
     error: str = typer.Option("mean", "--error", help="banded-toeplitz only: minimise the mean or max error."),
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
-    and write it as an HDF5 artifact; or optimise a structured strategy (--strategy banded-toeplitz)."""
+    and write it as an HDF5 artifact. With --epochs K: the optimal factorization orthogonal across
+    the K epochs (sensitivity 1); with --min-sep B: the optimal B-banded one with equal column
+    norms (BandMF, sensitivity sqrt(K)). Or optimise a structured strategy (--strategy
+    banded-toeplitz) that never builds an n x n matrix."""
     if strategy != "optimal":
         refuse_unless(strategy in STRUCTURED_STRATEGIES,
                       f"--strategy must be optimal or one of {', '.join(STRUCTURED_STRATEGIES)}, not {strategy}")
@@ -91,19 +103,33 @@ def optimize(
                             quiet=quiet, as_json=as_json)
         return
     refuse_unless(bands is None and error == "mean", "--bands and --error apply to --strategy banded-toeplitz only")
-    refuse_unless(epochs is None and min_sep is None and max_participations is None,
-                  "--epochs/--min-sep apply to --strategy banded-toeplitz here")
+    schema = participation_options(epochs, min_sep, max_participations)
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
     if method not in METHODS:
         raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     w = build_workload(workload, n, **workload_opts)
+    schema.check(w.n)
+    # One participation at most (--epochs 1, --min-sep n, --max-participations 1): the problem is
+    # the single-participation one, solved by its own (faster) solver; the schema is still recorded.
+    multi = schema.participations(w.n) > 1
+    if multi:
+        refuse_unless(warm_start is None, "--warm-start applies to single participation only")
+        refuse_unless(method == DEFAULT_METHOD, "--method applies to single participation only")
     if out is None:
         out = default_artifact_path(default_artifact_stem(w), w.n)
+        if isinstance(schema, FixedEpoch):
+            out = out.with_name(f"{out.stem}-epochs{schema.epochs}.h5")
+        elif isinstance(schema, MinSeparation):
+            k = schema.participations(w.n)
+            out = out.with_name(f"{out.stem}-minsep{schema.separation}-k{k}.h5")
     check_output_path(out, force=force)
     v0 = None if warm_start is None else warm_start_weights(artifact_argument(warm_start), w.matrix)
 
+    if multi:
+        _optimize_multi(w, schema, out=out, tol=tol, max_iter=max_iter, force=force, quiet=quiet, as_json=as_json)
+        return
     title = f"mfcli optimize: {w.name} n={w.n} ({method}, tol {tol:g})"
     with SolverDisplay(quiet=quiet, title=title) as display:
         res = optimal_factorization(w.matrix, tol=tol, max_iter=max_iter, method=method, v0=v0, callback=display)
@@ -111,6 +137,7 @@ def optimize(
     digest = save_artifact(
         out, fact, workload_name=w.name, workload_params=w.params, strategy_name="optimal",
         solver=res.certificate(), command=command_line(), dual_weights=res.dual_weights, force=force,
+        participation=None if isinstance(schema, SingleParticipation) else schema,
     )
     if not res.converged and not quiet:
         log(f"warning: stopped after {res.iterations} iterations at gap {res.gap:.3e} > tol {tol:g}")
@@ -123,6 +150,7 @@ def optimize(
         "method": method,
         "tol": tol,
         "loss": {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max},
+        "participation": json.loads(schema.to_json()),
         "sensitivity": fact.sensitivity,
         "gap": res.gap,
         "primal": res.primal,
@@ -145,6 +173,70 @@ def optimize(
                 ("RMSE", f"{fact.rmse:.10g}"),
                 ("max (worst step)", f"{fact.loss_max:.10g}"),
                 ("sensitivity", f"{fact.sensitivity:.12g}"),
+                ("dual bound", f"{res.dual:.10g}"),
+                ("relative gap", f"{res.gap:.3e}"),
+                ("iterations", res.iterations),
+                ("seconds", round(res.seconds, 2)),
+                ("artifact", str(out)),
+                ("sha256", digest[:16] + "..."),
+            ],
+        )
+    )
+
+
+def _optimize_multi(
+    w: Workload, schema: Participation, *, out: Path, tol: float, max_iter: int, force: bool, quiet: bool,
+    as_json: bool,
+) -> None:
+    """The certified optimum for a fixed-epoch or min-separation schema (mfcli.multi_solver)."""
+    described = schema.describe(w.n)
+    title = f"mfcli optimize: {w.name} n={w.n} ({described}, tol {tol:g})"
+    with SolverDisplay(quiet=quiet, title=title) as display:
+        res = multi_participation_factorization(w.matrix, schema, tol=tol, max_iter=max_iter, callback=display)
+    fact = res.factorization
+    name = "optimal-fixed-epoch" if res.structure == "fixed-epoch" else "bandmf"
+    digest = save_artifact(
+        out, fact, workload_name=w.name, workload_params=w.params, strategy_name=name,
+        solver=res.certificate(), command=command_line(), participation=schema, force=force,
+    )
+    if not res.converged and not quiet:
+        log(f"warning: stopped after {res.iterations} iterations at gap {res.gap:.3e} > tol {tol:g}")
+    if not quiet and not as_json:
+        log(f"wrote {out}")
+    worst = float(res.per_step_error.max())
+    summary = {
+        "workload": w.name,
+        "workload_params": dict(w.params),
+        "n": w.n,
+        "method": res.certificate()["method"],
+        "tol": tol,
+        "participation": json.loads(schema.to_json()),
+        "structure": res.structure,
+        "loss": {"total": res.loss_total, "mean": res.loss_mean, "rmse": res.loss_mean**0.5, "max": worst},
+        "sensitivity": res.sensitivity,
+        "gap": res.gap,
+        "primal": res.primal,
+        "dual": res.dual,
+        "converged": res.converged,
+        "iterations": res.iterations,
+        "seconds": res.seconds,
+        "artifact": str(out),
+        "artifact_sha256": digest,
+    }
+    if as_json:
+        emit_json(envelope("optimize", **summary))
+        return
+    stdout().print(
+        key_value_table(
+            f"optimal factorization: {w.name}, n = {w.n}, {described}",
+            [
+                ("structure", "orthogonal across epochs" if res.structure == "fixed-epoch" else
+                 f"{schema.separation}-banded, equal column norms (BandMF)"),  # type: ignore[union-attr]
+                ("loss total (sens^2 ||B||_F^2)", f"{res.loss_total:.10g}"),
+                ("loss mean (per step)", f"{res.loss_mean:.10g}"),
+                ("RMSE", f"{res.loss_mean ** 0.5:.10g}"),
+                ("max (worst step)", f"{worst:.10g}"),
+                ("sensitivity (exact, this schema)", f"{res.sensitivity:.12g}"),
                 ("dual bound", f"{res.dual:.10g}"),
                 ("relative gap", f"{res.gap:.3e}"),
                 ("iterations", res.iterations),

@@ -1,0 +1,407 @@
+"""Certified optimal factorizations for multi-participation schemas (docs/multi-participation.md).
+
+Two convex problems in X = C^T C, each with linear constraints, both in the form
+
+    minimise f(X) = tr(A^T A X^-1)  over X > 0 with  X_ij = 0 for (i, j) in the mask M,
+                                                    and linear constraints on diag(X),
+
+* **fixed-epoch** (k epochs of b = n / k steps, Choquette-Choo et al. 2023, arXiv 2211.06530):
+  M = {i != j, i = j mod b} (X orthogonal across the epochs of one example) and, for each of
+  the b residue classes c, sum_{i in c} X_ii <= 1. On such an X the k participations of an
+  example add orthogonally, so the sensitivity is exactly sqrt(max_c sum_{i in c} X_ii) = 1.
+* **BandMF** for min-separation b with k participations (arXiv 2306.08153): M = {|i - j| >= b}
+  (X b-banded) and X_ii <= 1. Steps b or more apart have X_il = 0, so the sensitivity is exactly
+  sqrt(k) (k = min(max participations, ceil(n / b))).
+
+Each is a restriction (the orthogonality, the bands) of the problem "best C for the schema", as
+in the papers; the certificate is for the restricted problem.
+
+Dual (derivation in docs/multi-participation.md). For W = D + Z > 0 with Z symmetric and
+supported on M, and D diagonal holding the multipliers of the diagonal constraints (constant on a
+residue class for fixed-epoch; mass m(W) = the sum of the multipliers),
+
+    f* >= ||A W^1/2||_*^2 / m(W)          (||.||_* the nuclear norm; any W = R R^T gives ||A R||_*).
+
+At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality. The solver
+minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
+the set's directions, backtracking on positive definiteness and sufficient decrease) and takes
+the dual candidate from the same gradient: W = P(X^-1 A^T A X^-1), the projection onto the dual
+support, shifted by t I (t >= 0; still a valid W) until it is positive definite. The bound is
+evaluated with the singular values of A R (R the Cholesky factor of W), as the single-participation
+certificate is. The returned gap compares it with the loss recomputed from the returned B and C.
+
+Example (k = 2 epochs of 4 steps of the prefix sum):
+    >>> from mfcli.participation import FixedEpoch
+    >>> from mfcli.workloads import prefix_workload
+    >>> res = multi_participation_factorization(prefix_workload(8).matrix, FixedEpoch(epochs=2), tol=1e-8)
+    >>> res.converged, round(res.sensitivity, 9)
+    (True, 1.0)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+from mfcli.factorization import Factorization
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
+from mfcli.solver import Progress, _blas_threads, auto_threads, decoder_for
+
+#: L-BFGS history length (pairs of n x n matrices), capped by MEMORY_BYTES. Measured at n = 256
+#: (prefix, 16 epochs / 16 bands): 30 pairs took 220 / 140 iterations, 10 pairs 320 / 170.
+MEMORY = 30
+MEMORY_BYTES = 1.5e9
+#: Armijo sufficient-decrease constant.
+ARMIJO = 1e-4
+
+
+@dataclass(frozen=True, eq=False)
+class MultiSolveResult:
+    """A certified optimum for a participation schema.
+
+    Attributes:
+        factorization: lower-triangular C and B = A C^-1 (verified A = B C). Its own
+            ``sensitivity``/``loss_*`` are single-participation numbers; use the fields below.
+        participation: the schema.
+        structure: ``fixed-epoch`` (orthogonal across epochs) or ``banded`` (BandMF, b bands).
+        sensitivity: the schema sensitivity of C, recomputed by :func:`mfcli.participation.sensitivity`
+            (exact for these structures).
+        loss_total: sensitivity^2 ||B||_F^2, recomputed from the returned matrices (the primal).
+        dual: certified lower bound on the optimal loss of the restricted problem.
+        gap: (loss_total - dual) / loss_total.
+    """
+
+    factorization: Factorization
+    participation: Participation
+    structure: str
+    sensitivity: float
+    loss_total: float
+    dual: float
+    gap: float
+    iterations: int
+    seconds: float
+    tol: float
+    converged: bool
+    history: list[Progress] = field(default_factory=list, repr=False)
+    threads: int | None = None
+
+    @property
+    def primal(self) -> float:
+        """The loss of the returned factorization (an upper bound on the optimum)."""
+        return self.loss_total
+
+    @property
+    def loss_mean(self) -> float:
+        """loss_total / n (the per-step mean, the convention of ``mfcli optimize``)."""
+        return self.loss_total / self.factorization.n
+
+    @property
+    def per_step_error(self) -> np.ndarray:
+        """sensitivity^2 ||B[i, :]||^2 for each step i."""
+        b = self.factorization.decoder
+        return self.sensitivity**2 * np.einsum("ij,ij->i", b, b)
+
+    def certificate(self) -> dict:
+        """JSON-ready solver record (the artifact's ``solver`` attribute)."""
+        cert = {
+            "method": f"lbfgs-{self.structure}",
+            "structure": self.structure,
+            "tol": self.tol,
+            "gap": self.gap,
+            "primal": self.loss_total,
+            "dual": self.dual,
+            "sensitivity": self.sensitivity,
+            "iterations": self.iterations,
+            "seconds": self.seconds,
+            "converged": self.converged,
+        }
+        if self.threads is not None:
+            cert["blas_threads"] = self.threads
+        return cert
+
+
+class _Structure:
+    """The feasible set of one problem: its mask, its diagonal constraints, and the matching
+    dual support. ``classes[i]`` is the diagonal constraint that index i belongs to."""
+
+    def __init__(self, n: int, schema: Participation) -> None:
+        self.n = n
+        idx = np.arange(n)
+        if isinstance(schema, FixedEpoch):
+            k = schema.participations(n)
+            b = n // k
+            self.name = "fixed-epoch"
+            self.classes = idx % b
+            self.scale = 1.0  # sens^2 = max class sum of diag X = 1
+            mask = (idx[:, None] % b == idx[None, :] % b) & (idx[:, None] != idx[None, :])
+        elif isinstance(schema, MinSeparation):
+            k = schema.participations(n)
+            b = schema.separation
+            self.name = "banded"
+            self.classes = idx
+            self.scale = float(k)  # sens^2 = k max diag X = k
+            # k = 1: one participation, no cross terms: the dense problem (bands would only restrict).
+            mask = np.abs(idx[:, None] - idx[None, :]) >= b if k > 1 else np.zeros((n, n), dtype=bool)
+        else:
+            raise MfcliError(f"no multi-participation solver for {schema.describe()}; use the single-participation solver")
+        self.mask = mask  # X is zero here; the dual Z lives here
+        self.free = ~mask
+        np.fill_diagonal(self.free, False)  # free off-diagonal primal entries
+        self.count = np.bincount(self.classes).astype(float)
+
+    def class_mean(self, d: np.ndarray) -> np.ndarray:
+        return (np.bincount(self.classes, weights=d) / self.count)[self.classes]
+
+    def tangent(self, g: np.ndarray) -> np.ndarray:
+        """Project a symmetric matrix onto the directions that keep X feasible (in place)."""
+        g[self.mask] = 0.0
+        d = np.diag(g).copy()
+        np.fill_diagonal(g, d - self.class_mean(d))
+        return g
+
+    def dual(self, m: np.ndarray) -> tuple[np.ndarray, float]:
+        """Dual candidate W from X^-1 A^T A X^-1 and its mass (sum of diagonal multipliers)."""
+        w = np.where(self.mask, m, 0.0)
+        mu = self.class_mean(np.diag(m).copy())
+        np.fill_diagonal(w, mu)
+        mass = float(np.sum(np.bincount(self.classes, weights=mu) / self.count))
+        return w, mass
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        """Rescale rows and columns so that every diagonal constraint is tight (feasible)."""
+        d = np.diag(x)
+        sums = np.bincount(self.classes, weights=d)[self.classes]
+        s = 1.0 / np.sqrt(sums)
+        x = x * s[:, None] * s[None, :]
+        x[self.mask] = 0.0
+        return x
+
+    def start(self) -> np.ndarray:
+        return np.diag(1.0 / self.count[self.classes])
+
+
+def _objective(a: np.ndarray, x: np.ndarray, *, gradient: bool = True) -> tuple[float, np.ndarray | None]:
+    """f(X) = tr(A X^-1 A^T) and X^-1 A^T A X^-1 (minus the gradient); (inf, None) if X is not
+    numerically positive definite."""
+    import scipy.linalg
+
+    try:
+        cf = scipy.linalg.cho_factor(x, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return math.inf, None
+    mt = scipy.linalg.cho_solve(cf, a.T, check_finite=False)  # X^-1 A^T
+    val = float(np.einsum("ij,ji->", a, mt))
+    if not math.isfinite(val) or val <= 0:
+        return math.inf, None
+    if not gradient:
+        return val, None
+    g = mt @ mt.T
+    return val, (g + g.T) / 2
+
+
+def dual_bound(workload: np.ndarray, w: np.ndarray, mass: float) -> float:
+    """||A W^1/2||_*^2 / mass for W > 0 (-inf when W is not numerically positive definite).
+
+    Valid as a lower bound for any W of the dual form (module docstring), computed from the
+    singular values of A R with W = R R^T (LAPACK gesdd, ~n eps s_max absolute)."""
+    import scipy.linalg
+
+    try:
+        r = scipy.linalg.cholesky(w, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        return -math.inf
+    sigma = scipy.linalg.svdvals(workload @ r, overwrite_a=True, check_finite=False)
+    return float(sigma.sum() ** 2 / mass)
+
+
+def _certify(a: np.ndarray, st: _Structure, m: np.ndarray) -> float:
+    """The best dual bound from the candidate P(m), shifted by t I until positive definite."""
+    w, mass = st.dual(m)
+    bound = dual_bound(a, w, mass)
+    if bound > -math.inf:
+        return bound
+    shift = 1e-10 * float(np.trace(w)) / st.n
+    for _ in range(12):
+        w2 = w + shift * np.eye(st.n)
+        # A diagonal shift raises every multiplier of a class by the same amount.
+        bound = dual_bound(a, w2, mass + shift * len(st.count))
+        if bound > -math.inf:
+            return bound
+        shift *= 10.0
+    return 0.0
+
+
+def multi_participation_factorization(
+    workload: np.ndarray,
+    participation: Participation,
+    *,
+    tol: float = 1e-6,
+    max_iter: int = 5000,
+    dual_every: int = 10,
+    callback: Callable[[Progress], None] | None = None,
+    threads: int | str | None = "auto",
+    x0: np.ndarray | None = None,
+    precondition: bool = True,
+) -> MultiSolveResult:
+    """The optimal factorization of ``workload`` for a fixed-epoch or min-separation schema.
+
+    Args:
+        workload: n x n full-rank lower-triangular A.
+        participation: :class:`~mfcli.participation.FixedEpoch` or
+            :class:`~mfcli.participation.MinSeparation` (BandMF with b = separation bands).
+        tol: stop at this relative gap (primal - dual) / primal.
+        max_iter: L-BFGS iterations at most; the result then carries the gap reached.
+        dual_every: iterations between dual certificates (each one Cholesky and one SVD).
+        callback: called with :class:`~mfcli.solver.Progress` after each certificate.
+        threads: BLAS threads (as :func:`mfcli.solver.optimal_factorization`).
+        x0: a feasible starting X (tests); default the scaled identity.
+        precondition: L-BFGS initial inverse Hessian D -> P(X D X) (the affine-invariant metric
+            of the positive definite cone; P the projection onto feasible directions) instead of
+            the identity. Speed only: the certificate is the same.
+
+    Formal guarantees: A = B C to 1e-8 relative; C lower-triangular; ``sensitivity`` is the
+    schema sensitivity of C recomputed by :func:`mfcli.participation.sensitivity`, which is exact
+    on these structures (an error is raised if it is not); the loss is within ``gap`` of the
+    optimum of the restricted problem, the dual being a certified bound.
+    """
+    if not (0 < tol < 1) or not math.isfinite(tol):
+        raise MfcliError(f"tol must be in (0, 1), got {tol}")
+    if max_iter < 1:
+        raise MfcliError(f"max_iter must be at least 1, got {max_iter}")
+    a = np.asarray(workload, dtype=np.float64)
+    n = a.shape[0]
+    participation.check(n)
+    st = _Structure(n, participation)
+    limit = auto_threads() if threads == "auto" else threads
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
+    with _blas_threads(limit):
+        res = _solve(a, st, participation, tol=tol, max_iter=max_iter, dual_every=max(1, dual_every),
+                     callback=callback, x0=x0, precondition=precondition)
+    return dataclasses.replace(res, threads=limit)
+
+
+def _solve(
+    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int, dual_every: int,
+    callback: Callable[[Progress], None] | None, x0: np.ndarray | None, precondition: bool,
+) -> MultiSolveResult:
+    start = time.perf_counter()
+    x = st.normalize(np.array(x0, dtype=np.float64)) if x0 is not None else st.start()
+    f, m = _objective(a, x)
+    if m is None:
+        raise MfcliError("the starting X is not positive definite")
+    g = st.tangent(-m)
+    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * x.size))))
+    ss: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    best_dual = -math.inf
+    history: list[Progress] = []
+    it = 0
+    for it in range(1, max_iter + 1):
+        if it == 1 or it % dual_every == 0:
+            best_dual = max(best_dual, _certify(a, st, m))
+            gap = (f - best_dual) / f
+            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, "lbfgs-" + st.name)
+            history.append(prog)
+            if callback is not None:
+                callback(prog)
+            if gap <= tol:
+                break
+        d = _two_loop(g, ss, ys, x if precondition else None, st)
+        slope = float(np.vdot(g, d))
+        if slope >= 0:  # not a descent direction: restart from the gradient
+            ss.clear()
+            ys.clear()
+            d = -g * (1.0 / max(float(np.abs(g).max()), 1e-300)) * 0.1
+            slope = float(np.vdot(g, d))
+        step = 1.0
+        for _ in range(60):
+            x_new = x + step * d
+            f_new, m_new = _objective(a, x_new)
+            if m_new is not None and f_new <= f + ARMIJO * step * slope:
+                break
+            step *= 0.5
+        else:
+            break  # no decrease possible at this precision: the round-off floor
+        assert m_new is not None
+        g_new = st.tangent(-m_new)
+        s_vec, y_vec = x_new - x, g_new - g
+        if float(np.vdot(s_vec, y_vec)) > 1e-300:
+            ss.append(s_vec)
+            ys.append(y_vec)
+            if len(ss) > memory:
+                ss.pop(0)
+                ys.pop(0)
+        x, f, m, g = x_new, f_new, m_new, g_new
+    else:
+        best_dual = max(best_dual, _certify(a, st, m))
+    if not history or history[-1].iteration != it:
+        best_dual = max(best_dual, _certify(a, st, m))
+    return _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+
+
+def _two_loop(
+    g: np.ndarray, ss: list[np.ndarray], ys: list[np.ndarray], x: np.ndarray | None, st: _Structure
+) -> np.ndarray:
+    """The L-BFGS direction -H g (two-loop recursion, Frobenius inner product) with the initial
+    inverse Hessian D -> P(X D X) (identity when x is None), scaled by the usual gamma."""
+
+    def h0(q: np.ndarray) -> np.ndarray:
+        return q if x is None else st.tangent(x @ q @ x)
+
+    q = g.copy()
+    alphas = []
+    for s, y in zip(reversed(ss), reversed(ys), strict=True):
+        rho = 1.0 / float(np.vdot(y, s))
+        alpha = rho * float(np.vdot(s, q))
+        q -= alpha * y
+        alphas.append((rho, alpha, s, y))
+    r = h0(q)
+    if ss:
+        hy = h0(ys[-1].copy())
+        gamma = float(np.vdot(ss[-1], ys[-1]) / np.vdot(ys[-1], hy))
+    else:
+        gamma = 1.0 / max(float(np.abs(r).max()), 1e-300) * 0.1
+    q = r * gamma
+    for rho, alpha, s, y in reversed(alphas):
+        beta = rho * float(np.vdot(y, q))
+        q += (alpha - beta) * s
+    return -q
+
+
+def strategy_from_gram(x: np.ndarray) -> np.ndarray:
+    """Lower-triangular C with C^T C = X (reversed Cholesky: J X J = L L^T gives C = J L^T J)."""
+    import scipy.linalg
+
+    try:
+        lower = scipy.linalg.cholesky(x[::-1, ::-1], lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        raise MfcliError("the optimal X is numerically singular; the workload is too ill-conditioned") from None
+    return np.tril(np.ascontiguousarray(lower.T[::-1, ::-1]))
+
+
+def _result(
+    a: np.ndarray, st: _Structure, schema: Participation, x: np.ndarray, dual: float, *, start: float,
+    iterations: int, tol: float, history: list[Progress],
+) -> MultiSolveResult:
+    """The answer from the final X: feasible by rescaling, its loss and schema sensitivity
+    recomputed from the returned C and B."""
+    x = st.normalize((x + x.T) / 2)
+    strategy = strategy_from_gram(x)
+    decoder = decoder_for(a, strategy)
+    fact = Factorization(workload=a, strategy=strategy, decoder=decoder, causal=True).verify()
+    sens = sensitivity(strategy, schema)
+    if not sens.exact:  # cannot happen for these structures; refuse rather than print a bound as exact
+        raise MfcliError(f"the schema sensitivity of the solution is not exact ({sens.method})")
+    loss = sens.value**2 * float(np.sum(decoder * decoder))
+    gap = (loss - dual) / loss
+    return MultiSolveResult(
+        factorization=fact, participation=schema, structure=st.name, sensitivity=sens.value, loss_total=loss,
+        dual=dual, gap=gap, iterations=iterations, seconds=time.perf_counter() - start, tol=tol,
+        converged=gap <= tol, history=history,
+    )
