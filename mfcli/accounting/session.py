@@ -26,13 +26,6 @@ import numpy as np
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
 from mfcli.accounting.defaults import BATCHINGS, BUILTIN, DEFAULT_ARTIFACT, SETTINGS
 from mfcli.accounting.events import event_to_json
-from mfcli.accounting.multi import (
-    CyclicPoissonResult,
-    DeterministicResult,
-    cyclic_poisson,
-    deterministic,
-    schema_dict,
-)
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
     DEFAULT_TAIL_FRACTION,
@@ -43,6 +36,13 @@ from mfcli.accounting.mmcc import (
     lower_bound,
     mmcc,
     prepare_strategy,
+)
+from mfcli.accounting.multi import (
+    CyclicPoissonResult,
+    DeterministicResult,
+    cyclic_poisson,
+    deterministic,
+    schema_dict,
 )
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
 from mfcli.accounting.single_pass import (
@@ -428,20 +428,17 @@ def account(
         assert sampling is not None  # check_batching: cyclic needs a rate
         cyc = cyclic_poisson(c, schema=schema, sigma=sigma, sampling=sampling, delta=opts.delta,
                              value_discretization=opts.value_discretization)
-    if batching != "poisson":
-        sampling_rows = None
-    else:
-        sampling_rows = sampling
-    if sampling_rows is not None and "dp-sgd" in settings:
-        dp = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+    poisson_rate = sampling if batching == "poisson" else None  # DP-SGD and MMCC assume Poisson in every step
+    if poisson_rate is not None and "dp-sgd" in settings:
+        dp = dpsgd(sigma=sigma, sampling=poisson_rate, steps=inp.n, delta=opts.delta,
                    value_discretization=opts.value_discretization)
-    if sampling_rows is not None and "mmcc" in settings:
+    if poisson_rate is not None and "mmcc" in settings:
         check_setting_applies(inp, "mmcc")
         prep = prepare_strategy(c, inp.release_steps)
-        upper = mmcc(prep, sigma=sigma, sampling=sampling, delta=opts.delta, tail_fractions=opts.tail_fractions,
+        upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
                      progress=progress)
-        br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=sampling, delta=opts.delta),
+        br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
@@ -453,6 +450,24 @@ def account(
 def _tree_unit(c: np.ndarray) -> float:
     """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max()."""
     return 1.0 / float(c.max())
+
+
+def check_setting_schema(setting: str, schema: Participation, n: int) -> None:
+    """Refuse a setting that does not describe ``schema``: single-pass and the shuffled tree
+    assume one participation; deterministic needs a multi-participation schema.
+
+    Raises:
+        MfcliError: in one line, naming the setting that does apply.
+    """
+    single = isinstance(schema, SingleParticipation)
+    if setting == "single-pass" and not single:
+        raise MfcliError(f"the single-pass setting assumes single participation, not {schema.describe(n)}; "
+                         "the deterministic setting accounts that schema")
+    if setting == "shuffled-tree" and not single:
+        raise MfcliError(f"the shuffled-tree setting is one shuffled epoch, not {schema.describe(n)}")
+    if setting == "deterministic" and single:
+        raise MfcliError("the deterministic setting needs a multi-participation schema; under single "
+                         "participation it is the single-pass setting")
 
 
 def epsilon_function(
@@ -475,16 +490,10 @@ def epsilon_function(
     c = inp.strategy
     sens = float(_sensitivity(c))
     schema = resolve_schema(inp, participation)
-    single = isinstance(schema, SingleParticipation)
+    check_setting_schema(setting, schema, inp.n)
     if setting == "single-pass":
-        if not single:
-            raise MfcliError(f"the single-pass setting assumes single participation, not {schema.describe(inp.n)}; "
-                             "the deterministic setting accounts that schema")
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
     if setting == "deterministic":
-        if single:
-            raise MfcliError("the deterministic setting needs a multi-participation schema; under single "
-                             "participation it is the single-pass setting")
         sch = schema_sensitivity(c, schema)
         return lambda s: deterministic(sigma=s, sensitivity=sch, n=inp.n, delta=opts.delta).epsilon
     if setting == "cyclic-poisson":
@@ -509,8 +518,6 @@ def epsilon_function(
                               mixture_resolution=opts.mixture_resolution).epsilon
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
-        if not single:
-            raise MfcliError(f"the shuffled-tree setting is one shuffled epoch, not {schema.describe(inp.n)}")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
@@ -815,10 +822,10 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
 
 __all__ = [
     "ATTR_CHUNK",
+    "BATCHINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "RECORD_RTOL",
-    "BATCHINGS",
     "SETTINGS",
     "AccountingOptions",
     "AccountingReport",
@@ -828,6 +835,7 @@ __all__ = [
     "calibrate",
     "check_batching",
     "check_setting_applies",
+    "check_setting_schema",
     "epsilon_function",
     "event_of",
     "read_chunked",

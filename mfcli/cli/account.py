@@ -99,7 +99,8 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
             eps_text = pessimistic(det.epsilon)
             sens_text = f"sensitivity {pessimistic(s.value)} (exact: {safe_markup(s.method)})"
         else:
-            eps_text = f"{pessimistic(det.epsilon)}\n(true in [{pessimistic(det.epsilon_lower, down=True)}, {pessimistic(det.epsilon)}])"
+            low = pessimistic(det.epsilon_lower, down=True)
+            eps_text = f"{pessimistic(det.epsilon)}\n(true in [{low}, {pessimistic(det.epsilon)}])"
             sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
                          f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
         t.add_row("deterministic participation", eps_text, assumes("deterministic"),
@@ -138,7 +139,8 @@ def account(
         None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] (DP-SGD and MMCC; cyclic Poisson with --batching cyclic)."
+        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] (DP-SGD and MMCC; cyclic Poisson with "
+        "--batching cyclic)."
     ),
     batching: str | None = typer.Option(
         None, "--batching",
@@ -266,6 +268,10 @@ def account(
     schema = resolve_schema(inp, requested)
     if calibrated == "unsampled":
         calibrated = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+    if calibrated is not None:
+        from mfcli.accounting.session import check_setting_schema
+
+        check_setting_schema(calibrated, schema, inp.n)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write:
