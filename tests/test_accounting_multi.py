@@ -51,7 +51,8 @@ def brute_sensitivity(c: np.ndarray, schema: Participation) -> float:
 
 
 def dpsgd_epsilon(noise: float, p: float, steps: int, *, rdp: bool = False) -> float:
-    from dp_accounting import dp_event, rdp as rdp_lib
+    from dp_accounting import dp_event
+    from dp_accounting import rdp as rdp_lib
     from dp_accounting.pld import pld_privacy_accountant
 
     ev = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(noise)), steps)
