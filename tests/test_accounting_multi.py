@@ -152,12 +152,13 @@ def test_upper_bound_is_labelled_and_bracketed(tmp_path):
     (12, 3, ["--min-sep", "3"], 3),
     (12, 3, ["--epochs", "3"], 4),
     (10, 2, ["--min-sep", "4"], 4),   # ceil(10 / 4) = 3 steps
-], ids=["identity", "b3", "epochs", "ragged"])
+    (6, 6, [], 6),                    # single participation: one epoch, b = n, one sampled step
+], ids=["identity", "b3", "epochs", "ragged", "single"])
 def test_cyclic_poisson_is_dp_accountings_dpsgd(tmp_path, n, bands, options, b):
     c = banded(n, bands, seed=n + bands)
     sigma, p = 1.3, 0.2
     out = run(npy(tmp_path, c), "--sigma", str(sigma), "--sampling", str(p), "--batching", "cyclic", *options)
-    assert set(out["settings"]) == {"deterministic", "cyclic-poisson"}
+    assert set(out["settings"]) == {"deterministic" if options else "single-pass", "cyclic-poisson"}
     row = out["settings"]["cyclic-poisson"]
     col = float(np.linalg.norm(c, axis=0).max())
     steps = -(-n // b)
@@ -192,8 +193,8 @@ def test_cyclic_beats_deterministic_and_dpsgd_at_small_rate(tmp_path):
 @pytest.mark.parametrize("args, needles", [
     (["--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", "--min-sep", "4"],
      ["at most b = 4 bands", "has 8"]),
-    (["--strategy", "identity", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic"],
-     ["--batching cyclic needs the cycle length"]),
+    (["--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", "--epochs", "2"],
+     ["at most b = 4 bands", "has 8"]),
     (["--strategy", "identity", "--n", "8", "--sigma", "1", "--batching", "cyclic", "--min-sep", "4"],
      ["--batching", "--sampling"]),
     (["--strategy", "identity", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "uniform"],

@@ -113,12 +113,12 @@ def deterministic(*, sigma: float, sensitivity: Sensitivity, n: int, delta: floa
 
 
 def cycle_length(schema: Participation, n: int) -> int:
-    """b, the number of groups of cyclic Poisson sampling: the separation of a min-sep schema, or
-    the steps per epoch n / K of a fixed-epoch schema.
+    """b, the number of groups of cyclic Poisson sampling: the separation of a min-sep schema, the
+    steps per epoch n / K of a fixed-epoch schema, or n under single participation (one epoch).
 
     Raises:
-        MfcliError: single participation (it names no cycle), or a min-sep schema with a cap on the
-            participations (cyclic Poisson sampling cannot enforce one).
+        MfcliError: a min-sep schema with a cap on the participations (cyclic Poisson sampling
+            cannot enforce one), or a schema that does not fit n.
     """
     if isinstance(schema, MinSeparation):
         schema.check(n)
@@ -129,7 +129,8 @@ def cycle_length(schema: Participation, n: int) -> int:
     if isinstance(schema, FixedEpoch):
         return schema.steps_per_epoch(n)
     if isinstance(schema, SingleParticipation):
-        raise MfcliError("cyclic Poisson sampling needs a cycle length b: a min-separation or fixed-epoch schema")
+        # one epoch of n steps: n groups, each sampled at its one step (every causal C has <= n bands)
+        return n
     raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
 
 

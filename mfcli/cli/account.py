@@ -201,8 +201,6 @@ def account(
     refuse_unless(batching is None or sampling is not None, "--batching chooses the batch sampler of --sampling; give --sampling")
     if batching is not None and batching not in BATCHINGS:
         raise MfcliError(f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
-    refuse_unless(batching != "cyclic" or requested is not None or source is not None,
-                  "--batching cyclic needs the cycle length b: give --min-sep B or --epochs K")
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
     refuse_unless(
         (sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)"
