@@ -102,6 +102,37 @@ class ComparisonRow:
         return out
 
 
+def schema_numbers(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Participation) -> dict[str, Any]:
+    """Sensitivity and losses of one mechanism (C, B) under ``schema``, recomputed (noise
+    multiplier 1, clip norm 1): sensitivity with ``exact``/``lower``/``method`` from
+    :func:`mfcli.participation.sensitivity`, loss_total = sens^2 ||B||_F^2, loss_mean =
+    loss_total / n, loss_max = sens^2 max_t ||B[t, :]||^2 (upper bounds when not exact)."""
+    s = schema_sensitivity(np.asarray(strategy_matrix, dtype=np.float64), schema)
+    rows = np.sum(np.asarray(decoder, dtype=np.float64) ** 2, axis=1)
+    n = int(np.asarray(strategy_matrix).shape[1])
+    return {
+        "participation": {**json.loads(schema.to_json()), "description": schema.describe(n)},
+        "sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
+        "loss_total": s.value ** 2 * float(np.sum(rows)),
+        "loss_mean": s.value ** 2 * float(np.sum(rows)) / n,
+        "loss_max": s.value ** 2 * float(np.max(rows)),
+    }
+
+
+def requested_schema(declared: Participation, requested: Participation | None, what: str) -> Participation:
+    """The schema to evaluate: ``requested`` or the declared one. A request that contradicts a
+    declared multi-participation schema is refused (numbers for another run than the one the
+    artifact was made for would be easy to mistake for its own).
+
+    Raises:
+        MfcliError: the contradiction, in one line.
+    """
+    if requested is None or requested == declared or isinstance(declared, SingleParticipation):
+        return declared if requested is None else requested
+    raise MfcliError(f"{what} declares {declared.describe()}; evaluating it under {requested.describe()} instead "
+                     "is refused (give its own schema or none)")
+
+
 @dataclass(frozen=True)
 class PrivacyTarget:
     """The privacy every row of a comparison at equal privacy is calibrated to.

@@ -298,3 +298,69 @@ def test_poisson_rows_name_their_sampler_under_a_schema(tmp_path):
     for name in ("dp-sgd", "mmcc"):
         assert s[name]["participation"]["kind"] == "poisson" and s[name]["batch_sampler"].startswith("Poisson")
     assert s["deterministic"]["participation"]["kind"] == "fixed-epoch"
+
+
+# ---------------------------------------------------------------------------------------------
+# compress and inspect under a schema
+
+
+def _momentum_artifact(tmp_path: Path, schema: Participation | None = None) -> Path:
+    from mfcli.strategies import build_strategy
+    from mfcli.workloads import momentum_workload
+
+    path = tmp_path / "m.h5"
+    fact = build_strategy("optimal", momentum_workload(8)).factorization
+    save_artifact(path, fact, workload_name="momentum", strategy_name="optimal", participation=schema)
+    return path
+
+
+def _brute_loss(c: np.ndarray, b: np.ndarray, schema: Participation) -> tuple[float, float]:
+    s = brute_sensitivity(c, schema)
+    return s, s * s * float(np.sum(b * b))
+
+
+def test_compress_reports_the_schema_sensitivity(tmp_path):
+    from mfcli.artifact import load_artifact
+    from mfcli.operators import select_operator
+
+    src = _momentum_artifact(tmp_path)
+    out = tmp_path / "c.h5"
+    r = runner.invoke(app, ["compress", str(src), "--band", "2", "--rank", "1", "--epochs", "2", "-o", str(out),
+                            "--json", "-q"])
+    assert r.exit_code == 0, r.stderr
+    under = json.loads(r.stdout)["under_schema"]
+    comp = select_operator(load_artifact(out), "compressed").factorization
+    schema = FixedEpoch(epochs=2)
+    s, loss = _brute_loss(comp.strategy, comp.decoder, schema)
+    got = under["compressed"]
+    assert got["sensitivity"] >= s * (1 - 1e-12)  # fixed-epoch pairs: k = 2, so exact, and sign vectors attain it
+    assert got["sensitivity"] == pytest.approx(s, rel=1e-10) and got["loss_total"] == pytest.approx(loss, rel=1e-10)
+    dense = load_artifact(src).factorization
+    assert under["dense"]["sensitivity"] == pytest.approx(brute_sensitivity(dense.strategy, schema), rel=1e-10)
+
+
+def test_compress_and_inspect_refuse_a_contradicting_schema(tmp_path):
+    src = _momentum_artifact(tmp_path, FixedEpoch(epochs=2))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for cmd in (["compress", str(src), "--band", "2", "--rank", "1", "--min-sep", "2", "-o", str(tmp_path / "c.h5")],
+                ["inspect", str(src), "--epochs", "4"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 1, r.stdout
+        one_error_line(r.stderr, "declares fixed-epoch", "refused")
+        assert r.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_inspect_shows_a_requested_schema(tmp_path):
+    from mfcli.artifact import load_artifact
+
+    src = _momentum_artifact(tmp_path)
+    r = runner.invoke(app, ["inspect", str(src), "--min-sep", "3", "--json", "--no-certificate"])
+    assert r.exit_code == 0, r.stderr
+    got = json.loads(r.stdout)["under_requested_schema"]["dense"]
+    f = load_artifact(src).factorization
+    s, loss = _brute_loss(f.strategy, f.decoder, MinSeparation(separation=3))
+    assert got["sensitivity"] >= s * (1 - 1e-12)
+    if got["exact"]:
+        assert got["sensitivity"] == pytest.approx(s, rel=1e-10) and got["loss_total"] == pytest.approx(loss, rel=1e-10)
+    assert got["participation"]["kind"] == "min-sep"
