@@ -379,7 +379,8 @@ class AccountingReport:
             "source": self.strategy.source,
             "n": self.strategy.n,
             "rows_of_C": int(self.strategy.strategy.shape[0]),
-            "sensitivity": float(_sensitivity(self.strategy.strategy)),
+            "sensitivity": float(_sensitivity(self.strategy.strategy)),  # single participation (max column norm)
+            **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
             "sigma": self.sigma,
             "sampling": self.sampling,
             "batching": self.batching,
