@@ -14,6 +14,10 @@ under a participation schema (default single participation, :mod:`mfcli.particip
 * ``loss_max`` = sens^2 max_t ||B[t, :]||^2 (the worst step's expected squared error);
 * ``ratio`` = loss_total / (smallest loss_total among the causal strategies).
 
+At equal privacy (``privacy``, a :class:`PrivacyTarget`): each row's sigma is calibrated to the
+target (epsilon, delta) under the best valid accounting for that row (:func:`equal_privacy`), and
+its RMSE at that sigma is sigma ||B||_F / sqrt(n).
+
 Example:
     >>> from mfcli.workloads import prefix_workload
     >>> table = run_comparison(prefix_workload(4), ["identity", "tree"])
@@ -68,6 +72,7 @@ class ComparisonRow:
     source: str | None = None
     solver_gap: float | None = None
     sensitivity_exact: bool = True
+    privacy: RowPrivacy | None = None
 
     def as_dict(self, *, curves: bool = False, schema: bool = False) -> dict[str, Any]:
         """JSON-ready numbers; ``schema`` (a non-single participation schema) adds
@@ -92,7 +97,128 @@ class ComparisonRow:
             out["solver_gap"] = self.solver_gap
         if curves:
             out["per_step_rmse"] = self.per_step_rmse.tolist()
+        if self.privacy is not None:
+            out["at_equal_privacy"] = self.privacy.as_dict()
         return out
+
+
+def schema_numbers(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Participation) -> dict[str, Any]:
+    """Sensitivity and losses of one mechanism (C, B) under ``schema``, recomputed (noise
+    multiplier 1, clip norm 1): sensitivity with ``exact``/``lower``/``method`` from
+    :func:`mfcli.participation.sensitivity`, loss_total = sens^2 ||B||_F^2, loss_mean =
+    loss_total / n, loss_max = sens^2 max_t ||B[t, :]||^2 (upper bounds when not exact)."""
+    s = schema_sensitivity(np.asarray(strategy_matrix, dtype=np.float64), schema)
+    rows = np.sum(np.asarray(decoder, dtype=np.float64) ** 2, axis=1)
+    n = int(np.asarray(strategy_matrix).shape[1])
+    return {
+        "participation": {**json.loads(schema.to_json()), "description": schema.describe(n)},
+        "sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
+        "loss_total": s.value ** 2 * float(np.sum(rows)),
+        "loss_mean": s.value ** 2 * float(np.sum(rows)) / n,
+        "loss_max": s.value ** 2 * float(np.max(rows)),
+    }
+
+
+def requested_schema(declared: Participation, requested: Participation | None, what: str) -> Participation:
+    """The schema to evaluate: ``requested`` or the declared one. A request that contradicts a
+    declared multi-participation schema is refused (numbers for another run than the one the
+    artifact was made for would be easy to mistake for its own).
+
+    Raises:
+        MfcliError: the contradiction, in one line.
+    """
+    if requested is None or requested == declared or isinstance(declared, SingleParticipation):
+        return declared if requested is None else requested
+    raise MfcliError(f"{what} declares {declared.describe()}; evaluating it under {requested.describe()} instead "
+                     "is refused (give its own schema or none)")
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """The privacy every row of a comparison at equal privacy is calibrated to.
+
+    Attributes:
+        epsilon, delta: the target.
+        sampling: the Poisson rate of cyclic Poisson sampling (None: no sampling). The batch
+            sampler is then cyclic with b groups, b from the schema (min-sep b, n / K steps per
+            epoch, n under single participation): an example's steps then lie in one schema
+            pattern, so the deterministic accounting stays valid beside the amplified one.
+    """
+
+    epsilon: float
+    delta: float
+    sampling: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "delta": self.delta, "sampling": self.sampling,
+                "batch_sampler": "deterministic" if self.sampling is None else "cyclic Poisson"}
+
+
+@dataclass(frozen=True)
+class RowPrivacy:
+    """One row at equal privacy: the accounting that gave the smallest calibrated sigma, that
+    sigma (noise std in clip-norm units, for C as built), the epsilon achieved there (<= target),
+    the resulting RMSE sigma ||B||_F / sqrt(n), and the other valid accountings' sigmas."""
+
+    accounting: str
+    sigma: float
+    epsilon: float
+    rmse: float
+    candidates: dict[str, float]
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"accounting": self.accounting, "sigma": self.sigma, "achieved_epsilon": self.epsilon,
+                               "rmse": self.rmse, "sigma_by_accounting": dict(self.candidates)}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Participation, target: PrivacyTarget,
+                  *, rel_tol: float = 1e-4) -> RowPrivacy:
+    """Calibrate sigma for one strategy at ``target`` under every valid accounting and keep the
+    smallest, with the RMSE sigma ||B||_F / sqrt(n) at it.
+
+    Valid accountings (docs/compare.md, "At equal privacy"): always the Gaussian at the schema's
+    sensitivity (``single-pass`` under single participation, else ``deterministic``); with a
+    sampling rate also ``cyclic-poisson`` (2306.08153 Thm. 3) when C is square, lower-triangular
+    and has at most b bands. Each is a guarantee for the same training run (cyclic Poisson
+    sampling keeps every example inside one schema pattern), so the smallest sigma is valid.
+
+    Formal guarantee: the reported sigma meets (epsilon, delta) under the named accounting (the
+    accounting was run at that sigma, :func:`mfcli.accounting.calibrate.calibrate_sigma`).
+    """
+    from mfcli.accounting.calibrate import calibrate_sigma
+    from mfcli.accounting.multi import check_cyclic, cycle_length, cyclic_poisson
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    c = np.asarray(strategy_matrix, dtype=np.float64)
+    n = c.shape[1]
+    sens = schema_sensitivity(c, schema).value
+    base = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+    # the Gaussian's epsilon depends on sigma / sens only: calibrate at unit sensitivity, scale
+    unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
+                           rel_tol=rel_tol)
+    found = {base: (unit.sigma * sens, unit.epsilon)}
+    note = ""
+    if target.sampling is not None:
+        p = target.sampling
+        b = cycle_length(schema, n)
+        try:
+            check_cyclic(c, b)
+        except MfcliError as exc:
+            note = f"cyclic Poisson does not apply: {exc}"
+        else:
+            cal = calibrate_sigma(
+                lambda s: cyclic_poisson(c, schema=schema, sigma=s, sampling=p, delta=target.delta).epsilon,
+                target_epsilon=target.epsilon, rel_tol=rel_tol, sigma_start=max(unit.sigma * sens / 4, 1e-2))
+            found["cyclic-poisson"] = (cal.sigma, cal.epsilon)
+    best = min(found, key=lambda k: found[k][0])
+    sigma, eps = found[best]
+    frob = float(np.sum(np.asarray(decoder, dtype=np.float64) ** 2))
+    return RowPrivacy(accounting=best, sigma=sigma, epsilon=eps, rmse=sigma * math.sqrt(frob / n),
+                      candidates={k: v[0] for k, v in found.items()}, note=note)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +233,7 @@ class Comparison:
     best_causal: str | None
     kept: Strategy | None = None
     participation: Participation = field(default_factory=SingleParticipation)
+    privacy: PrivacyTarget | None = None
 
     @property
     def multi(self) -> bool:
@@ -118,6 +245,11 @@ class Comparison:
         """The conditions every number holds under, e.g. ``single participation, noise
         multiplier 1, clip norm 1``."""
         return f"{self.participation.describe(self.n)}, noise multiplier 1, clip norm 1"
+
+    def best_at_equal_privacy(self) -> str | None:
+        """The causal row with the lowest RMSE at the privacy target (None without one)."""
+        causal = [r for r in self.rows if r.causal and r.privacy is not None]
+        return min(causal, key=lambda r: r.privacy.rmse).name if causal else None  # type: ignore[union-attr]
 
     def row(self, name: str) -> ComparisonRow:
         for r in self.rows:
@@ -137,13 +269,17 @@ class Comparison:
                 **json.loads(self.participation.to_json()), "description": self.participation.describe(self.n),
             }
         out["best_causal"] = self.best_causal
+        if self.privacy is not None:
+            out["at_equal_privacy"] = {**self.privacy.as_dict(), "best_causal": self.best_at_equal_privacy()}
         out["strategies"] = [r.as_dict(curves=curves, schema=self.multi) for r in self.rows]
         return out
 
 
-def row_for(strategy: Strategy, *, label: str | None = None, participation: Participation | None = None) -> ComparisonRow:
+def row_for(strategy: Strategy, *, label: str | None = None, participation: Participation | None = None,
+            privacy: PrivacyTarget | None = None) -> ComparisonRow:
     """Numbers of one strategy, recomputed from its factorization (ratio filled in later), under
-    ``participation`` (None: single participation): sens^2 times the squared row norms of B."""
+    ``participation`` (None: single participation): sens^2 times the squared row norms of B;
+    with ``privacy``, also its sigma and RMSE at that target (:func:`equal_privacy`)."""
     f = strategy.factorization
     exact = True
     if participation is None or isinstance(participation, SingleParticipation):
@@ -171,6 +307,8 @@ def row_for(strategy: Strategy, *, label: str | None = None, participation: Part
         source=strategy.source,
         solver_gap=gap,
         sensitivity_exact=exact,
+        privacy=None if privacy is None else equal_privacy(
+            f.strategy, f.decoder, participation or SingleParticipation(), privacy),
     )
 
 
@@ -198,6 +336,7 @@ def run_comparison(
     solver_callback: Callable[[Any], None] | None = None,
     keep: str | None = None,
     participation: Participation | None = None,
+    privacy: PrivacyTarget | None = None,
 ) -> Comparison:
     """Build each named strategy for ``workload`` and tabulate its error.
 
@@ -213,6 +352,8 @@ def run_comparison(
     With ``participation`` (a schema; None means single participation), every row's sensitivity
     and losses are those of its strategy under the schema (:func:`row_for`). The strategies
     themselves are not changed: ``optimal`` is still the single-participation optimum.
+
+    With ``privacy``, every row is also calibrated to that (epsilon, delta) (:func:`equal_privacy`).
 
     Formal guarantees: each row is recomputed from a factorization verified A = B C; ``causal``
     is checked in release order by :func:`mfcli.strategies.build_strategy`.
@@ -245,7 +386,7 @@ def run_comparison(
                 if progress:
                     progress(f"loading {path}")
                 s = build_strategy("optimal", workload, artifact=path)
-                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema))
+                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema, privacy=privacy))
             if keep == "optimal":
                 kept = build_strategy("optimal", workload, artifact=artifacts[0])
             continue
@@ -253,9 +394,11 @@ def run_comparison(
             progress(f"building {name}" + (" (solving)" if name == "optimal" else ""))
         s = build_strategy(name, workload, tol=tol, max_iter=max_iter, callback=solver_callback)
         if in_table:
-            rows.append(row_for(s, participation=schema))
+            if progress and privacy is not None:
+                progress(f"calibrating {name} at epsilon {privacy.epsilon:g}")
+            rows.append(row_for(s, participation=schema, privacy=privacy))
         if name == keep:
             kept = s
         del s
     table_rows, best = _with_ratios(rows)
-    return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept, schema)
+    return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept, schema, privacy)

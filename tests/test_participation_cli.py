@@ -374,15 +374,25 @@ def test_compare_save_strategy_stores_the_schema(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("schema", [FixedEpoch(epochs=2), MinSeparation(separation=3, max_participations=2)],
                          ids=lambda s: s.kind)
-def test_account_refuses_a_multi_participation_artifact(schema: Participation, tmp_path: Path) -> None:
+def test_account_uses_the_declared_schema_and_refuses_another(schema: Participation, tmp_path: Path) -> None:
+    """An artifact that declares a schema is accounted under it by default (its epsilon comes from
+    the schema's sensitivity, checked by brute force), and under no other: a contradicting
+    option is one error line and the file is untouched."""
     path = tmp_path / "a.h5"
     save_artifact(path, factorization("sqrt"), workload_name="prefix", strategy_name="sqrt", participation=schema)
     before = path.read_bytes()
-    for extra in (["--sigma", "4"], ["--epsilon", "2"], ["--sigma", "4", "--sampling", "0.1"],
-                  ["--sigma", "4", "--write"]):
+    r = runner.invoke(app, ["account", str(path), "--sigma", "4", "--json"])
+    assert r.exit_code == 0, r.stderr
+    row = json.loads(r.stdout)["settings"]["deterministic"]
+    assert set(json.loads(r.stdout)["settings"]) == {"deterministic"}
+    _, brute = brute_force(factorization("sqrt").strategy, schema)
+    assert row["sensitivity"] == pytest.approx(math.sqrt(brute), rel=1e-9)
+    assert row["participation"]["kind"] == schema.kind
+    other = ["--min-sep", "2"] if isinstance(schema, FixedEpoch) else ["--epochs", "4"]
+    for extra in (["--sigma", "4", *other], ["--epsilon", "2", *other], ["--sigma", "4", "--write", *other]):
         r = runner.invoke(app, ["account", str(path), *extra])
         assert r.exit_code == 1, (extra, r.stdout)
-        one_error_line(r.stderr, "multi-participation accounting is not available yet", schema.describe(8))
+        one_error_line(r.stderr, "declares", schema.describe(8), "refused")
         assert "epsilon" not in r.stdout.lower()
     assert path.read_bytes() == before
 

@@ -18,11 +18,16 @@ DEFAULT_TAIL_FRACTION = 0.5
 #: The shipped artifact accounted when no strategy is given.
 DEFAULT_ARTIFACT = "momentum-n256"
 #: The accounting settings, in display order.
-SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
+SETTINGS = ("single-pass", "deterministic", "dp-sgd", "mmcc", "cyclic-poisson", "shuffled-tree")
+#: Batch samplers of the sampled settings (``--batching``); the first is the default with a rate.
+#: poisson: every example in every step with probability p (DP-SGD, MMCC); cyclic: examples in
+#: b groups, group i mod b Poisson-sampled at step i (banded C, 2306.08153).
+BATCHINGS = ("poisson", "cyclic")
 #: Built-in strategies ``account`` can build for a workload.
 BUILTIN = ("identity", "tree", "sqrt", "optimal")
 
 __all__ = [
+    "BATCHINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "DEFAULT_DELTA",

@@ -17,14 +17,14 @@ import datetime as _dt
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
-from mfcli.accounting.defaults import BUILTIN, DEFAULT_ARTIFACT, SETTINGS
+from mfcli.accounting.defaults import BATCHINGS, BUILTIN, DEFAULT_ARTIFACT, SETTINGS
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
@@ -36,6 +36,13 @@ from mfcli.accounting.mmcc import (
     lower_bound,
     mmcc,
     prepare_strategy,
+)
+from mfcli.accounting.multi import (
+    CyclicPoissonResult,
+    DeterministicResult,
+    cyclic_poisson,
+    deterministic,
+    schema_dict,
 )
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
 from mfcli.accounting.single_pass import (
@@ -52,6 +59,8 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.factorization import sensitivity as _sensitivity
+from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import sensitivity as schema_sensitivity
 
 if TYPE_CHECKING:
     from mfcli.operators import NoiseOperator
@@ -77,6 +86,8 @@ class StrategyInput:
             matrix or a built-in strategy.
         operator_sha256: the operator's ``identity_sha256`` (hash of the stored arrays that define
             it) for an artifact; None for a .npy matrix or a built-in strategy.
+        participation: the schema the artifact declares (attribute ``participation``); single
+            participation for a v1 artifact, a .npy matrix or a built-in strategy.
     """
 
     name: str
@@ -87,6 +98,7 @@ class StrategyInput:
     is_tree: bool = False
     operator: str = "dense"
     operator_sha256: str | None = None
+    participation: Participation = field(default_factory=SingleParticipation)
 
     @property
     def n(self) -> int:
@@ -135,7 +147,6 @@ def resolve_strategy(
     """
     from mfcli.artifact import load_artifact, shipped_artifact
     from mfcli.operators import check_operator_choice, select_operator
-    from mfcli.participation import SingleParticipation
 
     say = progress or (lambda s: None)
     check_operator_choice(operator)
@@ -195,13 +206,6 @@ def resolve_strategy(
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
     art = load_artifact(p)
-    if not isinstance(art.participation, SingleParticipation):
-        # Every setting here assumes one participation per example; an epsilon for it would
-        # understate the privacy loss of the declared schema.
-        raise MfcliError(
-            f"{p} declares {art.participation.describe(art.n)}; multi-participation accounting is not "
-            "available yet (only single participation is accounted)"
-        )
     chosen = select_operator(art, operator)
     c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
     tr = _tree_release(c)
@@ -216,7 +220,47 @@ def resolve_strategy(
         name=art.strategy_name, strategy=c, release_steps=release,
         source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
         artifact=p, is_tree=tr is not None, operator=chosen.label, operator_sha256=chosen.identity_sha256,
+        participation=art.participation,
     )
+
+
+def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Participation:
+    """The participation schema to account: ``requested``, or the one the input declares.
+
+    An artifact that declares a multi-participation schema is accounted under that schema only: a
+    different request (single participation included) would describe another training run than
+    the one the artifact was made for, and could understate its privacy loss, so it is refused.
+    An artifact that declares single participation (or a .npy matrix, a built-in strategy) may be
+    accounted under any schema: the sensitivity is recomputed for the schema asked for.
+
+    Raises:
+        MfcliError: the request contradicts the artifact's declared schema, or does not fit n.
+    """
+    stored = inp.participation
+    schema = stored if requested is None else requested
+    if not isinstance(stored, SingleParticipation) and schema != stored:
+        raise MfcliError(
+            f"{inp.artifact or inp.name} declares {stored.describe(inp.n)}; accounting it under "
+            f"{schema.describe()} instead is refused (give its own schema or none)"
+        )
+    schema.check(inp.n)
+    return schema
+
+
+def check_batching(batching: str | None, sampling: float | None) -> str | None:
+    """The batch sampler of the sampled settings: None without a sampling rate; ``poisson`` by
+    default with one; one of ``BATCHINGS`` otherwise.
+
+    Raises:
+        MfcliError: an unknown batch sampler, or one named without a sampling rate.
+    """
+    if batching is None:
+        return None if sampling is None else "poisson"
+    if batching not in BATCHINGS:
+        raise MfcliError(f"unknown batch sampler {batching!r}; choose from {', '.join(BATCHINGS)}")
+    if sampling is None:
+        raise MfcliError(f"the {batching} batch sampler needs a sampling rate")
+    return batching
 
 
 def check_setting_applies(inp: StrategyInput, setting: str) -> None:
@@ -287,18 +331,41 @@ class AccountingReport:
     dp_sgd: DpSgdResult | None = None
     mmcc: MMCCBracket | None = None
     shuffled_tree: ShuffledTreeResult | None = None
+    deterministic: DeterministicResult | None = None
+    cyclic_poisson: CyclicPoissonResult | None = None
+    participation: Participation = field(default_factory=SingleParticipation)
+    batching: str | None = None
 
     @property
     def results(self) -> dict[str, Any]:
         """{setting name: result} for the settings that were run, in display order."""
-        pairs = (("single-pass", self.single_pass), ("dp-sgd", self.dp_sgd), ("mmcc", self.mmcc),
-                 ("shuffled-tree", self.shuffled_tree))
+        pairs = (("single-pass", self.single_pass), ("deterministic", self.deterministic), ("dp-sgd", self.dp_sgd),
+                 ("mmcc", self.mmcc), ("cyclic-poisson", self.cyclic_poisson), ("shuffled-tree", self.shuffled_tree))
         return {name: r for name, r in pairs if r is not None}
+
+    def row_labels(self, name: str) -> tuple[dict, str]:
+        """(participation, batch sampler) that the row ``name`` assumes, as its JSON names them."""
+        n = self.strategy.n
+        if name == "single-pass":
+            return schema_dict(SingleParticipation(), n), "deterministic"
+        if name in ("dp-sgd", "mmcc"):
+            return ({"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"},
+                    f"Poisson: every example in every step with probability {self.sampling:g}")
+        if name == "shuffled-tree":
+            return schema_dict(SingleParticipation(), n), "one shuffled epoch"
+        row = self.results[name].as_dict()
+        return row["participation"], row["batch_sampler"]
 
     @property
     def rows(self) -> dict[str, dict]:
-        """The JSON rows (``as_dict()`` of each result, events included)."""
-        return {name: r.as_dict() for name, r in self.results.items()}
+        """The JSON rows (``as_dict()`` of each result, events included); every row names the
+        participation schema and the batch sampler it assumes."""
+        out = {}
+        for name, r in self.results.items():
+            row = r.as_dict()
+            row["participation"], row["batch_sampler"] = self.row_labels(name)
+            out[name] = row
+        return out
 
     def as_dict(self, *, include_events: bool = True) -> dict:
         rows = {}
@@ -312,9 +379,12 @@ class AccountingReport:
             "source": self.strategy.source,
             "n": self.strategy.n,
             "rows_of_C": int(self.strategy.strategy.shape[0]),
-            "sensitivity": float(_sensitivity(self.strategy.strategy)),
+            "sensitivity": float(_sensitivity(self.strategy.strategy)),  # single participation (max column norm)
+            **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
             "sigma": self.sigma,
             "sampling": self.sampling,
+            "batching": self.batching,
+            "participation": schema_dict(self.participation, self.strategy.n),
             "delta": self.delta,
             "settings": rows,
         }
@@ -328,41 +398,77 @@ def account(
     options: AccountingOptions = AccountingOptions(),
     settings: Sequence[str] = SETTINGS,
     progress: Callable[[str], None] | None = None,
+    participation: Participation | None = None,
+    batching: str | None = None,
 ) -> AccountingReport:
-    """Run every requested setting that applies: single-pass always; DP-SGD and MMCC (with its
-    lower bound and full-participation sanity bound) when a sampling rate is given; the shuffled
-    tree when C is the binary tree."""
+    """Run every requested setting that applies.
+
+    Without sampling: single-pass under single participation, else ``deterministic`` (the
+    Gaussian at the schema's sensitivity; ``participation`` None means the schema the input
+    declares, :func:`resolve_schema`). With a sampling rate and batch sampler ``poisson`` (the
+    default): DP-SGD and MMCC (with its lower bound and full-participation sanity bound); with
+    ``cyclic``: the cyclic-Poisson reduction of a banded C (refused when its conditions fail).
+    The shuffled tree when C is the binary tree and the schema is single participation."""
     sigma = check_sigma(sigma)
     opts = options.checked()
     if sampling is not None:
         sampling = check_sampling(sampling)
+    batching = check_batching(batching, sampling)
+    schema = resolve_schema(inp, participation)
+    single = isinstance(schema, SingleParticipation)
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     c = inp.strategy
-    sp = dp = br = st = None
-    if "single-pass" in settings:
+    sp = dp = br = st = det = cyc = None
+    if "single-pass" in settings and single:
         sp = single_pass(sigma=sigma, sensitivity=float(_sensitivity(c)), delta=opts.delta)
-    if sampling is not None and "dp-sgd" in settings:
-        dp = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+    if "deterministic" in settings and not single:
+        det = deterministic(sigma=sigma, sensitivity=schema_sensitivity(c, schema), n=inp.n, delta=opts.delta)
+    if batching == "cyclic" and "cyclic-poisson" in settings:
+        assert sampling is not None  # check_batching: cyclic needs a rate
+        cyc = cyclic_poisson(c, schema=schema, sigma=sigma, sampling=sampling, delta=opts.delta,
+                             value_discretization=opts.value_discretization)
+    poisson_rate = sampling if batching == "poisson" else None  # DP-SGD and MMCC assume Poisson in every step
+    if poisson_rate is not None and "dp-sgd" in settings:
+        dp = dpsgd(sigma=sigma, sampling=poisson_rate, steps=inp.n, delta=opts.delta,
                    value_discretization=opts.value_discretization)
-    if sampling is not None and "mmcc" in settings:
+    if poisson_rate is not None and "mmcc" in settings:
         check_setting_applies(inp, "mmcc")
         prep = prepare_strategy(c, inp.release_steps)
-        upper = mmcc(prep, sigma=sigma, sampling=sampling, delta=opts.delta, tail_fractions=opts.tail_fractions,
+        upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
                      progress=progress)
-        br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=sampling, delta=opts.delta),
+        br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta))
-    if inp.is_tree and "shuffled-tree" in settings:
+    if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
-                            single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st)
+                            single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, deterministic=det,
+                            cyclic_poisson=cyc, participation=schema, batching=batching)
 
 
 def _tree_unit(c: np.ndarray) -> float:
     """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max()."""
     return 1.0 / float(c.max())
+
+
+def check_setting_schema(setting: str, schema: Participation, n: int) -> None:
+    """Refuse a setting that does not describe ``schema``: single-pass and the shuffled tree
+    assume one participation; deterministic needs a multi-participation schema.
+
+    Raises:
+        MfcliError: in one line, naming the setting that does apply.
+    """
+    single = isinstance(schema, SingleParticipation)
+    if setting == "single-pass" and not single:
+        raise MfcliError(f"the single-pass setting assumes single participation, not {schema.describe(n)}; "
+                         "the deterministic setting accounts that schema")
+    if setting == "shuffled-tree" and not single:
+        raise MfcliError(f"the shuffled-tree setting is one shuffled epoch, not {schema.describe(n)}")
+    if setting == "deterministic" and single:
+        raise MfcliError("the deterministic setting needs a multi-participation schema; under single "
+                         "participation it is the single-pass setting")
 
 
 def epsilon_function(
@@ -371,13 +477,34 @@ def epsilon_function(
     *,
     sampling: float | None,
     options: AccountingOptions = AccountingOptions(),
+    participation: Participation | None = None,
 ) -> Callable[[float], float]:
-    """epsilon(sigma) of one setting (for calibration)."""
+    """epsilon(sigma) of one setting (for calibration), under ``participation`` (None: the
+    schema the input declares) for ``deterministic`` and ``cyclic-poisson``.
+
+    Raises:
+        MfcliError: the setting does not apply (``single-pass`` under a multi-participation
+            schema, ``deterministic`` under single participation, a sampled setting without a
+            rate, a C that fails a setting's conditions).
+    """
     opts = options.checked()
     c = inp.strategy
     sens = float(_sensitivity(c))
+    schema = resolve_schema(inp, participation)
+    check_setting_schema(setting, schema, inp.n)
     if setting == "single-pass":
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
+    if setting == "deterministic":
+        sch = schema_sensitivity(c, schema)
+        return lambda s: deterministic(sigma=s, sensitivity=sch, n=inp.n, delta=opts.delta).epsilon
+    if setting == "cyclic-poisson":
+        if sampling is None:
+            raise MfcliError("calibrating cyclic-poisson needs a sampling rate")
+        p = check_sampling(sampling)
+        cyclic_poisson(c, schema=schema, sigma=1.0, sampling=p, delta=opts.delta,
+                       value_discretization=opts.value_discretization)  # refuse now, not inside the search
+        return lambda s: cyclic_poisson(c, schema=schema, sigma=s, sampling=p, delta=opts.delta,
+                                        value_discretization=opts.value_discretization).epsilon
     if setting in ("dp-sgd", "mmcc"):
         if sampling is None:
             raise MfcliError(f"calibrating {setting} needs a sampling rate")
@@ -405,10 +532,11 @@ def calibrate(
     options: AccountingOptions = AccountingOptions(),
     rel_tol: float = 1e-3,
     progress: Callable[[str], None] | None = None,
+    participation: Participation | None = None,
 ) -> Calibration:
     """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`)."""
-    f = epsilon_function(inp, setting, sampling=sampling, options=options)
-    start = 4.0 if setting in ("mmcc", "dp-sgd") else 1.0
+    f = epsilon_function(inp, setting, sampling=sampling, options=options, participation=participation)
+    start = 4.0 if setting in ("mmcc", "dp-sgd", "cyclic-poisson") else 1.0
     return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress)
 
 
@@ -451,7 +579,8 @@ def record_to_artifact(
     ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
     ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
     parts with a ``_parts`` count when longer than 60000 characters), ``operator`` (``dense`` or
-    ``compressed (band K, rank R)``), ``strategy_sha256`` (the accounted operator's
+    ``compressed (band K, rank R)``), ``participation`` (the accounted schema's JSON),
+    ``batching`` (the batch sampler of the sampled rows, or ``null``), ``strategy_sha256`` (the accounted operator's
     ``identity_sha256``: the stored strategy's checksum for the dense operator, a hash of the
     stored checksums of workload, band, u and v for the compressed one), ``created_utc``,
     ``created_by``, ``command``.
@@ -465,7 +594,9 @@ def record_to_artifact(
     inp = report.strategy
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     params = json.dumps({"sigma": report.sigma, "sampling": report.sampling, "delta": report.delta,
-                         "settings": sorted(report.results), "operator": inp.operator}, sort_keys=True)
+                         "settings": sorted(report.results), "operator": inp.operator,
+                         "participation": report.participation.to_json(), "batching": report.batching},
+                        sort_keys=True)
     gid = now.strftime("%Y%m%dT%H%M%SZ") + "-" + hashlib.sha256(params.encode()).hexdigest()[:8]
     attrs: dict[str, Any] = {
         "format": "mfcli.accounting",
@@ -476,6 +607,8 @@ def record_to_artifact(
         "delta": report.delta,
         "operator": inp.operator,
         "strategy_sha256": inp.operator_sha256,
+        "participation": report.participation.to_json(),
+        "batching": report.batching if report.batching is not None else "null",
         "created_utc": now.isoformat().replace("+00:00", "Z"),
         "created_by": f"mfcli {__version__}",
         "command": command,
@@ -531,7 +664,8 @@ def _close_rel(a: float, b: float) -> bool:
 
 
 def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sampling: float | None,
-                      delta: float, row: Mapping[str, Any], strategy: np.ndarray) -> float:
+                      delta: float, row: Mapping[str, Any], strategy: np.ndarray,
+                      schema: Participation | None = None) -> float:
     """Epsilon recomputed from a stored dp-accounting event, after checking that the event is
     the one the record's parameters and the claimed operator's sensitivity imply.
 
@@ -549,6 +683,33 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
         if not _close_rel(float(event.noise_multiplier), nm):
             raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens(C) = {nm!r}")
         return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
+    if setting == "deterministic":
+        if schema is None or isinstance(schema, SingleParticipation):
+            raise MfcliError("a deterministic record needs a multi-participation schema in attribute participation")
+        bound = schema_sensitivity(strategy, schema).value
+        if not isinstance(event, dp_event.GaussianDpEvent):
+            raise MfcliError("the deterministic event is not a GaussianDpEvent")
+        if not _close_rel(float(event.noise_multiplier), sigma / bound):
+            raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens = "
+                             f"{sigma / bound!r} under {schema.describe(strategy.shape[1])}")
+        return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
+    if setting == "cyclic-poisson":
+        if schema is None or sampling is None:
+            raise MfcliError("a cyclic-poisson record needs its schema and sampling rate")
+        # recomputed from C and the record's parameters; the stored event must be that one
+        expect = cyclic_poisson(strategy, schema=schema, sigma=sigma, sampling=sampling, delta=delta,
+                                value_discretization=float(row["value_discretization"]))
+        if event_to_json(event) != event_to_json(expect.dp_event()):
+            ok = (isinstance(event, dp_event.SelfComposedDpEvent)
+                  and isinstance(event.event, dp_event.PoissonSampledDpEvent)
+                  and isinstance(event.event.event, dp_event.GaussianDpEvent)
+                  and event.count == expect.steps
+                  and _close_rel(float(event.event.sampling_probability), sampling)
+                  and _close_rel(float(event.event.event.noise_multiplier), expect.noise_multiplier))
+            if not ok:
+                raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
+                                 "sigma / max column norm and the record's rate")
+        return expect.epsilon
     if setting == "dp-sgd":
         ok = (isinstance(event, dp_event.SelfComposedDpEvent)
               and isinstance(event.event, dp_event.PoissonSampledDpEvent)
@@ -626,6 +787,15 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
     if not isinstance(settings, list) or not isinstance(results, dict):
         return [*problems, "the settings list or the results are missing"]
     sens = float(_sensitivity(c))
+    schema: Participation = SingleParticipation()
+    if "participation" in attrs:
+        from mfcli.participation import participation_from_json
+
+        try:
+            raw = attrs["participation"]
+            schema = participation_from_json(raw if isinstance(raw, (str, bytes)) else json.dumps(raw))
+        except MfcliError as exc:
+            return [*problems, f"its participation attribute is not readable: {exc}"]
     for setting in settings:
         key = str(setting).replace("-", "_")
         stored = _num(attrs.get(f"epsilon_{key}"))
@@ -642,7 +812,7 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
                 if text is None:
                     raise MfcliError("no stored dp-accounting event")
                 recomputed = _epsilon_of_event(str(setting), event_from_json(text), sigma=sigma, sens=sens,
-                                               sampling=sampling, delta=delta, row=row, strategy=c)
+                                               sampling=sampling, delta=delta, row=row, strategy=c, schema=schema)
         except (MfcliError, KeyError, TypeError, ValueError) as exc:
             problems.append(f"{setting}: cannot recompute epsilon: {exc}")
             continue
@@ -653,6 +823,7 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
 
 __all__ = [
     "ATTR_CHUNK",
+    "BATCHINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "RECORD_RTOL",
@@ -663,11 +834,14 @@ __all__ = [
     "StrategyInput",
     "account",
     "calibrate",
+    "check_batching",
     "check_setting_applies",
+    "check_setting_schema",
     "epsilon_function",
     "event_of",
     "read_chunked",
     "record_to_artifact",
+    "resolve_schema",
     "resolve_strategy",
     "verify_record",
 ]

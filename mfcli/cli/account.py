@@ -11,14 +11,19 @@ from rich.table import Table
 
 # Only the defaults at module level: the accounting stack (scipy.stats, dp-accounting) is imported
 # when the command runs, so `mfcli account --help` does not pay for it (docs/performance.md).
-from mfcli.accounting.defaults import DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
+from mfcli.accounting.defaults import BATCHINGS, DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
 from mfcli.cli.common import (
+    EpochsOpt,
+    MaxParticipationsOpt,
+    MinSepOpt,
+    artifact_argument,
     command_line,
     emit_json,
     envelope,
     guarded,
     key_value_table,
     log,
+    participation_options,
     refuse_unless,
     safe_markup,
     stdout,
@@ -45,18 +50,24 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
+    t.add_column("participation; batch sampler")
     t.add_column("details")
     notes: list[str] = []
+
+    def assumes(name: str) -> str:
+        schema, sampler = report.row_labels(name)
+        return safe_markup(f"{schema['description']}; {sampler}")
+
     sp = report.single_pass
     if sp is not None:
-        t.add_row("single pass", pessimistic(sp.epsilon),
+        t.add_row("single pass", pessimistic(sp.epsilon), assumes("single-pass"),
                   f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
                   f"({safe_markup(report.strategy.operator)} operator), "
                   f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
         notes.append(f"single pass: {_text(sp, 'assumptions')}")
     dp = report.dp_sgd
     if dp is not None:
-        t.add_row("DP-SGD (reference)", pessimistic(dp.epsilon),
+        t.add_row("DP-SGD (reference)", pessimistic(dp.epsilon), assumes("dp-sgd"),
                   f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
                   f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
         notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
@@ -65,7 +76,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         u = br.upper
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{pessimistic(br.lower.epsilon, down=True)}, {pessimistic(u.epsilon)}]",
+            f"[{pessimistic(br.lower.epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
             f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
             f"(tail, f = {u.tail_fraction:g}) + "
             f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
@@ -77,10 +88,32 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                      "post-processed statistic 1^T C^+ y")
     st = report.shuffled_tree
     if st is not None:
-        t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon),
+        t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
                   f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
                   f"amplified bound {st.amplified_note}")
         notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
+    det = report.deterministic
+    if det is not None:
+        s = det.sensitivity
+        if s.exact:
+            eps_text = pessimistic(det.epsilon)
+            sens_text = f"sensitivity {pessimistic(s.value)} (exact: {safe_markup(s.method)})"
+        else:
+            low = pessimistic(det.epsilon_lower, down=True)
+            eps_text = f"{pessimistic(det.epsilon)}\n(true in [{low}, {pessimistic(det.epsilon)}])"
+            sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
+                         f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
+        t.add_row("deterministic participation", eps_text, assumes("deterministic"),
+                  f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
+                  f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")
+        notes.append(f"deterministic: {_text(det, 'assumptions')}")
+    cyc = report.cyclic_poisson
+    if cyc is not None:
+        t.add_row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
+                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g}, noise multiplier sigma / max column norm "
+                  f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
+                  f"discretization {cyc.value_discretization:g}")
+        notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
     return t, notes
 
 
@@ -106,12 +139,22 @@ def account(
         None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."
+        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] (DP-SGD and MMCC; cyclic Poisson with "
+        "--batching cyclic)."
     ),
+    batching: str | None = typer.Option(
+        None, "--batching",
+        help=f"Batch sampler with --sampling: {', '.join(BATCHINGS)} (default poisson: every example in every step with "
+        "probability p; cyclic: b groups, group i mod b sampled at step i, b from --min-sep or n/--epochs, banded C only).",
+    ),
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
     delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
     setting: str | None = typer.Option(
         None, "--setting",
-        help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass).",
+        help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, cyclic-poisson "
+        "with --batching cyclic, else single-pass, or deterministic under --epochs/--min-sep).",
     ),
     value_discretization: float | None = typer.Option(
         None, "--value-discretization",
@@ -153,6 +196,11 @@ def account(
     from mfcli.artifact import is_shipped_artifact
 
     say = (lambda s: None) if quiet else log
+    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
+    refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
+    refuse_unless(batching is None or sampling is not None, "--batching chooses the batch sampler of --sampling; give --sampling")
+    if batching is not None and batching not in BATCHINGS:
+        raise MfcliError(f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
     refuse_unless(
         (sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)"
@@ -177,22 +225,27 @@ def account(
         except MfcliError:  # the library names the parameter; the user needs the flag
             raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
     if source is not None and strategy is None:
-        from mfcli.cli.common import artifact_argument
         from mfcli.structured import is_structured_file
 
         if is_structured_file(artifact_argument(source)):
+            refuse_unless(requested is None and batching is None,
+                          "--epochs/--min-sep/--batching do not apply to a structured artifact: it is accounted under "
+                          "the schema it declares, without sampling")
             from mfcli.cli.structured import account_structured
 
             account_structured(artifact_argument(source), sigma=sigma, sampling=sampling, epsilon=epsilon, write=write,
                                operator=operator, delta=delta, as_json=as_json)
             return
-    calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
-    refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
+    sampled = ("cyclic-poisson",) if batching == "cyclic" else ("dp-sgd", "mmcc")
+    default_sampled = "cyclic-poisson" if batching == "cyclic" else "mmcc"
+    calibrated = None if epsilon is None else (setting or (default_sampled if sampling is not None else "unsampled"))
+    refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd", "cyclic-poisson"),
                   f"calibrating {calibrated} needs --sampling")
-    refuse_unless(sampling is None or calibrated in (None, "dp-sgd", "mmcc"),
-                  f"--sampling does not apply to calibrating {calibrated} (only dp-sgd and mmcc use it)")
-    runs_pld = sampling is not None and calibrated in (None, "dp-sgd", "mmcc")
-    runs_mmcc = sampling is not None and calibrated in (None, "mmcc")
+    refuse_unless(sampling is None or calibrated is None or calibrated in sampled,
+                  f"--sampling{' --batching cyclic' if batching == 'cyclic' else ''} does not apply to calibrating "
+                  f"{calibrated} (only {' and '.join(sampled)} use it)")
+    runs_pld = sampling is not None and calibrated in (None, "dp-sgd", "mmcc", "cyclic-poisson")
+    runs_mmcc = sampling is not None and batching != "cyclic" and calibrated in (None, "mmcc")
     why = "needs --sampling" if sampling is None else f"not calibrated here ({calibrated})"
     refuse_unless(value_discretization is None or runs_pld,
                   f"--value-discretization applies to the PLD accounting of DP-SGD and MMCC, which {why}")
@@ -219,6 +272,16 @@ def account(
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
                            operator=operator or "auto", progress=say, **built_for)
+    from mfcli.accounting.session import resolve_schema
+    from mfcli.participation import SingleParticipation
+
+    schema = resolve_schema(inp, requested)
+    if calibrated == "unsampled":
+        calibrated = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+    if calibrated is not None:
+        from mfcli.accounting.session import check_setting_schema
+
+        check_setting_schema(calibrated, schema, inp.n)
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write:
@@ -230,14 +293,18 @@ def account(
     calibration = None
     chosen = None
     if epsilon is not None:
-        chosen = setting or ("mmcc" if sampling is not None else "single-pass")
-        say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g}")
-        calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts, progress=say)
+        chosen = calibrated
+        assert chosen is not None
+        say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g} ({schema.describe(inp.n)})")
+        calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts, progress=say,
+                                    participation=schema)
         sigma = calibration.sigma
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say,
+                             participation=schema, batching=batching)
     else:
         assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say,
+                             participation=schema, batching=batching)
 
     group = None
     if write:
@@ -254,6 +321,8 @@ def account(
         return
     out = stdout()
     out.print(f"strategy: {safe_markup(inp.source)}")
+    stored = "" if requested is None or inp.artifact is None else f" (the artifact declares {inp.participation.describe(inp.n)})"
+    out.print(f"participation accounted: {safe_markup(schema.describe(inp.n))}{safe_markup(stored)}")
     operator_line = safe_markup(inp.operator)
     out.print(f"operator accounted: {operator_line} (the one noise streams and the adapters stream by default)"
               if inp.artifact is not None else f"operator accounted: {operator_line} (C as given)")

@@ -42,7 +42,7 @@ from mfcli.cli.render import (
     render_markdown,
     rich_table,
 )
-from mfcli.compare import Comparison, run_comparison
+from mfcli.compare import Comparison, PrivacyTarget, run_comparison
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
@@ -63,7 +63,7 @@ def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> 
             payload["saved"] = saved
         return json.dumps(envelope("compare", **payload), indent=2) + "\n"
     buf = io.StringIO()
-    Console(file=buf, width=160, color_system=None, soft_wrap=True).print(rich_table(table))
+    Console(file=buf, width=160 if table.privacy is None else 200, color_system=None, soft_wrap=True).print(rich_table(table))
     return buf.getvalue()
 
 
@@ -80,6 +80,17 @@ def compare(
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
+    epsilon: float | None = typer.Option(
+        None, "--epsilon",
+        help="Compare at equal privacy: calibrate each row's sigma to this epsilon under its best valid accounting "
+        "and report the RMSE at that sigma.",
+    ),
+    sampling: float | None = typer.Option(
+        None, "--sampling", "-p",
+        help="With --epsilon: cyclic Poisson sampling at this rate (b groups, b from --min-sep, n/--epochs, or n); "
+        "banded rows may then be amplified.",
+    ),
+    delta: float | None = typer.Option(None, "--delta", help="With --epsilon: delta in (0, 1) (default 1e-6)."),
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}).",
@@ -130,9 +141,26 @@ def compare(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
     schema = participation_options(epochs, min_sep, max_participations)
+    refuse_unless(epsilon is not None or (sampling is None and delta is None),
+                  "--sampling and --delta apply to the comparison at equal privacy; give --epsilon")
+    privacy = None
+    if epsilon is not None:
+        from mfcli.accounting.defaults import DEFAULT_DELTA
+        from mfcli.accounting.multi import cycle_length
+        from mfcli.accounting.single_pass import check_delta, check_sampling
+        from mfcli.compare import PrivacyTarget
+        from mfcli.validation import positive_number
+
+        privacy = PrivacyTarget(
+            epsilon=positive_number(epsilon, "--epsilon"),
+            delta=check_delta(DEFAULT_DELTA if delta is None else delta),
+            sampling=None if sampling is None else check_sampling(sampling),
+        )
     if n is not None and n > MAX_N:
         from mfcli.cli.structured import compare_structured
 
+        refuse_unless(privacy is None, f"n = {n} > {MAX_N}: --epsilon (comparison at equal privacy) needs dense rows; "
+                      "compare at n <= {MAX_N}, or compare losses without --epsilon")
         refuse_unless(bands is not None, f"n = {n} > {MAX_N}: dense strategies are not built; give --bands for "
                       "banded Toeplitz rows (identity is added)")
         refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
@@ -140,6 +168,8 @@ def compare(
         compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), schema=schema,
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet)
         return
+    refuse_unless(privacy is None or not bands,
+                  "--bands rows are not calibrated at equal privacy; give --epsilon or --bands, not both")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
@@ -161,6 +191,8 @@ def compare(
     max_iter = 1000 if max_iter is None else max_iter
     w = build_workload(workload, n, **workload_opts)
     schema.check(w.n)
+    if privacy is not None and privacy.sampling is not None:
+        cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
     for path in artifact or ():
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
@@ -168,6 +200,7 @@ def compare(
     progress = None if quiet else log
     table = build_table(
         w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
+        privacy=privacy,
     )
     if bands:
         from mfcli.structured import extend_comparison, structured_rows
@@ -210,7 +243,7 @@ def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path 
 
 def build_table(
     w: Workload, names: tuple[str, ...], *, artifacts: list[Path], tol: float, max_iter: int,
-    save: str | None, quiet: bool, participation: Participation | None = None,
+    save: str | None, quiet: bool, participation: Participation | None = None, privacy: PrivacyTarget | None = None,
 ) -> Comparison:
     """Run the comparison, with the solver's live display when the optimum is solved for."""
     solves = ("optimal" in names or save == "optimal") and not artifacts
@@ -218,7 +251,7 @@ def build_table(
     with SolverDisplay(quiet=quiet or not solves, title=display_title) as display:
         return run_comparison(
             w, names, artifacts=artifacts, tol=tol, max_iter=max_iter, progress=None if quiet else log,
-            solver_callback=display if solves else None, keep=save, participation=participation,
+            solver_callback=display if solves else None, keep=save, participation=participation, privacy=privacy,
         )
 
 
@@ -252,7 +285,8 @@ def emit_table(
         return
     if fmt == "table":
         # A pipe or file has no width; do not squeeze the numbers into 80 columns there.
-        console = stdout() if sys.stdout.isatty() else Console(file=sys.stdout, width=120, color_system=None)
+        width = 120 if table.privacy is None else 170  # three more columns at equal privacy
+        console = stdout() if sys.stdout.isatty() else Console(file=sys.stdout, width=width, color_system=None)
         console.print(rich_table(table))
     else:
         sys.stdout.write(text)

@@ -8,6 +8,9 @@ import typer
 
 from mfcli.artifact import is_shipped_artifact
 from mfcli.cli.common import (
+    EpochsOpt,
+    MaxParticipationsOpt,
+    MinSepOpt,
     artifact_argument,
     command_line,
     emit_json,
@@ -15,6 +18,7 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
+    participation_options,
     refuse_unless,
     stdout,
     usage_error,
@@ -39,6 +43,9 @@ def compress(
     max_band: int | None = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
     max_rank: int | None = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
     max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
     out: Path | None = typer.Option(
         None, "--out", "-o",
         help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input; "
@@ -66,6 +73,17 @@ def compress(
         out = default_output_path(Path(artifact.name), band, rank)
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
+    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
+    from mfcli.artifact import load_artifact
+    from mfcli.compare import requested_schema, schema_numbers
+    from mfcli.participation import SingleParticipation
+
+    if not artifact.exists():
+        raise MfcliError(f"{artifact} does not exist")
+    source_art = load_artifact(artifact)
+    # refused before anything is written: a schema that contradicts the artifact's or does not fit n
+    schema = requested_schema(source_art.participation, requested, str(artifact))
+    schema.check(source_art.n)
     if max_loss_increase is not None and not (math.isfinite(max_loss_increase) and max_loss_increase >= 0):
         raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")
 
@@ -84,6 +102,11 @@ def compress(
         text = str(exc).replace("pass force=True", "use --force").replace("Pass force=True", "Use --force")
         raise type(exc)(text) from None
     comp = result.compression
+    under = None
+    if not isinstance(schema, SingleParticipation):
+        dense = source_art.factorization
+        under = {"compressed": schema_numbers(comp.factorization.strategy, comp.factorization.decoder, schema),
+                 "dense": schema_numbers(dense.strategy, dense.decoder, schema)}
     if not quiet and not as_json:
         log(f"wrote {result.path}")
     summary = {
@@ -100,6 +123,9 @@ def compress(
              "sensitivity": e.sensitivity}
             for e in result.search.evaluations
         ]
+    if under is not None:
+        summary["participation"] = under["compressed"]["participation"]
+        summary["under_schema"] = under
     if as_json:
         emit_json(envelope("compress", **summary))
         return
@@ -116,6 +142,12 @@ def compress(
         ("||B - B^||_F / ||B||_F", comp.fit_relative_error),
         ("ALS iterations", comp.als_iterations),
     ]
+    if under is not None:
+        for which in ("dense", "compressed"):
+            u = under[which]
+            label = "exact" if u["exact"] else "upper bound, rounded up"
+            rows.append((f"sensitivity under {schema.describe(comp.n)}, {which} ({label})", pessimistic(u["sensitivity"])))
+            rows.append((f"loss total under the schema, {which} ({label})", pessimistic(u["loss_total"])))
     if result.search is not None:
         rows.append(("settings evaluated", len(result.search.evaluations)))
     rows += [("artifact", str(result.path)), ("sha256", result.sha256[:16] + "...")]

@@ -8,6 +8,9 @@ import typer
 from rich.table import Table
 
 from mfcli.cli.common import (
+    EpochsOpt,
+    MaxParticipationsOpt,
+    MinSepOpt,
     artifact_argument,
     emit_json,
     envelope,
@@ -16,12 +19,14 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
+    participation_options,
     refuse_unless,
     safe_markup,
     stdout,
 )
 from mfcli.cli.plots import plot_report
 from mfcli.cli.rounding import pessimistic
+from mfcli.errors import MfcliError
 from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact
 
 
@@ -148,6 +153,41 @@ def _render(report: InspectionReport) -> None:
             out.print(f"  - {safe_markup(p)}")
 
 
+def _under_requested(artifact: Path, report: InspectionReport, requested: Any) -> dict[str, Any]:
+    """Sensitivity and losses of the artifact's operator that runs (and the dense one when that is
+    the compressed one) under the requested schema; the contradiction with a declared schema, or a
+    schema that does not fit n, is refused before anything is printed or written."""
+    from mfcli.artifact import load_artifact
+    from mfcli.compare import requested_schema, schema_numbers
+    from mfcli.operators import select_operator
+
+    if report.participation is None:
+        raise MfcliError(f"{artifact}: its participation attribute is malformed; no schema can be evaluated")
+    schema = requested_schema(report.participation, requested, str(artifact))
+    art = load_artifact(artifact)
+    schema.check(art.n)
+    out: dict[str, Any] = {"dense": schema_numbers(art.factorization.strategy, art.factorization.decoder, schema)}
+    chosen = select_operator(art, "auto")
+    if chosen.label != "dense":
+        f = chosen.factorization
+        out[chosen.label] = schema_numbers(f.strategy, f.decoder, schema)
+    return out
+
+
+def _render_under(under: dict[str, Any]) -> None:
+    rows: list[tuple[str, Any]] = []
+    for label, nums in under.items():
+        kind = "exact" if nums["exact"] else "upper bound, rounded up"
+        rows += [
+            (f"{label}: sensitivity ({kind})", pessimistic(nums["sensitivity"])),
+            (f"{label}: total sq. error sens^2 ||B||_F^2 ({kind})", pessimistic(nums["loss_total"])),
+            (f"{label}: mean sq. error ({kind})", pessimistic(nums["loss_mean"])),
+        ]
+    desc = next(iter(under.values()))["participation"]["description"]
+    stdout().print(key_value_table(f"under the requested schema: {safe_markup(desc)} (clip 1, noise multiplier 1)",
+                                   [(k, fmt(v)) for k, v in rows]))
+
+
 @guarded
 def inspect(
     artifact: Path = typer.Argument(..., help="The artifact to inspect: a file, or a shipped name such as prefix-n256."),
@@ -160,10 +200,15 @@ def inspect(
     ),
     force: bool = typer.Option(False, "--force", help="With --plot: overwrite an existing plot file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON report object on stdout."),
+    epochs: EpochsOpt = None,
+    min_sep: MinSepOpt = None,
+    max_participations: MaxParticipationsOpt = None,
 ) -> None:
     """Show an artifact's format, provenance, workload and strategy, and every stored number next
     to its recomputation from the matrices (sensitivity, losses, solver certificate, compression),
-    accounting records and checksums. Exits 1 if any check fails."""
+    accounting records and checksums. Exits 1 if any check fails. With --epochs or --min-sep: also
+    the sensitivity and losses of the operator that runs under that schema (refused when the
+    artifact declares another multi-participation schema)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
     from mfcli.structured import is_structured_file
@@ -176,7 +221,9 @@ def inspect(
         return
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
+    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     report = inspect_artifact(artifact, certificate=certificate)
+    under = _under_requested(artifact, report, requested) if requested is not None else None
     written = None
     if plot is not None:
         written = plot_report(report, plot, force=force)
@@ -184,9 +231,13 @@ def inspect(
         payload = report.to_dict()
         if written is not None:
             payload["plot"] = str(written)
+        if under is not None:
+            payload["under_requested_schema"] = under
         emit_json(envelope("inspect", **payload))
     else:
         _render(report)
+        if under is not None:
+            _render_under(under)
         if written is not None:
             log(f"wrote {written}")
     if not report.ok:

@@ -28,6 +28,14 @@ SHORT_HEADERS = ("strategy", "causal", "sens", "total", "mean", "RMSE", "max ste
 EXACT_COLUMN = ("sensitivity_exact", "sensitivity is", "sens is")
 
 
+#: Columns added at equal privacy (``compare --epsilon``): (key, header, short header).
+PRIVACY_COLUMNS = (
+    ("accounting", "accounting at the target", "accounting"),
+    ("sigma", "sigma at the target (rounded up)", "sigma@eps"),
+    ("rmse_at_epsilon", "RMSE at the target (rounded up)", "RMSE@eps"),
+)
+
+
 def exactness(exact: bool) -> str:
     """How a row's sensitivity under a schema was established: ``exact`` or ``upper bound``."""
     return "exact" if exact else "upper bound"
@@ -37,6 +45,8 @@ def _headers(table: Comparison, *, short: bool) -> list[str]:
     heads = list(SHORT_HEADERS) if short else [h for _, h in COLUMNS]
     if table.multi:
         heads.insert(3, EXACT_COLUMN[2] if short else EXACT_COLUMN[1])
+    if table.privacy is not None:
+        heads += [c[2] if short else c[1] for c in PRIVACY_COLUMNS]
     return heads
 
 
@@ -89,6 +99,8 @@ def table_cells(table: Comparison) -> list[list[str]]:
         ]
         if table.multi:
             cells.insert(3, exactness(r.sensitivity_exact))
+        if r.privacy is not None:  # sigma and the error it causes decide privacy: rounded up
+            cells += [r.privacy.accounting, pessimistic(r.privacy.sigma), pessimistic(r.privacy.rmse)]
         rows.append(cells)
     return rows
 
@@ -98,7 +110,12 @@ def title(table: Comparison) -> str:
     participation: the caption of every rendering."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(table.workload_params.items()))
     text = f"{table.workload_name} workload, n = {table.n}" + (f" ({params})" if params else "")
-    return f"{text}, {table.participation.describe(table.n)}" if table.multi else text
+    text = f"{text}, {table.participation.describe(table.n)}" if table.multi else text
+    if table.privacy is not None:
+        t = table.privacy
+        sampler = "no sampling" if t.sampling is None else f"cyclic Poisson sampling at rate {t.sampling:g}"
+        text += f"; at equal privacy epsilon = {t.epsilon:g}, delta = {t.delta:g}, {sampler}"
+    return text
 
 
 def render_markdown(table: Comparison) -> str:
@@ -124,6 +141,8 @@ def render_csv(table: Comparison) -> str:
     keys = [key for key, _ in COLUMNS]
     if table.multi:
         keys.insert(3, EXACT_COLUMN[0])
+    if table.privacy is not None:
+        keys += [c[0] for c in PRIVACY_COLUMNS]
     w.writerow([*keys, "m", "description"])
     for r in table.rows:
         cells: list[Any] = [
@@ -132,6 +151,8 @@ def render_csv(table: Comparison) -> str:
         ]
         if table.multi:
             cells.insert(3, str(r.sensitivity_exact).lower())
+        if r.privacy is not None:
+            cells[-2:-2] = [r.privacy.accounting, repr(r.privacy.sigma), repr(r.privacy.rmse)]
         w.writerow(cells)
     return buf.getvalue()
 

@@ -1,0 +1,262 @@
+"""Accounting under multiple participations (docs/accounting.md, "Multiple participations").
+
+Two settings, each a proven guarantee under stated conditions:
+
+* **deterministic** (:func:`deterministic`): every example takes part in the steps a participation
+  schema allows (fixed-epoch or min-separation, :mod:`mfcli.participation`), with no sampling.
+  Then C G + Z is one Gaussian mechanism whose L2 sensitivity is the schema's sensitivity of C
+  (:func:`mfcli.participation.sensitivity`); gradients chosen adaptively from earlier outputs do
+  not change this for a causal C (Denisov et al. 2022, Thm. 2.1; Choquette-Choo et al. 2023,
+  arXiv 2211.06530, Sec. 2). When the sensitivity is only an upper bound U (``exact`` False) the
+  epsilon at U is still a guarantee; the epsilon at the witnessed lower value is reported beside it,
+  so the true epsilon of the mechanism lies in that bracket.
+* **cyclic Poisson** (:func:`cyclic_poisson`): examples are split into b groups and at step i the
+  group i mod b is Poisson-sampled with rate p. Choquette-Choo et al. 2023, *(Amplified) banded
+  matrix factorizations* (arXiv 2306.08153, Alg. 2, Thm. 3): a lower-triangular C with at most b
+  bands (C_ij = 0 for i - j >= b) is then exactly as private as DP-SGD with noise multiplier
+  sigma / max_j ||C[:, j]||, sampling rate p and ceil(n / b) steps. The reduced DP-SGD is accounted
+  by dp-accounting's PLD accountant.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
+from mfcli.accounting.events import event_to_json
+from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, gaussian_epsilon
+from mfcli.errors import MfcliError
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, Sensitivity, SingleParticipation
+
+
+def schema_dict(schema: Participation, n: int) -> dict:
+    """The schema as it appears in JSON rows: its stored JSON fields and one human line."""
+    import json
+
+    return {**json.loads(schema.to_json()), "description": schema.describe(n)}
+
+
+@dataclass(frozen=True)
+class DeterministicResult:
+    """The Gaussian mechanism at a participation schema's sensitivity (no sampling).
+
+    Attributes:
+        epsilon: the guarantee: epsilon of the Gaussian at sensitivity ``sensitivity.value``.
+        epsilon_lower: epsilon at the witnessed sensitivity ``sensitivity.lower``; equals
+            ``epsilon`` when the sensitivity is exact. The mechanism's true epsilon lies in
+            [epsilon_lower, epsilon].
+        delta, sigma: as given.
+        sensitivity: the schema's sensitivity of C (value, exact, lower, method, schema).
+        n: the number of steps (columns of C).
+    """
+
+    epsilon: float
+    epsilon_lower: float
+    delta: float
+    sigma: float
+    sensitivity: Sensitivity
+    n: int
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / sens (per unit of the schema's sensitivity bound)."""
+        return self.sigma / self.sensitivity.value
+
+    def dp_event(self):
+        """One Gaussian with noise multiplier sigma / sens (the schema's sensitivity bound)."""
+        from dp_accounting import dp_event
+
+        return dp_event.GaussianDpEvent(self.noise_multiplier)
+
+    def as_dict(self) -> dict:
+        s = self.sensitivity
+        return {
+            "setting": "deterministic",
+            "epsilon": self.epsilon,
+            "epsilon_lower": self.epsilon_lower,
+            "bracket": [self.epsilon_lower, self.epsilon],
+            "delta": self.delta,
+            "sigma": self.sigma,
+            "sensitivity": s.value,
+            "sensitivity_lower": s.lower,
+            "sensitivity_exact": s.exact,
+            "sensitivity_method": s.method,
+            "noise_multiplier": self.noise_multiplier,
+            "rho_zcdp": s.value ** 2 / (2 * self.sigma ** 2),
+            "mu_gdp": s.value / self.sigma,
+            "participation": schema_dict(s.schema, self.n),
+            "batch_sampler": "deterministic",
+            "method": "exact analytic Gaussian (Balle-Wang 2018) at the schema's sensitivity"
+                      + ("" if s.exact else " (an upper bound on the sensitivity, so epsilon is still a guarantee)"),
+            "assumptions": f"every example takes part in the steps the schema allows ({s.schema.describe(self.n)}), "
+                           "no sampling; adaptive gradients, C causal; add or remove one example",
+            "dp_event": event_to_json(self.dp_event()),
+        }
+
+
+def deterministic(*, sigma: float, sensitivity: Sensitivity, n: int, delta: float = DEFAULT_DELTA) -> DeterministicResult:
+    """Epsilon of C G + Z under deterministic participation, from the schema's sensitivity.
+
+    Formal guarantee: (epsilon, delta)-DP for add or remove one example, when every example takes
+    part only in steps the schema allows; ``epsilon`` is exact for sensitivity ``sensitivity.value``
+    and so a guarantee whenever that value bounds the true sensitivity (it always does).
+    """
+    sigma = check_sigma(sigma)
+    delta = check_delta(delta)
+    if sensitivity.value <= 0:
+        raise MfcliError("the strategy has zero sensitivity under the schema (an all-zero C)")
+    eps = gaussian_epsilon(delta, sensitivity.value / sigma)
+    low = eps if sensitivity.exact else gaussian_epsilon(delta, sensitivity.lower / sigma)
+    return DeterministicResult(epsilon=eps, epsilon_lower=low, delta=delta, sigma=sigma, sensitivity=sensitivity, n=n)
+
+
+def cycle_length(schema: Participation, n: int) -> int:
+    """b, the number of groups of cyclic Poisson sampling: the separation of a min-sep schema, the
+    steps per epoch n / K of a fixed-epoch schema, or n under single participation (one epoch).
+
+    Raises:
+        MfcliError: a min-sep schema with a cap on the participations (cyclic Poisson sampling
+            cannot enforce one), or a schema that does not fit n.
+    """
+    if isinstance(schema, MinSeparation):
+        schema.check(n)
+        if schema.max_participations is not None:
+            raise MfcliError("cyclic Poisson sampling cannot cap the number of participations; "
+                             "leave out the maximum number of participations")
+        return schema.separation
+    if isinstance(schema, FixedEpoch):
+        return schema.steps_per_epoch(n)
+    if isinstance(schema, SingleParticipation):
+        # one epoch of n steps: n groups, each sampled at its one step (every causal C has <= n bands)
+        return n
+    raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+
+
+def band_count(c: np.ndarray) -> int:
+    """The number of bands of a lower-triangular C: 1 + the largest i - j with C_ij != 0."""
+    rows, cols = np.nonzero(c)
+    return int((rows - cols).max()) + 1 if rows.size else 0
+
+
+def check_cyclic(c: np.ndarray, b: int) -> None:
+    """Refuse a C that does not meet 2306.08153 Thm. 3's conditions for cycle length b: square,
+    lower-triangular, at most b bands, not all zero.
+
+    Raises:
+        MfcliError: naming the failed condition.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] != c.shape[1]:
+        raise MfcliError(f"cyclic Poisson accounting needs a square lower-triangular C, got shape {c.shape}")
+    if np.any(np.triu(c, 1)):
+        raise MfcliError("cyclic Poisson accounting needs a lower-triangular (causal) C; this C has entries above the diagonal")
+    bands = band_count(c)
+    if bands == 0:
+        raise MfcliError("the strategy is all zeros")
+    if bands > b:
+        raise MfcliError(f"cyclic Poisson accounting needs at most b = {b} bands (the cycle length); this C has {bands}")
+
+
+@dataclass(frozen=True)
+class CyclicPoissonResult:
+    """A b-banded C under cyclic Poisson sampling, reduced to DP-SGD (2306.08153 Thm. 3)."""
+
+    epsilon: float
+    delta: float
+    sigma: float
+    sampling: float
+    cycle: int
+    bands: int
+    column_norm: float
+    steps: int
+    n: int
+    schema: Participation
+    value_discretization: float
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / max column norm: the reduced DP-SGD's noise multiplier."""
+        return self.sigma / self.column_norm
+
+    def dp_event(self):
+        """ceil(n / b) self-composed Poisson-sampled Gaussians at noise multiplier sigma / max column norm."""
+        from dp_accounting import dp_event
+
+        return dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(self.sampling, dp_event.GaussianDpEvent(self.noise_multiplier)), self.steps
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": "cyclic-poisson",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "sigma": self.sigma,
+            "sampling": self.sampling,
+            "cycle": self.cycle,
+            "bands": self.bands,
+            "max_column_norm": self.column_norm,
+            "noise_multiplier": self.noise_multiplier,
+            "steps": self.steps,
+            "value_discretization": self.value_discretization,
+            "participation": schema_dict(self.schema, self.n),
+            "batch_sampler": f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
+                             f"{self.sampling:g} at step i",
+            "method": "2306.08153 Thm. 3: as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
+                      "sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
+            "assumptions": f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
+                           "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
+            "dp_event": event_to_json(self.dp_event()),
+        }
+
+
+def cyclic_poisson(
+    c: np.ndarray,
+    *,
+    schema: Participation,
+    sigma: float,
+    sampling: float,
+    delta: float = DEFAULT_DELTA,
+    value_discretization: float = DEFAULT_DISCRETIZATION,
+) -> CyclicPoissonResult:
+    """Epsilon of a b-banded C under cyclic Poisson sampling (b from ``schema``, :func:`cycle_length`).
+
+    Formal guarantee (2306.08153 Thm. 3, conditions checked by :func:`check_cyclic`): the
+    mechanism is as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
+    sigma / max_j ||C[:, j]||; the epsilon is dp-accounting's pessimistic PLD bound for that.
+
+    Raises:
+        MfcliError: the conditions fail, or a parameter is out of range.
+    """
+    from dp_accounting.pld import pld_privacy_accountant
+
+    sigma = check_sigma(sigma)
+    sampling = check_sampling(sampling)
+    delta = check_delta(delta)
+    value_discretization = check_discretization(value_discretization)
+    c = np.asarray(c, dtype=np.float64)
+    n = c.shape[1] if c.ndim == 2 else 0
+    b = cycle_length(schema, n)
+    check_cyclic(c, b)
+    col = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+    steps = math.ceil(n / b)
+    result = CyclicPoissonResult(epsilon=math.nan, delta=delta, sigma=sigma, sampling=sampling, cycle=b,
+                                 bands=band_count(c), column_norm=col, steps=steps, n=n, schema=schema,
+                                 value_discretization=value_discretization)
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
+    acc.compose(result.dp_event())
+    return CyclicPoissonResult(**{**result.__dict__, "epsilon": float(acc.get_epsilon(delta))})
+
+
+__all__ = [
+    "CyclicPoissonResult",
+    "DeterministicResult",
+    "band_count",
+    "check_cyclic",
+    "cycle_length",
+    "cyclic_poisson",
+    "deterministic",
+    "schema_dict",
+]
