@@ -355,8 +355,19 @@ class BufferedToeplitz:
         return c
 
     def noising_coefs(self, n: int) -> np.ndarray:
-        """First column of C^-1 (the noising matrix), length n: the inverse BLT's coefficients."""
-        return self.inverse().strategy_coefs(n)
+        """First column of C^-1 (the noising matrix), length n, in O(n d): d_0 = 1,
+        d_t = sum_k omega'_k lambda_k^(t-1) with the inverse BLT's parameters (complex conjugate
+        pairs allowed here, so every BLT has its noising coefficients)."""
+        n = _check_n(n)
+        lam, omp = _inverse_parameters(self.theta, self.omega, allow_complex=True)
+        out = np.zeros(n, dtype=np.result_type(lam, omp, np.float64))
+        out[0] = 1.0
+        if n > 1:
+            powers = np.arange(n - 1, dtype=np.float64)
+            with np.errstate(under="ignore"):
+                for la, om in zip(lam, omp):
+                    out[1:] += om * np.power(la, powers)
+        return np.ascontiguousarray(out.real, dtype=np.float64)
 
     def inverse(self) -> BufferedToeplitz:
         """The BLT of C^-1, in closed form.
@@ -367,10 +378,14 @@ class BufferedToeplitz:
         omega'_k = -1 / sum_i omega_i / (theta_i - lambda_k)^2 (docs/structured.md, "BLT").
 
         Raises:
-            MfcliError: C^-1 is not a real BLT with distinct decays in (-1, 1) (possible only
-                when some omega_i < 0; never for omega > 0, where the roots interlace the theta).
+            MfcliError: C^-1 is not a real BLT with distinct decays in (-1, 1). For omega > 0 the
+                roots are real and interlace the theta (one in each gap, one below theta_min),
+                and the lowest is below -1 exactly when sum_i omega_i / (1 + theta_i) > 1;
+                with mixed signs they may be complex. :meth:`noising_coefs` works in every case.
         """
         lam, omp = _inverse_parameters(self.theta, self.omega)
+        if np.any(np.abs(lam) >= 1):
+            raise MfcliError(f"C^-1 has a buffer decay outside (-1, 1): {lam.tolist()}")
         return BufferedToeplitz(theta=lam, omega=omp)
 
     # -- artifact parameters --------------------------------------------------------------
@@ -455,11 +470,10 @@ class BufferedToeplitz:
         return k * k * float(1.0 + self.omega @ g @ self.omega)
 
 
-def _inverse_parameters(theta: np.ndarray, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(lambda, omega') of C^-1 (see :meth:`BufferedToeplitz.inverse`)."""
-    d = theta.shape[0]
-    if d == 0:
-        return np.zeros(0), np.zeros(0)
+def _inverse_parameters(theta: np.ndarray, omega: np.ndarray, *, allow_complex: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(lambda, omega') of C^-1 (see :meth:`BufferedToeplitz.inverse`); complex conjugate pairs
+    only with ``allow_complex`` (possible only when some omega_i < 0)."""
     keep = omega != 0  # a buffer with omega_i = 0 does not act
     th, om = theta[keep], omega[keep]
     if th.shape[0] == 0:
@@ -467,18 +481,18 @@ def _inverse_parameters(theta: np.ndarray, omega: np.ndarray) -> tuple[np.ndarra
     roots = np.linalg.eigvals(np.diag(th) - np.outer(np.ones(th.shape[0]), om))
     # For omega > 0 the roots are real and interlace the decays (f is increasing between poles),
     # so an imaginary part is rounding; otherwise a complex pair means no real inverse BLT.
-    if not np.all(om > 0) and np.any(np.abs(roots.imag) > 1e-8 * max(1.0, float(np.max(np.abs(roots))))):
+    real = bool(np.all(om > 0)) or not np.any(np.abs(roots.imag) > 1e-8 * max(1.0, float(np.max(np.abs(roots)))))
+    if real:
+        lam = _polish_roots(np.sort(roots.real), th, om)
+    elif allow_complex:
+        lam = roots
+    else:
         raise MfcliError("C^-1 is not a real BLT (complex decays); use positive output scales omega")
-    lam = np.sort(roots.real)
-    lam = _polish_roots(lam, th, om)
     diff = th[None, :] - lam[:, None]
     if np.any(np.abs(diff) < 1e-300):
         raise MfcliError("C^-1 is not a BLT with distinct decays")
     s2 = np.sum(om[None, :] / diff**2, axis=1)
-    omp = -1.0 / s2
-    if np.any(np.abs(lam) >= 1):
-        raise MfcliError(f"C^-1 has a buffer decay outside (-1, 1): {lam.tolist()}")
-    return lam, omp
+    return lam, -1.0 / s2
 
 
 def _polish_roots(lam: np.ndarray, th: np.ndarray, om: np.ndarray) -> np.ndarray:
@@ -587,7 +601,12 @@ def _loss_and_grad_general(theta: np.ndarray, omega: np.ndarray, n: int, gamma: 
     """Max or mean loss under any schema and its gradient in (theta, omega), O(n d)."""
     blt = BufferedToeplitz(theta=theta, omega=omega)
     lam, omp = _inverse_parameters(theta, omega)
-    dcoef = BufferedToeplitz(theta=lam, omega=omp).strategy_coefs(n)
+    dcoef = np.zeros(n)
+    dcoef[0] = 1.0
+    s_idx = np.arange(n - 1, dtype=np.float64)
+    with np.errstate(under="ignore", over="ignore"):
+        for la, om in zip(lam, omp):
+            dcoef[1:] += om * np.power(la, s_idx)
     beta = _apply_workload(gamma, dcoef)
     err_t = np.cumsum(beta * beta)
     if error == "max":
