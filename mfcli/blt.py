@@ -696,7 +696,7 @@ def optimize_blt(
     beta: float | None = None,
     error: str = "max",
     schema: Participation | None = None,
-    starts: int = 4,
+    starts: int = 3,
     max_iter: int = 500,
     seed: int = 0,
 ) -> BltOptimum:
@@ -707,7 +707,9 @@ def optimize_blt(
     max error the O(d^2) closed form (n-independent), otherwise the O(n d) form; both
     differentiate through the inverse BLT by implicit differentiation of its secular equation.
     Starts: the quadrature start (:func:`quadrature_start`) at two horizons, then seeded random
-    perturbations of it. The returned loss is recomputed in O(n d) from the returned BLT.
+    perturbations of it; when the best result has two (nearly) equal decays, one of them is
+    re-placed and optimised again (up to two rounds). The returned loss is recomputed in O(n d)
+    from the returned BLT.
 
     Raises:
         MfcliError: n, buffers, error, workload or schema out of range.
@@ -758,13 +760,36 @@ def optimize_blt(
     bounds = [(-25.0, 25.0)] * buffers + [(-40.0, 5.0)] * buffers
     best: tuple[float, np.ndarray] | None = None
     reached = []
-    for x0 in inits:
+
+    def run(x0: np.ndarray) -> None:
+        nonlocal best
         res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxiter": max_iter, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20})
         val = float(res.fun)
         reached.append(val)
         if best is None or val < best[0]:
             best = (val, res.x)
+
+    for x0 in inits:
+        run(x0)
+    # Two equal decays are a saddle the gradient cannot leave (the loss is symmetric in the
+    # pair): the optimiser then sits on a (d-1)-buffer BLT. Re-place one of the pair below the
+    # fastest, above the slowest, or in the widest gap of the decays, and optimise again.
+    for _ in range(2):
+        assert best is not None
+        x = best[1]
+        order = np.argsort(x[:buffers])
+        logits = x[:buffers][order]
+        gaps = np.diff(logits)
+        if buffers < 2 or gaps.min() > 1e-3 * max(1.0, float(np.abs(logits).max())):
+            break
+        dup = int(order[int(np.argmin(gaps)) + 1])
+        widest = int(np.argmax(gaps))
+        for target in (logits[0] - 2.0, logits[-1] + 2.0, (logits[widest] + logits[widest + 1]) / 2):
+            x0 = x.copy()
+            x0[dup] = min(max(target, -24.0), 24.0)
+            x0[buffers + dup] = x[buffers + dup] - 1.0
+            run(x0)
     assert best is not None
     x = best[1]
     blt = _canonical(1 / (1 + np.exp(-x[:buffers])), np.exp(x[buffers:]))
