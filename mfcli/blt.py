@@ -37,7 +37,7 @@ Example (the one-buffer BLT c = (1, 0.5, 0.25, ...)):
     >>> blt = BufferedToeplitz(theta=[0.5], omega=[0.5])
     >>> blt.strategy_coefs(4).tolist()
     [1.0, 0.5, 0.25, 0.125]
-    >>> [round(x, 12) for x in blt.noising_coefs(4)]
+    >>> blt.noising_coefs(4).round(12).tolist()
     [1.0, -0.5, 0.0, 0.0]
 """
 from __future__ import annotations
@@ -90,7 +90,8 @@ def toeplitz_workload(workload: Any = "prefix", *, beta: float | None = None) ->
         if workload.name not in TOEPLITZ_WORKLOADS:
             raise MfcliError(f"a BLT loss needs a Toeplitz workload (prefix or momentum), got {workload.name}")
         if workload.params.get("lr", "constant") != "constant":
-            raise MfcliError("a learning-rate schedule makes the workload non-Toeplitz; a BLT loss supports a constant learning rate only")
+            raise MfcliError("a learning-rate schedule makes the workload non-Toeplitz; "
+                             "a BLT loss supports a constant learning rate only")
         if workload.name == "momentum":
             beta = float(workload.params["beta"])
         workload = workload.name
@@ -350,7 +351,7 @@ class BufferedToeplitz:
         if n > 1:
             powers = np.arange(n - 1, dtype=np.float64)
             with np.errstate(under="ignore"):
-                for th, om in zip(self.theta, self.omega):
+                for th, om in zip(self.theta, self.omega, strict=True):
                     c[1:] += om * np.power(th, powers)
         return c
 
@@ -365,7 +366,7 @@ class BufferedToeplitz:
         if n > 1:
             powers = np.arange(n - 1, dtype=np.float64)
             with np.errstate(under="ignore"):
-                for la, om in zip(lam, omp):
+                for la, om in zip(lam, omp, strict=True):
                     out[1:] += om * np.power(la, powers)
         return np.ascontiguousarray(out.real, dtype=np.float64)
 
@@ -605,7 +606,7 @@ def _loss_and_grad_general(theta: np.ndarray, omega: np.ndarray, n: int, gamma: 
     dcoef[0] = 1.0
     s_idx = np.arange(n - 1, dtype=np.float64)
     with np.errstate(under="ignore", over="ignore"):
-        for la, om in zip(lam, omp):
+        for la, om in zip(lam, omp, strict=True):
             dcoef[1:] += om * np.power(la, s_idx)
     beta = _apply_workload(gamma, dcoef)
     err_t = np.cumsum(beta * beta)
@@ -793,7 +794,8 @@ def optimize_blt(
     assert best is not None
     x = best[1]
     blt = _canonical(1 / (1 + np.exp(-x[:buffers])), np.exp(x[buffers:]))
-    loss = blt.loss(n, workload=gamma and "momentum" or "prefix", beta=gamma or None, error=error, schema=schema)
+    loss = blt.loss(n, workload="momentum" if gamma else "prefix", beta=gamma if gamma else None, error=error,
+                    schema=schema)
     return BltOptimum(blt=blt, loss=loss, error=error, n=n, workload=name, beta=gamma if gamma else None,
                       schema=schema, start_losses=tuple(math.exp(v) for v in reached),
                       seconds=time.perf_counter() - t_start)
@@ -803,14 +805,15 @@ def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
     """Sorted by decay, equal decays merged (their scales add), so the BLT validates."""
     order = np.argsort(theta)
     theta, omega = theta[order], omega[order]
-    keep_t, keep_o = [], []
-    for th, om in zip(theta, omega):
+    keep_t: list[float] = []
+    keep_o: list[float] = []
+    for th, om in zip(theta, omega, strict=True):
         if keep_t and th == keep_t[-1]:
             keep_o[-1] += om
         else:
             keep_t.append(float(th))
             keep_o.append(float(om))
-    return BufferedToeplitz(theta=keep_t, omega=keep_o)
+    return BufferedToeplitz(theta=np.array(keep_t), omega=np.array(keep_o))
 
 
 # ---------------------------------------------------------------------------------------------

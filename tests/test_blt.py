@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from mfcli.blt import (
     BltNoiseStream,
     BufferedToeplitz,
-    _loss_and_grad_closed,
     _inverse_parameters,
+    _loss_and_grad_closed,
     _loss_and_grad_general,
     optimize_blt,
     quadrature_start,
@@ -48,7 +48,7 @@ def dense_c(blt: BufferedToeplitz, n: int) -> np.ndarray:
     for i in range(n):
         out[i, i] = 1.0
         for j in range(i):
-            out[i, j] = sum(w * th ** (i - j - 1) for th, w in zip(blt.theta, blt.omega))
+            out[i, j] = sum(w * th ** (i - j - 1) for th, w in zip(blt.theta, blt.omega, strict=True))
     return out
 
 
