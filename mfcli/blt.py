@@ -856,19 +856,29 @@ class BltNoiseStream:
 
     def next(self) -> np.ndarray:
         """Row t of C^-1 Z (a new array), advancing to step t + 1."""
-        from mfcli.noise import noise_row
+        from mfcli.noise import _fill_block, _for_blocks
 
         if self.t >= self.n:
             raise MfcliError(f"the noise stream has ended: all n = {self.n} steps were drawn")
-        x = noise_row(self.seed, self.t, self.d, self.dtype, threads=self.threads)
-        tmp = self._scratch
-        for i in range(self.blt.buffers):
-            np.multiply(self._buffers[i], self._omega[i], out=tmp)
-            np.subtract(x, tmp, out=x)
-        for i in range(self.blt.buffers):
-            buf = self._buffers[i]
-            np.multiply(buf, self._theta[i], out=buf)
-            np.add(buf, x, out=buf)
+        x = np.empty(self.d, dtype=self.dtype)
+        t = self.t
+
+        # Block by block (the noise row's own 65,536-entry Philox blocks): draw z, form x, update
+        # the buffers while the block is in cache. Every entry sees the same operations in the
+        # same order whatever the thread count, so the result does not depend on it.
+        def block(c: int, a: int, b: int) -> None:
+            xb = x[a:b]
+            _fill_block(self.seed, t, c, xb)
+            tmp = self._scratch[a:b]
+            bufs = self._buffers[:, a:b]
+            for i in range(self.blt.buffers):
+                np.multiply(bufs[i], self._omega[i], out=tmp)
+                np.subtract(xb, tmp, out=xb)
+            for i in range(self.blt.buffers):
+                np.multiply(bufs[i], self._theta[i], out=bufs[i])
+                np.add(bufs[i], xb, out=bufs[i])
+
+        _for_blocks(self.d, self.threads, block)
         self.t += 1
         return x
 

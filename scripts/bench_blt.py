@@ -59,6 +59,18 @@ def _jp_optimize(bt, n: int, buffers: int, error: str) -> tuple[BufferedToeplitz
     return BufferedToeplitz(theta=np.asarray(blt.buf_decay), omega=np.asarray(blt.output_scale)), secs
 
 
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cpu(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -104,31 +116,39 @@ def main() -> None:
         print(f"| {n} | {buffers} | {gate} | {ours:.4f} | {jcol} |")
 
     print(f"\n## 3. Optimisation wall time, max error (median of {args.repeats}; jax_privacy {args.jp_repeats})\n")
-    print("| n | buffers | gate (s) | mfcli (s) | jax_privacy (s) |")
-    print("|---|---|---|---|---|")
+    print("| n | buffers | gate (s) | mfcli wall (s) | mfcli CPU (s) | jax_privacy wall (s) |")
+    print("|---|---|---|---|---|---|")
     cases = [(10**5, 4, 10)] + ([] if args.quick else [(10**6, 5, 60)])
     for n, buffers, gate in cases:
-        ours = statistics.median(optimize_blt(n=n, buffers=buffers).seconds for _ in range(args.repeats))
+        def run(n: int = n, buffers: int = buffers) -> None:
+            optimize_blt(n=n, buffers=buffers)
+
+        ours = statistics.median(_timed(run) for _ in range(args.repeats))
+        cpu = statistics.median(_cpu(run) for _ in range(args.repeats))
         jcol = f"{statistics.median(_jp_optimize(bt, n, buffers, 'max')[1] for _ in range(args.jp_repeats)):.2f}" if bt else "n/a"
-        print(f"| {n} | {buffers} | {gate} | {ours:.2f} | {jcol} |")
+        print(f"| {n} | {buffers} | {gate} | {ours:.2f} | {cpu:.2f} | {jcol} |")
 
     print("\n## 4. Gradient noise stream C^-1 Z, d = 10^6, 4 buffers\n")
     blt = optimize_blt(n=10**4, buffers=4).blt
     rates = []
-    for threads in (1, 2):
-        stream = BltNoiseStream(blt, n=10**4, seed=1, d=10**6, threads=threads)
+    for dtype, threads in (("float64", 1), ("float64", 2), ("float32", 1), ("float32", 2)):
+        stream = BltNoiseStream(blt, n=10**4, seed=1, d=10**6, threads=threads, dtype=dtype)
         stream.next()
-        times = []
+        walls, cpus = [], []
         for _ in range(30):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             stream.next()
-            times.append(time.perf_counter() - t0)
-        rates.append((threads, 1 / statistics.median(times), stream.memory_floats * 8 / 2**20))
-    print("| noise threads | steps/s (median) | gate | memory (MiB) |")
-    print("|---|---|---|---|")
-    for threads, rate, mib in rates:
-        print(f"| {threads} | {rate:.1f} | 50 | {mib:.0f} |")
-
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        rates.append((dtype, threads, 1 / statistics.median(walls), 1 / statistics.median(cpus),
+                      stream.memory_floats * 8 / 2**20))
+    # On a shared machine wall time measures the load; CPU seconds (all threads of this process)
+    # are what one step costs.
+    print("| dtype | threads | steps/s (wall, median) | steps per CPU second (median) | gate | memory (MiB) |")
+    print("|---|---|---|---|---|---|")
+    for dtype, threads, rate, cpu_rate, mib in rates:
+        print(f"| {dtype} | {threads} | {rate:.1f} | {cpu_rate:.1f} | 50 | {mib:.0f} |")
+    print(f"\nload at the end: {_load()}")
 
 if __name__ == "__main__":
     main()
