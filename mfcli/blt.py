@@ -389,6 +389,10 @@ class BufferedToeplitz:
             raise MfcliError(f"C^-1 has a buffer decay outside (-1, 1): {lam.tolist()}")
         return BufferedToeplitz(theta=lam, omega=omp)
 
+    def gradient_stream(self, *, n: int, seed: int, d: int, dtype: Any = "float64", threads: int = 1) -> BltNoiseStream:
+        """The gradient noise stream (rows of C^-1 Z) of this strategy: :class:`BltNoiseStream`."""
+        return BltNoiseStream(self, n=n, seed=seed, d=d, dtype=dtype, threads=threads)
+
     # -- artifact parameters --------------------------------------------------------------
 
     def parameters(self) -> dict[str, np.ndarray]:

@@ -324,7 +324,7 @@ def test_optimize_under_min_sep_is_evaluated_honestly():
 def test_stream_matches_dense_noise(theta, omega, dtype):
     n, d = 20, 7
     blt = BufferedToeplitz(theta=theta, omega=omega)
-    stream = BltNoiseStream(blt, n=n, seed=3, d=d, dtype=dtype)
+    stream = blt.gradient_stream(n=n, seed=3, d=d, dtype=dtype)
     rows = np.stack([stream.next() for _ in range(n)])
     z = noise_matrix(3, n, d, dtype).astype(np.float64)
     expect = np.linalg.solve(dense_c(blt, n), z)
