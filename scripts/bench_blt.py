@@ -76,12 +76,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jp-repeats", type=int, default=1, help="timed runs of jax_privacy (slow on CPU)")
     parser.add_argument("--quick", action="store_true", help="skip n = 10^6 and the dense n = 2048 solve")
+    parser.add_argument("--stream-only", action="store_true", help="section 4 only")
     args = parser.parse_args()
     bt = _jax_privacy()
     pools = sorted({(i["internal_api"], i["num_threads"]) for i in threadpool_info()})
     print(f"load {_load()}, {os.cpu_count()} CPUs, BLAS (threadpoolctl) {pools}, "
           f"jax_privacy {'installed' if bt else 'not installed'}\n")
 
+    if not args.stream_only:
+        optimisation(args, bt)
+    stream_section()
+
+
+def optimisation(args: argparse.Namespace, bt) -> None:
     print("## 1. Mean loss against the certified dense optimum (prefix, single participation)\n")
     print("| n | buffers | dense optimum (gap) | mfcli BLT | ratio | jax_privacy BLT | ratio |")
     print("|---|---|---|---|---|---|---|")
@@ -128,6 +135,11 @@ def main() -> None:
         jcol = f"{statistics.median(_jp_optimize(bt, n, buffers, 'max')[1] for _ in range(args.jp_repeats)):.2f}" if bt else "n/a"
         print(f"| {n} | {buffers} | {gate} | {ours:.2f} | {cpu:.2f} | {jcol} |")
 
+
+
+def stream_section() -> None:
+    from mfcli.noise import noise_row
+
     print("\n## 4. Gradient noise stream C^-1 Z, d = 10^6, 4 buffers\n")
     blt = optimize_blt(n=10**4, buffers=4).blt
     rates = []
@@ -141,9 +153,18 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         rates.append((dtype, threads, 1 / statistics.median(walls), 1 / statistics.median(cpus),
-                      stream.memory_floats * 8 / 2**20))
+                      stream.memory_floats * np.dtype(dtype).itemsize / 2**20))
     # On a shared machine wall time measures the load; CPU seconds (all threads of this process)
     # are what one step costs.
+    for dtype in ("float64", "float32"):  # the ceiling: drawing Z's row alone (Philox normals)
+        walls, cpus = [], []
+        for j in range(30):
+            t0, c0 = time.perf_counter(), time.process_time()
+            noise_row(1, j, 10**6, dtype)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        mib = 10**6 * np.dtype(dtype).itemsize / 2**20
+        rates.append((f"{dtype} (Z row only)", 1, 1 / statistics.median(walls), 1 / statistics.median(cpus), mib))
     print("| dtype | threads | steps/s (wall, median) | steps per CPU second (median) | gate | memory (MiB) |")
     print("|---|---|---|---|---|---|")
     for dtype, threads, rate, cpu_rate, mib in rates:
