@@ -1,0 +1,921 @@
+"""Buffered linear Toeplitz (BLT) strategies: C never materialised, O(n d) losses, O(buffers) noise.
+
+A BLT (Dvijotham, McMahan, Pillutla, Steinke, Thakurta 2024, arXiv 2404.16706) is the lower-
+triangular Toeplitz strategy C with first column
+
+    c_0 = 1,   c_t = sum_i omega_i theta_i^(t-1)   (t >= 1),
+
+buffer decays theta_1..theta_d and output scales omega_1..omega_d (d = ``buffers``). As a linear
+system it has d scalar buffers per coordinate: s_{t+1} = theta o s_t + x_t 1, y_t = x_t + omega . s_t.
+Its inverse C^-1 (the noising matrix) is again a BLT; its parameters have a closed form (below).
+The maths, with proofs, is in docs/structured.md, section "BLT".
+
+* :class:`BufferedToeplitz`: the strategy; coefficients of C and C^-1 in O(n d), the inverse BLT,
+  sensitivity under every participation schema, per-step error and max / mean loss for the prefix
+  and (constant learning-rate) momentum workloads in O(n d), closed forms in O(d^2).
+* :func:`optimize_blt`: the parameters minimising max or mean loss (scipy L-BFGS-B with analytic
+  gradients, several starts including a quadrature of the arcsine representation of the square
+  root factorization).
+* :class:`BltNoiseStream`: rows of C^-1 Z for d-dimensional Z in O(buffers x d) memory, exact,
+  checkpointable (``state_dict`` / ``load_state_dict``) and bit-identical on resume, refusing
+  step n and beyond.
+
+Loss convention (as in :mod:`mfcli.factorization`): per-step error err_t = sens(C)^2 ||B[t, :]||^2
+with B = A C^-1, max loss = max_t err_t, mean loss = sum_t err_t / n; noise multiplier 1, clip 1.
+
+Workloads. A Toeplitz loss needs a Toeplitz workload: the prefix sum S (first column all ones)
+and heavy-ball momentum with a constant learning rate, A = S M_beta (first column
+a_t = (1 - beta^(t+1)) / (1 - beta)). A learning-rate schedule makes A = S diag(eta) M_beta, which
+is not Toeplitz (nor is B = A C^-1), so its error has no O(n d) form here and is refused.
+
+The private helpers ``_toeplitz_*`` (workload coefficients, decoder coefficients, per-step error,
+sensitivity of a Toeplitz first column) are generic in the Toeplitz coefficients and can be swapped
+for the shared ones in mfcli/toeplitz.py.
+
+Example (the one-buffer BLT c = (1, 0.5, 0.25, ...)):
+    >>> from mfcli.blt import BufferedToeplitz
+    >>> blt = BufferedToeplitz(theta=[0.5], omega=[0.5])
+    >>> blt.strategy_coefs(4).tolist()
+    [1.0, 0.5, 0.25, 0.125]
+    >>> blt.noising_coefs(4).round(12).tolist()
+    [1.0, -0.5, 0.0, 0.0]
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.participation import (
+    FixedEpoch,
+    MinSeparation,
+    Participation,
+    Sensitivity,
+    SingleParticipation,
+)
+from mfcli.validation import step_count
+
+#: The most buffers a BLT may have (near-optimality needs O(log n); 2404.16706 Conj. 9.1).
+MAX_BUFFERS = 32
+#: The largest n the O(n d) routines accept (memory: a few float64 vectors of length n).
+MAX_STEPS = 10**8
+#: Relative tolerance within which a sensitivity witness is taken to attain the bound.
+EXACT_RTOL = 1e-10
+ERRORS = ("max", "mean")
+TOEPLITZ_WORKLOADS = ("prefix", "momentum")
+
+
+# ---------------------------------------------------------------------------------------------
+# Toeplitz helpers (generic in the first column; see the module docstring)
+
+
+def toeplitz_workload(workload: Any = "prefix", *, beta: float | None = None) -> float:
+    """The momentum parameter gamma of a Toeplitz workload A(z) = 1 / ((1 - z)(1 - gamma z)).
+
+    ``prefix`` is gamma = 0; ``momentum`` is gamma = beta (default 0.9, as in
+    :func:`mfcli.workloads.momentum_workload`). A :class:`mfcli.workloads.Workload` is accepted
+    when it is prefix or momentum with a constant learning rate.
+
+    Raises:
+        MfcliError: an unknown name, beta outside [0, 1), a learning-rate schedule, a custom workload.
+    """
+    from mfcli.workloads import Workload
+
+    if isinstance(workload, Workload):
+        if workload.name not in TOEPLITZ_WORKLOADS:
+            raise MfcliError(f"a BLT loss needs a Toeplitz workload (prefix or momentum), got {workload.name}")
+        if workload.params.get("lr", "constant") != "constant":
+            raise MfcliError("a learning-rate schedule makes the workload non-Toeplitz; "
+                             "a BLT loss supports a constant learning rate only")
+        if workload.name == "momentum":
+            beta = float(workload.params["beta"])
+        workload = workload.name
+    if workload not in TOEPLITZ_WORKLOADS:
+        raise MfcliError(f"a BLT loss needs a Toeplitz workload, one of {', '.join(TOEPLITZ_WORKLOADS)}; got {workload!r}")
+    if workload == "prefix":
+        if beta not in (None, 0, 0.0):
+            raise MfcliError("beta applies to the momentum workload only")
+        return 0.0
+    b = 0.9 if beta is None else beta
+    if isinstance(b, bool) or not isinstance(b, (int, float, np.integer, np.floating)) or not (0.0 <= float(b) < 1.0):
+        raise MfcliError(f"beta must be in [0, 1), got {b!r}")
+    return float(b)
+
+
+def _toeplitz_workload_coefs(gamma: float, n: int) -> np.ndarray:
+    """First column of A: a_t = sum_{m <= t} gamma^m (all ones for the prefix sum)."""
+    if gamma == 0.0:
+        return np.ones(n)
+    return np.cumsum(gamma ** np.arange(n, dtype=np.float64))
+
+
+def _apply_workload(gamma: float, x: np.ndarray) -> np.ndarray:
+    """A x for the Toeplitz workload of ``gamma`` (x a first column or a vector): a prefix sum,
+    then, for momentum, the filter y_t = x_t + gamma y_{t-1}; O(n)."""
+    y = np.cumsum(x)
+    if gamma:
+        from scipy.signal import lfilter
+
+        y = lfilter([1.0], [1.0, -gamma], y)
+    return np.asarray(y, dtype=np.float64)
+
+
+def _apply_workload_adjoint(gamma: float, g: np.ndarray) -> np.ndarray:
+    """A^T g (the adjoint of :func:`_apply_workload`): the same filter run backwards."""
+    return _apply_workload(gamma, g[::-1])[::-1]
+
+
+def _toeplitz_per_step_error(noising: np.ndarray, gamma: float) -> np.ndarray:
+    """err_t = sum_{k <= t} beta_k^2, with beta the first column of B = A C^-1 (Toeplitz), from
+    the first column of C^-1; without the sensitivity factor."""
+    beta = _apply_workload(gamma, noising)
+    return np.cumsum(beta * beta)
+
+
+def _shifted_sum(c: np.ndarray, separation: int, k: int) -> np.ndarray:
+    """v = sum_{m < k} shift_{m b}(c), truncated at n: the column of C summed over the
+    participations at 0, b, ..., (k - 1) b. O(n) by a strided running sum."""
+    n = c.shape[0]
+    v = c.copy()
+    for start in range(separation, n, separation):  # v_t = c_t + v_{t-b} - c_{t-kb}
+        stop = min(start + separation, n)
+        seg = v[start:stop]
+        seg += v[start - separation:stop - separation]
+        drop = start - k * separation
+        if drop >= 0:
+            seg -= c[drop:drop + stop - start]
+    return v
+
+
+def _shifted_sum_direct(c: np.ndarray, separation: int, k: int) -> np.ndarray:
+    """The same v as :func:`_shifted_sum` without the running-sum recursion (no cancellation):
+    O(n k); used where k is small."""
+    n = c.shape[0]
+    v = np.zeros(n)
+    for m in range(k):
+        s = m * separation
+        if s >= n:
+            break
+        v[s:] += c[:n - s]
+    return v
+
+
+def _participation_layout(schema: Participation, n: int) -> tuple[int, int]:
+    """(separation b, participations k) of a multi-participation schema over n steps."""
+    if isinstance(schema, FixedEpoch):
+        return schema.steps_per_epoch(n), schema.epochs
+    if isinstance(schema, MinSeparation):
+        return schema.separation, schema.participations(n)
+    raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+
+
+def _toeplitz_sensitivity(c: np.ndarray, schema: Participation) -> Sensitivity:
+    """Sensitivity of the lower-triangular Toeplitz C with first column c (length n).
+
+    * single: ||c||_2 (column 0 is the longest column); exact.
+    * fixed-epoch (k epochs of b): exact ||v||_2 with v the column sum over 0, b, .., (k-1)b, when
+      c >= 0; otherwise the same on |c|, an upper bound.
+    * min-sep (b, k): exact ||v||_2 when c is non-negative and non-increasing; otherwise the same
+      on the reverse cumulative maximum of |c| (non-negative, non-increasing, >= |c|), an upper
+      bound. Proofs: docs/structured.md, "BLT", "Sensitivity".
+
+    The lower end is the value of an explicit adjacent pair (all-plus signs on 0, b, ...) or of
+    one participation at step 0, whichever is larger.
+    """
+    if not isinstance(schema, (SingleParticipation, FixedEpoch, MinSeparation)):
+        raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+    n = c.shape[0]
+    schema.check(n)
+    single2 = float(c @ c)
+    if isinstance(schema, SingleParticipation):
+        value = math.sqrt(single2)
+        return Sensitivity(value=value, exact=True, lower=value, method="Toeplitz: norm of the first column", schema=schema)
+    b, k = _participation_layout(schema, n)
+    shifted = _shifted_sum_direct if k <= 64 else _shifted_sum
+    v = shifted(c, b, k)
+    witness2 = max(float(v @ v), single2)
+    if isinstance(schema, FixedEpoch):
+        if np.all(c >= 0):
+            bound, how = c, "non-negative coefficients, participations at 0, b, .."
+        else:
+            bound, how = np.abs(c), "bound from |c|"
+    else:
+        nonincreasing = bool(np.all(c >= 0) and np.all(np.diff(c) <= 0))
+        if nonincreasing:
+            bound, how = c, "non-negative non-increasing coefficients, participations at 0, b, .."
+        else:
+            bound, how = np.maximum.accumulate(np.abs(c)[::-1])[::-1], "bound from the reverse cummax of |c|"
+    u = v if bound is c else shifted(bound, b, k)
+    upper2 = max(float(u @ u), witness2)
+    exact = witness2 >= upper2 * (1 - EXACT_RTOL)
+    method = f"Toeplitz {schema.kind}: {how}" + (", attained" if exact else " (upper bound)")
+    return Sensitivity(value=math.sqrt(upper2), exact=exact, lower=math.sqrt(witness2), method=method, schema=schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometric sums G_m(x) = sum_{s<m} x^s and their derivatives, stable near x = 1
+
+
+def _h(u: np.ndarray) -> np.ndarray:
+    """expm1(u) / u, with h(0) = 1."""
+    out = np.ones_like(u)
+    big = np.abs(u) > 1e-8
+    out[big] = np.expm1(u[big]) / u[big]
+    small = ~big
+    out[small] = 1.0 + u[small] / 2
+    return out
+
+
+_HP_SERIES = np.array([(k + 1) / math.factorial(k + 2) for k in range(18)])
+
+
+def _hprime(u: np.ndarray) -> np.ndarray:
+    """h'(u) = (e^u (u - 1) + 1) / u^2; a Taylor series near 0, where the formula cancels."""
+    out = np.empty_like(u)
+    near = np.abs(u) < 0.5
+    un = u[near]
+    out[near] = np.polynomial.polynomial.polyval(un, _HP_SERIES)
+    uf = u[~near]
+    with np.errstate(over="ignore"):
+        out[~near] = (np.exp(uf) * (uf - 1) + 1) / (uf * uf)
+    return out
+
+
+def _geom(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """G_m(x) = sum_{s<m} x^s and G_m'(x), elementwise for |x| < 1 (x = 1 allowed: m, m(m-1)/2).
+
+    For x > 1/2 in the log domain, x = e^L: G = m h(mL) / h(L) with h(u) = expm1(u)/u, and
+    dG/dL = m (m h'(mL) h(L) - h(mL) h'(L)) / h(L)^2, free of the cancellation of
+    (1 - x^m)/(1 - x) and its derivative when m (1 - x) is small.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    g = np.empty_like(x)
+    dg = np.empty_like(x)
+    if m <= 0:
+        g[...] = 0.0
+        dg[...] = 0.0
+        return g, dg
+    pos = x > 0.5
+    xp = x[pos]
+    lg = np.log(xp)
+    h1, hm = _h(lg), _h(m * lg)
+    d1, dm = _hprime(lg), _hprime(m * lg)
+    g[pos] = m * hm / h1
+    dg[pos] = m * (m * dm * h1 - hm * d1) / (h1 * h1) / xp
+    xo = x[~pos]
+    with np.errstate(under="ignore"):
+        xm1 = np.power(xo, m - 1)
+    g[~pos] = (1 - xm1 * xo) / (1 - xo)
+    dg[~pos] = (1 - m * xm1 + (m - 1) * xm1 * xo) / (1 - xo) ** 2
+    return g, dg
+
+
+# ---------------------------------------------------------------------------------------------
+# The strategy
+
+
+def _param_vector(value: Any, name: str) -> np.ndarray:
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise MfcliError(f"{name} must be a vector of numbers") from None
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise MfcliError(f"{name} must be a 1-D vector, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise MfcliError(f"{name} has non-finite entries")
+    arr.setflags(write=False)
+    return arr
+
+
+def _check_n(n: Any) -> int:
+    n = step_count(n)
+    if n > MAX_STEPS:
+        raise MfcliError(f"n must be at most {MAX_STEPS}, got {n}")
+    return n
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class BufferedToeplitz:
+    """The BLT strategy C with c_0 = 1, c_t = sum_i omega_i theta_i^(t-1) (t >= 1).
+
+    Attributes:
+        theta: buffer decays, distinct, each in (-1, 1) (an optimised strategy has them in
+            (0, 1); its inverse may have negative ones).
+        omega: output scales, one per buffer.
+
+    Raises:
+        MfcliError: lengths differ, more than :data:`MAX_BUFFERS` buffers, a non-finite entry, a
+            decay outside (-1, 1), or two equal decays (one buffer; merge their scales).
+    """
+
+    theta: np.ndarray
+    omega: np.ndarray
+    kind: ClassVar[str] = "blt"
+
+    def __post_init__(self) -> None:
+        theta = _param_vector(self.theta, "theta")
+        omega = _param_vector(self.omega, "omega")
+        if theta.shape != omega.shape:
+            raise MfcliError(f"theta and omega must have the same length, got {theta.shape[0]} and {omega.shape[0]}")
+        if theta.shape[0] > MAX_BUFFERS:
+            raise MfcliError(f"a BLT has at most {MAX_BUFFERS} buffers, got {theta.shape[0]}")
+        if np.any(np.abs(theta) >= 1):
+            raise MfcliError(f"every buffer decay theta must be in (-1, 1), got {theta.tolist()}")
+        if np.unique(theta).shape[0] != theta.shape[0]:
+            raise MfcliError("the buffer decays theta must be distinct (merge equal ones into one buffer)")
+        object.__setattr__(self, "theta", theta)
+        object.__setattr__(self, "omega", omega)
+
+    @property
+    def buffers(self) -> int:
+        """d: the number of buffers (state per coordinate of the noise stream)."""
+        return int(self.theta.shape[0])
+
+    def __repr__(self) -> str:
+        return f"BufferedToeplitz(theta={self.theta.tolist()}, omega={self.omega.tolist()})"
+
+    # -- coefficients ---------------------------------------------------------------------
+
+    def strategy_coefs(self, n: int) -> np.ndarray:
+        """First column of C, length n, in O(n d) time and O(n) memory."""
+        n = _check_n(n)
+        c = np.zeros(n)
+        c[0] = 1.0
+        if n > 1:
+            powers = np.arange(n - 1, dtype=np.float64)
+            with np.errstate(under="ignore"):
+                for th, om in zip(self.theta, self.omega, strict=True):
+                    c[1:] += om * np.power(th, powers)
+        return c
+
+    def noising_coefs(self, n: int) -> np.ndarray:
+        """First column of C^-1 (the noising matrix), length n, in O(n d): d_0 = 1,
+        d_t = sum_k omega'_k lambda_k^(t-1) with the inverse BLT's parameters (complex conjugate
+        pairs allowed here, so every BLT has its noising coefficients)."""
+        n = _check_n(n)
+        lam, omp = _inverse_parameters(self.theta, self.omega, allow_complex=True)
+        out = np.zeros(n, dtype=np.result_type(lam, omp, np.float64))
+        out[0] = 1.0
+        if n > 1:
+            powers = np.arange(n - 1, dtype=np.float64)
+            with np.errstate(under="ignore"):
+                for la, om in zip(lam, omp, strict=True):
+                    out[1:] += om * np.power(la, powers)
+        return np.ascontiguousarray(out.real, dtype=np.float64)
+
+    def inverse(self) -> BufferedToeplitz:
+        """The BLT of C^-1, in closed form.
+
+        C(z) = 1 + sum_i omega_i z / (1 - theta_i z). Its inverse has poles 1/lambda_k, where the
+        lambda_k are the eigenvalues of diag(theta) - 1 omega^T, i.e. the roots of the secular
+        equation sum_i omega_i / (theta_i - lambda) = 1, and residues giving
+        omega'_k = -1 / sum_i omega_i / (theta_i - lambda_k)^2 (docs/structured.md, "BLT").
+
+        Raises:
+            MfcliError: C^-1 is not a real BLT with distinct decays in (-1, 1). For omega > 0 the
+                roots are real and interlace the theta (one in each gap, one below theta_min),
+                and the lowest is below -1 exactly when sum_i omega_i / (1 + theta_i) > 1;
+                with mixed signs they may be complex. :meth:`noising_coefs` works in every case.
+        """
+        lam, omp = _inverse_parameters(self.theta, self.omega)
+        if np.any(np.abs(lam) >= 1):
+            raise MfcliError(f"C^-1 has a buffer decay outside (-1, 1): {lam.tolist()}")
+        return BufferedToeplitz(theta=lam, omega=omp)
+
+    def gradient_stream(self, *, n: int, seed: int, d: int, dtype: Any = "float64", threads: int = 1) -> BltNoiseStream:
+        """The gradient noise stream (rows of C^-1 Z) of this strategy: :class:`BltNoiseStream`."""
+        return BltNoiseStream(self, n=n, seed=seed, d=d, dtype=dtype, threads=threads)
+
+    # -- artifact parameters --------------------------------------------------------------
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """What an artifact stores: ``{"theta": ..., "omega": ...}`` (float64 vectors)."""
+        return {"theta": np.array(self.theta), "omega": np.array(self.omega)}
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> BufferedToeplitz:
+        """The BLT stored by :meth:`parameters`; :class:`ArtifactError` on anything else."""
+        if not isinstance(params, Mapping) or set(params) != {"theta", "omega"}:
+            keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+            raise ArtifactError(f"BLT parameters must be exactly theta and omega, got {keys}")
+        try:
+            return cls(theta=params["theta"], omega=params["omega"])
+        except MfcliError as exc:
+            raise ArtifactError(f"BLT parameters: {exc}") from None
+
+    # -- sensitivity ----------------------------------------------------------------------
+
+    def sensitivity_squared_single(self, n: int) -> float:
+        """||c||^2 in closed form, O(d^2) (2404.16706 Lemma 5.3):
+        1 + sum_ij omega_i omega_j (1 - (theta_i theta_j)^(n-1)) / (1 - theta_i theta_j)."""
+        n = _check_n(n)
+        g, _ = _geom(np.outer(self.theta, self.theta), n - 1)
+        return float(1.0 + self.omega @ g @ self.omega)
+
+    def sensitivity(self, n: int, schema: Participation | None = None) -> Sensitivity:
+        """L2 sensitivity of C over n steps under ``schema`` (default single participation).
+
+        Single participation: the closed form of :meth:`sensitivity_squared_single`; exact.
+        Fixed-epoch and min-sep: from the n coefficients in O(n d) (exact for non-negative,
+        respectively non-negative non-increasing, coefficients; otherwise a proven upper
+        bound; see :func:`_toeplitz_sensitivity`).
+        """
+        schema = SingleParticipation() if schema is None else schema
+        if isinstance(schema, SingleParticipation):
+            schema.check(n)
+            value = math.sqrt(self.sensitivity_squared_single(n))
+            return Sensitivity(value=value, exact=True, lower=value, method="BLT: closed-form column norm", schema=schema)
+        return _toeplitz_sensitivity(self.strategy_coefs(n), schema)
+
+    # -- error ----------------------------------------------------------------------------
+
+    def decoder_coefs(self, n: int, workload: Any = "prefix", *, beta: float | None = None) -> np.ndarray:
+        """First column of B = A C^-1 (Toeplitz) for a Toeplitz workload, O(n d)."""
+        gamma = toeplitz_workload(workload, beta=beta)
+        return _apply_workload(gamma, self.noising_coefs(n))
+
+    def per_step_error(self, n: int, workload: Any = "prefix", *, beta: float | None = None) -> np.ndarray:
+        """||B[t, :]||^2 for t < n (without the sensitivity factor), O(n d)."""
+        gamma = toeplitz_workload(workload, beta=beta)
+        return _toeplitz_per_step_error(self.noising_coefs(n), gamma)
+
+    def loss(self, n: int, *, workload: Any = "prefix", beta: float | None = None, error: str = "max",
+             schema: Participation | None = None) -> float:
+        """sens(C)^2 times the max or mean of the per-step errors over n steps, O(n d)."""
+        if error not in ERRORS:
+            raise MfcliError(f"error must be one of {', '.join(ERRORS)}, got {error!r}")
+        err = self.per_step_error(n, workload, beta=beta)
+        sens = self.sensitivity(n, schema).value
+        return sens * sens * float(err[-1] if error == "max" else err.mean())
+
+    def max_loss_closed_form(self, n: int, workload: Any = "prefix", *, beta: float | None = None) -> float:
+        """Single-participation max loss in O(d^2), independent of n: ||c||^2 ||beta||^2 with
+        beta_t = sum_j rho_j mu_j^t the exponential-sum form of B's first column
+        (docs/structured.md, "BLT")."""
+        n = _check_n(n)
+        gamma = toeplitz_workload(workload, beta=beta)
+        lam, omp = _inverse_parameters(self.theta, self.omega)
+        rho, mu = _decoder_terms(lam, omp, gamma)
+        g, _ = _geom(np.outer(mu, mu).real, n)
+        return self.sensitivity_squared_single(n) * float((rho @ g @ rho).real)
+
+    def limit_max_loss_rate(self) -> float:
+        """lim max loss / n as n -> infinity (prefix, single participation): K^2 ||c||_inf^2 with
+        K = 1 / C(1) = 1 / (1 + sum_i omega_i / (1 - theta_i)). A BLT's max loss grows linearly in
+        n, so a BLT is near-optimal only up to the horizon it was optimised for."""
+        k = 1.0 / (1.0 + float(np.sum(self.omega / (1 - self.theta))))
+        g = 1.0 / (1 - np.outer(self.theta, self.theta))
+        return k * k * float(1.0 + self.omega @ g @ self.omega)
+
+
+def _inverse_parameters(theta: np.ndarray, omega: np.ndarray, *, allow_complex: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(lambda, omega') of C^-1 (see :meth:`BufferedToeplitz.inverse`); complex conjugate pairs
+    only with ``allow_complex`` (possible only when some omega_i < 0)."""
+    keep = omega != 0  # a buffer with omega_i = 0 does not act
+    th, om = theta[keep], omega[keep]
+    if th.shape[0] == 0:
+        return np.zeros(0), np.zeros(0)
+    roots = np.linalg.eigvals(np.diag(th) - np.outer(np.ones(th.shape[0]), om))
+    # For omega > 0 the roots are real and interlace the decays (f is increasing between poles),
+    # so an imaginary part is rounding; otherwise a complex pair means no real inverse BLT.
+    real = bool(np.all(om > 0)) or not np.any(np.abs(roots.imag) > 1e-8 * max(1.0, float(np.max(np.abs(roots)))))
+    if real:
+        lam = _polish_roots(np.sort(roots.real), th, om)
+    elif allow_complex:
+        lam = roots
+    else:
+        raise MfcliError("C^-1 is not a real BLT (complex decays); use positive output scales omega")
+    diff = th[None, :] - lam[:, None]
+    if np.any(np.abs(diff) < 1e-300):
+        raise MfcliError("C^-1 is not a BLT with distinct decays")
+    s2 = np.sum(om[None, :] / diff**2, axis=1)
+    return lam, -1.0 / s2
+
+
+def _polish_roots(lam: np.ndarray, th: np.ndarray, om: np.ndarray) -> np.ndarray:
+    """Two Newton steps on f(lambda) = sum_i omega_i / (theta_i - lambda) - 1 from the eigenvalues
+    (each root is simple; the step is kept only where it reduces |f|)."""
+    for _ in range(2):
+        diff = th[None, :] - lam[:, None]
+        f = np.sum(om / diff, axis=1) - 1.0
+        fp = np.sum(om / diff**2, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cand = lam - f / fp
+        diff2 = th[None, :] - cand[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f2 = np.sum(om / diff2, axis=1) - 1.0
+        better = np.isfinite(f2) & (np.abs(f2) < np.abs(f))
+        lam = np.where(better, cand, lam)
+    return lam
+
+
+def _inverse_jacobian(theta: np.ndarray, omega: np.ndarray, lam: np.ndarray, omp: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """d(lambda, omega')/d(theta, omega) by implicit differentiation of the secular equation:
+    two d x 2d matrices (columns: theta then omega). Requires omega_i != 0."""
+    diff = theta[None, :] - lam[:, None]          # (k, i)
+    inv1, inv2 = 1.0 / diff, 1.0 / diff**2
+    s2 = inv2 @ omega
+    s3 = (inv2 * inv1) @ omega
+    dlam_dth = omega[None, :] * inv2 / s2[:, None]
+    dlam_dom = -inv1 / s2[:, None]
+    ds2_dth = -2 * omega[None, :] * inv2 * inv1 + 2 * s3[:, None] * dlam_dth
+    ds2_dom = inv2 + 2 * s3[:, None] * dlam_dom
+    # omega' = -1 / s2
+    scale = (1.0 / s2**2)[:, None]
+    return np.hstack([dlam_dth, dlam_dom]), np.hstack([ds2_dth * scale, ds2_dom * scale])
+
+
+def _decoder_terms(lam: np.ndarray, omp: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """B's first column as an exponential sum beta_t = sum_j rho_j mu_j^t (t >= 0).
+
+    D(z) = 1 + sum_k omega'_k z / (1 - lambda_k z); z / ((1 - z)(1 - lambda z)) =
+    (1/(1-z) - 1/(1-lambda z)) / (1 - lambda), so the prefix sum has mu = (1, lambda) and
+    rho = (K, -omega' / (1 - lambda)), K = 1 + sum_k omega'_k / (1 - lambda_k); momentum then
+    maps rho mu^t to rho (mu^(t+1) - gamma^(t+1)) / (mu - gamma). Works with complex input (for
+    complex-step derivatives)."""
+    a = -omp / (1 - lam)
+    rho = np.concatenate([[1.0 - np.sum(a)], a])
+    mu = np.concatenate([[1.0], lam])
+    if gamma:
+        w = rho / (mu - gamma)
+        rho = np.concatenate([w * mu, [-gamma * np.sum(w)]])
+        mu = np.concatenate([mu, [gamma]])
+    return rho, mu
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses with gradients for the optimiser (parameters theta in (0, 1), omega > 0)
+
+
+def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: float
+                          ) -> tuple[float, np.ndarray]:
+    """Single-participation max loss and its gradient in (theta, omega), O(d^2)."""
+    d = theta.shape[0]
+    g1, dg1 = _geom(np.outer(theta, theta), n - 1)
+    sens2 = 1.0 + omega @ g1 @ omega
+    gs_om = 2 * g1 @ omega
+    gs_th = 2 * omega * ((dg1 * theta[None, :]) @ omega)
+    lam, omp = _inverse_parameters(theta, omega)
+    rho, mu = _decoder_terms(lam, omp, gamma)
+    g2, dg2 = _geom(np.outer(mu, mu), n)
+    err = float(rho @ g2 @ rho)
+    ge_rho = 2 * g2 @ rho
+    ge_mu = 2 * rho * ((dg2 * mu[None, :]) @ rho)
+    # (lambda, omega') -> (rho, mu): complex-step derivatives of the arithmetic map (exact to
+    # rounding: no subtraction of nearly equal numbers is differentiated).
+    h = 1e-30
+    g_lam = np.zeros(d)
+    g_omp = np.zeros(d)
+    for k in range(d):
+        for which, out in ((0, g_lam), (1, g_omp)):
+            lc = lam.astype(complex)
+            oc = omp.astype(complex)
+            (lc if which == 0 else oc)[k] += 1j * h
+            r, m = _decoder_terms(lc, oc, gamma)
+            out[k] = float((ge_rho @ r.imag + ge_mu @ m.imag) / h)
+    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp)
+    ge = g_lam @ j_lam + g_omp @ j_omp
+    grad = err * np.concatenate([gs_th, gs_om]) + sens2 * ge
+    return float(sens2 * err), grad
+
+
+def _power_sums(base: np.ndarray, weights: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each base b_k: sum_{s<m} w_s b_k^s and sum_{s<m} s w_s b_k^(s-1) (w of length m)."""
+    s = np.arange(m, dtype=np.float64)
+    out0 = np.empty(base.shape[0])
+    out1 = np.empty(base.shape[0])
+    with np.errstate(under="ignore"):
+        for k, b in enumerate(base):
+            p = np.power(b, s)
+            out0[k] = weights @ p
+            out1[k] = (weights[1:] * s[1:]) @ p[:-1] if m > 1 else 0.0
+    return out0, out1
+
+
+def _loss_and_grad_general(theta: np.ndarray, omega: np.ndarray, n: int, gamma: float, error: str,
+                           schema: Participation) -> tuple[float, np.ndarray]:
+    """Max or mean loss under any schema and its gradient in (theta, omega), O(n d)."""
+    blt = BufferedToeplitz(theta=theta, omega=omega)
+    lam, omp = _inverse_parameters(theta, omega)
+    dcoef = np.zeros(n)
+    dcoef[0] = 1.0
+    s_idx = np.arange(n - 1, dtype=np.float64)
+    with np.errstate(under="ignore", over="ignore"):
+        for la, om in zip(lam, omp, strict=True):
+            dcoef[1:] += om * np.power(la, s_idx)
+    beta = _apply_workload(gamma, dcoef)
+    err_t = np.cumsum(beta * beta)
+    if error == "max":
+        err = float(err_t[-1])
+        g_beta = 2 * beta
+    else:
+        err = float(err_t.mean())
+        g_beta = 2 * beta * (n - np.arange(n)) / n
+    g_d = _apply_workload_adjoint(gamma, g_beta)
+    # d_t = sum_k omega'_k lambda_k^(t-1), t >= 1
+    s0, s1 = _power_sums(lam, g_d[1:], n - 1)
+    g_omp = s0
+    g_lam = omp * s1
+    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp)
+    ge = g_lam @ j_lam + g_omp @ j_omp
+    c = blt.strategy_coefs(n)
+    if isinstance(schema, SingleParticipation):
+        sens2 = float(c @ c)
+        g_c = 2 * c
+    else:
+        b, k = _participation_layout(schema, n)
+        chat = c.copy()
+        lift = isinstance(schema, MinSeparation) and n > 1 and c[1] > c[0]
+        if lift:  # for omega > 0 the reverse cummax of c changes c_0 only: max(1, c_1)
+            chat[0] = c[1]
+        v = _shifted_sum(chat, b, k) if k > 64 else _shifted_sum_direct(chat, b, k)
+        sens2 = float(v @ v)
+        g_c = 2 * (_shifted_sum(v[::-1], b, k)[::-1] if k > 64 else _shifted_sum_direct(v[::-1], b, k)[::-1])
+        if lift:
+            g_c[1] += g_c[0]
+        g_c[0] = 0.0
+    t0, t1 = _power_sums(theta, g_c[1:], n - 1)
+    gs = np.concatenate([omega * t1, t0])
+    return sens2 * err, err * gs + sens2 * ge
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimisation
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class BltOptimum:
+    """The result of :func:`optimize_blt`.
+
+    Attributes:
+        blt: the best strategy found.
+        loss: its loss, recomputed in O(n d) from ``blt`` (not the optimiser's value).
+        error: ``max`` or ``mean``.
+        n, workload, beta, schema: the problem.
+        start_losses: the loss reached from each start (the best is ``loss``).
+        seconds: wall time.
+    """
+
+    blt: BufferedToeplitz
+    loss: float
+    error: str
+    n: int
+    workload: str
+    beta: float | None
+    schema: Participation
+    start_losses: tuple[float, ...] = field(default_factory=tuple)
+    seconds: float = 0.0
+
+
+def quadrature_start(n: int, buffers: int, *, low: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A BLT approximating the square-root factorization, c_t ~ binom(2t, t) / 4^t.
+
+    Those coefficients are the moments of the arcsine law, c_t = E[S^t], S ~ Beta(1/2, 1/2), so
+    (1 - z)^(-1/2) = E[1 / (1 - S z)], a Stieltjes function; a d-point quadrature of S gives the
+    rational (BLT) approximation c_t ~ sum_i w_i s_i^t, i.e. theta_i = s_i, omega_i = w_i s_i.
+    The nodes are spread geometrically in 1 - s from ``low`` (default 1/(2n)) to 1.
+    """
+    low = 1.0 / (2 * n) if low is None else low
+    edges = np.geomspace(low, 1.0, buffers + 1)  # in u = 1 - s
+    cdf = (2 / np.pi) * np.arcsin(np.sqrt(1 - edges))  # P(S <= 1 - u)
+    weights = cdf[:-1] - cdf[1:]
+    weights[0] += 1 - cdf[0]  # the mass above 1 - low goes to the slowest buffer
+    nodes = 1 - np.sqrt(edges[:-1] * edges[1:])
+    return nodes, weights * nodes
+
+
+def optimize_blt(
+    *,
+    n: int,
+    buffers: int,
+    workload: Any = "prefix",
+    beta: float | None = None,
+    error: str = "max",
+    schema: Participation | None = None,
+    starts: int = 3,
+    max_iter: int = 500,
+    seed: int = 0,
+) -> BltOptimum:
+    """The BLT with ``buffers`` buffers minimising max or mean loss over n steps.
+
+    L-BFGS-B on theta = sigmoid(x), omega = exp(y) (so theta in (0, 1), omega > 0, and C^-1
+    is a real BLT), minimising log(loss) with analytic gradients: for single participation and
+    max error the O(d^2) closed form (n-independent), otherwise the O(n d) form; both
+    differentiate through the inverse BLT by implicit differentiation of its secular equation.
+    Starts: the quadrature start (:func:`quadrature_start`) at two horizons, then seeded random
+    perturbations of it; when the best result has two (nearly) equal decays, one of them is
+    re-placed and optimised again (up to two rounds). The returned loss is recomputed in O(n d)
+    from the returned BLT.
+
+    Raises:
+        MfcliError: n, buffers, error, workload or schema out of range.
+    """
+    from scipy.optimize import minimize
+
+    t_start = time.perf_counter()
+    n = _check_n(n)
+    if n < 2:
+        raise MfcliError(f"n must be at least 2 to optimise a BLT, got {n}")
+    buffers = step_count(buffers, name="buffers")
+    if buffers > MAX_BUFFERS:
+        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {buffers}")
+    if error not in ERRORS:
+        raise MfcliError(f"error must be one of {', '.join(ERRORS)}, got {error!r}")
+    starts = step_count(starts, name="starts")
+    schema = SingleParticipation() if schema is None else schema
+    if not isinstance(schema, (SingleParticipation, FixedEpoch, MinSeparation)):
+        raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+    schema.check(n)
+    gamma = toeplitz_workload(workload, beta=beta)
+    name = workload.name if hasattr(workload, "name") else str(workload)
+    closed = isinstance(schema, SingleParticipation) and error == "max"
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        theta = 1 / (1 + np.exp(-x[:buffers]))
+        omega = np.exp(x[buffers:])
+        try:
+            if closed:
+                val, g = _loss_and_grad_closed(theta, omega, n, gamma)
+            else:
+                val, g = _loss_and_grad_general(theta, omega, n, gamma, error, schema)
+        except (MfcliError, np.linalg.LinAlgError, FloatingPointError):
+            return 1e300, np.zeros_like(x)
+        if not (np.isfinite(val) and val > 0 and np.all(np.isfinite(g))):
+            return 1e300, np.zeros_like(x)
+        chain = np.concatenate([theta * (1 - theta), omega])
+        return math.log(val), g * chain / val
+
+    rng = np.random.default_rng(seed)
+    inits = []
+    for low in (1.0 / (2 * n), 1.0 / (8 * n)):
+        th, om = quadrature_start(n, buffers, low=low)
+        inits.append(np.concatenate([np.log(th / (1 - th)), np.log(om)]))
+    while len(inits) < starts:
+        inits.append(inits[0] + rng.normal(scale=0.5, size=2 * buffers))
+    inits = inits[:starts]
+    bounds = [(-25.0, 25.0)] * buffers + [(-40.0, 5.0)] * buffers
+    best: tuple[float, np.ndarray] | None = None
+    reached = []
+
+    def run(x0: np.ndarray) -> None:
+        nonlocal best
+        res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": max_iter, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20})
+        val = float(res.fun)
+        reached.append(val)
+        if best is None or val < best[0]:
+            best = (val, res.x)
+
+    for x0 in inits:
+        run(x0)
+    # Two equal decays are a saddle the gradient cannot leave (the loss is symmetric in the
+    # pair): the optimiser then sits on a (d-1)-buffer BLT. Re-place one of the pair below the
+    # fastest, above the slowest, or in the widest gap of the decays, and optimise again.
+    for _ in range(2):
+        assert best is not None
+        x = best[1]
+        order = np.argsort(x[:buffers])
+        logits = x[:buffers][order]
+        gaps = np.diff(logits)
+        if buffers < 2 or gaps.min() > 1e-3 * max(1.0, float(np.abs(logits).max())):
+            break
+        dup = int(order[int(np.argmin(gaps)) + 1])
+        widest = int(np.argmax(gaps))
+        for target in (logits[0] - 2.0, logits[-1] + 2.0, (logits[widest] + logits[widest + 1]) / 2):
+            x0 = x.copy()
+            x0[dup] = min(max(target, -24.0), 24.0)
+            x0[buffers + dup] = x[buffers + dup] - 1.0
+            run(x0)
+    assert best is not None
+    x = best[1]
+    blt = _canonical(1 / (1 + np.exp(-x[:buffers])), np.exp(x[buffers:]))
+    loss = blt.loss(n, workload="momentum" if gamma else "prefix", beta=gamma if gamma else None, error=error,
+                    schema=schema)
+    return BltOptimum(blt=blt, loss=loss, error=error, n=n, workload=name, beta=gamma if gamma else None,
+                      schema=schema, start_losses=tuple(math.exp(v) for v in reached),
+                      seconds=time.perf_counter() - t_start)
+
+
+def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
+    """Sorted by decay, equal decays merged (their scales add), so the BLT validates."""
+    order = np.argsort(theta)
+    theta, omega = theta[order], omega[order]
+    keep_t: list[float] = []
+    keep_o: list[float] = []
+    for th, om in zip(theta, omega, strict=True):
+        if keep_t and th == keep_t[-1]:
+            keep_o[-1] += om
+        else:
+            keep_t.append(float(th))
+            keep_o.append(float(om))
+    return BufferedToeplitz(theta=np.array(keep_t), omega=np.array(keep_o))
+
+
+# ---------------------------------------------------------------------------------------------
+# The gradient noise stream
+
+
+class BltNoiseStream:
+    """Rows of C^-1 Z for a BLT C: the noise added to step t's summed clipped gradient.
+
+    Z's rows come from :func:`mfcli.noise.noise_row` (seed, t), the same Philox stream as every
+    mfcli noise stream, so a row is regenerated from (seed, t) and never stored. Solving C x = z
+    with C's own buffers: x_t = z_t - sum_i omega_i s_i, then s_i <- theta_i s_i + x_t; memory
+    (buffers + 2) d floats, time O(buffers d) per step. The buffers are updated elementwise in a
+    fixed order (no BLAS), so :meth:`state_dict` / :meth:`load_state_dict` resume bit-identically.
+    Step n and beyond is refused: noise past the end breaks the privacy analysis.
+    """
+
+    def __init__(self, blt: BufferedToeplitz, *, n: int, seed: int, d: int, dtype: Any = "float64",
+                 threads: int = 1) -> None:
+        from mfcli.noise import check_dimension, check_dtype, check_seed
+
+        if not isinstance(blt, BufferedToeplitz):
+            raise TypeError(f"blt must be a BufferedToeplitz, got {type(blt).__name__}")
+        self.blt = blt
+        self.n = _check_n(n)
+        self.seed = check_seed(seed)
+        self.d = check_dimension(d)
+        self.dtype = check_dtype(dtype)
+        self.threads = step_count(threads, name="threads")
+        self._theta = [self.dtype.type(v) for v in blt.theta]
+        self._omega = [self.dtype.type(v) for v in blt.omega]
+        self.t = 0
+        self._buffers = np.zeros((blt.buffers, self.d), dtype=self.dtype)
+        self._scratch = np.empty(self.d, dtype=self.dtype)
+
+    @property
+    def memory_floats(self) -> int:
+        """Floats held: the buffers, the returned row and one scratch row."""
+        return (self.blt.buffers + 2) * self.d
+
+    def next(self) -> np.ndarray:
+        """Row t of C^-1 Z (a new array), advancing to step t + 1."""
+        from mfcli.noise import _fill_block, _for_blocks
+
+        if self.t >= self.n:
+            raise MfcliError(f"the noise stream has ended: all n = {self.n} steps were drawn")
+        x = np.empty(self.d, dtype=self.dtype)
+        t = self.t
+
+        # Block by block (the noise row's own 65,536-entry Philox blocks): draw z, form x, update
+        # the buffers while the block is in cache. Every entry sees the same operations in the
+        # same order whatever the thread count, so the result does not depend on it.
+        def block(c: int, a: int, b: int) -> None:
+            xb = x[a:b]
+            _fill_block(self.seed, t, c, xb)
+            tmp = self._scratch[a:b]
+            bufs = self._buffers[:, a:b]
+            for i in range(self.blt.buffers):
+                np.multiply(bufs[i], self._omega[i], out=tmp)
+                np.subtract(xb, tmp, out=xb)
+            for i in range(self.blt.buffers):
+                np.multiply(bufs[i], self._theta[i], out=bufs[i])
+                np.add(bufs[i], xb, out=bufs[i])
+
+        _for_blocks(self.d, self.threads, block)
+        self.t += 1
+        return x
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint: the step and a copy of the buffers (with the seed, it reveals the noise)."""
+        return {"t": self.t, "buffers": self._buffers.copy(), "theta": np.array(self.blt.theta),
+                "omega": np.array(self.blt.omega), "n": self.n, "d": self.d, "dtype": self.dtype.name}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` of a stream with the same BLT, n, d and dtype."""
+        try:
+            t = state["t"]
+            bufs = np.asarray(state["buffers"])
+            same = (np.array_equal(state["theta"], self.blt.theta) and np.array_equal(state["omega"], self.blt.omega)
+                    and state["n"] == self.n and state["d"] == self.d and state["dtype"] == self.dtype.name)
+        except (KeyError, TypeError) as exc:
+            raise MfcliError(f"not a BLT noise-stream checkpoint: {exc}") from None
+        if not same:
+            raise MfcliError("the checkpoint belongs to a different BLT noise stream (parameters, n, d or dtype differ)")
+        t = step_count(t, name="t", minimum=0)
+        if t > self.n:
+            raise MfcliError(f"checkpoint step t = {t} is beyond n = {self.n}")
+        if bufs.shape != self._buffers.shape or bufs.dtype != self.dtype:
+            raise MfcliError("the checkpoint's buffers do not match this stream")
+        self._buffers[...] = bufs
+        self.t = t
+
+
+__all__ = [
+    "BltNoiseStream",
+    "BltOptimum",
+    "BufferedToeplitz",
+    "optimize_blt",
+    "quadrature_start",
+    "toeplitz_workload",
+]
