@@ -290,7 +290,10 @@ def _estimate_direction(rng: np.random.Generator, c: np.ndarray, band: int, *, p
     best = None
     for q in rates:
         ll, lw = _draw(rng, c, band, p=p, q=q, sigma=sigma, size=pilot, direction=direction)
-        e = _solve(lambda x, ll=ll, lw=lw: _curve(ll, lw, x, direction)[0], delta)
+        def pilot_curve(x: float, ll: np.ndarray = ll, lw: np.ndarray = lw) -> float:
+            return _curve(ll, lw, x, direction)[0]
+
+        e = _solve(pilot_curve, delta)
         if not math.isfinite(e):
             continue
         m, se = _curve(ll, lw, e, direction)
@@ -438,7 +441,7 @@ def row_loss_pmfs(support: np.ndarray, probs: np.ndarray, sigma: float, grid: fl
     smax = float(s.max())
     lo, hi = -y_range * sigma, smax + y_range * sigma
     step = grid * sigma * sigma / max(smax, 1e-300)
-    ny = int(math.ceil((hi - lo) / step)) + 1
+    ny = math.ceil((hi - lo) / step) + 1
     y = np.linspace(lo, hi, ny)
     logpi = np.log(pr)
     loss = special.logsumexp(logpi[None, :] + (np.outer(y, s) - 0.5 * s * s) / (sigma * sigma), axis=1)
@@ -506,7 +509,7 @@ def _hockey(pmf: PMF, grid: float, eps: float) -> float:
     """sum_i m_i (1 - e^(eps - L_i))_+ minus the round-off allowance err_l2 ||f||_2 (a lower
     estimate of the curve of the PMF without round-off)."""
     off, m, err = pmf
-    start = max(0, int(math.floor(eps / grid)) - off)
+    start = max(0, math.floor(eps / grid) - off)
     losses = (off + np.arange(start, m.size)) * grid
     f = np.maximum(-np.expm1(eps - losses), 0.0)
     return float(np.dot(m[start:], f)) - err * float(np.linalg.norm(f))
@@ -566,8 +569,10 @@ def disjoint_rows_lower_bound(
         if total[0] is None:
             eps = 0.0
         else:
-            def worst(e: float) -> float:
-                return max(_hockey(total[0], grid, e), _hockey(total[1], grid, e))
+            add_pmf, remove_pmf = total
+
+            def worst(e: float, add_pmf: PMF = add_pmf, remove_pmf: PMF = remove_pmf) -> float:
+                return max(_hockey(add_pmf, grid, e), _hockey(remove_pmf, grid, e))
 
             eps = 0.0
             if worst(0.0) > delta:
