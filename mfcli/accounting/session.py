@@ -303,17 +303,35 @@ class MMCCBracket:
     upper: MMCCResult
     lower: LowerBoundResult
     full: FullParticipationResult
+    #: banded C only (mfcli.accounting.banded_poisson): a second certified lower bound (rows with
+    #: disjoint windows) and the importance-sampled ESTIMATE of the exact pair; None otherwise,
+    #: with ``banded_note`` saying why.
+    lower_rows: Any = None
+    estimate: Any = None
+    banded_note: str | None = None
 
     @property
     def epsilon(self) -> float:
         """The upper bound (what the setting guarantees)."""
         return self.upper.epsilon
 
+    @property
+    def lower_epsilon(self) -> float:
+        """The best certified lower bound (the larger of the two statistics' exact epsilons)."""
+        rows = self.lower_rows.epsilon if self.lower_rows is not None else 0.0
+        return max(self.lower.epsilon, rows)
+
     def as_dict(self, *, include_event: bool = True) -> dict:
         d = self.upper.as_dict(include_event=include_event)
-        d["lower_bound"] = self.lower.epsilon
-        d["bracket"] = [self.lower.epsilon, self.upper.epsilon]
+        d["lower_bound"] = self.lower_epsilon
+        d["bracket"] = [self.lower_epsilon, self.upper.epsilon]
         d["lower_bound_detail"] = self.lower.as_dict()
+        if self.lower_rows is not None:
+            d["lower_bound_disjoint_rows"] = self.lower_rows.as_dict()
+        if self.estimate is not None:
+            d["estimate"] = self.estimate.as_dict()
+        if self.banded_note is not None:
+            d["estimate_note"] = self.banded_note
         d["full_participation"] = self.full.as_dict()
         return d
 
@@ -440,12 +458,36 @@ def account(
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
                      progress=progress)
         br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
-                         full=full_participation(prep, sigma=sigma, delta=opts.delta))
+                         full=full_participation(prep, sigma=sigma, delta=opts.delta),
+                         **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
                             single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, deterministic=det,
                             cyclic_poisson=cyc, participation=schema, batching=batching)
+
+
+def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
+                   progress: Callable[[str], None] | None) -> dict:
+    """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and the ESTIMATE of
+    the exact pair (mfcli.accounting.banded_poisson); otherwise a note saying why there is none."""
+    from mfcli.accounting import banded_poisson as bp
+
+    b = bp.bandwidth(prep.strategy) if np.array_equal(prep.release_steps, np.arange(prep.n)) else None
+    if b is None:
+        return {"banded_note": "no estimate: C is not square lower-triangular released one row per step"}
+    if b > bp.MAX_BAND:
+        return {"banded_note": f"no estimate: C has bandwidth {b} > {bp.MAX_BAND} (the exact likelihood "
+                               f"recursion has 2^(b-1) states)"}
+    say = progress or (lambda s: None)
+    say(f"banded C (b = {b}): disjoint-rows lower bound and importance-sampled estimate")
+    rows = bp.disjoint_rows_lower_bound(prep, sigma=sigma, sampling=sampling, delta=delta, grid=BANDED_LB_GRID)
+    est = bp.estimate_epsilon(prep, sigma=sigma, sampling=sampling, delta=delta)
+    return {"lower_rows": rows, "estimate": est}
+
+
+#: Loss grid of the disjoint-rows lower bound in ``account`` (losses rounded down to it).
+BANDED_LB_GRID = 1e-3
 
 
 def _tree_unit(c: np.ndarray) -> float:

@@ -76,7 +76,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         u = br.upper
         t.add_row(
             "MMCC (Poisson)\n[lower, upper]",
-            f"[{pessimistic(br.lower.epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
+            f"[{pessimistic(br.lower_epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
             f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
             f"(tail, f = {u.tail_fraction:g}) + "
             f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
@@ -85,7 +85,19 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
             f"example in every step (sanity bound): {pessimistic(br.full.epsilon)}",
         )
         notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
-                     "post-processed statistic 1^T C^+ y")
+                     "post-processed statistic 1^T C^+ y" + (", or of the rows with disjoint windows (banded C)"
+                                                            if br.lower_rows is not None else ""))
+        est = br.estimate
+        if est is not None:
+            t.add_row(
+                "MMCC pair (Poisson) ESTIMATE, not a bound",
+                f"~{est.epsilon:.4g} [{pessimistic(est.low, down=True)}, {pessimistic(est.high)}]", assumes("mmcc"),
+                f"Monte Carlo estimate of the exact pair's epsilon (banded C, b = {est.band}): exact likelihood "
+                f"ratio by forward recursion, importance sampling ({est.add.samples} samples a direction, seed "
+                f"{est.seed}); interval = +-{est.z:g} standard errors on delta. Never used to calibrate.",
+            )
+        elif br.banded_note is not None:
+            notes.append(f"MMCC estimate: {br.banded_note}")
     st = report.shuffled_tree
     if st is not None:
         t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
