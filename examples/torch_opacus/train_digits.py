@@ -6,7 +6,7 @@ correlated noise of an artifact made by ``mfcli optimize`` and reports the epsil
 loader's sampling rate). Usage::
 
     mfcli optimize --workload momentum --n 256 --out digits-n256.h5
-    python examples/torch_opacus/train_digits.py digits-n256.h5 --sigma 1.0 --clip 1.0 --batch 64
+    python examples/torch_opacus/train_digits.py digits-n256.h5 --sigma 4 --clip 1 --batch 64
 
 The artifact fixes the number of steps (n) and the optimizer (its workload: ``momentum`` with
 beta -> SGD with that momentum, ``prefix`` -> plain SGD). ``--quick`` (what the test suite runs)
@@ -70,11 +70,8 @@ def train(artifact: str, *, sigma: float, clip: float, batch: int, lr: float, de
     model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
     optimizer = inner_optimizer(art.workload_name, dict(art.attrs.get("workload_params") or {}), model, lr)
     loader = DataLoader(train_set, batch_size=batch, generator=torch.Generator().manual_seed(1))
-    with warnings.catch_warnings():
-        # Opacus warns that secure_mode is off (its own noise RNG, which is not used here).
-        warnings.simplefilter("ignore", UserWarning)
-        model, optimizer, loader = make_private(model, optimizer, loader, artifact=artifact, seed=seed,
-                                                noise_multiplier=sigma, clip_norm=clip, variant="dense")
+    model, optimizer, loader = make_private(model, optimizer, loader, artifact=artifact, seed=seed,
+                                            noise_multiplier=sigma, clip_norm=clip, variant="dense")
     loss_fn = torch.nn.CrossEntropyLoss()
     # Each Poisson batch is one step; the loader is restarted as often as the n steps need.
     batches = itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
@@ -98,7 +95,7 @@ def train(artifact: str, *, sigma: float, clip: float, batch: int, lr: float, de
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifact", help="an artifact from `mfcli optimize` (prefix or momentum workload)")
-    ap.add_argument("--sigma", type=float, default=1.0, help="noise multiplier (as in `mfcli account --sigma`)")
+    ap.add_argument("--sigma", type=float, default=4.0, help="noise multiplier (as in `mfcli account --sigma`)")
     ap.add_argument("--clip", type=float, default=1.0, help="per-example clipping norm")
     ap.add_argument("--batch", type=int, default=64, help="expected batch size (Poisson rate = batch / examples)")
     ap.add_argument("--lr", type=float, default=0.5)
@@ -107,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="500 examples and a small network (the tests' mode)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    # Opacus's notices: its own noise RNG is not secure (it is not used: mfcli draws the noise),
+    # and torch's note that the inputs need no gradient (only the parameters do).
+    warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     try:
         out = train(args.artifact, sigma=args.sigma, clip=args.clip, batch=args.batch, lr=args.lr, delta=args.delta,
                     seed=secrets.randbits(128) if args.seed is None else args.seed, quick=args.quick)
