@@ -19,6 +19,9 @@ The noise is the artifact's **gradient** noise, row t of C^-1 Z (C^^-1 Z for a c
 With an inner optimizer that computes the artifact's workload A (plain SGD for ``prefix``,
 SGD with ``momentum=beta`` and ``dampening=0`` for ``momentum``) the released iterates carry the
 noise B Z the factorization was optimised for. Step t >= n raises :class:`mfcli.errors.MfcliError`.
+It is a ``torch.optim.Optimizer``: LR schedulers, step hooks, ``zero_grad(set_to_none=...)`` and
+``state_dict`` behave as in torch (docs/frameworks.md). With Opacus, use
+:func:`mfcli.adapters.opacus.make_private`; wrapping an Opacus optimizer here is refused.
 
 Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (sigma clip)^2) entry-wise,
 so its privacy is that of a Gaussian mechanism with sensitivity :attr:`sensitivity` x clip and
