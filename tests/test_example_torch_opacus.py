@@ -34,7 +34,6 @@ def test_quick_mode_from_optimize_output(tmp_path):
     out = json.loads(res.stdout)
     assert out["steps"] == 32 and out["workload"] == "momentum" and out["train_examples"] == 500
     assert out["sampling"] == 50 / 500           # DataLoader(batch_size=50) over 500 -> Poisson rate 1/10
-    assert 0.0 <= out["test_accuracy"] <= 1.0
     acct = run("-m", "mfcli", "account", "digits.h5", "--sigma", "4", "--sampling", "0.1", "--delta", "1e-6",
                "--json", "-q", cwd=tmp_path)
     assert acct.returncode == 0, acct.stderr
