@@ -281,3 +281,136 @@ def test_doc_example_torch(tmp_path):
     ckpt = torch.load(tmp_path / "opt.pt", weights_only=True)
     assert int(ckpt["noise"]["t"]) == 256
     assert all(torch.isfinite(p).all() for p in ns["model"].parameters())
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.optim conventions: schedulers, hooks, zero_grad, the whole training state
+
+
+def _cosine(t: int, lr0: float, t_max: int, eta_min: float) -> float:
+    return eta_min + (lr0 - eta_min) * (1 + np.cos(np.pi * t / t_max)) / 2
+
+
+SCHEDULES = {
+    "step": (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5), lambda t: 0.2 * 0.5 ** (t // 3)),
+    "cosine": (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=N, eta_min=0.01),
+               lambda t: _cosine(t, 0.2, N, 0.01)),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.filterwarnings("error")     # e.g. torch's "lr_scheduler.step() before optimizer.step()"
+def test_lr_schedulers_drive_the_inner_learning_rate(artifact, schedule):
+    """Zero gradients, plain SGD: theta_t = theta_0 - sigma clip sum_{s <= t} lr_s (C^-1 Z)[s], with
+    lr_s in closed form; the scheduler sees a torch.optim.Optimizer and sets the inner lr."""
+    path, _, fact, _ = artifact
+    net = model(torch.float64)
+    theta0 = flat_params(net)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.2), artifact=path, seed=SEED,
+                                   noise_multiplier=1.5, clip_norm=0.5, variant="dense", check_workload=False)
+    assert isinstance(opt, torch.optim.Optimizer)
+    make, lr_of = SCHEDULES[schedule]
+    sched = make(opt)
+    grad_noise = scipy.linalg.solve_triangular(fact.strategy, philox_z(SEED, N, 11, "float64"), lower=True)
+    want = theta0.copy()
+    for t in range(N):
+        assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(lr_of(t), rel=1e-12, abs=1e-15)
+        opt.zero_grad()
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        sched.step()
+        want -= lr_of(t) * 1.5 * 0.5 * grad_noise[t]
+        np.testing.assert_allclose(flat_params(net), want, rtol=0, atol=1e-12)
+
+
+def test_resume_with_a_scheduler_is_bit_identical(artifact):
+    path = artifact[0]
+
+    def make(net):
+        opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path,
+                                       seed=SEED, noise_multiplier=1.0, clip_norm=1.0, variant="compressed")
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=N)
+
+    def train(net, opt, sched, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            net(torch.ones(4, 3)).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+
+    ref_net = model()
+    train(ref_net, *make(ref_net), N)
+    net = model()
+    opt, sched = make(net)
+    train(net, opt, sched, 7)
+    buf = io.BytesIO()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+    buf.seek(0)
+    ckpt = torch.load(buf, weights_only=True)
+    net2 = model()
+    net2.load_state_dict(ckpt["model"])
+    opt2, sched2 = make(net2)
+    opt2.load_state_dict(ckpt["opt"])
+    sched2.load_state_dict(ckpt["sched"])
+    assert opt2.steps_taken == 7 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    train(net2, opt2, sched2, N - 7)
+    np.testing.assert_array_equal(flat_params(net2), flat_params(ref_net))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False, None])
+def test_zero_grad_follows_torch(artifact, set_to_none):
+    """Default and True: .grad becomes None; False: the same tensors, zeroed in place. The next
+    step adds the same noise row either way."""
+    path, _, fact, _ = artifact
+    net = model(torch.float64)
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), artifact=path, seed=SEED,
+                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense", check_workload=False)
+    net(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    before = [p.grad for p in net.parameters()]
+    opt.zero_grad() if set_to_none is None else opt.zero_grad(set_to_none=set_to_none)
+    if set_to_none is False:
+        for p, g in zip(net.parameters(), before, strict=True):
+            assert p.grad is g and torch.count_nonzero(g) == 0
+    else:
+        assert all(p.grad is None for p in net.parameters())
+    opt.step()
+    got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
+    want = scipy.linalg.solve_triangular(fact.strategy, philox_z(SEED, N, 11, "float64"), lower=True)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_step_hooks_run_around_each_step(artifact):
+    net = model()
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=artifact[0],
+                                   seed=1, noise_multiplier=1.0, clip_norm=1.0)
+    calls = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: calls.append(("pre", o.steps_taken)))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append(("post", o.steps_taken)))
+    for _ in range(2):
+        opt.zero_grad()
+        opt.step()
+    assert calls == [("pre", 0), ("post", 1), ("pre", 1), ("post", 2)]
+
+
+def test_parameters_added_after_construction_are_refused(artifact):
+    """A parameter the noise rows do not cover would train without noise."""
+    net = model()
+    inner = torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA)
+    opt = CorrelatedNoiseOptimizer(inner, artifact=artifact[0], seed=1, noise_multiplier=1.0, clip_norm=1.0)
+    extra = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(MfcliError, match="cannot add a parameter group"):
+        opt.add_param_group({"params": [extra]})
+    inner.add_param_group({"params": [extra]})
+    extra.grad = torch.zeros(2)
+    with pytest.raises(MfcliError, match="parameters changed"):
+        opt.step()
+    assert opt.steps_taken == 0 and torch.equal(extra.grad, torch.zeros(2))
+
+
+def test_wrapping_a_noising_optimizer_is_refused(artifact):
+    path = artifact[0]
+    inner = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path,
+                                     seed=1, noise_multiplier=1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="added twice"):
+        CorrelatedNoiseOptimizer(inner, artifact=path, seed=2, noise_multiplier=1.0, clip_norm=1.0)

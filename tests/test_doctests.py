@@ -1,7 +1,7 @@
 """The ``>>>`` examples in mfcli's docstrings are run, module by module, so a stale example fails
 the suite (the equivalent of ``pytest --doctest-modules mfcli`` inside ``testpaths = tests``).
 
-A module of an optional extra (mfcli.adapters.torch needs torch, mfcli.adapters.optax needs jax
+A module of an optional extra (mfcli.adapters.torch needs torch, mfcli.adapters.opacus opacus, mfcli.adapters.optax jax
 and optax) is skipped, with the reason, when its extra is not installed; CI installs every extra."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import mfcli
 
 # The third-party packages behind mfcli's extras: a module that fails to import because one of
 # these is missing is skipped; any other import error fails the test.
-OPTIONAL = {"torch", "jax", "jaxlib", "optax", "matplotlib", "mlxtend"}
+OPTIONAL = {"torch", "jax", "jaxlib", "optax", "matplotlib", "mlxtend", "opacus"}
 
 # mfcli.__main__ is left out: importing it runs the command line.
 MODULES = sorted(

@@ -102,6 +102,42 @@ def test_wheel_runs_the_documented_default_outside_the_checkout(installed: Path,
     assert json.loads(res.stdout)["path"] == str(installed / "mfcli" / "data" / "prefix-n256.h5")
 
 
+_OPACUS_FROM_WHEEL = """
+import mfcli, torch
+from torch.utils.data import DataLoader, TensorDataset
+from mfcli.adapters.opacus import make_private
+from mfcli.adapters.torch import CorrelatedNoiseOptimizer
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 2)
+data = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+model, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), DataLoader(data, batch_size=8),
+                              artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_multiplier=2.0,
+                              clip_norm=1.0, variant="dense")
+x, y = next(iter(dl))
+opt.zero_grad()
+torch.nn.functional.cross_entropy(model(x), y).backward()
+opt.step()
+other = CorrelatedNoiseOptimizer(torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1, momentum=0.9),
+                                 artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_multiplier=1.0, clip_norm=1.0)
+sched = torch.optim.lr_scheduler.StepLR(other, step_size=1, gamma=0.5)
+other.step()
+sched.step()
+print(mfcli.__file__, opt.steps_taken, opt.sample_rate, other.param_groups[0]["lr"])
+"""
+
+
+def test_wheel_runs_the_opacus_bridge_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
+    """mfcli.adapters.opacus and the torch conventions work from the installed (non-editable) wheel."""
+    pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", _OPACUS_FROM_WHEEL], cwd=tmp_path,
+                         env=_env_without_checkout(installed), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    where, steps, rate, lr = res.stdout.split()
+    assert where == str(installed / "mfcli" / "__init__.py")
+    assert (int(steps), float(rate), float(lr)) == (1, 1 / 5, 0.05)
+
+
 def test_shipped_artifacts_are_package_data_in_the_checkout() -> None:
     for name, file_name in SHIPPED.items():
         p = shipped_artifact(name)

@@ -3,6 +3,8 @@
 * :mod:`mfcli.adapters.torch`: :class:`~mfcli.adapters.torch.CorrelatedNoiseOptimizer`, a wrapper
   around any ``torch.optim`` optimizer that adds ``sigma * clip * (C^-1 Z)[t]`` to the summed
   clipped gradient before each step (needs ``pip install mfcli[torch]``).
+* :mod:`mfcli.adapters.opacus`: :func:`~mfcli.adapters.opacus.make_private`, Opacus clipping and
+  Poisson sampling with mfcli's correlated noise and MMCC epsilon (needs ``mfcli[opacus]``).
 * :mod:`mfcli.adapters.optax`: :func:`~mfcli.adapters.optax.correlated_noise`, an
   ``optax.GradientTransformation`` doing the same for JAX (needs ``jax`` and ``optax``).
 * anything else: use :func:`mfcli.noise.noise_stream` directly; its rows are plain numpy arrays.

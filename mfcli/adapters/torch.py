@@ -19,6 +19,9 @@ The noise is the artifact's **gradient** noise, row t of C^-1 Z (C^^-1 Z for a c
 With an inner optimizer that computes the artifact's workload A (plain SGD for ``prefix``,
 SGD with ``momentum=beta`` and ``dampening=0`` for ``momentum``) the released iterates carry the
 noise B Z the factorization was optimised for. Step t >= n raises :class:`mfcli.errors.MfcliError`.
+It is a ``torch.optim.Optimizer``: LR schedulers, step hooks, ``zero_grad(set_to_none=...)`` and
+``state_dict`` behave as in torch (docs/frameworks.md). With Opacus, use
+:func:`mfcli.adapters.opacus.make_private`; wrapping an Opacus optimizer here is refused.
 
 Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (sigma clip)^2) entry-wise,
 so its privacy is that of a Gaussian mechanism with sensitivity :attr:`sensitivity` x clip and
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -44,8 +48,63 @@ def _numpy_dtype_for(params: list[torch.Tensor]) -> str:
     return "float64" if params and all(p.dtype == torch.float64 for p in params) else "float32"
 
 
-class CorrelatedNoiseOptimizer:
+def refuse_noising_optimizer(optimizer: Any, what: str) -> None:
+    """Refuse an inner optimizer that adds noise of its own or rewrites ``.grad`` in ``step``.
+
+    An Opacus optimizer's ``step`` recomputes ``.grad`` from the per-sample gradients (clipped
+    sum plus its own Gaussian noise), so noise added to ``.grad`` before it runs is silently
+    discarded: training then carries Opacus's noise only, and mfcli's accounting would describe
+    a mechanism that did not run. A CorrelatedNoiseOptimizer inside another adds noise twice.
+    Detected by class lineage, so Opacus need not be importable.
+    """
+    kind = type(optimizer)
+    if any(c.__module__.split(".")[0] == "opacus" for c in kind.__mro__):
+        nm = getattr(optimizer, "noise_multiplier", None)
+        raise MfcliError(
+            f"{what} cannot wrap an Opacus {kind.__name__} (noise_multiplier={nm!r}): its step() overwrites "
+            ".grad with its own clipped sum plus its own noise, so the correlated noise would be silently "
+            "lost; use mfcli.adapters.opacus.make_private (Opacus clips and samples, mfcli adds the noise)"
+        )
+    if isinstance(optimizer, CorrelatedNoiseOptimizer):
+        raise MfcliError(f"{what} cannot wrap another CorrelatedNoiseOptimizer: the noise would be added twice")
+
+
+def noise_state_dict(stream: NoiseStream, state: NoiseState) -> dict:
+    """A noise stream checkpoint as tensors and plain values (``torch.load(weights_only=True)``)."""
+    sd = stream.state_dict(state)
+    sd["running"] = torch.from_numpy(np.ascontiguousarray(sd["running"]))
+    return sd
+
+
+def load_noise_state_dict(stream: NoiseStream, sd: Mapping[str, Any]) -> NoiseState:
+    """Inverse of :func:`noise_state_dict`; the stream refuses another seed, artifact, d, dtype
+    or an edited checkpoint (HMAC tag)."""
+    noise_sd = dict(sd)
+    running = noise_sd.get("running")
+    if isinstance(running, torch.Tensor):
+        noise_sd["running"] = running.detach().cpu().numpy()
+    return stream.load_state_dict(noise_sd)
+
+
+def split_row(row: np.ndarray, params: list[torch.Tensor]) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, its slice of a flat noise row shaped, typed and placed like it), in order."""
+    noise = torch.from_numpy(row)
+    offset = 0
+    for p in params:
+        k = p.numel()
+        yield p, noise[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype)
+        offset += k
+
+
+class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
     """Wraps a ``torch.optim`` optimizer; :meth:`step` first adds correlated gradient noise.
+
+    It is a :class:`torch.optim.Optimizer` sharing the inner optimizer's ``param_groups``,
+    ``state`` and ``defaults`` (as Opacus's DPOptimizer does), so learning-rate schedulers
+    (``StepLR``, ``CosineAnnealingLR``, ...) drive the inner learning rate, step hooks
+    (``register_step_pre_hook``/``register_step_post_hook``) run around :meth:`step`, and
+    :meth:`state_dict` holds the whole training state: the inner optimizer's and the noise
+    stream position (resume is bit-identical).
 
     Args:
         optimizer: the inner optimizer (it owns the parameters, learning rate and momentum).
@@ -86,6 +145,7 @@ class CorrelatedNoiseOptimizer:
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise MfcliError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        refuse_noising_optimizer(optimizer, "CorrelatedNoiseOptimizer")
         params = self._collect(optimizer.param_groups)
         if not params:
             raise MfcliError("the optimizer has no trainable parameters")
@@ -112,7 +172,17 @@ class CorrelatedNoiseOptimizer:
         self.batch_size = batch_size
         self.postprocess = postprocess
         self._params = params
+        self._param_ids = tuple(id(p) for p in params)
         self._state: NoiseState = stream.init()
+        # What torch.optim.Optimizer.__init__ sets up, minus the parameter groups (shared with the
+        # inner optimizer): the hook tables and the step wrapper that runs them.
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._patch_step_function()
         if check_workload:
             self._check_workload()
 
@@ -146,21 +216,60 @@ class CorrelatedNoiseOptimizer:
         scale = self.noise_multiplier * self.clip_norm
         return scale / self.batch_size if self.batch_size else scale
 
+    # The inner optimizer owns these; schedulers and user code read and write them through here.
     @property
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict) -> None:
+        self.optimizer.defaults = value
+
     # ------------------------------------------------------------------ optimizer interface
 
+    def add_param_group(self, param_group: dict) -> None:
+        """Refused: the noise stream's row length d is fixed at construction, and a parameter
+        added later would be trained without noise."""
+        raise MfcliError(
+            "cannot add a parameter group to a CorrelatedNoiseOptimizer: its noise rows have d = "
+            f"{self.stream.d}; build the inner optimizer with every parameter first"
+        )
+
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """As ``torch.optim.Optimizer.zero_grad``: ``.grad`` set to None (default) or zeroed in
+        place (``set_to_none=False``); either way the next step adds its noise row."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Add ``noise_scale * (C^-1 Z)[t]`` to the gradients, then run the inner step.
 
-        Raises MfcliError at t >= n, before touching any gradient.
+        Raises MfcliError at t >= n, or when the inner optimizer's parameters changed since
+        construction, before touching any gradient.
         """
+        if tuple(id(p) for p in self._collect(self.optimizer.param_groups)) != self._param_ids:
+            raise MfcliError(
+                "the inner optimizer's trainable parameters changed since the CorrelatedNoiseOptimizer was built; "
+                "its noise rows no longer cover them"
+            )
+        if self._state.t >= self.stream.n:
+            self.stream.next(self._state)   # raises the stream's own "exhausted" error
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -169,15 +278,11 @@ class CorrelatedNoiseOptimizer:
         noise = torch.from_numpy(row)
         scale = self.noise_scale
         if self.postprocess is None:
-            offset = 0
-            for p in self._params:
-                k = p.numel()
-                part = noise[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype)
+            for p, part in split_row(row, self._params):
                 if p.grad is None:
                     p.grad = part.mul(scale)
                 else:
                     p.grad.add_(part, alpha=scale)
-                offset += k
         else:
             flat = torch.cat(
                 [
@@ -201,19 +306,13 @@ class CorrelatedNoiseOptimizer:
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus the noise stream's checkpoint (tensors and plain
         values only, so ``torch.load(weights_only=True)`` reads it). Keep it secret, like the seed."""
-        sd = self.stream.state_dict(self._state)
-        sd["running"] = torch.from_numpy(np.ascontiguousarray(sd["running"]))
-        return {"optimizer": self.optimizer.state_dict(), "noise": sd}
+        return {"optimizer": self.optimizer.state_dict(), "noise": noise_state_dict(self.stream, self._state)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore both; refuses a noise checkpoint of another seed, artifact, d or dtype."""
         if not isinstance(state_dict, Mapping) or "noise" not in state_dict or "optimizer" not in state_dict:
             raise MfcliError("not a CorrelatedNoiseOptimizer state dict (needs 'optimizer' and 'noise')")
-        noise_sd = dict(state_dict["noise"])
-        running = noise_sd.get("running")
-        if isinstance(running, torch.Tensor):
-            noise_sd["running"] = running.detach().cpu().numpy()
-        state = self.stream.load_state_dict(noise_sd)
+        state = load_noise_state_dict(self.stream, state_dict["noise"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._state = state
 
@@ -249,4 +348,4 @@ class CorrelatedNoiseOptimizer:
                 return
 
 
-__all__ = ["CorrelatedNoiseOptimizer"]
+__all__ = ["CorrelatedNoiseOptimizer", "refuse_noising_optimizer"]
