@@ -48,6 +48,8 @@ from mfcli.validation import positive_number
 #: Default grid of the log-likelihood ratio (rounding per level; the bracket width grows with
 #: 2 (L + 1) h).
 DEFAULT_GRID = 1e-3
+#: Automatic grid: start coarse, refine until upper / lower <= AUTO_RATIO or the grid reaches AUTO_FINEST.
+AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 2.5e-4, 1.02
 #: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
 TAIL_CUT = 1e-30
 #: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
@@ -118,16 +120,21 @@ def _pair(a: _Law, b: _Law, h: float, up: bool) -> _Law:
     starts = np.concatenate(([0], change))
     ends = np.concatenate((change, [size]))  # runs d in [start, end) of equal c_d
     for d1, d2 in zip(starts.tolist(), ends.tolist(), strict=True):
-        # only i >= d1 has a partner at distance >= d1 inside the grid
-        i = np.arange(d1, size)
-        top = i - d1 + 1
-        bot = np.maximum(i - d2 + 1, 0)
+        if d1 >= size:
+            break
+        # for i = d1..size-1: window sums over j in [max(i - d2 + 1, 0), i - d1] (contiguous slices)
+        wb = cb[1:size - d1 + 1].copy()
+        cut = d2 - 1 - d1  # from here on the window's lower end is inside the grid
+        if cut < wb.size:
+            wb[cut:] -= cb[:size - d2 + 1]
         # A at i is the max, B at distance d in [d1, d2) below it (d = 0 counted here, once)
-        term = pa[d1:] * (cb[top] - cb[bot])
+        term = pa[d1:] * wb
         d1s = max(d1, 1)
-        if d1s < d2:  # B at i strictly the max, A at distance d in [max(d1, 1), d2) below
-            top2 = i - d1s + 1
-            term += pb[d1:] * (ca[np.maximum(top2, 0)] - ca[bot])
+        if d1s < d2:  # B at i strictly the max, A at distance d in [d1s, d2) below
+            wa = ca[1 - (d1s - d1):size - d1s + 1].copy() if d1s > d1 else ca[1:size - d1 + 1].copy()
+            if cut < wa.size:
+                wa[cut:] -= ca[:size - d2 + 1]
+            term += pb[d1:] * wa
         k0 = int(c[d1]) - shift_min + d1
         out[k0:k0 + term.size] += term
     return _Law(lo + shift_min, np.maximum(out, 0.0))
@@ -319,20 +326,32 @@ def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GR
 
 
 def tree_balls_in_bins(
-    *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float = DEFAULT_GRID,
+    *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float | None = None,
 ) -> BallsInBinsTreeResult:
     """Epsilon bracket of the binary tree on n = 2^L leaves under balls-in-bins batching.
 
+    ``grid=None`` chooses the grid: from AUTO_START, refined until upper / lower <= AUTO_RATIO
+    (or AUTO_FINEST is reached); the cost grows as 1/grid^2.
+
     Formal guarantees: ``epsilon`` is a valid (epsilon, delta) bound for the pair
     P = (1/n) sum_i N(C e_i, sigma^2 I) vs Q = N(0, sigma^2 I) in both directions, composed over
-    ``epochs`` independent epochs; ``lower`` is at most the pair's true epsilon.
+    ``epochs`` independent epochs; ``lower`` is at most the pair's true epsilon. Both hold at
+    every grid; the grid only decides how far apart they are.
     """
     delta = check_delta(delta)
-    upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
-    eps_u = float(upper.get_epsilon_for_delta(delta))
-    eps_l = float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5)))
-    return BallsInBinsTreeResult(epsilon=max(eps_u, 0.0), lower=max(min(eps_l, eps_u), 0.0), delta=delta,
-                                 sigma=float(sigma), steps=int(n), epochs=_check_epochs(epochs), grid=float(grid))
+    epochs = _check_epochs(epochs)
+    h = AUTO_START if grid is None else grid
+    while True:
+        upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h)
+        eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
+        eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
+        ratio = eps_u / eps_l if eps_l > 0 else math.inf
+        if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
+            break
+        # the bracket's width is about proportional to the grid
+        h = max(AUTO_FINEST, h * max(0.25, 0.8 * (AUTO_RATIO - 1) / (ratio - 1)))
+    return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
+                                 epochs=epochs, grid=float(h))
 
 
 def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,

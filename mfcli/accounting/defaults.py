@@ -18,11 +18,21 @@ DEFAULT_TAIL_FRACTION = 0.5
 #: The shipped artifact accounted when no strategy is given.
 DEFAULT_ARTIFACT = "momentum-n256"
 #: The accounting settings, in display order.
-SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree")
+SETTINGS = ("single-pass", "dp-sgd", "mmcc", "shuffled-tree", "balls-in-bins-tree", "shuffled-dp-sgd")
+#: Batch samplers ``account --batching`` accounts besides Poisson sampling (``--sampling``).
+BATCHINGS = ("balls-in-bins", "shuffle")
+#: The settings shown for each batch sampler: every row names the sampler it assumes, and a
+#: trainer who chose one sampler is never shown a number that assumes another.
+BATCHING_SETTINGS = {
+    "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
+    "shuffle": ("single-pass", "shuffled-tree", "shuffled-dp-sgd"),
+}
 #: Built-in strategies ``account`` can build for a workload.
 BUILTIN = ("identity", "tree", "sqrt", "optimal")
 
 __all__ = [
+    "BATCHINGS",
+    "BATCHING_SETTINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "DEFAULT_DELTA",

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mfcli.accounting.balls_in_bins import BallsInBinsTreeResult, tree_balls_in_bins
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
-from mfcli.accounting.defaults import BUILTIN, DEFAULT_ARTIFACT, SETTINGS
+from mfcli.accounting.defaults import BATCHING_SETTINGS, BATCHINGS, BUILTIN, DEFAULT_ARTIFACT, SETTINGS
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
@@ -38,6 +39,7 @@ from mfcli.accounting.mmcc import (
     prepare_strategy,
 )
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
+from mfcli.accounting.shuffling import ShuffledDpSgdResult, shuffled_dpsgd
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -230,10 +232,22 @@ def check_setting_applies(inp: StrategyInput, setting: str) -> None:
             _prepare(inp.strategy, inp.release_steps)
         except MfcliError as exc:
             raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
-    elif setting == "shuffled-tree" and not inp.is_tree:
+    elif setting in ("shuffled-tree", "balls-in-bins-tree") and not inp.is_tree:
         raise MfcliError(
-            f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+            f"the {setting} setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+            + (" (no balls-in-bins guarantee is proven for other strategies)" if setting == "balls-in-bins-tree" else "")
         )
+    if setting == "balls-in-bins-tree":
+        from mfcli.accounting.balls_in_bins import tree_height
+
+        tree_height(inp.n)
+
+
+def check_batching(batching: str | None) -> str | None:
+    """None (Poisson sampling or no sampling) or one of BATCHINGS."""
+    if batching is not None and batching not in BATCHINGS:
+        raise MfcliError(f"unknown batching {batching!r}; choose from {', '.join(BATCHINGS)}")
+    return batching
 
 
 @dataclass(frozen=True)
@@ -287,12 +301,16 @@ class AccountingReport:
     dp_sgd: DpSgdResult | None = None
     mmcc: MMCCBracket | None = None
     shuffled_tree: ShuffledTreeResult | None = None
+    batching: str | None = None
+    balls_in_bins_tree: BallsInBinsTreeResult | None = None
+    shuffled_dp_sgd: ShuffledDpSgdResult | None = None
 
     @property
     def results(self) -> dict[str, Any]:
         """{setting name: result} for the settings that were run, in display order."""
         pairs = (("single-pass", self.single_pass), ("dp-sgd", self.dp_sgd), ("mmcc", self.mmcc),
-                 ("shuffled-tree", self.shuffled_tree))
+                 ("shuffled-tree", self.shuffled_tree), ("balls-in-bins-tree", self.balls_in_bins_tree),
+                 ("shuffled-dp-sgd", self.shuffled_dp_sgd))
         return {name: r for name, r in pairs if r is not None}
 
     @property
@@ -315,6 +333,7 @@ class AccountingReport:
             "sensitivity": float(_sensitivity(self.strategy.strategy)),
             "sigma": self.sigma,
             "sampling": self.sampling,
+            "batching": self.batching or ("poisson" if self.sampling is not None else None),
             "delta": self.delta,
             "settings": rows,
         }
@@ -328,11 +347,25 @@ def account(
     options: AccountingOptions = AccountingOptions(),
     settings: Sequence[str] = SETTINGS,
     progress: Callable[[str], None] | None = None,
+    batching: str | None = None,
 ) -> AccountingReport:
     """Run every requested setting that applies: single-pass always; DP-SGD and MMCC (with its
     lower bound and full-participation sanity bound) when a sampling rate is given; the shuffled
-    tree when C is the binary tree."""
+    tree when C is the binary tree.
+
+    With ``batching`` (one of BATCHINGS; no sampling rate then) only the settings of that batch
+    sampler run (``BATCHING_SETTINGS``): balls-in-bins, the tree's bracket (C must be the tree);
+    shuffle, the shuffled tree (when C is the tree) and the shuffled DP-SGD reference."""
     sigma = check_sigma(sigma)
+    batching = check_batching(batching)
+    if batching is not None:
+        if sampling is not None:
+            raise MfcliError(f"a sampling rate is Poisson sampling; {batching} batching does not sample")
+        settings = [s for s in settings if s in BATCHING_SETTINGS[batching]]
+        if batching == "balls-in-bins":
+            check_setting_applies(inp, "balls-in-bins-tree")
+    else:
+        settings = [s for s in settings if s not in ("balls-in-bins-tree", "shuffled-dp-sgd")]
     opts = options.checked()
     if sampling is not None:
         sampling = check_sampling(sampling)
@@ -356,8 +389,16 @@ def account(
                          full=full_participation(prep, sigma=sigma, delta=opts.delta))
     if inp.is_tree and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+    bib = sdp = None
+    if "balls-in-bins-tree" in settings:
+        if progress is not None:
+            progress("balls-in-bins: propagating the tree's likelihood-ratio law level by level")
+        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+    if "shuffled-dp-sgd" in settings:
+        sdp = shuffled_dpsgd(n=inp.n, sigma=sigma, delta=opts.delta)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
-                            single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st)
+                            single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, batching=batching,
+                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp)
 
 
 def _tree_unit(c: np.ndarray) -> float:
@@ -393,6 +434,11 @@ def epsilon_function(
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    if setting == "balls-in-bins-tree":
+        check_setting_applies(inp, "balls-in-bins-tree")
+        return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    if setting == "shuffled-dp-sgd":
+        return lambda s: shuffled_dpsgd(n=inp.n, sigma=s, delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
 
@@ -474,6 +520,7 @@ def record_to_artifact(
         "sigma": report.sigma,
         "sampling": report.sampling if report.sampling is not None else "null",
         "delta": report.delta,
+        "batching": report.batching or ("poisson" if report.sampling is not None else "null"),
         "operator": inp.operator,
         "strategy_sha256": inp.operator_sha256,
         "created_utc": now.isoformat().replace("+00:00", "Z"),
@@ -637,6 +684,11 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
         try:
             if setting == "shuffled-tree":
                 recomputed = shuffled_tree(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta).epsilon
+            elif setting == "balls-in-bins-tree":
+                recomputed = tree_balls_in_bins(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta,
+                                                epochs=int(row.get("epochs", 1)), grid=float(row["grid"])).epsilon
+            elif setting == "shuffled-dp-sgd":
+                recomputed = shuffled_dpsgd(n=c.shape[1], sigma=sigma, delta=delta).epsilon
             else:
                 text = read_chunked(attrs, f"dp_event_{key}")
                 if text is None:
@@ -653,6 +705,7 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
 
 __all__ = [
     "ATTR_CHUNK",
+    "BATCHINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "RECORD_RTOL",
@@ -663,6 +716,7 @@ __all__ = [
     "StrategyInput",
     "account",
     "calibrate",
+    "check_batching",
     "check_setting_applies",
     "epsilon_function",
     "event_of",

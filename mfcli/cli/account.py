@@ -11,7 +11,14 @@ from rich.table import Table
 
 # Only the defaults at module level: the accounting stack (scipy.stats, dp-accounting) is imported
 # when the command runs, so `mfcli account --help` does not pay for it (docs/performance.md).
-from mfcli.accounting.defaults import DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
+from mfcli.accounting.defaults import (
+    BATCHING_SETTINGS,
+    BATCHINGS,
+    DEFAULT_ARTIFACT,
+    DEFAULT_DELTA,
+    DEFAULT_DISCRETIZATION,
+    SETTINGS,
+)
 from mfcli.cli.common import (
     artifact_argument,
     command_line,
@@ -82,6 +89,23 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                   f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
                   f"amplified bound {st.amplified_note}")
         notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
+    bib = report.balls_in_bins_tree
+    if bib is not None:
+        t.add_row("binary tree, balls-in-bins: guarantee [lower, upper]",
+                  f"{pessimistic(bib.epsilon)} [{pessimistic(bib.lower, down=True)}, {pessimistic(bib.epsilon)}]",
+                  f"batch sampler: balls-in-bins (every example in one uniformly random step); "
+                  f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
+                  f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling")
+        notes.append(f"balls-in-bins tree: {_text(bib, 'assumptions')}")
+    sdp = report.shuffled_dp_sgd
+    if sdp is not None:
+        amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
+        t.add_row("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon),
+                  f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
+                  f"FMT amplified {amp}"
+                  + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
+                  + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours")
+        notes.append(f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
     return t, notes
 
 
@@ -109,10 +133,16 @@ def account(
     sampling: float | None = typer.Option(
         None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] for DP-SGD and MMCC."
     ),
+    batching: str | None = typer.Option(
+        None, "--batching",
+        help=f"Batch sampler other than Poisson sampling: {' or '.join(BATCHINGS)} (one epoch, every example in one "
+        "step; only the rows valid for that sampler are shown).",
+    ),
     delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
     setting: str | None = typer.Option(
         None, "--setting",
-        help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, else single-pass).",
+        help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, "
+        "balls-in-bins-tree with --batching balls-in-bins, else single-pass).",
     ),
     value_discretization: float | None = typer.Option(
         None, "--value-discretization",
@@ -177,7 +207,19 @@ def account(
             check_operator_choice(operator)
         except MfcliError:  # the library names the parameter; the user needs the flag
             raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
-    calibrated = None if epsilon is None else (setting or ("mmcc" if sampling is not None else "single-pass"))
+    if batching is not None:
+        refuse_unless(batching in BATCHINGS, f"--batching must be {' or '.join(BATCHINGS)}, got {batching!r}")
+        refuse_unless(sampling is None,
+                      f"--sampling gives the Poisson sampling rate; --batching {batching} does not sample")
+        refuse_unless(setting is None or setting in BATCHING_SETTINGS[batching],
+                      f"--setting {setting} does not assume --batching {batching} "
+                      f"(choose from {', '.join(BATCHING_SETTINGS[batching])})")
+    # shuffle: single-pass is the strategy's guarantee for any order (the shuffled tree's row is the same number)
+    batch_default = {"balls-in-bins": "balls-in-bins-tree"}.get(batching or "")
+    refuse_unless(setting not in ("balls-in-bins-tree", "shuffled-dp-sgd") or batching is not None,
+                  f"--setting {setting} needs the matching --batching")
+    calibrated = None if epsilon is None else (
+        setting or batch_default or ("mmcc" if sampling is not None else "single-pass"))
     refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd"),
                   f"calibrating {calibrated} needs --sampling")
     refuse_unless(sampling is None or calibrated in (None, "dp-sgd", "mmcc"),
@@ -221,14 +263,16 @@ def account(
     calibration = None
     chosen = None
     if epsilon is not None:
-        chosen = setting or ("mmcc" if sampling is not None else "single-pass")
+        chosen = calibrated
+        assert chosen is not None
         say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g}")
         calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts, progress=say)
         sigma = calibration.sigma
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say)
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say,
+                             batching=batching)
     else:
         assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say)
+        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say, batching=batching)
 
     group = None
     if write:
