@@ -49,7 +49,7 @@ from mfcli.validation import positive_number
 #: 2 (L + 1) h).
 DEFAULT_GRID = 1e-3
 #: Automatic grid: start coarse, refine until upper / lower <= AUTO_RATIO or the grid reaches AUTO_FINEST.
-AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 2.5e-4, 1.02
+AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 5e-4, 1.02
 #: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
 TAIL_CUT = 1e-30
 #: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
@@ -349,7 +349,7 @@ def tree_balls_in_bins(
         if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
             break
         # the bracket's width is about proportional to the grid
-        h = max(AUTO_FINEST, h * max(0.25, 0.8 * (AUTO_RATIO - 1) / (ratio - 1)))
+        h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
     return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                  epochs=epochs, grid=float(h))
 
