@@ -164,3 +164,25 @@ def test_refuses_bad_parameters(kw: dict) -> None:
     args = {"n": 4, "sigma": 1.0, **kw}
     with pytest.raises(MfcliError):
         tree_balls_in_bins(**args)
+
+
+@pytest.mark.parametrize("n, sigma, eps", [(2, 1.0, 0.5), (2, 0.8, 1.5), (4, 1.2, 0.4)])
+def test_each_direction_separately(n: int, sigma: float, eps: float) -> None:
+    # the max over directions could hide an error in the weaker (add) direction: check both
+    from mfcli.accounting.balls_in_bins import tree_plds
+
+    if n == 2:
+        remove, add = _quadrature_deltas(n, sigma, eps)
+        tol_r = tol_a = 1e-9
+    else:
+        rng = np.random.default_rng(7)
+        y = rng.standard_normal((2 * n - 2, 200_000)) * sigma
+        r, a = _inner(_log_m(y, n, sigma), eps, sigma)
+        remove, add = float(r.mean()), float(a.mean())
+        tol_r, tol_a = 4 * r.std() / math.sqrt(r.size), 4 * a.std() / math.sqrt(a.size)
+    upper, lower = tree_plds(n=n, sigma=sigma, grid=1e-3)
+    for pmf_name, truth, tol in (("_pmf_remove", remove, tol_r), ("_pmf_add", add, tol_a)):
+        hi = getattr(upper, pmf_name).get_delta_for_epsilon(eps)
+        lo = getattr(lower, pmf_name).get_delta_for_epsilon(eps)
+        assert lo - tol <= truth <= hi + tol, pmf_name
+        assert hi <= 1.05 * truth + tol, pmf_name
