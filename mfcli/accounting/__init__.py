@@ -8,6 +8,8 @@ dp-accounting event it composed):
 * ``mmcc.mmcc`` - Poisson sampling in every step, any non-negative causal C (docs/accounting.md,
   "MMCC"), with the bracket ``mmcc.lower_bound`` and the sanity bound ``mmcc.full_participation``;
 * ``shuffled_tree.shuffled_tree`` - the binary tree over one shuffled epoch;
+* ``balls_in_bins.tree_balls_in_bins`` - the binary tree under balls-in-bins batching (bracket);
+* ``shuffling.shuffled_dpsgd`` - DP-SGD over one shuffled epoch (Feldman-McMillan-Talwar);
 * ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
 * ``calibrate.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
   ``mfcli account --epsilon`` computes);
@@ -23,6 +25,7 @@ dp-accounting's own builder, tested against it).
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
+    from mfcli.accounting.balls_in_bins import BallsInBinsTreeResult
     from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
     from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
     from mfcli.accounting.events import event_from_json, event_to_json
@@ -35,6 +38,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         prepare_strategy,
     )
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
+    from mfcli.accounting.shuffling import ShuffledDpSgdResult
     from mfcli.accounting.single_pass import (
         DpSgdResult,
         SinglePassResult,
@@ -51,6 +55,7 @@ _EXPORTS = {
     "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
     "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",
     "ShuffledTreeResult": "shuffled_tree",
+    "BallsInBinsTreeResult": "balls_in_bins", "ShuffledDpSgdResult": "shuffling",
     "DEFAULT_DELTA": "defaults", "DEFAULT_DISCRETIZATION": "defaults", "DpSgdResult": "single_pass",
     "SinglePassResult": "single_pass", "dpsgd": "single_pass", "gaussian_delta": "single_pass",
     "gaussian_epsilon": "single_pass",
@@ -69,8 +74,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "Calibration", "DpSgdResult", "FullParticipationResult", "LowerBoundResult",
-    "MMCCResult", "ShuffledTreeResult", "SinglePassResult", "calibrate_sigma", "calibrate_strategy", "dpsgd",
+    "DEFAULT_DELTA", "DEFAULT_DISCRETIZATION", "BallsInBinsTreeResult",
+    "Calibration", "DpSgdResult", "FullParticipationResult", "LowerBoundResult",
+    "MMCCResult", "ShuffledDpSgdResult", "ShuffledTreeResult",
+    "SinglePassResult", "calibrate_sigma", "calibrate_strategy", "dpsgd",
     "event_from_json", "event_to_json", "full_participation", "gaussian_delta", "gaussian_epsilon", "lower_bound",
     "prepare_strategy",
 ]

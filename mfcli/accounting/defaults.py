@@ -18,21 +18,33 @@ DEFAULT_TAIL_FRACTION = 0.5
 #: The shipped artifact accounted when no strategy is given.
 DEFAULT_ARTIFACT = "momentum-n256"
 #: The accounting settings, in display order.
-SETTINGS = ("single-pass", "deterministic", "dp-sgd", "mmcc", "cyclic-poisson", "shuffled-tree")
-#: Batch samplers of the sampled settings (``--batching``); the first is the default with a rate.
-#: poisson: every example in every step with probability p (DP-SGD, MMCC); cyclic: examples in
-#: b groups, group i mod b Poisson-sampled at step i (banded C, 2306.08153).
-BATCHINGS = ("poisson", "cyclic")
+SETTINGS = ("single-pass", "deterministic", "dp-sgd", "mmcc", "cyclic-poisson", "shuffled-tree", "balls-in-bins-tree",
+            "shuffled-dp-sgd")
+#: Batch samplers (``--batching``). With a sampling rate: poisson (the default; every example in
+#: every step with probability p: DP-SGD, MMCC) or cyclic (examples in b groups, group i mod b
+#: Poisson-sampled at step i: banded C, 2306.08153). Without one: balls-in-bins (each example in
+#: exactly one uniformly random step of the epoch) or shuffle (one shuffled epoch).
+BATCHINGS = ("poisson", "cyclic", "balls-in-bins", "shuffle")
+#: The batch samplers that take a sampling rate.
+SAMPLED_BATCHINGS = ("poisson", "cyclic")
+#: The settings shown for each batch sampler without a rate: every row names the sampler it
+#: assumes, and a trainer who chose one sampler is never shown a number that assumes another.
+BATCHING_SETTINGS = {
+    "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
+    "shuffle": ("single-pass", "shuffled-tree", "shuffled-dp-sgd"),
+}
 #: Built-in strategies ``account`` can build for a workload.
 BUILTIN = ("identity", "tree", "sqrt", "optimal")
 
 __all__ = [
     "BATCHINGS",
+    "BATCHING_SETTINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
     "DEFAULT_DELTA",
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_MIXTURE_RESOLUTION",
     "DEFAULT_TAIL_FRACTION",
+    "SAMPLED_BATCHINGS",
     "SETTINGS",
 ]

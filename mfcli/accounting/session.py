@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mfcli.accounting.balls_in_bins import BallsInBinsTreeResult, tree_balls_in_bins
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
-from mfcli.accounting.defaults import BATCHINGS, BUILTIN, DEFAULT_ARTIFACT, SETTINGS
+from mfcli.accounting.defaults import BATCHING_SETTINGS, BATCHINGS, BUILTIN, DEFAULT_ARTIFACT, SAMPLED_BATCHINGS, SETTINGS
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.mmcc import (
     DEFAULT_MIXTURE_RESOLUTION,
@@ -45,6 +46,7 @@ from mfcli.accounting.multi import (
     schema_dict,
 )
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
+from mfcli.accounting.shuffling import ShuffledDpSgdResult, shuffled_dpsgd
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -248,8 +250,9 @@ def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Parti
 
 
 def check_batching(batching: str | None, sampling: float | None) -> str | None:
-    """The batch sampler of the sampled settings: None without a sampling rate; ``poisson`` by
-    default with one; one of ``BATCHINGS`` otherwise.
+    """The batch sampler: None without a sampling rate and without a named sampler; ``poisson``
+    by default with a rate; one of ``BATCHINGS`` otherwise (``SAMPLED_BATCHINGS`` need a rate,
+    the others refuse one).
 
     Raises:
         MfcliError: an unknown batch sampler, or one named without a sampling rate.
@@ -258,8 +261,10 @@ def check_batching(batching: str | None, sampling: float | None) -> str | None:
         return None if sampling is None else "poisson"
     if batching not in BATCHINGS:
         raise MfcliError(f"unknown batch sampler {batching!r}; choose from {', '.join(BATCHINGS)}")
-    if sampling is None:
+    if batching in SAMPLED_BATCHINGS and sampling is None:
         raise MfcliError(f"the {batching} batch sampler needs a sampling rate")
+    if batching not in SAMPLED_BATCHINGS and sampling is not None:
+        raise MfcliError(f"a sampling rate means Poisson sampling; the {batching} batch sampler does not sample at a rate")
     return batching
 
 
@@ -274,10 +279,15 @@ def check_setting_applies(inp: StrategyInput, setting: str) -> None:
             _prepare(inp.strategy, inp.release_steps)
         except MfcliError as exc:
             raise MfcliError(f"the mmcc setting does not apply to the {inp.operator} operator of {inp.name}: {exc}") from None
-    elif setting == "shuffled-tree" and not inp.is_tree:
+    elif setting in ("shuffled-tree", "balls-in-bins-tree") and not inp.is_tree:
         raise MfcliError(
-            f"the shuffled-tree setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+            f"the {setting} setting needs the binary-tree strategy, not the {inp.operator} operator of {inp.name}"
+            + (" (no balls-in-bins guarantee is proven for other strategies)" if setting == "balls-in-bins-tree" else "")
         )
+    if setting == "balls-in-bins-tree":
+        from mfcli.accounting.balls_in_bins import tree_height
+
+        tree_height(inp.n)
 
 
 @dataclass(frozen=True)
@@ -353,12 +363,15 @@ class AccountingReport:
     cyclic_poisson: CyclicPoissonResult | None = None
     participation: Participation = field(default_factory=SingleParticipation)
     batching: str | None = None
+    balls_in_bins_tree: BallsInBinsTreeResult | None = None
+    shuffled_dp_sgd: ShuffledDpSgdResult | None = None
 
     @property
     def results(self) -> dict[str, Any]:
         """{setting name: result} for the settings that were run, in display order."""
         pairs = (("single-pass", self.single_pass), ("deterministic", self.deterministic), ("dp-sgd", self.dp_sgd),
-                 ("mmcc", self.mmcc), ("cyclic-poisson", self.cyclic_poisson), ("shuffled-tree", self.shuffled_tree))
+                 ("mmcc", self.mmcc), ("cyclic-poisson", self.cyclic_poisson), ("shuffled-tree", self.shuffled_tree),
+                 ("balls-in-bins-tree", self.balls_in_bins_tree), ("shuffled-dp-sgd", self.shuffled_dp_sgd))
         return {name: r for name, r in pairs if r is not None}
 
     def row_labels(self, name: str) -> tuple[dict, str]:
@@ -371,6 +384,12 @@ class AccountingReport:
                     f"Poisson: every example in every step with probability {self.sampling:g}")
         if name == "shuffled-tree":
             return schema_dict(SingleParticipation(), n), "one shuffled epoch"
+        if name == "balls-in-bins-tree":
+            return (schema_dict(SingleParticipation(), n),
+                    "balls-in-bins: each example in exactly one uniformly random step of the epoch")
+        if name == "shuffled-dp-sgd":
+            return (schema_dict(SingleParticipation(), n),
+                    "one shuffled epoch, batch size 1, replace-one neighbours (Feldman-McMillan-Talwar)")
         row = self.results[name].as_dict()
         return row["participation"], row["batch_sampler"]
 
@@ -426,14 +445,28 @@ def account(
     declares, :func:`resolve_schema`). With a sampling rate and batch sampler ``poisson`` (the
     default): DP-SGD and MMCC (with its lower bound and full-participation sanity bound); with
     ``cyclic``: the cyclic-Poisson reduction of a banded C (refused when its conditions fail).
-    The shuffled tree when C is the binary tree and the schema is single participation."""
+    The shuffled tree when C is the binary tree and the schema is single participation.
+
+    Without a sampling rate, ``batching`` ``balls-in-bins`` or ``shuffle`` runs only that batch
+    sampler's settings (``BATCHING_SETTINGS``, single participation): balls-in-bins, the tree's
+    bracket (C must be the tree); shuffle, the shuffled tree (when C is the tree) and the shuffled
+    DP-SGD reference."""
     sigma = check_sigma(sigma)
+    batching = check_batching(batching, sampling)
+    if batching in BATCHING_SETTINGS:
+        settings = [s for s in settings if s in BATCHING_SETTINGS[batching]]
+        if batching == "balls-in-bins":
+            check_setting_applies(inp, "balls-in-bins-tree")
+    else:
+        settings = [s for s in settings if s not in ("balls-in-bins-tree", "shuffled-dp-sgd")]
     opts = options.checked()
     if sampling is not None:
         sampling = check_sampling(sampling)
-    batching = check_batching(batching, sampling)
     schema = resolve_schema(inp, participation)
     single = isinstance(schema, SingleParticipation)
+    if batching in BATCHING_SETTINGS and not single:
+        raise MfcliError(f"the {batching} batch sampler is accounted for one epoch (single participation), "
+                         f"not under {schema.describe()}")
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
@@ -462,9 +495,17 @@ def account(
                          **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+    bib = sdp = None
+    if "balls-in-bins-tree" in settings:
+        if progress is not None:
+            progress("balls-in-bins: propagating the tree's likelihood-ratio law level by level")
+        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+    if "shuffled-dp-sgd" in settings:
+        sdp = shuffled_dpsgd(n=inp.n, sigma=sigma, delta=opts.delta)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
                             single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, deterministic=det,
-                            cyclic_poisson=cyc, participation=schema, batching=batching)
+                            cyclic_poisson=cyc, participation=schema, batching=batching,
+                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp)
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
@@ -562,6 +603,11 @@ def epsilon_function(
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    if setting == "balls-in-bins-tree":
+        check_setting_applies(inp, "balls-in-bins-tree")
+        return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+    if setting == "shuffled-dp-sgd":
+        return lambda s: shuffled_dpsgd(n=inp.n, sigma=s, delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
 
@@ -849,6 +895,11 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
         try:
             if setting == "shuffled-tree":
                 recomputed = shuffled_tree(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta).epsilon
+            elif setting == "balls-in-bins-tree":
+                recomputed = tree_balls_in_bins(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta,
+                                                epochs=int(row.get("epochs", 1)), grid=float(row["grid"])).epsilon
+            elif setting == "shuffled-dp-sgd":
+                recomputed = shuffled_dpsgd(n=c.shape[1], sigma=sigma, delta=delta).epsilon
             else:
                 text = read_chunked(attrs, f"dp_event_{key}")
                 if text is None:

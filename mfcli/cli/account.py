@@ -11,7 +11,15 @@ from rich.table import Table
 
 # Only the defaults at module level: the accounting stack (scipy.stats, dp-accounting) is imported
 # when the command runs, so `mfcli account --help` does not pay for it (docs/performance.md).
-from mfcli.accounting.defaults import BATCHINGS, DEFAULT_ARTIFACT, DEFAULT_DELTA, DEFAULT_DISCRETIZATION, SETTINGS
+from mfcli.accounting.defaults import (
+    BATCHING_SETTINGS,
+    BATCHINGS,
+    DEFAULT_ARTIFACT,
+    DEFAULT_DELTA,
+    DEFAULT_DISCRETIZATION,
+    SAMPLED_BATCHINGS,
+    SETTINGS,
+)
 from mfcli.cli.common import (
     EpochsOpt,
     MaxParticipationsOpt,
@@ -126,6 +134,24 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                   f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
                   f"discretization {cyc.value_discretization:g}")
         notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
+    bib = report.balls_in_bins_tree
+    if bib is not None:
+        t.add_row("binary tree, balls-in-bins: guarantee [lower, upper]",
+                  f"{pessimistic(bib.epsilon)} [{pessimistic(bib.lower, down=True)}, {pessimistic(bib.epsilon)}]",
+                  assumes("balls-in-bins-tree"),
+                  f"batch sampler: balls-in-bins (every example in one uniformly random step); "
+                  f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
+                  f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling")
+        notes.append(f"balls-in-bins tree: {_text(bib, 'assumptions')}")
+    sdp = report.shuffled_dp_sgd
+    if sdp is not None:
+        amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
+        t.add_row("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon), assumes("shuffled-dp-sgd"),
+                  f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
+                  f"FMT amplified {amp}"
+                  + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
+                  + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours")
+        notes.append(f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
     return t, notes
 
 
@@ -156,8 +182,10 @@ def account(
     ),
     batching: str | None = typer.Option(
         None, "--batching",
-        help=f"Batch sampler with --sampling: {', '.join(BATCHINGS)} (default poisson: every example in every step with "
-        "probability p; cyclic: b groups, group i mod b sampled at step i, b from --min-sep or n/--epochs, banded C only).",
+        help=f"Batch sampler: {', '.join(BATCHINGS)}. With --sampling: poisson (default; every example in every step "
+        "with probability p) or cyclic (b groups, group i mod b sampled at step i, b from --min-sep or n/--epochs, banded "
+        "C only). Without --sampling: balls-in-bins (every example in one uniformly random step of the epoch) or shuffle "
+        "(one shuffled epoch); only the rows valid for the sampler are shown.",
     ),
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
@@ -166,7 +194,8 @@ def account(
     setting: str | None = typer.Option(
         None, "--setting",
         help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, cyclic-poisson "
-        "with --batching cyclic, else single-pass, or deterministic under --epochs/--min-sep).",
+        "with --batching cyclic, balls-in-bins-tree with --batching balls-in-bins, else single-pass, or deterministic "
+        "under --epochs/--min-sep).",
     ),
     value_discretization: float | None = typer.Option(
         None, "--value-discretization",
@@ -210,9 +239,10 @@ def account(
     say = (lambda s: None) if quiet else log
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
-    refuse_unless(batching is None or sampling is not None, "--batching chooses the batch sampler of --sampling; give --sampling")
     if batching is not None and batching not in BATCHINGS:
         raise MfcliError(f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    refuse_unless(batching not in SAMPLED_BATCHINGS or sampling is not None,
+                  f"--batching {batching} chooses the batch sampler of --sampling; give --sampling")
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
     refuse_unless(
         (sigma is None) != (epsilon is None), "give exactly one of --sigma (to account) or --epsilon (to calibrate sigma)"
@@ -248,9 +278,20 @@ def account(
             account_structured(artifact_argument(source), sigma=sigma, sampling=sampling, epsilon=epsilon, write=write,
                                operator=operator, delta=delta, as_json=as_json)
             return
+    if batching is not None and batching not in SAMPLED_BATCHINGS:
+        refuse_unless(sampling is None,
+                      f"--sampling gives the Poisson sampling rate; --batching {batching} does not sample")
+        refuse_unless(setting is None or setting in BATCHING_SETTINGS[batching],
+                      f"--setting {setting} does not assume --batching {batching} "
+                      f"(choose from {', '.join(BATCHING_SETTINGS[batching])})")
+    refuse_unless(setting not in ("balls-in-bins-tree", "shuffled-dp-sgd") or batching in BATCHING_SETTINGS,
+                  f"--setting {setting} needs the matching --batching")
+    # shuffle: single-pass is the strategy's guarantee for any order (the shuffled tree's row is the same number)
+    batch_default = {"balls-in-bins": "balls-in-bins-tree"}.get(batching or "")
     sampled = ("cyclic-poisson",) if batching == "cyclic" else ("dp-sgd", "mmcc")
     default_sampled = "cyclic-poisson" if batching == "cyclic" else "mmcc"
-    calibrated = None if epsilon is None else (setting or (default_sampled if sampling is not None else "unsampled"))
+    calibrated = None if epsilon is None else (
+        setting or batch_default or (default_sampled if sampling is not None else "unsampled"))
     refuse_unless(epsilon is None or sampling is not None or calibrated not in ("mmcc", "dp-sgd", "cyclic-poisson"),
                   f"calibrating {calibrated} needs --sampling")
     refuse_unless(sampling is None or calibrated is None or calibrated in sampled,

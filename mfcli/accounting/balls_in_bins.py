@@ -1,0 +1,369 @@
+"""The binary-tree mechanism under balls-in-bins batching (random allocation), with a
+deterministic bracket on epsilon (docs/accounting.md, "Binary tree under balls-in-bins").
+
+Setting: one epoch of n = 2^L steps; every example is placed in exactly one step, chosen
+uniformly at random and independently of the other examples; C is the binary-tree encoder on
+n leaves (every column in L + 1 nodes) with noise N(0, sigma^2) per node. Epochs compose: every
+epoch draws a fresh allocation, fresh noise and runs its own tree.
+
+The pair analysed (docs/accounting.md states where it dominates the training run) is
+P = (1/n) sum_i N(C e_i, sigma^2 I) against Q = N(0, sigma^2 I). Its likelihood ratio at a node v
+of the tree is R_v = w_v (R_left + R_right) / 2 with w_v = exp(y_v / sigma^2 - 1/(2 sigma^2)), so
+L_v = log R_v = G_v + log((e^A + e^A') / 2) where A, A' are the children's log-ratios. Under Q
+the children are independent copies of the level below and G_v ~ N(-1/(2 sigma^2), 1/sigma^2);
+under P the example lies below one child (left or right with probability 1/2), so one child has
+its P-law, the other its Q-law, and G_v has mean +1/(2 sigma^2).
+
+The laws are propagated level by level on the grid h Z, twice:
+
+* U (round up): U_v = ceil_h(G_v + log((e^U_l + e^U_r) / 2)) >= L_v pointwise. Mass that leaves
+  the grid at the top is dropped (it stands for +inf); mass below the grid is moved up to its
+  lowest point. The law of U under P is a pessimistic privacy-loss distribution of the remove
+  direction (loss L under P, missing mass = infinity mass), and the law of U under Q gives the
+  optimistic add direction (loss -U under Q, dropped mass = loss -inf).
+* D (round down): D_v <= L_v pointwise; mass above the grid is moved down to its top, mass below
+  is dropped (stands for -inf). D under Q gives the pessimistic add direction (loss -D, missing
+  mass = infinity mass), D under P the optimistic remove direction.
+
+Because U >= L >= D pointwise and every hockey-stick divergence is monotone in the loss, the two
+dp-accounting PLDs built from them bracket the true privacy profile: ``upper`` is a valid
+epsilon(delta) (after composition too: dp-accounting's pessimistic PLD composition), ``lower``
+is never above the truth. The only numerical error not covered by the rounding is floating-point
+summation of non-negative terms, covered by ``FLOAT_SLACK`` added to delta.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from mfcli.accounting.defaults import DEFAULT_DELTA
+from mfcli.accounting.single_pass import check_delta, check_sigma
+from mfcli.errors import MfcliError
+from mfcli.validation import positive_number
+
+#: Default grid of the log-likelihood ratio (rounding per level; the bracket width grows with
+#: 2 (L + 1) h).
+DEFAULT_GRID = 1e-3
+#: Automatic grid: start coarse, refine until upper / lower <= AUTO_RATIO or the grid reaches AUTO_FINEST.
+AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 5e-4, 1.02
+#: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
+TAIL_CUT = 1e-30
+#: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
+G_WIDTH_SD = 12.0
+#: Added to delta (upper bound) and to the target delta (lower bound): floating-point error of
+#: the sums of non-negative terms, far below it for every grid mfcli allows.
+FLOAT_SLACK = 1e-10
+#: Largest grid size (points) of one law; a finer grid or a wider law is refused.
+MAX_POINTS = 4_000_000
+
+
+def tree_height(n: int) -> int:
+    """L with n = 2^L; balls-in-bins accounting of the tree needs n a power of two."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
+    n = int(n)
+    if n & (n - 1):
+        raise MfcliError(
+            f"balls-in-bins accounting of the binary tree needs n a power of two (a full tree), got n = {n}"
+        )
+    return n.bit_length() - 1
+
+
+@dataclass
+class _Law:
+    """A sub-probability measure on the grid h Z: mass ``p[k]`` at (lo + k) h."""
+
+    lo: int
+    p: np.ndarray
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.p.size - 1
+
+
+def _phi_index(dmax: int, h: float, up: bool) -> np.ndarray:
+    """c_d = round(phi(d h) / h) for d = 0..dmax, phi(x) = log((1 + e^-x) / 2), rounded up or down."""
+    d = np.arange(dmax + 1, dtype=np.float64)
+    phi = np.log1p(np.exp(-d * h)) - math.log(2.0)
+    v = phi / h
+    # the margin makes float error in phi round away from the truth (outward), never inward
+    out = np.ceil(v + 1e-9) if up else np.floor(v - 1e-9)
+    out[0] = 0  # phi(0) = 0 exactly
+    return out.astype(np.int64)
+
+
+def _pair(a: _Law, b: _Law, h: float, up: bool) -> _Law:
+    """Law of round(log((e^A + e^B) / 2)) for independent A ~ a, B ~ b on the grid.
+
+    log((e^x + e^y)/2) = max(x, y) + phi(|x - y|); with both on the grid, the index is
+    max(i, j) + c_{|i - j|}. c_d is constant on runs of d, so each run is one shifted product of
+    a law with a window sum of the other (from prefix sums: the window's absolute error is below
+    2^-51, so the error of the result's mass is below 2^-51 per run, covered by FLOAT_SLACK).
+    """
+    lo = min(a.lo, b.lo)
+    hi = max(a.hi, b.hi)
+    size = hi - lo + 1
+    pa = np.zeros(size)
+    pb = np.zeros(size)
+    pa[a.lo - lo:a.lo - lo + a.p.size] = a.p
+    pb[b.lo - lo:b.lo - lo + b.p.size] = b.p
+    ca = np.concatenate(([0.0], np.cumsum(pa)))  # ca[k] = sum pa[:k]
+    cb = np.concatenate(([0.0], np.cumsum(pb)))
+    c = _phi_index(size - 1, h, up)
+    shift_min = int(c.min())
+    out = np.zeros(size - shift_min)  # entry k - shift_min holds index k
+    change = np.flatnonzero(np.diff(c)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [size]))  # runs d in [start, end) of equal c_d
+    for d1, d2 in zip(starts.tolist(), ends.tolist(), strict=True):
+        if d1 >= size:
+            break
+        # for i = d1..size-1: window sums over j in [max(i - d2 + 1, 0), i - d1] (contiguous slices)
+        wb = cb[1:size - d1 + 1].copy()
+        cut = d2 - 1 - d1  # from here on the window's lower end is inside the grid
+        if cut < wb.size:
+            wb[cut:] -= cb[:size - d2 + 1]
+        # A at i is the max, B at distance d in [d1, d2) below it (d = 0 counted here, once)
+        term = pa[d1:] * wb
+        d1s = max(d1, 1)
+        if d1s < d2:  # B at i strictly the max, A at distance d in [d1s, d2) below
+            wa = ca[1 - (d1s - d1):size - d1s + 1].copy() if d1s > d1 else ca[1:size - d1 + 1].copy()
+            if cut < wa.size:
+                wa[cut:] -= ca[:size - d2 + 1]
+            term += pb[d1:] * wa
+        k0 = int(c[d1]) - shift_min + d1
+        out[k0:k0 + term.size] += term
+    return _Law(lo + shift_min, np.maximum(out, 0.0))
+
+
+def _interval_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """P(Z in (a, b]) for standard normal Z, from the nearer tail (relative, not absolute, error)."""
+    upper = a > 0
+    return np.where(upper, special.ndtr(-a) - special.ndtr(-b), special.ndtr(b) - special.ndtr(a))
+
+
+def _g_kernel(mean: float, sd: float, h: float, up: bool) -> _Law:
+    """The one-step rounding kernel of G ~ N(mean, sd^2): mass of round(x + G) = x + m h for grid x.
+
+    up: P(G in ((m - 1) h, m h]); mass below the kept range is moved to its lowest point, mass
+    above it is dropped (stands for +inf). down: P(G in [m h, (m + 1) h)); mass above is moved to
+    the top point, mass below is dropped (-inf).
+    """
+    lo_v, hi_v = mean - G_WIDTH_SD * sd, mean + G_WIDTH_SD * sd
+    if up:
+        m = np.arange(math.floor(lo_v / h), math.ceil(hi_v / h) + 1)
+        w = _interval_mass(((m - 1) * h - mean) / sd, (m * h - mean) / sd)
+        w[0] = special.ndtr((m[0] * h - mean) / sd)  # everything at or below the first point is moved up to it
+        # the upper tail beyond m[-1] is dropped
+    else:
+        m = np.arange(math.floor(lo_v / h) - 1, math.ceil(hi_v / h) + 1)
+        w = _interval_mass((m * h - mean) / sd, ((m + 1) * h - mean) / sd)
+        w[-1] = special.ndtr(-(m[-1] * h - mean) / sd)  # everything above is moved down to it
+        # the lower tail below m[0] is dropped
+    return _Law(int(m[0]), np.maximum(w, 0.0))
+
+
+def _convolve(a: _Law, k: _Law) -> _Law:
+    """Law of A + K on the grid (direct convolution: sums of non-negative terms only, so the
+    floating-point error is relative; an FFT's absolute error would not be covered by FLOAT_SLACK)."""
+    if a.p.size * k.p.size > 2e9:
+        raise MfcliError(f"the likelihood-ratio law needs a {a.p.size} x {k.p.size}-point convolution at this grid "
+                         "and sigma; use a coarser grid")
+    return _Law(a.lo + k.lo, np.convolve(a.p, k.p))
+
+
+def _trim(x: _Law, up: bool, tail: float) -> _Law:
+    """Cut tails of mass < tail one-sidedly: up-laws move the low tail up and drop the high tail;
+    down-laws move the high tail down and drop the low tail."""
+    p = x.p
+    c = np.cumsum(p)
+    total = c[-1] if p.size else 0.0
+    lo_k = int(np.searchsorted(c, tail, side="right"))  # first index where cumulative >= tail
+    rc = np.cumsum(p[::-1])
+    hi_k = p.size - 1 - int(np.searchsorted(rc, tail, side="right"))
+    lo_k = min(lo_k, p.size - 1)
+    hi_k = max(hi_k, lo_k)
+    if total <= 0:
+        return _Law(x.lo, p[:1] * 0)
+    q = p[lo_k:hi_k + 1].copy()
+    if up:
+        q[0] += c[lo_k - 1] if lo_k > 0 else 0.0  # low tail moved up
+    else:
+        q[-1] += rc[p.size - 2 - hi_k] if hi_k < p.size - 1 else 0.0  # high tail moved down
+    return _Law(x.lo + lo_k, q)
+
+
+@dataclass(frozen=True)
+class _RootLaws:
+    p_up: _Law
+    q_up: _Law
+    p_down: _Law
+    q_down: _Law
+
+
+def _root_laws(height: int, sigma: float, h: float) -> _RootLaws:
+    """The four grid laws of the root's log-ratio (U and D, under P and Q)."""
+    sd = 1.0 / sigma
+    m = 0.5 / sigma**2
+    laws = {}
+    for up in (True, False):
+        kq = _g_kernel(-m, sd, h, up)
+        kp = _g_kernel(m, sd, h, up)
+        q = _trim(kq, up, TAIL_CUT)
+        p = _trim(kp, up, TAIL_CUT)
+        for _ in range(height):
+            if max(p.p.size, q.p.size) * 2 > MAX_POINTS:
+                raise MfcliError(f"the grid {h:g} needs more than {MAX_POINTS} points; use a coarser grid")
+            pq = _pair(p, q, h, up)
+            qq = _pair(q, q, h, up)
+            p = _trim(_convolve(pq, kp), up, TAIL_CUT)
+            q = _trim(_convolve(qq, kq), up, TAIL_CUT)
+        laws[up] = (p, q)
+    return _RootLaws(p_up=laws[True][0], q_up=laws[True][1], p_down=laws[False][0], q_down=laws[False][1])
+
+
+def _as_dict(law: _Law, sign: int) -> dict[int, float]:
+    keep = np.flatnonzero(law.p > 0)
+    return {int(sign * (law.lo + k)): float(law.p[k]) for k in keep}
+
+
+def _plds(laws: _RootLaws, h: float) -> tuple[Any, Any]:
+    """(pessimistic, optimistic) dp-accounting PLDs of one epoch."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_mod
+
+    def inf_mass(law: _Law) -> float:
+        return max(0.0, 1.0 - float(np.sum(law.p)))
+
+    upper = pld_mod.PrivacyLossDistribution.create_from_rounded_probability(
+        _as_dict(laws.p_up, +1), inf_mass(laws.p_up) + FLOAT_SLACK, h, pessimistic_estimate=True,
+        rounded_probability_mass_function_add=_as_dict(laws.q_down, -1),
+        infinity_mass_add=inf_mass(laws.q_down) + FLOAT_SLACK, symmetric=False,
+    )
+    # optimistic: missing mass stands for loss -inf (contributes nothing)
+    lower = pld_mod.PrivacyLossDistribution.create_from_rounded_probability(
+        _as_dict(laws.p_down, +1), 0.0, h, pessimistic_estimate=False,
+        rounded_probability_mass_function_add=_as_dict(laws.q_up, -1), infinity_mass_add=0.0, symmetric=False,
+    )
+    return upper, lower
+
+
+@dataclass(frozen=True)
+class BallsInBinsTreeResult:
+    """Binary tree under balls-in-bins batching.
+
+    Attributes:
+        epsilon: the guarantee (upper end of the bracket) at ``delta``.
+        lower: lower end of the bracket (never above the true epsilon of the pair).
+        delta: delta.
+        sigma: noise standard deviation per node, in units of the tree's 0/1 entries.
+        steps: n = 2^L steps per epoch.
+        epochs: epochs composed (fresh allocation per epoch).
+        grid: the grid h of the log-likelihood ratio.
+    """
+
+    epsilon: float
+    lower: float
+    delta: float
+    sigma: float
+    steps: int
+    epochs: int
+    grid: float
+
+    @property
+    def ratio(self) -> float:
+        """upper / lower (inf when the lower end is 0)."""
+        return self.epsilon / self.lower if self.lower > 0 else math.inf
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": "balls-in-bins-tree",
+            "batching": "balls-in-bins",
+            "epsilon": self.epsilon,
+            "bracket": [self.lower, self.epsilon],
+            "lower_bound": self.lower,
+            "delta": self.delta,
+            "sigma": self.sigma,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "grid": self.grid,
+            "method": "exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
+                      "down (lower bound) at every level; epochs composed with dp-accounting's PLD",
+            "assumptions": "balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
+                           "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
+                           "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
+                           "norm units) whichever step it lands in, fixed in advance (non-adaptive; "
+                           "docs/accounting.md says why the adaptive case is not claimed); add or remove one example",
+        }
+
+
+def _check_epochs(epochs: int) -> int:
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+        raise MfcliError(f"the number of epochs must be a positive integer, got {epochs!r}")
+    return int(epochs)
+
+
+def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID) -> tuple[Any, Any]:
+    """(pessimistic, optimistic) dp-accounting PLDs of ``epochs`` epochs of the tree under
+    balls-in-bins: every hockey-stick divergence of the pessimistic one is >= the pair's, of the
+    optimistic one <= (up to ``FLOAT_SLACK`` on delta)."""
+    height = tree_height(n)
+    sigma = check_sigma(sigma)
+    epochs = _check_epochs(epochs)
+    h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
+    upper, lower = _plds(_root_laws(height, sigma, h), h)
+    if epochs > 1:
+        upper = upper.self_compose(epochs)
+        lower = lower.self_compose(epochs)
+    return upper, lower
+
+
+def tree_balls_in_bins(
+    *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float | None = None,
+) -> BallsInBinsTreeResult:
+    """Epsilon bracket of the binary tree on n = 2^L leaves under balls-in-bins batching.
+
+    ``grid=None`` chooses the grid: from AUTO_START, refined until upper / lower <= AUTO_RATIO
+    (or AUTO_FINEST is reached); the cost grows as 1/grid^2.
+
+    Formal guarantees: ``epsilon`` is a valid (epsilon, delta) bound for the pair
+    P = (1/n) sum_i N(C e_i, sigma^2 I) vs Q = N(0, sigma^2 I) in both directions, composed over
+    ``epochs`` independent epochs; ``lower`` is at most the pair's true epsilon. Both hold at
+    every grid; the grid only decides how far apart they are.
+    """
+    delta = check_delta(delta)
+    epochs = _check_epochs(epochs)
+    h = AUTO_START if grid is None else grid
+    while True:
+        upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h)
+        eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
+        eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
+        ratio = eps_u / eps_l if eps_l > 0 else math.inf
+        if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
+            break
+        # the bracket's width is about proportional to the grid
+        h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
+    return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
+                                 epochs=epochs, grid=float(h))
+
+
+def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
+                       grid: float = DEFAULT_GRID) -> tuple[float, float]:
+    """[lower, upper] on the pair's delta(epsilon) (max over the two directions)."""
+    upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
+    return (max(0.0, float(lower.get_delta_for_epsilon(epsilon)) - FLOAT_SLACK),
+            float(upper.get_delta_for_epsilon(epsilon)))
+
+
+__all__ = [
+    "DEFAULT_GRID",
+    "FLOAT_SLACK",
+    "BallsInBinsTreeResult",
+    "tree_balls_in_bins",
+    "tree_delta_bracket",
+    "tree_height",
+    "tree_plds",
+]
