@@ -43,6 +43,7 @@ sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -213,6 +214,8 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        log = logging.getLogger("jax._src.callback")
+        log.addFilter(_drop_mfcli_tracebacks)
         try:
             return jax.block_until_ready(fn(*args, **kwargs))
         except MfcliError:
@@ -222,8 +225,17 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
             if err is None:
                 raise
             raise err from None
+        finally:
+            log.removeFilter(_drop_mfcli_tracebacks)
 
     return wrapper
+
+
+def _drop_mfcli_tracebacks(record: logging.LogRecord) -> bool:
+    """JAX logs every exception a callback raises with its traceback; under :func:`checked` an
+    mfcli error is raised again as itself, so its log record would only repeat it."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, MfcliError)
 
 
 def state_dict(stream: NoiseStream, state: CorrelatedNoiseState) -> dict:
