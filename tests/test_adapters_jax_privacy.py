@@ -220,7 +220,7 @@ def test_export_refuses_step_n_where_jax_privacy_reuses_the_last_row(artifact) -
         step(zero, state)
     with pytest.raises(NoiseStreamExhaustedError, match="step 12 >= n = 12"):
         guarded.update(zero, state)
-    with pytest.raises(ValueError, match="exhausted"):   # unwrapped jit: JAX's runtime error carries it
+    with pytest.raises(Exception, match="exhausted"):   # unwrapped jit: JAX's runtime error carries it
         jax.block_until_ready(jax.jit(guarded.update)(zero, state))
     # The streaming export inside jax_privacy's streaming privatizer, eager and jitted.
     for variant in ("dense", "compressed"):
@@ -307,3 +307,29 @@ def test_unknown_jax_privacy_object_is_refused(jp) -> None:
 
     with pytest.raises(MfcliError, match="cannot import a StreamingMatrix"):
         bridge.import_strategy(streaming_matrix.prefix_sum(), build_workload("prefix", N))
+
+
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+def test_exporters_stop_at_n_without_jax_privacy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
+    """The exporters need only jax: they refuse step n, and with the check removed (as if the
+    error were swallowed) step n yields NaN, never a reused row."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from mfcli.operators import select_operator
+
+    path, *_ = save_truncated_svd_compression(tmp_path / "m.h5", n=6, beta=0.9, band=2, rank=2)
+    matrix = select_operator(load_artifact(path), variant).streaming("gradient").matrix
+    init, step = bridge._EXPORTERS[type(matrix)](matrix)
+    zero = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
+    state = init(zero)
+    for _ in range(6):
+        out, state = step(zero, state)
+        assert all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree.leaves(out))
+    with pytest.raises(NoiseStreamExhaustedError, match="step 6 >= n = 6"):
+        step(zero, state)
+    with pytest.raises(Exception, match="exhausted"):   # JaxRuntimeError or ValueError, by where JAX notices it
+        jax.block_until_ready(jax.jit(step)(zero, state))
+    monkeypatch.setattr(bridge, "_guard", lambda t, n: t)
+    out, _ = step(zero, state)
+    assert all(bool(jnp.all(jnp.isnan(v))) for v in jax.tree.leaves(out))

@@ -62,7 +62,7 @@ def test_updates_are_scaled_gradient_noise(artifact, variant, jit):
         np.testing.assert_allclose(flat(upd), want[t], rtol=0, atol=3e-6 * np.max(np.abs(want)), err_msg=f"t={t}")
     assert int(state.step) == N
     if jit:
-        with pytest.raises(ValueError, match="exhausted"):   # JAX's runtime error, carrying the text
+        with pytest.raises(Exception, match="exhausted"):   # JAX's runtime error, carrying the text
             jax.block_until_ready(update(zeros(), state))
         with pytest.raises(NoiseStreamExhaustedError, match=f"^noise stream exhausted: step {N} >= n = {N};"):
             optax_adapter.checked(update)(zeros(), state)

@@ -32,7 +32,8 @@ O(t d) per step: compress it first for large models.
 
 Step t >= n raises :class:`~mfcli.errors.NoiseStreamExhaustedError` when ``update`` runs eagerly.
 Under ``jit`` the refusal happens on the host, inside the compiled step, and JAX reports it as a
-``ValueError`` whose text begins ``INTERNAL: CpuCallback error``; wrap the jitted step in
+runtime error (``jax.errors.JaxRuntimeError`` or ``ValueError``, by where JAX notices it)
+whose text begins ``INTERNAL: CpuCallback error``; wrap the jitted step in
 :func:`checked` to get the mfcli error back::
 
     train_step = checked(jax.jit(train_step))   # raises NoiseStreamExhaustedError at step n
@@ -188,7 +189,8 @@ def mfcli_error_from(exc: BaseException) -> MfcliError | None:
     """The mfcli error a JAX runtime error carries, or None if it carries none.
 
     An exception raised in a ``jax.pure_callback`` inside compiled code reaches Python as a
-    ``ValueError`` (``INTERNAL: CpuCallback error calling callback: Traceback ...``) whose text
+    runtime error (``JaxRuntimeError`` or ``ValueError``: ``INTERNAL: CpuCallback error calling
+    callback: Traceback ...``) whose text
     ends with the original ``<ErrorClass>: <message>`` line; this reads that last line back into
     the mfcli error type (:data:`_CALLBACK_ERRORS`) with its one-line message.
     """
