@@ -9,6 +9,8 @@
   with or inconsistent.
 * :class:`OutputExistsError` (a :class:`MfcliError`) is an output file that exists where
   overwriting was not asked for (``force=False``); the CLI adds the ``--force`` hint.
+* :class:`NoiseStreamExhaustedError` (a :class:`MfcliError`) is a noise stream asked for step
+  t >= n: the artifact covers n steps and noise past the end is refused, never invented.
 * A wrong argument *type* (a string where a number or an artifact is expected) is a programming
   mistake, not bad data, and is raised as a plain :class:`TypeError`.
 
@@ -28,3 +30,7 @@ class ArtifactError(MfcliError):
 
 class OutputExistsError(MfcliError):
     """The output file exists and overwriting was not asked for (``force=False``)."""
+
+
+class NoiseStreamExhaustedError(MfcliError):
+    """A noise stream (or an export of one) was asked for step t >= n, past the artifact's end."""

@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from mfcli.errors import MfcliError
+from mfcli.errors import MfcliError, NoiseStreamExhaustedError
 from mfcli.operators import (
     CHOICES,
     KINDS,
@@ -535,7 +535,7 @@ class NoiseStream:
         if t < 0:
             raise MfcliError(f"noise state step {t} is negative")
         if t >= self.n and not (allow_end and t == self.n):
-            raise MfcliError(
+            raise NoiseStreamExhaustedError(
                 f"noise stream exhausted: step {t} >= n = {self.n}; the artifact covers steps "
                 f"0..{self.n - 1} and running past the end would break the privacy guarantee"
             )

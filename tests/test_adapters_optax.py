@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 
 from mfcli.adapters import optax as optax_adapter  # noqa: E402
 from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
-from mfcli.errors import MfcliError  # noqa: E402
+from mfcli.errors import MfcliError, NoiseStreamExhaustedError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
 
 from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
@@ -62,11 +62,55 @@ def test_updates_are_scaled_gradient_noise(artifact, variant, jit):
         np.testing.assert_allclose(flat(upd), want[t], rtol=0, atol=3e-6 * np.max(np.abs(want)), err_msg=f"t={t}")
     assert int(state.step) == N
     if jit:
-        with pytest.raises(Exception, match="exhausted"):
+        with pytest.raises(Exception, match="exhausted"):   # JAX's runtime error, carrying the text
             jax.block_until_ready(update(zeros(), state))
+        with pytest.raises(NoiseStreamExhaustedError, match=f"^noise stream exhausted: step {N} >= n = {N};"):
+            optax_adapter.checked(update)(zeros(), state)
     else:
-        with pytest.raises(MfcliError, match="exhausted"):
+        with pytest.raises(NoiseStreamExhaustedError, match="exhausted"):
             update(zeros(), state)
+
+
+def test_checked_jitted_train_step_raises_mfcli_errors(artifact):
+    """A whole jitted step (noise + momentum SGD) under checked(): step n raises the mfcli error
+    with its one-line message; a state from another stream raises MfcliError; other errors pass."""
+    path, *_ = artifact
+    stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
+    tx = optax.chain(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), optax.sgd(0.1, momentum=BETA))
+
+    def train_step(params, opt_state):
+        upd, opt_state = tx.update(zeros(), opt_state, params)
+        return optax.apply_updates(params, upd), opt_state
+
+    step = optax_adapter.checked(jax.jit(train_step))
+    params, opt_state = PARAMS, tx.init(PARAMS)
+    for _ in range(N):
+        params, opt_state = step(params, opt_state)
+    with pytest.raises(NoiseStreamExhaustedError) as info:
+        step(params, opt_state)
+    assert str(info.value) == (f"noise stream exhausted: step {N} >= n = {N}; the artifact covers steps 0..{N - 1} "
+                               "and running past the end would break the privacy guarantee")
+    other = noise_stream(path, kind="gradient", d=D, seed=SEED + 1)
+    foreign = correlated_noise(other, noise_multiplier=1.0, clip_norm=1.0).init(PARAMS)
+    with pytest.raises(MfcliError, match="belongs to another noise stream"):
+        step(params, (foreign, opt_state[1]))
+    with pytest.raises(TypeError):
+        optax_adapter.checked(jax.jit(lambda x: x + "a"))(1.0)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n  File ...\n"
+     "NoiseStreamExhaustedError: noise stream exhausted: step 3 >= n = 3; more", NoiseStreamExhaustedError),
+    ("INTERNAL: CpuCallback error: Traceback\nmfcli.errors.MfcliError: this optax state belongs to another", MfcliError),
+    ("INTERNAL: CpuCallback error: Traceback\nZeroDivisionError: division by zero", None),
+    ("something else entirely", None),
+])
+def test_mfcli_error_from_reads_the_last_error_line(text, want):
+    err = optax_adapter.mfcli_error_from(ValueError(text))
+    if want is None:
+        assert err is None
+    else:
+        assert type(err) is want and "\n" not in str(err) and not str(err).startswith(("INTERNAL", "Traceback"))
 
 
 def test_chained_momentum_sgd_releases_decoder_noise(artifact):

@@ -618,7 +618,7 @@ def test_doc_example_numpy(tmp_path, capsys):
     assert ns["state"].t == ns["stream"].n == 256
     assert (tmp_path / "noise-ckpt.npz").exists()
     out = capsys.readouterr().out
-    assert "C^-1 (gradient noise" in out and "MfcliError noise stream exhausted" in out
+    assert "C^-1 (gradient noise" in out and "NoiseStreamExhaustedError noise stream exhausted" in out
     assert np.all(np.isfinite(ns["theta"]))
 
 

@@ -28,14 +28,24 @@ resumes exactly; for an authenticated checkpoint (refused on load if edited) sav
 ``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``. Donate the optimizer
 state to ``jit`` (``donate_argnums``) to update those
 buffers in place. A dense artifact (method ``regenerate``) computes its whole row on the host,
-O(t d) per step: compress it first for large models. Step t >= n raises (an MfcliError when not
-traced; under ``jit`` a runtime error carrying the same message).
+O(t d) per step: compress it first for large models.
+
+Step t >= n raises :class:`~mfcli.errors.NoiseStreamExhaustedError` when ``update`` runs eagerly.
+Under ``jit`` the refusal happens on the host, inside the compiled step, and JAX reports it as a
+runtime error (``jax.errors.JaxRuntimeError`` or ``ValueError``, by where JAX notices it)
+whose text begins ``INTERNAL: CpuCallback error``; wrap the jitted step in
+:func:`checked` to get the mfcli error back::
+
+    train_step = checked(jax.jit(train_step))   # raises NoiseStreamExhaustedError at step n
 
 Formal guarantees: as for :mod:`mfcli.adapters.torch`: the mechanism is C G + Z, with
 sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
 """
 from __future__ import annotations
 
+import functools
+import logging
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -46,7 +56,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from mfcli.adapters import check_gradient_stream, check_noise_options
-from mfcli.errors import MfcliError
+from mfcli.errors import MfcliError, NoiseStreamExhaustedError
 from mfcli.noise import NoiseStream, noise_row
 from mfcli.operators import BandedLowRank
 
@@ -105,7 +115,7 @@ def correlated_noise(
         if not np.array_equal(np.asarray(got_tag, dtype=np.uint32), tag):
             raise MfcliError("this optax state belongs to another noise stream (different seed, artifact, d or dtype)")
         if not 0 <= step < n:
-            raise MfcliError(
+            raise NoiseStreamExhaustedError(
                 f"noise stream exhausted: step {step} >= n = {n}; the artifact covers steps 0..{n - 1} "
                 "and running past the end would break the privacy guarantee"
             )
@@ -138,7 +148,7 @@ def correlated_noise(
                 )
             host_step = int(t)
             if host_step >= n:
-                raise MfcliError(
+                raise NoiseStreamExhaustedError(
                     f"noise stream exhausted: step {host_step} >= n = {n}; the artifact covers steps "
                     f"0..{n - 1} and running past the end would break the privacy guarantee"
                 )
@@ -165,6 +175,69 @@ def correlated_noise(
         return unravel(noisy), new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+#: mfcli errors a host callback can raise inside compiled code, by the name JAX's text shows.
+_CALLBACK_ERRORS: dict[str, type[MfcliError]] = {
+    "NoiseStreamExhaustedError": NoiseStreamExhaustedError,
+    "MfcliError": MfcliError,
+}
+_CALLBACK_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(" + "|".join(_CALLBACK_ERRORS) + r"): (.+?)\s*$", re.MULTILINE)
+
+
+def mfcli_error_from(exc: BaseException) -> MfcliError | None:
+    """The mfcli error a JAX runtime error carries, or None if it carries none.
+
+    An exception raised in a ``jax.pure_callback`` inside compiled code reaches Python as a
+    runtime error (``JaxRuntimeError`` or ``ValueError``: ``INTERNAL: CpuCallback error calling
+    callback: Traceback ...``) whose text
+    ends with the original ``<ErrorClass>: <message>`` line; this reads that last line back into
+    the mfcli error type (:data:`_CALLBACK_ERRORS`) with its one-line message.
+    """
+    if isinstance(exc, MfcliError):
+        return exc
+    found = _CALLBACK_ERROR_LINE.findall(str(exc))
+    if not found:
+        return None
+    name, message = found[-1]
+    return _CALLBACK_ERRORS[name](message)
+
+
+def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (typically a jitted training step) that raises mfcli's own errors.
+
+    Calls ``fn``, waits for its outputs (``jax.block_until_ready``: a compiled step reports a
+    host-side refusal only when its outputs are ready) and turns a JAX runtime error that
+    carries an mfcli error (:func:`mfcli_error_from`) back into that error, e.g.
+    :class:`~mfcli.errors.NoiseStreamExhaustedError` when the step passes n. Waiting costs the
+    overlap of one step's dispatch with the next one's Python work, nothing when the loop reads
+    the loss every step anyway.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        log = logging.getLogger("jax._src.callback")
+        log.addFilter(_drop_mfcli_tracebacks)
+        try:
+            return jax.block_until_ready(fn(*args, **kwargs))
+        except MfcliError:
+            raise
+        except Exception as exc:
+            err = mfcli_error_from(exc)
+            if err is None:
+                raise
+            raise err from None
+        finally:
+            log.removeFilter(_drop_mfcli_tracebacks)
+
+    return wrapper
+
+
+def _drop_mfcli_tracebacks(record: logging.LogRecord) -> bool:
+    """JAX logs every exception a callback raises with its traceback; under :func:`checked` an
+    mfcli error is raised again as itself, so its log record would only repeat it."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, MfcliError)
 
 
 def state_dict(stream: NoiseStream, state: CorrelatedNoiseState) -> dict:
@@ -208,4 +281,6 @@ def load_state_dict(stream: NoiseStream, checkpoint: Any) -> CorrelatedNoiseStat
     )
 
 
-__all__ = ["CorrelatedNoiseState", "correlated_noise", "load_state_dict", "state_dict"]
+__all__ = [
+    "CorrelatedNoiseState", "checked", "correlated_noise", "load_state_dict", "mfcli_error_from", "state_dict",
+]
