@@ -24,7 +24,8 @@ residue class for fixed-epoch; mass m(W) = the sum of the multipliers),
 
 At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality. The solver
 minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
-the set's directions, backtracking on positive definiteness and sufficient decrease) and takes
+the set's directions, backtracking on positive definiteness and sufficient decrease; near the
+optimum, truncated Newton steps by preconditioned conjugate gradients instead) and takes
 the dual candidate from the same gradient: W = P(X^-1 A^T A X^-1), the projection onto the dual
 support, shifted by t I (t >= 0; still a valid W) until it is positive definite. The bound is
 evaluated with the singular values of A R (R the Cholesky factor of W), as the single-participation
@@ -114,8 +115,9 @@ class MultiSolveResult:
 
     def certificate(self) -> dict:
         """JSON-ready solver record (the artifact's ``solver`` attribute)."""
+        newton = any(p.method.startswith("newton-") for p in self.history)
         cert = {
-            "method": f"lbfgs-{self.structure}",
+            "method": f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}",
             "structure": self.structure,
             "tol": self.tol,
             "gap": self.gap,
@@ -291,6 +293,9 @@ def multi_participation_factorization(
         precondition: L-BFGS initial inverse Hessian D -> P(X D X) (the affine-invariant metric
             of the positive definite cone; P the projection onto feasible directions) instead of
             the identity. Speed only: the certificate is the same.
+        newton_gap: once a certified gap is at most this, take truncated Newton steps
+            (:func:`_newton_direction`, a certificate after each) instead of L-BFGS steps; 0 never.
+            Speed only: the certificate is the same.
 
     Formal guarantees: A = B C to 1e-8 relative; C lower-triangular; ``sensitivity`` is the
     schema sensitivity of C recomputed by :func:`mfcli.participation.sensitivity`, which is exact

@@ -86,6 +86,7 @@ def test_certificate_is_sound_and_tight(n, schema, workload, newton_gap):
     assert res.converged and -1e-12 <= res.gap <= 1e-8
     methods = {p.method.split("-")[0] for p in res.history}
     assert ("newton" in methods) == (newton_gap > 0)
+    assert res.certificate()["method"] == ("lbfgs-newton-" if newton_gap > 0 else "lbfgs-") + res.structure
     assert res.dual <= res.loss_total * (1 + 1e-12)
     st = _Structure(n, schema)
     rng = np.random.default_rng(n)
