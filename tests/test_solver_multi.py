@@ -28,7 +28,13 @@ from typer.testing import CliRunner
 from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
 from mfcli.inspection import inspect_artifact
-from mfcli.multi_solver import _Structure, dual_bound, multi_participation_factorization
+from mfcli.multi_solver import (
+    NEWTON_GAP,
+    _newton_direction,
+    _Structure,
+    dual_bound,
+    multi_participation_factorization,
+)
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload, prefix_workload
@@ -73,10 +79,14 @@ def brute_sensitivity2(c: np.ndarray, schema: Participation) -> float:
 
 @pytest.mark.parametrize(("n", "schema"), SCHEMAS)
 @pytest.mark.parametrize("workload", ["prefix", "momentum"])
-def test_certificate_is_sound_and_tight(n, schema, workload):
+@pytest.mark.parametrize("newton_gap", [NEWTON_GAP, 0.0], ids=["newton", "lbfgs-only"])
+def test_certificate_is_sound_and_tight(n, schema, workload, newton_gap):
     a = prefix_workload(n).matrix if workload == "prefix" else momentum_workload(n, beta=0.9).matrix
-    res = multi_participation_factorization(a, schema, tol=1e-8)
+    res = multi_participation_factorization(a, schema, tol=1e-8, newton_gap=newton_gap)
     assert res.converged and -1e-12 <= res.gap <= 1e-8
+    methods = {p.method.split("-")[0] for p in res.history}
+    assert ("newton" in methods) == (newton_gap > 0)
+    assert res.certificate()["method"] == ("lbfgs-newton-" if newton_gap > 0 else "lbfgs-") + res.structure
     assert res.dual <= res.loss_total * (1 + 1e-12)
     st = _Structure(n, schema)
     rng = np.random.default_rng(n)
@@ -92,6 +102,32 @@ def test_certificate_is_sound_and_tight(n, schema, workload):
         assert np.allclose(diag, st.class_mean(diag))
         mass = float(np.sum(np.bincount(st.classes, weights=diag) / st.count))
         assert st.scale * dual_bound(a, w, mass) <= res.loss_total * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("n", "schema"), SCHEMAS)
+def test_newton_direction_solves_the_projected_newton_system(n, schema):
+    """The CG direction d satisfies P(Hess f[d]) = -g, the Hessian taken by central differences
+    of the gradient -X^-1 A^T A X^-1 (plain inverses, not the solver's Cholesky route or its
+    Hessian formula), and d keeps X feasible (masked entries and class sums unchanged)."""
+    import scipy.linalg
+
+    a = momentum_workload(n, beta=0.9).matrix
+    st = _Structure(n, schema)
+    x = random_feasible(n, schema, np.random.default_rng(7 + n))
+
+    def grad(y: np.ndarray) -> np.ndarray:
+        yi = np.linalg.inv(y)
+        return -yi @ a.T @ a @ yi
+
+    g = st.tangent(grad(x))
+    lower = scipy.linalg.cholesky(x, lower=True)
+    d = _newton_direction(x, -grad(x), g.copy(), lower, st, gap=1e-24)
+    h = 1e-6 / float(np.abs(d).max())
+    hd = st.tangent((grad(x + h * d) - grad(x - h * d)) / (2 * h))
+    assert np.allclose(hd, -g, rtol=0, atol=1e-5 * float(np.abs(g).max()))
+    assert np.all(d[st.mask] == 0.0)
+    assert np.allclose(np.bincount(st.classes, weights=np.diag(d)), 0.0, atol=1e-12 * float(np.abs(d).max()))
+    assert float(np.vdot(g, d)) < 0  # a descent direction
 
 
 @pytest.mark.parametrize(("n", "schema"), SCHEMAS)
