@@ -291,6 +291,20 @@ class BufferedToeplitz:
             raise MfcliError(f"C^-1 has a buffer decay outside (-1, 1): {lam.tolist()}")
         return BufferedToeplitz(theta=lam, omega=omp)
 
+    def rational(self) -> tuple[np.ndarray, np.ndarray]:
+        """C^-1 as num(z) / den(z), the form :mod:`mfcli.structured` streams noise with (O(d)
+        state per coordinate): C(z) = den(z) / P(z) with P(z) = prod_i (1 - theta_i z) and
+        den(z) = P(z) + z sum_i omega_i prod_{j != i} (1 - theta_j z), so num = P.
+
+        The polynomial (direct) form is what the noise recursion runs; its impulse response
+        matches :meth:`noising_coefs` (the exponential-sum form) to about 1e-11 at n = 10^5 and
+        1e-7 at n = 10^6 for an optimised BLT (poles clustered near 1)."""
+        num = np.atleast_1d(np.poly(self.theta)).astype(np.float64)
+        den = num.copy()
+        for i in range(self.buffers):
+            den[1:] += self.omega[i] * np.atleast_1d(np.poly(np.delete(self.theta, i)))
+        return num, den
+
     def gradient_stream(self, *, n: int, seed: int, d: int, dtype: Any = "float64", threads: int = 1) -> BltNoiseStream:
         """The gradient noise stream (rows of C^-1 Z) of this strategy: :class:`BltNoiseStream`."""
         return BltNoiseStream(self, n=n, seed=seed, d=d, dtype=dtype, threads=threads)
