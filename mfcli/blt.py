@@ -739,6 +739,22 @@ def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
 # The gradient noise stream
 
 
+def buffer_step(theta: list[Any], omega: list[Any], bufs: np.ndarray, x: np.ndarray, scratch: np.ndarray) -> None:
+    """One step of x = C^-1 z on a block of coordinates, in place: on entry ``x`` holds z_t, on
+    exit x_t = z_t - sum_i omega_i s_i, and each buffer row s_i <- theta_i s_i + x_t.
+
+    The one arithmetic path of every BLT noise stream (:class:`BltNoiseStream` and
+    :mod:`mfcli.noise`'s structured streams): element-wise, in a fixed order, no BLAS, so a
+    resumed or rebuilt state gives the same bits whatever the thread count. ``theta`` and
+    ``omega`` are scalars of the stream's dtype, ``scratch`` a free row of x's length."""
+    for i in range(len(theta)):
+        np.multiply(bufs[i], omega[i], out=scratch)
+        np.subtract(x, scratch, out=x)
+    for i in range(len(theta)):
+        np.multiply(bufs[i], theta[i], out=bufs[i])
+        np.add(bufs[i], x, out=bufs[i])
+
+
 class BltNoiseStream:
     """Rows of C^-1 Z for a BLT C: the noise added to step t's summed clipped gradient.
 
@@ -788,14 +804,7 @@ class BltNoiseStream:
         def block(c: int, a: int, b: int) -> None:
             xb = x[a:b]
             _fill_block(self.seed, t, c, xb)
-            tmp = self._scratch[a:b]
-            bufs = self._buffers[:, a:b]
-            for i in range(self.blt.buffers):
-                np.multiply(bufs[i], self._omega[i], out=tmp)
-                np.subtract(xb, tmp, out=xb)
-            for i in range(self.blt.buffers):
-                np.multiply(bufs[i], self._theta[i], out=bufs[i])
-                np.add(bufs[i], xb, out=bufs[i])
+            buffer_step(self._theta, self._omega, self._buffers[:, a:b], xb, self._scratch[a:b])
 
         _for_blocks(self.d, self.threads, block)
         self.t += 1

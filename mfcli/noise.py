@@ -665,16 +665,12 @@ class NoiseStream:
         sc_all = np.empty(self.d, dtype=self.dtype)
         buf = work.buf
 
+        from mfcli.blt import buffer_step
+
         def block(c: int, a: int, b: int) -> None:
             o, sc = out[a:b], sc_all[a:b]
             _fill_block(self.seed, t, c, o)
-            for i in range(nb):
-                np.multiply(buf[i, a:b], omega[i], out=sc)
-                np.subtract(o, sc, out=o)
-            for i in range(nb):
-                s = buf[i, a:b]
-                np.multiply(s, theta[i], out=s)
-                np.add(s, o, out=s)
+            buffer_step(theta, omega, buf[:nb, a:b], o, sc)
             if p:
                 for k in range(1, min(p, t) + 1):
                     np.multiply(buf[nb + (t - k) % p, a:b], post[k], out=sc)

@@ -330,3 +330,15 @@ def test_subprocess_n_1e5_optimize_inspect_account(tmp_path):
     pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     pld.compose(dp_accounting.GaussianDpEvent(noise_multiplier=4 / sens))
     assert acc["epsilon"] == pytest.approx(pld.get_epsilon(1e-6), rel=1e-3)
+
+
+def test_blt_noise_stream_and_artifact_stream_are_bit_identical(saved):
+    from mfcli.blt import BltNoiseStream
+
+    path, blt, _w, _ = saved
+    own = BltNoiseStream(blt, n=N, seed=SEED, d=70_000, dtype="float32", threads=2)  # two Philox blocks
+    stream = noise_stream(path, kind="gradient", d=70_000, seed=SEED, dtype="float32")
+    state = stream.init()
+    for _ in range(N):
+        row, state = stream.next(state)
+        assert np.array_equal(row, own.next())
