@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
     from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact
+    from mfcli.blt import BufferedToeplitz
     from mfcli.errors import ArtifactError, MfcliError
     from mfcli.factorization import Factorization, sensitivity, total_loss
     from mfcli.participation import (
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         participation_from_json,
     )
     from mfcli.solver import SolveResult, optimal_factorization
+    from mfcli.toeplitz import BandedToeplitz
     from mfcli.workloads import (
         Workload,
         build_workload,
@@ -43,6 +45,7 @@ _EXPORTS = {
     "load_artifact": "mfcli.artifact",
     "save_artifact": "mfcli.artifact",
     "shipped_artifact": "mfcli.artifact",
+    "BufferedToeplitz": "mfcli.blt",
     "ArtifactError": "mfcli.errors",
     "MfcliError": "mfcli.errors",
     "Factorization": "mfcli.factorization",
@@ -56,6 +59,7 @@ _EXPORTS = {
     "participation_from_json": "mfcli.participation",
     "SolveResult": "mfcli.solver",
     "optimal_factorization": "mfcli.solver",
+    "BandedToeplitz": "mfcli.toeplitz",
     "Workload": "mfcli.workloads",
     "build_workload": "mfcli.workloads",
     "momentum_workload": "mfcli.workloads",
@@ -81,6 +85,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "Artifact",
     "ArtifactError",
+    "BandedToeplitz",
+    "BufferedToeplitz",
     "Factorization",
     "FixedEpoch",
     "MfcliError",

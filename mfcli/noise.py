@@ -31,7 +31,9 @@ How a step is computed (the *method* of a stream):
   num(z) / den(z) (:class:`mfcli.structured.RationalToeplitz`):
   ``den_0 x_t = sum_{k<=W} num_k Z[t-k] - sum_{1<=k<=R} den_k x_{t-k}``. W recent noise rows
   (regenerated on resume) and R recent outputs (kept in checkpoints in place of running sums):
-  O((W + R) d) time and (W + R + 1) d floats, whatever n.
+  O((W + R) d) time and (W + R + 1) d floats, whatever n. A BLT runs in its buffer form
+  (:class:`mfcli.structured.BltRecursion`: W = 0, R = buffers (+ 2 for momentum iterate
+  noise, + 1 for prefix)), which keeps each decay exact where the polynomial form would not.
 * ``regenerate``: any other causal operator (a dense optimal C^-1, a tree decoder, a compressed
   gradient stream whose A^-1 is not banded): ``(M Z)[t] = sum_j M[t, j] Z[j]`` over the non-zero
   entries of row t, regenerating each Z[j]. Memory 2 d floats, time O(nnz(M[t]) d) per step, i.e.
@@ -618,6 +620,8 @@ class NoiseStream:
         (slot W + j mod R). Element-wise, in a fixed order, so a rebuilt or resumed state gives
         the same bits."""
         op = self.operator
+        if hasattr(op, "omega"):  # mfcli.structured.BltRecursion: the buffer form
+            return self._advance_blt(work, t)
         w, r = self.width, self.rank
         num = [self.dtype.type(x) for x in op.numerator]  # type: ignore[attr-defined]
         den = [self.dtype.type(x) for x in op.denominator]  # type: ignore[attr-defined]
@@ -642,6 +646,36 @@ class NoiseStream:
                 buf[t % w, a:b] = zt
             if r:
                 buf[w + t % r, a:b] = o
+
+        _for_blocks(self.d, self.threads, block)
+        work.position = t + 1
+        return out
+
+    def _advance_blt(self, work: _Workspace, t: int) -> np.ndarray:
+        """One step of a BLT stream (:class:`mfcli.structured.BltRecursion`): x_t = z_t - sum_i
+        omega_i s_i, s_i <- theta_i s_i + x_t (rows 0..K-1 of the buffer), then for iterate
+        noise y_t = x_t - sum_{k>=1} post_k y_{t-k} (rows K.. hold y_{t-P}..y_{t-1}, slot
+        K + j mod P). Element-wise in a fixed order: resumed and rebuilt states give the same bits."""
+        op = self.operator
+        theta = [self.dtype.type(x) for x in op.theta]  # type: ignore[attr-defined]
+        omega = [self.dtype.type(x) for x in op.omega]  # type: ignore[attr-defined]
+        post = [self.dtype.type(x) for x in op.post_den]  # type: ignore[attr-defined]
+        nb, p = len(theta), len(post) - 1
+        out = np.empty(self.d, dtype=self.dtype)
+        sc_all = np.empty(self.d, dtype=self.dtype)
+        buf = work.buf
+
+        from mfcli.blt import buffer_step
+
+        def block(c: int, a: int, b: int) -> None:
+            o, sc = out[a:b], sc_all[a:b]
+            _fill_block(self.seed, t, c, o)
+            buffer_step(theta, omega, buf[:nb, a:b], o, sc)
+            if p:
+                for k in range(1, min(p, t) + 1):
+                    np.multiply(buf[nb + (t - k) % p, a:b], post[k], out=sc)
+                    np.subtract(o, sc, out=o)
+                buf[nb + t % p, a:b] = o
 
         _for_blocks(self.d, self.threads, block)
         work.position = t + 1
@@ -737,7 +771,7 @@ def noise_stream(
             non-square strategy, or an inconsistent compressed group.
     """
     from mfcli.artifact import Artifact
-    from mfcli.structured import RationalToeplitz, StructuredArtifact, load_any_artifact
+    from mfcli.structured import BltRecursion, RationalToeplitz, StructuredArtifact, load_any_artifact
 
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
     art = artifact if isinstance(artifact, (Artifact, StructuredArtifact)) else load_any_artifact(Path(artifact))
@@ -747,7 +781,7 @@ def noise_stream(
             raise MfcliError(f"{where} has no compressed decoder (it is a structured {art.kind} strategy)")
         op = art.operator()
         rec, _ = op.streaming(kind, where=where)
-        assert isinstance(rec, RationalToeplitz)
+        assert isinstance(rec, (RationalToeplitz, BltRecursion))
         return NoiseStream(
             kind=kind, variant=op.variant, n=art.n, d=d, dtype=dt, seed=seed, method="recursion",
             operator=rec, sensitivity=op.sensitivity, fingerprint=_fingerprint(kind, op.variant, rec), source=where,

@@ -6,7 +6,8 @@ A structured strategy stores parameters, never an n x n matrix. Every kind is a 
 with ``kind``, ``strategy_coefs(n)``, ``noising_coefs(n)``, ``parameters()``,
 ``from_parameters(params)``, ``sensitivity(n, schema)`` and ``rational()`` (C^-1 as a rational
 filter, so that noise streams in O(order x d)); :data:`KINDS` maps the kind name to the class.
-BLT (``mfcli/blt.py``) plugs in by adding ``"blt": BLT`` to :func:`strategy_class`.
+:func:`strategy_class` maps ``banded-toeplitz`` to :class:`mfcli.toeplitz.BandedToeplitz` and ``blt``
+to :class:`mfcli.blt.BufferedToeplitz` (datasets ``theta`` and ``omega``).
 
 An artifact of a structured strategy has the root attributes of every artifact (``format``,
 ``n``, ``workload_name``, ``sensitivity``, ``loss_*`` at single participation, ``participation``)
@@ -50,8 +51,9 @@ IDENTITY_TAG = "mfcli.operator.structured.v1"
 
 def strategy_class(kind: str) -> Any:
     """The class of a structured kind; :class:`MfcliError` for an unknown one."""
-    kinds: dict[str, Any] = {"banded-toeplitz": BandedToeplitz}
-    # BLT plugs in here: kinds["blt"] = mfcli.blt.BLT (with the same protocol)
+    from mfcli.blt import BufferedToeplitz
+
+    kinds: dict[str, Any] = {"banded-toeplitz": BandedToeplitz, "blt": BufferedToeplitz}
     if kind not in kinds:
         raise MfcliError(f"structured kind must be one of {', '.join(kinds)}, got {kind!r}")
     return kinds[kind]
@@ -66,9 +68,13 @@ def rational(strategy: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarray:
-    """First column of B = A C^-1 for any kind, from its rational form (O(n order))."""
+    """First column of B = A C^-1 for any kind, from its rational form (O(n order)); a BLT's from
+    the exponential-sum form of C^-1 (:meth:`mfcli.blt.BufferedToeplitz.noising_coefs`), which
+    stays accurate where the polynomial form's poles cluster near 1."""
     import scipy.signal
 
+    if not isinstance(strategy, BandedToeplitz) and hasattr(strategy, "noising_coefs"):
+        return scipy.signal.lfilter(workload.numerator, workload.denominator, strategy.noising_coefs(check_n(n)))
     num, den = rational(strategy)
     x = np.zeros(check_n(n))
     x[0] = 1.0
@@ -117,6 +123,57 @@ class RationalToeplitz:
 
     def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
         return (self.numerator, self.denominator, np.array([float(self.size)]))
+
+
+@dataclass(frozen=True, eq=False)
+class BltRecursion:
+    """The noise operator of a BLT strategy, streamed in its parallel (buffer) form rather than
+    as a polynomial ratio: x = C^-1 z by C's own buffers, x_t = z_t - sum_i omega_i s_i, then
+    s_i <- theta_i s_i + x_t (as :class:`mfcli.blt.BltNoiseStream`); for iterate noise the
+    output then runs through the workload's filter 1 / post_den (y_t = x_t - sum_k post_den_k
+    y_{t-k}). The polynomial form of C^-1 moves poles that cluster near 1: in float32 an
+    optimised 4-buffer BLT at n = 10^5 gets a different operator (coefficients off by 5e-4);
+    the buffer form keeps each decay as its own number.
+
+    ``width`` 0 (no noise rows are kept) and ``rank`` = buffers + len(post_den) - 1 state rows
+    (kept in checkpoints, like running sums).
+    """
+
+    theta: np.ndarray
+    omega: np.ndarray
+    post_den: np.ndarray
+    size: int
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    @property
+    def buffers(self) -> int:
+        return int(self.theta.size)
+
+    @property
+    def width(self) -> int:
+        return 0
+
+    @property
+    def rank(self) -> int:
+        return self.buffers + int(self.post_den.size - 1)
+
+    def coefs(self) -> np.ndarray:
+        """The first column (impulse response), length n, from the exponential-sum form."""
+        import scipy.signal
+
+        from mfcli.blt import BufferedToeplitz
+
+        d = BufferedToeplitz(theta=self.theta, omega=self.omega).noising_coefs(self.size)
+        return scipy.signal.lfilter([1.0], self.post_den, d)
+
+    def dense(self) -> np.ndarray:
+        return materialize(self.coefs(), self.size)
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.theta, self.omega, self.post_den, np.array([float(self.size)]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,8 +478,17 @@ class StructuredOperator:
         return materialize(decoder_coefs(self.strategy, self.workload, self.size), self.size)
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Any:
+        from mfcli.blt import BufferedToeplitz
         from mfcli.operators import Streaming
 
+        if kind not in ("gradient", "iterate"):
+            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+        if isinstance(self.strategy, BufferedToeplitz):
+            if tuple(self.workload.numerator) != (1.0,):
+                raise MfcliError(f"a BLT iterate stream needs an all-pole workload filter, got {self.workload.name}")
+            post = np.asarray(self.workload.denominator if kind == "iterate" else (1.0,), dtype=np.float64)
+            return Streaming(BltRecursion(np.array(self.strategy.theta), np.array(self.strategy.omega), post,  # type: ignore[arg-type]
+                                          self.size), None)
         num, den = rational(self.strategy)
         if kind == "iterate":
             num, den = np.convolve(num, self.workload.numerator), np.convolve(den, self.workload.denominator)
@@ -448,11 +514,12 @@ def structured_rows(
     identity: bool = False,
     participation: Participation | None = None,
     error: str = "mean",
+    buffers: tuple[int, ...] = (),
 ) -> list[Any]:
     """:class:`mfcli.compare.ComparisonRow` objects (ratio unset) for the identity strategy
     (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
-    Toeplitz strategies optimised for ``workload``, n and the schema, each recomputed from its
-    coefficients in O(n b)."""
+    Toeplitz strategies (``bands``) and BLT strategies (``buffers``) optimised for ``workload``, n
+    and the schema, each recomputed from its parameters in O(n b) or O(n buffers)."""
     import math
 
     from mfcli.compare import ComparisonRow
@@ -469,8 +536,15 @@ def structured_rows(
         strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
         candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands, optimised for {error} error",
                            strat))
+    blts: list[tuple[str, str, Any]] = []
+    for k in buffers:
+        from mfcli.blt import optimize_blt
+
+        opt = optimize_blt(n=n, buffers=k, workload=workload.name,
+                           beta=workload.beta if workload.name == "momentum" else None, error=error, schema=schema)
+        blts.append((f"blt-{k}", f"BLT C, {k} buffers, optimised for {error} error", opt.blt))
     rows = []
-    for name, description, strat in candidates:
+    for name, description, strat in [*candidates, *blts]:
         sens = strat.sensitivity(n, schema)
         beta = decoder_coefs(strat, workload, n)
         per_step = sens.value**2 * np.cumsum(beta * beta)
@@ -494,19 +568,22 @@ def extend_comparison(table: Any, rows: list[Any]) -> Any:
 
 
 def structured_comparison(workload: ToeplitzWorkload, n: int, *, bands: tuple[int, ...],
-                          participation: Participation | None = None, error: str = "mean") -> Any:
-    """A :class:`mfcli.compare.Comparison` of identity and banded Toeplitz strategies at any n
+                          participation: Participation | None = None, error: str = "mean",
+                          buffers: tuple[int, ...] = ()) -> Any:
+    """A :class:`mfcli.compare.Comparison` of identity, banded Toeplitz and BLT strategies at any n
     (no n x n matrix: O(n b) time, O(n) memory per row)."""
     from mfcli.compare import Comparison
 
     schema = participation or SingleParticipation()
-    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error)
+    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error,
+                           buffers=buffers)
     empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema)
     return extend_comparison(empty, rows)
 
 
 __all__ = [
     "GROUP",
+    "BltRecursion",
     "RationalToeplitz",
     "StructuredArtifact",
     "StructuredOperator",

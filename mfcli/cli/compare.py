@@ -126,6 +126,11 @@ def compare(
         help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
         f"Above n = {MAX_N} only identity and banded Toeplitz rows are built (no dense matrices).",
     ),
+    buffers: list[int] | None = typer.Option(
+        None, "--buffers",
+        help="Add a BLT row with K buffers, optimised for the workload and schema (repeat for several); "
+        f"like --bands, also above n = {MAX_N}.",
+    ),
 ) -> None:
     """Tabulate sensitivity and error of the baseline strategies (identity, tree, Honaker online
     and full, sqrt) against the optimal factorization on one workload.
@@ -161,15 +166,17 @@ def compare(
 
         refuse_unless(privacy is None, f"n = {n} > {MAX_N}: --epsilon (comparison at equal privacy) needs dense rows; "
                       "compare at n <= {MAX_N}, or compare losses without --epsilon")
-        refuse_unless(bands is not None, f"n = {n} > {MAX_N}: dense strategies are not built; give --bands for "
-                      "banded Toeplitz rows (identity is added)")
+        refuse_unless(bands is not None or buffers is not None,
+                      f"n = {n} > {MAX_N}: dense strategies are not built; give --bands or --buffers for "
+                      "banded Toeplitz or BLT rows (identity is added)")
         refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
-                      f"n = {n} > {MAX_N}: only --bands rows (and identity) are compared; dense options do not apply")
-        compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), schema=schema,
+                      f"n = {n} > {MAX_N}: only --bands/--buffers rows (and identity) are compared; dense options do not apply")
+        compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), buffers=tuple(buffers or ()),
+                           schema=schema,
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet)
         return
-    refuse_unless(privacy is None or not bands,
-                  "--bands rows are not calibrated at equal privacy; give --epsilon or --bands, not both")
+    refuse_unless(privacy is None or not (bands or buffers),
+                  "--bands/--buffers rows are not calibrated at equal privacy; give --epsilon or --bands/--buffers, not both")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
@@ -202,12 +209,14 @@ def compare(
         w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
         privacy=privacy,
     )
-    if bands:
+    if bands or buffers:
+        from mfcli.cli.structured import check_buffers
         from mfcli.structured import extend_comparison, structured_rows
         from mfcli.toeplitz import toeplitz_workload
 
         tw = toeplitz_workload(w.name, beta=float(w.params.get("beta", 0.9)), lr=lr or "constant")
-        table = extend_comparison(table, structured_rows(tw, w.n, bands=tuple(bands), participation=schema))
+        table = extend_comparison(table, structured_rows(tw, w.n, bands=tuple(bands or ()), participation=schema,
+                                                         buffers=tuple(check_buffers(k, w.n) for k in buffers or ())))
     saved = write_strategy(table, w, outputs.artifact, force=force, progress=progress)
     if plot is not None:
         plot_per_step(table, plot, force=force)

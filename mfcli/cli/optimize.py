@@ -80,16 +80,18 @@ def optimize(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary object on stdout."),
     strategy: str = typer.Option(
         "optimal", "--strategy",
-        help="optimal (dense, certified) or banded-toeplitz (no n x n matrix; n up to 10^7; needs --bands).",
+        help="optimal (dense, certified), banded-toeplitz (needs --bands) or blt (needs --buffers); the last two "
+        "build no n x n matrix (n up to 10^7).",
     ),
     bands: int | None = typer.Option(None, "--bands", help="banded-toeplitz only: number of bands b."),
-    error: str = typer.Option("mean", "--error", help="banded-toeplitz only: minimise the mean or max error."),
+    buffers: int | None = typer.Option(None, "--buffers", help="blt only: number of buffers (1 to 32)."),
+    error: str = typer.Option("mean", "--error", help="banded-toeplitz and blt only: minimise the mean or max error."),
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
     and write it as an HDF5 artifact. With --epochs K: the optimal factorization orthogonal across
     the K epochs (sensitivity 1); with --min-sep B: the optimal B-banded one with equal column
     norms (BandMF, sensitivity sqrt(K)). Or optimise a structured strategy (--strategy
-    banded-toeplitz) that never builds an n x n matrix."""
+    banded-toeplitz or blt) that never builds an n x n matrix."""
     if strategy != "optimal":
         refuse_unless(strategy in STRUCTURED_STRATEGIES,
                       f"--strategy must be optimal or one of {', '.join(STRUCTURED_STRATEGIES)}, not {strategy}")
@@ -100,9 +102,10 @@ def optimize(
         refuse_unless(error in ("mean", "max"), f"--error must be mean or max, not {error}")
         optimize_structured(strategy=strategy, workload=workload, n=n, beta=beta, lr=lr, bands=bands, error=error,
                             schema=participation_options(epochs, min_sep, max_participations), out=out, force=force,
-                            quiet=quiet, as_json=as_json)
+                            quiet=quiet, as_json=as_json, buffers=buffers)
         return
-    refuse_unless(bands is None and error == "mean", "--bands and --error apply to --strategy banded-toeplitz only")
+    refuse_unless(bands is None and buffers is None and error == "mean",
+                  "--bands, --buffers and --error apply to --strategy banded-toeplitz or blt only")
     schema = participation_options(epochs, min_sep, max_participations)
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix

@@ -14,7 +14,7 @@ from mfcli.structured import StructuredArtifact, load_structured_artifact, save_
 from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
 #: ``--strategy`` values of ``mfcli optimize`` (``optimal``: the dense certified solver).
-STRUCTURED_STRATEGIES = ("banded-toeplitz",)  # BLT plugs in here ("blt", with --buffers)
+STRUCTURED_STRATEGIES = ("banded-toeplitz", "blt")
 
 
 def default_path(workload: str, kind: str, size: int, n: int) -> Path:
@@ -35,39 +35,70 @@ def optimize_structured(
     force: bool,
     quiet: bool,
     as_json: bool,
+    buffers: int | None = None,
 ) -> None:
     """Optimise a structured strategy, write its artifact, print the recomputed numbers."""
     from mfcli.cli.common import refuse_unless
 
     refuse_unless(n is not None, f"--strategy {strategy} needs --n")
-    refuse_unless(bands is not None, f"--strategy {strategy} needs --bands")
-    assert n is not None and bands is not None
+    if strategy == "blt":
+        refuse_unless(buffers is not None, "--strategy blt needs --buffers")
+        refuse_unless(bands is None, "--bands applies to --strategy banded-toeplitz, not blt (give --buffers)")
+    else:
+        refuse_unless(bands is not None, f"--strategy {strategy} needs --bands")
+        refuse_unless(buffers is None, f"--buffers applies to --strategy blt, not {strategy} (give --bands)")
+    assert n is not None
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
     n = check_n(n)
-    bands = check_bands(bands, n)
+    if strategy == "blt":
+        size, what = check_buffers(buffers, n), "buffers"
+    else:
+        size, what = check_bands(bands, n), "bands"
     schema.check(n)
     if out is None:
-        out = default_path(workload, strategy, bands, n)
+        out = default_path(workload, strategy, size, n)
     check_output_path(out, force=force)
     if not quiet and not as_json:
-        log(f"optimising a {bands}-band Toeplitz strategy for the {w.describe()}, n = {n}, {error} error, "
-            f"{schema.describe(n)}")
+        shape = f"{size}-buffer BLT" if strategy == "blt" else f"{size}-band Toeplitz"
+        log(f"optimising a {shape} strategy for the {w.describe()}, n = {n}, {error} error, {schema.describe(n)}")
     start = time.perf_counter()
-    res = optimize_banded_toeplitz(n, bands, workload=w, schema=schema, error=error)
+    if strategy == "blt":
+        from mfcli.blt import optimize_blt
+
+        opt = optimize_blt(n=n, buffers=size, workload=w.name, beta=w.beta if w.name == "momentum" else None,
+                           error=error, schema=schema)
+        strat: Any = opt.blt
+        stats: dict[str, Any] = {"starts": len(opt.start_losses)}
+    else:
+        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error)
+        strat = res.strategy
+        stats = {"iterations": res.iterations, "converged": res.converged}
     seconds = time.perf_counter() - start
     participation = None if isinstance(schema, SingleParticipation) else schema
     digest = save_structured_artifact(
-        out, res.strategy, workload=w, n=n, participation=participation, command=command_line(), force=force,
-        solver={"method": "L-BFGS-B", "error": error, "iterations": res.iterations, "converged": res.converged,
-                "seconds": seconds},
+        out, strat, workload=w, n=n, participation=participation, command=command_line(), force=force,
+        solver={"method": "L-BFGS-B", "error": error, **stats, "seconds": seconds},
     )
     art = load_structured_artifact(out)  # the numbers printed are the ones a reader recomputes
     if not quiet and not as_json:
         log(f"wrote {out}")
-    render_structured(art, title=f"{strategy}: {w.name}, n = {n}, {bands} bands", as_json=as_json, command="optimize",
-                      extra={"iterations": res.iterations, "converged": res.converged, "seconds": round(seconds, 3),
-                             "artifact": str(out), "artifact_sha256": digest})
+    render_structured(art, title=f"{strategy}: {w.name}, n = {n}, {size} {what}", as_json=as_json, command="optimize",
+                      extra={**stats, "seconds": round(seconds, 3), "artifact": str(out), "artifact_sha256": digest})
+
+
+def check_buffers(buffers: Any, n: int) -> int:
+    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and buffers < n."""
+    from mfcli.blt import MAX_BUFFERS
+    from mfcli.errors import MfcliError
+    from mfcli.validation import step_count
+
+    k = step_count(buffers, name="buffers")
+    if k > MAX_BUFFERS:
+        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {k}")
+    if k >= n:
+        raise MfcliError(f"buffers = {k} must be below the number of steps n = {n}")
+    return k
 
 
 def structured_summary(art: StructuredArtifact) -> dict[str, Any]:
@@ -154,8 +185,9 @@ def account_structured(path: Path, *, sigma: float | None, sampling: float | Non
 
 
 def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
-                       schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool) -> None:
-    """``mfcli compare`` above the dense limit: identity and banded Toeplitz rows, O(n b) each."""
+                       schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool,
+                       buffers: tuple[int, ...] = ()) -> None:
+    """``mfcli compare`` above the dense limit: identity, banded Toeplitz and BLT rows, O(n b) each."""
     from mfcli.cli.common import refuse_unless
     from mfcli.cli.compare import FORMATS, emit_table
     from mfcli.errors import MfcliError
@@ -165,17 +197,24 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
     if fmt not in FORMATS:
         raise MfcliError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
+    for b in bands:
+        check_bands(b, n)
+    for k in buffers:
+        check_buffers(k, n)
     if out is not None:
         check_output_path(out, force=force)
     if not quiet:
-        log(f"building identity and banded Toeplitz ({', '.join(map(str, bands))} bands) for n = {n}")
-    table = structured_comparison(w, n, bands=bands, participation=schema)
+        parts = [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
+        parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
+        log(f"building identity and {' and '.join(parts)} for n = {n}")
+    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers)
     emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)
 
 
 __all__ = [
     "STRUCTURED_STRATEGIES",
     "account_structured",
+    "check_buffers",
     "compare_structured",
     "inspect_structured",
     "optimize_structured",
