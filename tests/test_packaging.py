@@ -57,6 +57,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         names = set(zf.namelist())
     for file_name in SHIPPED.values():
         assert f"mfcli/data/{file_name}" in names
+    from mfcli.cli.app import COMMANDS
+
+    for command in COMMANDS:  # the JSON Schema of each command's --json output
+        assert f"mfcli/schemas/{command}.json" in names
     target = tmp / "site"
     inst = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
@@ -100,6 +104,12 @@ def test_wheel_runs_the_documented_default_outside_the_checkout(installed: Path,
     )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["path"] == str(installed / "mfcli" / "data" / "prefix-n256.h5")
+    # The installed package's schema of the command validates its output.
+    code = ("import json, sys; from mfcli.schemas import load_schema, validate; "
+            "print(json.dumps(validate(json.loads(sys.stdin.read()), load_schema('inspect'))))")
+    check = subprocess.run([sys.executable, "-c", code], input=res.stdout, cwd=tmp_path,
+                           env=_env_without_checkout(installed), capture_output=True, text=True)
+    assert check.returncode == 0 and json.loads(check.stdout) == [], check.stderr + check.stdout
 
 
 _OPACUS_FROM_WHEEL = """

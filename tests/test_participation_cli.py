@@ -322,7 +322,7 @@ def test_compare_default_is_single_participation_as_before() -> None:
     out = json.loads(r.stdout)
     assert "participation" not in out
     assert out["units"] == "single participation, noise multiplier 1, clip norm 1"
-    assert list(out) == ["schema_version", "command", "workload", "workload_params", "n", "units", "best_causal",
+    assert list(out) == ["schema_version", "command", "mfcli_version", "workload", "workload_params", "n", "units", "best_causal",
                          "strategies"]
     for row in out["strategies"]:
         assert "sensitivity_exact" not in row

@@ -71,6 +71,7 @@ from mfcli.accounting.single_pass import (
     gaussian_epsilon,
 )
 from mfcli.errors import MfcliError
+from mfcli.memory import check_memory, format_size
 
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
@@ -202,11 +203,56 @@ class TailPairs:
 G_QUANTUM = 2.0 ** -40
 
 
-def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int) -> TailPairs:
-    """Walk the rows in release order, keep G = C[:r]^T C[:r], and group the pairs (r, j) of
-    step 1 by (G[j, j], multiset of rounded-up G[j, j']): identical problems are solved once."""
+def _bytes_per_distinct(nbins: int) -> int:
+    """Bytes per distinct tail problem while collecting: its int64 histogram (an array object,
+    ~112 bytes of header), its dictionary key (int32 histogram + 8 bytes, ~33 of header), the
+    dictionary slot (up to twice while it resizes), the g index and list slots, and the stacked
+    copy made at the end."""
+    return 8 * nbins + 112 + (4 * nbins + 8 + 33) + 2 * 48 + 28 + 2 * 8 + 8 * nbins
+
+
+#: Slack on the memory estimates: interpreter and allocator overheads the byte count leaves out.
+_MEMORY_SLACK = (1.1, 2**20)
+
+
+def tail_pairs_memory(prep: PreparedStrategy, *, resolution: int) -> tuple[int, int]:
+    """Estimated peak bytes of :func:`collect_tail_pairs` before any distinct problem is stored:
+    the m x n strategy (the caller's copy and the prepared one), G (n x n), the largest row's
+    temporaries (the |pairs| x |seen columns| block of G, its rounding and bin indices, the
+    |pairs| x bins histogram) and the pair arrays (three int64 per pair, twice while joined).
+    What scales with n is G and the per-row block (both ~n^2 for a dense C); the distinct
+    problems add :func:`_bytes_per_distinct` each and are checked while they are collected.
+
+    Returns (fixed, worst): the fixed part, and the peak if every tail pair were a distinct
+    problem (a dense optimal C at small sigma comes close; Toeplitz-like C far below)."""
     c = prep.strategy
     m, n = c.shape
+    nbins = resolution + 2
+    nz = c != 0
+    used = nz.any(axis=0)
+    first = np.where(used, nz.argmax(axis=0), m)  # first row using each column
+    seen_before = np.searchsorted(np.sort(first), np.arange(m), side="left")  # columns seen before row r
+    pairs_per_row = (nz & (first[None, :] < np.arange(m)[:, None])).sum(axis=1)
+    block = int(np.max(pairs_per_row * (3 * 8 * seen_before + 2 * 8 * nbins), initial=0))
+    k = int(pairs_per_row.sum())
+    fixed = 2 * 8 * m * n + 8 * n * n + block + 2 * 3 * 8 * k
+    scale, extra = _MEMORY_SLACK
+    return int(scale * fixed + extra), int(scale * (fixed + k * _bytes_per_distinct(nbins)) + extra)
+
+
+def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: int | None = None) -> TailPairs:
+    """Walk the rows in release order, keep G = C[:r]^T C[:r], and group the pairs (r, j) of
+    step 1 by (G[j, j], multiset of rounded-up G[j, j']): identical problems are solved once.
+
+    ``max_memory`` (bytes, None: no limit): the fixed part (:func:`tail_pairs_memory`) is checked
+    before starting, and the distinct problems, whose number depends on C, as they are found."""
+    c = prep.strategy
+    m, n = c.shape
+    fixed = tail_pairs_memory(prep, resolution=resolution)[0] if max_memory is not None else 0
+    way = "raise the memory limit, or account a strategy with fewer steps or fewer nonzeros (a banded or compressed C)"
+    check_memory(fixed, max_memory, what=f"collecting MMCC's tail events for this {m} x {n} strategy", way_forward=way)
+    per_distinct = int(_MEMORY_SLACK[0] * _bytes_per_distinct(resolution + 2))
+    room = None if max_memory is None else (max_memory - fixed) // per_distinct
     g = np.zeros((n, n))
     nbins = resolution + 2
     keys: dict[bytes, int] = {}
@@ -238,6 +284,10 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int) -> TailPairs:
                 u = keys.get(kb)
                 if u is None:
                     u = len(counts_list)
+                    if room is not None and u >= room:
+                        check_memory(fixed + (u + 1) * per_distinct, max_memory, way_forward=way,
+                                     what=f"collecting MMCC's tail events for this {m} x {n} strategy "
+                                     f"({u} distinct tail problems by row {r} of {m})")
                     keys[kb] = u
                     counts_list.append(hist[i].astype(np.int64))
                     gidx_list.append(int(gq[i]))
@@ -746,6 +796,7 @@ def mmcc(
     pld_work_budget: float | None = PLD_WORK_BUDGET,
     tail_method: str = "fft",
     progress: Callable[[str], None] | None = None,
+    max_memory: int | None = None,
 ) -> MMCCResult:
     """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
@@ -766,7 +817,10 @@ def mmcc(
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
-        progress: called with short stage messages.
+        progress: called with short stage messages (the first states the memory estimate).
+        max_memory: bytes the tail-event collection may use (None: no limit); a run that would
+            exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
+            allocating it. The composition's memory is bounded by ``pld_work_budget``.
 
     Formal guarantees: an upper bound on the epsilon of add/remove-one DP at ``delta`` for the
     adaptive matrix mechanism with Poisson sampling (see the module docstring for the argument).
@@ -789,8 +843,11 @@ def mmcc(
     res_w = int(tail_resolution) if tail_resolution is not None else default_tail_resolution(sig)
     say = progress or (lambda s: None)
 
-    say(f"MMCC: collecting tail events ({prep.m} rows)")
-    pairs = collect_tail_pairs(prep, resolution=res_w)
+    fixed, worst = tail_pairs_memory(prep, resolution=res_w)
+    limit = "" if max_memory is None else f"; limit {format_size(max_memory)}"
+    say(f"MMCC: collecting tail events ({prep.m} rows; memory {format_size(fixed)}, up to {format_size(worst)} "
+        f"if every tail problem is distinct{limit})")
+    pairs = collect_tail_pairs(prep, resolution=res_w, max_memory=max_memory)
     k_pairs = pairs.count
     cut = TRUNCATION_SHARE * delta / max(1, prep.m)
     best: tuple | None = None

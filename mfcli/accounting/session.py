@@ -298,6 +298,8 @@ class AccountingOptions:
     value_discretization: float = DEFAULT_DISCRETIZATION
     tail_fractions: tuple = (DEFAULT_TAIL_FRACTION,)
     mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
+    #: Bytes MMCC's tail-event collection may use (None: no limit); see mfcli.memory.
+    max_memory: int | None = None
 
     def checked(self) -> AccountingOptions:
         check_delta(self.delta)
@@ -489,7 +491,7 @@ def account(
         prep = prepare_strategy(c, inp.release_steps)
         upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
-                     progress=progress)
+                     progress=progress, max_memory=opts.max_memory)
         br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta),
                          **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress))
@@ -599,7 +601,7 @@ def epsilon_function(
         prep = prepare_strategy(c, inp.release_steps)
         return lambda s: mmcc(prep, sigma=s, sampling=p, delta=opts.delta, tail_fractions=opts.tail_fractions,
                               value_discretization=opts.value_discretization,
-                              mixture_resolution=opts.mixture_resolution).epsilon
+                              mixture_resolution=opts.mixture_resolution, max_memory=opts.max_memory).epsilon
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon

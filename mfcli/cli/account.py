@@ -218,6 +218,11 @@ def account(
     write: bool = typer.Option(
         False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."
     ),
+    max_memory: str | None = typer.Option(
+        None, "--max-memory", metavar="<size>",
+        help="MMCC (with --sampling): memory the tail events may use, e.g. 2G (default: half of physical memory); "
+        "a run that would exceed it is refused with its estimate.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
@@ -304,10 +309,12 @@ def account(
                   f"--value-discretization applies to the PLD accounting of DP-SGD and MMCC, which {why}")
     refuse_unless(tail_fraction is None or runs_mmcc, f"--tail-fraction applies to MMCC only, which {why}")
     refuse_unless(mixture_grid is None or runs_mmcc, f"--mixture-grid applies to MMCC only, which {why}")
+    refuse_unless(max_memory is None or runs_mmcc, f"--max-memory applies to MMCC only, which {why}")
     defaults = AccountingOptions()
     if value_discretization is None:
         value_discretization = defaults.value_discretization
     from mfcli.accounting.single_pass import check_sampling, check_sigma
+    from mfcli.memory import default_max_memory, parse_size
     from mfcli.validation import positive_number
 
     if mixture_grid is not None:  # a CLI-only parameter (the library takes mixture_resolution)
@@ -321,6 +328,7 @@ def account(
         delta=delta, value_discretization=value_discretization,
         tail_fractions=tuple(tail_fraction) if tail_fraction else defaults.tail_fractions,
         mixture_resolution=defaults.mixture_resolution if mixture_grid is None else math.ceil(1.0 / mixture_grid - 1e-9),
+        max_memory=default_max_memory() if max_memory is None else parse_size(max_memory),
     ).checked()
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,

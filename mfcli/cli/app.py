@@ -104,7 +104,9 @@ app = typer.Typer(
     cls=LazyGroup,
     help="Matrix-factorization mechanisms for private training: optimize, compress, account, inspect, compare.",
     no_args_is_help=True,
-    add_completion=False,
+    # Typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell); completion
+    # itself runs through Click's _MFCLI_COMPLETE protocol and the lazy group above.
+    add_completion=True,
     # Plain Click help: Typer's rich panels import rich.markdown and rich.traceback (~0.15 s of
     # CPU on every --help) and box usage errors, which main() renders as one line instead.
     rich_markup_mode=None,

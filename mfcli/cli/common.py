@@ -246,8 +246,15 @@ def _jsonable(obj: Any) -> Any:
 
 
 def envelope(command: str, **payload: Any) -> dict:
-    """One versioned JSON object: {"schema_version", "command", ...payload}."""
-    return {"schema_version": JSON_SCHEMA_VERSION, "command": command, **_jsonable(payload)}
+    """One versioned JSON object: {"schema_version", "command", "mfcli_version", ...payload}.
+
+    ``schema_version`` versions the layout that ``mfcli/schemas/<command>.json`` describes (a
+    consumer checks it before reading fields); ``mfcli_version`` says which release computed the
+    numbers, which a stored result needs to be reproduced."""
+    from mfcli import __version__
+
+    return {"schema_version": JSON_SCHEMA_VERSION, "command": command, "mfcli_version": __version__,
+            **_jsonable(payload)}
 
 
 def emit_json(obj: dict) -> None:
