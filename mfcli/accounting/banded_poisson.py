@@ -314,6 +314,23 @@ def _estimate_direction(rng: np.random.Generator, c: np.ndarray, band: int, *, p
                              proposal_rate=q, relative_error=se / m if m > 0 else math.inf)
 
 
+def _banded_strategy(strategy: np.ndarray | PreparedStrategy, *, max_band: int, what: str,
+                     limit_note: str = "") -> tuple[PreparedStrategy, int]:
+    """The prepared strategy and its bandwidth b, for ``what`` (a routine that needs a square
+    lower-triangular C released one row per step, with b <= max_band).
+
+    Raises:
+        MfcliError: in one line, naming ``what``.
+    """
+    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy)
+    b = bandwidth(prep.strategy)
+    if b is None or not np.array_equal(prep.release_steps, np.arange(prep.n)):
+        raise MfcliError(f"{what} needs a square lower-triangular C released one row per step")
+    if b > max_band:
+        raise MfcliError(f"C has bandwidth {b}; {what} runs for bandwidth <= {max_band}{limit_note}")
+    return prep, b
+
+
 def estimate_epsilon(
     strategy: np.ndarray | PreparedStrategy,
     *,
@@ -346,14 +363,9 @@ def estimate_epsilon(
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
     delta = check_delta(delta)
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy)
+    prep, b = _banded_strategy(strategy, max_band=max_band, what="the banded estimate",
+                               limit_note=" (2^(b-1) states per step)")
     c = prep.strategy
-    b = bandwidth(c)
-    if b is None or not np.array_equal(prep.release_steps, np.arange(prep.n)):
-        raise MfcliError("the banded estimate needs a square lower-triangular C released one row per step")
-    if b > max_band:
-        raise MfcliError(f"C has bandwidth {b}; the banded estimate runs for bandwidth <= {max_band} "
-                         f"(2^(b-1) states per step)")
     sig = sigma / prep.sensitivity
     n = prep.n
     if samples is None:
@@ -539,13 +551,8 @@ def disjoint_rows_lower_bound(
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
     delta = check_delta(delta)
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy)
+    prep, b = _banded_strategy(strategy, max_band=max_band, what="the disjoint-rows lower bound")
     c = prep.strategy
-    b = bandwidth(c)
-    if b is None or not np.array_equal(prep.release_steps, np.arange(prep.n)):
-        raise MfcliError("the disjoint-rows lower bound needs a square lower-triangular C released one row per step")
-    if b > max_band:
-        raise MfcliError(f"C has bandwidth {b}; the disjoint-rows lower bound runs for bandwidth <= {max_band}")
     sig = sigma / prep.sensitivity
     n = prep.n
     best: DisjointRowsLowerBound | None = None
