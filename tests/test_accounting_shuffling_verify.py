@@ -178,3 +178,57 @@ def test_monotone_at_small_n_and_never_above_unamplified() -> None:
     assert all(a >= b for a, b in itertools.pairwise(eps))
     assert all(e <= unamp for e in eps)
     assert eps[-1] < unamp  # amplification at 512 steps
+
+
+def _random_ldp_randomizer(seed: int, inputs: int, outputs: int, eps0: float) -> np.ndarray:
+    """A random local randomizer (rows: inputs, columns: output probabilities) whose worst ratio
+    between two inputs at one output is exactly e^eps0: a random matrix mixed with the uniform one
+    until the ratio is met (bisection on the mixing weight, then the exact eps0 is recomputed)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.dirichlet(np.full(outputs, 0.5), size=inputs)
+
+    def worst(lam: float) -> float:
+        k = (1 - lam) * raw + lam / outputs
+        return float(np.max(np.log(k[:, None, :] / k[None, :, :])))
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if worst(mid) > eps0 else (lo, mid)
+    return (1 - hi) * raw + hi / outputs
+
+
+def _shuffled_histogram(k: np.ndarray, data: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    """Law of the shuffled outputs (a multiset, i.e. the count of each output) of a non-adaptive
+    randomizer k on the dataset: the convolution of one categorical law per example."""
+    law: dict[tuple[int, ...], float] = {(0,) * k.shape[1]: 1.0}
+    for x in data:
+        nxt: dict[tuple[int, ...], float] = {}
+        for counts, mass in law.items():
+            for out, q in enumerate(k[x]):
+                key = (*counts[:out], counts[out] + 1, *counts[out + 1:])
+                nxt[key] = nxt.get(key, 0.0) + mass * q
+        law = nxt
+    return law
+
+
+@pytest.mark.parametrize("seed, n, eps0", [(0, 4, 0.5), (1, 6, 1.0), (2, 6, 2.0), (3, 8, 1.5), (4, 5, 3.0),
+                                           (5, 8, 0.8)])
+def test_pair_covers_shuffled_random_ldp_randomizers(seed: int, n: int, eps0: float) -> None:
+    """The reduction itself, on mechanisms it must cover: random eps0-LDP randomizers with 3 inputs
+    and 4 outputs, heterogeneous datasets, the exact law of the shuffled histogram; its
+    hockey-stick divergence (both directions) is at most the clone pair's at every eps."""
+    k = _random_ldp_randomizer(seed, 3, 4, eps0)
+    eps0_exact = float(np.max(np.log(k[:, None, :] / k[None, :, :])))
+    assert eps0_exact <= eps0 + 1e-9
+    rng = np.random.default_rng(100 + seed)
+    others = tuple(int(v) for v in rng.integers(0, 3, size=n - 1))
+    x0, x1 = (0, *others), (1, *others)
+    p0, p1 = _shuffled_histogram(k, x0), _shuffled_histogram(k, x1)
+    keys = set(p0) | set(p1)
+    pair = _ClonePair(n, eps0_exact)
+    for eps in np.linspace(0.0, eps0_exact, 9):
+        e = math.exp(eps)
+        exact = max(sum(max(p0.get(s, 0.0) - e * p1.get(s, 0.0), 0.0) for s in keys),
+                    sum(max(p1.get(s, 0.0) - e * p0.get(s, 0.0), 0.0) for s in keys))
+        assert exact <= pair.delta(float(eps)) + 1e-12
