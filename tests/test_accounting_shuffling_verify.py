@@ -232,3 +232,33 @@ def test_pair_covers_shuffled_random_ldp_randomizers(seed: int, n: int, eps0: fl
         exact = max(sum(max(p0.get(s, 0.0) - e * p1.get(s, 0.0), 0.0) for s in keys),
                     sum(max(p1.get(s, 0.0) - e * p0.get(s, 0.0), 0.0) for s in keys))
         assert exact <= pair.delta(float(eps)) + 1e-12
+
+
+@pytest.mark.parametrize("seed, n, eps0", [(10, 4, 1.0), (11, 5, 2.0), (12, 6, 0.7)])
+def test_pair_covers_an_adaptive_shuffled_randomizer(seed: int, n: int, eps0: float) -> None:
+    """The adaptive case: the randomizer at each step is one of two eps0-LDP matrices, chosen by
+    the previous output, as a DP-SGD step's gradient depends on the model so far. The exact law of
+    the output sequence is summed over all n! orders; its divergence is at most the pair's."""
+    ks = [_random_ldp_randomizer(seed + 1000 * i, 3, 3, eps0) for i in range(2)]
+    eps0_exact = max(float(np.max(np.log(k[:, None, :] / k[None, :, :]))) for k in ks)
+    rng = np.random.default_rng(200 + seed)
+    others = tuple(int(v) for v in rng.integers(0, 3, size=n - 1))
+    seqs = np.array(list(itertools.product(range(3), repeat=n)))  # every output sequence
+
+    def law(data: tuple[int, ...]) -> np.ndarray:
+        total = np.zeros(len(seqs))
+        for order in itertools.permutations(data):
+            prob = np.ones(len(seqs))
+            for t, x in enumerate(order):
+                choice = np.zeros(len(seqs), dtype=int) if t == 0 else seqs[:, t - 1] % 2
+                prob *= np.where(choice == 0, ks[0][x, seqs[:, t]], ks[1][x, seqs[:, t]])
+            total += prob
+        return total / math.factorial(n)
+
+    p0, p1 = law((0, *others)), law((1, *others))
+    assert p0.sum() == pytest.approx(1.0) and p1.sum() == pytest.approx(1.0)
+    pair = _ClonePair(n, eps0_exact)
+    for eps in np.linspace(0.0, eps0_exact, 7):
+        e = math.exp(eps)
+        exact = max(float(np.sum(np.maximum(p0 - e * p1, 0))), float(np.sum(np.maximum(p1 - e * p0, 0))))
+        assert exact <= pair.delta(float(eps)) + 1e-12
