@@ -23,9 +23,10 @@ What is computed (the proof is in docs/accounting.md; every step is checked ther
    satisfies the conditions of 1 and is within total variation delta0 (the replaced example) or
    2 e^-eps0 delta0 (every other example) of it. The mechanism is then within
    eta = (1 + 2 (n - 1) e^-eps0) delta0 of one covered by 1, which costs (1 + e^eps) eta in delta.
-   FMT state (e^eps + 1)(1 + e^-eps0 / 2) n delta0 for this term, and public implementations use
-   1 + e^-eps0 / 2 or 1 + e^eps0 / 2; mfcli charges the largest of
-   (1 + e^eps0 / 2) n delta0 and the eta proven here (:func:`delta0_charge`).
+   FMT's own term is reported (issue 13, third-party code) as (e^eps + 1)(1 + e^-eps0 / 2) n delta0,
+   with 1 + e^eps0 / 2 in some implementations; the paper's text could not be read here, so mfcli
+   charges the larger of (1 + e^eps0 / 2) n delta0 and the eta proven in the docs
+   (:func:`delta0_charge`): the row stands if either argument does.
 3. delta0 is optimised over a log grid; the reported epsilon is the minimum of the amplified value
    and the unamplified one (one Gaussian of sensitivity 2: every example is used once), so it is
    never above the valid unamplified bound. Every search returns the upper end of its bracket.
@@ -97,9 +98,10 @@ class _ClonePair:
     def delta(self, eps: float) -> float:
         """max of the two hockey-stick divergences at eps, plus the mass not enumerated, rounded up.
 
-        The table entries come from ``exp(logpmf)`` and carry a relative error of a few ulps;
-        summed, the error of each divergence is at most a small multiple of 1e-16 (1 + e^eps).
-        ``ROUNDOFF`` (1 + e^eps) is added so that the value is never below the exact divergence.
+        The table entries come from ``exp(logpmf)``, with a relative error of about 1e-13 at
+        worst, and the differences and sums add a few ulps of sum(p + e^eps q) = 1 + e^eps; so the
+        error of each divergence is below 1e-12 (1 + e^eps), and ``ROUNDOFF`` (1 + e^eps) is added
+        so that the value is never below the exact divergence.
         """
         e = math.exp(eps)
         d1 = float(np.sum(np.maximum(self.p - e * self.q, 0.0)))
