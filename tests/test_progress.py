@@ -3,6 +3,7 @@ the library reports structured events through a callback, the CLI renders them o
 (rich bars on a terminal, a few plain lines elsewhere), stdout stays the result."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -44,7 +45,7 @@ def check_protocol(events: list[ProgressEvent], *, complete: bool = True) -> dic
         phase_runs[-1].append(e)
     for phase_runs in runs.values():
         for run in phase_runs:
-            for a, b in zip(run, run[1:]):
+            for a, b in itertools.pairwise(run):
                 assert b.done >= a.done and b.total >= a.total and b.fraction >= a.fraction, (a, b)
             if complete:
                 assert run[-1].done == run[-1].total, run[-1]
@@ -185,3 +186,30 @@ def test_a_terminal_shows_the_percentage_and_a_pipe_gets_no_escapes() -> None:
     assert piped.returncode == 0
     assert b"\x1b" not in piped.stderr and b"\x1b" not in piped.stdout and b"estimate: first run" in piped.stderr
     assert len(piped.stderr.splitlines()) < 30
+
+
+def test_plain_display_prints_a_few_milestones_and_nothing_for_repeated_inner_phases(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mfcli.cli.display import ProgressDisplay
+
+    display = ProgressDisplay(quiet=False, tty=False, after=0.0)
+    with display:
+        for run in range(1, 14):  # a calibration of 13 runs, each with an inner MMCC phase
+            for row in range(0, 101, 10):
+                display(ProgressEvent("MMCC tail events", row, 100, "rows"))
+            display(ProgressEvent("calibration", run, 13, "accounting runs"))
+        for row in range(0, 101):  # the report after the calibration: its first plain run
+            display(ProgressEvent("banded estimate", row, 100, "sample batches"))
+    err = capsys.readouterr()
+    assert err.out == ""
+    lines = err.err.splitlines()
+    # the inner phase's first run (the probe before the search), the calibration's own phase,
+    # then a phase not seen before; never the inner phase's repeats
+    assert [line.split(":")[0] for line in lines] == (["MMCC tail events"] * 3 + ["calibration"] * 3
+                                                      + ["banded estimate"] * 3)
+    assert [line.split()[1] for line in lines[3:6]] == ["31%", "54%", "77%"] and "ETA" in lines[3]
+    quiet = ProgressDisplay(quiet=True, tty=False, after=0.0)
+    quiet(ProgressEvent("calibration", 5, 10))
+    quiet.log("x")
+    assert capsys.readouterr().err == ""

@@ -41,6 +41,7 @@ from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
 if TYPE_CHECKING:
+    from mfcli.accounting.cost import CalibrationEstimate
     from mfcli.accounting.session import AccountingReport
 
 
@@ -156,7 +157,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     return t, notes
 
 
-def _estimate(*args: Any, **kwargs: Any) -> Any:
+def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
     """The calibration's cost estimate (:func:`mfcli.accounting.cost.estimate_calibration`); a
     memory refusal names the flag that raises the limit."""
     from mfcli.accounting.cost import estimate_calibration
