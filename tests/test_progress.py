@@ -134,7 +134,12 @@ def test_cli_calibration_result_on_stdout_progress_and_estimate_on_stderr() -> N
     assert r.exit_code == 0, r.stderr
     obj = json.loads(r.stdout)  # stdout is exactly the JSON object
     assert validate(obj, load_schema("account")) == []
-    assert "calibration" in obj and "estimate" not in r.stdout
+    est = obj["calibration"]["estimate"]
+    assert est["runs_expected"] >= 1 and est["seconds_per_run"] > 0 and est["memory_bytes"] is None  # no MMCC
+    assert obj["calibration"]["evaluations"] <= est["runs_most"]
+    bad = json.loads(r.stdout)
+    bad["calibration"]["estimate"]["runs_expected"] = "13"
+    assert validate(bad, load_schema("account"))  # the schema constrains the estimate
     assert "estimate: first run" in r.stderr and "about" in r.stderr
     assert "\x1b" not in r.stderr  # not a terminal: no escapes
     q = runner.invoke(app, [*CHEAP_CALIBRATION, "--json", "--quiet"])

@@ -367,6 +367,7 @@ def account(
 
     calibration = None
     chosen = None
+    probe = None
     with ProgressDisplay(quiet=quiet) as display:
         say = display.log
         if epsilon is not None:
@@ -394,7 +395,7 @@ def account(
     if as_json:
         payload = report.as_dict()
         if calibration is not None:
-            payload["calibration"] = {"setting": chosen, **calibration.as_dict()}
+            payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict()}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
         emit_json(envelope("account", **payload))
