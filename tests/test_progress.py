@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import os
-import pty
 import select
 import subprocess
 import sys
@@ -158,11 +157,15 @@ def test_cli_refuses_a_calibration_over_the_memory_limit_before_running() -> Non
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="xterm-256color", COLUMNS="120")
-    env.pop("NO_COLOR", None)
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # rich's overrides
+        env.pop(name, None)
     return env
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
 def test_a_terminal_shows_the_percentage_and_a_pipe_gets_no_escapes() -> None:
+    import pty
+
     # On a pseudo-terminal (stderr a tty, stdout a pipe): rich bars with a percentage on stderr.
     primary, secondary = pty.openpty()
     proc = subprocess.Popen([*MFCLI, *CHEAP_CALIBRATION], stdout=subprocess.PIPE, stderr=secondary,
