@@ -53,6 +53,7 @@ from mfcli.operators import (
     check_band_rank,
     strategy_for_decoder,
 )
+from mfcli.participation import Participation, SingleParticipation
 
 #: Default cap on the rank tried by the automatic search.
 DEFAULT_MAX_SEARCH_RANK = 64
@@ -490,6 +491,41 @@ class CompressedArtifact:
     search: SearchResult | None
 
 
+#: Attributes of the ``compressed`` group under a multi-participation schema: the compressed
+#: operator's sensitivity under the artifact's schema (upper bound), whether it is attained, the
+#: attained lower value, and the method (:class:`mfcli.participation.Sensitivity`).
+SCHEMA_ATTRS = ("schema_sensitivity", "schema_sensitivity_exact", "schema_sensitivity_lower",
+                "schema_sensitivity_method")
+
+
+def stored_schema(declared: Participation, requested: Participation | None, what: str) -> Participation:
+    """The schema a compressed artifact stores: ``requested``, or the one the source declares.
+    A request that contradicts a declared multi-participation schema is refused.
+
+    Raises:
+        MfcliError: the contradiction, in one line.
+    """
+    if requested is None or requested == declared or isinstance(declared, SingleParticipation):
+        return declared if requested is None else requested
+    raise MfcliError(f"{what} declares {declared.describe()}; compressing it for {requested.describe()} instead "
+                     "is refused (give its own schema or none)")
+
+
+def schema_sensitivity_attrs(strategy_matrix: np.ndarray, schema: Participation) -> dict[str, Any]:
+    """:data:`SCHEMA_ATTRS` of C under ``schema``, recomputed (empty under single participation,
+    where ``sensitivity`` is the schema's)."""
+    from mfcli.participation import sensitivity as schema_sensitivity
+
+    if isinstance(schema, SingleParticipation):
+        return {}
+    s = schema_sensitivity(np.asarray(strategy_matrix, dtype=np.float64), schema)
+    return dict(zip(SCHEMA_ATTRS, (float(s.value), bool(s.exact), float(s.lower), str(s.method)), strict=True))
+
+
+def _with_schema(group: dict, comp: CompressedOperator, schema: Participation) -> dict:
+    return {**group, "attrs": {**group["attrs"], **schema_sensitivity_attrs(comp.factorization.strategy, schema)}}
+
+
 def compress_artifact(
     source: str | Path,
     *,
@@ -503,6 +539,7 @@ def compress_artifact(
     command: str = "",
     max_iter: int = DEFAULT_MAX_ITER,
     progress: Callable[[Evaluation], None] | None = None,
+    participation: Participation | None = None,
 ) -> CompressedArtifact:
     """Load and verify ``source``, compress its decoder and write a NEW artifact (atomically).
 
@@ -510,13 +547,24 @@ def compress_artifact(
     check that it meets it; nothing is written otherwise). With ``max_loss_increase``: the
     cheapest setting meeting it (see :func:`search_compression`), keeping any of K, R given.
     The input file is never modified; ``out`` defaults to ``<stem>-k<K>r<R>.h5`` beside it.
+
+    ``participation`` (None: the schema the source declares) is stored in the new artifact; under
+    a multi-participation schema the ``compressed`` group also stores the compressed operator's
+    sensitivity under it (:data:`SCHEMA_ATTRS`), recomputed from C^ = B^-1 A by
+    :func:`mfcli.participation.sensitivity` (exact, or an upper bound labelled as one), which
+    ``mfcli inspect`` checks against a fresh recomputation.
+
+    Raises:
+        MfcliError: a schema that contradicts a multi-participation schema the source declares,
+            or that does not fit n; nothing is written.
     """
     from mfcli.artifact import file_sha256, load_artifact, save_artifact
-    from mfcli.participation import SingleParticipation
 
     src = Path(source)
     art = load_artifact(src)
     check_compressible(art, force=force)
+    schema = stored_schema(art.participation, participation, str(src))
+    schema.check(art.n)
     # An already compressed input (with force) is recompressed from its dense root decoder; its
     # old group is not carried over.
     fact = art.factorization
@@ -552,9 +600,9 @@ def compress_artifact(
         command=command,
         dual_weights=art.dual_weights,
         extra_attrs={"compression_band": comp.band, "compression_rank": comp.rank},
-        groups={GROUP: comp.group(source=source_info)},
+        groups={GROUP: _with_schema(comp.group(source=source_info), comp, schema)},
         force=force,
-        # The schema the source declares travels with it (None keeps a single-participation file as it was).
-        participation=None if isinstance(art.participation, SingleParticipation) else art.participation,
+        # None keeps a single-participation file as it was (no attribute means single participation).
+        participation=None if isinstance(schema, SingleParticipation) else schema,
     )
     return CompressedArtifact(path=target, sha256=digest, compression=comp, search=search)

@@ -546,6 +546,34 @@ def _check_compression(
     return compression, comp_numbers, comp_obj, problems
 
 
+def _check_compressed_schema(compression: dict[str, Any], comp_numbers: list[NumberCheck],
+                             comp_group: dict[str, Any] | None, comp_obj: Any, schema: Participation | None) -> list[str]:
+    """Under a multi-participation schema, the compressed operator's sensitivity under it,
+    recomputed from C^ (:func:`mfcli.compress.schema_sensitivity_attrs`), put in ``compression``
+    and checked against the stored ``schema_sensitivity`` attributes when present (a file
+    compressed before they were stored has none: shown, not a problem). Returns the problems."""
+    if comp_obj is None or comp_group is None or schema is None or isinstance(schema, SingleParticipation):
+        return []
+    from mfcli.compress import SCHEMA_ATTRS, schema_sensitivity_attrs
+    from mfcli.operators import GROUP
+
+    recomputed = schema_sensitivity_attrs(comp_obj.factorization.strategy, schema)
+    compression.update(recomputed)
+    cattrs = comp_group["attrs"]
+    if all(name not in cattrs for name in SCHEMA_ATTRS):
+        compression["schema_sensitivity_stored"] = False
+        return []
+    compression["schema_sensitivity_stored"] = True
+    value, exact = recomputed["schema_sensitivity"], recomputed["schema_sensitivity_exact"]
+    stored, stored_exact = cattrs.get("schema_sensitivity"), cattrs.get("schema_sensitivity_exact")
+    checks = [NumberCheck("schema_sensitivity", stored, value, _close(stored, value)),
+              NumberCheck("schema_sensitivity_exact", stored_exact, exact,
+                          isinstance(stored_exact, (bool, np.bool_)) and bool(stored_exact) == exact)]
+    comp_numbers.extend(checks)
+    return [f"{GROUP}/{c.name} is {c.stored!r}, recomputed {c.recomputed!r} under {schema.describe()}"
+            for c in checks if not c.ok]
+
+
 def _check_participation(
     raw: Any, fact: Factorization | None
 ) -> tuple[Participation | None, dict[str, Any], list[str]]:
@@ -608,6 +636,8 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
                                         schema_loss=schema_numbers.get("loss_total") if schema_numbers else None)
     problems += found
     compression, comp_numbers, comp_obj, found = _check_compression(attrs, fact, comp_group)
+    problems += found
+    found = _check_compressed_schema(compression, comp_numbers, comp_group, comp_obj, schema)
     problems += found
 
     problems.extend(_check_accounting_records(accounting, fact, comp_obj))

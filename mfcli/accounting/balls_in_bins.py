@@ -43,6 +43,7 @@ from scipy import special
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
+from mfcli.progress import ProgressCallback, Ticker
 from mfcli.validation import positive_number
 
 #: Default grid of the log-likelihood ratio (rounding per level; the bracket width grows with
@@ -205,17 +206,20 @@ class _RootLaws:
     q_down: _Law
 
 
-def _root_laws(height: int, sigma: float, h: float) -> _RootLaws:
-    """The four grid laws of the root's log-ratio (U and D, under P and Q)."""
+def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallback | None = None) -> _RootLaws:
+    """The four grid laws of the root's log-ratio (U and D, under P and Q); ``on_progress``
+    receives the tree levels propagated (two passes: rounded up and down)."""
     sd = 1.0 / sigma
     m = 0.5 / sigma**2
     laws = {}
+    tick = Ticker(on_progress, f"balls-in-bins tree (grid {h:.3g})", 2 * height, unit="levels")
     for up in (True, False):
         kq = _g_kernel(-m, sd, h, up)
         kp = _g_kernel(m, sd, h, up)
         q = _trim(kq, up, TAIL_CUT)
         p = _trim(kp, up, TAIL_CUT)
-        for _ in range(height):
+        for level in range(height):
+            tick((0 if up else height) + level)
             if max(p.p.size, q.p.size) * 2 > MAX_POINTS:
                 raise MfcliError(f"the grid {h:g} needs more than {MAX_POINTS} points; use a coarser grid")
             pq = _pair(p, q, h, up)
@@ -223,6 +227,7 @@ def _root_laws(height: int, sigma: float, h: float) -> _RootLaws:
             p = _trim(_convolve(pq, kp), up, TAIL_CUT)
             q = _trim(_convolve(qq, kq), up, TAIL_CUT)
         laws[up] = (p, q)
+    tick.finish()
     return _RootLaws(p_up=laws[True][0], q_up=laws[True][1], p_down=laws[False][0], q_down=laws[False][1])
 
 
@@ -306,7 +311,8 @@ def _check_epochs(epochs: int) -> int:
     return int(epochs)
 
 
-def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID) -> tuple[Any, Any]:
+def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
+              on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
     """(pessimistic, optimistic) dp-accounting PLDs of ``epochs`` epochs of the tree under
     balls-in-bins: every hockey-stick divergence of the pessimistic one is >= the pair's, of the
     optimistic one <= (up to ``FLOAT_SLACK`` on delta)."""
@@ -314,7 +320,7 @@ def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GR
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
-    upper, lower = _plds(_root_laws(height, sigma, h), h)
+    upper, lower = _plds(_root_laws(height, sigma, h, on_progress), h)
     if epochs > 1:
         upper = upper.self_compose(epochs)
         lower = lower.self_compose(epochs)
@@ -323,6 +329,7 @@ def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GR
 
 def tree_balls_in_bins(
     *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> BallsInBinsTreeResult:
     """Epsilon bracket of the binary tree on n = 2^L leaves under balls-in-bins batching.
 
@@ -332,13 +339,15 @@ def tree_balls_in_bins(
     Formal guarantees: ``epsilon`` is a valid (epsilon, delta) bound for the pair
     P = (1/n) sum_i N(C e_i, sigma^2 I) vs Q = N(0, sigma^2 I) in both directions, composed over
     ``epochs`` independent epochs; ``lower`` is at most the pair's true epsilon. Both hold at
-    every grid; the grid only decides how far apart they are.
+    every grid; the grid only decides how far apart they are. ``on_progress`` receives the
+    levels propagated at each grid tried (:mod:`mfcli.progress`; the number of grids is not
+    known in advance).
     """
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
     h = AUTO_START if grid is None else grid
     while True:
-        upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h)
+        upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress)
         eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
         eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf

@@ -40,6 +40,7 @@ from scipy import special
 from mfcli.accounting.mmcc import PreparedStrategy, prepare_strategy
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sampling, check_sigma
 from mfcli.errors import MfcliError
+from mfcli.progress import ProgressCallback, Ticker
 
 #: Largest bandwidth the forward recursion and the estimate are run for (2^(b-1) states).
 MAX_BAND = 10
@@ -282,14 +283,22 @@ def _draw(rng: np.random.Generator, c: np.ndarray, band: int, *, p: float, q: fl
     return log_l, -log_r
 
 
+def _proposal_rates(p: float) -> list[float]:
+    """The proposal rates q the pilot runs try."""
+    return sorted({min(0.5, p * f) for f in (2, 8, 32)} | ({p} if p > 0.5 else set()))
+
+
 def _estimate_direction(rng: np.random.Generator, c: np.ndarray, band: int, *, p: float, sigma: float,
-                        delta: float, samples: int, z: float, direction: str) -> DirectionEstimate:
+                        delta: float, samples: int, z: float, direction: str,
+                        tick: Callable[[], None] = lambda: None) -> DirectionEstimate:
     # pilot: pick the proposal rate q with the smallest relative error at the pilot's own root
-    rates = sorted({min(0.5, p * f) for f in (2, 8, 32)} | ({p} if p > 0.5 else set()))
+    rates = _proposal_rates(p)
     pilot = max(200, samples // 10)
     best = None
     for q in rates:
         ll, lw = _draw(rng, c, band, p=p, q=q, sigma=sigma, size=pilot, direction=direction)
+        tick()
+
         def pilot_curve(x: float, ll: np.ndarray = ll, lw: np.ndarray = lw) -> float:
             return _curve(ll, lw, x, direction)[0]
 
@@ -302,6 +311,8 @@ def _estimate_direction(rng: np.random.Generator, c: np.ndarray, band: int, *, p
             best = (rel, q)
     q = best[1] if best is not None else min(0.5, 4 * p)
     ll, lw = _draw(rng, c, band, p=p, q=q, sigma=sigma, size=samples, direction=direction)
+    tick()
+
     def bound(x: float, k: float) -> float:
         m, se = _curve(ll, lw, x, direction)
         return m + k * se
@@ -341,6 +352,7 @@ def estimate_epsilon(
     seed: int = 0,
     z: float = CONFIDENCE_Z,
     max_band: int = MAX_BAND,
+    on_progress: ProgressCallback | None = None,
 ) -> EpsilonEstimate:
     """ESTIMATE of the epsilon of the exact banded Poisson pair (max of add and remove), with an
     approximate confidence interval (module docstring, step 2). Not a bound: it is reported beside
@@ -355,6 +367,8 @@ def estimate_epsilon(
         seed: random seed (the estimate is reproducible).
         z: standard errors on each side of the interval.
         max_band: refuse C with a larger bandwidth (2^(b-1) states).
+        on_progress: receives the sample batches drawn (phase ``banded estimate``,
+            :mod:`mfcli.progress`).
 
     Raises:
         MfcliError: C not square lower-triangular non-negative, or banded with b > max_band.
@@ -373,8 +387,21 @@ def estimate_epsilon(
     if samples < 10:
         raise MfcliError("the estimate needs at least 10 samples per direction")
     rng = np.random.default_rng(seed)
-    add = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="add")
-    rem = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="remove")
+    # batches per direction: one pilot per proposal rate (at most 4) and the main draw
+    per_direction = len(_proposal_rates(p)) + 1
+    ticker = Ticker(on_progress, "banded estimate", 2 * per_direction, unit="sample batches")
+    drawn = 0
+
+    def tick() -> None:
+        nonlocal drawn
+        drawn += 1
+        ticker(drawn)
+
+    add = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="add",
+                              tick=tick)
+    rem = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="remove",
+                              tick=tick)
+    ticker.finish()
     return EpsilonEstimate(
         epsilon=max(add.epsilon, rem.epsilon), low=max(add.low, rem.low), high=max(add.high, rem.high),
         delta=delta, band=b, z=z, add=add, remove=rem, seed=seed, seconds=time.perf_counter() - t0,

@@ -12,11 +12,12 @@ accountants can build).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mfcli.errors import MfcliError
+from mfcli.progress import ProgressCallback, ProgressEvent
 from mfcli.validation import positive_number
 
 SIGMA_MIN = 1e-3
@@ -53,6 +54,36 @@ class Calibration:
         }
 
 
+def bisection_steps(log_width: float, rel_tol: float) -> int:
+    """Bisections in log sigma that shrink a bracket of log-width ``log_width`` until
+    hi / lo - 1 <= ``rel_tol`` (the stopping rule of :func:`calibrate_sigma`)."""
+    steps = 0
+    while math.expm1(log_width) > rel_tol:
+        log_width /= 2
+        steps += 1
+    return steps
+
+
+def expected_runs(epsilon_start: float, target_epsilon: float, *, rel_tol: float = 1e-3,
+                  sigma_start: float = 1.0) -> tuple[int, int]:
+    """(expected, most) accounting runs of :func:`calibrate_sigma` after a first run at
+    ``sigma_start`` returned ``epsilon_start``, the first run included.
+
+    The expected count models epsilon as roughly proportional to 1 / sigma (the Gaussian's
+    behaviour at moderate epsilon) to guess the doublings or halvings that bracket the target;
+    the most is the bracketing walk to the search's end (SIGMA_MAX or SIGMA_MIN)."""
+    b = bisection_steps(math.log(2.0), rel_tol)
+    if not math.isfinite(epsilon_start) or epsilon_start <= 0:
+        guess = 1
+    elif epsilon_start > target_epsilon:  # doublings until epsilon <= target
+        guess = max(1, math.ceil(math.log2(epsilon_start / target_epsilon)))
+    else:  # halvings until epsilon > target
+        guess = math.floor(math.log2(target_epsilon / epsilon_start)) + 1
+    limit = SIGMA_MAX / sigma_start if epsilon_start > target_epsilon else sigma_start / SIGMA_MIN
+    most = max(1, math.ceil(math.log2(max(limit, 2.0))))
+    return 1 + min(guess, most) + b, 1 + most + b
+
+
 def calibrate_sigma(
     epsilon_of_sigma: Callable[[float], float],
     *,
@@ -60,8 +91,16 @@ def calibrate_sigma(
     rel_tol: float = 1e-3,
     sigma_start: float = 1.0,
     progress: Callable[[str], None] | None = None,
+    on_progress: ProgressCallback | None = None,
+    known: Mapping[float, float] | None = None,
 ) -> Calibration:
     """Smallest sigma (to a relative ``rel_tol``) with epsilon_of_sigma(sigma) <= target_epsilon.
+
+    ``on_progress`` receives phase ``calibration`` events counting accounting runs: while the
+    target is being bracketed the total is the runs so far (at least one) and the bisections a
+    bracket of width 2 needs; once it is bracketed the total is exact. ``known`` holds
+    {sigma: epsilon} already computed (a probe run, :func:`mfcli.accounting.session.estimate_calibration`);
+    they count as runs made.
 
     Raises:
         MfcliError: a target that is not a positive finite number, or one that no sigma up to
@@ -71,8 +110,20 @@ def calibrate_sigma(
     if not (0 < rel_tol < 1):
         raise MfcliError("the calibration tolerance must lie in (0, 1)")
     say = progress or (lambda s: None)
-    evals = 0
-    cache: dict[float, float] = {}
+    cache: dict[float, float] = {float(k): float(v) for k, v in (known or {}).items()}
+    evals = len(cache)
+    bisect_total = bisection_steps(math.log(2.0), rel_tol)
+    total = 0
+    bracketed = False
+
+    def report() -> None:
+        nonlocal total
+        if on_progress is None:
+            return
+        # bracketing: the latest run may have closed the bracket (then the bisections of a
+        # bracket of width 2 follow); if it did not, the total grows by one per run
+        total = max(total, evals if bracketed else max(evals, 1) + bisect_total)
+        on_progress(ProgressEvent("calibration", min(evals, total), total, "accounting runs"))
 
     def eps(s: float) -> float:
         nonlocal evals
@@ -80,7 +131,10 @@ def calibrate_sigma(
             evals += 1
             cache[s] = float(epsilon_of_sigma(s))
             say(f"calibrate: sigma {s:.6g} -> epsilon {cache[s]:.6g}")
+            report()
         return cache[s]
+
+    report()
 
     s = float(sigma_start)
     if eps(s) <= target:
@@ -103,13 +157,21 @@ def calibrate_sigma(
                     f"no sigma up to {SIGMA_MAX:g} meets epsilon {target:g} at this delta "
                     f"(epsilon at sigma = {lo:.3g} is {eps(lo):.4g}); raise the target or delta"
                 )
+    if on_progress is not None:
+        bracketed = True
+        total = max(total, evals + bisection_steps(math.log(hi / lo), rel_tol))
+        report()
     while hi / lo - 1 > rel_tol:
         mid = math.sqrt(lo * hi)
         if eps(mid) <= target:
             hi = mid
         else:
             lo = mid
-    return Calibration(sigma=hi, epsilon=eps(hi), target_epsilon=target, sigma_lower=lo, evaluations=evals)
+    result = Calibration(sigma=hi, epsilon=eps(hi), target_epsilon=target, sigma_lower=lo, evaluations=evals)
+    if on_progress is not None:
+        total = max(total, evals)
+        on_progress(ProgressEvent("calibration", total, total, "accounting runs"))
+    return result
 
 
 def calibrate_strategy(

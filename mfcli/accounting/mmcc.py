@@ -72,6 +72,7 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.memory import check_memory, format_size
+from mfcli.progress import ProgressCallback, Ticker
 
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
@@ -240,12 +241,14 @@ def tail_pairs_memory(prep: PreparedStrategy, *, resolution: int) -> tuple[int, 
     return int(scale * fixed + extra), int(scale * (fixed + k * _bytes_per_distinct(nbins)) + extra)
 
 
-def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: int | None = None) -> TailPairs:
+def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: int | None = None,
+                       on_progress: ProgressCallback | None = None) -> TailPairs:
     """Walk the rows in release order, keep G = C[:r]^T C[:r], and group the pairs (r, j) of
     step 1 by (G[j, j], multiset of rounded-up G[j, j']): identical problems are solved once.
 
     ``max_memory`` (bytes, None: no limit): the fixed part (:func:`tail_pairs_memory`) is checked
-    before starting, and the distinct problems, whose number depends on C, as they are found."""
+    before starting, and the distinct problems, whose number depends on C, as they are found.
+    ``on_progress`` receives the rows walked (phase ``MMCC tail events``, :mod:`mfcli.progress`)."""
     c = prep.strategy
     m, n = c.shape
     fixed = tail_pairs_memory(prep, resolution=resolution)[0] if max_memory is not None else 0
@@ -262,7 +265,9 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     cols_out: list[np.ndarray] = []
     key_out: list[np.ndarray] = []
     seen = np.zeros(n, dtype=bool)
+    tick = Ticker(on_progress, "MMCC tail events", m, unit="rows")
     for r in range(m):
+        tick(r)
         row = c[r]
         cols = np.flatnonzero(row)
         if cols.size == 0:
@@ -299,6 +304,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         v = row[cols]
         g[np.ix_(cols, cols)] += np.outer(v, v)
         seen[cols] = True
+    tick.finish()
     if counts_list:
         counts = np.vstack(counts_list)
         gidx = np.asarray(gidx_list, dtype=np.int64)
@@ -797,6 +803,7 @@ def mmcc(
     tail_method: str = "fft",
     progress: Callable[[str], None] | None = None,
     max_memory: int | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> MMCCResult:
     """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
@@ -821,6 +828,8 @@ def mmcc(
         max_memory: bytes the tail-event collection may use (None: no limit); a run that would
             exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
             allocating it. The composition's memory is bounded by ``pld_work_budget``.
+        on_progress: receives :class:`mfcli.progress.ProgressEvent` (phases ``MMCC tail events``:
+            rows walked; ``MMCC composition``: tail fractions done).
 
     Formal guarantees: an upper bound on the epsilon of add/remove-one DP at ``delta`` for the
     adaptive matrix mechanism with Poisson sampling (see the module docstring for the argument).
@@ -847,12 +856,14 @@ def mmcc(
     limit = "" if max_memory is None else f"; limit {format_size(max_memory)}"
     say(f"MMCC: collecting tail events ({prep.m} rows; memory {format_size(fixed)}, up to {format_size(worst)} "
         f"if every tail problem is distinct{limit})")
-    pairs = collect_tail_pairs(prep, resolution=res_w, max_memory=max_memory)
+    pairs = collect_tail_pairs(prep, resolution=res_w, max_memory=max_memory, on_progress=on_progress)
     k_pairs = pairs.count
     cut = TRUNCATION_SHARE * delta / max(1, prep.m)
     best: tuple | None = None
     tried: dict = {}
-    for f in fracs:
+    tick = Ticker(on_progress, "MMCC composition", len(fracs), unit="tail fractions")
+    for i, f in enumerate(fracs):
+        tick(i)
         if k_pairs == 0 or p == 1.0:
             # no tail events (every column new when used, e.g. C = I) or no randomness to hide in
             f_eff, delta_tail = 0.0, 0.0
@@ -883,6 +894,7 @@ def mmcc(
             best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used)
         if f_eff == 0.0:
             break
+    tick.finish()
     assert best is not None
     eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used = best
     return MMCCResult(

@@ -63,8 +63,10 @@ from mfcli.errors import MfcliError
 from mfcli.factorization import sensitivity as _sensitivity
 from mfcli.participation import Participation, SingleParticipation
 from mfcli.participation import sensitivity as schema_sensitivity
+from mfcli.progress import ProgressCallback
 
 if TYPE_CHECKING:
+    from mfcli.accounting.cost import CalibrationEstimate
     from mfcli.operators import NoiseOperator
 
 #: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
@@ -439,6 +441,7 @@ def account(
     progress: Callable[[str], None] | None = None,
     participation: Participation | None = None,
     batching: str | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> AccountingReport:
     """Run every requested setting that applies.
 
@@ -452,7 +455,10 @@ def account(
     Without a sampling rate, ``batching`` ``balls-in-bins`` or ``shuffle`` runs only that batch
     sampler's settings (``BATCHING_SETTINGS``, single participation): balls-in-bins, the tree's
     bracket (C must be the tree); shuffle, the shuffled tree (when C is the tree) and the shuffled
-    DP-SGD reference."""
+    DP-SGD reference.
+
+    ``progress`` receives stage messages; ``on_progress`` the structured progress of the long
+    computations (MMCC, the banded estimate, the balls-in-bins tree; :mod:`mfcli.progress`)."""
     sigma = check_sigma(sigma)
     batching = check_batching(batching, sampling)
     if batching in BATCHING_SETTINGS:
@@ -491,17 +497,18 @@ def account(
         prep = prepare_strategy(c, inp.release_steps)
         upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
-                     progress=progress, max_memory=opts.max_memory)
+                     progress=progress, max_memory=opts.max_memory, on_progress=on_progress)
         br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta),
-                         **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress))
+                         **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress,
+                                          on_progress=on_progress))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     bib = sdp = None
     if "balls-in-bins-tree" in settings:
         if progress is not None:
             progress("balls-in-bins: propagating the tree's likelihood-ratio law level by level")
-        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
+        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta, on_progress=on_progress)
     if "shuffled-dp-sgd" in settings:
         sdp = shuffled_dpsgd(n=inp.n, sigma=sigma, delta=opts.delta)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
@@ -511,7 +518,7 @@ def account(
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
-                   progress: Callable[[str], None] | None) -> dict:
+                   progress: Callable[[str], None] | None, on_progress: ProgressCallback | None = None) -> dict:
     """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and the ESTIMATE of
     the exact pair (mfcli.accounting.banded_poisson); otherwise a note saying why there is none."""
     from mfcli.accounting import banded_poisson as bp
@@ -525,7 +532,7 @@ def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
     say = progress or (lambda s: None)
     say(f"banded C (b = {b}): disjoint-rows lower bound and importance-sampled estimate")
     rows = bp.disjoint_rows_lower_bound(prep, sigma=sigma, sampling=sampling, delta=delta, grid=BANDED_LB_GRID)
-    est = bp.estimate_epsilon(prep, sigma=sigma, sampling=sampling, delta=delta)
+    est = bp.estimate_epsilon(prep, sigma=sigma, sampling=sampling, delta=delta, on_progress=on_progress)
     return {"lower_rows": rows, "estimate": est}
 
 
@@ -563,9 +570,11 @@ def epsilon_function(
     sampling: float | None,
     options: AccountingOptions = AccountingOptions(),
     participation: Participation | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> Callable[[float], float]:
     """epsilon(sigma) of one setting (for calibration), under ``participation`` (None: the
-    schema the input declares) for ``deterministic`` and ``cyclic-poisson``.
+    schema the input declares) for ``deterministic`` and ``cyclic-poisson``. Each evaluation
+    passes ``on_progress`` to the long computations (MMCC, the balls-in-bins tree).
 
     Raises:
         MfcliError: the setting does not apply (``single-pass`` under a multi-participation
@@ -601,13 +610,15 @@ def epsilon_function(
         prep = prepare_strategy(c, inp.release_steps)
         return lambda s: mmcc(prep, sigma=s, sampling=p, delta=opts.delta, tail_fractions=opts.tail_fractions,
                               value_discretization=opts.value_discretization,
-                              mixture_resolution=opts.mixture_resolution, max_memory=opts.max_memory).epsilon
+                              mixture_resolution=opts.mixture_resolution, max_memory=opts.max_memory,
+                              on_progress=on_progress).epsilon
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
     if setting == "balls-in-bins-tree":
         check_setting_applies(inp, "balls-in-bins-tree")
-        return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
+        return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta,
+                                            on_progress=on_progress).epsilon
     if setting == "shuffled-dp-sgd":
         return lambda s: shuffled_dpsgd(n=inp.n, sigma=s, delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
@@ -623,11 +634,29 @@ def calibrate(
     rel_tol: float = 1e-3,
     progress: Callable[[str], None] | None = None,
     participation: Participation | None = None,
+    on_progress: ProgressCallback | None = None,
+    probe: CalibrationEstimate | None = None,
 ) -> Calibration:
-    """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`)."""
-    f = epsilon_function(inp, setting, sampling=sampling, options=options, participation=participation)
-    start = 4.0 if setting in ("mmcc", "dp-sgd", "cyclic-poisson") else 1.0
-    return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress)
+    """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`).
+
+    ``on_progress`` receives the calibration's runs and each run's own phases; ``probe`` (from
+    :func:`mfcli.accounting.cost.estimate_calibration` for the same input and options) supplies
+    the first run, which is then not repeated."""
+    f = epsilon_function(inp, setting, sampling=sampling, options=options, participation=participation,
+                         on_progress=on_progress)
+    start = calibration_start(setting)
+    known = None
+    if probe is not None:
+        if probe.setting != setting or probe.sigma != start:
+            raise MfcliError(f"the probe ran {probe.setting} at sigma {probe.sigma:g}, not {setting} at {start:g}")
+        known = {probe.sigma: probe.epsilon}
+    return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress,
+                           on_progress=on_progress, known=known)
+
+
+def calibration_start(setting: str) -> float:
+    """The sigma at which :func:`calibrate` starts its search for ``setting``."""
+    return 4.0 if setting in ("mmcc", "dp-sgd", "cyclic-poisson") else 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -929,6 +958,7 @@ __all__ = [
     "StrategyInput",
     "account",
     "calibrate",
+    "calibration_start",
     "check_batching",
     "check_setting_applies",
     "check_setting_schema",

@@ -36,10 +36,12 @@ from mfcli.cli.common import (
     safe_markup,
     stdout,
 )
+from mfcli.cli.display import ProgressDisplay, describe_estimate
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
 if TYPE_CHECKING:
+    from mfcli.accounting.cost import CalibrationEstimate
     from mfcli.accounting.session import AccountingReport
 
 
@@ -153,6 +155,18 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                   + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours")
         notes.append(f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
     return t, notes
+
+
+def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
+    """The calibration's cost estimate (:func:`mfcli.accounting.cost.estimate_calibration`); a
+    memory refusal names the flag that raises the limit."""
+    from mfcli.accounting.cost import estimate_calibration
+    from mfcli.memory import MemoryLimitError
+
+    try:
+        return estimate_calibration(*args, **kwargs)
+    except MemoryLimitError as exc:
+        raise MemoryLimitError(str(exc).replace("raise the memory limit", "raise --max-memory")) from None
 
 
 @guarded
@@ -353,19 +367,25 @@ def account(
 
     calibration = None
     chosen = None
-    if epsilon is not None:
-        chosen = calibrated
-        assert chosen is not None
-        say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g} ({schema.describe(inp.n)})")
-        calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts, progress=say,
-                                    participation=schema)
-        sigma = calibration.sigma
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say,
-                             participation=schema, batching=batching)
-    else:
-        assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
-        report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say,
-                             participation=schema, batching=batching)
+    probe = None
+    with ProgressDisplay(quiet=quiet) as display:
+        say = display.log
+        if epsilon is not None:
+            chosen = calibrated
+            assert chosen is not None
+            say(f"calibrating sigma for {chosen} at epsilon {epsilon:g}, delta {delta:g} ({schema.describe(inp.n)})")
+            probe = _estimate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts,
+                              participation=schema, on_progress=display)
+            say(describe_estimate(probe))
+            calibration = run_calibrate(inp, chosen, target_epsilon=epsilon, sampling=sampling, options=opts,
+                                        progress=say, participation=schema, on_progress=display, probe=probe)
+            sigma = calibration.sigma
+            report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, settings=(chosen,), progress=say,
+                                 participation=schema, batching=batching, on_progress=display)
+        else:
+            assert sigma is not None  # refuse_unless above: exactly one of sigma and epsilon is given
+            report = run_account(inp, sigma=sigma, sampling=sampling, options=opts, progress=say,
+                                 participation=schema, batching=batching, on_progress=display)
 
     group = None
     if write:
@@ -375,7 +395,7 @@ def account(
     if as_json:
         payload = report.as_dict()
         if calibration is not None:
-            payload["calibration"] = {"setting": chosen, **calibration.as_dict()}
+            payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict()}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
         emit_json(envelope("account", **payload))

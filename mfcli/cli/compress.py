@@ -96,6 +96,7 @@ def compress(
             artifact, band=band, rank=rank, max_loss_increase=max_loss_increase, max_band=max_band,
             max_rank=max_rank, out=out, force=force, command=command_line(), max_iter=max_iter,
             progress=progress if max_loss_increase is not None and (band is None or rank is None) else None,
+            participation=schema,
         )
     except MfcliError as exc:
         # The library names its parameters; here they are flags.

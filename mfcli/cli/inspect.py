@@ -80,6 +80,19 @@ def _render_participation(report: InspectionReport) -> None:
     out.print(key_value_table("participation (clip 1, noise multiplier 1)", [(k, fmt(v)) for k, v in rows]))
 
 
+def _compressed_schema_rows(report: InspectionReport) -> list[tuple[str, Any]]:
+    """The compressed operator's sensitivity under a multi-participation schema (recomputed from
+    C^; an upper bound rounded up), and whether the file stores it."""
+    comp = report.compression
+    if "schema_sensitivity" not in comp or report.participation is None:
+        return []
+    exact = bool(comp["schema_sensitivity_exact"])
+    value = _precise(comp["schema_sensitivity"]) if exact else pessimistic(comp["schema_sensitivity"])
+    stored = "stored and checked" if comp.get("schema_sensitivity_stored") else "not stored in this file"
+    return [(f"sensitivity of C^ under {report.participation.describe(report.n)} "
+             f"({'exact' if exact else 'upper bound'}; {stored})", value)]
+
+
 def _render(report: InspectionReport) -> None:
     out = stdout()
     a = report.attrs
@@ -120,6 +133,7 @@ def _render(report: InspectionReport) -> None:
             ("||B - B^||_F / ||B||_F", comp.get("fit_relative_error")),
             ("compressed loss mean / max", f"{fmt(comp.get('loss_mean'))} / {fmt(comp.get('loss_max'))}"),
             ("source", f"{comp.get('source_file')} ({str(comp.get('source_sha256'))[:16]}...)"),
+            *_compressed_schema_rows(report),
         ]))
         if report.compression_numbers:
             out.print(_numbers_table("compressed mechanism C^ = B^-1 A", report.compression_numbers))
