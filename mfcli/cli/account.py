@@ -395,6 +395,7 @@ def account(
     if as_json:
         payload = report.as_dict()
         if calibration is not None:
+            assert probe is not None  # set together with calibration above
             payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict()}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}

@@ -42,7 +42,7 @@ def _click_exceptions() -> Any:
     try:
         from typer._click import exceptions as exc
     except ImportError:  # pragma: no cover - depends on the installed typer
-        from click import exceptions as exc  # type: ignore[no-redef,import-not-found]
+        from click import exceptions as exc  # type: ignore[no-redef,import-not-found,unused-ignore]
     return exc
 
 

@@ -330,7 +330,7 @@ def usage_error(message: str) -> Exception:
     try:
         from typer._click import exceptions
     except ImportError:  # pragma: no cover - typer before 0.22 uses Click itself
-        from click import exceptions  # type: ignore[no-redef,import-not-found]
+        from click import exceptions  # type: ignore[no-redef,import-not-found,unused-ignore]
     err = exceptions.UsageError(message)
     err.mfcli_refusal = True  # type: ignore[attr-defined]  # no hint line (mfcli.cli.app)
     return err
