@@ -66,6 +66,11 @@ DEFAULT_BANDS = (2, 4, 8, 16, 32, 64)
 DEFAULT_BUFFERS = (2, 4)
 #: Relative width of the final sigma bracket of every calibration.
 REL_TOL = 1e-3
+#: PLD value discretization of the Poisson accountings (DP-SGD, cyclic Poisson). dp-accounting's
+#: pessimistic PLD is an upper bound at any discretization; 1e-3 instead of the default 1e-4 makes
+#: one evaluation at n = 4700 steps about 50 times faster for an epsilon about 0.2 % larger. The
+#: record stores it, so ``mfcli account --value-discretization 1e-3`` re-accounts the same way.
+PLD_DISCRETIZATION = 1e-3
 #: Relative error difference below which two candidates tie (the cheaper stream ranks first).
 TIE_RTOL = 1e-9
 
@@ -346,7 +351,8 @@ def _scaled(cal: Calibration, factor: float) -> Calibration:
 def _dpsgd_eps(setup: TrainingSetup, *, sampling: float, steps: int) -> Callable[[float], float]:
     from mfcli.accounting.single_pass import dpsgd
 
-    return lambda s: dpsgd(sigma=s, sampling=sampling, steps=steps, delta=setup.delta).epsilon
+    return lambda s: dpsgd(sigma=s, sampling=sampling, steps=steps, delta=setup.delta,
+                           value_discretization=PLD_DISCRETIZATION).epsilon
 
 
 @dataclass
@@ -469,7 +475,8 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
         curve = []
         for eps in setup.curve:
             try:
-                c2 = _calibrate(setup, b, eps)
+                # epsilon falls roughly as 1 / sigma: start the search near the answer
+                c2 = cal if eps == setup.epsilon else _calibrate(setup, b, eps, start=cal.sigma * setup.epsilon / eps)
                 curve.append((eps, c2.sigma * math.sqrt(float(np.mean(b.row_sq)))))
             except MfcliError:
                 curve.append((eps, None))
@@ -485,11 +492,11 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
     )
 
 
-def _calibrate(setup: TrainingSetup, b: _Built, target: float) -> Calibration:
+def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> Calibration:
     if b.gaussian:
         return _scaled(_gaussian_unit(setup, target), b.sensitivity)
     assert b.eps_of_sigma is not None
-    return calibrate_sigma(b.eps_of_sigma, target_epsilon=target, rel_tol=REL_TOL, sigma_start=1.0)
+    return calibrate_sigma(b.eps_of_sigma, target_epsilon=target, rel_tol=REL_TOL, sigma_start=start)
 
 
 def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
@@ -720,7 +727,9 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
                           command=command, force=True, participation=schema)
             inp = session.resolve_strategy(tmp)
             report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
-                                     options=session.AccountingOptions(delta=setup.delta), participation=schema,
+                                     options=session.AccountingOptions(delta=setup.delta,
+                                                                       value_discretization=PLD_DISCRETIZATION),
+                                     participation=schema,
                                      batching=batching)
         else:
             report = _structured_report(setup, r, tmp, schema, setting, sampling, batching, command, True)
@@ -748,14 +757,14 @@ def _structured_report(setup: TrainingSetup, r: CandidateResult, target: Any, sc
     Poisson reduction), or the identity (DP-SGD)."""
     from mfcli.accounting import session
     from mfcli.accounting.multi import CyclicPoissonResult, deterministic
-    from mfcli.accounting.single_pass import DEFAULT_DISCRETIZATION, dpsgd, single_pass
+    from mfcli.accounting.single_pass import dpsgd, single_pass
     from mfcli.structured import load_structured_artifact, save_structured_artifact
 
     n = setup.n
     strat = _structured_strategy(setup, r)
     save_structured_artifact(target, strat, workload=toeplitz_of(setup), n=n, participation=schema,
                              command=command, force=force)
-    op = load_structured_artifact(target).operator
+    op = load_structured_artifact(target).operator()
     acc_schema = schema or SingleParticipation()
     sens = strat.sensitivity(n, acc_schema)
     inp = session.StrategyInput(name=strat.kind, strategy=np.broadcast_to(np.zeros(1), (n, n)),
@@ -763,16 +772,18 @@ def _structured_report(setup: TrainingSetup, r: CandidateResult, target: Any, sc
                                 operator=op.label, operator_sha256=op.identity_sha256, participation=acc_schema)
     kw: dict[str, Any] = {}
     if setting == "dp-sgd":
-        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=sampling, steps=n, delta=setup.delta)
+        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=sampling, steps=n, delta=setup.delta,
+                             value_discretization=PLD_DISCRETIZATION)
     elif setting == "cyclic-poisson":
         assert sampling is not None and r.size is not None
         col = strat.sensitivity(n, SingleParticipation()).value
         k = int(r.size)
-        res = dpsgd(sigma=r.sigma / col, sampling=sampling, steps=math.ceil(n / k), delta=setup.delta)
+        res = dpsgd(sigma=r.sigma / col, sampling=sampling, steps=math.ceil(n / k), delta=setup.delta,
+                    value_discretization=PLD_DISCRETIZATION)
         kw["cyclic_poisson"] = CyclicPoissonResult(
             epsilon=res.epsilon, delta=setup.delta, sigma=r.sigma, sampling=sampling, cycle=k,
             bands=int(np.max(np.nonzero(strat.coefs)[0])) + 1, column_norm=col, steps=math.ceil(n / k), n=n,
-            schema=acc_schema, value_discretization=DEFAULT_DISCRETIZATION)
+            schema=acc_schema, value_discretization=PLD_DISCRETIZATION)
     elif setting == "deterministic":
         kw["deterministic"] = deterministic(sigma=r.sigma, sensitivity=sens, n=n, delta=setup.delta)
     else:
