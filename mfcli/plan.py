@@ -122,7 +122,7 @@ class TrainingSetup:
             steps = _positive_int(self.steps, "the number of steps")
             if steps % s:
                 raise MfcliError(f"{steps} steps is not a whole number of epochs of {s} steps; give a multiple of {s} "
-                                 f"(e.g. {max(1, round(steps / s)) * s}) or --epochs")
+                                 f"(e.g. {max(1, round(steps / s)) * s}) or a number of epochs")
             epochs = steps // s
         object.__setattr__(self, "epochs", epochs)
         object.__setattr__(self, "steps", None)
@@ -309,7 +309,7 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
-                         + f"; allow poisson or fixed-order (e.g. --batching poisson)")
+                         + "; allow poisson or fixed-order, whose accountings apply to every setup")
     return out, skip
 
 
@@ -328,13 +328,12 @@ def dense_workload(setup: TrainingSetup) -> Any:
     """The dense workload (:mod:`mfcli.workloads`) of n steps."""
     from mfcli.workloads import build_workload
 
-    kw = {"beta": setup.beta} if setup.workload == "momentum" else {}
-    return build_workload(setup.workload, setup.n, **kw)
+    return build_workload(setup.workload, setup.n, beta=setup.beta)
 
 
 def fixed_schema(setup: TrainingSetup) -> Participation:
     """The deterministic schema of the fixed-order sampler: fixed-epoch (single participation for one epoch)."""
-    return SingleParticipation() if setup.epochs == 1 else FixedEpoch(epochs=setup.epochs)
+    return SingleParticipation() if setup.epochs == 1 else FixedEpoch(epochs=int(setup.epochs or 1))
 
 
 def _gaussian_unit(setup: TrainingSetup, target: float) -> Calibration:
@@ -409,7 +408,7 @@ def restarted_tree(setup: TrainingSetup, kind: str) -> tuple[np.ndarray, np.ndar
 def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
     from mfcli.toeplitz import decoder_coefs, toeplitz_sensitivity
 
-    n, e, s = setup.n, setup.epochs, setup.steps_per_epoch
+    n, e = setup.n, setup.epochs
     assert e is not None
     tw = toeplitz_of(setup)
     if cand.kind == "dp-sgd":
@@ -418,13 +417,13 @@ def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
                       sampling=setup.sampling, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
     if cand.kind == "bandmf":
         k = int(cand.size or 1)
-        schema = MinSeparation(separation=k)
-        coefs = banded_coefs(setup, k, schema)
+        sep = MinSeparation(separation=k)
+        coefs = banded_coefs(setup, k, sep)
         col = toeplitz_sensitivity(coefs, n, SingleParticipation()).value  # max column norm of the operator
         p = k * setup.sampling
         beta = decoder_coefs(coefs, tw, n)
         base = _dpsgd_eps(setup, sampling=p, steps=math.ceil(n / k))
-        return _Built("BandMF", f"banded Toeplitz, {k} bands (optimised for min-sep {k})", schema, "cyclic-poisson",
+        return _Built("BandMF", f"banded Toeplitz, {k} bands (optimised for min-sep {k})", sep, "cyclic-poisson",
                       np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=lambda sg: base(sg / col),
                       extra={"coefs": coefs})
     if cand.kind in ("banded", "blt", "dense"):
@@ -472,7 +471,7 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
             cal = _calibrate(setup, b, setup.epsilon)
         except MfcliError as exc:
             return Skipped(cand.key, cand.sampler, str(exc))
-        curve = []
+        curve: list[tuple[float, float | None]] = []
         for eps in setup.curve:
             try:
                 # epsilon falls roughly as 1 / sigma: start the search near the answer
@@ -577,7 +576,7 @@ def run_plan(
             raise MfcliError("a Dask scheduler needs the dask extra: pip install 'mfcli[dask]'") from None
         own = not isinstance(scheduler, Client)
         try:
-            client = Client(scheduler, timeout="10s") if own else scheduler
+            client: Any = Client(scheduler, timeout="10s") if own else scheduler
         except (OSError, TimeoutError) as exc:
             raise MfcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
         try:
@@ -652,10 +651,7 @@ def _dense_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
     if r.kind == "dp-sgd":
         return build_strategy("identity", w)
     if r.kind in ("tree", "honaker"):
-        from mfcli.workloads import build_workload
-
-        kw = {"beta": setup.beta} if setup.workload == "momentum" else {}
-        return build_strategy("tree" if r.kind == "tree" else "honaker-online", build_workload(setup.workload, setup.n, **kw))
+        return build_strategy("tree" if r.kind == "tree" else "honaker-online", w)
     if r.kind == "dense":
         return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["factorization"], "optimal"
     b = _build(setup, Candidate(r.key, r.kind, r.sampler, r.size))
@@ -702,11 +698,10 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     Raises:
         MfcliError: the candidate has no artifact form, or re-accounting misses the target.
     """
+    import os
     from pathlib import Path
 
     from mfcli.accounting import session
-
-    import os
 
     ok, why = writable(r, setup.n)
     if not ok:
@@ -772,13 +767,13 @@ def _structured_report(setup: TrainingSetup, r: CandidateResult, target: Any, sc
                                 operator=op.label, operator_sha256=op.identity_sha256, participation=acc_schema)
     kw: dict[str, Any] = {}
     if setting == "dp-sgd":
-        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=sampling, steps=n, delta=setup.delta,
+        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=float(sampling or 0), steps=n, delta=setup.delta,
                              value_discretization=PLD_DISCRETIZATION)
     elif setting == "cyclic-poisson":
         assert sampling is not None and r.size is not None
         col = strat.sensitivity(n, SingleParticipation()).value
         k = int(r.size)
-        res = dpsgd(sigma=r.sigma / col, sampling=sampling, steps=math.ceil(n / k), delta=setup.delta,
+        res = dpsgd(sigma=r.sigma / col, sampling=float(sampling), steps=math.ceil(n / k), delta=setup.delta,
                     value_discretization=PLD_DISCRETIZATION)
         kw["cyclic_poisson"] = CyclicPoissonResult(
             epsilon=res.epsilon, delta=setup.delta, sigma=r.sigma, sampling=sampling, cycle=k,
@@ -831,8 +826,8 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
     failed = [r for r in results if isinstance(r, Skipped)]
     if not done:
         raise MfcliError(f"no candidate reaches epsilon {setup.epsilon:g} at delta {setup.delta:g} with sigma up to "
-                         f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise --epsilon or --delta, or train "
-                         "fewer epochs")
+                         f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
+                         "train fewer epochs")
     ranked = rank(done)
     return Plan(setup, tuple(ranked), tuple(skipped + failed), recommend(ranked), time.perf_counter() - t0)
 

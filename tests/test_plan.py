@@ -24,7 +24,6 @@ from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch
 from mfcli.plan import (
     SAMPLERS,
-    Candidate,
     CandidateResult,
     TrainingSetup,
     enumerate_candidates,

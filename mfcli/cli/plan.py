@@ -121,7 +121,8 @@ def plan(
         None, "--batching",
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
         "shuffle, fixed-order (default all). No number is shown under a sampler not allowed."),
-    bands: list[int] | None = typer.Option(None, "--bands", help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
+    bands: list[int] | None = typer.Option(
+        None, "--bands", help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
     buffers: list[int] | None = typer.Option(None, "--buffers", help="BLT buffer counts to try (repeat; default 2 and 4)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the recommended artifact here, with its accounting record."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (mfcli/schemas/plan.json)."),
