@@ -206,16 +206,18 @@ def test_poisson_samplers_meet_the_target_by_dp_accounting() -> None:
 
 
 def test_process_pool_and_dask_give_identical_results() -> None:
+    """The same numbers (all but the wall time) in process, on a process pool and on a Dask
+    LocalCluster reached by its address; a Gaussian, a PLD and a tree candidate."""
     distributed = pytest.importorskip("distributed")
     setup = TrainingSetup(**{**SMALL, "batching": ("fixed-order", "poisson"), "bands": (4,), "buffers": (2,)})
-    cands, _ = enumerate_candidates(setup)
+    cands = [c for c in enumerate_candidates(setup)[0] if c.key in ("dp-sgd", "banded-4", "tree")]
+    assert len(cands) == 3
     inline = run_plan(setup, cands, workers=0)
     pool = run_plan(setup, cands, workers=2)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cl, \
-            distributed.Client(cl) as client:
-        dask = run_plan(setup, cands, scheduler=client)
-        dask_addr = run_plan(setup, cands, scheduler=cl.scheduler_address)
-    for other in (pool, dask, dask_addr):
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cl:
+        dask = run_plan(setup, cands, scheduler=cl.scheduler_address)
+    assert all(isinstance(r, CandidateResult) for r in inline)
+    for other in (pool, dask):
         assert [r.numbers() for r in other] == [r.numbers() for r in inline]  # type: ignore[union-attr]
 
 
@@ -229,7 +231,7 @@ def test_cli_end_to_end_writes_the_recommended_artifact_and_account_reaccounts_i
     the brute-force sensitivity of the stored C agrees."""
     out, plot = tmp_path / "rec.h5", tmp_path / "curve.png"
     args = ["plan", "--examples", "1000", "--batch", "100", "--epochs", "2", "--epsilon", "2", "-w", "momentum",
-            "--batching", "fixed-order", "--bands", "4", "--buffers", "2", "--workers", "2", "--json", "--out", str(out)]
+            "--batching", "fixed-order", "--bands", "4", "--buffers", "2", "--workers", "0", "--json", "--out", str(out)]
     try:
         import matplotlib  # noqa: F401
 

@@ -83,11 +83,16 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
-    for r in plan.ranked:
+    # line style and marker say the sampler, colour the candidate (20 colours before one repeats)
+    styles = {"poisson": ("-", "o"), "cyclic": ("--", "s"), "fixed-order": ("-.", "^"), "balls-in-bins": (":", "v"),
+              "shuffle": (":", "x")}
+    colours = plt.get_cmap("tab20").colors
+    for i, r in enumerate(plan.ranked):
         pts = [(e, v) for e, v in r.curve if v is not None]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", markersize=3, linewidth=1.2,
-                    label=f"{r.key} ({r.sampler})")
+            ls, mk = styles[r.sampler]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=ls, marker=mk, markersize=3, linewidth=1.2,
+                    color=colours[i % len(colours)], label=f"{r.key} ({r.sampler})")
     ax.axvline(plan.setup.epsilon, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
