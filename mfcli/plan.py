@@ -51,6 +51,8 @@ SAMPLER_TEXT = {
     "shuffle": "one shuffled epoch of batch size 1",
     "fixed-order": "fixed order: one permutation cut into s batches, batch i mod s at step i (every epoch the same)",
 }
+#: DP-SGD's participation (no schema: Poisson sampling in every step), as the accounting rows name it.
+POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
 #: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
 WORKLOADS = ("prefix", "momentum")
 #: Largest n for which the dense multi-epoch optimum is solved. The solver's cost grows as n^3
@@ -227,6 +229,10 @@ class CandidateResult:
     note: str = ""
     curve: tuple[tuple[float, float | None], ...] = ()
 
+    def participation_text(self, n: int) -> str:
+        """The participation the accounting assumes, in words."""
+        return POISSON_PARTICIPATION["description"] if self.sampler == "poisson" else self.participation.describe(n)
+
     def numbers(self) -> tuple:
         """Everything but the wall time (what must agree between executors)."""
         d = dict(self.__dict__)
@@ -236,9 +242,10 @@ class CandidateResult:
     def as_dict(self, n: int) -> dict[str, Any]:
         from mfcli.accounting.multi import schema_dict
 
+        part = (POISSON_PARTICIPATION if self.sampler == "poisson" else schema_dict(self.participation, n))
         out: dict[str, Any] = {
             "candidate": self.key, "mechanism": self.mechanism, "strategy": self.strategy,
-            "participation": schema_dict(self.participation, n), "batch_sampler": self.sampler,
+            "participation": part, "batch_sampler": self.sampler,
             "batch_sampler_text": SAMPLER_TEXT[self.sampler], "accounting": self.accounting,
             "sigma": self.sigma, "epsilon": self.epsilon, "sampling": self.sampling,
             "sensitivity": self.sensitivity, "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,

@@ -207,11 +207,11 @@ def test_poisson_samplers_meet_the_target_by_dp_accounting() -> None:
 
 def test_process_pool_and_dask_give_identical_results() -> None:
     """The same numbers (all but the wall time) in process, on a process pool and on a Dask
-    LocalCluster reached by its address; a Gaussian, a PLD and a tree candidate."""
+    LocalCluster reached by its address; an optimised banded Toeplitz and a tree candidate."""
     distributed = pytest.importorskip("distributed")
-    setup = TrainingSetup(**{**SMALL, "batching": ("fixed-order", "poisson"), "bands": (4,), "buffers": (2,)})
-    cands = [c for c in enumerate_candidates(setup)[0] if c.key in ("dp-sgd", "banded-4", "tree")]
-    assert len(cands) == 3
+    setup = TrainingSetup(**{**SMALL, "batching": ("fixed-order",), "bands": (4,), "buffers": (2,)})
+    cands = [c for c in enumerate_candidates(setup)[0] if c.key in ("banded-4", "tree")]
+    assert len(cands) == 2
     inline = run_plan(setup, cands, workers=0)
     pool = run_plan(setup, cands, workers=2)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cl:

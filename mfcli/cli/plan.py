@@ -61,7 +61,7 @@ def render_text(plan: Any, saved: dict | None) -> str:
     if plan.recommended is not None:
         r = plan.recommended
         lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}; {r.accounting} accounting under "
-                     f"{r.participation.describe(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
+                     f"{r.participation_text(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
                      f"(epsilon {pessimistic(r.epsilon)} <= {plan.setup.epsilon:g})")
     else:
         lines.append("recommended: none (no candidate's guarantee covers adaptive training with an artifact)")
@@ -86,7 +86,8 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
     # line style and marker say the sampler, colour the candidate (20 colours before one repeats)
     styles = {"poisson": ("-", "o"), "cyclic": ("--", "s"), "fixed-order": ("-.", "^"), "balls-in-bins": (":", "v"),
               "shuffle": (":", "x")}
-    colours = plt.get_cmap("tab20").colors
+    cmap = plt.get_cmap("tab20")
+    colours = [cmap(i) for i in range(20)]
     for i, r in enumerate(plan.ranked):
         pts = [(e, v) for e, v in r.curve if v is not None]
         if pts:
@@ -156,7 +157,7 @@ def plan(
         examples=examples, batch=batch, epsilon=epsilon, epochs=epochs, steps=steps, delta=delta, workload=workload,
         beta=0.9 if beta is None else beta, params=params, batching=_split(batching) or SAMPLERS,
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
-        curve=tuple(epsilon * f for f in (0.25, 0.5, 1.0, 2.0, 4.0)) if plot is not None else (),
+        curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
     )
     if out is not None:
         check_output_path(out, force=force)
