@@ -56,8 +56,8 @@ POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of partic
 #: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
 WORKLOADS = ("prefix", "momentum")
 #: Largest n for which the dense multi-epoch optimum is solved. The solver's cost grows as n^3
-#: per iteration with hundreds of iterations (docs/performance.md); at n = 512 it takes minutes
-#: on one core, so larger setups use the structured strategies.
+#: per iteration (docs/performance.md; n = 256 took 4.7 s here, 8x that per doubling), so larger
+#: setups use the structured strategies.
 DENSE_MAX_N = 512
 #: Largest n for which the tree and Honaker rows (dense decoders, O(n^2) memory) are built.
 TREE_MAX_N = 8192
