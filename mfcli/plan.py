@@ -712,7 +712,7 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     import os
     from pathlib import Path
 
-    from mfcli.accounting import session
+    from threadpoolctl import threadpool_limits
 
     ok, why = writable(r, setup.n)
     if not ok:
@@ -722,6 +722,17 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     tmp = target.with_name(f".{target.name}.plan-{os.getpid()}.tmp.h5")
     setting, sampling, batching = _setting_of(r)
     schema = None if isinstance(r.participation, SingleParticipation) or r.kind == "dp-sgd" else r.participation
+    # rebuilt as evaluate built it (BLAS on one thread), so the written operator is the calibrated one
+    with threadpool_limits(1):
+        return _write(setup, r, target, tmp, setting, sampling, batching, schema, command, force)
+
+
+def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, setting: str, sampling: float | None,
+           batching: str | None, schema: Participation | None, command: str, force: bool) -> dict[str, Any]:
+    import os
+
+    from mfcli.accounting import session
+
     try:
         if setup.n <= DENSE_ARTIFACT_MAX_N:
             from mfcli.strategies import Strategy, save_strategy
