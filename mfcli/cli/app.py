@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "account": (
         "account", "account", "Epsilon of a strategy (single pass, DP-SGD, MMCC, shuffled tree) or the sigma for a target."
     ),
+    "plan": ("plan", "plan", "Rank the mechanisms for a training setup at a privacy target; write the best with its sigma."),
 }
 
 #: Exit status of a usage error (bad or inapplicable options), as Click and POSIX tools use.

@@ -1,0 +1,189 @@
+"""``mfcli plan``: from a training setup to a ranked list of calibrated mechanisms, a
+recommendation and its artifact (library: :mod:`mfcli.plan`; docs/plan.md)."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mfcli.cli.common import command_line, envelope, guarded, log, refuse_unless
+from mfcli.cli.rounding import pessimistic
+from mfcli.errors import MfcliError
+
+
+def _split(values: list[str] | None) -> tuple[str, ...] | None:
+    if not values:
+        return None
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+def _bytes(b: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if b < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024  # type: ignore[assignment]
+    return f"{b} B"  # pragma: no cover
+
+
+def rich_plan(plan: Any) -> Table:
+    """The ranked table: sigma and epsilon rounded up (a larger sigma and a larger epsilon are
+    the safe side), errors to 4 significant digits."""
+    s = plan.setup
+    title = (f"mfcli plan: {s.examples} examples, batch {s.batch}, {s.epochs} epoch{'s' if s.epochs != 1 else ''} "
+             f"(n = {s.n}, {s.steps_per_epoch} steps/epoch, q = {s.sampling:.4g}), {s.workload}"
+             f"{f' beta {s.beta:g}' if s.workload == 'momentum' else ''}; target epsilon {s.epsilon:g}, delta {s.delta:g}")
+    t = Table(title=title, caption="RMSE: noise std of the released iterates per coordinate, clip norm 1 (mean = root "
+              "mean square over steps); memory: float32 stream state for "
+              f"{s.params} parameter{'s' if s.params != 1 else ''}; * = recommended")
+    for col in ("#", "candidate", "mechanism", "batch sampler", "accounting", "sigma", "epsilon", "RMSE mean",
+                "RMSE max", "stream memory", "seconds"):
+        t.add_column(col, justify="right" if col in ("#", "sigma", "epsilon", "RMSE mean", "RMSE max", "seconds") else "left")
+    for i, r in enumerate(plan.ranked, 1):
+        mark = "*" if plan.recommended is not None and r.key == plan.recommended.key else ""
+        t.add_row(f"{i}{mark}", r.key + (" (non-adaptive)" if not r.adaptive else ""), r.mechanism, r.sampler,
+                  r.accounting, pessimistic(r.sigma, digits=5), pessimistic(r.epsilon, digits=5),
+                  f"{r.rmse_mean:.4g}", f"{r.rmse_max:.4g}", _bytes(r.memory_bytes), f"{r.seconds:.1f}")
+    return t
+
+
+def render_text(plan: Any, saved: dict | None) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None, soft_wrap=True).print(rich_plan(plan))
+    lines = [buf.getvalue().rstrip("\n")]
+    for sk in plan.skipped:
+        lines.append(f"skipped {sk.key} ({sk.sampler}): {sk.reason}")
+    if plan.recommended is not None:
+        r = plan.recommended
+        lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}; {r.accounting} accounting under "
+                     f"{r.participation_text(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
+                     f"(epsilon {pessimistic(r.epsilon)} <= {plan.setup.epsilon:g})")
+    else:
+        lines.append("recommended: none (no candidate's guarantee covers adaptive training with an artifact)")
+    if saved is not None:
+        lines.append(f"wrote {saved['artifact']} with accounting record {saved['record']} "
+                     f"(epsilon {pessimistic(saved['epsilon'])} re-accounted on the artifact)")
+    return "\n".join(lines) + "\n"
+
+
+def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
+    """Mean RMSE against epsilon for every candidate (log-log), written atomically as a PNG."""
+    from mfcli.artifact import atomic_path
+    from mfcli.cli.plots import check_plot_target
+
+    target = check_plot_target(path, force=force)
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
+    # line style and marker say the sampler, colour the candidate (20 colours before one repeats)
+    styles = {"poisson": ("-", "o"), "cyclic": ("--", "s"), "fixed-order": ("-.", "^"), "balls-in-bins": (":", "v"),
+              "shuffle": (":", "x")}
+    cmap = plt.get_cmap("tab20")
+    colours = [cmap(i) for i in range(20)]
+    for i, r in enumerate(plan.ranked):
+        pts = [(e, v) for e, v in r.curve if v is not None]
+        if pts:
+            ls, mk = styles[r.sampler]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=ls, marker=mk, markersize=3, linewidth=1.2,
+                    color=colours[i % len(colours)], label=f"{r.key} ({r.sampler})")
+    ax.axvline(plan.setup.epsilon, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"epsilon (delta = {plan.setup.delta:g})")
+    ax.set_ylabel("RMSE of the released iterates (root mean square over steps)")
+    s = plan.setup
+    ax.set_title(f"mfcli plan: {s.examples} examples, batch {s.batch}, {s.epochs} epochs, {s.workload}; "
+                 "sigma calibrated per epsilon", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    try:
+        with atomic_path(target, force=force) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+
+
+@guarded
+def plan(
+    examples: int = typer.Option(..., "--examples", help="Number of training examples."),
+    batch: int = typer.Option(..., "--batch", help="Batch size (expected batch size for the Poisson samplers)."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
+    epochs: int | None = typer.Option(None, "--epochs", help="Epochs (or give --steps)."),
+    steps: int | None = typer.Option(None, "--steps", help="Steps, a multiple of the steps per epoch (or give --epochs)."),
+    delta: float = typer.Option(1e-6, "--delta", help="Target delta in (0, 1)."),
+    workload: str = typer.Option("prefix", "--workload", "-w", help="prefix (SGD) or momentum."),
+    beta: float | None = typer.Option(None, "--beta", help="momentum only: the momentum parameter (default 0.9)."),
+    params: int = typer.Option(1, "--params", help="Model parameters D (for the stream memory column)."),
+    batching: list[str] | None = typer.Option(
+        None, "--batching",
+        help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
+        "shuffle, fixed-order (default all). No number is shown under a sampler not allowed."),
+    bands: list[int] | None = typer.Option(
+        None, "--bands", help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
+    buffers: list[int] | None = typer.Option(None, "--buffers", help="BLT buffer counts to try (repeat; default 2 and 4)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the recommended artifact here, with its accounting record."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (mfcli/schemas/plan.json)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write RMSE against epsilon for every candidate to this PNG."),
+    scheduler: str | None = typer.Option(
+        None, "--scheduler", help="Run the calibrations on this Dask scheduler (needs the dask extra)."),
+    workers: int | None = typer.Option(None, "--workers", help="Local worker processes (default: all cores; 0: in process)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
+) -> None:
+    """Rank the mechanisms valid for a training setup at one privacy target and write the best.
+
+    Every candidate (DP-SGD, BandMF under cyclic Poisson, the dense multi-epoch optimum, banded
+    Toeplitz and BLT under a fixed order, the tree and Honaker) is calibrated under the
+    accounting valid for its batch sampler; the table is ranked by mean RMSE of the released
+    iterates (ties: the smaller stream). --out writes the recommended one with its accounting
+    record (the account --write format)."""
+    from mfcli.artifact import check_output_path
+    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+
+    refuse_unless(beta is None or workload == "momentum", "--beta applies to the momentum workload only")
+    refuse_unless(workers is None or scheduler is None, "--workers applies to the local process pool, not --scheduler")
+    refuse_unless(workers is None or workers >= 0, "--workers must be 0 or more")
+    refuse_unless(not force or out is not None or plot is not None, "--force applies to --out or --plot; none is given")
+    setup = TrainingSetup(
+        examples=examples, batch=batch, epsilon=epsilon, epochs=epochs, steps=steps, delta=delta, workload=workload,
+        beta=0.9 if beta is None else beta, params=params, batching=_split(batching) or SAMPLERS,
+        bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
+        curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
+    )
+    if out is not None:
+        check_output_path(out, force=force)
+    if plot is not None:
+        from mfcli.cli.plots import check_plot_target
+
+        check_plot_target(plot, force=force)
+    progress = None if quiet else log
+    result = make_plan(setup, scheduler=scheduler, workers=workers, progress=progress)
+    saved = None
+    if out is not None:
+        if result.recommended is None:
+            raise MfcliError("no candidate can be recommended for --out (see the table); nothing written")
+        if progress:
+            progress(f"writing {result.recommended.key} to {out} and re-accounting it")
+        saved = write_artifact(setup, result.recommended, out, command=command_line(), force=force)
+    if plot is not None:
+        plot_plan(result, plot, force=force)
+        if progress:
+            progress(f"wrote {plot}")
+    if as_json:
+        payload: dict[str, Any] = result.as_dict()
+        if saved is not None:
+            payload["saved"] = saved
+        sys.stdout.write(json.dumps(envelope("plan", **payload), indent=2) + "\n")
+        sys.stdout.flush()
+        return
+    sys.stdout.write(render_text(result, saved))
+    sys.stdout.flush()

@@ -1,0 +1,871 @@
+"""From a training setup to a ranked list of mechanisms, each calibrated to the privacy target
+(docs/plan.md; ``mfcli plan`` renders it).
+
+A trainer states the data (``examples``), the batch size, the epochs (or steps), the workload the
+optimizer applies to the noisy gradients (prefix sums for SGD, momentum), the target (epsilon,
+delta) and the batch samplers the training loop can run. :func:`enumerate_candidates` lists every
+mechanism whose accounting applies to an allowed sampler (and says why the others are skipped);
+:func:`evaluate` builds one candidate's operator, calibrates sigma under its accounting and
+measures its error; :func:`run_plan` evaluates them all on an executor (a process pool over the
+local cores, or a Dask cluster) and :func:`rank` orders them.
+
+Setup: n = epochs * s steps, s = ceil(examples / batch) steps per epoch, sampling rate
+q = batch / examples.
+
+Units. sigma is the standard deviation of the Gaussian noise Z added to C G (G the clipped
+gradients, clip norm 1), for C as built; for DP-SGD (C = I) it is the noise multiplier. The
+released iterates are A G + B Z with B = A C^-1 (the tree: its decoder), so the noise of the
+iterate at step t has standard deviation sigma ||B[t, :]|| per coordinate. ``rmse_mean`` is the
+root mean square of that over the n steps, sqrt(mean_t sigma^2 ||B[t, :]||^2), and ``rmse_max``
+its largest value; both are computed from the operator that runs (the dense B, or the Toeplitz
+decoder's first column for the structured strategies).
+
+Stream memory: the floats a noise stream keeps between steps per model parameter (identity 0,
+b-banded Toeplitz b - 1, BLT one per buffer, the tree one per level, a dense C^-1 all n - 1 past
+noise vectors); ``memory_bytes`` is that times ``params`` in float32.
+
+Results are a pure function of the setup and the candidate (seeded optimisers, BLAS pinned to
+one thread), so every executor returns the same numbers; only ``seconds`` differs.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from mfcli.accounting.calibrate import SIGMA_MAX, Calibration, calibrate_sigma
+from mfcli.errors import MfcliError
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+
+#: Batch samplers a trainer can allow (``--batching``).
+SAMPLERS = ("poisson", "cyclic", "balls-in-bins", "shuffle", "fixed-order")
+#: What each sampler does, in words (the table and the record name it).
+SAMPLER_TEXT = {
+    "poisson": "Poisson: every example in every step with probability q = batch / examples",
+    "cyclic": "cyclic Poisson: examples split once into b groups, group i mod b sampled at rate b q at step i",
+    "balls-in-bins": "balls-in-bins: every epoch, each example in exactly one uniformly random step",
+    "shuffle": "one shuffled epoch of batch size 1",
+    "fixed-order": "fixed order: one permutation cut into s batches, batch i mod s at step i (every epoch the same)",
+}
+#: DP-SGD's participation (no schema: Poisson sampling in every step), as the accounting rows name it.
+POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
+#: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
+WORKLOADS = ("prefix", "momentum")
+#: Largest n for which the dense multi-epoch optimum is solved. The solver's cost grows as n^3
+#: per iteration (docs/performance.md; n = 256 took 4.7 s here, 8x that per doubling), so larger
+#: setups use the structured strategies.
+DENSE_MAX_N = 512
+#: Largest n for which the tree and Honaker rows (dense decoders, O(n^2) memory) are built.
+TREE_MAX_N = 8192
+#: Largest n for which ``--out`` writes a dense artifact (above: a structured one).
+DENSE_ARTIFACT_MAX_N = 1024
+#: Default band counts (kept where they fit the setup) and BLT buffer counts.
+DEFAULT_BANDS = (2, 4, 8, 16, 32, 64)
+DEFAULT_BUFFERS = (2, 4)
+#: Relative width of the final sigma bracket of every calibration.
+REL_TOL = 1e-3
+#: PLD value discretization of the Poisson accountings (DP-SGD, cyclic Poisson). dp-accounting's
+#: pessimistic PLD is an upper bound at any discretization; 1e-3 instead of the default 1e-4 makes
+#: one evaluation at n = 4700 steps about 50 times faster for an epsilon about 0.2 % larger. The
+#: record stores it, so ``mfcli account --value-discretization 1e-3`` re-accounts the same way.
+PLD_DISCRETIZATION = 1e-3
+#: Relative error difference below which two candidates tie (the cheaper stream ranks first).
+TIE_RTOL = 1e-9
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What the trainer knows. Give ``epochs`` or ``steps`` (a multiple of the steps per epoch).
+
+    Raises:
+        MfcliError: in one line, with what would work instead.
+    """
+
+    examples: int
+    batch: int
+    epsilon: float
+    epochs: int | None = None
+    steps: int | None = None
+    delta: float = 1e-6
+    workload: str = "prefix"
+    beta: float = 0.9
+    params: int = 1
+    batching: tuple[str, ...] = SAMPLERS
+    bands: tuple[int, ...] | None = None
+    buffers: tuple[int, ...] = DEFAULT_BUFFERS
+    curve: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        from mfcli.accounting.single_pass import check_delta
+        from mfcli.validation import positive_number
+
+        ex = _positive_int(self.examples, "the number of examples")
+        b = _positive_int(self.batch, "the batch size")
+        if b > ex:
+            raise MfcliError(f"the batch ({b}) is larger than the data set ({ex} examples); use a batch of at most {ex}")
+        s = math.ceil(ex / b)
+        if (self.epochs is None) == (self.steps is None):
+            raise MfcliError("give the number of epochs or the number of steps (one of them)")
+        if self.epochs is not None:
+            if isinstance(self.epochs, (int, np.integer)) and not isinstance(self.epochs, bool) and self.epochs == 0:
+                raise MfcliError("zero epochs train nothing; give at least 1 epoch")
+            epochs = _positive_int(self.epochs, "the number of epochs")
+        else:
+            steps = _positive_int(self.steps, "the number of steps")
+            if steps % s:
+                raise MfcliError(f"{steps} steps is not a whole number of epochs of {s} steps; give a multiple of {s} "
+                                 f"(e.g. {max(1, round(steps / s)) * s}) or a number of epochs")
+            epochs = steps // s
+        object.__setattr__(self, "epochs", epochs)
+        object.__setattr__(self, "steps", None)
+        object.__setattr__(self, "epsilon", positive_number(self.epsilon, "the target epsilon"))
+        object.__setattr__(self, "delta", check_delta(self.delta))
+        if self.workload not in WORKLOADS:
+            raise MfcliError(f"plan supports the Toeplitz workloads {', '.join(WORKLOADS)}, not {self.workload!r}")
+        if not (0.0 <= float(self.beta) < 1.0):
+            raise MfcliError(f"beta must be in [0, 1), got {self.beta}")
+        _positive_int(self.params, "the number of parameters")
+        batching = tuple(dict.fromkeys(self.batching))
+        for name in batching:
+            if name not in SAMPLERS:
+                raise MfcliError(f"unknown batch sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+        if not batching:
+            raise MfcliError(f"allow at least one batch sampler: {', '.join(SAMPLERS)}")
+        object.__setattr__(self, "batching", batching)
+        if self.bands is not None:
+            object.__setattr__(self, "bands", tuple(sorted({_positive_int(k, "a band count") for k in self.bands})))
+        object.__setattr__(self, "buffers", tuple(sorted({_positive_int(k, "a buffer count") for k in self.buffers})))
+        object.__setattr__(self, "curve", tuple(positive_number(e, "a plot epsilon") for e in self.curve))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """s = ceil(examples / batch)."""
+        return math.ceil(self.examples / self.batch)
+
+    @property
+    def n(self) -> int:
+        """Total steps: epochs * steps per epoch."""
+        assert self.epochs is not None
+        return self.epochs * self.steps_per_epoch
+
+    @property
+    def sampling(self) -> float:
+        """q = batch / examples (Poisson rate of DP-SGD)."""
+        return self.batch / self.examples
+
+    @property
+    def max_groups(self) -> int:
+        """The most groups cyclic Poisson can use: b q <= 1, b <= steps per epoch."""
+        return min(self.examples // self.batch, self.steps_per_epoch)
+
+    def band_counts(self) -> tuple[int, ...]:
+        """The band counts tried: ``bands`` or the defaults, each at most n."""
+        return tuple(k for k in (self.bands or DEFAULT_BANDS) if k <= self.n)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"examples": self.examples, "batch": self.batch, "epochs": self.epochs,
+                "steps_per_epoch": self.steps_per_epoch, "n": self.n, "sampling_rate": self.sampling,
+                "epsilon": self.epsilon, "delta": self.delta, "workload": self.workload,
+                "beta": self.beta if self.workload == "momentum" else None, "params": self.params,
+                "batching": list(self.batching)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One mechanism to evaluate: ``kind`` (dp-sgd, bandmf, dense, banded, blt, tree, honaker),
+    the batch sampler it is accounted under and its size parameter (bands, buffers)."""
+
+    key: str
+    kind: str
+    sampler: str
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate that is not evaluated (or failed to calibrate), with the reason."""
+
+    key: str
+    sampler: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"candidate": self.key, "batch_sampler": self.sampler, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One calibrated candidate (units: module docstring)."""
+
+    key: str
+    kind: str
+    size: int | None
+    mechanism: str
+    strategy: str
+    participation: Participation
+    sampler: str
+    accounting: str
+    sigma: float
+    epsilon: float
+    sensitivity: float
+    sampling: float | None
+    rmse_mean: float
+    rmse_max: float
+    memory_floats: int
+    memory_bytes: int
+    calibration: Calibration
+    seconds: float
+    adaptive: bool = True
+    note: str = ""
+    curve: tuple[tuple[float, float | None], ...] = ()
+
+    def participation_text(self, n: int) -> str:
+        """The participation the accounting assumes, in words."""
+        return POISSON_PARTICIPATION["description"] if self.sampler == "poisson" else self.participation.describe(n)
+
+    def numbers(self) -> tuple:
+        """Everything but the wall time (what must agree between executors)."""
+        d = dict(self.__dict__)
+        d.pop("seconds")
+        return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+    def as_dict(self, n: int) -> dict[str, Any]:
+        from mfcli.accounting.multi import schema_dict
+
+        part = (POISSON_PARTICIPATION if self.sampler == "poisson" else schema_dict(self.participation, n))
+        out: dict[str, Any] = {
+            "candidate": self.key, "mechanism": self.mechanism, "strategy": self.strategy,
+            "participation": part, "batch_sampler": self.sampler,
+            "batch_sampler_text": SAMPLER_TEXT[self.sampler], "accounting": self.accounting,
+            "sigma": self.sigma, "epsilon": self.epsilon, "sampling": self.sampling,
+            "sensitivity": self.sensitivity, "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,
+            "stream_floats_per_param": self.memory_floats, "stream_bytes": self.memory_bytes,
+            "seconds": self.seconds, "adaptive": self.adaptive,
+            "calibration": self.calibration.as_dict(),
+        }
+        if self.note:
+            out["note"] = self.note
+        if self.curve:
+            out["curve"] = [{"epsilon": e, "rmse_mean": r} for e, r in self.curve]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates
+
+
+def _pow2(k: int) -> bool:
+    return k >= 2 and k & (k - 1) == 0
+
+
+def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Skipped]]:
+    """Every candidate whose accounting applies to an allowed sampler, and the skipped ones with
+    the reason. A candidate is never listed under a sampler the trainer did not allow."""
+    allowed = set(setup.batching)
+    n, s, e = setup.n, setup.steps_per_epoch, setup.epochs
+    out: list[Candidate] = []
+    skip: list[Skipped] = []
+
+    def offer(c: Candidate, why_not: str | None = None) -> None:
+        if c.sampler not in allowed:
+            return
+        if why_not is None:
+            out.append(c)
+        else:
+            skip.append(Skipped(c.key, c.sampler, why_not))
+
+    offer(Candidate("dp-sgd", "dp-sgd", "poisson"))
+    offer(Candidate("dp-sgd (shuffle)", "dp-sgd", "shuffle"),
+          "the shuffled DP-SGD bound (Feldman-McMillan-Talwar) covers one epoch of batch size 1 with "
+          f"replace-one neighbours; this setup has batch {setup.batch} and {e} epoch{'s' if e != 1 else ''}, and the "
+          "other rows are add-or-remove, so no shuffle row is shown")
+    for k in setup.band_counts():
+        why = None
+        if k > setup.max_groups:
+            why = (f"{k} bands need {k} groups at rate {k} q = {k * setup.sampling:.3g} > 1 or more groups than the "
+                   f"{s} steps per epoch; at most {setup.max_groups} bands")
+        offer(Candidate(f"bandmf-{k}", "bandmf", "cyclic", k), why)
+    offer(Candidate("dense", "dense", "fixed-order"),
+          None if n <= DENSE_MAX_N else f"n = {n} > {DENSE_MAX_N}: the dense multi-epoch solve is too slow "
+          "(n^3 per iteration); the banded Toeplitz and BLT rows stand in for it")
+    for k in setup.band_counts():
+        offer(Candidate(f"banded-{k}", "banded", "fixed-order", k))
+    for k in setup.buffers:
+        offer(Candidate(f"blt-{k}", "blt", "fixed-order", k),
+              None if n >= 2 else "a BLT needs n >= 2 steps")
+    for kind in ("tree", "honaker"):
+        if s < 2:
+            for smp in ("balls-in-bins", "fixed-order"):
+                offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
+            continue
+        big = None if n <= TREE_MAX_N else f"n = {n} > {TREE_MAX_N}: the tree's dense decoder is not built"
+        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
+              big or (None if _pow2(s) else f"the balls-in-bins bound is for a tree on 2^L leaves; {s} steps per epoch "
+                                            "is not a power of 2"))
+        offer(Candidate(kind, kind, "fixed-order"), big)
+    if not out:
+        raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
+                         f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
+                         + "; allow poisson or fixed-order, whose accountings apply to every setup")
+    return out, skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def toeplitz_of(setup: TrainingSetup) -> Any:
+    """The Toeplitz form of the setup's workload."""
+    from mfcli.toeplitz import toeplitz_workload
+
+    return toeplitz_workload(setup.workload, beta=setup.beta)
+
+
+def dense_workload(setup: TrainingSetup) -> Any:
+    """The dense workload (:mod:`mfcli.workloads`) of n steps."""
+    from mfcli.workloads import build_workload
+
+    return build_workload(setup.workload, setup.n, beta=setup.beta)
+
+
+def fixed_schema(setup: TrainingSetup) -> Participation:
+    """The deterministic schema of the fixed-order sampler: fixed-epoch (single participation for one epoch)."""
+    return SingleParticipation() if setup.epochs == 1 else FixedEpoch(epochs=int(setup.epochs or 1))
+
+
+def _gaussian_unit(setup: TrainingSetup, target: float) -> Calibration:
+    """Calibration of the Gaussian at sensitivity 1 (scale sigma by the sensitivity)."""
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    return calibrate_sigma(lambda s: gaussian_epsilon(setup.delta, 1.0 / s), target_epsilon=target, rel_tol=REL_TOL)
+
+
+def _scaled(cal: Calibration, factor: float) -> Calibration:
+    return replace(cal, sigma=cal.sigma * factor, sigma_lower=cal.sigma_lower * factor)
+
+
+def _dpsgd_eps(setup: TrainingSetup, *, sampling: float, steps: int) -> Callable[[float], float]:
+    from mfcli.accounting.single_pass import dpsgd
+
+    return lambda s: dpsgd(sigma=s, sampling=sampling, steps=steps, delta=setup.delta,
+                           value_discretization=PLD_DISCRETIZATION).epsilon
+
+
+@dataclass
+class _Built:
+    """A candidate's operator: its per-step squared noise row norms ||B[t, :]||^2 and the function
+    epsilon(sigma) of its accounting (``unit``: epsilon depends on sigma / sensitivity only)."""
+
+    mechanism: str
+    strategy: str
+    participation: Participation
+    accounting: str
+    row_sq: np.ndarray
+    memory_floats: int
+    sensitivity: float
+    sampling: float | None = None
+    eps_of_sigma: Callable[[float], float] | None = None
+    gaussian: bool = False
+    adaptive: bool = True
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def banded_coefs(setup: TrainingSetup, k: int, schema: Participation) -> np.ndarray:
+    """Banded Toeplitz coefficients with k bands optimised for the workload under ``schema``
+    (mean loss; :func:`mfcli.toeplitz.optimize_banded_toeplitz`)."""
+    from mfcli.toeplitz import optimize_banded_toeplitz
+
+    return np.asarray(optimize_banded_toeplitz(setup.n, k, workload=toeplitz_of(setup), schema=schema).strategy.coefs)
+
+
+def blt_of(setup: TrainingSetup, k: int) -> Any:
+    """The BLT with k buffers optimised for the workload under the fixed-order schema (mean loss)."""
+    from mfcli.blt import optimize_blt
+
+    beta = setup.beta if setup.workload == "momentum" else None
+    return optimize_blt(n=setup.n, buffers=k, workload=setup.workload, beta=beta, error="mean",
+                        schema=fixed_schema(setup)).blt
+
+
+def restarted_tree(setup: TrainingSetup, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C_e, M_e, release) of a tree on s leaves restarted every epoch: C_e the tree encoder
+    (m x s, 0/1), M_e = S^-1 B_e the gradient estimate from its nodes (s x m; B_e the tree's or
+    Honaker's online prefix decoder), release the step of each node. The run's C is
+    blockdiag(C_e) over the epochs and B = A blockdiag(M_e)."""
+    from mfcli.strategies import honaker_online_decoder, tree_decoder, tree_nodes, tree_strategy_matrix
+
+    s = setup.steps_per_epoch
+    c = tree_strategy_matrix(s)
+    b = tree_decoder(s) if kind == "tree" else honaker_online_decoder(s)
+    m = np.vstack([b[:1], np.diff(b, axis=0)])  # S^-1 B: the gradient estimates
+    return c, m, np.asarray(tree_nodes(s).end)
+
+
+def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
+    from mfcli.toeplitz import decoder_coefs, toeplitz_sensitivity
+
+    n, e = setup.n, setup.epochs
+    assert e is not None
+    tw = toeplitz_of(setup)
+    if cand.kind == "dp-sgd":
+        a = tw.coefs(n)
+        return _Built("DP-SGD", "identity (C = I)", MinSeparation(separation=1), "dp-sgd", np.cumsum(a * a), 0, 1.0,
+                      sampling=setup.sampling, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
+    if cand.kind == "bandmf":
+        k = int(cand.size or 1)
+        sep = MinSeparation(separation=k)
+        coefs = banded_coefs(setup, k, sep)
+        col = toeplitz_sensitivity(coefs, n, SingleParticipation()).value  # max column norm of the operator
+        p = k * setup.sampling
+        beta = decoder_coefs(coefs, tw, n)
+        base = _dpsgd_eps(setup, sampling=p, steps=math.ceil(n / k))
+        return _Built("BandMF", f"banded Toeplitz, {k} bands (optimised for min-sep {k})", sep, "cyclic-poisson",
+                      np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=lambda sg: base(sg / col),
+                      extra={"coefs": coefs})
+    if cand.kind in ("banded", "blt", "dense"):
+        schema = fixed_schema(setup)
+        acc = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+        if cand.kind == "banded":
+            k = int(cand.size or 1)
+            coefs = banded_coefs(setup, k, schema)
+            sens = toeplitz_sensitivity(coefs, n, schema)
+            beta = decoder_coefs(coefs, tw, n)
+            return _Built("banded Toeplitz", f"banded Toeplitz, {k} bands (optimised for {schema.describe(n)})", schema,
+                          acc, np.cumsum(beta * beta), k - 1, sens.value, gaussian=True,
+                          note="" if sens.exact else "schema sensitivity is an upper bound", extra={"coefs": coefs})
+        if cand.kind == "blt":
+            k = int(cand.size or 1)
+            blt = blt_of(setup, k)
+            sens = blt.sensitivity(n, schema)
+            beta = blt.decoder_coefs(n, setup.workload, beta=setup.beta if setup.workload == "momentum" else None)
+            return _Built("BLT", f"buffered linear Toeplitz, {k} buffers", schema, acc, np.cumsum(beta * beta), k,
+                          sens.value, gaussian=True, note="" if sens.exact else "schema sensitivity is an upper bound",
+                          extra={"blt": blt})
+        from mfcli.multi_solver import multi_participation_factorization
+        from mfcli.participation import sensitivity as schema_sensitivity
+
+        w = dense_workload(setup)
+        res = multi_participation_factorization(w.matrix, FixedEpoch(epochs=e), threads=1)
+        f = res.factorization
+        sens = schema_sensitivity(f.strategy, schema)
+        return _Built("multi-epoch optimal", f"dense optimum for {FixedEpoch(epochs=e).describe(n)}", schema, acc,
+                      np.sum(np.asarray(f.decoder) ** 2, axis=1), n - 1, sens.value, gaussian=True,
+                      extra={"factorization": f})
+    raise MfcliError(f"unknown candidate kind {cand.kind!r}")  # pragma: no cover
+
+
+def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped:
+    """Build ``cand``'s operator, calibrate sigma under its accounting to the target, and measure
+    the error of the released iterates (module docstring). A calibration that fails (no sigma up
+    to 1e4) comes back as :class:`Skipped` with the reason."""
+    from threadpoolctl import threadpool_limits
+
+    t0 = time.perf_counter()
+    with threadpool_limits(1):
+        try:
+            b = _build_any(setup, cand)
+            cal = _calibrate(setup, b, setup.epsilon)
+        except MfcliError as exc:
+            return Skipped(cand.key, cand.sampler, str(exc))
+        curve: list[tuple[float, float | None]] = []
+        for eps in setup.curve:
+            try:
+                # epsilon falls roughly as 1 / sigma: start the search near the answer
+                c2 = cal if eps == setup.epsilon else _calibrate(setup, b, eps, start=cal.sigma * setup.epsilon / eps)
+                curve.append((eps, c2.sigma * math.sqrt(float(np.mean(b.row_sq)))))
+            except MfcliError:
+                curve.append((eps, None))
+    sigma = cal.sigma
+    rows = np.sqrt(b.row_sq) * sigma
+    return CandidateResult(
+        key=cand.key, kind=cand.kind, size=cand.size, mechanism=b.mechanism, strategy=b.strategy,
+        participation=b.participation, sampler=cand.sampler, accounting=b.accounting, sigma=sigma, epsilon=cal.epsilon,
+        sensitivity=b.sensitivity, sampling=b.sampling,
+        rmse_mean=float(sigma * math.sqrt(float(np.mean(b.row_sq)))), rmse_max=float(np.max(rows)),
+        memory_floats=b.memory_floats, memory_bytes=4 * b.memory_floats * setup.params, calibration=cal,
+        seconds=time.perf_counter() - t0, adaptive=b.adaptive, note=b.note, curve=tuple(curve),
+    )
+
+
+def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> Calibration:
+    if b.gaussian:
+        return _scaled(_gaussian_unit(setup, target), b.sensitivity)
+    assert b.eps_of_sigma is not None
+    return calibrate_sigma(b.eps_of_sigma, target_epsilon=target, rel_tol=REL_TOL, sigma_start=start)
+
+
+def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    """The tree or Honaker (online decoder) on s leaves, restarted every epoch. Honaker post-
+    processes the same noisy nodes, so its privacy is the tree's; only the error differs."""
+    from mfcli.accounting.balls_in_bins import tree_balls_in_bins
+
+    n, e, s = setup.n, setup.epochs, setup.steps_per_epoch
+    assert e is not None
+    c, m, _ = restarted_tree(setup, cand.kind)
+    # A is Toeplitz, so epoch ep's block A[:, ep s:(ep + 1) s] is the first block shifted down by
+    # ep s rows: one n x s product gives every epoch's contribution to ||B[t, :]||^2
+    a = toeplitz_of(setup).coefs(n)
+    t, j = np.indices((n, s))
+    first = np.where(t >= j, a[np.clip(t - j, 0, None)], 0.0) @ m
+    r0 = np.sum(first * first, axis=1)
+    row_sq = np.zeros(n)
+    for ep in range(e):
+        row_sq[ep * s:] += r0[:n - ep * s]
+    levels = int(np.max(np.sum(c * c, axis=0)))  # squared column norm of the 0/1 encoder = nodes per leaf
+    mech = "tree" if cand.kind == "tree" else "Honaker (online)"
+    what = f"binary tree on {s} leaves, restarted every epoch" + ("" if cand.kind == "tree" else ", Honaker decoder")
+    if cand.sampler == "balls-in-bins":
+        return _Built(mech, what, SingleParticipation() if e == 1 else FixedEpoch(epochs=e), "balls-in-bins-tree",
+                      row_sq, levels, math.sqrt(levels),
+                      eps_of_sigma=lambda sg: tree_balls_in_bins(n=s, sigma=sg, delta=setup.delta, epochs=e).epsilon,
+                      adaptive=False,
+                      note="the balls-in-bins bound assumes non-adaptive contributions (docs/accounting.md); not "
+                           "recommended for training")
+    # fixed order: epoch blocks have disjoint rows, so the schema sensitivity is sqrt(e) times the column norm
+    schema = fixed_schema(setup)
+    return _Built(mech, what, schema, "single-pass" if e == 1 else "deterministic", row_sq, levels,
+                  math.sqrt(e * levels), gaussian=True)
+
+
+def _build_any(setup: TrainingSetup, cand: Candidate) -> _Built:
+    if cand.kind in ("tree", "honaker"):
+        return _tree_built(setup, cand)
+    return _build(setup, cand)
+
+
+# ---------------------------------------------------------------------------------------------
+# Executors and ranking
+
+
+def _evaluate_star(args: tuple[TrainingSetup, Candidate]) -> CandidateResult | Skipped:
+    return evaluate(*args)
+
+
+def run_plan(
+    setup: TrainingSetup,
+    candidates: Sequence[Candidate],
+    *,
+    scheduler: str | Any | None = None,
+    workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[CandidateResult | Skipped]:
+    """Evaluate every candidate, in the order given, on a process pool over the local cores
+    (``workers`` processes, default all cores; 0 runs them in this process) or, with
+    ``scheduler`` (an address or a ``distributed.Client``), on a Dask cluster.
+
+    Raises:
+        MfcliError: Dask is not installed, or the scheduler cannot be reached.
+    """
+    import os
+
+    say = progress or (lambda m: None)
+    total = len(candidates)
+    results: list[CandidateResult | Skipped | None] = [None] * total
+    t0 = time.perf_counter()
+
+    def done(i: int, r: CandidateResult | Skipped) -> None:
+        results[i] = r
+        finished = sum(x is not None for x in results)
+        what = f"sigma {r.sigma:.4g}" if isinstance(r, CandidateResult) else "skipped"
+        say(f"[{finished}/{total}] {r.key}: {what} ({time.perf_counter() - t0:.0f} s elapsed)")
+
+    if scheduler is not None:
+        try:
+            from distributed import Client, as_completed
+        except ImportError:
+            raise MfcliError("a Dask scheduler needs the dask extra: pip install 'mfcli[dask]'") from None
+        own = not isinstance(scheduler, Client)
+        try:
+            client: Any = Client(scheduler, timeout="10s") if own else scheduler
+        except (OSError, TimeoutError) as exc:
+            raise MfcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        try:
+            futures = client.map(evaluate, [setup] * total, list(candidates), pure=False)
+            index = {f.key: i for i, f in enumerate(futures)}
+            for fut in as_completed(futures):
+                done(index[fut.key], fut.result())
+        finally:
+            if own:
+                client.close()
+        return [r for r in results if r is not None]
+    n_workers = (os.cpu_count() or 1) if workers is None else workers
+    if n_workers == 0 or total <= 1:
+        for i, c in enumerate(candidates):
+            done(i, evaluate(setup, c))
+        return [r for r in results if r is not None]
+    import concurrent.futures as cf
+    import multiprocessing
+
+    with cf.ProcessPoolExecutor(max_workers=min(n_workers, total), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = {pool.submit(evaluate, setup, c): i for i, c in enumerate(candidates)}
+        for fut in cf.as_completed(futs):
+            done(futs[fut], fut.result())
+    return [r for r in results if r is not None]
+
+
+def rank(results: Sequence[CandidateResult]) -> list[CandidateResult]:
+    """Lowest mean RMSE first; errors within a relative 1e-9 tie and the cheaper stream (fewer
+    floats kept) ranks first; then the name."""
+    ordered = sorted(results, key=lambda r: (r.rmse_mean, r.memory_floats, r.key))
+    groups: list[list[CandidateResult]] = []
+    for r in ordered:
+        if groups and abs(r.rmse_mean - groups[-1][0].rmse_mean) <= TIE_RTOL * groups[-1][0].rmse_mean:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return [r for g in groups for r in sorted(g, key=lambda x: (x.memory_floats, x.key))]
+
+
+def recommend(ranked: Sequence[CandidateResult]) -> CandidateResult | None:
+    """The first ranked candidate whose guarantee holds for adaptive training (the balls-in-bins
+    tree's bound assumes non-adaptive contributions) and that has an artifact form."""
+    for r in ranked:
+        if r.adaptive and writable(r)[0]:
+            return r
+    return None
+
+
+def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
+    """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts."""
+    if r.kind in ("tree", "honaker"):
+        if not isinstance(r.participation, SingleParticipation):
+            return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
+        if r.sampler != "fixed-order":
+            return False, "the balls-in-bins tree's bound assumes non-adaptive contributions"
+    return True, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The artifact of a candidate, with its accounting record
+
+
+def _dense_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
+    """The candidate as a dense :class:`mfcli.strategies.Strategy` (n <= DENSE_ARTIFACT_MAX_N)."""
+    import scipy.linalg
+
+    from mfcli.factorization import Factorization
+    from mfcli.strategies import Strategy, build_strategy
+    from mfcli.toeplitz import materialize
+
+    w = dense_workload(setup)
+    if r.kind == "dp-sgd":
+        return build_strategy("identity", w)
+    if r.kind in ("tree", "honaker"):
+        return build_strategy("tree" if r.kind == "tree" else "honaker-online", w)
+    if r.kind == "dense":
+        return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["factorization"], "optimal"
+    b = _build(setup, Candidate(r.key, r.kind, r.sampler, r.size))
+    coefs = b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(setup.n)
+    c = materialize(coefs, setup.n)
+    a = np.asarray(w.matrix)
+    dec = scipy.linalg.solve_triangular(c.T, a.T, lower=False).T  # B = A C^-1
+    f = Factorization(workload=a, strategy=c, decoder=dec, causal=True)
+    return Strategy("banded-toeplitz" if r.kind != "blt" else "blt", f, True, r.strategy)
+
+
+def _structured_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
+    from mfcli.toeplitz import BandedToeplitz
+
+    if r.kind == "dp-sgd":
+        return BandedToeplitz(np.ones(1))
+    if r.kind in ("bandmf", "banded"):
+        return BandedToeplitz(_build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["coefs"])
+    if r.kind == "blt":
+        return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["blt"]
+    raise MfcliError(f"the {r.mechanism} candidate has no structured form at n = {setup.n}; "
+                     f"it is written for n <= {DENSE_ARTIFACT_MAX_N}")
+
+
+def _setting_of(r: CandidateResult) -> tuple[str, float | None, str | None]:
+    """(accounting setting, sampling rate, batch sampler) as ``mfcli account`` names them."""
+    if r.accounting == "dp-sgd":
+        return "dp-sgd", r.sampling, "poisson"
+    if r.accounting == "cyclic-poisson":
+        return "cyclic-poisson", r.sampling, "cyclic"
+    return r.accounting, None, None
+
+
+def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, command: str = "",
+                   force: bool = False) -> dict[str, Any]:
+    """Write candidate ``r`` as an artifact at ``path`` with its accounting record inside (the
+    ``account --write`` group ``accounting/<id>``): the strategy, the schema it was accounted
+    under, sigma, the sampler and epsilon. The record is computed by the accounting session on the
+    written artifact (dense, n <= DENSE_ARTIFACT_MAX_N) or from the structured operator's
+    parameters; either way it must meet the target, or nothing is left behind.
+
+    Returns what was written (path, setting, sigma, sampling, epsilon, record group).
+
+    Raises:
+        MfcliError: the candidate has no artifact form, or re-accounting misses the target.
+    """
+    import os
+    from pathlib import Path
+
+    from threadpoolctl import threadpool_limits
+
+    ok, why = writable(r, setup.n)
+    if not ok:
+        raise MfcliError(f"{r.key} cannot be written as an artifact: {why}")
+    target = Path(path)
+    # built beside the target and renamed over it once the record is in and meets the target
+    tmp = target.with_name(f".{target.name}.plan-{os.getpid()}.tmp.h5")
+    setting, sampling, batching = _setting_of(r)
+    schema = None if isinstance(r.participation, SingleParticipation) or r.kind == "dp-sgd" else r.participation
+    # rebuilt as evaluate built it (BLAS on one thread), so the written operator is the calibrated one
+    with threadpool_limits(1):
+        return _write(setup, r, target, tmp, setting, sampling, batching, schema, command, force)
+
+
+def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, setting: str, sampling: float | None,
+           batching: str | None, schema: Participation | None, command: str, force: bool) -> dict[str, Any]:
+    import os
+
+    from mfcli.accounting import session
+
+    try:
+        if setup.n <= DENSE_ARTIFACT_MAX_N:
+            from mfcli.strategies import Strategy, save_strategy
+
+            st = _dense_strategy(setup, r)
+            if isinstance(st, tuple):
+                st = Strategy(st[1], st[0], True, r.strategy)
+            save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
+                          command=command, force=True, participation=schema)
+            inp = session.resolve_strategy(tmp)
+            report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
+                                     options=session.AccountingOptions(delta=setup.delta,
+                                                                       value_discretization=PLD_DISCRETIZATION),
+                                     participation=schema,
+                                     batching=batching)
+        else:
+            report = _structured_report(setup, r, tmp, schema, setting, sampling, batching, command, True)
+        eps = float(report.rows[setting]["epsilon"])
+        if not eps <= setup.epsilon:
+            raise MfcliError(f"re-accounting {r.key} on the written artifact gives epsilon {eps!r} > "
+                             f"{setup.epsilon:g}; nothing written")
+        group = session.record_to_artifact(report, calibration=r.calibration, calibrated_setting=setting,
+                                           command=command)
+        if target.exists() and not force:
+            from mfcli.artifact import check_output_path
+
+            check_output_path(target, force=force)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"artifact": str(target), "candidate": r.key, "setting": setting, "sigma": r.sigma, "sampling": sampling,
+            "batching": batching, "epsilon": eps, "record": group}
+
+
+def _structured_report(setup: TrainingSetup, r: CandidateResult, target: Any, schema: Participation | None,
+                       setting: str, sampling: float | None, batching: str | None, command: str, force: bool) -> Any:
+    """Save the structured artifact and account it from the operator's parameters: the schema
+    sensitivity (deterministic, single pass), or the max column norm and bands (the cyclic
+    Poisson reduction), or the identity (DP-SGD)."""
+    from mfcli.accounting import session
+    from mfcli.accounting.multi import CyclicPoissonResult, deterministic
+    from mfcli.accounting.single_pass import dpsgd, single_pass
+    from mfcli.structured import load_structured_artifact, save_structured_artifact
+
+    n = setup.n
+    strat = _structured_strategy(setup, r)
+    save_structured_artifact(target, strat, workload=toeplitz_of(setup), n=n, participation=schema,
+                             command=command, force=force)
+    op = load_structured_artifact(target).operator()
+    acc_schema = schema or SingleParticipation()
+    sens = strat.sensitivity(n, acc_schema)
+    inp = session.StrategyInput(name=strat.kind, strategy=np.broadcast_to(np.zeros(1), (n, n)),
+                                release_steps=np.arange(n), source=f"artifact {target}", artifact=target,
+                                operator=op.label, operator_sha256=op.identity_sha256, participation=acc_schema)
+    kw: dict[str, Any] = {}
+    if setting == "dp-sgd":
+        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=float(sampling or 0), steps=n, delta=setup.delta,
+                             value_discretization=PLD_DISCRETIZATION)
+    elif setting == "cyclic-poisson":
+        assert sampling is not None and r.size is not None
+        col = strat.sensitivity(n, SingleParticipation()).value
+        k = int(r.size)
+        res = dpsgd(sigma=r.sigma / col, sampling=float(sampling), steps=math.ceil(n / k), delta=setup.delta,
+                    value_discretization=PLD_DISCRETIZATION)
+        kw["cyclic_poisson"] = CyclicPoissonResult(
+            epsilon=res.epsilon, delta=setup.delta, sigma=r.sigma, sampling=sampling, cycle=k,
+            bands=int(np.max(np.nonzero(strat.coefs)[0])) + 1, column_norm=col, steps=math.ceil(n / k), n=n,
+            schema=acc_schema, value_discretization=PLD_DISCRETIZATION)
+    elif setting == "deterministic":
+        kw["deterministic"] = deterministic(sigma=r.sigma, sensitivity=sens, n=n, delta=setup.delta)
+    else:
+        kw["single_pass"] = single_pass(sigma=r.sigma, sensitivity=sens.value, delta=setup.delta)
+    return session.AccountingReport(strategy=inp, sigma=r.sigma, sampling=sampling, delta=setup.delta,
+                                    participation=acc_schema, batching=batching, **kw)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The evaluated setup: ranked results, skipped candidates and the recommendation."""
+
+    setup: TrainingSetup
+    ranked: tuple[CandidateResult, ...]
+    skipped: tuple[Skipped, ...]
+    recommended: CandidateResult | None
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        n = self.setup.n
+        return {
+            "setup": self.setup.as_dict(),
+            "units": "sigma: noise std on C G for C as built (DP-SGD: the noise multiplier), clip norm 1; rmse_mean: "
+                     "sqrt(mean over steps of sigma^2 ||B[t,:]||^2), rmse_max: max over steps of sigma ||B[t,:]||, "
+                     "the noise of the released iterates per coordinate; stream_bytes: float32 floats kept x params",
+            "recommended": None if self.recommended is None else self.recommended.key,
+            "candidates": [r.as_dict(n) for r in self.ranked],
+            "skipped": [s.as_dict() for s in self.skipped],
+            "seconds": self.seconds,
+        }
+
+
+def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, workers: int | None = None,
+              progress: Callable[[str], None] | None = None) -> Plan:
+    """Enumerate, evaluate (:func:`run_plan`), rank and recommend.
+
+    Raises:
+        MfcliError: no candidate applies to the allowed samplers, or none reaches the target
+            (with the largest sigma tried and what to change).
+    """
+    t0 = time.perf_counter()
+    cands, skipped = enumerate_candidates(setup)
+    results = run_plan(setup, cands, scheduler=scheduler, workers=workers, progress=progress)
+    done = [r for r in results if isinstance(r, CandidateResult)]
+    failed = [r for r in results if isinstance(r, Skipped)]
+    if not done:
+        raise MfcliError(f"no candidate reaches epsilon {setup.epsilon:g} at delta {setup.delta:g} with sigma up to "
+                         f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
+                         "train fewer epochs")
+    ranked = rank(done)
+    return Plan(setup, tuple(ranked), tuple(skipped + failed), recommend(ranked), time.perf_counter() - t0)
+
+
+__all__ = [
+    "DENSE_MAX_N",
+    "SAMPLERS",
+    "Candidate",
+    "CandidateResult",
+    "Plan",
+    "Skipped",
+    "TrainingSetup",
+    "enumerate_candidates",
+    "evaluate",
+    "make_plan",
+    "rank",
+    "recommend",
+    "run_plan",
+]
