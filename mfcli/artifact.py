@@ -702,7 +702,9 @@ def append_group(
     with atomic_path(p, force=True) as tmp:
         # Verified under the lock: this is the version the group is added to, including any
         # group another writer added while this one waited.
-        load_artifact(p)
+        from mfcli.structured import load_any_artifact
+
+        load_any_artifact(p)
         base = p.read_bytes()
 
         def build(f: Any) -> None:
