@@ -163,7 +163,8 @@ def test_large_n_calibration_write_and_inspect(tmp_path):
 @pytest.mark.parametrize("make,args,match", [
     (lambda: BANDED, ["--sigma", "2", "--sampling", "0.1"], "needs the dense strategy C"),
     (lambda: BANDED, ["--epsilon", "2", "--sampling", "0.1"], "n <= 8192"),
-    (blt, ["--sigma", "2", "--sampling", "0.1", "--batching", "cyclic"], "needs a banded C"),
+    (blt, ["--sigma", "2", "--sampling", "0.1", "--batching", "cyclic", "--min-sep", "100"],
+     "at most b = 100 bands (the cycle length); this C has 8193"),
     (lambda: BANDED, ["--sigma", "2", "--sampling", "0.1", "--batching", "cyclic", "--min-sep", "2"],
      "at most b = 2 bands"),
     (lambda: BANDED, ["--sigma", "2", "--operator", "compressed"], "one operator"),
@@ -192,3 +193,96 @@ def test_parameters_path_equals_dense_path_at_small_n(tmp_path):
 
 # keep toeplitz_workload imported for the compare tests below
 _ = toeplitz_workload
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. compare above the dense limit: the tree's closed form against the dense tree
+
+
+@pytest.mark.parametrize("name,beta,n", [("prefix", 0.0, 64), ("prefix", 0.0, 1000), ("momentum", 0.7, 100),
+                                         ("momentum", 0.9, 1024), ("momentum", 0.5, 129)])
+def test_tree_closed_form_equals_dense_tree(name, beta, n):
+    from mfcli.strategies import build_strategy
+    from mfcli.structured import tree_row
+    from mfcli.workloads import build_workload
+
+    w = build_workload(name, n, **({"beta": beta} if name == "momentum" else {}))
+    dense = build_strategy("tree", w).factorization
+    row = tree_row(toeplitz_workload(name, beta=beta or 0.9), n)
+    assert row.sensitivity == pytest.approx(dense.sensitivity, rel=1e-12)
+    np.testing.assert_allclose(row.per_step_rmse ** 2, dense.per_step_error, rtol=1e-9, atol=0)
+    assert row.loss_mean == pytest.approx(dense.loss_total / n, rel=1e-9)
+    assert row.loss_max == pytest.approx(float(np.max(dense.per_step_error)), rel=1e-9)
+    assert row.m == dense.m
+
+
+def test_compare_large_n_has_tree_and_identity_without_bands():
+    n = 10_000
+    r = run("compare", "--n", n, "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
+    rows = {s["name"]: s for s in json.loads(r.stdout)["strategies"]}
+    k = math.ceil(math.log2(n))
+    popcount = sum(bin(t).count("1") for t in range(1, n + 1))  # prefix: row t of B_S has popcount(t + 1) ones
+    assert rows["tree"]["sensitivity"] == pytest.approx(math.sqrt(k + 1), rel=1e-15)
+    assert rows["tree"]["loss_total"] == pytest.approx((k + 1) * popcount, rel=1e-12)
+    assert rows["tree"]["loss_max"] == pytest.approx((k + 1) * max(bin(t).count("1") for t in range(1, n + 1)), rel=1e-12)
+    assert rows["identity"]["loss_total"] == pytest.approx(n * (n + 1) / 2, rel=1e-12)
+    r = run("compare", "--n", n, "--min-sep", 100, "--bands", 2, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert "tree" not in {s["name"] for s in json.loads(r.stdout)["strategies"]}
+    assert "single participation only" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. compare --bands/--buffers with --epsilon
+
+
+def gaussian_delta(eps, mu):
+    from scipy.stats import norm
+
+    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+
+def test_compare_large_n_equal_privacy_deterministic_is_sens_times_unit_sigma():
+    r = run("compare", "--n", 10_000, "--bands", 2, "--epsilon", 1, "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout)
+    assert js["at_equal_privacy"]["epsilon"] == 1
+    for row in js["strategies"]:
+        priv = row["at_equal_privacy"]
+        assert priv["accounting"] == "single-pass"
+        sigma, sens = priv["sigma"], row["sensitivity"]
+        assert gaussian_delta(1.0, sens / sigma) <= 1e-6 < gaussian_delta(1.0, sens / (sigma * (1 - 2e-4)))
+        assert priv["rmse"] == pytest.approx(sigma * row["rmse"] / sens, rel=1e-12)
+    assert {s["name"] for s in js["strategies"]} == {"identity", "tree", "banded-toeplitz-2"}
+
+
+def test_compare_equal_privacy_structured_rows_match_the_dense_calibration():
+    """Small n: a banded row's calibration (cyclic Poisson from its coefficients) equals the dense
+    equal_privacy on the materialised C and B; the BLT row gets the Gaussian, with the reason."""
+    from mfcli.compare import PrivacyTarget, equal_privacy
+
+    n, sep = 64, 16
+    r = run("compare", "--n", n, "--bands", 4, "--buffers", 2, "--strategies", "identity", "--epsilon", 2,
+            "--sampling", 0.2, "--min-sep", sep, "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
+    rows = {s["name"]: s for s in json.loads(r.stdout)["strategies"]}
+    band = rows["banded-toeplitz-4"]["at_equal_privacy"]
+    assert band["accounting"] == "cyclic-poisson"
+    blt_row = rows["blt-2"]["at_equal_privacy"]
+    assert blt_row["accounting"] == "deterministic" and "bands" in blt_row["note"]
+    assert rows["identity"]["at_equal_privacy"]["accounting"] == "cyclic-poisson"
+    # the dense oracle: rebuild C from the row's strategy (the optimiser is deterministic)
+    from mfcli.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
+
+    strat = optimize_banded_toeplitz(n, 4, workload=TOEPLITZ_PREFIX, schema=MinSeparation(separation=sep)).strategy
+    c = materialize(strat.coefs, n)
+    b = np.linalg.solve(c.T, np.tril(np.ones((n, n))).T).T
+    dense = equal_privacy(c, b, MinSeparation(separation=sep), PrivacyTarget(epsilon=2.0, delta=1e-6, sampling=0.2))
+    assert band["sigma"] == pytest.approx(dense.sigma, rel=1e-9)
+    assert band["rmse"] == pytest.approx(dense.rmse, rel=1e-9)
+    # and dp-accounting's own number for the reduced DP-SGD at that sigma meets the target
+    col = float(np.linalg.norm(strat.coefs))
+    ev = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(band["sigma"] / col)), n // sep)
+    assert pld_epsilon(ev) <= 2.0 * (1 + 1e-9)

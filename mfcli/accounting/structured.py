@@ -74,16 +74,16 @@ def structured_input(path: str | Path, *, operator: str = "auto") -> StrategyInp
 
 
 def banded_numbers(strategy: Any, n: int) -> tuple[int, float]:
-    """(bands, max column norm) of a banded Toeplitz C from its coefficients: the band count is
-    1 + the last non-zero index of c (cut at n) and the longest column is the first, ||c[:n]||_2.
+    """(bands, max column norm) of a lower-triangular Toeplitz C from its first column c (cut at
+    n), all 2306.08153 Thm. 3 needs: the band count is 1 + the last non-zero index of c and the
+    longest column is the first, ||c||_2. O(n). (A BLT's C has non-zero entries all the way down,
+    so it meets the theorem's condition only with one cycle of n groups.)
 
     Raises:
-        MfcliError: a strategy that is not banded Toeplitz (a BLT's C is dense: n bands).
+        MfcliError: an all-zero C.
     """
-    if not isinstance(strategy, BandedToeplitz):
-        raise MfcliError(f"cyclic Poisson accounting needs a banded C; a {strategy.kind} strategy's C has "
-                         f"all n = {n} bands (nonzero below the diagonal)")
-    c = np.asarray(strategy.coefs, dtype=np.float64)[:n]
+    c = np.asarray(strategy.coefs if isinstance(strategy, BandedToeplitz) else strategy.strategy_coefs(n),
+                   dtype=np.float64)[:n]
     nz = np.nonzero(c)[0]
     if nz.size == 0:
         raise MfcliError("the strategy is all zeros")

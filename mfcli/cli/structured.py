@@ -11,7 +11,7 @@ from mfcli.cli.common import command_line, emit_json, envelope, key_value_table,
 from mfcli.cli.rounding import pessimistic
 from mfcli.participation import Participation, SingleParticipation
 from mfcli.structured import StructuredArtifact, load_structured_artifact, save_structured_artifact
-from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
+from mfcli.toeplitz import DENSE_MAX_N, check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
 #: ``--strategy`` values of ``mfcli optimize`` (``optimal``: the dense certified solver).
 STRUCTURED_STRATEGIES = ("banded-toeplitz", "blt")
@@ -177,8 +177,9 @@ def _has_accounting(path: Path) -> bool:
 
 def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
                        schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool,
-                       buffers: tuple[int, ...] = ()) -> None:
-    """``mfcli compare`` above the dense limit: identity, banded Toeplitz and BLT rows, O(n b) each."""
+                       buffers: tuple[int, ...] = (), privacy: Any = None) -> None:
+    """``mfcli compare`` above the dense limit: identity, tree (single participation), banded
+    Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``."""
     from mfcli.cli.common import refuse_unless
     from mfcli.cli.compare import FORMATS, emit_table
     from mfcli.errors import MfcliError
@@ -192,13 +193,20 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
         check_bands(b, n)
     for k in buffers:
         check_buffers(k, n)
+    if privacy is not None and privacy.sampling is not None:
+        from mfcli.accounting.multi import cycle_length
+
+        cycle_length(schema, n)  # refuse a schema cyclic sampling cannot run before any work
     if out is not None:
         check_output_path(out, force=force)
     if not quiet:
-        parts = [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
+        single = isinstance(schema, SingleParticipation)
+        parts = ["identity", "tree (closed form)"] if single else ["identity"]
+        parts += [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
         parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
-        log(f"building identity and {' and '.join(parts)} for n = {n}")
-    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers)
+        log(f"building {', '.join(parts)} for n = {n}"
+            + ("" if single else f" (the tree row is built for single participation only above n = {DENSE_MAX_N})"))
+    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy)
     emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)
 
 
