@@ -257,32 +257,38 @@ def test_compare_large_n_equal_privacy_deterministic_is_sens_times_unit_sigma():
     assert {s["name"] for s in js["strategies"]} == {"identity", "tree", "banded-toeplitz-2"}
 
 
-def test_compare_equal_privacy_structured_rows_match_the_dense_calibration():
-    """Small n: a banded row's calibration (cyclic Poisson from its coefficients) equals the dense
-    equal_privacy on the materialised C and B; the BLT row gets the Gaussian, with the reason."""
-    from mfcli.compare import PrivacyTarget, equal_privacy
+def test_compare_equal_privacy_structured_rows_cyclic_and_gaussian():
+    """Small n: the banded row is calibrated under cyclic Poisson from its coefficients (band count
+    and max column norm equal the materialised C's, and dp-accounting's own PLD of the reduced
+    DP-SGD meets the target at its sigma and misses it just below); the BLT row (more bands than
+    b) and the tree (C not square) get the Gaussian, saying why."""
+    from mfcli.accounting.multi import band_count
+    from mfcli.accounting.structured import banded_numbers
+    from mfcli.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
 
-    n, sep = 64, 16
-    r = run("compare", "--n", n, "--bands", 4, "--buffers", 2, "--strategies", "identity", "--epsilon", 2,
+    n, sep, eps = 64, 16, 0.5
+    r = run("compare", "--n", n, "--bands", 4, "--buffers", 2, "--strategies", "tree", "--epsilon", eps,
             "--sampling", 0.2, "--min-sep", sep, "--format", "json", "-q")
     assert r.exit_code == 0, r.output
     rows = {s["name"]: s for s in json.loads(r.stdout)["strategies"]}
     band = rows["banded-toeplitz-4"]["at_equal_privacy"]
     assert band["accounting"] == "cyclic-poisson"
-    blt_row = rows["blt-2"]["at_equal_privacy"]
-    assert blt_row["accounting"] == "deterministic" and "bands" in blt_row["note"]
-    assert rows["identity"]["at_equal_privacy"]["accounting"] == "cyclic-poisson"
-    # the dense oracle: rebuild C from the row's strategy (the optimiser is deterministic)
-    from mfcli.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
-
+    assert band["sigma"] < band["sigma_by_accounting"]["deterministic"]
+    assert band["rmse"] == pytest.approx(band["sigma"] * rows["banded-toeplitz-4"]["rmse"]
+                                         / rows["banded-toeplitz-4"]["sensitivity"], rel=1e-12)
+    for name in ("blt-2", "tree"):
+        priv = rows[name]["at_equal_privacy"]
+        assert priv["accounting"] == "deterministic" and "cyclic Poisson does not apply" in priv["note"]
+        assert gaussian_delta(eps, rows[name]["sensitivity"] / priv["sigma"]) <= 1e-6
+    assert "bands" in rows["blt-2"]["at_equal_privacy"]["note"] and "square" in rows["tree"]["at_equal_privacy"]["note"]
+    # the row's strategy again (the optimiser is deterministic), its numbers from the dense C
     strat = optimize_banded_toeplitz(n, 4, workload=TOEPLITZ_PREFIX, schema=MinSeparation(separation=sep)).strategy
     c = materialize(strat.coefs, n)
-    b = np.linalg.solve(c.T, np.tril(np.ones((n, n))).T).T
-    dense = equal_privacy(c, b, MinSeparation(separation=sep), PrivacyTarget(epsilon=2.0, delta=1e-6, sampling=0.2))
-    assert band["sigma"] == pytest.approx(dense.sigma, rel=1e-9)
-    assert band["rmse"] == pytest.approx(dense.rmse, rel=1e-9)
-    # and dp-accounting's own number for the reduced DP-SGD at that sigma meets the target
-    col = float(np.linalg.norm(strat.coefs))
-    ev = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(band["sigma"] / col)), n // sep)
-    assert pld_epsilon(ev) <= 2.0 * (1 + 1e-9)
+    col = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+    assert banded_numbers(strat, n) == (band_count(c), pytest.approx(col, rel=1e-12))
+
+    def dp_eps(sigma):
+        return pld_epsilon(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(sigma / col)), n // sep))
+
+    assert dp_eps(band["sigma"]) <= eps * (1 + 1e-9) < dp_eps(band["sigma"] * (1 - 2e-3))
