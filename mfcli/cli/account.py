@@ -227,7 +227,11 @@ def account(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
-    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
+    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target.
+
+    A structured artifact (banded Toeplitz, BLT) is accounted like a dense one up to n = 8192 (C is
+    materialised); above, from its parameters: without sampling, or with --batching cyclic for a
+    banded C (MMCC needs the dense C and is refused there)."""
     from mfcli.accounting.session import (
         AccountingOptions,
         record_to_artifact,
