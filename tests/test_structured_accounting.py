@@ -155,6 +155,10 @@ def test_large_n_calibration_write_and_inspect(tmp_path):
     r = run("inspect", p, "--json")
     assert r.exit_code == 0, r.output
     assert [x["verified"] for x in json.loads(r.stdout)["accounting_records"]] == [True, True]
+    from mfcli.schemas import load_schema, validate
+
+    assert validate(js2, load_schema("account")) == []
+    assert validate(json.loads(r.stdout), load_schema("inspect")) == []
     with h5py.File(p, "r+") as f:
         f[js2["written"]["group"]].attrs["sigma"] = 1.5  # the event no longer matches the record
     one_error_line(run("inspect", p), "cyclic-poisson")
