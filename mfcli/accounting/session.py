@@ -474,13 +474,13 @@ def account(
     bracket (C must be the tree); shuffle, the shuffled tree (when C is the tree) and the shuffled
     DP-SGD reference.
 
-    A structured artifact above STRUCTURED_DENSE_MAX_N (no dense C) is accounted from its
-    parameters by :func:`mfcli.accounting.structured.account_parameters`."""
-    if not inp.dense:
+    A structured artifact is accounted by :func:`mfcli.accounting.structured.account_parameters`
+    (sensitivities from its parameters; the materialised C only for MMCC)."""
+    if inp.structured is not None:
         from mfcli.accounting.structured import account_parameters
 
         return account_parameters(inp, sigma=sigma, sampling=sampling, options=options, settings=settings,
-                                  participation=participation, batching=batching)
+                                  participation=participation, batching=batching, progress=progress)
     sigma = check_sigma(sigma)
     batching = check_batching(batching, sampling)
     if batching in BATCHING_SETTINGS:
@@ -600,7 +600,7 @@ def epsilon_function(
             schema, ``deterministic`` under single participation, a sampled setting without a
             rate, a C that fails a setting's conditions).
     """
-    if not inp.dense:
+    if inp.structured is not None:
         from mfcli.accounting.structured import epsilon_function_parameters
 
         return epsilon_function_parameters(inp, setting, sampling=sampling, options=options,

@@ -94,6 +94,17 @@ def _schema_sensitivity(inp: StrategyInput, schema: Participation) -> Any:
     return inp.structured.strategy.sensitivity(inp.n, schema)
 
 
+def _without_parameters(inp: StrategyInput) -> StrategyInput:
+    """The same input as a plain dense C (for the settings that need the matrix: MMCC, DP-SGD)."""
+    import dataclasses
+
+    return dataclasses.replace(inp, structured=None)
+
+
+#: Settings computed from the parameters at every n; the others need the dense C.
+PARAMETER_SETTINGS = ("single-pass", "deterministic", "cyclic-poisson")
+
+
 def account_parameters(
     inp: StrategyInput,
     *,
@@ -103,19 +114,25 @@ def account_parameters(
     settings: Sequence[str] = SETTINGS,
     participation: Participation | None = None,
     batching: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> AccountingReport:
-    """:func:`mfcli.accounting.session.account` for a structured artifact without a dense C:
-    single-pass (single participation) or deterministic (the schema's sensitivity from the
-    parameters), and with ``batching`` ``cyclic`` the cyclic-Poisson reduction of a banded
-    Toeplitz C (:func:`mfcli.accounting.multi.reduced_dpsgd`). O(n) time and memory.
+    """:func:`mfcli.accounting.session.account` for a structured artifact. From the parameters at
+    any n, in O(n): single-pass (single participation) or deterministic (the schema's sensitivity,
+    the strategy's own ``sensitivity(n, schema)``), and with ``batching`` ``cyclic`` the
+    cyclic-Poisson reduction (:func:`mfcli.accounting.multi.reduced_dpsgd` with
+    :func:`banded_numbers`). The settings of the other batch samplers (Poisson: DP-SGD and MMCC)
+    run on the materialised C at n <= :data:`STRUCTURED_DENSE_MAX_N` exactly as for a dense
+    artifact, and are refused above it.
 
     Raises:
-        MfcliError: Poisson sampling in every step (MMCC, DP-SGD) or another batch sampler, which
-            need the dense C (:func:`needs_dense`); cyclic Poisson for a BLT or with more bands
-            than the cycle length.
+        MfcliError: a setting that needs the dense C above the limit (:func:`needs_dense`); cyclic
+            Poisson with more bands than the cycle length.
     """
+    import dataclasses
+
+    from mfcli.accounting.defaults import BATCHING_SETTINGS
     from mfcli.accounting.multi import deterministic, reduced_dpsgd
-    from mfcli.accounting.session import AccountingOptions, AccountingReport, check_batching, resolve_schema
+    from mfcli.accounting.session import AccountingOptions, AccountingReport, account, check_batching, resolve_schema
     from mfcli.accounting.single_pass import check_sampling, check_sigma, single_pass
 
     opts = (options or AccountingOptions()).checked()
@@ -126,10 +143,16 @@ def account_parameters(
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
-    if batching not in (None, "cyclic"):
-        why = "MMCC, DP-SGD" if batching == "poisson" else "its settings"
-        raise MfcliError(needs_dense(f"the {batching} batch sampler ({why})", inp.n))
     schema = resolve_schema(inp, participation)
+    dense_report = None
+    if batching not in (None, "cyclic"):
+        if not inp.dense:
+            why = "MMCC, DP-SGD" if batching == "poisson" else "its settings"
+            raise MfcliError(needs_dense(f"the {batching} batch sampler ({why})", inp.n))
+        dense_report = account(_without_parameters(inp), sigma=sigma, sampling=sampling, options=opts,
+                               settings=[s for s in settings if s not in PARAMETER_SETTINGS], progress=progress,
+                               participation=schema, batching=batching)
+        settings = [s for s in settings if s in BATCHING_SETTINGS.get(str(batching), SETTINGS)]
     single = isinstance(schema, SingleParticipation)
     sp = det = cyc = None
     if "single-pass" in settings and single:
@@ -141,6 +164,8 @@ def account_parameters(
         bands, col = banded_numbers(inp.structured.strategy, inp.n)
         cyc = reduced_dpsgd(bands=bands, column_norm=col, n=inp.n, schema=schema, sigma=sigma, sampling=sampling,
                             delta=opts.delta, value_discretization=opts.value_discretization)
+    if dense_report is not None:
+        return dataclasses.replace(dense_report, strategy=inp, single_pass=sp, deterministic=det)
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta, single_pass=sp,
                             deterministic=det, cyclic_poisson=cyc, participation=schema, batching=batching)
 
@@ -153,14 +178,15 @@ def epsilon_function_parameters(
     options: AccountingOptions | None = None,
     participation: Participation | None = None,
 ) -> Callable[[float], float]:
-    """epsilon(sigma) of one setting for a structured artifact without a dense C (for
-    calibration): single-pass, deterministic and (banded Toeplitz) cyclic-poisson.
+    """epsilon(sigma) of one setting for a structured artifact (for calibration): single-pass,
+    deterministic and cyclic-poisson from the parameters at any n; the others on the materialised
+    C at n <= :data:`STRUCTURED_DENSE_MAX_N` (:func:`mfcli.accounting.session.epsilon_function`).
 
     Raises:
-        MfcliError: a setting that needs the dense C, or whose conditions fail.
+        MfcliError: a setting that needs the dense C above the limit, or whose conditions fail.
     """
     from mfcli.accounting.multi import deterministic, reduced_dpsgd
-    from mfcli.accounting.session import AccountingOptions, check_setting_schema, resolve_schema
+    from mfcli.accounting.session import AccountingOptions, check_setting_schema, epsilon_function, resolve_schema
     from mfcli.accounting.single_pass import check_sampling, single_pass
 
     opts = (options or AccountingOptions()).checked()
@@ -185,9 +211,9 @@ def epsilon_function_parameters(
 
         eps(1.0)  # refuse now (more bands than the cycle), not inside the search
         return eps
-    if setting in SETTINGS:
+    if setting in SETTINGS and not inp.dense:
         raise MfcliError(needs_dense(f"the {setting} setting", n))
-    raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
+    return epsilon_function(_without_parameters(inp), setting, sampling=sampling, options=opts, participation=schema)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,13 +221,14 @@ def epsilon_function_parameters(
 
 
 def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
-    """Problems with one ``accounting/<id>`` record of a structured artifact above the dense
-    limit (empty when it verifies), as :func:`mfcli.accounting.session.verify_record` checks a
-    dense one: the operator's label and ``identity_sha256``; every stored epsilon at least the
-    one recomputed from its stored dp-accounting event, whose noise multiplier must be sigma / the
-    sensitivity recomputed from the parameters (single-pass: single participation; deterministic:
-    the record's schema; cyclic-poisson: the event must be ceil(n / b) Poisson-sampled Gaussians at
-    sigma / ||c||_2 and the record's rate)."""
+    """Problems with one ``accounting/<id>`` record of a structured artifact (empty when it
+    verifies), as :func:`mfcli.accounting.session.verify_record` checks a dense one: the
+    operator's label and ``identity_sha256``; every stored epsilon at least the one recomputed
+    from its stored dp-accounting event, whose noise multiplier must be sigma / the sensitivity
+    recomputed from the parameters (single-pass: single participation; deterministic: the record's
+    schema; cyclic-poisson: the event must be ceil(n / b) Poisson-sampled Gaussians at
+    sigma / ||c||_2 and the record's rate); DP-SGD and MMCC events (n <= the limit) against the
+    materialised C by the dense recomputation."""
     from mfcli.accounting.events import event_from_json, event_to_json
     from mfcli.accounting.multi import reduced_dpsgd
     from mfcli.accounting.session import RECORD_RTOL, _as_json, _close_rel, _num, read_chunked
@@ -229,6 +256,7 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
         except MfcliError as exc:
             return [*problems, f"its participation attribute is not readable: {exc}"]
     strategy, n = op.strategy, op.n
+    dense_c = None
     for setting in settings:
         key = str(setting).replace("-", "_")
         stored = _num(attrs.get(f"epsilon_{key}"))
@@ -265,6 +293,18 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
                     raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
                                      "sigma / max column norm and the record's rate")
                 recomputed = expect.epsilon
+            elif setting == "shuffled-dp-sgd":
+                from mfcli.accounting.shuffling import shuffled_dpsgd
+
+                recomputed = shuffled_dpsgd(n=n, sigma=sigma, delta=delta).epsilon
+            elif n <= STRUCTURED_DENSE_MAX_N:  # dp-sgd, mmcc: from the materialised C, as for a dense record
+                from mfcli.accounting.session import _epsilon_of_event
+
+                if dense_c is None:
+                    dense_c = materialize(strategy.strategy_coefs(n), n)
+                sens_c = float(np.sqrt(np.max(np.sum(dense_c * dense_c, axis=0))))
+                recomputed = _epsilon_of_event(str(setting), event, sigma=sigma, sens=sens_c, sampling=sampling,
+                                               delta=delta, row=row, strategy=dense_c, schema=schema)
             else:
                 raise MfcliError(f"no recomputation for setting {setting!r} without a dense C")
         except (MfcliError, KeyError, TypeError, ValueError) as exc:
@@ -277,12 +317,9 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
 
 def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]]:
     """Every ``accounting/<id>`` record of a structured artifact with its problems: ``id``,
-    ``attrs``, ``verified`` and ``problems``. Records at n <= :data:`STRUCTURED_DENSE_MAX_N` are
-    verified against the materialised C (:func:`mfcli.accounting.session.verify_record`, as the
-    account that wrote them used it), above it from the parameters (:func:`verify_parameters_record`)."""
+    ``attrs``, ``verified`` and ``problems`` (:func:`verify_parameters_record`)."""
     import h5py
 
-    from mfcli.accounting.session import verify_record
     from mfcli.inspection import _collect_accounting
 
     with h5py.File(path, "r") as f:
@@ -294,7 +331,7 @@ def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]
         if attrs.get("format") != "mfcli.accounting":
             out.append({"id": rec["id"], "attrs": attrs, "verified": False, "problems": []})
             continue
-        found = verify_record(attrs, [op]) if art.n <= STRUCTURED_DENSE_MAX_N else verify_parameters_record(attrs, op)
+        found = verify_parameters_record(attrs, op)
         out.append({"id": rec["id"], "attrs": attrs, "verified": not found, "problems": found})
     return out
 
