@@ -2,15 +2,14 @@
 setting that applies, from the parameters where no dense C is needed (docs/accounting.md,
 "Structured artifacts").
 
-* n <= :data:`STRUCTURED_DENSE_MAX_N`: C is materialised from its Toeplitz coefficients
-  (``strategy_coefs(n)``, a BLT's from its buffers) and the artifact is accounted exactly like a
-  dense artifact with that C: single-pass or deterministic, DP-SGD and MMCC under Poisson
-  sampling, cyclic Poisson, ``--epsilon`` calibration and ``--write`` records.
-* above it: what needs no dense C, from the parameters in O(n): the Gaussian at the schema
-  sensitivity (single-pass / deterministic, :meth:`sensitivity` of the strategy) and, for a banded
-  Toeplitz C, cyclic Poisson sampling (2306.08153 Thm. 3 needs only the band count, len(c), and
-  the max column norm, ||c||_2: the first column is the longest). MMCC (Poisson sampling in every
-  step) needs the dense C and is refused with the limit.
+* at every n, from the parameters in O(n): the Gaussian at the schema sensitivity (single-pass /
+  deterministic, the strategy's own ``sensitivity(n, schema)``) and cyclic Poisson sampling
+  (2306.08153 Thm. 3 needs only the band count and the max column norm ||c||_2: the first column
+  of a lower-triangular Toeplitz C is the longest), with calibration and ``--write`` records;
+* n <= :data:`STRUCTURED_DENSE_MAX_N`: C is also materialised from its Toeplitz coefficients
+  (``strategy_coefs(n)``, a BLT's from its buffers) for what needs the matrix (DP-SGD and MMCC
+  under Poisson sampling), run exactly as for a dense artifact with that C; above it those are
+  refused with the limit.
 
 The limit is the one every dense artifact has (``mfcli.toeplitz.DENSE_MAX_N``, 8192; C alone is
 n^2 doubles, 512 MiB there); MMCC itself then enforces its memory budget (``max_memory``) as for a
