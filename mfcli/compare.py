@@ -189,13 +189,35 @@ def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Part
     Formal guarantee: the reported sigma meets (epsilon, delta) under the named accounting (the
     accounting was run at that sigma, :func:`mfcli.accounting.calibrate.calibrate_sigma`).
     """
-    from mfcli.accounting.calibrate import calibrate_sigma
-    from mfcli.accounting.multi import check_cyclic, cycle_length, cyclic_poisson
-    from mfcli.accounting.single_pass import gaussian_epsilon
+    from mfcli.accounting.multi import band_count, check_cyclic, cycle_length
 
     c = np.asarray(strategy_matrix, dtype=np.float64)
     n = c.shape[1]
     sens = schema_sensitivity(c, schema).value
+    cyclic: tuple[int, float] | str = ""
+    if target.sampling is not None:
+        try:
+            check_cyclic(c, cycle_length(schema, n))
+        except MfcliError as exc:
+            cyclic = str(exc)
+        else:
+            cyclic = (band_count(c), float(np.sqrt(np.max(np.sum(c * c, axis=0)))))
+    frob = float(np.sum(np.asarray(decoder, dtype=np.float64) ** 2))
+    return equal_privacy_from(sens, frob, n, schema, target, cyclic=cyclic, rel_tol=rel_tol)
+
+
+def equal_privacy_from(sensitivity: float, frob: float, n: int, schema: Participation, target: PrivacyTarget, *,
+                       cyclic: tuple[int, float] | str = "", rel_tol: float = 1e-4) -> RowPrivacy:
+    """:func:`equal_privacy` from the numbers it needs, so a strategy known by its parameters
+    (structured rows at any n, :func:`mfcli.structured.structured_rows`) is calibrated without a
+    dense matrix: the schema sensitivity, ||B||_F^2 at unit sensitivity, n, and for cyclic
+    Poisson either (bands, max column norm) of C (2306.08153 Thm. 3 needs nothing else) or the
+    reason it does not apply."""
+    from mfcli.accounting.calibrate import calibrate_sigma
+    from mfcli.accounting.multi import reduced_dpsgd
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    sens = float(sensitivity)
     base = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
     # the Gaussian's epsilon depends on sigma / sens only: calibrate at unit sensitivity, scale
     unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
@@ -204,19 +226,23 @@ def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Part
     note = ""
     if target.sampling is not None:
         p = target.sampling
-        b = cycle_length(schema, n)
-        try:
-            check_cyclic(c, b)
-        except MfcliError as exc:
-            note = f"cyclic Poisson does not apply: {exc}"
+        if isinstance(cyclic, str):
+            note = f"cyclic Poisson does not apply: {cyclic}"
         else:
-            cal = calibrate_sigma(
-                lambda s: cyclic_poisson(c, schema=schema, sigma=s, sampling=p, delta=target.delta).epsilon,
-                target_epsilon=target.epsilon, rel_tol=rel_tol, sigma_start=max(unit.sigma * sens / 4, 1e-2))
-            found["cyclic-poisson"] = (cal.sigma, cal.epsilon)
+            bands, col = cyclic
+            try:
+                reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=1.0, sampling=p,
+                              delta=target.delta)
+            except MfcliError as exc:
+                note = f"cyclic Poisson does not apply: {exc}"
+            else:
+                cal = calibrate_sigma(
+                    lambda s: reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=s, sampling=p,
+                                            delta=target.delta).epsilon,
+                    target_epsilon=target.epsilon, rel_tol=rel_tol, sigma_start=max(unit.sigma * sens / 4, 1e-2))
+                found["cyclic-poisson"] = (cal.sigma, cal.epsilon)
     best = min(found, key=lambda k: found[k][0])
     sigma, eps = found[best]
-    frob = float(np.sum(np.asarray(decoder, dtype=np.float64) ** 2))
     return RowPrivacy(accounting=best, sigma=sigma, epsilon=eps, rmse=sigma * math.sqrt(frob / n),
                       candidates={k: v[0] for k, v in found.items()}, note=note)
 

@@ -515,11 +515,19 @@ def structured_rows(
     participation: Participation | None = None,
     error: str = "mean",
     buffers: tuple[int, ...] = (),
+    tree: bool = False,
+    privacy: Any = None,
 ) -> list[Any]:
     """:class:`mfcli.compare.ComparisonRow` objects (ratio unset) for the identity strategy
     (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
     Toeplitz strategies (``bands``) and BLT strategies (``buffers``) optimised for ``workload``, n
-    and the schema, each recomputed from its parameters in O(n b) or O(n buffers)."""
+    and the schema, each recomputed from its parameters in O(n b) or O(n buffers); with ``tree``
+    (single participation only) the binary tree's row from :mod:`mfcli.tree_error` in O(n log n).
+
+    With ``privacy`` (a :class:`mfcli.compare.PrivacyTarget`) every row is calibrated to it as
+    dense rows are (:func:`mfcli.compare.equal_privacy_from`): the Gaussian at the schema
+    sensitivity always, cyclic Poisson where C has at most b bands (its band count and max column
+    norm come from the first column, O(n)); the tree's non-square C gets the Gaussian only."""
     import math
 
     from mfcli.compare import ComparisonRow
@@ -547,14 +555,58 @@ def structured_rows(
     for name, description, strat in [*candidates, *blts]:
         sens = strat.sensitivity(n, schema)
         beta = decoder_coefs(strat, workload, n)
-        per_step = sens.value**2 * np.cumsum(beta * beta)
+        unit = np.cumsum(beta * beta)
+        per_step = sens.value**2 * unit
         total = float(per_step.sum())
         rows.append(ComparisonRow(
             name=name, description=description, causal=True, m=n, sensitivity=sens.value, loss_total=total,
             loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(per_step[-1]), ratio=math.nan,
             per_step_rmse=np.sqrt(per_step), source=None, solver_gap=None, sensitivity_exact=sens.exact,
+            privacy=None if privacy is None else _row_privacy(strat, sens.value, float(unit.sum()), n, schema, privacy),
         ))
+    if tree and isinstance(schema, SingleParticipation):
+        row = tree_row(workload, n)
+        if privacy is not None:
+            from dataclasses import replace
+
+            row = replace(row, privacy=_row_privacy(None, row.sensitivity, row.loss_total / row.sensitivity**2, n,
+                                                    schema, privacy, why=f"the tree's C is not square ({row.m} rows "
+                                                    f"for {n} steps)"))
+        rows.insert(1 if identity else 0, row)
     return rows
+
+
+def _row_privacy(strategy: Any, sens: float, frob: float, n: int, schema: Participation, privacy: Any,
+                 why: str = "") -> Any:
+    from mfcli.compare import equal_privacy_from
+
+    cyclic: Any = why
+    if privacy.sampling is not None and strategy is not None:
+        from mfcli.accounting.structured import banded_numbers
+
+        cyclic = banded_numbers(strategy, n)
+    return equal_privacy_from(sens, frob, n, schema, privacy, cyclic=cyclic)
+
+
+def tree_row(workload: ToeplitzWorkload, n: int) -> Any:
+    """The binary tree's :class:`mfcli.compare.ComparisonRow` (single participation) without a
+    dense matrix: sens^2 = K + 1 times ||B[t, :]||^2 from :func:`mfcli.tree_error.tree_row_norms`."""
+    import math
+
+    from mfcli.compare import ComparisonRow
+    from mfcli.strategies import DESCRIPTIONS
+    from mfcli.tree_error import tree_row_norms, tree_rows, tree_sensitivity
+
+    sens = tree_sensitivity(n)
+    per_step = sens**2 * tree_row_norms(workload, n)
+    total = float(per_step.sum())
+    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
+    return ComparisonRow(
+        name="tree", description=DESCRIPTIONS["tree"] + post + " (closed form, no dense matrix)", causal=True,
+        m=tree_rows(n), sensitivity=sens, loss_total=total, loss_mean=total / n, rmse=math.sqrt(total / n),
+        loss_max=float(per_step.max()), ratio=math.nan, per_step_rmse=np.sqrt(per_step), source=None,
+        solver_gap=None, sensitivity_exact=True,
+    )
 
 
 def extend_comparison(table: Any, rows: list[Any]) -> Any:
@@ -564,20 +616,21 @@ def extend_comparison(table: Any, rows: list[Any]) -> Any:
 
     all_rows, best = _with_ratios([*table.rows, *rows])
     return Comparison(table.workload_name, table.workload_params, table.n, all_rows, best, table.kept,
-                      table.participation)
+                      table.participation, table.privacy)
 
 
 def structured_comparison(workload: ToeplitzWorkload, n: int, *, bands: tuple[int, ...],
                           participation: Participation | None = None, error: str = "mean",
-                          buffers: tuple[int, ...] = ()) -> Any:
-    """A :class:`mfcli.compare.Comparison` of identity, banded Toeplitz and BLT strategies at any n
-    (no n x n matrix: O(n b) time, O(n) memory per row)."""
+                          buffers: tuple[int, ...] = (), privacy: Any = None) -> Any:
+    """A :class:`mfcli.compare.Comparison` of identity, the binary tree (single participation),
+    banded Toeplitz and BLT strategies at any n (no n x n matrix: O(n b) time, O(n) memory per
+    row), calibrated to ``privacy`` (a :class:`mfcli.compare.PrivacyTarget`) when given."""
     from mfcli.compare import Comparison
 
     schema = participation or SingleParticipation()
     rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error,
-                           buffers=buffers)
-    empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema)
+                           buffers=buffers, tree=n >= 2, privacy=privacy)
+    empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema, privacy)
     return extend_comparison(empty, rows)
 
 
@@ -598,4 +651,5 @@ __all__ = [
     "strategy_class",
     "structured_comparison",
     "structured_rows",
+    "tree_row",
 ]

@@ -232,7 +232,7 @@ def test_cli_optimize_inspect_account_minsep(tmp_path):
     dp_accounting = pytest.importorskip("dp_accounting")
     pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     pld.compose(dp_accounting.GaussianDpEvent(noise_multiplier=6 / dense.value))
-    assert acc["epsilon"] == pytest.approx(pld.get_epsilon(1e-6), rel=1e-3)
+    assert acc["settings"]["deterministic"]["epsilon"] == pytest.approx(pld.get_epsilon(1e-6), rel=1e-3)
 
 
 @pytest.mark.parametrize("args,match", [
@@ -292,7 +292,7 @@ def test_compare_large_n_blt_rows_without_dense_matrices():
     r = run("compare", "--n", str(n), "--buffers", "2", "--format", "json", "-q")
     assert r.exit_code == 0, r.output
     rows = {s["name"]: s for s in json.loads(r.stdout)["strategies"]}
-    assert set(rows) == {"identity", "blt-2"}
+    assert set(rows) == {"identity", "tree", "blt-2"}
     assert rows["identity"]["loss_total"] == pytest.approx(n * (n + 1) / 2, rel=1e-12)  # sum_t (t + 1)
     assert rows["blt-2"]["loss_total"] < rows["identity"]["loss_total"] / 100
 
@@ -329,7 +329,7 @@ def test_subprocess_n_1e5_optimize_inspect_account(tmp_path):
     dp_accounting = pytest.importorskip("dp_accounting")
     pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     pld.compose(dp_accounting.GaussianDpEvent(noise_multiplier=4 / sens))
-    assert acc["epsilon"] == pytest.approx(pld.get_epsilon(1e-6), rel=1e-3)
+    assert acc["settings"]["single-pass"]["epsilon"] == pytest.approx(pld.get_epsilon(1e-6), rel=1e-3)
 
 
 def test_blt_noise_stream_and_artifact_stream_are_bit_identical(saved):

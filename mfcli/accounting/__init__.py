@@ -13,7 +13,9 @@ dp-accounting event it composed):
 * ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
 * ``calibrate.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
   ``mfcli account --epsilon`` computes);
-* ``session`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``).
+* ``session`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``);
+* ``structured`` - structured artifacts (banded Toeplitz, BLT): a materialised C at n <= 8192,
+  from the parameters above (``structured_input``, ``account_parameters``, ``banded_numbers``).
 
 The functions named like their modules are not re-exported here, so that
 ``import mfcli.accounting.mmcc`` keeps meaning the module.

@@ -230,8 +230,6 @@ def cyclic_poisson(
     Raises:
         MfcliError: the conditions fail, or a parameter is out of range.
     """
-    from dp_accounting.pld import pld_privacy_accountant
-
     sigma = check_sigma(sigma)
     sampling = check_sampling(sampling)
     delta = check_delta(delta)
@@ -241,9 +239,34 @@ def cyclic_poisson(
     b = cycle_length(schema, n)
     check_cyclic(c, b)
     col = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+    return reduced_dpsgd(bands=band_count(c), column_norm=col, n=n, schema=schema, sigma=sigma, sampling=sampling,
+                         delta=delta, value_discretization=value_discretization)
+
+
+def reduced_dpsgd(*, bands: int, column_norm: float, n: int, schema: Participation, sigma: float, sampling: float,
+                  delta: float = DEFAULT_DELTA, value_discretization: float = DEFAULT_DISCRETIZATION,
+                  ) -> CyclicPoissonResult:
+    """The cyclic-Poisson epsilon from the two numbers 2306.08153 Thm. 3 needs (the band count and
+    the max column norm of C), so a C known only by its parameters (a banded Toeplitz C at any n:
+    max column norm ||c||_2, bands len(c)) is accounted without forming it.
+
+    Raises:
+        MfcliError: more bands than the cycle length b, or a parameter out of range.
+    """
+    from dp_accounting.pld import pld_privacy_accountant
+
+    sigma = check_sigma(sigma)
+    sampling = check_sampling(sampling)
+    delta = check_delta(delta)
+    value_discretization = check_discretization(value_discretization)
+    b = cycle_length(schema, n)
+    if bands > b:
+        raise MfcliError(f"cyclic Poisson accounting needs at most b = {b} bands (the cycle length); this C has {bands}")
+    if not column_norm > 0:
+        raise MfcliError("the strategy is all zeros")
     steps = math.ceil(n / b)
     result = CyclicPoissonResult(epsilon=math.nan, delta=delta, sigma=sigma, sampling=sampling, cycle=b,
-                                 bands=band_count(c), column_norm=col, steps=steps, n=n, schema=schema,
+                                 bands=bands, column_norm=float(column_norm), steps=steps, n=n, schema=schema,
                                  value_discretization=value_discretization)
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
     acc.compose(result.dp_event())
@@ -258,5 +281,6 @@ __all__ = [
     "cycle_length",
     "cyclic_poisson",
     "deterministic",
+    "reduced_dpsgd",
     "schema_dict",
 ]

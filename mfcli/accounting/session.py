@@ -103,10 +103,24 @@ class StrategyInput:
     operator: str = "dense"
     operator_sha256: str | None = None
     participation: Participation = field(default_factory=SingleParticipation)
+    #: a structured artifact (:class:`mfcli.structured.StructuredArtifact`) when the input was
+    #: one; ``strategy`` is then its materialised C at n <= STRUCTURED_DENSE_MAX_N and empty above
+    #: (mfcli.accounting.structured accounts it from its parameters).
+    structured: Any = None
 
     @property
     def n(self) -> int:
-        return int(self.strategy.shape[1])
+        return int(self.structured.n) if self.structured is not None else int(self.strategy.shape[1])
+
+    @property
+    def dense(self) -> bool:
+        """Whether C is available as a matrix (False only for a structured artifact above the limit)."""
+        return self.strategy.size > 0
+
+    @property
+    def sensitivity(self) -> float:
+        """Single-participation sensitivity (max column norm of C)."""
+        return float(_sensitivity(self.strategy)) if self.dense else float(self.structured.sensitivity.value)
 
 
 def _tree_release(c: np.ndarray) -> np.ndarray | None:
@@ -209,6 +223,12 @@ def resolve_strategy(
                 f"{p}: C is {c.shape[0]} x {c.shape[1]}; a .npy strategy must be square (row t released at step t)"
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
+    from mfcli.structured import is_structured_file
+
+    if is_structured_file(p):
+        from mfcli.accounting.structured import structured_input
+
+        return structured_input(p, operator=operator)
     art = load_artifact(p)
     chosen = select_operator(art, operator)
     c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
@@ -419,8 +439,8 @@ class AccountingReport:
             "operator": self.strategy.operator,
             "source": self.strategy.source,
             "n": self.strategy.n,
-            "rows_of_C": int(self.strategy.strategy.shape[0]),
-            "sensitivity": float(_sensitivity(self.strategy.strategy)),  # single participation (max column norm)
+            "rows_of_C": int(self.strategy.strategy.shape[0]) if self.strategy.dense else self.strategy.n,
+            "sensitivity": self.strategy.sensitivity,  # single participation (max column norm)
             **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
             "sigma": self.sigma,
             "sampling": self.sampling,
@@ -458,7 +478,16 @@ def account(
     DP-SGD reference.
 
     ``progress`` receives stage messages; ``on_progress`` the structured progress of the long
-    computations (MMCC, the banded estimate, the balls-in-bins tree; :mod:`mfcli.progress`)."""
+    computations (MMCC, the banded estimate, the balls-in-bins tree; :mod:`mfcli.progress`).
+
+    A structured artifact is accounted by :func:`mfcli.accounting.structured.account_parameters`
+    (sensitivities from its parameters; the materialised C only for MMCC)."""
+    if inp.structured is not None:
+        from mfcli.accounting.structured import account_parameters
+
+        return account_parameters(inp, sigma=sigma, sampling=sampling, options=options, settings=settings,
+                                  participation=participation, batching=batching, progress=progress,
+                                  on_progress=on_progress)
     sigma = check_sigma(sigma)
     batching = check_batching(batching, sampling)
     if batching in BATCHING_SETTINGS:
@@ -581,6 +610,11 @@ def epsilon_function(
             schema, ``deterministic`` under single participation, a sampled setting without a
             rate, a C that fails a setting's conditions).
     """
+    if inp.structured is not None:
+        from mfcli.accounting.structured import epsilon_function_parameters
+
+        return epsilon_function_parameters(inp, setting, sampling=sampling, options=options,
+                                           participation=participation)
     opts = options.checked()
     c = inp.strategy
     sens = float(_sensitivity(c))

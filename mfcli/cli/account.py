@@ -241,7 +241,11 @@ def account(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
-    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target."""
+    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target.
+
+    A structured artifact (banded Toeplitz, BLT) is accounted like a dense one up to n = 8192 (C is
+    materialised); above, from its parameters: without sampling, or with --batching cyclic for a
+    banded C (MMCC needs the dense C and is refused there)."""
     from mfcli.accounting.session import (
         AccountingOptions,
         record_to_artifact,
@@ -285,18 +289,6 @@ def account(
             check_operator_choice(operator)
         except MfcliError:  # the library names the parameter; the user needs the flag
             raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
-    if source is not None and strategy is None:
-        from mfcli.structured import is_structured_file
-
-        if is_structured_file(artifact_argument(source)):
-            refuse_unless(requested is None and batching is None,
-                          "--epochs/--min-sep/--batching do not apply to a structured artifact: it is accounted under "
-                          "the schema it declares, without sampling")
-            from mfcli.cli.structured import account_structured
-
-            account_structured(artifact_argument(source), sigma=sigma, sampling=sampling, epsilon=epsilon, write=write,
-                               operator=operator, delta=delta, as_json=as_json)
-            return
     if batching is not None and batching not in SAMPLED_BATCHINGS:
         refuse_unless(sampling is None,
                       f"--sampling gives the Poisson sampling rate; --batching {batching} does not sample")

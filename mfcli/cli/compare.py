@@ -124,7 +124,8 @@ def compare(
     bands: list[int] | None = typer.Option(
         None, "--bands",
         help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
-        f"Above n = {MAX_N} only identity and banded Toeplitz rows are built (no dense matrices).",
+        f"Above n = {MAX_N} no dense matrix is built: identity, tree (closed form, single participation) and "
+        "banded Toeplitz / BLT rows; with --epsilon too.",
     ),
     buffers: list[int] | None = typer.Option(
         None, "--buffers",
@@ -164,19 +165,14 @@ def compare(
     if n is not None and n > MAX_N:
         from mfcli.cli.structured import compare_structured
 
-        refuse_unless(privacy is None, f"n = {n} > {MAX_N}: --epsilon (comparison at equal privacy) needs dense rows; "
-                      "compare at n <= {MAX_N}, or compare losses without --epsilon")
-        refuse_unless(bands is not None or buffers is not None,
-                      f"n = {n} > {MAX_N}: dense strategies are not built; give --bands or --buffers for "
-                      "banded Toeplitz or BLT rows (identity is added)")
         refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
-                      f"n = {n} > {MAX_N}: only --bands/--buffers rows (and identity) are compared; dense options do not apply")
+                      f"n = {n} > {MAX_N}: only identity, tree (closed form) and --bands/--buffers rows are compared; "
+                      "dense options do not apply")
         compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), buffers=tuple(buffers or ()),
                            schema=schema,
-                           fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet)
+                           fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
+                           privacy=privacy)
         return
-    refuse_unless(privacy is None or not (bands or buffers),
-                  "--bands/--buffers rows are not calibrated at equal privacy; give --epsilon or --bands/--buffers, not both")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
@@ -216,7 +212,8 @@ def compare(
 
         tw = toeplitz_workload(w.name, beta=float(w.params.get("beta", 0.9)), lr=lr or "constant")
         table = extend_comparison(table, structured_rows(tw, w.n, bands=tuple(bands or ()), participation=schema,
-                                                         buffers=tuple(check_buffers(k, w.n) for k in buffers or ())))
+                                                         buffers=tuple(check_buffers(k, w.n) for k in buffers or ()),
+                                                         privacy=privacy))
     saved = write_strategy(table, w, outputs.artifact, force=force, progress=progress)
     if plot is not None:
         plot_per_step(table, plot, force=force)

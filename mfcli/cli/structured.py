@@ -11,7 +11,7 @@ from mfcli.cli.common import command_line, emit_json, envelope, key_value_table,
 from mfcli.cli.rounding import pessimistic
 from mfcli.participation import Participation, SingleParticipation
 from mfcli.structured import StructuredArtifact, load_structured_artifact, save_structured_artifact
-from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
+from mfcli.toeplitz import DENSE_MAX_N, check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
 #: ``--strategy`` values of ``mfcli optimize`` (``optimal``: the dense certified solver).
 STRUCTURED_STRATEGIES = ("banded-toeplitz", "blt")
@@ -136,7 +136,10 @@ def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, com
         ("loss mean (per step)" + bound, pessimistic(art.schema_loss.mean, digits=10)),
         ("max (worst step)" + bound, pessimistic(art.schema_loss.max, digits=10)),
     ]
-    rows += [(k, v) for k, v in (extra or {}).items() if k != "artifact_sha256"]
+    rows += [(k, v) for k, v in (extra or {}).items() if k not in ("artifact_sha256", "accounting_records")]
+    rows += [(f"accounting/{r['id']}", f"settings {', '.join(map(str, r['settings'] or []))}, sigma {r['sigma']}: "
+              + ("verified" if r["verified"] else "not an mfcli.accounting record"))
+             for r in (extra or {}).get("accounting_records", [])]
     stdout().print(key_value_table(title, rows))
 
 
@@ -146,48 +149,37 @@ def inspect_structured(path: Path, *, as_json: bool) -> None:
     from mfcli.artifact import file_sha256
 
     art = load_structured_artifact(path)
-    extra = {"file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
-             "created_with": art.attrs.get("command"), "checks": "checksums and stored numbers match their recomputation"}
+    records = []
+    if _has_accounting(path):
+        from mfcli.accounting.structured import verify_structured_records
+        from mfcli.errors import ArtifactError
+
+        records = verify_structured_records(path, art)
+        for rec in records:
+            if rec["problems"]:  # a record that does not verify fails the inspection, in one line
+                raise ArtifactError(f"{path}: accounting record {rec['id']!r}: {rec['problems'][0]}")
+    extra: dict[str, Any] = {
+        "file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
+        "created_with": art.attrs.get("command"), "checks": "checksums and stored numbers match their recomputation"
+        + (f"; {len(records)} accounting record(s) re-verified" if records else "")}
+    if records:
+        extra["accounting_records"] = [{"id": r["id"], "verified": r["verified"], "settings": r["attrs"].get("settings"),
+                                        "sigma": r["attrs"].get("sigma")} for r in records]
     render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
 
 
-def account_structured(path: Path, *, sigma: float | None, sampling: float | None, epsilon: float | None,
-                       write: bool, operator: str | None, delta: float, as_json: bool) -> None:
-    """``mfcli account`` of a structured artifact: the single-pass (deterministic participation)
-    Gaussian guarantee at the schema sensitivity, in O(n)."""
-    from mfcli.cli.common import refuse_unless
-    from mfcli.structured import single_pass_epsilon
+def _has_accounting(path: Path) -> bool:
+    import h5py
 
-    refuse_unless(sampling is None, "--sampling (DP-SGD, MMCC) needs the dense strategy C; a structured artifact is "
-                  "accounted single-pass at its schema sensitivity")
-    refuse_unless(epsilon is None, "--epsilon calibration is not available for a structured artifact; give --sigma")
-    refuse_unless(not write, "--write is not available for a structured artifact")
-    refuse_unless(operator in (None, "auto", "dense"), "a structured artifact has one operator; --operator does not apply")
-    assert sigma is not None
-    art = load_structured_artifact(path)
-    res = single_pass_epsilon(art, sigma=sigma, delta=delta)
-    sens = art.schema_sensitivity
-    payload = {"artifact": str(path), "kind": art.kind, "n": art.n, "participation": art.participation.describe(art.n),
-               "sensitivity": sens.value, "sensitivity_exact": sens.exact, "sigma": sigma, "delta": delta,
-               "epsilon": res.epsilon, "mu_gdp": res.mu_gdp, "rho_zcdp": res.rho_zcdp,
-               "setting": "single-pass: deterministic participation, Gaussian mechanism at the schema sensitivity"}
-    if as_json:
-        emit_json(envelope("account", **payload))
-        return
-    stdout().print(key_value_table(f"account: {art.kind}, n = {art.n}", [
-        ("participation", payload["participation"]),
-        ("sensitivity" + ("" if sens.exact else " (upper bound)"), pessimistic(sens.value)),
-        ("sigma / delta", f"{sigma:g} / {delta:g}"),
-        ("epsilon (single-pass, upper bound)", pessimistic(res.epsilon)),
-        ("mu-GDP", pessimistic(res.mu_gdp)),
-        ("rho-zCDP", pessimistic(res.rho_zcdp)),
-    ]))
+    with h5py.File(path, "r") as f:
+        return "accounting" in f
 
 
 def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
                        schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool,
-                       buffers: tuple[int, ...] = ()) -> None:
-    """``mfcli compare`` above the dense limit: identity, banded Toeplitz and BLT rows, O(n b) each."""
+                       buffers: tuple[int, ...] = (), privacy: Any = None) -> None:
+    """``mfcli compare`` above the dense limit: identity, tree (single participation), banded
+    Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``."""
     from mfcli.cli.common import refuse_unless
     from mfcli.cli.compare import FORMATS, emit_table
     from mfcli.errors import MfcliError
@@ -201,19 +193,25 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
         check_bands(b, n)
     for k in buffers:
         check_buffers(k, n)
+    if privacy is not None and privacy.sampling is not None:
+        from mfcli.accounting.multi import cycle_length
+
+        cycle_length(schema, n)  # refuse a schema cyclic sampling cannot run before any work
     if out is not None:
         check_output_path(out, force=force)
     if not quiet:
-        parts = [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
+        single = isinstance(schema, SingleParticipation)
+        parts = ["identity", "tree (closed form)"] if single else ["identity"]
+        parts += [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
         parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
-        log(f"building identity and {' and '.join(parts)} for n = {n}")
-    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers)
+        log(f"building {', '.join(parts)} for n = {n}"
+            + ("" if single else f" (the tree row is built for single participation only above n = {DENSE_MAX_N})"))
+    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy)
     emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)
 
 
 __all__ = [
     "STRUCTURED_STRATEGIES",
-    "account_structured",
     "check_buffers",
     "compare_structured",
     "inspect_structured",
