@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from mfcli.accounting import mog_pld
+from mfcli.accounting import mmcc_lower, mog_pld
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import (
@@ -78,6 +78,9 @@ TRUNCATION_SHARE = 1e-6
 #: Work budget of all row PLDs together: sum over distinct rows of (privacy-curve points) x
 #: (support size). The PLD grid is coarsened in 1-2-5 steps from the requested one until it fits.
 PLD_WORK_BUDGET = 3e7
+#: Default R of the row mixtures' fine grid 1/(M R): weights are convolved there and only each row's
+#: sum is rounded up to the grid 1/M (:func:`coarsen_up`).
+DEFAULT_MIXTURE_REFINEMENT = 20
 #: Keys of the tail step per batch (memory: batch x cap doubles).
 _TAIL_BATCH = 1024
 
@@ -593,6 +596,24 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     return support, pr, eta
 
 
+def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple[np.ndarray, np.ndarray]:
+    """Move every atom k (fine grid 1/(M R)) UP to the coarse grid point ceil(k / R) (grid 1/M)
+    and add the probabilities that land on the same point.
+
+    Why: rounding every weight C[r, j] up to the coarse grid 1/M costs up to 1/M per participating
+    column, which for a dense row (hundreds of small entries) inflates S_r by several grid steps;
+    convolving on the fine grid and rounding only the sum costs at most 1/M + k / (M R) for k
+    participants, with the same coarse support (the PLD's cost). Pointwise S_coarse >= S, so the
+    coarse law is stochastically larger (docs/accounting.md, "Algorithm", step 3)."""
+    if refinement == 1:
+        return support, probs
+    coarse = -((-np.asarray(support, dtype=np.int64)) // refinement)  # ceil for non-negative ints
+    pts, inv = np.unique(coarse, return_inverse=True)
+    pr = np.bincount(inv, weights=probs)
+    keep = pr > 0
+    return pts[keep], pr[keep] / pr[keep].sum()
+
+
 @dataclass(frozen=True)
 class RowGroup:
     """A distinct row mechanism: MoG(sigma, support / resolution, probabilities), ``count`` rows."""
@@ -605,8 +626,10 @@ class RowGroup:
 
 
 def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.ndarray, p: float, *,
-                     resolution: int, cut: float) -> list[RowGroup]:
-    """Step 3 for every row, identical row laws grouped."""
+                     resolution: int, cut: float, refinement: int = 1) -> list[RowGroup]:
+    """Step 3 for every row, identical row laws grouped. With ``refinement`` R > 1 the weights are
+    rounded up to the fine grid 1/(M R), the law is convolved there and its sum rounded up to the
+    grid 1/M (:func:`coarsen_up`)."""
     c = prep.strategy
     m = c.shape[0]
     # p~ of the pairs, by row
@@ -622,8 +645,9 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
         if b > a:
             pos = np.searchsorted(cols, pairs.cols[a:b])
             probs[pos] = p_tilde_pair[a:b]
-        w = _round_up_to_grid(c[r, cols], resolution)
+        w = _round_up_to_grid(c[r, cols], resolution * refinement)
         support, pr, eta = row_mixture(w, probs, cut=cut)
+        support, pr = coarsen_up(support, pr, refinement)
         key = support.astype(np.int64).tobytes() + pr.tobytes()
         g = groups.get(key)
         if g is None:
@@ -685,6 +709,7 @@ class MMCCResult:
     fractions_tried: dict
     seconds: float
     groups: tuple = field(repr=False, default=())
+    mixture_refinement: int = 1
 
     def dp_event(self):
         """ComposedDpEvent of SelfComposedDpEvent(MixtureOfGaussiansDpEvent(...), count) per
@@ -727,6 +752,7 @@ class MMCCResult:
             "requested_discretization": self.requested_discretization,
             "mixture_grid": 1.0 / self.mixture_resolution,
             "tail_grid": 1.0 / self.tail_resolution,
+            "mixture_fine_grid": 1.0 / (self.mixture_resolution * self.mixture_refinement),
             "seconds": self.seconds,
             "method": "MMCC-style conditional composition (docs/accounting.md); a valid upper bound, "
                       "possibly looser than the paper's algorithm",
@@ -797,6 +823,7 @@ def mmcc(
     tail_method: str = "fft",
     progress: Callable[[str], None] | None = None,
     max_memory: int | None = None,
+    mixture_refinement: int = DEFAULT_MIXTURE_REFINEMENT,
 ) -> MMCCResult:
     """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
@@ -817,6 +844,8 @@ def mmcc(
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
+        mixture_refinement: R; rows are convolved on the grid 1/(M R) and each row's sum is
+            rounded up to 1/M (1: every weight rounded up to 1/M, the original step 3).
         progress: called with short stage messages (the first states the memory estimate).
         max_memory: bytes the tail-event collection may use (None: no limit); a run that would
             exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
@@ -835,6 +864,8 @@ def mmcc(
         raise MfcliError(f"unknown accounting engine {engine!r} (fast or dp-accounting)")
     if isinstance(mixture_resolution, bool) or int(mixture_resolution) != mixture_resolution or mixture_resolution < 1:
         raise MfcliError("the mixture resolution must be a positive integer")
+    if isinstance(mixture_refinement, bool) or int(mixture_refinement) != mixture_refinement or mixture_refinement < 1:
+        raise MfcliError("the mixture refinement must be a positive integer")
     fracs = [float(f) for f in tail_fractions]
     if not fracs or any(not (0 < f < 1) for f in fracs):
         raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
@@ -865,7 +896,8 @@ def mmcc(
             eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail / k_pairs, method=tail_method)
             p_tilde = posterior_bound(p, eps_u[pairs.key])
             max_pt = float(max(p, p_tilde.max()))
-        groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut)
+        groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut,
+                                  refinement=int(mixture_refinement))
         # Cutting mass eta from a row's mixture costs eta in the remove direction and
         # eta / (1 - eta) in the add direction (Q >= (1 - eta) Q'); charge the larger.
         delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups))
@@ -893,6 +925,7 @@ def mmcc(
         value_discretization=d_used, requested_discretization=d,
         mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
         fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
+        mixture_refinement=int(mixture_refinement),
     )
 
 
@@ -902,22 +935,36 @@ def mmcc(
 
 @dataclass(frozen=True)
 class LowerBoundResult:
-    """Exact epsilon of the post-processed statistic T = 1^T C^+ y: a lower bound on the true eps."""
+    """Exact epsilon of the best post-processed statistic T_v = v^T C^+ y tried (a lower bound on
+    the true eps; :mod:`mfcli.accounting.mmcc_lower`).
+
+    Attributes:
+        epsilon: the largest of the statistics' epsilons.
+        noise_scale: tau of the best statistic (in units of its largest weight).
+        statistic: name of the best statistic ("ones": v = 1, the spec's 1^T C^+ y; "score":
+            v = C^T C 1, i.e. T = (C 1)^T y up to scale; "score2": v = (C^T C)^2 1).
+        tried: {name: epsilon} of every statistic tried.
+    """
 
     epsilon: float
     delta: float
     noise_scale: float
     steps: int
     sampling: float
+    statistic: str = "ones"
+    tried: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
             "setting": "lower-bound",
             "epsilon": self.epsilon,
             "delta": self.delta,
+            "statistic": self.statistic,
+            "statistics_tried": dict(self.tried),
             "statistic_noise_std": self.noise_scale,
-            "method": "T = 1^T C^+ y = Bin(n, p) + N(0, s^2), s^2 = sigma_eff^2 1^T (C^T C)^-1 1; exact "
-                      "hockey-stick divergence (max of add and remove), bisection on eps",
+            "method": "max over v in {1, C^T C 1, (C^T C)^2 1} of the exact epsilon of T_v = v^T C^+ y = "
+                      "v^T b + N(0, tau^2), tau^2 = sigma_eff^2 v^T (C^T C)^-1 v, b_j ~ Bernoulli(p); v rounded "
+                      "down to a grid; exact hockey-stick divergence (max of add and remove), bisection on eps",
             "assumptions": "Poisson sampling with rate p; add or remove one example; valid for the true "
                            "epsilon of any mechanism whose outputs determine T",
         }
@@ -930,66 +977,43 @@ def lower_bound(
     sampling: float,
     delta: float = DEFAULT_DELTA,
     release_steps: Sequence[int] | None = None,
+    statistics: Sequence[str] = mmcc_lower.STATISTICS,
 ) -> LowerBoundResult:
-    """Lower bound on the true epsilon (docs/accounting.md, "Oracles"): T = 1^T C^+ y is
-    Bin(n, p) + N(0, s^2) under Q and N(0, s^2) under P, s^2 = sigma_eff^2 1^T (C^T C)^-1 1 (C scaled to unit
-    sensitivity, C^+ the best left inverse). Its exact hockey-stick curve (both directions) is
-    inverted by bisection.
+    """Lower bound on the true epsilon (docs/accounting.md, "A tighter lower bound"): the largest
+    exact epsilon of the statistics T_v = v^T C^+ y for v in ``statistics`` (C scaled to unit
+    sensitivity, C^+ the least-squares left inverse). T_v is v^T b + N(0, tau^2) under Q and
+    N(0, tau^2) under P, tau^2 = sigma_eff^2 v^T (C^T C)^-1 v; its exact hockey-stick curve
+    (both directions) is inverted by bisection. ``statistics=("ones",)`` is the spec's 1^T C^+ y.
 
-    Formal guarantees: a post-processing of the mechanism's output, so its epsilon can only be
-    smaller than the mechanism's: never above the true epsilon. The binomial's far upper tail
-    (below 1e-30) is moved down to 0, which can only lower the value further.
+    Formal guarantees: each T_v is a post-processing of the mechanism's output, fixed before any
+    data is seen, so its epsilon can only be smaller than the mechanism's: never above the true
+    epsilon, and neither is their maximum. Every rounding (weights down, binomial tails moved down,
+    tau up, the bisection's lower end) only lowers the value further.
     """
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
     delta = check_delta(delta)
+    names = tuple(statistics)
+    if not names or any(s not in mmcc_lower.STATISTICS for s in names):
+        raise MfcliError(f"lower-bound statistics must be among {', '.join(mmcc_lower.STATISTICS)}, got {names!r}")
     prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
     c = prep.strategy
-    n = prep.n
     sig = sigma / prep.sensitivity
     gram = c.T @ c
     try:
         chol = np.linalg.cholesky(gram)
     except np.linalg.LinAlgError:
         raise MfcliError("C has dependent columns: no left inverse, no lower bound") from None
-    z = np.linalg.solve(chol, np.ones(n))
-    s = sig * float(np.sqrt(z @ z))
-    k = np.arange(n + 1)
-    probs = stats.binom.pmf(k, n, p)
-    sf = stats.binom.sf(k, n, p)
-    keep = np.flatnonzero(sf >= 1e-30)
-    kmax = int(keep[-1]) + 1 if keep.size else n
-    kmax = min(kmax, n)
-    sup = k[:kmax + 1].astype(np.float64)
-    pr = probs[:kmax + 1].copy()
-    pr[0] += max(0.0, 1.0 - pr.sum())  # tail moved down to 0
-    pr = pr / pr.sum()
-    keep = pr > 0
-    sup, pr = sup[keep], pr[keep]
-
-    def worst_delta(e: float) -> float:
-        a = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=True)[0]
-        b = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=False)[0]
-        return max(a, b)
-
-    if worst_delta(0.0) <= delta:
-        eps = 0.0
-    else:
-        lo, hi = 0.0, 1.0
-        while worst_delta(hi) > delta:
-            lo, hi = hi, 2 * hi
-            if hi > 1e6:
-                break
-        for _ in range(100):
-            if hi - lo <= 1e-10 * (1 + hi):
-                break
-            mid = 0.5 * (lo + hi)
-            if worst_delta(mid) > delta:
-                lo = mid
-            else:
-                hi = mid
-        eps = lo  # the lower end: delta(lo) > delta, so the true eps of T is >= lo
-    return LowerBoundResult(epsilon=eps, delta=delta, noise_scale=s, steps=n, sampling=p)
+    tried: dict[str, float] = {}
+    best = (-1.0, "", 0.0)
+    for name in names:
+        v = mmcc_lower.statistic_weights(gram, name)
+        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta)
+        tried[name] = eps
+        if eps > best[0]:
+            best = (eps, name, tau)
+    return LowerBoundResult(epsilon=best[0], delta=delta, noise_scale=best[2], steps=prep.n, sampling=p,
+                            statistic=best[1], tried=tried)
 
 
 @dataclass(frozen=True)
