@@ -139,7 +139,7 @@ EXACT = [
 
 @pytest.mark.parametrize("name,c,sigma,p,delta", EXACT, ids=[e[0] for e in EXACT])
 def test_bracket_contains_the_exact_epsilon(name, c, sigma, p, delta) -> None:
-    h = 0.05 if c.shape[0] == 2 else 0.15
+    h = 0.05 if c.shape[0] == 2 else 0.2
     truth = exact_epsilon(c, sigma, p, delta, h=h)
     coarse = exact_epsilon(c, sigma, p, delta, h=2 * h)
     err = 2 * abs(truth - coarse) + 1e-4  # integration error allowance from halving the grid

@@ -20,7 +20,7 @@ the top eigenvector. Measured at the headline (sigma 4, p 0.01, momentum-n256): 
 2.193 (C^T C 1), 2.200 ((C^T C)^2 1).
 
 Rounding, always towards less privacy loss: v is scaled to max 1 and every v_j rounded DOWN to the
-grid 1/M (so the mean v^T b only decreases pointwise, a stochastically smaller mean law), binomial
+grid 1/M (so the mean v^T b only decreases pointwise, a stochastically smaller mean law), the
 upper tails below 1e-30 are moved down to their last kept point, tau is rounded UP (extra
 independent noise is post-processing). A mixture of N(s, tau^2) over s >= 0 has a monotone
 likelihood ratio against N(0, tau^2), so the optimal tests are half-lines and a stochastically
@@ -30,15 +30,13 @@ bisection bracket whose delta exceeds the target.
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
-
 from mfcli.accounting import mog_pld
 
 #: The weight vectors v tried, by name (see the module docstring).
 STATISTICS = ("ones", "score", "score2")
 #: Grid 1/M of the rounded-down weights v_j (v scaled to max 1).
 WEIGHT_RESOLUTION = 200
-#: Binomial upper-tail mass below this is moved down (never dropped upwards).
+#: Upper-tail mass of the mean law below this (all steps together) is moved down, never up.
 _TAIL = 1e-30
 
 
@@ -58,24 +56,26 @@ def statistic_weights(gram: np.ndarray, name: str) -> np.ndarray:
 
 def mean_law(weights: np.ndarray, p: float, resolution: int) -> tuple[np.ndarray, np.ndarray]:
     """Law of sum_j floor(weights_j M) B_j (B_j ~ Bernoulli(p) i.i.d.) on the integers, as
-    (support, probabilities): weights rounded DOWN to the grid 1/M, steps with equal rounded
-    weight grouped into one binomial, upper tails below 1e-30 moved down to the last kept count."""
+    (support, probabilities): weights rounded DOWN to the grid 1/M, one two-point convolution per
+    step (O(support) each: non-negative sums only, no cancellation), and after each step the upper
+    tail below 1e-30 / n moved DOWN onto the largest value kept."""
     w = np.asarray(weights, dtype=np.float64)
     k = np.floor(w * resolution).astype(np.int64)
     k = np.where(k / resolution > w, k - 1, k)  # never up, even where w * M rounded up in floating point
-    vals, counts = np.unique(k[k > 0], return_counts=True)
+    k = np.sort(k[k > 0])
+    per_step = _TAIL / max(1, k.size)
     pmf = np.array([1.0])
-    for w, cnt in zip(vals.tolist(), counts.tolist(), strict=True):
-        i = np.arange(cnt + 1)
-        sf = stats.binom.sf(i, cnt, p)
-        below = np.flatnonzero(sf < _TAIL)
-        imax = int(below[0]) if below.size else cnt
-        b = stats.binom.pmf(np.arange(imax + 1), cnt, p)
-        b[imax] += max(0.0, 1.0 - b.sum())  # the tail beyond imax, moved down to imax
-        spread = np.zeros(imax * w + 1)
-        spread[::w] = b
-        pmf = np.convolve(pmf, spread)
-        np.maximum(pmf, 0.0, out=pmf)
+    for kk in k.tolist():
+        new = np.zeros(pmf.size + kk)
+        new[:pmf.size] = (1 - p) * pmf
+        new[kk:] += p * pmf
+        pmf = new
+        rc = np.cumsum(pmf[::-1])
+        cut = int(np.searchsorted(rc, per_step, side="right"))  # rc[:cut] <= per_step
+        if 0 < cut < pmf.size:
+            moved = float(rc[cut - 1])
+            pmf = pmf[:pmf.size - cut]
+            pmf[-1] += moved
     support = np.flatnonzero(pmf > 0)
     pr = pmf[support]
     return support, pr / pr.sum()
