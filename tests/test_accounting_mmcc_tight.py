@@ -182,3 +182,34 @@ def test_lower_bound_rejects_unknown_statistic() -> None:
 def test_mixture_refinement_checked() -> None:
     with pytest.raises(MfcliError, match="refinement"):
         M.mmcc(np.eye(3), sigma=1.0, sampling=0.1, mixture_refinement=0)
+
+
+@pytest.mark.parametrize("u", [1.0, 0.5, 0.1])
+def test_tail_allocation_spends_at_most_the_tail_delta(u) -> None:
+    """The shares used (each pair at its problem's share) add up to at most 1 (the union bound),
+    u = 1 is the uniform split, and with u < 1 the pairs with larger C[r, j] get more."""
+    prep = M.prepare_strategy(unit(sqrt_toeplitz(12)))
+    pairs = M.collect_tail_pairs(prep, resolution=100)
+    share = M.tail_allocation(prep, pairs, u)
+    used = share[pairs.key]
+    assert used.sum() <= 1.0
+    if u == 1.0:
+        assert np.allclose(used, 1.0 / pairs.count)
+    else:
+        w = prep.strategy[pairs.rows, pairs.cols]
+        big, small = np.argmax(w), np.argmin(w)
+        assert used[big] > used[small]
+        assert used.min() >= u / pairs.count * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("name,c,sigma,p,delta", EXACT, ids=[e[0] for e in EXACT])
+def test_nonuniform_tail_split_stays_above_the_exact_epsilon(name, c, sigma, p, delta) -> None:
+    truth = exact_epsilon(c, sigma, p, delta, h=0.1 if c.shape[0] == 2 else 0.25)
+    up = M.mmcc(c, sigma=sigma, sampling=p, delta=delta, value_discretization=1e-3, tail_uniform_share=0.3)
+    assert up.epsilon >= truth - 1e-2
+    assert up.tail_uniform_share == 0.3
+
+
+def test_tail_uniform_share_checked() -> None:
+    with pytest.raises(MfcliError, match="uniform share"):
+        M.mmcc(np.eye(3), sigma=1.0, sampling=0.1, tail_uniform_share=0.0)

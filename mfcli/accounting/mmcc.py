@@ -81,6 +81,9 @@ PLD_WORK_BUDGET = 3e7
 #: Default R of the row mixtures' fine grid 1/(M R): weights are convolved there and only each row's
 #: sum is rounded up to the grid 1/M (:func:`coarsen_up`).
 DEFAULT_MIXTURE_REFINEMENT = 20
+#: Default u of :func:`tail_allocation`: the share of delta_tail split uniformly over the tail
+#: events (the rest in proportion to C[r, j]).
+DEFAULT_TAIL_UNIFORM_SHARE = 1.0
 #: Keys of the tail step per batch (memory: batch x cap doubles).
 _TAIL_BATCH = 1024
 
@@ -448,14 +451,16 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
 
 
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
-                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float, tol: float = 1e-8) -> np.ndarray:
-    """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem; +inf where none does.
+                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8) -> np.ndarray:
+    """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem (``delta`` a scalar or one
+    value per problem); +inf where none does.
 
     Newton steps on log T kept inside a bracket (bisection when a step leaves it). The returned
     value is always the upper end of a bracket, at which T was evaluated and found <= delta.
     """
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
+    delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), (b,))
     out = np.full(b, np.inf)
     kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
@@ -470,7 +475,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
     x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
-    logd = math.log(delta)
+    logd = np.log(delta)
     for _ in range(100):
         idx = np.flatnonzero(active & (hi - lo > tol * (1 + hi)))
         if idx.size == 0:
@@ -478,11 +483,11 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
         xi = np.clip(x[idx], lo[idx], hi[idx])
         t, dt = _tail_T(pmf[idx], extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
         t = t * slack
-        meets = t <= delta
+        meets = t <= delta[idx]
         lo[idx] = np.where(meets, lo[idx], xi)
         hi[idx] = np.where(meets, xi, hi[idx])
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = (np.log(np.maximum(t, 1e-300)) - logd) / (dt / np.maximum(t, 1e-300))
+            step = (np.log(np.maximum(t, 1e-300)) - logd[idx]) / (dt / np.maximum(t, 1e-300))
         nx = xi - step
         # a step outside the bracket, or one that would stall on the side already known, bisects
         width = hi[idx] - lo[idx]
@@ -496,9 +501,11 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     return out
 
 
-def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float, method: str = "fft") -> np.ndarray:
+def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float | np.ndarray,
+                  method: str = "fft") -> np.ndarray:
     """eps of every distinct tail problem (+inf where the tail cannot be met): step 1 of
-    docs/accounting.md, "Algorithm".
+    docs/accounting.md, "Algorithm". ``delta_pair``: the tail probability allowed, one value for
+    all problems or one per problem (:func:`tail_allocation`).
 
     ``method`` "fft" (default, fast, with explicit folding and round-off allowances) or "direct"
     (exact convolution)."""
@@ -507,6 +514,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
     if u == 0:
         return out
     h = 1.0 / pairs.resolution
+    delta_all = np.broadcast_to(np.asarray(delta_pair, dtype=np.float64), (u,))
     weights = np.arange(pairs.counts.shape[1])
     support = pairs.counts @ weights  # largest rounded W (grid units)
     terms = pairs.counts.sum(axis=1)
@@ -517,6 +525,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         sel = order[start:start + _TAIL_BATCH]
         counts = pairs.counts[sel]
         sup = support[sel]
+        dsel = delta_all[sel]
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
         # the tail" (a valid over-estimate that moves eps by a negligible amount).
@@ -528,7 +537,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         lo_c, hi_c = 1, int(sup.max()) + 1
         while lo_c < hi_c:
             mid = (lo_c + hi_c) // 2
-            if np.all(tail_at(mid) <= 1e-3 * delta_pair):
+            if np.all(tail_at(mid) <= 1e-3 * dsel):
                 hi_c = mid
             else:
                 lo_c = mid + 1
@@ -544,8 +553,30 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         else:
             raise MfcliError(f"unknown tail method {method!r}")
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
-                                  delta=delta_pair)
+                                  delta=dsel)
     return out
+
+
+def tail_allocation(prep: PreparedStrategy, pairs: TailPairs, uniform_share: float) -> np.ndarray:
+    """Share of delta_tail for every distinct tail problem (docs/accounting.md, "Algorithm", step 1).
+
+    Pair (r, j) is allotted a_rj = u / K + (1 - u) C[r, j] / sum_pairs C[r', j'] (u =
+    ``uniform_share``): a pair whose column carries more weight in its row moves that row's mixture
+    more, so it gets more of the budget. The union bound only needs sum_pairs a_rj <= 1; pairs that
+    share a problem (solved once) all use the smallest allotment among them, so the shares used
+    sum to at most 1. u = 1 is the uniform split delta_tail / K.
+    """
+    k = pairs.count
+    u = pairs.counts.shape[0]
+    if k == 0:
+        return np.zeros(u)
+    if uniform_share >= 1.0:
+        return np.full(u, 1.0 / k)
+    w = prep.strategy[pairs.rows, pairs.cols]
+    a = uniform_share / k + (1.0 - uniform_share) * w / w.sum()
+    share = np.full(u, np.inf)
+    np.minimum.at(share, pairs.key, a)
+    return share * (1.0 - 1e-12)  # round-off in the sum
 
 
 def posterior_bound(p: float, eps: np.ndarray) -> np.ndarray:
@@ -710,6 +741,7 @@ class MMCCResult:
     seconds: float
     groups: tuple = field(repr=False, default=())
     mixture_refinement: int = 1
+    tail_uniform_share: float = 1.0
 
     def dp_event(self):
         """ComposedDpEvent of SelfComposedDpEvent(MixtureOfGaussiansDpEvent(...), count) per
@@ -753,6 +785,7 @@ class MMCCResult:
             "mixture_grid": 1.0 / self.mixture_resolution,
             "tail_grid": 1.0 / self.tail_resolution,
             "mixture_fine_grid": 1.0 / (self.mixture_resolution * self.mixture_refinement),
+            "tail_uniform_share": self.tail_uniform_share,
             "seconds": self.seconds,
             "method": "MMCC-style conditional composition (docs/accounting.md); a valid upper bound, "
                       "possibly looser than the paper's algorithm",
@@ -824,6 +857,7 @@ def mmcc(
     progress: Callable[[str], None] | None = None,
     max_memory: int | None = None,
     mixture_refinement: int = DEFAULT_MIXTURE_REFINEMENT,
+    tail_uniform_share: float = DEFAULT_TAIL_UNIFORM_SHARE,
 ) -> MMCCResult:
     """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
@@ -846,6 +880,8 @@ def mmcc(
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
         mixture_refinement: R; rows are convolved on the grid 1/(M R) and each row's sum is
             rounded up to 1/M (1: every weight rounded up to 1/M, the original step 3).
+        tail_uniform_share: u in (0, 1]; delta_tail is split over the K tail events as
+            u / K + (1 - u) C[r, j] / sum C (:func:`tail_allocation`; 1: uniform).
         progress: called with short stage messages (the first states the memory estimate).
         max_memory: bytes the tail-event collection may use (None: no limit); a run that would
             exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
@@ -866,6 +902,8 @@ def mmcc(
         raise MfcliError("the mixture resolution must be a positive integer")
     if isinstance(mixture_refinement, bool) or int(mixture_refinement) != mixture_refinement or mixture_refinement < 1:
         raise MfcliError("the mixture refinement must be a positive integer")
+    if not 0.0 < float(tail_uniform_share) <= 1.0:
+        raise MfcliError(f"the uniform share of the tail delta must lie in (0, 1], got {tail_uniform_share!r}")
     fracs = [float(f) for f in tail_fractions]
     if not fracs or any(not (0 < f < 1) for f in fracs):
         raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
@@ -893,7 +931,8 @@ def mmcc(
             f_eff = f
             delta_tail = f * delta
             say(f"MMCC: {k_pairs} tail events, {pairs.counts.shape[0]} distinct (f = {f:g})")
-            eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail / k_pairs, method=tail_method)
+            share = tail_allocation(prep, pairs, float(tail_uniform_share))
+            eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail * share, method=tail_method)
             p_tilde = posterior_bound(p, eps_u[pairs.key])
             max_pt = float(max(p, p_tilde.max()))
         groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut,
@@ -925,7 +964,7 @@ def mmcc(
         value_discretization=d_used, requested_discretization=d,
         mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
         fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
-        mixture_refinement=int(mixture_refinement),
+        mixture_refinement=int(mixture_refinement), tail_uniform_share=float(tail_uniform_share),
     )
 
 
