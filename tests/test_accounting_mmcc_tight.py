@@ -213,3 +213,14 @@ def test_nonuniform_tail_split_stays_above_the_exact_epsilon(name, c, sigma, p, 
 def test_tail_uniform_share_checked() -> None:
     with pytest.raises(MfcliError, match="uniform share"):
         M.mmcc(np.eye(3), sigma=1.0, sampling=0.1, tail_uniform_share=0.0)
+
+
+def test_coarsen_down_is_stochastically_smaller() -> None:
+    rng = np.random.default_rng(3)
+    sup = np.sort(rng.choice(100_000, 3000, replace=False))
+    pr = rng.random(3000)
+    pr /= pr.sum()
+    s2, p2 = ML.coarsen_down(sup, pr, 500)
+    assert s2.size <= 500 and p2.sum() == pytest.approx(1.0)
+    t = np.linspace(0, 100_000, 997)
+    assert np.all(np.array([p2[s2 <= x].sum() for x in t]) >= np.array([pr[sup <= x].sum() for x in t]) - 1e-12)

@@ -36,6 +36,9 @@ from mfcli.accounting import mog_pld
 STATISTICS = ("ones", "score", "score2")
 #: Grid 1/M of the rounded-down weights v_j (v scaled to max 1).
 WEIGHT_RESOLUTION = 200
+#: Most atoms of the mean law handed to the hockey-stick evaluation (each evaluation costs ~1000 x
+#: atoms); a larger law is coarsened by rounding its atoms DOWN (:func:`coarsen_down`).
+MAX_ATOMS = 1000
 #: Upper-tail mass of the mean law below this (all steps together) is moved down, never up.
 _TAIL = 1e-30
 
@@ -81,8 +84,24 @@ def mean_law(weights: np.ndarray, p: float, resolution: int) -> tuple[np.ndarray
     return support, pr / pr.sum()
 
 
+def coarsen_down(support: np.ndarray, probs: np.ndarray, max_atoms: int = MAX_ATOMS) -> tuple[np.ndarray, np.ndarray]:
+    """Move the atoms (integers >= 0) DOWN to multiples of the smallest factor f with at most
+    ``max_atoms`` distinct values (a stochastically smaller law: only lowers the divergence)."""
+    if support.size <= max_atoms:
+        return support, probs
+    f = 1
+    while True:
+        f *= 2
+        pts = (support // f) * f
+        if np.unique(pts).size <= max_atoms:
+            break
+    vals, inv = np.unique(pts, return_inverse=True)
+    pr = np.bincount(inv, weights=probs)
+    return vals, pr / pr.sum()
+
+
 def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: float) -> float:
-    """Largest eps (to 1e-10 relative) at which the pair N(0, tau^2) vs sum_i probs_i N(support_i,
+    """Largest eps (to 1e-7 relative) at which the pair N(0, tau^2) vs sum_i probs_i N(support_i,
     tau^2) still has hockey-stick divergence > delta in one of the two directions (0 if none):
     a lower end, so the pair's true epsilon at delta is >= the value returned."""
     if support.size == 0 or support.max() <= 0:
@@ -101,7 +120,7 @@ def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: f
         if hi > 1e6:
             return lo
     for _ in range(100):
-        if hi - lo <= 1e-10 * (1 + hi):
+        if hi - lo <= 1e-7 * (1 + hi):
             break
         mid = 0.5 * (lo + hi)
         if worst(mid) > delta:
@@ -118,7 +137,7 @@ def statistic_epsilon(gram_chol: np.ndarray, weights: np.ndarray, *, sigma_eff: 
     factor of C^T C."""
     z = np.linalg.solve(gram_chol, weights)
     tau = sigma_eff * float(np.sqrt(z @ z)) * (1 + 1e-9)
-    support, probs = mean_law(weights, p, resolution)
+    support, probs = coarsen_down(*mean_law(weights, p, resolution))
     return mixture_epsilon(tau * resolution, support.astype(np.float64), probs, delta), tau
 
 
