@@ -224,3 +224,16 @@ def test_coarsen_down_is_stochastically_smaller() -> None:
     assert s2.size <= 500 and p2.sum() == pytest.approx(1.0)
     t = np.linspace(0, 100_000, 997)
     assert np.all(np.array([p2[s2 <= x].sum() for x in t]) >= np.array([pr[sup <= x].sum() for x in t]) - 1e-12)
+
+
+@pytest.mark.parametrize("nnz,length,r,budget,expected", [
+    (10, 100, 20, 1e9, 20),
+    (1000, 1000, 20, 1e7, 10),
+    (1000, 1000, 20, 2e6, 2),
+    (1000, 1000, 20, 1e5, 1),
+    (10, 10, 7, 1e9, 7),
+    (10, 10, 7, 300, 5),
+    (10, 10, 1, 1e9, 1),
+])
+def test_row_refinement_fits_the_budget(nnz, length, r, budget, expected) -> None:
+    assert M.row_refinement(nnz, length, r, budget) == expected

@@ -81,6 +81,9 @@ PLD_WORK_BUDGET = 3e7
 #: Default R of the row mixtures' fine grid 1/(M R): weights are convolved there and only each row's
 #: sum is rounded up to the grid 1/M (:func:`coarsen_up`).
 DEFAULT_MIXTURE_REFINEMENT = 20
+#: Element operations allowed for all rows' fine-grid convolutions together (about a second or
+#: two); rows that would exceed their share use a smaller refinement (:func:`row_refinement`).
+ROW_WORK_BUDGET = 1e9
 #: Default u of :func:`tail_allocation`: the share of delta_tail split uniformly over the tail
 #: events (the rest in proportion to C[r, j]).
 DEFAULT_TAIL_UNIFORM_SHARE = 1.0
@@ -656,17 +659,32 @@ class RowGroup:
     first_row: int
 
 
+def row_refinement(nnz: int, coarse_length: int, refinement: int, budget: float) -> int:
+    """The largest R' in (R, 10, 5, 2, 1) (those <= R) whose fine-grid convolution, about
+    nnz x coarse_length x R' element operations, fits ``budget``: a dense row of a large C
+    (hundreds of columns, a long law) falls back to a coarser fine grid, 1 at worst (every weight
+    rounded to 1/M, the original step 3), so the run time stays near the original's."""
+    for r in (refinement, 10, 5, 2, 1):
+        if r <= refinement and (r == 1 or nnz * coarse_length * r <= budget):
+            return r
+    return 1
+
+
 def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.ndarray, p: float, *,
-                     resolution: int, cut: float, refinement: int = 1) -> list[RowGroup]:
+                     resolution: int, cut: float, refinement: int = 1,
+                     work_budget: float = ROW_WORK_BUDGET) -> tuple[list[RowGroup], int]:
     """Step 3 for every row, identical row laws grouped. With ``refinement`` R > 1 the weights are
-    rounded up to the fine grid 1/(M R), the law is convolved there and its sum rounded up to the
-    grid 1/M (:func:`coarsen_up`)."""
+    rounded up to the fine grid 1/(M R'), the law is convolved there and its sum rounded up to the
+    grid 1/M (:func:`coarsen_up`), with R' <= R chosen per row to fit ``work_budget`` / rows
+    (:func:`row_refinement`). Returns the groups and the smallest R' used."""
     c = prep.strategy
     m = c.shape[0]
     # p~ of the pairs, by row
     bounds = np.searchsorted(pairs.rows, np.arange(m + 1)) if pairs.count else np.zeros(m + 1, dtype=np.int64)
     groups: dict[bytes, list] = {}
     order: list[bytes] = []
+    per_row = work_budget / max(1, m)
+    used = refinement
     for r in range(m):
         cols = np.flatnonzero(c[r])
         if cols.size == 0:
@@ -676,9 +694,12 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
         if b > a:
             pos = np.searchsorted(cols, pairs.cols[a:b])
             probs[pos] = p_tilde_pair[a:b]
-        w = _round_up_to_grid(c[r, cols], resolution * refinement)
-        support, pr, eta = row_mixture(w, probs, cut=cut)
-        support, pr = coarsen_up(support, pr, refinement)
+        support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution), probs, cut=cut)
+        rr = row_refinement(cols.size, int(support.max()) + 1, refinement, per_row) if refinement > 1 else 1
+        if rr > 1:
+            support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution * rr), probs, cut=cut)
+            support, pr = coarsen_up(support, pr, rr)
+        used = min(used, rr)
         key = support.astype(np.int64).tobytes() + pr.tobytes()
         g = groups.get(key)
         if g is None:
@@ -688,7 +709,7 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
             g[2] += 1
             g[3] = max(g[3], eta)
     return [RowGroup(support=g[0], probabilities=g[1], count=g[2], eta=g[3], first_row=g[4])
-            for g in (groups[k] for k in order)]
+            for g in (groups[k] for k in order)], used
 
 
 # ---------------------------------------------------------------------------------------------
@@ -878,8 +899,10 @@ def mmcc(
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
-        mixture_refinement: R; rows are convolved on the grid 1/(M R) and each row's sum is
-            rounded up to 1/M (1: every weight rounded up to 1/M, the original step 3).
+        mixture_refinement: R; rows are convolved on the grid 1/(M R') and each row's sum is
+            rounded up to 1/M (1: every weight rounded up to 1/M, the original step 3); R' <= R
+            per row within a work budget (:func:`row_refinement`); the result reports the
+            smallest R' used.
         tail_uniform_share: u in (0, 1]; delta_tail is split over the K tail events as
             u / K + (1 - u) C[r, j] / sum C (:func:`tail_allocation`; 1: uniform).
         progress: called with short stage messages (the first states the memory estimate).
@@ -935,8 +958,8 @@ def mmcc(
             eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail * share, method=tail_method)
             p_tilde = posterior_bound(p, eps_u[pairs.key])
             max_pt = float(max(p, p_tilde.max()))
-        groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut,
-                                  refinement=int(mixture_refinement))
+        groups, r_used = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut,
+                                          refinement=int(mixture_refinement))
         # Cutting mass eta from a row's mixture costs eta in the remove direction and
         # eta / (1 - eta) in the add direction (Q >= (1 - eta) Q'); charge the larger.
         delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups))
@@ -951,11 +974,11 @@ def mmcc(
         eps = float(pld.get_epsilon_for_delta(delta_pld))
         tried[f_eff] = eps
         if best is None or eps < best[0]:
-            best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used)
+            best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used)
         if f_eff == 0.0:
             break
     assert best is not None
-    eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used = best
+    eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used = best
     return MMCCResult(
         epsilon=eps, delta=delta, delta_pld=delta_pld, delta_tail=delta_tail, delta_trunc=delta_trunc,
         tail_fraction=f_eff, pairs=k_pairs, distinct_tail_problems=int(pairs.counts.shape[0]),
@@ -964,7 +987,7 @@ def mmcc(
         value_discretization=d_used, requested_discretization=d,
         mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
         fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
-        mixture_refinement=int(mixture_refinement), tail_uniform_share=float(tail_uniform_share),
+        mixture_refinement=int(r_used), tail_uniform_share=float(tail_uniform_share),
     )
 
 

@@ -30,6 +30,7 @@ bisection bracket whose delta exceeds the target.
 from __future__ import annotations
 
 import numpy as np
+
 from mfcli.accounting import mog_pld
 
 #: The weight vectors v tried, by name (see the module docstring).
