@@ -232,7 +232,8 @@ def test_coarsen_down_is_stochastically_smaller() -> None:
     (1000, 1000, 20, 2e6, 2),
     (1000, 1000, 20, 1e5, 1),
     (10, 10, 7, 1e9, 7),
-    (10, 10, 7, 300, 5),
+    (10, 10, 7, 600, 5),
+    (10, 10, 7, 300, 2),
     (10, 10, 1, 1e9, 1),
 ])
 def test_row_refinement_fits_the_budget(nnz, length, r, budget, expected) -> None:
