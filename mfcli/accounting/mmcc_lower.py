@@ -17,7 +17,7 @@ the mixture at small p, sum_j (C e_j)^T y = (C 1)^T y, is T_v with v = C^T C 1: 
 by how strongly its column correlates with the others, which is what dense correlated-noise C
 (where a participation shows in many rows) leaks; v = (C^T C)^2 1 is one more power step towards
 the top eigenvector. Measured at the headline (sigma 4, p 0.01, momentum-n256): 1.477 (v = 1),
-2.193 (C^T C 1), 2.200 ((C^T C)^2 1).
+2.189 (C^T C 1), 2.194 ((C^T C)^2 1).
 
 Rounding, always towards less privacy loss: v is scaled to max 1 and every v_j rounded DOWN to the
 grid 1/M (so the mean v^T b only decreases pointwise, a stochastically smaller mean law), the
