@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from mfcli.accounting import mog_pld
+from mfcli.accounting import mmcc_lower, mog_pld
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import (
@@ -79,6 +79,15 @@ TRUNCATION_SHARE = 1e-6
 #: Work budget of all row PLDs together: sum over distinct rows of (privacy-curve points) x
 #: (support size). The PLD grid is coarsened in 1-2-5 steps from the requested one until it fits.
 PLD_WORK_BUDGET = 3e7
+#: Default R of the row mixtures' fine grid 1/(M R): weights are convolved there and only each row's
+#: sum is rounded up to the grid 1/M (:func:`coarsen_up`).
+DEFAULT_MIXTURE_REFINEMENT = 20
+#: Element operations allowed for all rows' fine-grid convolutions together (about a second or
+#: two); rows that would exceed their share use a smaller refinement (:func:`row_refinement`).
+ROW_WORK_BUDGET = 1e9
+#: Default u of :func:`tail_allocation`: the share of delta_tail split uniformly over the tail
+#: events (the rest in proportion to C[r, j]).
+DEFAULT_TAIL_UNIFORM_SHARE = 1.0
 #: Keys of the tail step per batch (memory: batch x cap doubles).
 _TAIL_BATCH = 1024
 
@@ -451,14 +460,16 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
 
 
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
-                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float, tol: float = 1e-8) -> np.ndarray:
-    """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem; +inf where none does.
+                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8) -> np.ndarray:
+    """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem (``delta`` a scalar or one
+    value per problem); +inf where none does.
 
     Newton steps on log T kept inside a bracket (bisection when a step leaves it). The returned
     value is always the upper end of a bracket, at which T was evaluated and found <= delta.
     """
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
+    delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), (b,))
     out = np.full(b, np.inf)
     kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
@@ -473,7 +484,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
     x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
-    logd = math.log(delta)
+    logd = np.log(delta)
     for _ in range(100):
         idx = np.flatnonzero(active & (hi - lo > tol * (1 + hi)))
         if idx.size == 0:
@@ -481,11 +492,11 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
         xi = np.clip(x[idx], lo[idx], hi[idx])
         t, dt = _tail_T(pmf[idx], extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
         t = t * slack
-        meets = t <= delta
+        meets = t <= delta[idx]
         lo[idx] = np.where(meets, lo[idx], xi)
         hi[idx] = np.where(meets, xi, hi[idx])
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = (np.log(np.maximum(t, 1e-300)) - logd) / (dt / np.maximum(t, 1e-300))
+            step = (np.log(np.maximum(t, 1e-300)) - logd[idx]) / (dt / np.maximum(t, 1e-300))
         nx = xi - step
         # a step outside the bracket, or one that would stall on the side already known, bisects
         width = hi[idx] - lo[idx]
@@ -499,9 +510,11 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     return out
 
 
-def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float, method: str = "fft") -> np.ndarray:
+def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float | np.ndarray,
+                  method: str = "fft") -> np.ndarray:
     """eps of every distinct tail problem (+inf where the tail cannot be met): step 1 of
-    docs/accounting.md, "Algorithm".
+    docs/accounting.md, "Algorithm". ``delta_pair``: the tail probability allowed, one value for
+    all problems or one per problem (:func:`tail_allocation`).
 
     ``method`` "fft" (default, fast, with explicit folding and round-off allowances) or "direct"
     (exact convolution)."""
@@ -510,6 +523,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
     if u == 0:
         return out
     h = 1.0 / pairs.resolution
+    delta_all = np.broadcast_to(np.asarray(delta_pair, dtype=np.float64), (u,))
     weights = np.arange(pairs.counts.shape[1])
     support = pairs.counts @ weights  # largest rounded W (grid units)
     terms = pairs.counts.sum(axis=1)
@@ -520,6 +534,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         sel = order[start:start + _TAIL_BATCH]
         counts = pairs.counts[sel]
         sup = support[sel]
+        dsel = delta_all[sel]
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
         # the tail" (a valid over-estimate that moves eps by a negligible amount).
@@ -531,7 +546,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         lo_c, hi_c = 1, int(sup.max()) + 1
         while lo_c < hi_c:
             mid = (lo_c + hi_c) // 2
-            if np.all(tail_at(mid) <= 1e-3 * delta_pair):
+            if np.all(tail_at(mid) <= 1e-3 * dsel):
                 hi_c = mid
             else:
                 lo_c = mid + 1
@@ -547,8 +562,30 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         else:
             raise MfcliError(f"unknown tail method {method!r}")
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
-                                  delta=delta_pair)
+                                  delta=dsel)
     return out
+
+
+def tail_allocation(prep: PreparedStrategy, pairs: TailPairs, uniform_share: float) -> np.ndarray:
+    """Share of delta_tail for every distinct tail problem (docs/accounting.md, "Algorithm", step 1).
+
+    Pair (r, j) is allotted a_rj = u / K + (1 - u) C[r, j] / sum_pairs C[r', j'] (u =
+    ``uniform_share``): a pair whose column carries more weight in its row moves that row's mixture
+    more, so it gets more of the budget. The union bound only needs sum_pairs a_rj <= 1; pairs that
+    share a problem (solved once) all use the smallest allotment among them, so the shares used
+    sum to at most 1. u = 1 is the uniform split delta_tail / K.
+    """
+    k = pairs.count
+    u = pairs.counts.shape[0]
+    if k == 0:
+        return np.zeros(u)
+    if uniform_share >= 1.0:
+        return np.full(u, 1.0 / k)
+    w = prep.strategy[pairs.rows, pairs.cols]
+    a = uniform_share / k + (1.0 - uniform_share) * w / w.sum()
+    share = np.full(u, np.inf)
+    np.minimum.at(share, pairs.key, a)
+    return share * (1.0 - 1e-12)  # round-off in the sum
 
 
 def posterior_bound(p: float, eps: np.ndarray) -> np.ndarray:
@@ -599,6 +636,24 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     return support, pr, eta
 
 
+def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple[np.ndarray, np.ndarray]:
+    """Move every atom k (fine grid 1/(M R)) UP to the coarse grid point ceil(k / R) (grid 1/M)
+    and add the probabilities that land on the same point.
+
+    Why: rounding every weight C[r, j] up to the coarse grid 1/M costs up to 1/M per participating
+    column, which for a dense row (hundreds of small entries) inflates S_r by several grid steps;
+    convolving on the fine grid and rounding only the sum costs at most 1/M + k / (M R) for k
+    participants, with the same coarse support (the PLD's cost). Pointwise S_coarse >= S, so the
+    coarse law is stochastically larger (docs/accounting.md, "Algorithm", step 3)."""
+    if refinement == 1:
+        return support, probs
+    coarse = -((-np.asarray(support, dtype=np.int64)) // refinement)  # ceil for non-negative ints
+    pts, inv = np.unique(coarse, return_inverse=True)
+    pr = np.bincount(inv, weights=probs)
+    keep = pr > 0
+    return pts[keep], pr[keep] / pr[keep].sum()
+
+
 @dataclass(frozen=True)
 class RowGroup:
     """A distinct row mechanism: MoG(sigma, support / resolution, probabilities), ``count`` rows."""
@@ -610,15 +665,32 @@ class RowGroup:
     first_row: int
 
 
+def row_refinement(nnz: int, coarse_length: int, refinement: int, budget: float) -> int:
+    """The largest R' in (R, 10, 5, 2, 1) (those <= R) whose fine-grid convolution, about
+    nnz x coarse_length x R' element operations, fits ``budget``: a dense row of a large C
+    (hundreds of columns, a long law) falls back to a coarser fine grid, 1 at worst (every weight
+    rounded to 1/M, the original step 3), so the run time stays near the original's."""
+    for r in (refinement, 10, 5, 2, 1):
+        if r <= refinement and (r == 1 or nnz * coarse_length * r <= budget):
+            return r
+    return 1
+
+
 def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.ndarray, p: float, *,
-                     resolution: int, cut: float) -> list[RowGroup]:
-    """Step 3 for every row, identical row laws grouped."""
+                     resolution: int, cut: float, refinement: int = 1,
+                     work_budget: float = ROW_WORK_BUDGET) -> tuple[list[RowGroup], int]:
+    """Step 3 for every row, identical row laws grouped. With ``refinement`` R > 1 the weights are
+    rounded up to the fine grid 1/(M R'), the law is convolved there and its sum rounded up to the
+    grid 1/M (:func:`coarsen_up`), with R' <= R chosen per row to fit ``work_budget`` / rows
+    (:func:`row_refinement`). Returns the groups and the smallest R' used."""
     c = prep.strategy
     m = c.shape[0]
     # p~ of the pairs, by row
     bounds = np.searchsorted(pairs.rows, np.arange(m + 1)) if pairs.count else np.zeros(m + 1, dtype=np.int64)
     groups: dict[bytes, list] = {}
     order: list[bytes] = []
+    per_row = work_budget / max(1, m)
+    used = refinement
     for r in range(m):
         cols = np.flatnonzero(c[r])
         if cols.size == 0:
@@ -628,8 +700,12 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
         if b > a:
             pos = np.searchsorted(cols, pairs.cols[a:b])
             probs[pos] = p_tilde_pair[a:b]
-        w = _round_up_to_grid(c[r, cols], resolution)
-        support, pr, eta = row_mixture(w, probs, cut=cut)
+        support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution), probs, cut=cut)
+        rr = row_refinement(cols.size, int(support.max()) + 1, refinement, per_row) if refinement > 1 else 1
+        if rr > 1:
+            support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution * rr), probs, cut=cut)
+            support, pr = coarsen_up(support, pr, rr)
+        used = min(used, rr)
         key = support.astype(np.int64).tobytes() + pr.tobytes()
         g = groups.get(key)
         if g is None:
@@ -639,7 +715,7 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
             g[2] += 1
             g[3] = max(g[3], eta)
     return [RowGroup(support=g[0], probabilities=g[1], count=g[2], eta=g[3], first_row=g[4])
-            for g in (groups[k] for k in order)]
+            for g in (groups[k] for k in order)], used
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,6 +767,8 @@ class MMCCResult:
     fractions_tried: dict
     seconds: float
     groups: tuple = field(repr=False, default=())
+    mixture_refinement: int = 1
+    tail_uniform_share: float = 1.0
 
     def dp_event(self):
         """ComposedDpEvent of SelfComposedDpEvent(MixtureOfGaussiansDpEvent(...), count) per
@@ -733,6 +811,8 @@ class MMCCResult:
             "requested_discretization": self.requested_discretization,
             "mixture_grid": 1.0 / self.mixture_resolution,
             "tail_grid": 1.0 / self.tail_resolution,
+            "mixture_fine_grid": 1.0 / (self.mixture_resolution * self.mixture_refinement),
+            "tail_uniform_share": self.tail_uniform_share,
             "seconds": self.seconds,
             "method": "MMCC-style conditional composition (docs/accounting.md); a valid upper bound, "
                       "possibly looser than the paper's algorithm",
@@ -804,6 +884,8 @@ def mmcc(
     progress: Callable[[str], None] | None = None,
     max_memory: int | None = None,
     on_progress: ProgressCallback | None = None,
+    mixture_refinement: int = DEFAULT_MIXTURE_REFINEMENT,
+    tail_uniform_share: float = DEFAULT_TAIL_UNIFORM_SHARE,
 ) -> MMCCResult:
     """Epsilon of the matrix mechanism C G + Z under Poisson sampling (docs/accounting.md, "Algorithm").
 
@@ -824,6 +906,12 @@ def mmcc(
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
+        mixture_refinement: R; rows are convolved on the grid 1/(M R') and each row's sum is
+            rounded up to 1/M (1: every weight rounded up to 1/M, the original step 3); R' <= R
+            per row within a work budget (:func:`row_refinement`); the result reports the
+            smallest R' used.
+        tail_uniform_share: u in (0, 1]; delta_tail is split over the K tail events as
+            u / K + (1 - u) C[r, j] / sum C (:func:`tail_allocation`; 1: uniform).
         progress: called with short stage messages (the first states the memory estimate).
         max_memory: bytes the tail-event collection may use (None: no limit); a run that would
             exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
@@ -844,6 +932,10 @@ def mmcc(
         raise MfcliError(f"unknown accounting engine {engine!r} (fast or dp-accounting)")
     if isinstance(mixture_resolution, bool) or int(mixture_resolution) != mixture_resolution or mixture_resolution < 1:
         raise MfcliError("the mixture resolution must be a positive integer")
+    if isinstance(mixture_refinement, bool) or int(mixture_refinement) != mixture_refinement or mixture_refinement < 1:
+        raise MfcliError("the mixture refinement must be a positive integer")
+    if not 0.0 < float(tail_uniform_share) <= 1.0:
+        raise MfcliError(f"the uniform share of the tail delta must lie in (0, 1], got {tail_uniform_share!r}")
     fracs = [float(f) for f in tail_fractions]
     if not fracs or any(not (0 < f < 1) for f in fracs):
         raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
@@ -873,10 +965,12 @@ def mmcc(
             f_eff = f
             delta_tail = f * delta
             say(f"MMCC: {k_pairs} tail events, {pairs.counts.shape[0]} distinct (f = {f:g})")
-            eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail / k_pairs, method=tail_method)
+            share = tail_allocation(prep, pairs, float(tail_uniform_share))
+            eps_u = tail_epsilons(pairs, p=p, sigma=sig, delta_pair=delta_tail * share, method=tail_method)
             p_tilde = posterior_bound(p, eps_u[pairs.key])
             max_pt = float(max(p, p_tilde.max()))
-        groups = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut)
+        groups, r_used = build_row_groups(prep, pairs, p_tilde, p, resolution=mixture_resolution, cut=cut,
+                                          refinement=int(mixture_refinement))
         # Cutting mass eta from a row's mixture costs eta in the remove direction and
         # eta / (1 - eta) in the add direction (Q >= (1 - eta) Q'); charge the larger.
         delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups))
@@ -891,12 +985,12 @@ def mmcc(
         eps = float(pld.get_epsilon_for_delta(delta_pld))
         tried[f_eff] = eps
         if best is None or eps < best[0]:
-            best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used)
+            best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used)
         if f_eff == 0.0:
             break
     tick.finish()
     assert best is not None
-    eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used = best
+    eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used = best
     return MMCCResult(
         epsilon=eps, delta=delta, delta_pld=delta_pld, delta_tail=delta_tail, delta_trunc=delta_trunc,
         tail_fraction=f_eff, pairs=k_pairs, distinct_tail_problems=int(pairs.counts.shape[0]),
@@ -905,6 +999,7 @@ def mmcc(
         value_discretization=d_used, requested_discretization=d,
         mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
         fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
+        mixture_refinement=int(r_used), tail_uniform_share=float(tail_uniform_share),
     )
 
 
@@ -914,22 +1009,36 @@ def mmcc(
 
 @dataclass(frozen=True)
 class LowerBoundResult:
-    """Exact epsilon of the post-processed statistic T = 1^T C^+ y: a lower bound on the true eps."""
+    """Exact epsilon of the best post-processed statistic T_v = v^T C^+ y tried (a lower bound on
+    the true eps; :mod:`mfcli.accounting.mmcc_lower`).
+
+    Attributes:
+        epsilon: the largest of the statistics' epsilons.
+        noise_scale: tau of the best statistic (in units of its largest weight).
+        statistic: name of the best statistic ("ones": v = 1, the spec's 1^T C^+ y; "score":
+            v = C^T C 1, i.e. T = (C 1)^T y up to scale; "score2": v = (C^T C)^2 1).
+        tried: {name: epsilon} of every statistic tried.
+    """
 
     epsilon: float
     delta: float
     noise_scale: float
     steps: int
     sampling: float
+    statistic: str = "ones"
+    tried: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
             "setting": "lower-bound",
             "epsilon": self.epsilon,
             "delta": self.delta,
+            "statistic": self.statistic,
+            "statistics_tried": dict(self.tried),
             "statistic_noise_std": self.noise_scale,
-            "method": "T = 1^T C^+ y = Bin(n, p) + N(0, s^2), s^2 = sigma_eff^2 1^T (C^T C)^-1 1; exact "
-                      "hockey-stick divergence (max of add and remove), bisection on eps",
+            "method": "max over v in {1, C^T C 1, (C^T C)^2 1} of the exact epsilon of T_v = v^T C^+ y = "
+                      "v^T b + N(0, tau^2), tau^2 = sigma_eff^2 v^T (C^T C)^-1 v, b_j ~ Bernoulli(p); v rounded "
+                      "down to a grid; exact hockey-stick divergence (max of add and remove), bisection on eps",
             "assumptions": "Poisson sampling with rate p; add or remove one example; valid for the true "
                            "epsilon of any mechanism whose outputs determine T",
         }
@@ -942,66 +1051,43 @@ def lower_bound(
     sampling: float,
     delta: float = DEFAULT_DELTA,
     release_steps: Sequence[int] | None = None,
+    statistics: Sequence[str] = mmcc_lower.STATISTICS,
 ) -> LowerBoundResult:
-    """Lower bound on the true epsilon (docs/accounting.md, "Oracles"): T = 1^T C^+ y is
-    Bin(n, p) + N(0, s^2) under Q and N(0, s^2) under P, s^2 = sigma_eff^2 1^T (C^T C)^-1 1 (C scaled to unit
-    sensitivity, C^+ the best left inverse). Its exact hockey-stick curve (both directions) is
-    inverted by bisection.
+    """Lower bound on the true epsilon (docs/accounting.md, "A tighter lower bound"): the largest
+    exact epsilon of the statistics T_v = v^T C^+ y for v in ``statistics`` (C scaled to unit
+    sensitivity, C^+ the least-squares left inverse). T_v is v^T b + N(0, tau^2) under Q and
+    N(0, tau^2) under P, tau^2 = sigma_eff^2 v^T (C^T C)^-1 v; its exact hockey-stick curve
+    (both directions) is inverted by bisection. ``statistics=("ones",)`` is the spec's 1^T C^+ y.
 
-    Formal guarantees: a post-processing of the mechanism's output, so its epsilon can only be
-    smaller than the mechanism's: never above the true epsilon. The binomial's far upper tail
-    (below 1e-30) is moved down to 0, which can only lower the value further.
+    Formal guarantees: each T_v is a post-processing of the mechanism's output, fixed before any
+    data is seen, so its epsilon can only be smaller than the mechanism's: never above the true
+    epsilon, and neither is their maximum. Every rounding (weights down, binomial tails moved down,
+    tau up, the bisection's lower end) only lowers the value further.
     """
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
     delta = check_delta(delta)
+    names = tuple(statistics)
+    if not names or any(s not in mmcc_lower.STATISTICS for s in names):
+        raise MfcliError(f"lower-bound statistics must be among {', '.join(mmcc_lower.STATISTICS)}, got {names!r}")
     prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
     c = prep.strategy
-    n = prep.n
     sig = sigma / prep.sensitivity
     gram = c.T @ c
     try:
         chol = np.linalg.cholesky(gram)
     except np.linalg.LinAlgError:
         raise MfcliError("C has dependent columns: no left inverse, no lower bound") from None
-    z = np.linalg.solve(chol, np.ones(n))
-    s = sig * float(np.sqrt(z @ z))
-    k = np.arange(n + 1)
-    probs = stats.binom.pmf(k, n, p)
-    sf = stats.binom.sf(k, n, p)
-    keep = np.flatnonzero(sf >= 1e-30)
-    kmax = int(keep[-1]) + 1 if keep.size else n
-    kmax = min(kmax, n)
-    sup = k[:kmax + 1].astype(np.float64)
-    pr = probs[:kmax + 1].copy()
-    pr[0] += max(0.0, 1.0 - pr.sum())  # tail moved down to 0
-    pr = pr / pr.sum()
-    keep = pr > 0
-    sup, pr = sup[keep], pr[keep]
-
-    def worst_delta(e: float) -> float:
-        a = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=True)[0]
-        b = mog_pld.hockey_stick(s, sup, pr, np.array([e]), remove=False)[0]
-        return max(a, b)
-
-    if worst_delta(0.0) <= delta:
-        eps = 0.0
-    else:
-        lo, hi = 0.0, 1.0
-        while worst_delta(hi) > delta:
-            lo, hi = hi, 2 * hi
-            if hi > 1e6:
-                break
-        for _ in range(100):
-            if hi - lo <= 1e-10 * (1 + hi):
-                break
-            mid = 0.5 * (lo + hi)
-            if worst_delta(mid) > delta:
-                lo = mid
-            else:
-                hi = mid
-        eps = lo  # the lower end: delta(lo) > delta, so the true eps of T is >= lo
-    return LowerBoundResult(epsilon=eps, delta=delta, noise_scale=s, steps=n, sampling=p)
+    tried: dict[str, float] = {}
+    best = (-1.0, "", 0.0)
+    for name in names:
+        v = mmcc_lower.statistic_weights(gram, name)
+        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta)
+        tried[name] = eps
+        if eps > best[0]:
+            best = (eps, name, tau)
+    return LowerBoundResult(epsilon=best[0], delta=delta, noise_scale=best[2], steps=prep.n, sampling=p,
+                            statistic=best[1], tried=tried)
 
 
 @dataclass(frozen=True)

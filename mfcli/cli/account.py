@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from mfcli.accounting.session import AccountingReport
 
 
+#: How the table names the lower bound's statistic (mfcli.accounting.mmcc_lower.STATISTICS).
+_LOWER_STAT = {"ones": "1^T C^+ y", "score": "(C 1)^T y", "score2": "(C C^T C 1)^T y"}
+
+
 def _text(result: Any, key: str) -> str:
     """A result's descriptive text (assumptions, method), which lives with its JSON form."""
     from mfcli.accounting.mmcc import MMCCResult
@@ -91,12 +95,14 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
             f"(tail, f = {u.tail_fraction:g}) + "
             f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
             f"{pessimistic(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
-            f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g}; "
+            f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g} (rows convolved on "
+            f"{1.0 / (u.mixture_resolution * u.mixture_refinement):g}); "
             f"example in every step (sanity bound): {pessimistic(br.full.epsilon)}",
         )
         notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
-                     "post-processed statistic 1^T C^+ y" + (", or of the rows with disjoint windows (banded C)"
-                                                            if br.lower_rows is not None else ""))
+                     f"post-processed statistic {_LOWER_STAT.get(br.lower.statistic, 'v^T C^+ y')} (the best of "
+                     "1^T C^+ y, (C 1)^T y, (C C^T C 1)^T y)"
+                     + (", or of the rows with disjoint windows (banded C)" if br.lower_rows is not None else ""))
         est = br.estimate
         if est is not None:
             t.add_row(
