@@ -89,7 +89,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     if br is not None:
         u = br.upper
         t.add_row(
-            "MMCC (Poisson)\n[lower, upper]",
+            "MMCC (Poisson) [lower, upper]",
             f"[{pessimistic(br.lower_epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
             f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
             f"(tail, f = {u.tail_fraction:g}) + "
