@@ -128,7 +128,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
             sens_text = f"sensitivity {pessimistic(s.value)} (exact: {safe_markup(s.method)})"
         else:
             low = pessimistic(det.epsilon_lower, down=True)
-            eps_text = f"{pessimistic(det.epsilon)}\n(true in [{low}, {pessimistic(det.epsilon)}])"
+            eps_text = f"{pessimistic(det.epsilon)} (true in [{low}, {pessimistic(det.epsilon)}])"
             sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
                          f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
         t.add_row("deterministic participation", eps_text, assumes("deterministic"),
