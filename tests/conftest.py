@@ -3,8 +3,12 @@ from collections.abc import Mapping
 
 from hypothesis import HealthCheck, settings
 
-# Keep BLAS from oversubscribing the two CI cores when pytest runs many small problems.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Keep BLAS (and torch's OpenMP pool) from oversubscribing the CI cores: pytest runs one xdist
+# worker per core (addopts in pyproject.toml), each with its own thread pools, and the CLI
+# subprocesses the tests start inherit these variables. Set before numpy/torch are imported
+# (conftest is imported before any test module); a value set by the caller wins.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 # Parent "default": hypothesis's own settings, not the "ci" profile it loads by itself whenever a CI
 # variable exists, so the rule below alone decides.
