@@ -27,3 +27,18 @@ def _ci(environ: Mapping[str, str]) -> bool:
 
 
 settings.load_profile("mfcli-ci" if _ci(os.environ) else "mfcli")
+
+
+# The slowest modules (CPU seconds, docs/performance.md "Test suite"), longest first. Under
+# --dist loadfile each module is one unit of work; xdist hands them out in collection order
+# (--no-loadscope-reorder), so these start first and no long module is left to start last.
+_SLOW_FIRST = (
+    "test_train_multi_epoch.py", "test_accounting_multi.py", "test_inspect_records.py", "test_compare_equal_privacy.py",
+    "test_example_torch_opacus.py", "test_json_schemas.py", "test_packaging.py", "test_accounting_cli.py",
+    "test_adapters_jax_privacy.py", "test_blt.py", "test_signals.py", "test_example_jax_optax.py",
+)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: i for i, name in enumerate(_SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
