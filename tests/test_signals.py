@@ -150,6 +150,11 @@ def test_signals_at_many_delays(tmp_path, sig):
         assert _leftovers(work) == [], (delay, err)
         if proc.returncode == 0:
             assert load_artifact(target).n == 160
+        elif sig == signal.SIGTERM and proc.returncode == -signal.SIGTERM and delay == 0.0:
+            # Sent at start-up, before the command installs its SIGTERM handler (on a loaded
+            # machine, e.g. two test workers on two cores, that window can outlast the signal):
+            # the default action ends the process before it wrote anything (checked above).
+            assert err == "", err
         else:
             assert proc.returncode == EXIT[sig], (delay, err)
             assert err.strip().splitlines() == [err.strip()] and err.startswith(LINE[sig]), (delay, err)
