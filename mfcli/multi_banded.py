@@ -38,6 +38,13 @@ STALL_WINDOW = 10
 STALL_FRACTION = 0.1
 #: ... or after this many iterations without a certificate (progress reports, safety).
 CERTIFY_EVERY = 200
+#: Switch from L-BFGS to truncated Newton steps once f fell by less than this fraction over the
+#: window (ill-conditioned workloads such as momentum need thousands of L-BFGS iterations).
+NEWTON_DECREASE = 1e-3
+#: Conjugate-gradient iterations at most per Newton step.
+NEWTON_CG = 50
+#: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth).
+NEWTON_CERT_SPACING = 3
 
 
 def to_band(x: np.ndarray, bands: int) -> np.ndarray:
@@ -79,7 +86,6 @@ class _Banded:
     def value(self, band: np.ndarray) -> tuple[float, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
         """f(X) and the factors (L's diagonal and subdiagonal blocks, L^-1 A^T) for :meth:`z`;
         (inf, None) if X is not numerically positive definite."""
-        import scipy.linalg
         from scipy.linalg.lapack import dpbtrf
 
         lower, info = dpbtrf(band, lower=1)
@@ -89,34 +95,59 @@ class _Banded:
         ld = np.tril(ld)
         pad = np.arange(self.n, self.nblocks * self.bands)  # padding: identity rows of L
         ld[-1, pad - (self.nblocks - 1) * self.bands, pad - (self.nblocks - 1) * self.bands] = 1.0
-        b = self.bands
-        # Block forward substitution (L is block lower-bidiagonal): BLAS-3 work, O(n^2 b) in all.
-        y = np.zeros((self.nblocks * b, self.n))
+        y = np.zeros((self.nblocks * self.bands, self.n))
         y[: self.n] = self.a_t
-        for k in range(self.nblocks):
-            rhs = y[k * b : (k + 1) * b]
-            if k:
-                rhs -= ll[k - 1] @ y[(k - 1) * b : k * b]
-            y[k * b : (k + 1) * b] = scipy.linalg.solve_triangular(ld[k], rhs, lower=True, check_finite=False)
+        self.forward(ld, ll, y)
         val = float(np.einsum("ij,ij->", y, y))
         if not math.isfinite(val) or val <= 0:
             return math.inf, None
         return val, (ld, ll, y)
 
-    def z(self, factors: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        """Z = X^-1 A^T (zero-padded to a multiple of b rows), so that X^-1 A^T A X^-1 = Z Z^T."""
+    def forward(self, ld: np.ndarray, ll: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Solve L Y = R in place (R padded to a multiple of b rows): block forward substitution,
+        L being block lower-bidiagonal; BLAS-3 work, O(n^2 b) for n right-hand sides."""
         import scipy.linalg
 
-        ld, ll, y = factors
+        b = self.bands
+        for k in range(self.nblocks):
+            rhs = y[k * b : (k + 1) * b]
+            if k:
+                rhs -= ll[k - 1] @ y[(k - 1) * b : k * b]
+            y[k * b : (k + 1) * b] = scipy.linalg.solve_triangular(ld[k], rhs, lower=True, check_finite=False)
+        return y
+
+    def backward(self, ld: np.ndarray, ll: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Solve L^T Z = Y (block back substitution); returns Z."""
+        import scipy.linalg
+
         b = self.bands
         z = np.empty_like(y)
-        for k in reversed(range(self.nblocks)):  # block back substitution with L^T
+        for k in reversed(range(self.nblocks)):
             rhs = y[k * b : (k + 1) * b]
             if k < self.nblocks - 1:
                 rhs = rhs - ll[k].T @ z[(k + 1) * b : (k + 2) * b]
             z[k * b : (k + 1) * b] = scipy.linalg.solve_triangular(ld[k], rhs, lower=True, trans="T",
                                                                     check_finite=False)
         return z
+
+    def z(self, factors: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """Z = X^-1 A^T (zero-padded to a multiple of b rows), so that X^-1 A^T A X^-1 = Z Z^T."""
+        ld, ll, y = factors
+        return self.backward(ld, ll, y)
+
+    def hessian(self, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """The band of the Hessian of f at X in the band direction D: X^-1 D M + M D X^-1 with
+        M = Z Z^T, i.e. V Z^T + Z V^T for V = X^-1 D Z (O(n^2 b))."""
+        ld, ll, _ = factors
+        b, nb = self.bands, self.nblocks
+        dd, dl = self.blocks(d)
+        zb = z.reshape(nb, b, self.n)
+        u = dd @ zb  # U = D Z, block rows: D_(k,k-1) Z_(k-1) + D_kk Z_k + D_(k,k+1) Z_(k+1)
+        u[1:] += dl @ zb[:-1]
+        u[:-1] += np.swapaxes(dl, 1, 2) @ zb[1:]
+        v = self.backward(ld, ll, self.forward(ld, ll, u.reshape(nb * b, self.n))).reshape(nb, b, self.n)
+        zt, vt = np.swapaxes(zb, 1, 2), np.swapaxes(v, 1, 2)
+        return self.unblock(v @ zt + zb @ vt, v[1:] @ zt[:-1] + zb[1:] @ vt[:-1])
 
     def band_of_gram(self, z: np.ndarray) -> np.ndarray:
         """The band of Z Z^T (lower band storage): its diagonal and subdiagonal b x b blocks."""
@@ -221,22 +252,37 @@ def solve_banded(
     history: list[Progress] = []
     values = [f]
     last_cert = 0
+    newton, newton_from, dec0 = False, 0, None
     it = 0
     for it in range(1, max_iter + 1):
-        stalled = len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= STALL_FRACTION * tol * f
-        due = it - last_cert >= CERTIFY_EVERY or (stalled and it - last_cert >= max(STALL_WINDOW, it // 4))
+        if not newton and len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= NEWTON_DECREASE * f:
+            newton, newton_from = True, it
+        if newton:  # quadratic convergence: a step that gained less than tol leaves far less
+            stalled = it > newton_from and values[-2] - f <= STALL_FRACTION * tol * f
+            due = stalled and it - last_cert >= NEWTON_CERT_SPACING
+        else:
+            stalled = len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= STALL_FRACTION * tol * f
+            due = stalled and it - last_cert >= max(STALL_WINDOW, it // 4)
+        due = due or it - last_cert >= CERTIFY_EVERY
         if due:
             last_cert = it
             best_dual = max(best_dual, certify(a, st, _gram(z, n)))
             gap = (f - best_dual) / f
-            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, "lbfgs-banded")
+            method = "newton-band-storage" if newton else "lbfgs-band-storage"
+            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
             history.append(prog)
             if callback is not None:
                 callback(prog)
             if gap <= tol:
                 break
         xs = prob.blocks(x)
-        d = _two_loop(prob, g, ss, ys, xs)
+        if newton:
+            # CG forcing term from the Newton decrement relative to the switch (superlinear).
+            dec = math.sqrt(max(prob.dot(g, prob.metric(xs, g)), 0.0))
+            dec0 = dec if dec0 is None else dec0
+            d = _newton(prob, factors, z, g, xs, min(0.5, math.sqrt(dec / dec0)))
+        else:
+            d = _two_loop(prob, g, ss, ys, xs)
         slope = prob.dot(g, d)
         if slope >= 0:
             ss.clear()
@@ -263,10 +309,13 @@ def solve_banded(
             if len(ss) > memory:
                 ss.pop(0)
                 ys.pop(0)
-        x, f, g = x_new, f_new, g_new
+        x, f, g, factors = x_new, f_new, g_new, new_factors
         values.append(f)
     if last_cert != it or not history:
         best_dual = max(best_dual, certify(a, st, _gram(z, n)))
+        method = "newton-band-storage" if newton else "lbfgs-band-storage"
+        history.append(Progress(it, f * st.scale, best_dual * st.scale, (f - best_dual) / f,
+                                time.perf_counter() - start, method))
     return from_band(x), best_dual, it, history
 
 
@@ -277,6 +326,47 @@ def bandwidth(st: _Structure) -> int:
         if st.mask[d, 0]:
             return d
     return n
+
+
+def _newton(
+    prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, g: np.ndarray,
+    xs: tuple[np.ndarray, np.ndarray], eta: float,
+) -> np.ndarray:
+    """A truncated Newton direction: preconditioned CG on P(H[d]) = -g over the band directions
+    that keep the diagonal fixed, with the metric P(X . X) as the preconditioner (H[D] is close to
+    c X^-1 D X^-1 near the optimum, whose inverse that is)."""
+
+    def hess(p: np.ndarray) -> np.ndarray:
+        h = prob.hessian(factors, z, p)
+        h[0] = 0.0
+        return h
+
+    def precond(r: np.ndarray) -> np.ndarray:
+        q = prob.metric(xs, r)
+        q[0] = 0.0
+        return q
+
+    d = np.zeros_like(g)
+    r = -g
+    q = precond(r)
+    p = q.copy()
+    rz = prob.dot(r, q)
+    stop = eta * math.sqrt(max(rz, 0.0))
+    for _ in range(NEWTON_CG):
+        hp = hess(p)
+        curv = prob.dot(p, hp)
+        if curv <= 0 or rz <= 0:
+            break
+        alpha = rz / curv
+        d += alpha * p
+        r -= alpha * hp
+        q = precond(r)
+        rz_new = prob.dot(r, q)
+        if math.sqrt(max(rz_new, 0.0)) <= stop:
+            break
+        p = q + (rz_new / rz) * p
+        rz = rz_new
+    return d if d.any() else precond(-g)
 
 
 def _two_loop(

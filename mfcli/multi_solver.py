@@ -120,7 +120,8 @@ class MultiSolveResult:
         """JSON-ready solver record (the artifact's ``solver`` attribute)."""
         newton = any(p.method.startswith("newton-") for p in self.history)
         cert = {
-            "method": f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}",
+            "method": (f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}")
+            + ("-band-storage" if any(p.method.endswith("band-storage") for p in self.history) else ""),
             "structure": self.structure,
             "tol": self.tol,
             "gap": self.gap,

@@ -46,6 +46,10 @@ def test_band_pieces_match_dense_formulas(n, b):
     assert np.allclose(prob.band_of_gram(prob.z(factors)), to_band(m, b), rtol=1e-10, atol=1e-10)
     assert np.allclose(prob.metric(prob.blocks(xb), qb), to_band(x @ q @ x, b), rtol=1e-12, atol=1e-12)
     assert prob.dot(xb, qb) == pytest.approx(float(np.sum(x * q)), rel=1e-12)
+    # Hessian of f at X in the band direction Q: X^-1 Q M + M Q X^-1 (plain inverses).
+    xi = np.linalg.inv(x)
+    assert np.allclose(prob.hessian(factors, prob.z(factors), qb), to_band(xi @ q @ m + m @ q @ xi, b),
+                       rtol=1e-9, atol=1e-9)
     assert math.isinf(prob.value(to_band(-x, b))[0])  # not positive definite
 
 
@@ -62,8 +66,8 @@ def test_banded_path_equals_dense_path(workload, n, schema):
     band = multi_participation_factorization(a, schema, tol=1e-9, storage="banded")
     dense = multi_participation_factorization(a, schema, tol=1e-9, storage="dense")
     assert band.converged and dense.converged
-    assert {p.method for p in band.history} == {"lbfgs-banded"}
-    assert band.certificate()["method"] == "lbfgs-banded"
+    assert {p.method for p in band.history} <= {"lbfgs-band-storage", "newton-band-storage"}
+    assert band.certificate()["method"].endswith("banded-band-storage")
     k = schema.participations(n)
     assert band.sensitivity == pytest.approx(math.sqrt(k), rel=1e-12)
     assert band.loss_total == pytest.approx(dense.loss_total, rel=1e-8)
@@ -83,9 +87,11 @@ def test_auto_uses_band_storage_from_the_threshold(monkeypatch):
     a = prefix_workload(32).matrix
     monkeypatch.setattr(ms, "BANDED_MIN_N", 32)
     assert multi_participation_factorization(a, MinSeparation(separation=8)).structure == "banded"
-    assert multi_participation_factorization(a, MinSeparation(separation=8)).certificate()["method"] == "lbfgs-banded"
+    assert multi_participation_factorization(a, MinSeparation(separation=8)).certificate()["method"].endswith(
+        "-band-storage")
     # b > n / 4 and fixed-epoch stay dense
-    assert multi_participation_factorization(a, MinSeparation(separation=16)).certificate()["method"] != "lbfgs-banded"
+    assert not multi_participation_factorization(a, MinSeparation(separation=16)).certificate()["method"].endswith(
+        "-band-storage")
     assert "newton" in multi_participation_factorization(a, FixedEpoch(epochs=4)).certificate()["method"]
 
 
