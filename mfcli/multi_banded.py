@@ -9,7 +9,9 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
   O(n b^2)) and one banded triangular solve with n right-hand sides (tbtrs, O(n^2 b));
 * the gradient -X^-1 A^T A X^-1 is needed only on the band: with Z = X^-1 A^T (one more banded
   solve), the band of Z Z^T is n / b blocked products of b x n by n x 2b matrices (O(n^2 b));
-* the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2)).
+* the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2));
+* once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
+  X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by that metric.
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
