@@ -65,6 +65,9 @@ ARMIJO = 1e-4
 NEWTON_GAP = 0.3
 #: Conjugate-gradient iterations at most per Newton step.
 NEWTON_CG = 50
+#: ``storage="auto"`` keeps BandMF iterates in band storage (:mod:`mfcli.multi_banded`) from this n
+#: on (and for b <= n / 4). Below it the dense solver's Newton phase is as fast.
+BANDED_MIN_N = 1024
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,7 +120,8 @@ class MultiSolveResult:
         """JSON-ready solver record (the artifact's ``solver`` attribute)."""
         newton = any(p.method.startswith("newton-") for p in self.history)
         cert = {
-            "method": f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}",
+            "method": (f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}")
+            + ("-band-storage" if any(p.method.endswith("band-storage") for p in self.history) else ""),
             "structure": self.structure,
             "tol": self.tol,
             "gap": self.gap,
@@ -277,6 +281,7 @@ def multi_participation_factorization(
     x0: np.ndarray | None = None,
     precondition: bool = True,
     newton_gap: float = NEWTON_GAP,
+    storage: str = "auto",
 ) -> MultiSolveResult:
     """The optimal factorization of ``workload`` for a fixed-epoch or min-separation schema.
 
@@ -296,6 +301,10 @@ def multi_participation_factorization(
         newton_gap: once a certified gap is at most this, take truncated Newton steps
             (:func:`_newton_direction`, a certificate after each) instead of L-BFGS steps; 0 never.
             Speed only: the certificate is the same.
+        storage: ``"banded"`` keeps the BandMF iterate in band storage (:mod:`mfcli.multi_banded`,
+            O(n^2 b) per L-BFGS iteration, no Newton phase, certificates only once the primal
+            stalls); ``"dense"`` the n x n iterate of this module; ``"auto"`` banded for BandMF
+            with k > 1, n >= ``BANDED_MIN_N`` and b <= n / 4, else dense. Speed only: the certificate is the same.
 
     Formal guarantees: A = B C to 1e-8 relative; C lower-triangular; ``sensitivity`` is the
     schema sensitivity of C recomputed by :func:`mfcli.participation.sensitivity`, which is exact
@@ -313,10 +322,39 @@ def multi_participation_factorization(
     limit = auto_threads() if threads == "auto" else threads
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
+    if storage not in ("auto", "dense", "banded"):
+        raise MfcliError(f"storage must be 'auto', 'dense' or 'banded', got {storage!r}")
+    band_ok = st.name == "banded" and bool(st.mask.any())  # k > 1: the band is imposed
+    if storage == "banded" and not band_ok:
+        raise MfcliError("banded storage needs a min-separation schema with more than one participation")
+    use_band = storage == "banded" or (storage == "auto" and band_ok and n >= BANDED_MIN_N and 4 * _bands(st) <= n)
     with _blas_threads(limit):
+        if use_band:
+            res = _solve_in_band(a, st, participation, tol=tol, max_iter=max_iter, callback=callback, x0=x0)
+            return dataclasses.replace(res, threads=limit)
         res = _solve(a, st, participation, tol=tol, max_iter=max_iter, dual_every=max(1, dual_every),
                      callback=callback, x0=x0, precondition=precondition, newton_gap=newton_gap)
     return dataclasses.replace(res, threads=limit)
+
+
+def _bands(st: _Structure) -> int:
+    """The number of bands of a banded structure (its first masked offset)."""
+    from mfcli.multi_banded import bandwidth
+
+    return bandwidth(st)
+
+
+def _solve_in_band(
+    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
+    callback: Callable[[Progress], None] | None, x0: np.ndarray | None,
+) -> MultiSolveResult:
+    from mfcli.multi_banded import solve_banded
+
+    start = time.perf_counter()
+    x, best_dual, it, history = solve_banded(
+        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0,
+        memory=max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size)))), certify=_certify, armijo=ARMIJO)
+    return _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
 
 
 def _solve(

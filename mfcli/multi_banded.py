@@ -1,0 +1,410 @@
+"""The BandMF primal in banded storage: the same problem and certificate as
+:mod:`mfcli.multi_solver`, with O(n^2 b) work per iteration instead of O(n^3).
+
+For min-separation b with k > 1 participations the feasible X = C^T C is b-banded (X_ij = 0 for
+|i - j| >= b) with X_ii <= 1 (docs/multi-participation.md). Only the n b entries of the band are
+free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j + d, j]``) and
+
+* f(X) = tr(A X^-1 A^T) = ||L^-1 A^T||_F^2 with the banded Cholesky factor L (LAPACK pbtrf,
+  O(n b^2)) and one banded triangular solve with n right-hand sides (tbtrs, O(n^2 b));
+* the gradient -X^-1 A^T A X^-1 is needed only on the band: with Z = X^-1 A^T (one more banded
+  solve), the band of Z Z^T is n / b blocked products of b x n by n x 2b matrices (O(n^2 b));
+* the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2));
+* once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
+  X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by that metric.
+
+The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
+so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
+one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product
+Z Z^T, the singular values of A R), and it is computed only when the primal has stalled near the
+tolerance, because it costs O(n^3) -- tens of iterations' worth at n = 2048, b = 64.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+from mfcli.solver import Progress
+
+if TYPE_CHECKING:
+    from mfcli.multi_solver import _Structure
+
+#: Iterations over which the decrease of f is compared with the tolerance before a certificate.
+STALL_WINDOW = 10
+#: Certify when f fell by less than STALL_FRACTION * tol * f over the window ...
+STALL_FRACTION = 0.1
+#: ... or after this many iterations without a certificate (progress reports, safety).
+CERTIFY_EVERY = 200
+#: Switch from L-BFGS to truncated Newton steps once f fell by less than this fraction over the
+#: window (ill-conditioned workloads such as momentum need thousands of L-BFGS iterations).
+NEWTON_DECREASE = 1e-3
+#: Conjugate-gradient iterations at most per Newton step.
+NEWTON_CG = 50
+#: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth).
+NEWTON_CERT_SPACING = 3
+
+
+def to_band(x: np.ndarray, bands: int) -> np.ndarray:
+    """Lower band storage (bands x n) of a symmetric n x n matrix: ``band[d, j] = x[j + d, j]``."""
+    n = x.shape[0]
+    band = np.zeros((bands, n))
+    for d in range(bands):
+        band[d, : n - d] = np.diagonal(x, -d)
+    return band
+
+
+def from_band(band: np.ndarray) -> np.ndarray:
+    """The symmetric n x n matrix of a lower band storage."""
+    bands, n = band.shape
+    x = np.zeros((n, n))
+    idx = np.arange(n)
+    for d in range(bands):
+        x[idx[d:], idx[: n - d]] = band[d, : n - d]
+        x[idx[: n - d], idx[d:]] = band[d, : n - d]
+    return x
+
+
+class _Banded:
+    """f, its gradient on the band and the L-BFGS metric for one workload A and b bands."""
+
+    def __init__(self, a: np.ndarray, bands: int) -> None:
+        self.a_t = np.asfortranarray(a.T)
+        self.n = a.shape[0]
+        self.bands = bands
+        self.w = np.full((bands, self.n), 2.0)
+        self.w[0] = 1.0
+        self.w[np.arange(bands)[:, None] + np.arange(self.n)[None, :] >= self.n] = 0.0  # outside the matrix
+        self._block_index()
+
+    def dot(self, p: np.ndarray, q: np.ndarray) -> float:
+        """<P, Q>_F of the symmetric matrices stored as bands."""
+        return float(np.einsum("ij,ij,ij->", self.w, p, q))
+
+    def value(self, band: np.ndarray) -> tuple[float, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+        """f(X) and the factors (L's diagonal and subdiagonal blocks, L^-1 A^T) for :meth:`z`;
+        (inf, None) if X is not numerically positive definite."""
+        from scipy.linalg.lapack import dpbtrf
+
+        lower, info = dpbtrf(band, lower=1)
+        if info != 0:
+            return math.inf, None
+        ld, ll = self.blocks(lower)
+        ld = np.tril(ld)
+        pad = np.arange(self.n, self.nblocks * self.bands)  # padding: identity rows of L
+        ld[-1, pad - (self.nblocks - 1) * self.bands, pad - (self.nblocks - 1) * self.bands] = 1.0
+        y = np.zeros((self.nblocks * self.bands, self.n))
+        y[: self.n] = self.a_t
+        self.forward(ld, ll, y)
+        val = float(np.einsum("ij,ij->", y, y))
+        if not math.isfinite(val) or val <= 0:
+            return math.inf, None
+        return val, (ld, ll, y)
+
+    def forward(self, ld: np.ndarray, ll: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Solve L Y = R in place (R padded to a multiple of b rows): block forward substitution,
+        L being block lower-bidiagonal; BLAS-3 work, O(n^2 b) for n right-hand sides."""
+        import scipy.linalg
+
+        b = self.bands
+        for k in range(self.nblocks):
+            rhs = y[k * b : (k + 1) * b]
+            if k:
+                rhs -= ll[k - 1] @ y[(k - 1) * b : k * b]
+            y[k * b : (k + 1) * b] = scipy.linalg.solve_triangular(ld[k], rhs, lower=True, check_finite=False)
+        return y
+
+    def backward(self, ld: np.ndarray, ll: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Solve L^T Z = Y (block back substitution); returns Z."""
+        import scipy.linalg
+
+        b = self.bands
+        z = np.empty_like(y)
+        for k in reversed(range(self.nblocks)):
+            rhs = y[k * b : (k + 1) * b]
+            if k < self.nblocks - 1:
+                rhs = rhs - ll[k].T @ z[(k + 1) * b : (k + 2) * b]
+            z[k * b : (k + 1) * b] = scipy.linalg.solve_triangular(ld[k], rhs, lower=True, trans="T",
+                                                                    check_finite=False)
+        return z
+
+    def z(self, factors: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """Z = X^-1 A^T (zero-padded to a multiple of b rows), so that X^-1 A^T A X^-1 = Z Z^T."""
+        ld, ll, y = factors
+        return self.backward(ld, ll, y)
+
+    def hessian(self, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """The band of the Hessian of f at X in the band direction D: X^-1 D M + M D X^-1 with
+        M = Z Z^T, i.e. V Z^T + Z V^T for V = X^-1 D Z (O(n^2 b))."""
+        ld, ll, _ = factors
+        b, nb = self.bands, self.nblocks
+        dd, dl = self.blocks(d)
+        zb = z.reshape(nb, b, self.n)
+        u = dd @ zb  # U = D Z, block rows: D_(k,k-1) Z_(k-1) + D_kk Z_k + D_(k,k+1) Z_(k+1)
+        u[1:] += dl @ zb[:-1]
+        u[:-1] += np.swapaxes(dl, 1, 2) @ zb[1:]
+        v = self.backward(ld, ll, self.forward(ld, ll, u.reshape(nb * b, self.n))).reshape(nb, b, self.n)
+        zt, vt = np.swapaxes(zb, 1, 2), np.swapaxes(v, 1, 2)
+        return self.unblock(v @ zt + zb @ vt, v[1:] @ zt[:-1] + zb[1:] @ vt[:-1])
+
+    def band_of_gram(self, z: np.ndarray) -> np.ndarray:
+        """The band of Z Z^T (lower band storage): its diagonal and subdiagonal b x b blocks."""
+        zb = z.reshape(self.nblocks, self.bands, self.n)
+        zt = np.swapaxes(zb, 1, 2)
+        return self.unblock(zb @ zt, zb[1:] @ zt[:-1])
+
+    def blocks(self, band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The b-banded symmetric matrix as a block-tridiagonal one with b x b blocks (zero-padded
+        to a multiple of b): (diagonal blocks S_kk, subdiagonal blocks S_(k+1)k)."""
+        b, nb = self.bands, self.nblocks
+        pad = np.zeros((b, nb * b + 1))  # the last column stays zero: the target of masked indices
+        pad[:, : self.n] = band
+        return pad.ravel()[self._diag_idx], pad.ravel()[self._low_idx]
+
+    def unblock(self, diag: np.ndarray, low: np.ndarray) -> np.ndarray:
+        """Lower band storage of the band part of a block-tridiagonal symmetric matrix."""
+        b, nb = self.bands, self.nblocks
+        pad = np.zeros(b * (nb * b + 1))
+        keep_d = self._diag_lower
+        pad[self._diag_idx[:, keep_d]] = diag[:, keep_d]
+        keep_l = self._low_upper
+        pad[self._low_idx[:, keep_l]] = low[:, keep_l]
+        return pad.reshape(b, nb * b + 1)[:, : self.n].copy()
+
+    def _block_index(self) -> None:
+        b, n = self.bands, self.n
+        nb = -(-n // b)
+        self.nblocks = nb
+        width = nb * b + 1
+        r, c = np.meshgrid(np.arange(b), np.arange(b), indexing="ij")
+        k = np.arange(nb)[:, None, None]
+        # S_kk[r, c] = band[|r - c|, k b + min(r, c)]
+        self._diag_idx = np.abs(r - c)[None] * width + k * b + np.minimum(r, c)[None]
+        self._diag_lower = r >= c
+        # S_(k+1)k[r, c] = X[(k+1) b + r, k b + c], offset b + r - c: in the band iff r < c.
+        d = b + r - c
+        low = np.where((d < b)[None], np.minimum(d, b - 1)[None] * width + k[: max(nb - 1, 0)] * b + c[None], width - 1)
+        self._low_idx = low
+        self._low_upper = r < c
+
+    def metric(self, xb: tuple[np.ndarray, np.ndarray], q: np.ndarray) -> np.ndarray:
+        """The band of X Q X (the affine-invariant metric) by batched b x b block products; X
+        given by :meth:`blocks`."""
+        xd, xl = xb
+        qd, ql = self.blocks(q)
+        nb = self.nblocks
+        zero = np.zeros((1, *xd.shape[1:]))
+
+        def sub(dg: np.ndarray, lw: np.ndarray, off: int) -> np.ndarray:
+            """S_(k, k + off) for k = 0..nb-1 (zero outside the matrix)."""
+            if off == 0:
+                return dg
+            if off == -1:
+                return np.concatenate([zero, lw])
+            if off == 1:
+                return np.concatenate([np.swapaxes(lw, 1, 2), zero])
+            return np.zeros_like(dg)
+
+        def shift(st: np.ndarray, e: int) -> np.ndarray:
+            """st[k + e] (zero outside)."""
+            if e == 0:
+                return st
+            out = np.zeros_like(st)
+            if e > 0:
+                out[: nb - e] = st[e:]
+            else:
+                out[-e:] = st[: nb + e]
+            return out
+
+        xs = {e: sub(xd, xl, e) for e in (-1, 0, 1)}
+        qs = {e: sub(qd, ql, e) for e in (-1, 0, 1)}
+        t = {}
+        for o in (-2, -1, 0, 1):  # T = X Q: T_(k, k + o)
+            t[o] = sum(xs[e] @ shift(qs[o - e], e) for e in (-1, 0, 1) if abs(o - e) <= 1)
+        rd = sum(t[e] @ shift(xs[-e], e) for e in (-1, 0, 1))
+        rl = sum(shift(t[e - 1], 1) @ shift(xs[-e], e) for e in (-1, 0, 1))[: nb - 1]
+        return self.unblock(rd, rl)
+
+
+def solve_banded(
+    a: np.ndarray, st: _Structure, *, tol: float, max_iter: int,
+    callback: Callable[[Progress], None] | None, x0: np.ndarray | None, memory: int,
+    certify: Callable[[np.ndarray, _Structure, np.ndarray], float], armijo: float,
+) -> tuple[np.ndarray, float, int, list[Progress]]:
+    """L-BFGS over the band of X (BandMF, k > 1). Returns (X dense, best dual bound of f,
+    iterations, history); the caller builds and re-verifies the result from X."""
+    n = a.shape[0]
+    bands = bandwidth(st)
+    prob = _Banded(a, bands)
+    x = to_band(st.normalize(np.array(x0, dtype=np.float64)), bands) if x0 is not None else to_band(st.start(), bands)
+    start = time.perf_counter()
+    f, factors = prob.value(x)
+    if factors is None:
+        raise MfcliError("the starting X is not positive definite")
+    z = prob.z(factors)
+    g = -prob.band_of_gram(z)
+    g[0] = 0.0  # tangent: each diagonal entry is its own class (fixed at 1)
+    ss: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    best_dual = -math.inf
+    history: list[Progress] = []
+    values = [f]
+    last_cert = 0
+    newton, newton_from, dec0 = False, 0, None
+    it = 0
+    for it in range(1, max_iter + 1):
+        if not newton and len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= NEWTON_DECREASE * f:
+            newton, newton_from = True, it
+        if newton:  # quadratic convergence: a step that gained less than tol leaves far less
+            stalled = it > newton_from and values[-2] - f <= STALL_FRACTION * tol * f
+            due = stalled and it - last_cert >= NEWTON_CERT_SPACING
+        else:
+            stalled = len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= STALL_FRACTION * tol * f
+            due = stalled and it - last_cert >= max(STALL_WINDOW, it // 4)
+        due = due or it - last_cert >= CERTIFY_EVERY
+        if due:
+            last_cert = it
+            best_dual = max(best_dual, certify(a, st, _gram(z, n)))
+            gap = (f - best_dual) / f
+            method = "newton-band-storage" if newton else "lbfgs-band-storage"
+            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
+            history.append(prog)
+            if callback is not None:
+                callback(prog)
+            if gap <= tol:
+                break
+        xs = prob.blocks(x)
+        if newton:
+            # CG forcing term from the Newton decrement relative to the switch (superlinear).
+            dec = math.sqrt(max(prob.dot(g, prob.metric(xs, g)), 0.0))
+            dec0 = dec if dec0 is None else dec0
+            d = _newton(prob, factors, z, g, xs, min(0.5, math.sqrt(dec / dec0)))
+        else:
+            d = _two_loop(prob, g, ss, ys, xs)
+        slope = prob.dot(g, d)
+        if slope >= 0:
+            ss.clear()
+            ys.clear()
+            d = -g * (0.1 / max(float(np.abs(g).max()), 1e-300))
+            slope = prob.dot(g, d)
+        step = 1.0
+        for _ in range(60):
+            x_new = x + step * d
+            f_new, new_factors = prob.value(x_new)
+            if new_factors is not None and f_new <= f + armijo * step * slope:
+                break
+            step *= 0.5
+        else:
+            break  # the round-off floor
+        assert new_factors is not None
+        z = prob.z(new_factors)
+        g_new = -prob.band_of_gram(z)
+        g_new[0] = 0.0
+        s_vec, y_vec = x_new - x, g_new - g
+        if prob.dot(s_vec, y_vec) > 1e-300:
+            ss.append(s_vec)
+            ys.append(y_vec)
+            if len(ss) > memory:
+                ss.pop(0)
+                ys.pop(0)
+        x, f, g, factors = x_new, f_new, g_new, new_factors
+        values.append(f)
+    if last_cert != it or not history:
+        best_dual = max(best_dual, certify(a, st, _gram(z, n)))
+        method = "newton-band-storage" if newton else "lbfgs-band-storage"
+        history.append(Progress(it, f * st.scale, best_dual * st.scale, (f - best_dual) / f,
+                                time.perf_counter() - start, method))
+    return from_band(x), best_dual, it, history
+
+
+def bandwidth(st: _Structure) -> int:
+    """b: the number of bands of the feasible X (the first masked offset)."""
+    n = st.n
+    for d in range(1, n):
+        if st.mask[d, 0]:
+            return d
+    return n
+
+
+def _newton(
+    prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, g: np.ndarray,
+    xs: tuple[np.ndarray, np.ndarray], eta: float,
+) -> np.ndarray:
+    """A truncated Newton direction: preconditioned CG on P(H[d]) = -g over the band directions
+    that keep the diagonal fixed, with the metric P(X . X) as the preconditioner (H[D] is close to
+    c X^-1 D X^-1 near the optimum, whose inverse that is)."""
+
+    def hess(p: np.ndarray) -> np.ndarray:
+        h = prob.hessian(factors, z, p)
+        h[0] = 0.0
+        return h
+
+    def precond(r: np.ndarray) -> np.ndarray:
+        q = prob.metric(xs, r)
+        q[0] = 0.0
+        return q
+
+    d = np.zeros_like(g)
+    r = -g
+    q = precond(r)
+    p = q.copy()
+    rz = prob.dot(r, q)
+    stop = eta * math.sqrt(max(rz, 0.0))
+    for _ in range(NEWTON_CG):
+        hp = hess(p)
+        curv = prob.dot(p, hp)
+        if curv <= 0 or rz <= 0:
+            break
+        alpha = rz / curv
+        d += alpha * p
+        r -= alpha * hp
+        q = precond(r)
+        rz_new = prob.dot(r, q)
+        if math.sqrt(max(rz_new, 0.0)) <= stop:
+            break
+        p = q + (rz_new / rz) * p
+        rz = rz_new
+    return d if d.any() else precond(-g)
+
+
+def _two_loop(
+    prob: _Banded, g: np.ndarray, ss: list[np.ndarray], ys: list[np.ndarray], xs: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """The L-BFGS direction of :func:`mfcli.multi_solver._two_loop`, in band storage."""
+
+    def h0(q: np.ndarray) -> np.ndarray:
+        r = prob.metric(xs, q)
+        r[0] = 0.0
+        return r
+
+    q = g.copy()
+    alphas = []
+    for s, y in zip(reversed(ss), reversed(ys), strict=True):
+        rho = 1.0 / prob.dot(y, s)
+        alpha = rho * prob.dot(s, q)
+        q -= alpha * y
+        alphas.append((rho, alpha, s, y))
+    r = h0(q)
+    if ss:
+        # <y, P(X y X)> = tr(Y X Y X) for the tangent y.
+        gamma = prob.dot(ss[-1], ys[-1]) / prob.dot(ys[-1], h0(ys[-1]))
+    else:
+        gamma = 0.1 / max(float(np.abs(r).max()), 1e-300)
+    q = r * gamma
+    for rho, alpha, s, y in reversed(alphas):
+        beta = rho * prob.dot(y, q)
+        q += (alpha - beta) * s
+    return -q
+
+
+def _gram(z: np.ndarray, n: int) -> np.ndarray:
+    """The full X^-1 A^T A X^-1 = Z Z^T (for the certificate), from the padded Z."""
+    from scipy.linalg.blas import dsyrk
+
+    zz = np.asfortranarray(z[:n])
+    upper = dsyrk(1.0, zz, lower=0)
+    return np.triu(upper) + np.triu(upper, 1).T
