@@ -18,6 +18,8 @@ from mfcli.errors import MfcliError
 
 
 def _split(values: list[str] | None) -> tuple[str, ...] | None:
+    """The comma-separated or repeated values; None when the option is not given (an option
+    given with no names, e.g. ``--batching ,``, is an empty tuple, which the setup refuses)."""
     if not values:
         return None
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
@@ -155,7 +157,7 @@ def plan(
     refuse_unless(not force or out is not None or plot is not None, "--force applies to --out or --plot; none is given")
     setup = TrainingSetup(
         examples=examples, batch=batch, epsilon=epsilon, epochs=epochs, steps=steps, delta=delta, workload=workload,
-        beta=0.9 if beta is None else beta, params=params, batching=_split(batching) or SAMPLERS,
+        beta=0.9 if beta is None else beta, params=params, batching=SAMPLERS if batching is None else (_split(batching) or ()),
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
     )
