@@ -18,7 +18,9 @@ import h5py
 import numpy as np
 import pytest
 from scipy.stats import norm
+from typer.testing import CliRunner
 
+from mfcli.cli.app import app
 from mfcli.participation import FixedEpoch, SingleParticipation
 from mfcli.plan import DENSE_ARTIFACT_MAX_N, TrainingSetup, enumerate_candidates, evaluate, writable
 
@@ -61,7 +63,10 @@ def _first_column(path: Path) -> np.ndarray:
 def test_structured_recommendation_is_reaccounted_by_account_and_verified_by_inspect(
         tmp_path: Path, batching: str, kind: str, setting: str) -> None:
     out = tmp_path / "rec.h5"
-    plan = _run("plan", *SETUP, "--batching", batching, "--out", str(out), "--json", "-q")
+    # plan in process (the same typer app), account and inspect as real subprocesses
+    res = CliRunner().invoke(app, ["plan", *SETUP, "--batching", batching, "--out", str(out), "--json", "-q"])
+    assert res.exit_code == 0, res.stderr
+    plan = json.loads(res.stdout)
     assert plan["setup"]["n"] == N > DENSE_ARTIFACT_MAX_N and plan["saved"]["setting"] == setting
     with h5py.File(out, "r") as f:
         assert "strategy" not in f and "structured" in f  # parameters only, no dense C
@@ -132,10 +137,6 @@ def test_bad_option_values_one_error_line(tmp_path: Path, monkeypatch: pytest.Mo
                                           message: str) -> None:
     """An empty sampler list is refused (not read as "all samplers"); a malformed scheduler
     address is one error line, not a traceback."""
-    from typer.testing import CliRunner
-
-    from mfcli.cli.app import app
-
     if "--scheduler" in args:
         pytest.importorskip("distributed")
     monkeypatch.chdir(tmp_path)
