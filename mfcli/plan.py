@@ -641,9 +641,17 @@ def recommend(ranked: Sequence[CandidateResult], n: int | None = None) -> Candid
     tree's bound assumes non-adaptive contributions) and that has an artifact form at ``n``
     steps (:func:`writable`)."""
     for r in ranked:
-        if r.adaptive and writable(r, n)[0]:
+        if not not_recommended(r, n):
             return r
     return None
+
+
+def not_recommended(r: CandidateResult, n: int | None = None) -> str:
+    """Why :func:`recommend` passes over ``r`` (empty when it does not): its guarantee assumes
+    non-adaptive contributions, or it has no artifact form at ``n`` steps (:func:`writable`)."""
+    if not r.adaptive:
+        return "its bound assumes non-adaptive contributions"
+    return writable(r, n)[1]
 
 
 def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
@@ -850,6 +858,7 @@ __all__ = [
     "enumerate_candidates",
     "evaluate",
     "make_plan",
+    "not_recommended",
     "rank",
     "recommend",
     "run_plan",

@@ -145,3 +145,22 @@ def test_bad_option_values_one_error_line(tmp_path: Path, monkeypatch: pytest.Mo
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_text_says_why_better_rows_are_not_recommended() -> None:
+    """Rows ranked above the recommendation are listed with the reason they are passed over."""
+    from mfcli.cli.plan import render_text
+    from mfcli.plan import Plan, recommend
+
+    setup = TrainingSetup(examples=800, batch=100, epochs=2, epsilon=2.0, batching=("balls-in-bins", "fixed-order"),
+                          bands=(2,), buffers=(2,))
+    res = {c.key: evaluate(setup, c) for c in enumerate_candidates(setup)[0]
+           if c.key in ("honaker (balls-in-bins)", "tree", "blt-2")}
+    ranked = (res["honaker (balls-in-bins)"], res["tree"], res["blt-2"])
+    rec = recommend(ranked, setup.n)  # type: ignore[arg-type]
+    assert rec is res["blt-2"]
+    text = render_text(Plan(setup, ranked, (), rec, 0.0), None)  # type: ignore[arg-type]
+    assert ("not recommended: honaker (balls-in-bins) (balls-in-bins): its bound assumes non-adaptive "
+            "contributions") in text
+    assert "not recommended: tree (fixed-order): a tree restarted every epoch has no single-artifact form" in text
+    assert "not recommended: blt-2" not in text and "recommended: blt-2" in text

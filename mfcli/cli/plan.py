@@ -60,6 +60,12 @@ def render_text(plan: Any, saved: dict | None) -> str:
     lines = [buf.getvalue().rstrip("\n")]
     for sk in plan.skipped:
         lines.append(f"skipped {sk.key} ({sk.sampler}): {sk.reason}")
+    from mfcli.plan import not_recommended
+
+    for r in plan.ranked:
+        if plan.recommended is not None and r.key == plan.recommended.key:
+            break
+        lines.append(f"not recommended: {r.key} ({r.sampler}): {not_recommended(r, plan.setup.n)}")
     if plan.recommended is not None:
         r = plan.recommended
         lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}; {r.accounting} accounting under "
