@@ -423,15 +423,24 @@ def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
         return _Built("DP-SGD", "identity (C = I)", MinSeparation(separation=1), "dp-sgd", np.cumsum(a * a), 0, 1.0,
                       sampling=setup.sampling, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
     if cand.kind == "bandmf":
+        from mfcli.accounting.multi import reduced_dpsgd
+        from mfcli.accounting.structured import banded_numbers
+        from mfcli.toeplitz import BandedToeplitz
+
         k = int(cand.size or 1)
         sep = MinSeparation(separation=k)
         coefs = banded_coefs(setup, k, sep)
-        col = toeplitz_sensitivity(coefs, n, SingleParticipation()).value  # max column norm of the operator
+        # the two numbers 2306.08153 Thm. 3 needs, counted as `mfcli account` counts them on the artifact
+        bands, col = banded_numbers(BandedToeplitz(coefs), n)
         p = k * setup.sampling
         beta = decoder_coefs(coefs, tw, n)
-        base = _dpsgd_eps(setup, sampling=p, steps=math.ceil(n / k))
+
+        def cyclic_eps(sg: float) -> float:
+            return reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=sep, sigma=sg, sampling=p,
+                                 delta=setup.delta, value_discretization=PLD_DISCRETIZATION).epsilon
+
         return _Built("BandMF", f"banded Toeplitz, {k} bands (optimised for min-sep {k})", sep, "cyclic-poisson",
-                      np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=lambda sg: base(sg / col),
+                      np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=cyclic_eps,
                       extra={"coefs": coefs})
     if cand.kind in ("banded", "blt", "dense"):
         schema = fixed_schema(setup)
@@ -588,7 +597,7 @@ def run_plan(
         own = not isinstance(scheduler, Client)
         try:
             client: Any = Client(scheduler, timeout="10s") if own else scheduler
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: a malformed address
             raise MfcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
         try:
             futures = client.map(evaluate, [setup] * total, list(candidates), pure=False)
@@ -627,22 +636,42 @@ def rank(results: Sequence[CandidateResult]) -> list[CandidateResult]:
     return [r for g in groups for r in sorted(g, key=lambda x: (x.memory_floats, x.key))]
 
 
-def recommend(ranked: Sequence[CandidateResult]) -> CandidateResult | None:
+def recommend(ranked: Sequence[CandidateResult], n: int | None = None) -> CandidateResult | None:
     """The first ranked candidate whose guarantee holds for adaptive training (the balls-in-bins
-    tree's bound assumes non-adaptive contributions) and that has an artifact form."""
+    tree's bound assumes non-adaptive contributions) and that has an artifact form at ``n``
+    steps (:func:`writable`)."""
     for r in ranked:
-        if r.adaptive and writable(r)[0]:
+        if not not_recommended(r, n):
             return r
     return None
 
 
+def not_recommended(r: CandidateResult, n: int | None = None) -> str:
+    """Why :func:`recommend` passes over ``r`` (empty when it does not): its guarantee assumes
+    non-adaptive contributions, or it has no artifact form at ``n`` steps (:func:`writable`)."""
+    if not r.adaptive:
+        return "its bound assumes non-adaptive contributions"
+    return writable(r, n)[1]
+
+
 def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
-    """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts."""
+    """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts
+    at ``n`` steps (None: whatever n): dense at n <= DENSE_ARTIFACT_MAX_N, else structured, which
+    the accounting session accounts from its parameters except DP-SGD's Poisson accounting (it
+    needs the materialised C, n <= STRUCTURED_DENSE_MAX_N)."""
+    from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
+
     if r.kind in ("tree", "honaker"):
         if not isinstance(r.participation, SingleParticipation):
             return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
         if r.sampler != "fixed-order":
             return False, "the balls-in-bins tree's bound assumes non-adaptive contributions"
+        if n is not None and n > DENSE_ARTIFACT_MAX_N:
+            return False, (f"a tree has no structured form; it is written as a dense artifact for n <= "
+                           f"{DENSE_ARTIFACT_MAX_N} only (n = {n})")
+    if r.kind == "dp-sgd" and n is not None and n > STRUCTURED_DENSE_MAX_N:
+        return False, (f"DP-SGD (C = I) needs no artifact; the accounting re-accounts its Poisson sampling on an "
+                       f"artifact for n <= {STRUCTURED_DENSE_MAX_N} only (n = {n})")
     return True, ""
 
 
@@ -700,9 +729,11 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
                    force: bool = False) -> dict[str, Any]:
     """Write candidate ``r`` as an artifact at ``path`` with its accounting record inside (the
     ``account --write`` group ``accounting/<id>``): the strategy, the schema it was accounted
-    under, sigma, the sampler and epsilon. The record is computed by the accounting session on the
-    written artifact (dense, n <= DENSE_ARTIFACT_MAX_N) or from the structured operator's
-    parameters; either way it must meet the target, or nothing is left behind.
+    under, sigma, the sampler and epsilon. The artifact is dense for n <= DENSE_ARTIFACT_MAX_N and
+    structured (Toeplitz or BLT parameters) above; either way the record is what the accounting
+    session computes on the written file, as ``mfcli account`` would (a structured one from its
+    parameters, :mod:`mfcli.accounting.structured`), and it must meet the target, or nothing is
+    left behind.
 
     Returns what was written (path, setting, sigma, sampling, epsilon, record group).
 
@@ -742,14 +773,18 @@ def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, sett
                 st = Strategy(st[1], st[0], True, r.strategy)
             save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
                           command=command, force=True, participation=schema)
-            inp = session.resolve_strategy(tmp)
-            report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
-                                     options=session.AccountingOptions(delta=setup.delta,
-                                                                       value_discretization=PLD_DISCRETIZATION),
-                                     participation=schema,
-                                     batching=batching)
         else:
-            report = _structured_report(setup, r, tmp, schema, setting, sampling, batching, command, True)
+            from mfcli.structured import save_structured_artifact
+
+            save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
+                                     participation=schema, command=command, force=True)
+        # the accounting session on the written file, as `mfcli account` runs it (a structured
+        # artifact: mfcli.accounting.structured, from its parameters)
+        inp = session.resolve_strategy(tmp)
+        report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
+                                 options=session.AccountingOptions(delta=setup.delta,
+                                                                   value_discretization=PLD_DISCRETIZATION),
+                                 participation=schema, batching=batching)
         eps = float(report.rows[setting]["epsilon"])
         if not eps <= setup.epsilon:
             raise MfcliError(f"re-accounting {r.key} on the written artifact gives epsilon {eps!r} > "
@@ -765,48 +800,6 @@ def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, sett
         tmp.unlink(missing_ok=True)
     return {"artifact": str(target), "candidate": r.key, "setting": setting, "sigma": r.sigma, "sampling": sampling,
             "batching": batching, "epsilon": eps, "record": group}
-
-
-def _structured_report(setup: TrainingSetup, r: CandidateResult, target: Any, schema: Participation | None,
-                       setting: str, sampling: float | None, batching: str | None, command: str, force: bool) -> Any:
-    """Save the structured artifact and account it from the operator's parameters: the schema
-    sensitivity (deterministic, single pass), or the max column norm and bands (the cyclic
-    Poisson reduction), or the identity (DP-SGD)."""
-    from mfcli.accounting import session
-    from mfcli.accounting.multi import CyclicPoissonResult, deterministic
-    from mfcli.accounting.single_pass import dpsgd, single_pass
-    from mfcli.structured import load_structured_artifact, save_structured_artifact
-
-    n = setup.n
-    strat = _structured_strategy(setup, r)
-    save_structured_artifact(target, strat, workload=toeplitz_of(setup), n=n, participation=schema,
-                             command=command, force=force)
-    op = load_structured_artifact(target).operator()
-    acc_schema = schema or SingleParticipation()
-    sens = strat.sensitivity(n, acc_schema)
-    inp = session.StrategyInput(name=strat.kind, strategy=np.broadcast_to(np.zeros(1), (n, n)),
-                                release_steps=np.arange(n), source=f"artifact {target}", artifact=target,
-                                operator=op.label, operator_sha256=op.identity_sha256, participation=acc_schema)
-    kw: dict[str, Any] = {}
-    if setting == "dp-sgd":
-        kw["dp_sgd"] = dpsgd(sigma=r.sigma, sampling=float(sampling or 0), steps=n, delta=setup.delta,
-                             value_discretization=PLD_DISCRETIZATION)
-    elif setting == "cyclic-poisson":
-        assert sampling is not None and r.size is not None
-        col = strat.sensitivity(n, SingleParticipation()).value
-        k = int(r.size)
-        res = dpsgd(sigma=r.sigma / col, sampling=float(sampling), steps=math.ceil(n / k), delta=setup.delta,
-                    value_discretization=PLD_DISCRETIZATION)
-        kw["cyclic_poisson"] = CyclicPoissonResult(
-            epsilon=res.epsilon, delta=setup.delta, sigma=r.sigma, sampling=sampling, cycle=k,
-            bands=int(np.max(np.nonzero(strat.coefs)[0])) + 1, column_norm=col, steps=math.ceil(n / k), n=n,
-            schema=acc_schema, value_discretization=PLD_DISCRETIZATION)
-    elif setting == "deterministic":
-        kw["deterministic"] = deterministic(sigma=r.sigma, sensitivity=sens, n=n, delta=setup.delta)
-    else:
-        kw["single_pass"] = single_pass(sigma=r.sigma, sensitivity=sens.value, delta=setup.delta)
-    return session.AccountingReport(strategy=inp, sigma=r.sigma, sampling=sampling, delta=setup.delta,
-                                    participation=acc_schema, batching=batching, **kw)
 
 
 @dataclass(frozen=True)
@@ -851,7 +844,7 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
                          f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
                          "train fewer epochs")
     ranked = rank(done)
-    return Plan(setup, tuple(ranked), tuple(skipped + failed), recommend(ranked), time.perf_counter() - t0)
+    return Plan(setup, tuple(ranked), tuple(skipped + failed), recommend(ranked, setup.n), time.perf_counter() - t0)
 
 
 __all__ = [
@@ -865,6 +858,7 @@ __all__ = [
     "enumerate_candidates",
     "evaluate",
     "make_plan",
+    "not_recommended",
     "rank",
     "recommend",
     "run_plan",

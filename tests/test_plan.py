@@ -298,30 +298,3 @@ def test_bad_input_one_error_line_nothing_written(tmp_path: Path, monkeypatch: p
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert list(tmp_path.iterdir()) == []
 
-
-def test_structured_artifact_above_the_dense_limit_carries_a_record_that_meets_the_target(tmp_path: Path) -> None:
-    """n = 1100 > DENSE_ARTIFACT_MAX_N: a structured artifact; its cyclic-Poisson record is
-    re-derived here with dp-accounting from the stored coefficients (column norm = ||coefs||,
-    bands counted) and the recorded rate and discretization."""
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    from mfcli.plan import DENSE_ARTIFACT_MAX_N
-
-    out = tmp_path / "s.h5"
-    r = CliRunner().invoke(app, ["plan", "--examples", "10000", "--batch", "100", "--epochs", "11", "--epsilon", "4",
-                                 "--batching", "cyclic", "--bands", "4", "--workers", "0", "--out", str(out), "-q"])
-    assert r.exit_code == 0, r.stderr
-    with h5py.File(out, "r") as f:
-        assert "strategy" not in f and int(f.attrs["n"]) == 1100 > DENSE_ARTIFACT_MAX_N
-        coefs = np.asarray(f["structured"]["coefs"])
-        rec = dict(f["accounting"][next(iter(f["accounting"]))].attrs)
-    row = json.loads(rec["results"])["cyclic-poisson"]
-    bands = int(np.nonzero(coefs)[0].max()) + 1
-    assert bands <= 4 and float(rec["sampling"]) == pytest.approx(4 * 100 / 10000)
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=row["value_discretization"])
-    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(
-        float(rec["sampling"]), dp_event.GaussianDpEvent(float(rec["sigma"]) / float(np.linalg.norm(coefs)))),
-        math.ceil(1100 / 4)))
-    eps = acc.get_epsilon(float(rec["delta"]))
-    assert eps <= 4.0 and eps == pytest.approx(float(rec["epsilon_cyclic_poisson"]), rel=1e-9)

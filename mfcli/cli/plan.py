@@ -18,6 +18,8 @@ from mfcli.errors import MfcliError
 
 
 def _split(values: list[str] | None) -> tuple[str, ...] | None:
+    """The comma-separated or repeated values; None when the option is not given (an option
+    given with no names, e.g. ``--batching ,``, is an empty tuple, which the setup refuses)."""
     if not values:
         return None
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
@@ -58,6 +60,12 @@ def render_text(plan: Any, saved: dict | None) -> str:
     lines = [buf.getvalue().rstrip("\n")]
     for sk in plan.skipped:
         lines.append(f"skipped {sk.key} ({sk.sampler}): {sk.reason}")
+    from mfcli.plan import not_recommended
+
+    for r in plan.ranked:
+        if plan.recommended is not None and r.key == plan.recommended.key:
+            break
+        lines.append(f"not recommended: {r.key} ({r.sampler}): {not_recommended(r, plan.setup.n)}")
     if plan.recommended is not None:
         r = plan.recommended
         lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}; {r.accounting} accounting under "
@@ -155,7 +163,7 @@ def plan(
     refuse_unless(not force or out is not None or plot is not None, "--force applies to --out or --plot; none is given")
     setup = TrainingSetup(
         examples=examples, batch=batch, epsilon=epsilon, epochs=epochs, steps=steps, delta=delta, workload=workload,
-        beta=0.9 if beta is None else beta, params=params, batching=_split(batching) or SAMPLERS,
+        beta=0.9 if beta is None else beta, params=params, batching=SAMPLERS if batching is None else (_split(batching) or ()),
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
     )
