@@ -247,7 +247,8 @@ def equal_privacy_from(sensitivity: float, frob: float, n: int, schema: Particip
     found = {base: (unit.sigma * sens, unit.epsilon)}
     if amplified is not None:
         bands, col = amplified
-        p = float(target.sampling) if target.sampling is not None else 0.0  # amplified implies sampling
+        p = target.sampling
+        assert p is not None  # amplified only with a sampling rate
         cal = calibrate_sigma(
             lambda s: reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=s, sampling=p,
                                     delta=target.delta).epsilon,
