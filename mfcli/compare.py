@@ -38,6 +38,7 @@ import numpy as np
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation, SingleParticipation
 from mfcli.participation import sensitivity as schema_sensitivity
+from mfcli.progress import ProgressCallback, ProgressEvent
 from mfcli.strategies import STRATEGY_NAMES, TREE_STRATEGIES, Strategy, build_strategy
 from mfcli.workloads import Workload
 
@@ -176,7 +177,8 @@ class RowPrivacy:
 
 
 def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Participation, target: PrivacyTarget,
-                  *, rel_tol: float = 1e-4) -> RowPrivacy:
+                  *, rel_tol: float = 1e-4, on_progress: ProgressCallback | None = None,
+                  phase: str = "calibration") -> RowPrivacy:
     """Calibrate sigma for one strategy at ``target`` under every valid accounting and keep the
     smallest, with the RMSE sigma ||B||_F / sqrt(n) at it.
 
@@ -188,6 +190,8 @@ def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Part
 
     Formal guarantee: the reported sigma meets (epsilon, delta) under the named accounting (the
     accounting was run at that sigma, :func:`mfcli.accounting.calibrate.calibrate_sigma`).
+
+    ``on_progress`` receives the row's accounting runs as one ``phase`` (:class:`RowProgress`).
     """
     from mfcli.accounting.multi import band_count, check_cyclic, cycle_length
 
@@ -203,48 +207,153 @@ def equal_privacy(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Part
         else:
             cyclic = (band_count(c), float(np.sqrt(np.max(np.sum(c * c, axis=0)))))
     frob = float(np.sum(np.asarray(decoder, dtype=np.float64) ** 2))
-    return equal_privacy_from(sens, frob, n, schema, target, cyclic=cyclic, rel_tol=rel_tol)
+    return equal_privacy_from(sens, frob, n, schema, target, cyclic=cyclic, rel_tol=rel_tol, on_progress=on_progress,
+                              phase=phase)
 
 
 def equal_privacy_from(sensitivity: float, frob: float, n: int, schema: Participation, target: PrivacyTarget, *,
-                       cyclic: tuple[int, float] | str = "", rel_tol: float = 1e-4) -> RowPrivacy:
+                       cyclic: tuple[int, float] | str = "", rel_tol: float = 1e-4,
+                       on_progress: ProgressCallback | None = None, phase: str = "calibration") -> RowPrivacy:
     """:func:`equal_privacy` from the numbers it needs, so a strategy known by its parameters
     (structured rows at any n, :func:`mfcli.structured.structured_rows`) is calibrated without a
     dense matrix: the schema sensitivity, ||B||_F^2 at unit sensitivity, n, and for cyclic
     Poisson either (bands, max column norm) of C (2306.08153 Thm. 3 needs nothing else) or the
-    reason it does not apply."""
-    from mfcli.accounting.calibrate import calibrate_sigma
+    reason it does not apply. ``on_progress`` as in :func:`equal_privacy`."""
+    from mfcli.accounting.calibrate import bisection_steps, calibrate_sigma
     from mfcli.accounting.multi import reduced_dpsgd
     from mfcli.accounting.single_pass import gaussian_epsilon
 
     sens = float(sensitivity)
     base = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
-    # the Gaussian's epsilon depends on sigma / sens only: calibrate at unit sensitivity, scale
-    unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
-                           rel_tol=rel_tol)
-    found = {base: (unit.sigma * sens, unit.epsilon)}
     note = ""
+    amplified: tuple[int, float] | None = None
     if target.sampling is not None:
-        p = target.sampling
+        # decided before any calibration, so the row's progress knows how many calibrations run
         if isinstance(cyclic, str):
             note = f"cyclic Poisson does not apply: {cyclic}"
         else:
-            bands, col = cyclic
             try:
-                reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=1.0, sampling=p,
-                              delta=target.delta)
+                reduced_dpsgd(bands=cyclic[0], column_norm=cyclic[1], n=n, schema=schema, sigma=1.0,
+                              sampling=target.sampling, delta=target.delta)
             except MfcliError as exc:
                 note = f"cyclic Poisson does not apply: {exc}"
             else:
-                cal = calibrate_sigma(
-                    lambda s: reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=s, sampling=p,
-                                            delta=target.delta).epsilon,
-                    target_epsilon=target.epsilon, rel_tol=rel_tol, sigma_start=max(unit.sigma * sens / 4, 1e-2))
-                found["cyclic-poisson"] = (cal.sigma, cal.epsilon)
+                amplified = cyclic
+    row = RowProgress(on_progress, phase, calibrations=1 if amplified is None else 2,
+                      at_least=1 + bisection_steps(math.log(2.0), rel_tol))
+    # the Gaussian's epsilon depends on sigma / sens only: calibrate at unit sensitivity, scale
+    unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
+                           rel_tol=rel_tol, on_progress=row.next())
+    found = {base: (unit.sigma * sens, unit.epsilon)}
+    if amplified is not None:
+        bands, col = amplified
+        p = target.sampling
+        assert p is not None  # amplified only with a sampling rate
+        cal = calibrate_sigma(
+            lambda s: reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=s, sampling=p,
+                                    delta=target.delta).epsilon,
+            target_epsilon=target.epsilon, rel_tol=rel_tol, sigma_start=cyclic_start(unit.sigma * sens),
+            on_progress=row.next())
+        found["cyclic-poisson"] = (cal.sigma, cal.epsilon)
     best = min(found, key=lambda k: found[k][0])
     sigma, eps = found[best]
     return RowPrivacy(accounting=best, sigma=sigma, epsilon=eps, rmse=sigma * math.sqrt(frob / n),
                       candidates={k: v[0] for k, v in found.items()}, note=note)
+
+
+def cyclic_start(gaussian_sigma: float) -> float:
+    """Where a row's cyclic Poisson calibration starts: amplification lowers sigma, so a quarter of
+    the row's Gaussian sigma (kept away from the search's floor)."""
+    return max(gaussian_sigma / 4, 1e-2)
+
+
+class RowProgress:
+    """One row's calibrations (the Gaussian, then cyclic Poisson where it applies) reported as one
+    ``phase`` counting accounting runs: each calibration's ``calibration`` events are shifted by
+    the runs of those before it, and every calibration still to come counts ``at_least`` runs
+    (the total a :func:`mfcli.accounting.calibrate.calibrate_sigma` reports first and never goes
+    below), so the row reaches ``done == total`` only when its last calibration ends and ``done``
+    and ``total`` never decrease (the protocol of :mod:`mfcli.progress`)."""
+
+    def __init__(self, callback: ProgressCallback | None, phase: str, *, calibrations: int, at_least: int = 1) -> None:
+        self.callback = callback
+        self.phase = phase
+        self.at_least = at_least
+        self._left = calibrations
+        self._offset = 0
+        self._total = 0
+
+    def next(self) -> ProgressCallback | None:
+        """The callback for the next calibration (None without a callback)."""
+        if self.callback is None:
+            return None
+        self._offset += self._total
+        self._total = 0
+        self._left -= 1
+        callback, offset, later = self.callback, self._offset, self._left * self.at_least
+
+        def forward(event: ProgressEvent) -> None:
+            self._total = max(self._total, event.total)
+            callback(ProgressEvent(self.phase, offset + event.done, offset + event.total + later, event.unit))
+
+        return forward
+
+
+@dataclass(frozen=True)
+class PrivacyEstimate:
+    """Up-front cost of calibrating the rows of a comparison at equal privacy: one
+    :class:`mfcli.accounting.cost.CalibrationEstimate` per accounting, each measured on the
+    identity strategy's row (unit sensitivity, one band), which stands for every row (the others
+    differ only in sensitivity and, for cyclic Poisson, band count)."""
+
+    estimates: tuple[Any, ...]
+
+    def seconds_per_row(self) -> tuple[float, float]:
+        """(expected, most) seconds one row's calibrations take (no report run: the calibrated
+        sigma's epsilon is the search's own last run)."""
+        return (sum(e.runs_expected * e.seconds_per_run for e in self.estimates),
+                sum(e.runs_most * e.seconds_per_run for e in self.estimates))
+
+
+def estimate_equal_privacy(n: int, schema: Participation, target: PrivacyTarget, *,
+                           rel_tol: float = 1e-4) -> PrivacyEstimate:
+    """Time the first accounting run of each calibration :func:`equal_privacy_from` makes for the
+    identity row (unit sensitivity; cyclic Poisson with one band where sampling is given and it
+    applies) and model the rest with :func:`mfcli.accounting.calibrate.expected_runs`."""
+    import time
+
+    from mfcli.accounting.calibrate import calibrate_sigma, expected_runs
+    from mfcli.accounting.cost import CalibrationEstimate
+    from mfcli.accounting.multi import reduced_dpsgd
+    from mfcli.accounting.single_pass import gaussian_epsilon
+
+    def probe(setting: str, f: Callable[[float], float], start: float, *, warm: bool = False) -> CalibrationEstimate:
+        if warm:  # a cheap run's first call is mostly imports: time the second
+            f(start)
+        t0 = time.perf_counter()
+        eps = float(f(start))
+        seconds = time.perf_counter() - t0
+        runs, most = expected_runs(eps, target.epsilon, rel_tol=rel_tol, sigma_start=start)
+        return CalibrationEstimate(setting=setting, sigma=start, epsilon=eps, seconds_per_run=seconds,
+                                   runs_expected=runs, runs_most=most, memory=None, memory_most=None,
+                                   memory_limit=None)
+
+    base = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+    out = [probe(base, lambda s: gaussian_epsilon(target.delta, 1.0 / s), 1.0, warm=True)]
+    if target.sampling is not None:
+        p = target.sampling
+        unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
+                               rel_tol=rel_tol)
+
+        def cyclic_eps(s: float) -> float:
+            return reduced_dpsgd(bands=1, column_norm=1.0, n=n, schema=schema, sigma=s, sampling=p,
+                                 delta=target.delta).epsilon
+
+        try:
+            out.append(probe("cyclic-poisson", cyclic_eps, cyclic_start(unit.sigma)))
+        except MfcliError:
+            pass  # cyclic Poisson does not apply to this schema; the rows will say why
+    return PrivacyEstimate(tuple(out))
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,10 +411,11 @@ class Comparison:
 
 
 def row_for(strategy: Strategy, *, label: str | None = None, participation: Participation | None = None,
-            privacy: PrivacyTarget | None = None) -> ComparisonRow:
+            privacy: PrivacyTarget | None = None, on_progress: ProgressCallback | None = None) -> ComparisonRow:
     """Numbers of one strategy, recomputed from its factorization (ratio filled in later), under
     ``participation`` (None: single participation): sens^2 times the squared row norms of B;
-    with ``privacy``, also its sigma and RMSE at that target (:func:`equal_privacy`)."""
+    with ``privacy``, also its sigma and RMSE at that target (:func:`equal_privacy`), its
+    calibrations reported to ``on_progress`` as phase :func:`calibration_phase` of the row."""
     f = strategy.factorization
     exact = True
     if participation is None or isinstance(participation, SingleParticipation):
@@ -334,8 +444,14 @@ def row_for(strategy: Strategy, *, label: str | None = None, participation: Part
         solver_gap=gap,
         sensitivity_exact=exact,
         privacy=None if privacy is None else equal_privacy(
-            f.strategy, f.decoder, participation or SingleParticipation(), privacy),
+            f.strategy, f.decoder, participation or SingleParticipation(), privacy, on_progress=on_progress,
+            phase=calibration_phase(label or strategy.name)),
     )
+
+
+def calibration_phase(row: str) -> str:
+    """The progress phase of one row's calibrations at equal privacy."""
+    return f"calibrating {row}"
 
 
 def _with_ratios(rows: Sequence[ComparisonRow]) -> tuple[tuple[ComparisonRow, ...], str | None]:
@@ -363,6 +479,7 @@ def run_comparison(
     keep: str | None = None,
     participation: Participation | None = None,
     privacy: PrivacyTarget | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> Comparison:
     """Build each named strategy for ``workload`` and tabulate its error.
 
@@ -379,7 +496,8 @@ def run_comparison(
     and losses are those of its strategy under the schema (:func:`row_for`). The strategies
     themselves are not changed: ``optimal`` is still the single-participation optimum.
 
-    With ``privacy``, every row is also calibrated to that (epsilon, delta) (:func:`equal_privacy`).
+    With ``privacy``, every row is also calibrated to that (epsilon, delta) (:func:`equal_privacy`);
+    ``on_progress`` then receives each row's accounting runs as phase ``calibrating <row>``.
 
     Formal guarantees: each row is recomputed from a factorization verified A = B C; ``causal``
     is checked in release order by :func:`mfcli.strategies.build_strategy`.
@@ -412,7 +530,8 @@ def run_comparison(
                 if progress:
                     progress(f"loading {path}")
                 s = build_strategy("optimal", workload, artifact=path)
-                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema, privacy=privacy))
+                rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema, privacy=privacy,
+                                    on_progress=on_progress))
             if keep == "optimal":
                 kept = build_strategy("optimal", workload, artifact=artifacts[0])
             continue
@@ -422,7 +541,7 @@ def run_comparison(
         if in_table:
             if progress and privacy is not None:
                 progress(f"calibrating {name} at epsilon {privacy.epsilon:g}")
-            rows.append(row_for(s, participation=schema, privacy=privacy))
+            rows.append(row_for(s, participation=schema, privacy=privacy, on_progress=on_progress))
         if name == keep:
             kept = s
         del s

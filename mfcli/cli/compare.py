@@ -34,7 +34,7 @@ from mfcli.cli.common import (
     stdout,
     workload_kwargs,
 )
-from mfcli.cli.display import SolverDisplay
+from mfcli.cli.display import ProgressDisplay, SolverDisplay, duration_text
 from mfcli.cli.plots import check_plot_target, plot_per_step
 from mfcli.cli.render import (
     parse_strategy_names,
@@ -42,7 +42,7 @@ from mfcli.cli.render import (
     render_markdown,
     rich_table,
 )
-from mfcli.compare import Comparison, PrivacyTarget, run_comparison
+from mfcli.compare import Comparison, PrivacyEstimate, PrivacyTarget, estimate_equal_privacy, run_comparison
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
@@ -201,6 +201,10 @@ def compare(
             raise MfcliError(f"artifact {path} does not exist")
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
     progress = None if quiet else log
+    if privacy is not None and not quiet:
+        rows = len(artifact or ()) + len([s for s in names if not (s == "optimal" and artifact)])
+        log(describe_privacy_estimate(estimate_equal_privacy(w.n, schema, privacy),
+                                      rows + len(bands or ()) + len(buffers or ())))
     table = build_table(
         w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
         privacy=privacy,
@@ -251,14 +255,36 @@ def build_table(
     w: Workload, names: tuple[str, ...], *, artifacts: list[Path], tol: float, max_iter: int,
     save: str | None, quiet: bool, participation: Participation | None = None, privacy: PrivacyTarget | None = None,
 ) -> Comparison:
-    """Run the comparison, with the solver's live display when the optimum is solved for."""
+    """Run the comparison, with the solver's live display when the optimum is solved for and, at
+    equal privacy, each row's calibration progress (:class:`ProgressDisplay`)."""
+    from contextlib import ExitStack
+
+    from rich.errors import LiveError
+
     solves = ("optimal" in names or save == "optimal") and not artifacts
     display_title = f"mfcli compare: optimal for {w.name} n={w.n} (tol {tol:g})"
-    with SolverDisplay(quiet=quiet or not solves, title=display_title) as display:
+    with ExitStack() as stack:
+        display = stack.enter_context(SolverDisplay(quiet=quiet or not solves, title=display_title))
+        bars = ProgressDisplay(quiet=quiet or privacy is None)
+        try:
+            stack.enter_context(bars)
+        except LiveError:  # a rich without nested live displays, beside the solver's panel: plain lines
+            bars = stack.enter_context(ProgressDisplay(quiet=quiet, tty=False))
         return run_comparison(
-            w, names, artifacts=artifacts, tol=tol, max_iter=max_iter, progress=None if quiet else log,
+            w, names, artifacts=artifacts, tol=tol, max_iter=max_iter, progress=None if quiet else bars.log,
             solver_callback=display if solves else None, keep=save, participation=participation, privacy=privacy,
+            on_progress=None if privacy is None or quiet else bars,
         )
+
+
+def describe_privacy_estimate(est: PrivacyEstimate, rows: int) -> str:
+    """One stderr line before the calibrations at equal privacy: each accounting's measured first
+    run and expected runs per row, and the time for all rows (rounded up)."""
+    parts = [f"{e.setting} first run {duration_text(e.seconds_per_run)} (sigma {e.sigma:g} -> epsilon {e.epsilon:.4g}), "
+             f"about {e.runs_expected} runs (at most {e.runs_most})" for e in est.estimates]
+    expected, most = est.seconds_per_row()
+    return (f"estimate: calibrating {rows} row{'s' if rows != 1 else ''} at equal privacy, per row "
+            f"{'; '.join(parts)}; about {duration_text(rows * expected)} in all (at most {duration_text(rows * most)})")
 
 
 def write_strategy(

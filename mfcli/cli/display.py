@@ -177,6 +177,10 @@ def _duration(seconds: float) -> str:
     return f"{math.ceil(seconds / 360) / 10:.1f} h"
 
 
+#: The estimate's duration as text, rounded up (shared by the commands that print estimates).
+duration_text = _duration
+
+
 def describe_estimate(est: CalibrationEstimate) -> str:
     """One stderr line: the measured first run, the runs expected and their time, and the memory
     of one run next to the limit."""
