@@ -422,12 +422,13 @@ def _polish_roots(lam: np.ndarray, th: np.ndarray, om: np.ndarray) -> np.ndarray
     (each root is simple; the step is kept only where it reduces |f|)."""
     for _ in range(2):
         diff = th[None, :] - lam[:, None]
-        f = np.sum(om / diff, axis=1) - 1.0
-        fp = np.sum(om / diff**2, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        # a root may round onto a decay of a (nearly) zero-scale buffer: f is then infinite there
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            f = np.sum(om / diff, axis=1) - 1.0
+            fp = np.sum(om / diff**2, axis=1)
             cand = lam - f / fp
         diff2 = th[None, :] - cand[:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             f2 = np.sum(om / diff2, axis=1) - 1.0
         better = np.isfinite(f2) & (np.abs(f2) < np.abs(f))
         lam = np.where(better, cand, lam)
@@ -654,14 +655,17 @@ def optimize_blt(
     name = workload.name if hasattr(workload, "name") else str(workload)
     closed = isinstance(schema, SingleParticipation) and error == "max"
 
-    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
-        theta = 1 / (1 + np.exp(-x[:buffers]))
-        omega = np.exp(x[buffers:])
+    def objective(x: np.ndarray, k: int) -> tuple[float, np.ndarray]:
+        theta = 1 / (1 + np.exp(-x[:k]))
+        omega = np.exp(x[k:])
+        # Trial points of the line search may overflow (decays near 1, huge scales): such a point
+        # is rejected as +inf-like rather than warning on stderr.
         try:
-            if closed:
-                val, g = _loss_and_grad_closed(theta, omega, n, gamma)
-            else:
-                val, g = _loss_and_grad_general(theta, omega, n, gamma, error, schema)
+            with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+                if closed:
+                    val, g = _loss_and_grad_closed(theta, omega, n, gamma)
+                else:
+                    val, g = _loss_and_grad_general(theta, omega, n, gamma, error, schema)
         except (MfcliError, np.linalg.LinAlgError, FloatingPointError):
             return 1e300, np.zeros_like(x)
         if not (np.isfinite(val) and val > 0 and np.all(np.isfinite(g))):
@@ -670,54 +674,135 @@ def optimize_blt(
         return math.log(val), g * chain / val
 
     rng = np.random.default_rng(seed)
-    inits = []
-    for low in (1.0 / (2 * n), 1.0 / (8 * n)):
-        th, om = quadrature_start(n, buffers, low=low)
-        inits.append(np.concatenate([np.log(th / (1 - th)), np.log(om)]))
-    while len(inits) < starts:
-        inits.append(inits[0] + rng.normal(scale=0.5, size=2 * buffers))
-    inits = inits[:starts]
-    bounds = [(-25.0, 25.0)] * buffers + [(-40.0, 5.0)] * buffers
-    best: tuple[float, np.ndarray] | None = None
-    reached = []
+    reached: list[float] = []
 
-    def run(x0: np.ndarray) -> None:
-        nonlocal best
-        res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": max_iter, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20})
-        val = float(res.fun)
-        reached.append(val)
-        if best is None or val < best[0]:
-            best = (val, res.x)
+    def solve(k: int, prev: np.ndarray | None, n_starts: int, rounds: int) -> tuple[float, np.ndarray]:
+        """The best (log loss, x) for k buffers: quadrature, geometric and random starts, plus
+        warm starts from the (k-1)-buffer optimum ``prev`` with one new buffer, then up to
+        ``rounds`` re-placements of a duplicated decay."""
+        inits = []
+        for low in (1.0 / (2 * n), 1.0 / (8 * n)):
+            th, om = quadrature_start(n, k, low=low)
+            inits.append(np.concatenate([np.log(th / (1 - th)), np.log(om)]))
+        while len(inits) < n_starts:
+            inits.append(inits[0] + rng.normal(scale=0.5, size=2 * k))
+        inits = inits[:n_starts]
+        inits.append(_geometric_start(n, k))
+        if prev is not None:
+            inits.extend(_insert_buffer(prev, k - 1))
+        bounds = [(-25.0, 25.0)] * k + [(-40.0, 5.0)] * k
+        best: tuple[float, np.ndarray] | None = None
 
-    for x0 in inits:
-        run(x0)
-    # Two equal decays are a saddle the gradient cannot leave (the loss is symmetric in the
-    # pair): the optimiser then sits on a (d-1)-buffer BLT. Re-place one of the pair below the
-    # fastest, above the slowest, or in the widest gap of the decays, and optimise again.
-    for _ in range(2):
-        assert best is not None
-        x = best[1]
-        order = np.argsort(x[:buffers])
-        logits = x[:buffers][order]
-        gaps = np.diff(logits)
-        if buffers < 2 or gaps.min() > 1e-3 * max(1.0, float(np.abs(logits).max())):
-            break
-        dup = int(order[int(np.argmin(gaps)) + 1])
-        widest = int(np.argmax(gaps))
-        for target in (logits[0] - 2.0, logits[-1] + 2.0, (logits[widest] + logits[widest + 1]) / 2):
-            x0 = x.copy()
-            x0[dup] = min(max(target, -24.0), 24.0)
-            x0[buffers + dup] = x[buffers + dup] - 1.0
+        def run(x0: np.ndarray) -> None:
+            nonlocal best
+            res = minimize(objective, x0, args=(k,), jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxiter": max_iter, "ftol": 1e-13, "gtol": 1e-9, "maxcor": 20})
+            val = float(res.fun)
+            reached.append(val)
+            if best is None or val < best[0]:
+                best = (val, res.x)
+
+        for x0 in inits:
             run(x0)
-    assert best is not None
-    x = best[1]
-    blt = _canonical(1 / (1 + np.exp(-x[:buffers])), np.exp(x[buffers:]))
-    loss = blt.loss(n, workload="momentum" if gamma else "prefix", beta=gamma if gamma else None, error=error,
-                    schema=schema)
+        # Two equal decays are a saddle the gradient cannot leave (the loss is symmetric in the
+        # pair): the optimiser then sits on a (d-1)-buffer BLT. Re-place one of the pair below the
+        # fastest, above the slowest, or in the widest gap of the decays, and optimise again.
+        for _ in range(rounds):
+            assert best is not None
+            x = best[1]
+            order = np.argsort(x[:k])
+            logits = x[:k][order]
+            gaps = np.diff(logits)
+            if k < 2 or gaps.min() > 1e-3 * max(1.0, float(np.abs(logits).max())):
+                break
+            dup = int(order[int(np.argmin(gaps)) + 1])
+            widest = int(np.argmax(gaps))
+            for target in (logits[0] - 2.0, logits[-1] + 2.0, (logits[widest] + logits[widest + 1]) / 2):
+                x0 = x.copy()
+                x0[dup] = min(max(target, -24.0), 24.0)
+                x0[k + dup] = x[k + dup] - 1.0
+                run(x0)
+        assert best is not None
+        return best
+
+    # The k-buffer family contains every (k-1)-buffer BLT (a zero-scale buffer does not act), so
+    # buffers are added one at a time, each level warm-started from the previous optimum, and a
+    # level that does not beat the previous one keeps it: the loss is non-increasing in k.
+    wname, wbeta = ("momentum", gamma) if gamma else ("prefix", None)
+
+    def assemble(x: np.ndarray, k: int) -> tuple[float, BufferedToeplitz] | None:
+        """The BLT at optimiser point x and its loss recomputed in O(n d) (None if invalid)."""
+        theta = 1 / (1 + np.exp(-x[:k]))
+        omega = np.where(x[k:] <= _ZERO_SCALE, 0.0, np.exp(np.maximum(x[k:], -745.0)))
+        # A scale negligible next to the others (e.g. at its bound) is set to zero: the buffer
+        # then does not act, instead of leaving a root of the inverse within rounding of its decay.
+        omega = np.where(omega < 1e-12 * float(np.max(omega)), 0.0, omega)
+        try:
+            with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+                cand = _canonical(theta, omega)
+                val = float(cand.loss(n, workload=wname, beta=wbeta, error=error, schema=schema))
+        except (MfcliError, np.linalg.LinAlgError):
+            return None
+        return (val, cand) if math.isfinite(val) else None
+
+    # The k-buffer family contains every (k-1)-buffer BLT (a zero-scale buffer does not act), so
+    # buffers are added one at a time, each level warm-started from the previous optimum; a level
+    # whose recomputed loss does not beat the previous level keeps that BLT, embedded with
+    # zero-scale buffers: the returned loss is non-increasing in the number of buffers.
+    best: tuple[float, BufferedToeplitz] | None = None
+    best_x, best_k = np.zeros(0), 0
+    for k in range(1, buffers + 1):
+        top = k == buffers  # lower levels only seed the next one: fewer starts, no re-placement
+        _, x = solve(k, best_x if best_k else None, starts if top else 1, 2 if top else 0)
+        got = assemble(x, k)
+        if got is not None and (best is None or got[0] < best[0]):
+            best, best_x, best_k = got, x, k
+        elif best_k:
+            best_x = _embed(best_x, best_k, k)
+            best_k = k
+    if best is None:
+        raise MfcliError("the BLT optimisation found no valid strategy")
+    loss, blt = best
+    if blt.buffers < buffers:  # keep the requested shape: extra buffers with scale zero
+        got = assemble(best_x, best_k)
+        if got is not None and got[0] == loss:
+            loss, blt = got
     return BltOptimum(blt=blt, loss=loss, error=error, n=n, workload=name, beta=gamma if gamma else None,
-                      schema=schema, start_losses=tuple(math.exp(v) for v in reached),
+                      schema=schema, start_losses=tuple(math.exp(v) if v < 700 else math.inf for v in reached),
                       seconds=time.perf_counter() - t_start)
+
+
+_ZERO_SCALE = -1e3  # a log-scale at or below this marks a buffer embedded with omega = 0
+
+
+def _geometric_start(n: int, k: int) -> np.ndarray:
+    """Optimiser start (logit theta, log omega) with decays spread geometrically in 1 - theta
+    from 1/n to 1/2 (distinct and well separated) and equal scales summing to 1/2."""
+    u = np.geomspace(1.0 / n, 0.5, k) if k > 1 else np.array([1.0 / math.sqrt(n)])
+    th = 1 - u
+    return np.concatenate([np.log(th / u), np.full(k, math.log(0.5 / k))])
+
+
+def _insert_buffer(x: np.ndarray, k: int) -> list[np.ndarray]:
+    """Starts for k + 1 buffers from a k-buffer point x: a new buffer with a small scale below
+    the fastest decay, above the slowest, and in the widest gap (in logit theta)."""
+    logits, logs = x[:k], np.maximum(x[k:], -40.0)
+    lo, hi = float(logits.min()), float(logits.max())
+    targets = [lo - 2.0, hi + 2.0]
+    if k > 1:
+        srt = np.sort(logits)
+        i = int(np.argmax(np.diff(srt)))
+        targets.append(float(srt[i] + srt[i + 1]) / 2)
+    small = float(logs.max()) - 3.0
+    return [np.concatenate([logits, [min(max(t, -24.0), 24.0)], logs, [max(small, -39.0)]]) for t in targets]
+
+
+def _embed(x: np.ndarray, k: int, m: int) -> np.ndarray:
+    """The k-buffer point x as an m-buffer one: the extra buffers get distinct decays and scale
+    zero (log-scale :data:`_ZERO_SCALE`), so they do not act."""
+    extra = m - k
+    logits = np.concatenate([x[:k], float(np.min(x[:k])) - 2.0 - 2.0 * np.arange(extra)])
+    return np.concatenate([logits, x[k:], np.full(extra, 2 * _ZERO_SCALE)])
 
 
 def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
