@@ -677,19 +677,23 @@ def optimize_blt(
     reached: list[float] = []
 
     def solve(k: int, prev: np.ndarray | None, n_starts: int, rounds: int) -> tuple[float, np.ndarray]:
-        """The best (log loss, x) for k buffers: quadrature, geometric and random starts, plus
-        warm starts from the (k-1)-buffer optimum ``prev`` with one new buffer, then up to
+        """The best (log loss, x) for k buffers: quadrature, geometric and random starts, plus a
+        warm start from the (k-1)-buffer optimum ``prev`` with one new buffer, then up to
         ``rounds`` re-placements of a duplicated decay."""
         inits = []
-        for low in (1.0 / (2 * n), 1.0 / (8 * n)):
-            th, om = quadrature_start(n, k, low=low)
-            inits.append(np.concatenate([np.log(th / (1 - th)), np.log(om)]))
-        while len(inits) < n_starts:
-            inits.append(inits[0] + rng.normal(scale=0.5, size=2 * k))
-        inits = inits[:n_starts]
-        inits.append(_geometric_start(n, k))
+        if n_starts:
+            for low in (1.0 / (2 * n), 1.0 / (8 * n)):
+                th, om = quadrature_start(n, k, low=low)
+                inits.append(np.concatenate([np.log(th / (1 - th)), np.log(om)]))
+            while len(inits) < n_starts:
+                inits.append(inits[0] + rng.normal(scale=0.5, size=2 * k))
+            inits = inits[:n_starts]
+            inits.append(_geometric_start(n, k))
         if prev is not None:
-            inits.extend(_insert_buffer(prev, k - 1))
+            warm = _insert_buffer(prev, k - 1)
+            # only the most promising warm start (by its starting loss): each run costs
+            warm = [min(warm, key=lambda x0: objective(x0, k)[0])]
+            inits.extend(warm)
         bounds = [(-25.0, 25.0)] * k + [(-40.0, 5.0)] * k
         best: tuple[float, np.ndarray] | None = None
 
@@ -752,8 +756,10 @@ def optimize_blt(
     best: tuple[float, BufferedToeplitz] | None = None
     best_x, best_k = np.zeros(0), 0
     for k in range(1, buffers + 1):
-        top = k == buffers  # lower levels only seed the next one: fewer starts, no re-placement
-        _, x = solve(k, best_x if best_k else None, starts if top else 1, 2 if top else 0)
+        # Lower levels only seed the next one: warm starts only (one quadrature start for a
+        # single buffer), no re-placement rounds; the requested level gets every start.
+        top = k == buffers
+        _, x = solve(k, best_x if best_k else None, starts if top else int(k == 1), 2 if top else 0)
         got = assemble(x, k)
         if got is not None and (best is None or got[0] < best[0]):
             best, best_x, best_k = got, x, k
