@@ -577,7 +577,8 @@ class BltOptimum:
         loss: its loss, recomputed in O(n d) from ``blt`` (not the optimiser's value).
         error: ``max`` or ``mean``.
         n, workload, beta, schema: the problem.
-        start_losses: the loss reached from each start (the best is ``loss``).
+        start_losses: the optimiser's loss reached from each start, over every level of
+            buffers tried (1 to ``buffers``), in order.
         seconds: wall time.
     """
 
@@ -627,10 +628,15 @@ def optimize_blt(
     is a real BLT), minimising log(loss) with analytic gradients: for single participation and
     max error the O(d^2) closed form (n-independent), otherwise the O(n d) form; both
     differentiate through the inverse BLT by implicit differentiation of its secular equation.
-    Starts: the quadrature start (:func:`quadrature_start`) at two horizons, then seeded random
-    perturbations of it; when the best result has two (nearly) equal decays, one of them is
-    re-placed and optimised again (up to two rounds). The returned loss is recomputed in O(n d)
-    from the returned BLT.
+    Buffers are added one at a time, each level warm-started from the previous level's optimum
+    plus one new small buffer. At the requested level also: the quadrature start
+    (:func:`quadrature_start`) at two horizons, seeded random perturbations of it, and decays
+    spread geometrically in 1 - theta; when the best result has two (nearly) equal decays, one of
+    them is re-placed and optimised again (up to two rounds). Each level's loss is recomputed in
+    O(n d) from its BLT, and a level that does not beat the previous one keeps that BLT padded with
+    zero-scale buffers, so the returned loss is non-increasing in ``buffers`` (the returned BLT
+    always has ``buffers`` buffers, some possibly with omega = 0). Overflowing trial points count
+    as an infinite loss, without floating-point warnings.
 
     Raises:
         MfcliError: n, buffers, error, workload or schema out of range.
