@@ -635,7 +635,8 @@ def optimize_blt(
     them is re-placed and optimised again (up to two rounds). Each level's loss is recomputed in
     O(n d) from its BLT, and a level that does not beat the previous one keeps that BLT padded with
     zero-scale buffers, so the returned loss is non-increasing in ``buffers`` (the returned BLT
-    always has ``buffers`` buffers, some possibly with omega = 0). Overflowing trial points count
+    has ``buffers`` buffers, some possibly with omega = 0, unless two decays coincide exactly
+    and are merged). Overflowing trial points count
     as an infinite loss, without floating-point warnings.
 
     Raises:
