@@ -791,11 +791,12 @@ def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, sett
                              f"{setup.epsilon:g}; nothing written")
         group = session.record_to_artifact(report, calibration=r.calibration, calibrated_setting=setting,
                                            command=command)
-        if target.exists() and not force:
-            from mfcli.artifact import check_output_path
+        from mfcli.artifact import atomic_path
 
-            check_output_path(target, force=force)
-        os.replace(tmp, target)
+        # the move into place is the artifact writers' own commit: precondition re-checked under the
+        # directory lock (a concurrent writer of the same new file fails), fsync, then rename
+        with atomic_path(target, force=force) as final:
+            os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
     return {"artifact": str(target), "candidate": r.key, "setting": setting, "sigma": r.sigma, "sampling": sampling,
