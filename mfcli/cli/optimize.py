@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -146,15 +147,29 @@ def optimize(
         log(f"warning: stopped after {res.iterations} iterations at gap {res.gap:.3e} > tol {tol:g}")
     if not quiet and not as_json:
         log(f"wrote {out}")
+    loss = {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max}
+    _render(w, res, method=method, tol=tol, schema=schema, loss=loss, sensitivity=fact.sensitivity, out=out,
+            digest=digest, as_json=as_json, title=f"optimal factorization: {w.name}, n = {w.n}",
+            rows=[("loss total (sum of squared errors)", f"{fact.loss_total:.10g}")],
+            sensitivity_label="sensitivity")
+
+
+def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participation, loss: dict[str, float],
+            sensitivity: float, out: Path, digest: str, as_json: bool, title: str,
+            rows: list[tuple[str, Any]], sensitivity_label: str, extra: dict[str, Any] | None = None) -> None:
+    """The result of a certified solve on stdout: the versioned ``--json`` object or a table.
+    ``res`` is a single- or multi-participation solve result (gap, primal, dual, converged,
+    iterations, seconds); ``rows`` are the table's first, solver-specific rows."""
     summary = {
         "workload": w.name,
         "workload_params": dict(w.params),
         "n": w.n,
         "method": method,
         "tol": tol,
-        "loss": {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max},
         "participation": json.loads(schema.to_json()),
-        "sensitivity": fact.sensitivity,
+        **(extra or {}),
+        "loss": loss,
+        "sensitivity": sensitivity,
         "gap": res.gap,
         "primal": res.primal,
         "dual": res.dual,
@@ -169,13 +184,13 @@ def optimize(
         return
     stdout().print(
         key_value_table(
-            f"optimal factorization: {w.name}, n = {w.n}",
+            title,
             [
-                ("loss total (sum of squared errors)", f"{fact.loss_total:.10g}"),
-                ("loss mean (per step)", f"{fact.loss_mean:.10g}"),
-                ("RMSE", f"{fact.rmse:.10g}"),
-                ("max (worst step)", f"{fact.loss_max:.10g}"),
-                ("sensitivity", f"{fact.sensitivity:.12g}"),
+                *rows,
+                ("loss mean (per step)", f"{loss['mean']:.10g}"),
+                ("RMSE", f"{loss['rmse']:.10g}"),
+                ("max (worst step)", f"{loss['max']:.10g}"),
+                (sensitivity_label, f"{sensitivity:.12g}"),
                 ("dual bound", f"{res.dual:.10g}"),
                 ("relative gap", f"{res.gap:.3e}"),
                 ("iterations", res.iterations),
@@ -207,45 +222,11 @@ def _optimize_multi(
     if not quiet and not as_json:
         log(f"wrote {out}")
     worst = float(res.per_step_error.max())
-    summary = {
-        "workload": w.name,
-        "workload_params": dict(w.params),
-        "n": w.n,
-        "method": res.certificate()["method"],
-        "tol": tol,
-        "participation": json.loads(schema.to_json()),
-        "structure": res.structure,
-        "loss": {"total": res.loss_total, "mean": res.loss_mean, "rmse": res.loss_mean**0.5, "max": worst},
-        "sensitivity": res.sensitivity,
-        "gap": res.gap,
-        "primal": res.primal,
-        "dual": res.dual,
-        "converged": res.converged,
-        "iterations": res.iterations,
-        "seconds": res.seconds,
-        "artifact": str(out),
-        "artifact_sha256": digest,
-    }
-    if as_json:
-        emit_json(envelope("optimize", **summary))
-        return
-    stdout().print(
-        key_value_table(
-            f"optimal factorization: {w.name}, n = {w.n}, {described}",
-            [
-                ("structure", "orthogonal across epochs" if res.structure == "fixed-epoch" else
-                 f"{schema.separation}-banded, equal column norms (BandMF)"),  # type: ignore[union-attr]
-                ("loss total (sens^2 ||B||_F^2)", f"{res.loss_total:.10g}"),
-                ("loss mean (per step)", f"{res.loss_mean:.10g}"),
-                ("RMSE", f"{res.loss_mean ** 0.5:.10g}"),
-                ("max (worst step)", f"{worst:.10g}"),
-                ("sensitivity (exact, this schema)", f"{res.sensitivity:.12g}"),
-                ("dual bound", f"{res.dual:.10g}"),
-                ("relative gap", f"{res.gap:.3e}"),
-                ("iterations", res.iterations),
-                ("seconds", round(res.seconds, 2)),
-                ("artifact", str(out)),
-                ("sha256", digest[:16] + "..."),
-            ],
-        )
-    )
+    loss = {"total": res.loss_total, "mean": res.loss_mean, "rmse": res.loss_mean**0.5, "max": worst}
+    structure = ("orthogonal across epochs" if res.structure == "fixed-epoch" else
+                 f"{schema.separation}-banded, equal column norms (BandMF)")  # type: ignore[union-attr]
+    _render(w, res, method=res.certificate()["method"], tol=tol, schema=schema, loss=loss,
+            sensitivity=res.sensitivity, out=out, digest=digest, as_json=as_json,
+            title=f"optimal factorization: {w.name}, n = {w.n}, {described}",
+            rows=[("structure", structure), ("loss total (sens^2 ||B||_F^2)", f"{res.loss_total:.10g}")],
+            sensitivity_label="sensitivity (exact, this schema)", extra={"structure": res.structure})
