@@ -81,16 +81,12 @@ def render_text(plan: Any, saved: dict | None) -> str:
 
 def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
     """Mean RMSE against epsilon for every candidate (log-log), written atomically as a PNG."""
-    from mfcli.artifact import atomic_path
-    from mfcli.cli.plots import check_plot_target
+    from mfcli.cli.plots import check_plot_target, save_wide, wide_axes
 
     target = check_plot_target(path, force=force)
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
+    fig, ax = wide_axes()
     # line style and marker say the sampler, colour the candidate (20 colours before one repeats)
     styles = {"poisson": ("-", "o"), "cyclic": ("--", "s"), "fixed-order": ("-.", "^"), "balls-in-bins": (":", "v"),
               "shuffle": (":", "x")}
@@ -110,14 +106,7 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
     s = plan.setup
     ax.set_title(f"mfcli plan: {s.examples} examples, batch {s.batch}, {s.epochs} epochs, {s.workload}; "
                  "sigma calibrated per epsilon", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.tight_layout()
-    try:
-        with atomic_path(target, force=force) as tmp:
-            fig.savefig(tmp, format="png")
-    finally:
-        plt.close(fig)
+    save_wide(fig, ax, target, force=force)
 
 
 @guarded

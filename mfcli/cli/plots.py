@@ -7,7 +7,7 @@ machinery (scipy) it never uses; matplotlib is imported only when a plot is draw
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,12 +46,7 @@ def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -
     from mfcli.cli.render import _num, title
 
     target = check_plot_target(path, force=force)
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
+    fig, ax = wide_axes()
     steps = np.arange(1, table.n + 1)
     width = 1.3 if table.n <= 256 else 0.7  # tree curves jump at every step; keep them legible
     for r in table.rows:
@@ -63,6 +58,26 @@ def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -
     # title() names a schema other than single participation itself.
     units = "noise multiplier 1" if table.multi else "single participation, noise multiplier 1"
     ax.set_title(f"{title(table)}\n{units}; dashed = not causal", fontsize=10)
+    save_wide(fig, ax, target, force=force)
+    return target
+
+
+def wide_axes() -> tuple[Any, Any]:
+    """A 10 x 5 inch pyplot figure and its axes, on the non-interactive Agg backend (a plot is
+    written from a command, never shown)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(10, 5), dpi=120)
+
+
+def save_wide(fig: Any, ax: Any, target: Path, *, force: bool) -> None:
+    """Grid, legend outside the axes on the right, then the PNG written atomically (nothing is
+    left behind if the write fails); the figure is closed either way."""
+    import matplotlib.pyplot as plt
+
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
@@ -71,7 +86,6 @@ def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -
             fig.savefig(tmp, format="png")
     finally:
         plt.close(fig)
-    return target
 
 
 def plot_report(report: InspectionReport, out: str | Path, *, force: bool = False) -> Path:
