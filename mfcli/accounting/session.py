@@ -322,6 +322,11 @@ class AccountingOptions:
     mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
     #: Bytes MMCC's tail-event collection may use (None: no limit); see mfcli.memory.
     max_memory: int | None = None
+    #: MMCC on a banded C (b <= banded_poisson.MAX_BAND): also run the importance-sampled ESTIMATE
+    #: of the exact pair's epsilon. Opt-in: it costs seconds of CPU even at n = 8, and it is an
+    #: estimate, never a bound (never used to calibrate); the certified disjoint-rows lower bound
+    #: runs either way.
+    banded_estimate: bool = False
 
     def checked(self) -> AccountingOptions:
         check_delta(self.delta)
@@ -338,8 +343,8 @@ class MMCCBracket:
     lower: LowerBoundResult
     full: FullParticipationResult
     #: banded C only (mfcli.accounting.banded_poisson): a second certified lower bound (rows with
-    #: disjoint windows) and the importance-sampled ESTIMATE of the exact pair; None otherwise,
-    #: with ``banded_note`` saying why.
+    #: disjoint windows) and, when ``AccountingOptions.banded_estimate`` asks for it, the
+    #: importance-sampled ESTIMATE of the exact pair; None otherwise, with ``banded_note`` saying why.
     lower_rows: Any = None
     estimate: Any = None
     banded_note: str | None = None
@@ -530,7 +535,7 @@ def account(
         br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta),
                          **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress,
-                                          on_progress=on_progress))
+                                          on_progress=on_progress, estimate=opts.banded_estimate))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     bib = sdp = None
@@ -547,9 +552,11 @@ def account(
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
-                   progress: Callable[[str], None] | None, on_progress: ProgressCallback | None = None) -> dict:
-    """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and the ESTIMATE of
-    the exact pair (mfcli.accounting.banded_poisson); otherwise a note saying why there is none."""
+                   progress: Callable[[str], None] | None, on_progress: ProgressCallback | None = None,
+                   estimate: bool = False) -> dict:
+    """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and, with
+    ``estimate``, the ESTIMATE of the exact pair (mfcli.accounting.banded_poisson); otherwise a
+    note saying why there is none (:data:`ESTIMATE_NOT_REQUESTED` when only the request is missing)."""
     from mfcli.accounting import banded_poisson as bp
 
     b = bp.bandwidth(prep.strategy) if np.array_equal(prep.release_steps, np.arange(prep.n)) else None
@@ -559,10 +566,17 @@ def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
         return {"banded_note": f"no estimate: C has bandwidth {b} > {bp.MAX_BAND} (the exact likelihood "
                                f"recursion has 2^(b-1) states)"}
     say = progress or (lambda s: None)
-    say(f"banded C (b = {b}): disjoint-rows lower bound and importance-sampled estimate")
+    say(f"banded C (b = {b}): disjoint-rows lower bound" + (" and importance-sampled estimate" if estimate else ""))
     rows = bp.disjoint_rows_lower_bound(prep, sigma=sigma, sampling=sampling, delta=delta, grid=BANDED_LB_GRID)
+    if not estimate:
+        return {"lower_rows": rows, "banded_note": ESTIMATE_NOT_REQUESTED}
     est = bp.estimate_epsilon(prep, sigma=sigma, sampling=sampling, delta=delta, on_progress=on_progress)
     return {"lower_rows": rows, "estimate": est}
+
+
+#: ``estimate_note`` of a banded C whose estimate was not requested (AccountingOptions.banded_estimate).
+ESTIMATE_NOT_REQUESTED = ("not requested: an importance-sampled ESTIMATE of the exact pair's epsilon is available "
+                          "for this banded C on request (seconds of CPU; never a bound)")
 
 
 #: Loss grid of the disjoint-rows lower bound in ``account`` (losses rounded down to it).
