@@ -73,7 +73,7 @@ def test_objective_at_a_tiny_scale_buffer_is_the_dense_loss(n, beta, error, sche
 @pytest.mark.parametrize("n,buffers,beta,error,schema", [
     (200, 4, 0.9, "mean", FixedEpoch(epochs=20)),   # the plan's call for momentum over 20 epochs
     (48, 4, 0.9, "mean", FixedEpoch(epochs=4)),
-    (48, 3, 0.9, "max", MinSeparation(separation=12)),
+    (48, 2, 0.9, "mean", MinSeparation(separation=12)),
     (48, 3, None, "mean", FixedEpoch(epochs=3)),
     (48, 3, None, "max", SingleParticipation()),
 ])
