@@ -396,50 +396,84 @@ def _inverse_parameters(theta: np.ndarray, omega: np.ndarray, *, allow_complex: 
                         ) -> tuple[np.ndarray, np.ndarray]:
     """(lambda, omega') of C^-1 (see :meth:`BufferedToeplitz.inverse`); complex conjugate pairs
     only with ``allow_complex`` (possible only when some omega_i < 0)."""
+    lam, omp, _ = _inverse_with_gaps(theta, omega, allow_complex=allow_complex)
+    return lam, omp
+
+
+def _inverse_with_gaps(theta: np.ndarray, omega: np.ndarray, *, allow_complex: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lambda, omega', gaps) of C^-1 over the buffers with omega_i != 0, where gaps[k, i] =
+    theta_i - lambda_k to relative rounding (:func:`_secular_roots`), also when lambda_k lies
+    within rounding of a decay theta_i, as it does for a buffer of tiny scale: theta_i - lambda_k
+    computed from the rounded lambda_k would be wrong there, and with it omega'_k and the whole
+    noising matrix (the optimiser then minimised a loss that C did not have)."""
     keep = omega != 0  # a buffer with omega_i = 0 does not act
     th, om = theta[keep], omega[keep]
     if th.shape[0] == 0:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros((0, 0))
     roots = np.linalg.eigvals(np.diag(th) - np.outer(np.ones(th.shape[0]), om))
     # For omega > 0 the roots are real and interlace the decays (f is increasing between poles),
     # so an imaginary part is rounding; otherwise a complex pair means no real inverse BLT.
     real = bool(np.all(om > 0)) or not np.any(np.abs(roots.imag) > 1e-8 * max(1.0, float(np.max(np.abs(roots)))))
     if real:
-        lam = _polish_roots(np.sort(roots.real), th, om)
+        lam, diff = _secular_roots(np.sort(roots.real), th, om)
     elif allow_complex:
         lam = roots
+        diff = th[None, :] - lam[:, None]
     else:
         raise MfcliError("C^-1 is not a real BLT (complex decays); use positive output scales omega")
-    diff = th[None, :] - lam[:, None]
     if np.any(np.abs(diff) < 1e-300):
         raise MfcliError("C^-1 is not a BLT with distinct decays")
     s2 = np.sum(om[None, :] / diff**2, axis=1)
-    return lam, -1.0 / s2
+    return lam, -1.0 / s2, diff
 
 
-def _polish_roots(lam: np.ndarray, th: np.ndarray, om: np.ndarray) -> np.ndarray:
-    """Two Newton steps on f(lambda) = sum_i omega_i / (theta_i - lambda) - 1 from the eigenvalues
-    (each root is simple; the step is kept only where it reduces |f|)."""
-    for _ in range(2):
-        diff = th[None, :] - lam[:, None]
-        # a root may round onto a decay of a (nearly) zero-scale buffer: f is then infinite there
+def _secular_roots(lam: np.ndarray, th: np.ndarray, om: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The real roots of f(lambda) = sum_i omega_i / (theta_i - lambda) - 1 near the estimates
+    ``lam``, and gaps[k, i] = theta_i - lambda_k accurate to relative rounding.
+
+    Each root is written lambda_k = theta_o + tau_k from its nearest decay theta_o, so that
+    theta_i - lambda_k = (theta_i - theta_o) - tau_k has no cancellation (it is exactly -tau_k for
+    i = o), and tau_k is found by Newton's method on G(tau) = -tau f(theta_o + tau) = omega_o +
+    tau R(tau), R(tau) = 1 - sum_{i != o} omega_i / (theta_i - theta_o - tau): G is smooth at the
+    pole theta_o, so Newton converges to full relative precision in tau even when the root lies
+    within rounding of theta_o (omega_o tiny: tau ~ -omega_o / R(0)). A step is kept only where it
+    reduces |G|."""
+    d = th.shape[0]
+    o = np.argmin(np.abs(th[None, :] - lam[:, None]), axis=1)
+    base = th[o]
+    delta = th[None, :] - base[:, None]          # theta_i - theta_o, exactly 0 at i = o
+    others = np.arange(d)[None, :] != o[:, None]
+    om_o = om[o]
+    tau = lam - base
+
+    def g_and_slope(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        gap = np.where(others, delta - t[:, None], 1.0)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            f = np.sum(om / diff, axis=1) - 1.0
-            fp = np.sum(om / diff**2, axis=1)
-            cand = lam - f / fp
-        diff2 = th[None, :] - cand[:, None]
+            r = 1.0 - np.sum(np.where(others, om / gap, 0.0), axis=1)
+            rp = -np.sum(np.where(others, om / gap**2, 0.0), axis=1)
+            return om_o + t * r, r + t * rp
+
+    g, gp = g_and_slope(tau)
+    for _ in range(8):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            f2 = np.sum(om / diff2, axis=1) - 1.0
-        better = np.isfinite(f2) & (np.abs(f2) < np.abs(f))
-        lam = np.where(better, cand, lam)
-    return lam
+            cand = tau - g / gp
+        g2, gp2 = g_and_slope(cand)
+        better = np.isfinite(g2) & np.isfinite(cand) & (np.abs(g2) < np.abs(g))
+        if not np.any(better):
+            break
+        tau = np.where(better, cand, tau)
+        g = np.where(better, g2, g)
+        gp = np.where(better, gp2, gp)
+    return base + tau, delta - tau[:, None]
 
 
-def _inverse_jacobian(theta: np.ndarray, omega: np.ndarray, lam: np.ndarray, omp: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def _inverse_jacobian(theta: np.ndarray, omega: np.ndarray, lam: np.ndarray, omp: np.ndarray,
+                      gaps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """d(lambda, omega')/d(theta, omega) by implicit differentiation of the secular equation:
-    two d x 2d matrices (columns: theta then omega). Requires omega_i != 0."""
-    diff = theta[None, :] - lam[:, None]          # (k, i)
+    two d x 2d matrices (columns: theta then omega). Requires omega_i != 0. ``gaps``: theta_i -
+    lambda_k to relative rounding (:func:`_inverse_with_gaps`); default computed from lambda."""
+    diff = theta[None, :] - lam[:, None] if gaps is None else gaps          # (k, i)
     inv1, inv2 = 1.0 / diff, 1.0 / diff**2
     s2 = inv2 @ omega
     s3 = (inv2 * inv1) @ omega
@@ -482,7 +516,7 @@ def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: f
     sens2 = 1.0 + omega @ g1 @ omega
     gs_om = 2 * g1 @ omega
     gs_th = 2 * omega * ((dg1 * theta[None, :]) @ omega)
-    lam, omp = _inverse_parameters(theta, omega)
+    lam, omp, gaps = _inverse_with_gaps(theta, omega)
     rho, mu = _decoder_terms(lam, omp, gamma)
     g2, dg2 = _geom(np.outer(mu, mu), n)
     err = float(rho @ g2 @ rho)
@@ -500,7 +534,7 @@ def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: f
             (lc if which == 0 else oc)[k] += 1j * h
             r, m = _decoder_terms(lc, oc, gamma)
             out[k] = float((ge_rho @ r.imag + ge_mu @ m.imag) / h)
-    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp)
+    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp, gaps)
     ge = g_lam @ j_lam + g_omp @ j_omp
     grad = err * np.concatenate([gs_th, gs_om]) + sens2 * ge
     return float(sens2 * err), grad
@@ -523,7 +557,7 @@ def _loss_and_grad_general(theta: np.ndarray, omega: np.ndarray, n: int, gamma: 
                            schema: Participation) -> tuple[float, np.ndarray]:
     """Max or mean loss under any schema and its gradient in (theta, omega), O(n d)."""
     blt = BufferedToeplitz(theta=theta, omega=omega)
-    lam, omp = _inverse_parameters(theta, omega)
+    lam, omp, gaps = _inverse_with_gaps(theta, omega)
     dcoef = np.zeros(n)
     dcoef[0] = 1.0
     s_idx = np.arange(n - 1, dtype=np.float64)
@@ -543,7 +577,7 @@ def _loss_and_grad_general(theta: np.ndarray, omega: np.ndarray, n: int, gamma: 
     s0, s1 = _power_sums(lam, g_d[1:], n - 1)
     g_omp = s0
     g_lam = omp * s1
-    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp)
+    j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp, gaps)
     ge = g_lam @ j_lam + g_omp @ j_omp
     c = blt.strategy_coefs(n)
     if isinstance(schema, SingleParticipation):

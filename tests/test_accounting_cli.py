@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting import banded_poisson
 from mfcli.accounting.events import event_from_json
 from mfcli.accounting.session import read_chunked
 from mfcli.artifact import check_datasets, load_artifact, save_artifact, shipped_artifact
@@ -20,15 +19,6 @@ from mfcli.factorization import Factorization
 from mfcli.strategies import sqrt_strategy_matrix
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _small_banded_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests check the settings' epsilons and records, never the importance-sampled estimate
-    that ``account`` adds for a banded C (tests/test_accounting_banded_poisson.py checks that one);
-    its default budget (ESTIMATE_WORK) costs seconds of CPU per call even at n = 8, so it runs
-    here at the 500-sample floor. Subprocess runs keep the default."""
-    monkeypatch.setattr(banded_poisson, "ESTIMATE_WORK", 0.0)
 
 
 def run(*args: str):

@@ -58,8 +58,12 @@ def test_loss_non_increasing_in_buffers(workload, schema_name):
                 assert ours.value ** 2 >= dense_sens2 * (1 - 1e-12)
                 assert opt.loss >= dense_loss * (1 - 1e-12)
             losses.append(opt.loss)
+    # Within one call a level never ends above the previous one (it keeps that BLT, exactly); these
+    # are separate calls, whose lower levels run fewer starts than the same level as the top one,
+    # so where more buffers only tie (momentum, min-sep) two calls can differ at the optimiser's
+    # stopping accuracy (measured: 3e-11 relative). A worse BLT would differ far more.
     for k in range(1, 4):
-        assert losses[k] <= losses[k - 1] * (1 + 1e-12), losses
+        assert losses[k] <= losses[k - 1] * (1 + 1e-9), losses
 
 
 # Two buffers strictly beat one where the optimum is not a single exponential (measured at N = 48:

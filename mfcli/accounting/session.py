@@ -322,6 +322,11 @@ class AccountingOptions:
     mixture_resolution: int = DEFAULT_MIXTURE_RESOLUTION
     #: Bytes MMCC's tail-event collection may use (None: no limit); see mfcli.memory.
     max_memory: int | None = None
+    #: MMCC on a banded C (b <= banded_poisson.MAX_BAND): also run the importance-sampled ESTIMATE
+    #: of the exact pair's epsilon. Opt-in: it costs seconds of CPU even at n = 8, and it is an
+    #: estimate, never a bound (never used to calibrate); the certified disjoint-rows lower bound
+    #: runs either way.
+    banded_estimate: bool = False
 
     def checked(self) -> AccountingOptions:
         check_delta(self.delta)
@@ -338,8 +343,8 @@ class MMCCBracket:
     lower: LowerBoundResult
     full: FullParticipationResult
     #: banded C only (mfcli.accounting.banded_poisson): a second certified lower bound (rows with
-    #: disjoint windows) and the importance-sampled ESTIMATE of the exact pair; None otherwise,
-    #: with ``banded_note`` saying why.
+    #: disjoint windows) and, when ``AccountingOptions.banded_estimate`` asks for it, the
+    #: importance-sampled ESTIMATE of the exact pair; None otherwise, with ``banded_note`` saying why.
     lower_rows: Any = None
     estimate: Any = None
     banded_note: str | None = None
@@ -530,7 +535,7 @@ def account(
         br = MMCCBracket(upper=upper, lower=lower_bound(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta),
                          full=full_participation(prep, sigma=sigma, delta=opts.delta),
                          **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress,
-                                          on_progress=on_progress))
+                                          on_progress=on_progress, estimate=opts.banded_estimate))
     if inp.is_tree and single and "shuffled-tree" in settings:
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     bib = sdp = None
@@ -547,9 +552,11 @@ def account(
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
-                   progress: Callable[[str], None] | None, on_progress: ProgressCallback | None = None) -> dict:
-    """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and the ESTIMATE of
-    the exact pair (mfcli.accounting.banded_poisson); otherwise a note saying why there is none."""
+                   progress: Callable[[str], None] | None, on_progress: ProgressCallback | None = None,
+                   estimate: bool = False) -> dict:
+    """For a banded C (bandwidth <= MAX_BAND): the disjoint-rows lower bound and, with
+    ``estimate``, the ESTIMATE of the exact pair (mfcli.accounting.banded_poisson); otherwise a
+    note saying why there is none (:data:`ESTIMATE_NOT_REQUESTED` when only the request is missing)."""
     from mfcli.accounting import banded_poisson as bp
 
     b = bp.bandwidth(prep.strategy) if np.array_equal(prep.release_steps, np.arange(prep.n)) else None
@@ -559,10 +566,17 @@ def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
         return {"banded_note": f"no estimate: C has bandwidth {b} > {bp.MAX_BAND} (the exact likelihood "
                                f"recursion has 2^(b-1) states)"}
     say = progress or (lambda s: None)
-    say(f"banded C (b = {b}): disjoint-rows lower bound and importance-sampled estimate")
+    say(f"banded C (b = {b}): disjoint-rows lower bound" + (" and importance-sampled estimate" if estimate else ""))
     rows = bp.disjoint_rows_lower_bound(prep, sigma=sigma, sampling=sampling, delta=delta, grid=BANDED_LB_GRID)
+    if not estimate:
+        return {"lower_rows": rows, "banded_note": ESTIMATE_NOT_REQUESTED}
     est = bp.estimate_epsilon(prep, sigma=sigma, sampling=sampling, delta=delta, on_progress=on_progress)
     return {"lower_rows": rows, "estimate": est}
+
+
+#: ``estimate_note`` of a banded C whose estimate was not requested (AccountingOptions.banded_estimate).
+ESTIMATE_NOT_REQUESTED = ("not requested: an importance-sampled ESTIMATE of the exact pair's epsilon is available "
+                          "for this banded C on request (seconds of CPU; never a bound)")
 
 
 #: Loss grid of the disjoint-rows lower bound in ``account`` (losses rounded down to it).
@@ -907,29 +921,48 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
     raise MfcliError(f"no recomputation for setting {setting!r}")
 
 
-def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) -> list[str]:
-    """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
+@dataclass(frozen=True)
+class StoredSetting:
+    """One setting of a stored ``accounting/<id>`` record, as :func:`verify_stored_record` hands
+    it to the recompute callback: the record's parameters (already checked: sigma > 0, delta in
+    (0, 1)), its participation schema, the setting's stored result row, and its stored event."""
 
-    ``operators`` are the operators the artifact really has (the dense root, and the compressed
-    operator when its compressed group verifies). Checks: the record's operator is one of them
-    by label (records without an ``operator`` attribute predate it and accounted the dense C);
-    ``strategy_sha256`` is that operator's ``identity_sha256``; every ``epsilon_<setting>`` is at
-    least the epsilon recomputed from the stored dp-accounting event (single-pass: exact analytic
-    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
-    and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
-    Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
-    run, ``mfcli account``).
-    """
-    from mfcli.accounting.events import event_from_json
+    setting: Any
+    sigma: float
+    delta: float
+    sampling: float | None
+    schema: Participation
+    row: Mapping[str, Any]
+    attrs: Mapping[str, Any]
 
+    def event(self) -> Any:
+        """The setting's stored dp-accounting event (attribute ``dp_event_<setting>``).
+
+        Raises:
+            MfcliError: the record stores none.
+        """
+        from mfcli.accounting.events import event_from_json
+
+        text = read_chunked(self.attrs, f"dp_event_{str(self.setting).replace('-', '_')}")
+        if text is None:
+            raise MfcliError("no stored dp-accounting event")
+        return event_from_json(text)
+
+
+def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha256: str,
+                         recompute: Callable[[StoredSetting], float]) -> list[str]:
+    """Problems with one stored ``accounting/<id>`` record of the operator ``label`` (empty when it
+    verifies): the one verification loop behind :func:`verify_record` (dense and compressed
+    operators) and :func:`mfcli.accounting.structured.verify_parameters_record` (parameters).
+
+    Checks ``strategy_sha256`` against the operator's ``identity_sha256``; reads sigma, delta,
+    sampling, the settings list, the results and the participation schema; then, per setting,
+    that ``epsilon_<setting>`` is a number at least ``recompute(setting)`` (relative tolerance
+    :data:`RECORD_RTOL`). ``recompute`` derives the epsilon from what the operator really is (and
+    checks the stored event against it), raising MfcliError, KeyError, TypeError or ValueError when
+    it cannot; that becomes the setting's problem."""
     problems: list[str] = []
-    label = attrs.get("operator", "dense")
-    by_label = {op.label: op for op in operators}
-    if label not in by_label:
-        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(by_label)})"]
-    op = by_label[label]
-    c = np.asarray(op.factorization.strategy, dtype=np.float64)
-    if attrs.get("strategy_sha256") != op.identity_sha256:
+    if attrs.get("strategy_sha256") != identity_sha256:
         problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     sampling = _num(attrs.get("sampling"))
@@ -939,7 +972,6 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
     results = _as_json(read_chunked(attrs, "results") or "{}")
     if not isinstance(settings, list) or not isinstance(results, dict):
         return [*problems, "the settings list or the results are missing"]
-    sens = float(_sensitivity(c))
     schema: Participation = SingleParticipation()
     if "participation" in attrs:
         from mfcli.participation import participation_from_json
@@ -958,25 +990,50 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
             problems.append(f"epsilon_{key} is missing or not a number")
             continue
         try:
-            if setting == "shuffled-tree":
-                recomputed = shuffled_tree(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta).epsilon
-            elif setting == "balls-in-bins-tree":
-                recomputed = tree_balls_in_bins(n=c.shape[1], sigma=sigma * _tree_unit(c), delta=delta,
-                                                epochs=int(row.get("epochs", 1)), grid=float(row["grid"])).epsilon
-            elif setting == "shuffled-dp-sgd":
-                recomputed = shuffled_dpsgd(n=c.shape[1], sigma=sigma, delta=delta).epsilon
-            else:
-                text = read_chunked(attrs, f"dp_event_{key}")
-                if text is None:
-                    raise MfcliError("no stored dp-accounting event")
-                recomputed = _epsilon_of_event(str(setting), event_from_json(text), sigma=sigma, sens=sens,
-                                               sampling=sampling, delta=delta, row=row, strategy=c, schema=schema)
+            recomputed = recompute(StoredSetting(setting=setting, sigma=sigma, delta=delta, sampling=sampling,
+                                                 schema=schema, row=row, attrs=attrs))
         except (MfcliError, KeyError, TypeError, ValueError) as exc:
             problems.append(f"{setting}: cannot recompute epsilon: {exc}")
             continue
         if stored < recomputed * (1 - RECORD_RTOL):
             problems.append(f"{setting}: stored epsilon {stored!r} is below the {recomputed!r} recomputed from its event")
     return problems
+
+
+def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) -> list[str]:
+    """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
+
+    ``operators`` are the operators the artifact really has (the dense root, and the compressed
+    operator when its compressed group verifies). Checks: the record's operator is one of them
+    by label (records without an ``operator`` attribute predate it and accounted the dense C);
+    ``strategy_sha256`` is that operator's ``identity_sha256``; every ``epsilon_<setting>`` is at
+    least the epsilon recomputed from the stored dp-accounting event (single-pass: exact analytic
+    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
+    and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
+    Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
+    run, ``mfcli account``). The loop is :func:`verify_stored_record`.
+    """
+    label = attrs.get("operator", "dense")
+    by_label = {op.label: op for op in operators}
+    if label not in by_label:
+        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(by_label)})"]
+    op = by_label[label]
+    c = np.asarray(op.factorization.strategy, dtype=np.float64)
+    sens = float(_sensitivity(c))
+
+    def recompute(s: StoredSetting) -> float:
+        n = c.shape[1]
+        if s.setting == "shuffled-tree":
+            return shuffled_tree(n=n, sigma=s.sigma * _tree_unit(c), delta=s.delta).epsilon
+        if s.setting == "balls-in-bins-tree":
+            return tree_balls_in_bins(n=n, sigma=s.sigma * _tree_unit(c), delta=s.delta,
+                                      epochs=int(s.row.get("epochs", 1)), grid=float(s.row["grid"])).epsilon
+        if s.setting == "shuffled-dp-sgd":
+            return shuffled_dpsgd(n=n, sigma=s.sigma, delta=s.delta).epsilon
+        return _epsilon_of_event(str(s.setting), s.event(), sigma=s.sigma, sens=sens, sampling=s.sampling,
+                                 delta=s.delta, row=s.row, strategy=c, schema=s.schema)
+
+    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute)
 
 
 __all__ = [
@@ -989,6 +1046,7 @@ __all__ = [
     "AccountingOptions",
     "AccountingReport",
     "MMCCBracket",
+    "StoredSetting",
     "StrategyInput",
     "account",
     "calibrate",
@@ -1003,4 +1061,5 @@ __all__ = [
     "resolve_schema",
     "resolve_strategy",
     "verify_record",
+    "verify_stored_record",
 ]

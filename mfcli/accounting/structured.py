@@ -17,7 +17,6 @@ dense artifact of the same n.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,97 +222,66 @@ def epsilon_function_parameters(
 
 def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
     """Problems with one ``accounting/<id>`` record of a structured artifact (empty when it
-    verifies), as :func:`mfcli.accounting.session.verify_record` checks a dense one: the
-    operator's label and ``identity_sha256``; every stored epsilon at least the one recomputed
-    from its stored dp-accounting event, whose noise multiplier must be sigma / the sensitivity
-    recomputed from the parameters (single-pass: single participation; deterministic: the record's
-    schema; cyclic-poisson: the event must be ceil(n / b) Poisson-sampled Gaussians at
-    sigma / ||c||_2 and the record's rate); DP-SGD and MMCC events (n <= the limit) against the
-    materialised C by the dense recomputation."""
-    from mfcli.accounting.events import event_from_json, event_to_json
+    verifies), by the loop of :func:`mfcli.accounting.session.verify_stored_record` that also
+    checks a dense one: the operator's label and ``identity_sha256``; every stored epsilon at least
+    the one recomputed from its stored dp-accounting event, whose noise multiplier must be sigma /
+    the sensitivity recomputed from the parameters (single-pass: single participation;
+    deterministic: the record's schema; cyclic-poisson: the event must be ceil(n / b)
+    Poisson-sampled Gaussians at sigma / ||c||_2 and the record's rate); DP-SGD and MMCC events
+    (n <= the limit) against the materialised C by the dense recomputation."""
+    from mfcli.accounting.events import event_to_json
     from mfcli.accounting.multi import reduced_dpsgd
-    from mfcli.accounting.session import RECORD_RTOL, _as_json, _close_rel, _num, read_chunked
+    from mfcli.accounting.session import StoredSetting, _close_rel, verify_stored_record
     from mfcli.accounting.single_pass import gaussian_epsilon
-    from mfcli.participation import participation_from_json
 
-    problems: list[str] = []
     label = attrs.get("operator")
     if label != op.label:
         return [f"it claims operator {label!r}, which this artifact does not have (has: {op.label})"]
-    if attrs.get("strategy_sha256") != op.identity_sha256:
-        problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
-    sigma, delta, sampling = _num(attrs.get("sigma")), _num(attrs.get("delta")), _num(attrs.get("sampling"))
-    if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
-        return [*problems, "sigma or delta is missing or out of range"]
-    settings = _as_json(attrs.get("settings"))
-    results = _as_json(read_chunked(attrs, "results") or "{}")
-    if not isinstance(settings, list) or not isinstance(results, dict):
-        return [*problems, "the settings list or the results are missing"]
-    schema: Participation = SingleParticipation()
-    if "participation" in attrs:
-        try:
-            raw = attrs["participation"]
-            schema = participation_from_json(raw if isinstance(raw, (str, bytes)) else json.dumps(raw))
-        except MfcliError as exc:
-            return [*problems, f"its participation attribute is not readable: {exc}"]
     strategy, n = op.strategy, op.n
-    dense_c = None
-    for setting in settings:
-        key = str(setting).replace("-", "_")
-        stored = _num(attrs.get(f"epsilon_{key}"))
-        found = results.get(setting)
-        row: Mapping[str, Any] = found if isinstance(found, dict) else {}
-        if stored is None:
-            problems.append(f"epsilon_{key} is missing or not a number")
-            continue
-        try:
-            text = read_chunked(attrs, f"dp_event_{key}")
-            if text is None:
-                raise MfcliError("no stored dp-accounting event")
-            event = event_from_json(text)
-            if setting in ("single-pass", "deterministic"):
-                from dp_accounting import dp_event
+    dense: list[np.ndarray] = []  # the materialised C, built once and only for dp-sgd and mmcc
 
-                if setting == "deterministic" and isinstance(schema, SingleParticipation):
-                    raise MfcliError("a deterministic record needs a multi-participation schema")
-                sens = strategy.sensitivity(n, SingleParticipation() if setting == "single-pass" else schema).value
-                if not isinstance(event, dp_event.GaussianDpEvent):
-                    raise MfcliError(f"the {setting} event is not a GaussianDpEvent")
-                if not _close_rel(float(event.noise_multiplier), sigma / sens):
-                    raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens = "
-                                     f"{sigma / sens!r} recomputed from the parameters")
-                recomputed = gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
-            elif setting == "cyclic-poisson":
-                if sampling is None:
-                    raise MfcliError("a cyclic-poisson record needs its sampling rate")
-                bands, col = banded_numbers(strategy, n)
-                expect = reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=sigma,
-                                       sampling=sampling, delta=delta,
-                                       value_discretization=float(row["value_discretization"]))
-                if event_to_json(event) != event_to_json(expect.dp_event()):
-                    raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
-                                     "sigma / max column norm and the record's rate")
-                recomputed = expect.epsilon
-            elif setting == "shuffled-dp-sgd":
-                from mfcli.accounting.shuffling import shuffled_dpsgd
+    def recompute(s: StoredSetting) -> float:
+        setting, sigma, schema = s.setting, s.sigma, s.schema
+        event = s.event()
+        if setting in ("single-pass", "deterministic"):
+            from dp_accounting import dp_event
 
-                recomputed = shuffled_dpsgd(n=n, sigma=sigma, delta=delta).epsilon
-            elif n <= STRUCTURED_DENSE_MAX_N:  # dp-sgd, mmcc: from the materialised C, as for a dense record
-                from mfcli.accounting.session import _epsilon_of_event
+            if setting == "deterministic" and isinstance(schema, SingleParticipation):
+                raise MfcliError("a deterministic record needs a multi-participation schema")
+            sens = strategy.sensitivity(n, SingleParticipation() if setting == "single-pass" else schema).value
+            if not isinstance(event, dp_event.GaussianDpEvent):
+                raise MfcliError(f"the {setting} event is not a GaussianDpEvent")
+            if not _close_rel(float(event.noise_multiplier), sigma / sens):
+                raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens = "
+                                 f"{sigma / sens!r} recomputed from the parameters")
+            return gaussian_epsilon(s.delta, 1.0 / float(event.noise_multiplier))
+        if setting == "cyclic-poisson":
+            if s.sampling is None:
+                raise MfcliError("a cyclic-poisson record needs its sampling rate")
+            bands, col = banded_numbers(strategy, n)
+            expect = reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=sigma,
+                                   sampling=s.sampling, delta=s.delta,
+                                   value_discretization=float(s.row["value_discretization"]))
+            if event_to_json(event) != event_to_json(expect.dp_event()):
+                raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
+                                 "sigma / max column norm and the record's rate")
+            return expect.epsilon
+        if setting == "shuffled-dp-sgd":
+            from mfcli.accounting.shuffling import shuffled_dpsgd
 
-                if dense_c is None:
-                    dense_c = materialize(strategy.strategy_coefs(n), n)
-                sens_c = float(np.sqrt(np.max(np.sum(dense_c * dense_c, axis=0))))
-                recomputed = _epsilon_of_event(str(setting), event, sigma=sigma, sens=sens_c, sampling=sampling,
-                                               delta=delta, row=row, strategy=dense_c, schema=schema)
-            else:
-                raise MfcliError(f"no recomputation for setting {setting!r} without a dense C")
-        except (MfcliError, KeyError, TypeError, ValueError) as exc:
-            problems.append(f"{setting}: cannot recompute epsilon: {exc}")
-            continue
-        if stored < recomputed * (1 - RECORD_RTOL):
-            problems.append(f"{setting}: stored epsilon {stored!r} is below the {recomputed!r} recomputed from its event")
-    return problems
+            return shuffled_dpsgd(n=n, sigma=sigma, delta=s.delta).epsilon
+        if n <= STRUCTURED_DENSE_MAX_N:  # dp-sgd, mmcc: from the materialised C, as for a dense record
+            from mfcli.accounting.session import _epsilon_of_event
+
+            if not dense:
+                dense.append(materialize(strategy.strategy_coefs(n), n))
+            dense_c = dense[0]
+            sens_c = float(np.sqrt(np.max(np.sum(dense_c * dense_c, axis=0))))
+            return _epsilon_of_event(str(setting), event, sigma=sigma, sens=sens_c, sampling=s.sampling,
+                                     delta=s.delta, row=s.row, strategy=dense_c, schema=schema)
+        raise MfcliError(f"no recomputation for setting {setting!r} without a dense C")
+
+    return verify_stored_record(attrs, label=str(label), identity_sha256=op.identity_sha256, recompute=recompute)
 
 
 def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]]:

@@ -58,6 +58,8 @@ def _text(result: Any, key: str) -> str:
 
 
 def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
+    from mfcli.accounting.session import ESTIMATE_NOT_REQUESTED
+
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
     t = Table(title=f"privacy of {safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
                     f"{safe_markup(report.strategy.operator)}), sigma = {pessimistic(float(report.sigma))}, "
@@ -112,6 +114,10 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                 f"ratio by forward recursion, importance sampling ({est.add.samples} samples a direction, seed "
                 f"{est.seed}); interval = +-{est.z:g} standard errors on delta. Never used to calibrate.",
             )
+        elif br.banded_note == ESTIMATE_NOT_REQUESTED and br.lower_rows is not None:
+            notes.append(f"MMCC estimate: not computed; --banded-estimate adds an importance-sampled ESTIMATE of the "
+                         f"exact pair's epsilon for this banded C (b = {br.lower_rows.band}; seconds of CPU; never a "
+                         "bound, never used to calibrate)")
         elif br.banded_note is not None:
             notes.append(f"MMCC estimate: {br.banded_note}")
     st = report.shuffled_tree
@@ -243,6 +249,12 @@ def account(
         help="MMCC (with --sampling): memory the tail events may use, e.g. 2G (default: half of physical memory); "
         "a run that would exceed it is refused with its estimate.",
     ),
+    banded_estimate: bool = typer.Option(
+        False, "--banded-estimate",
+        help="MMCC (with --sampling) on a banded C (at most 10 bands, the identity included): also run the "
+        "importance-sampled ESTIMATE of the exact Poisson pair's epsilon, with its interval (Monte Carlo, seconds of "
+        "CPU even at small n; never a bound, never used to calibrate).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
@@ -322,6 +334,8 @@ def account(
     refuse_unless(tail_fraction is None or runs_mmcc, f"--tail-fraction applies to MMCC only, which {why}")
     refuse_unless(mixture_grid is None or runs_mmcc, f"--mixture-grid applies to MMCC only, which {why}")
     refuse_unless(max_memory is None or runs_mmcc, f"--max-memory applies to MMCC only, which {why}")
+    refuse_unless(not banded_estimate or runs_mmcc, "--banded-estimate applies to MMCC only, which "
+                  + ("--batching cyclic does not run" if batching == "cyclic" and sampling is not None else why))
     defaults = AccountingOptions()
     if value_discretization is None:
         value_discretization = defaults.value_discretization
@@ -341,6 +355,7 @@ def account(
         tail_fractions=tuple(tail_fraction) if tail_fraction else defaults.tail_fractions,
         mixture_resolution=defaults.mixture_resolution if mixture_grid is None else math.ceil(1.0 / mixture_grid - 1e-9),
         max_memory=default_max_memory() if max_memory is None else parse_size(max_memory),
+        banded_estimate=banded_estimate,
     ).checked()
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
