@@ -63,7 +63,8 @@ COARSE_MAX_ITER = 40
 #: (the approximate Hessian is itself a few per cent off, so more accuracy is wasted).
 CG_MAX = 60
 CG_TOL = 1e-2
-MAX_HALVINGS = 6
+MAX_HALVINGS = 10
+LOG_STEP_LIMIT = 4.0
 STALL_LIMIT = 4
 #: ``Progress.method`` of the full-size iterations (and the solver record's ``method``).
 DUAL_METHOD = "dual-newton-fixed-epoch"
@@ -197,6 +198,7 @@ class _Hessian:
         v32 = v.astype(np.float32)
         self.ps: list[np.ndarray] = []  # P_r, class-major rows as (b, k, n)
         blocks = []
+        lamlam = np.zeros((b, b))  # the Hessian on the multipliers mu_c (basis I_c / sqrt k)
         for cr, tr in zip(coef, rates, strict=True):
             if cr <= 0.0:
                 continue
@@ -210,7 +212,8 @@ class _Hessian:
             del y
             self.ps.append(p.reshape(b, k, b * k))
             blocks.append(_diag_blocks(p, b, k))
-        self._precondition(np.array(blocks, dtype=np.float64))
+            lamlam += np.square(p).reshape(b, k, b, k).sum(axis=(1, 3), dtype=np.float64) / k
+        self._precondition(np.array(blocks, dtype=np.float64), lamlam)
 
     def apply(self, e: np.ndarray) -> np.ndarray:
         """Class blocks of sum_r P_r E P_r, projected onto the direction space."""
@@ -224,9 +227,15 @@ class _Hessian:
             out += np.matmul(p, epc)
         return _project(out)
 
-    def _precondition(self, blocks: np.ndarray) -> None:
-        """Per-class k(k-1)/2 + 1 square blocks of the approximate Hessian in the orthonormal basis
-        {I / sqrt k, (e_a e_b^T + e_b e_a^T) / sqrt 2}, inverted."""
+    def _precondition(self, blocks: np.ndarray, lamlam: np.ndarray) -> None:
+        """The approximate Hessian without the couplings between the off-diagonal multipliers of
+        different classes, factored: per class the k(k-1)/2 + 1 square block in the orthonormal
+        basis {I / sqrt k, (e_a e_b^T + e_b e_a^T) / sqrt 2}, plus the full b x b coupling of the
+        class multipliers mu_c (the single-participation-like part, strongly coupled across
+        neighbouring classes). Off-diagonal multipliers are eliminated per class (Schur complement
+        on the mu_c, one b x b Cholesky); if that fails, the per-class blocks alone."""
+        import scipy.linalg
+
         k = self.k
         ia, ib = np.triu_indices(k, 1)
         self.ia, self.ib = ia, ib
@@ -245,14 +254,36 @@ class _Hessian:
         d = np.sqrt(np.maximum(np.einsum("cii->ci", h), 1e-300))
         h /= d[:, :, None] * d[:, None, :]
         h += 1e-10 * np.eye(q)[None]
-        self.pinv = np.linalg.inv(h) / (d[:, :, None] * d[:, None, :])
+        self.d = d
+        self.pinv = np.linalg.inv(h)
+        self.schur = None
+        zinv = np.linalg.inv(h[:, 1:, 1:]) if q > 1 else np.zeros((self.b, 0, 0))
+        u = h[:, 1:, 0]
+        zu = np.einsum("cij,cj->ci", zinv, u)
+        s = lamlam / (d[:, :1] * d[:, 0][None, :])
+        s[np.diag_indices_from(s)] -= np.einsum("ci,ci->c", u, zu)
+        s[np.diag_indices_from(s)] += 1e-10
+        try:
+            self.schur = (scipy.linalg.cho_factor(s, check_finite=False), zinv, u, zu)
+        except (np.linalg.LinAlgError, ValueError):
+            self.schur = None
 
     def precondition(self, r: np.ndarray) -> np.ndarray:
         k = self.k
         coords = np.empty((self.b, 1 + self.ia.size))
         coords[:, 0] = np.einsum("cii->c", r) / math.sqrt(k)
         coords[:, 1:] = math.sqrt(2.0) * r[:, self.ia, self.ib]
-        z = np.einsum("cij,cj->ci", self.pinv, coords)
+        coords /= self.d
+        if self.schur is not None:
+            import scipy.linalg
+
+            factor, zinv, u, zu = self.schur
+            yz = np.einsum("cij,cj->ci", zinv, coords[:, 1:])
+            lam = scipy.linalg.cho_solve(factor, coords[:, 0] - np.einsum("ci,ci->c", u, yz), check_finite=False)
+            z = np.concatenate([lam[:, None], yz - zu * lam[:, None]], axis=1)
+        else:
+            z = np.einsum("cij,cj->ci", self.pinv, coords)
+        z /= self.d
         out = np.zeros_like(r)
         out[:, np.arange(k), np.arange(k)] = (z[:, 0] / math.sqrt(k))[:, None]
         off = z[:, 1:] / math.sqrt(2.0)
@@ -292,12 +323,22 @@ def _newton_direction(ev: _Eval, terms: int | None) -> tuple[np.ndarray, float, 
     return d, decrement, steps
 
 
-def _max_step(lower: np.ndarray, d: np.ndarray) -> float:
-    """Largest t with W + t D positive definite (W = L L^T), capped at 1 after a safety factor."""
+def _step_lengths(lower: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Per-class step lengths t_c that keep W_c + t_c D_c positive definite (W_c = L L^T).
+
+    With mu the smallest eigenvalue of L^-1 D_c L^-T, the full step shrinks W_c along its worst
+    direction by the factor 1 + mu; where mu < 0, t_c = (1 - e^mu) / (-mu) shrinks it by e^mu
+    instead (the multiplicative step of the single-participation solver, which moves a weight
+    v -> v e^dx where dx < 0): positive definite, and the Newton step to first order when mu is small."""
     li = np.linalg.inv(lower)
-    mu = np.linalg.eigvalsh(np.matmul(np.matmul(li, d), li.transpose(0, 2, 1)))
-    lo = float(mu.min())
-    return 1.0 if lo >= -0.5 else min(1.0, 0.5 / -lo)
+    mus = np.linalg.eigvalsh(np.matmul(np.matmul(li, d), li.transpose(0, 2, 1)))
+    mu, top = mus[:, 0], mus[:, -1]
+    neg = np.minimum(mu, -1e-300)
+    t = np.where(mu < 0, -np.expm1(neg) / -neg, 1.0)
+    # As the single-participation solver does, no eigenvalue moves by more than e^LOG_STEP_LIMIT:
+    # shorten all classes uniformly.
+    big = float(np.max(np.maximum(-mu, np.log1p(np.maximum(t * top, 0.0)))))
+    return t * (LOG_STEP_LIMIT / big) if big > LOG_STEP_LIMIT else t
 
 
 class _Walker:
@@ -308,7 +349,7 @@ class _Walker:
         self.terms = terms
         self.accepted: _Eval | None = None
         self.step: np.ndarray | None = None
-        self.t = 1.0
+        self.t = np.ones(0)
         self.halvings = 0
         self.decrement = math.inf
         self.cg_steps = 0
@@ -319,15 +360,15 @@ class _Walker:
             if self.halvings >= MAX_HALVINGS:
                 return None
             self.halvings += 1
-            self.t *= 0.5
-            return acc.w + self.t * self.step
+            self.t = self.t * 0.5
+            return acc.w + self.t[:, None, None] * self.step
         self.accepted = ev
         self.halvings = 0
         d, self.decrement, steps = _newton_direction(ev, self.terms)
         self.cg_steps += steps
         self.step = d
-        self.t = _max_step(ev.lower, d)
-        return ev.w + self.t * d
+        self.t = _step_lengths(ev.lower, d)
+        return ev.w + self.t[:, None, None] * d
 
 
 # ---------------------------------------------------------------- primal and certificate

@@ -102,6 +102,8 @@ class MultiSolveResult:
     converged: bool
     history: list[Progress] = field(default_factory=list, repr=False)
     threads: int | None = None
+    #: dual method only: (n, eigendecompositions) per coarse level of its coarse-to-fine start.
+    coarse_iterations: tuple[tuple[int, int], ...] = ()
 
     @property
     def primal(self) -> float:
@@ -139,6 +141,8 @@ class MultiSolveResult:
             "seconds": self.seconds,
             "converged": self.converged,
         }
+        if self.coarse_iterations:
+            cert["coarse_iterations"] = [list(level) for level in self.coarse_iterations]
         if self.threads is not None:
             cert["blas_threads"] = self.threads
         return cert
@@ -375,6 +379,7 @@ def _solve_fixed_epoch_dual(
     sol = solve_dual(a, k, tol=tol, max_iter=max_iter, callback=callback)
     res = _result(a, st, schema, sol.x, sol.dual, start=start, iterations=sol.iterations, tol=tol,
                   history=sol.history)
+    res = dataclasses.replace(res, coarse_iterations=tuple(sol.coarse))
     if res.converged or max_iter <= sol.iterations:
         return res
     more = _solve(a, st, schema, tol=tol, max_iter=max_iter - sol.iterations, callback=callback, x0=sol.x,
