@@ -207,9 +207,11 @@ class _Hessian:
             if cols.size == 0:
                 continue
             y = v32[:, cols] * np.sqrt(e[cols] * math.sqrt(cr / x_min)).astype(np.float32)
-            # Full P (GEMM): every row is read by the products, and a SYRK plus mirroring costs more.
-            p = scipy.linalg.blas.sgemm(1.0, y, y, trans_b=True)
+            p = scipy.linalg.blas.ssyrk(1.0, y, trans=0, lower=0)  # upper triangle; the lower is zero
             del y
+            diag = np.diag(p).copy()
+            p += p.T  # the products read whole rows: mirror (cheaper than a GEMM)
+            p[np.diag_indices_from(p)] = diag
             self.ps.append(p.reshape(b, k, b * k))
             blocks.append(_diag_blocks(p, b, k))
             lamlam += np.square(p).reshape(b, k, b, k).sum(axis=(1, 3), dtype=np.float64) / k

@@ -22,8 +22,12 @@ residue class for fixed-epoch; mass m(W) = the sum of the multipliers),
 
     f* >= ||A W^1/2||_*^2 / m(W)          (||.||_* the nuclear norm; any W = R R^T gives ||A R||_*).
 
-At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality. The solver
-minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
+At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality.
+
+Fixed-epoch schemas with at most 32 epochs are solved on that dual by Newton's method
+(:mod:`mfcli.multi_fixed_epoch`, ``method="auto"``); the primal solver below handles BandMF, more
+epochs, ``method="primal"``, and continues from the dual method's X if that stops short of ``tol``.
+The primal solver minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
 the set's directions, backtracking on positive definiteness and sufficient decrease; near the
 optimum, truncated Newton steps by preconditioned conjugate gradients instead) and takes
 the dual candidate from the same gradient: W = P(X^-1 A^T A X^-1), the projection onto the dual

@@ -211,3 +211,20 @@ def test_cli_epochs_json_records_the_dual_method(tmp_path):
     old = multi_participation_factorization(art.factorization.workload, FixedEpoch(epochs=4), tol=1e-8,
                                             method="primal")
     assert obj["dual"] <= old.loss_total * (1 + 1e-12) and old.dual <= obj["loss"]["total"] * (1 + 1e-12)
+
+
+def test_primal_solver_continues_when_the_dual_method_stops_short(monkeypatch):
+    """A dual run cut off after its first iteration (as a stall would) hands its X to the primal
+    solver; the result is certified to tol and keeps the better bound."""
+    import mfcli.multi_fixed_epoch as fe
+
+    monkeypatch.setattr(fe._Walker, "next", lambda self, ev: None)
+    a = workload("momentum", 24)
+    schema = FixedEpoch(epochs=3)
+    res = multi_participation_factorization(a, schema, tol=1e-8, threads=1)
+    assert res.converged and res.gap <= 1e-8
+    assert res.certificate()["method"].startswith(DUAL_METHOD + "+lbfgs")
+    assert res.history[0].method == DUAL_METHOD and res.history[-1].method != DUAL_METHOD
+    old = multi_participation_factorization(a, schema, tol=1e-8, threads=1, method="primal")
+    assert res.dual <= old.loss_total * (1 + 1e-12) and old.dual <= res.loss_total * (1 + 1e-12)
+    assert sensitivity(res.factorization.strategy, schema).value == pytest.approx(1.0, rel=1e-12)
