@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="append one JSON object per row to this file")
     args = parser.parse_args()
-    print("| workload | n | epochs | method | iterations (coarse levels: n x evals) | CPU s | wall s | certified gap | loss / n | load |")
+    print("| workload | n | epochs | method | iterations (coarse levels: n x evals) | CPU s | wall s "
+          "| certified gap | loss / n | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.workloads:
         for n in args.sizes:
