@@ -249,10 +249,9 @@ class _Hessian:
             col = math.sqrt(2.0 / k) * np.matmul(blocks, blocks)[:, :, ia, ib].sum(axis=0)
             h[:, 0, 1:] = col
             h[:, 1:, 0] = col
-            h[:, 1:, 1:] = np.einsum("rcxy,rcxy->cxy", blocks[:, :, ia[:, None], ia[None, :]],
-                                     blocks[:, :, ib[:, None], ib[None, :]])
-            h[:, 1:, 1:] += np.einsum("rcxy,rcxy->cxy", blocks[:, :, ia[:, None], ib[None, :]],
-                                      blocks[:, :, ib[:, None], ia[None, :]])
+            for bl in blocks:  # one term at a time: each gather is b (k(k-1)/2)^2 numbers
+                h[:, 1:, 1:] += bl[:, ia[:, None], ia[None, :]] * bl[:, ib[:, None], ib[None, :]]
+                h[:, 1:, 1:] += bl[:, ia[:, None], ib[None, :]] * bl[:, ib[:, None], ia[None, :]]
         d = np.sqrt(np.maximum(np.einsum("cii->ci", h), 1e-300))
         h /= d[:, :, None] * d[:, None, :]
         h += 1e-10 * np.eye(q)[None]
