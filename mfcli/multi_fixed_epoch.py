@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mfcli.solver import Progress, _exp_sum, _kernel_terms
+from mfcli.solver import Progress, _exp_sum
 
 #: Largest epoch count k handled here (the per-class preconditioner blocks have k(k-1)/2 + 1 rows;
 #: b of them are kept). Larger k goes to the primal solver of :mod:`mfcli.multi_solver`.
@@ -192,7 +192,7 @@ class _Hessian:
         s_lo = max(float(s.min()), s_max * 1e-14)
         x_min = 2.0 / s_max
         log_range = math.ceil(math.log(s_max / s_lo) * 4.0) / 4.0
-        nterms = terms if terms is not None else _kernel_terms(log_range)
+        nterms = terms if terms is not None else _terms(log_range)
         coef, rates = _exp_sum(log_range, nterms)[:2]
         s_safe = np.maximum(s, s_lo)
         v32 = v.astype(np.float32)
@@ -291,6 +291,14 @@ class _Hessian:
         out[:, self.ia, self.ib] = off
         out[:, self.ib, self.ia] = off
         return out
+
+
+def _terms(log_range: float) -> int:
+    """Exponential-sum length: ~5 % relative kernel error (4 terms for a range of e^4, 8 for
+    e^12, 10 for e^16). Fewer than the single-participation solver's ~2 %: every term costs a
+    SYRK and a product in each CG step, and measured at n = 1024 (momentum, 16 epochs) the
+    iteration counts were the same with 8 terms as with 10, and 25 % less CPU time."""
+    return int(min(16, max(4, round(0.5 * log_range + 2.0))))
 
 
 def _newton_direction(ev: _Eval, terms: int | None) -> tuple[np.ndarray, float, int]:
