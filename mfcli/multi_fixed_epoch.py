@@ -20,10 +20,13 @@ Cholesky factor) and H = R^T M R = Q diag(s^2) Q^T,
   and E is block-diagonal). The kernel is positive and its relative error e a few per cent, so the
   approximate Hessian is within (1 +- e) of the true one: the step is Newton's up to 1 +- e.
 
-The Newton system is solved by conjugate gradients preconditioned with the per-class diagonal
-blocks of the approximate Hessian (exact, k(k-1)/2 + 1 unknowns each). A step is shortened to keep
-every W_c positive definite, the dual is rescaled to its best multiple after each
-eigendecomposition (free), and a step whose dual bound falls is halved.
+The Newton system is solved by conjugate gradients preconditioned with the approximate Hessian
+less the couplings between off-diagonal multipliers of different classes: the per-class blocks
+(k(k-1)/2 + 1 unknowns each) plus the full b x b coupling of the class multipliers lambda_c,
+factored by a Schur complement on the lambda_c. Each class takes its own step length
+(:func:`_step_lengths`: multiplicative where the step shrinks W_c, so W_c stays positive
+definite), the dual is rescaled to its best multiple after each eigendecomposition (free), and a
+step whose dual bound falls is halved.
 
 Coarse-to-fine start: adjacent steps within each epoch are merged (b -> ceil(b / 2), same k,
 Gram matrix summed over the pairs) down to 128..255 steps; each level is solved to a Newton
