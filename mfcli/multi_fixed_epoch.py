@@ -366,14 +366,19 @@ class _Walker:
         self.decrement = math.inf
         self.cg_steps = 0
 
+    def retreat(self) -> np.ndarray | None:
+        """Half the last step from the accepted point (None when there is none or after
+        ``MAX_HALVINGS``)."""
+        if self.accepted is None or self.step is None or self.halvings >= MAX_HALVINGS:
+            return None
+        self.halvings += 1
+        self.t = self.t * 0.5
+        return self.accepted.w + self.t[:, None, None] * self.step
+
     def next(self, ev: _Eval) -> np.ndarray | None:
         acc = self.accepted
         if acc is not None and self.step is not None and ev.dual < acc.dual * (1 - 1e-13):
-            if self.halvings >= MAX_HALVINGS:
-                return None
-            self.halvings += 1
-            self.t = self.t * 0.5
-            return acc.w + self.t[:, None, None] * self.step
+            return self.retreat()
         self.accepted = ev
         self.halvings = 0
         d, self.decrement, steps = _newton_direction(ev, self.terms)
@@ -524,9 +529,7 @@ def _coarse_start(gram: np.ndarray, k: int, b: int, terms: int | None) -> tuple[
         evals = 0
         for evals in range(1, COARSE_MAX_ITER + 1):  # noqa: B007
             ev = _evaluate(gcm, w)
-            if ev is None:
-                break
-            nxt = walker.next(ev)
+            nxt = walker.retreat() if ev is None else walker.next(ev)  # None: W not numerically PD
             if nxt is None or (walker.halvings == 0 and walker.decrement <= COARSE_TOL):
                 break
             w = nxt
@@ -539,11 +542,12 @@ def _coarse_start(gram: np.ndarray, k: int, b: int, terms: int | None) -> tuple[
 def solve_dual(
     a: np.ndarray, k: int, *, tol: float, max_iter: int, callback: Callable[[Progress], None] | None = None,
     terms: int | None = None, multilevel: bool = True,
-) -> FixedEpochDual:
+) -> FixedEpochDual | None:
     """Newton on the fixed-epoch dual for workload ``a`` (n x n lower-triangular) and k epochs.
 
     Stops when the certified gap against the estimated primal is at most ``tol``, after
-    ``max_iter`` full-size eigendecompositions, or when the iteration stalls (round-off)."""
+    ``max_iter`` full-size eigendecompositions, or when the iteration stalls (round-off). None if
+    not even the starting W could be evaluated (the caller then runs the primal solver)."""
     import scipy.linalg
 
     start = time.perf_counter()
@@ -567,8 +571,12 @@ def solve_dual(
     it = 0
     for it in range(1, max_iter + 1):
         ev = _evaluate(gram_cm, w)
-        if ev is None:
-            break
+        if ev is None:  # a trial W that is not numerically positive definite: shorter step
+            nxt = walker.retreat()
+            if nxt is None:
+                break
+            w = nxt
+            continue
         improved = False
         f, parts = _primal(a, order, ev)
         if f < best_primal:
@@ -600,6 +608,7 @@ def solve_dual(
         w = nxt
     if cert == -math.inf and best_ev is not None:
         cert = _certified(a, order, best_ev)
-    assert best_parts is not None
+    if best_parts is None:
+        return None
     x = _gram_from(best_parts, order)
     return FixedEpochDual(x=x, primal=best_primal, dual=cert, iterations=it, coarse=coarse, history=history)

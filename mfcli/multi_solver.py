@@ -381,6 +381,8 @@ def _solve_fixed_epoch_dual(
     start = time.perf_counter()
     k = len(st.classes) // len(st.count)
     sol = solve_dual(a, k, tol=tol, max_iter=max_iter, callback=callback)
+    if sol is None:
+        return _solve(a, st, schema, tol=tol, max_iter=max_iter, callback=callback, x0=None, **fallback)
     res = _result(a, st, schema, sol.x, sol.dual, start=start, iterations=sol.iterations, tol=tol,
                   history=sol.history)
     res = dataclasses.replace(res, coarse_iterations=tuple(sol.coarse))

@@ -228,3 +228,27 @@ def test_primal_solver_continues_when_the_dual_method_stops_short(monkeypatch):
     old = multi_participation_factorization(a, schema, tol=1e-8, threads=1, method="primal")
     assert res.dual <= old.loss_total * (1 + 1e-12) and old.dual <= res.loss_total * (1 + 1e-12)
     assert sensitivity(res.factorization.strategy, schema).value == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("fail", ["second", "always"])
+def test_trial_points_that_cannot_be_evaluated(monkeypatch, fail):
+    """A trial W whose Cholesky fails is replaced by a shorter step; if not even the start can be
+    evaluated, the primal solver runs instead. Either way the answer is certified."""
+    import mfcli.multi_fixed_epoch as fe
+
+    calls = []
+    real = fe._evaluate
+
+    def flaky(gram_cm, w):
+        calls.append(1)
+        if fail == "always" or len(calls) == 2:
+            return None
+        return real(gram_cm, w)
+
+    monkeypatch.setattr(fe, "_evaluate", flaky)
+    a = workload("prefix", 24)
+    res = multi_participation_factorization(a, FixedEpoch(epochs=3), tol=1e-8, threads=1)
+    assert res.converged and res.gap <= 1e-8
+    method = res.certificate()["method"]
+    assert method == (DUAL_METHOD if fail == "second" else "lbfgs-newton-fixed-epoch")
+    assert sensitivity(res.factorization.strategy, FixedEpoch(epochs=3)).value == pytest.approx(1.0, rel=1e-12)
