@@ -22,8 +22,12 @@ residue class for fixed-epoch; mass m(W) = the sum of the multipliers),
 
     f* >= ||A W^1/2||_*^2 / m(W)          (||.||_* the nuclear norm; any W = R R^T gives ||A R||_*).
 
-At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality. The solver
-minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
+At the optimum W* = X*^-1 A^T A X*^-1 restricted to that support, with equality.
+
+Fixed-epoch schemas with at most 32 epochs are solved on that dual by Newton's method
+(:mod:`mfcli.multi_fixed_epoch`, ``method="auto"``); the primal solver below handles BandMF, more
+epochs, ``method="primal"``, and continues from the dual method's X if that stops short of ``tol``.
+The primal solver minimises f over the feasible affine set by L-BFGS (gradient -X^-1 A^T A X^-1 projected onto
 the set's directions, backtracking on positive definiteness and sufficient decrease; near the
 optimum, truncated Newton steps by preconditioned conjugate gradients instead) and takes
 the dual candidate from the same gradient: W = P(X^-1 A^T A X^-1), the projection onto the dual
@@ -50,6 +54,9 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
+from mfcli.multi_fixed_epoch import DUAL_METHOD
+from mfcli.multi_fixed_epoch import MAX_EPOCHS as FE_MAX_EPOCHS
+from mfcli.multi_fixed_epoch import applicable as fixed_epoch_applicable
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
 from mfcli.solver import Progress, _blas_threads, auto_threads, decoder_for
 
@@ -99,6 +106,8 @@ class MultiSolveResult:
     converged: bool
     history: list[Progress] = field(default_factory=list, repr=False)
     threads: int | None = None
+    #: dual method only: (n, eigendecompositions) per coarse level of its coarse-to-fine start.
+    coarse_iterations: tuple[tuple[int, int], ...] = ()
 
     @property
     def primal(self) -> float:
@@ -119,9 +128,13 @@ class MultiSolveResult:
     def certificate(self) -> dict:
         """JSON-ready solver record (the artifact's ``solver`` attribute)."""
         newton = any(p.method.startswith("newton-") for p in self.history)
+        dual = [p for p in self.history if p.method == DUAL_METHOD]
+        method = (f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}") \
+            + ("-band-storage" if any(p.method.endswith("band-storage") for p in self.history) else "")
+        if dual:  # the dual Newton method of mfcli.multi_fixed_epoch, then maybe the primal solver
+            method = DUAL_METHOD + ("" if len(dual) == len(self.history) else f"+{method}")
         cert = {
-            "method": (f"lbfgs-newton-{self.structure}" if newton else f"lbfgs-{self.structure}")
-            + ("-band-storage" if any(p.method.endswith("band-storage") for p in self.history) else ""),
+            "method": method,
             "structure": self.structure,
             "tol": self.tol,
             "gap": self.gap,
@@ -132,6 +145,8 @@ class MultiSolveResult:
             "seconds": self.seconds,
             "converged": self.converged,
         }
+        if self.coarse_iterations:
+            cert["coarse_iterations"] = [list(level) for level in self.coarse_iterations]
         if self.threads is not None:
             cert["blas_threads"] = self.threads
         return cert
@@ -282,6 +297,7 @@ def multi_participation_factorization(
     precondition: bool = True,
     newton_gap: float = NEWTON_GAP,
     storage: str = "auto",
+    method: str = "auto",
 ) -> MultiSolveResult:
     """The optimal factorization of ``workload`` for a fixed-epoch or min-separation schema.
 
@@ -305,6 +321,11 @@ def multi_participation_factorization(
             O(n^2 b) per L-BFGS iteration, no Newton phase, certificates only once the primal
             stalls); ``"dense"`` the n x n iterate of this module; ``"auto"`` banded for BandMF
             with k > 1, n >= ``BANDED_MIN_N`` and b <= n / 4, else dense. Speed only: the certificate is the same.
+        method: fixed-epoch only: ``"dual"`` Newton on the block-structured dual
+            (:mod:`mfcli.multi_fixed_epoch`, for k <= ``MAX_EPOCHS`` epochs; if it stops short of
+            ``tol`` the primal solver continues from its X); ``"primal"`` the L-BFGS / truncated
+            Newton solver of this module; ``"auto"`` dual where it applies and no ``x0`` is given.
+            Speed only: the certificate is the same.
 
     Formal guarantees: A = B C to 1e-8 relative; C lower-triangular; ``sensitivity`` is the
     schema sensitivity of C recomputed by :func:`mfcli.participation.sensitivity`, which is exact
@@ -327,14 +348,53 @@ def multi_participation_factorization(
     band_ok = st.name == "banded" and bool(st.mask.any())  # k > 1: the band is imposed
     if storage == "banded" and not band_ok:
         raise MfcliError("banded storage needs a min-separation schema with more than one participation")
+    if method not in ("auto", "dual", "primal"):
+        raise MfcliError(f"method must be 'auto', 'dual' or 'primal', got {method!r}")
+    dual_ok = st.name == "fixed-epoch" and fixed_epoch_applicable(n, n // len(st.count))
+    if method == "dual" and not dual_ok:
+        raise MfcliError(f"the dual method needs a fixed-epoch schema with at most {FE_MAX_EPOCHS} epochs")
+    use_dual = method == "dual" or (method == "auto" and dual_ok and x0 is None)
     use_band = storage == "banded" or (storage == "auto" and band_ok and n >= BANDED_MIN_N and 4 * _bands(st) <= n)
     with _blas_threads(limit):
+        if use_dual:
+            res = _solve_fixed_epoch_dual(a, st, participation, tol=tol, max_iter=max_iter, callback=callback,
+                                          fallback=dict(dual_every=max(1, dual_every), precondition=precondition,
+                                                        newton_gap=newton_gap))
+            return dataclasses.replace(res, threads=limit)
         if use_band:
             res = _solve_in_band(a, st, participation, tol=tol, max_iter=max_iter, callback=callback, x0=x0)
             return dataclasses.replace(res, threads=limit)
         res = _solve(a, st, participation, tol=tol, max_iter=max_iter, dual_every=max(1, dual_every),
                      callback=callback, x0=x0, precondition=precondition, newton_gap=newton_gap)
     return dataclasses.replace(res, threads=limit)
+
+
+def _solve_fixed_epoch_dual(
+    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
+    callback: Callable[[Progress], None] | None, fallback: dict,
+) -> MultiSolveResult:
+    """Newton on the fixed-epoch dual (:mod:`mfcli.multi_fixed_epoch`); if its certified gap (from
+    the loss recomputed from B and C) misses ``tol``, the primal solver continues from its X and
+    the better of the two certified bounds is kept (both are valid lower bounds)."""
+    from mfcli.multi_fixed_epoch import solve_dual
+
+    start = time.perf_counter()
+    k = len(st.classes) // len(st.count)
+    sol = solve_dual(a, k, tol=tol, max_iter=max_iter, callback=callback)
+    if sol is None:
+        return _solve(a, st, schema, tol=tol, max_iter=max_iter, callback=callback, x0=None, **fallback)
+    res = _result(a, st, schema, sol.x, sol.dual, start=start, iterations=sol.iterations, tol=tol,
+                  history=sol.history)
+    res = dataclasses.replace(res, coarse_iterations=tuple(sol.coarse))
+    if res.converged or max_iter <= sol.iterations:
+        return res
+    more = _solve(a, st, schema, tol=tol, max_iter=max_iter - sol.iterations, callback=callback, x0=sol.x,
+                  **fallback)
+    dual = max(res.dual, more.dual)
+    best = more if more.loss_total <= res.loss_total else res
+    gap = (best.loss_total - dual) / best.loss_total
+    return dataclasses.replace(best, dual=dual, gap=gap, converged=gap <= tol, iterations=sol.iterations + more.iterations,
+                               seconds=time.perf_counter() - start, history=sol.history + more.history)
 
 
 def _bands(st: _Structure) -> int:

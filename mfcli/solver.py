@@ -105,6 +105,9 @@ def _blas_threads(limit: int | None) -> Iterator[None]:
         yield
         return
     try:
+        # threadpoolctl limits only the BLAS libraries already loaded; scipy (its own OpenBLAS in
+        # the wheels) is otherwise first imported inside the solve and would run unlimited.
+        import scipy.linalg  # noqa: F401
         from threadpoolctl import threadpool_limits
 
         ctx = threadpool_limits(limits=limit, user_api="blas")
