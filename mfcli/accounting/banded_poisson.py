@@ -16,8 +16,8 @@ x_j ~ Bernoulli(p) i.i.d. (present, Poisson sampling).
 2. ESTIMATE of epsilon (:func:`estimate_epsilon`): delta_add(eps) = E_P[(L - e^eps)_+] and
    delta_remove(eps) = E_P[(1 - e^eps L)_+] by importance sampling from the defensive mixture
    R = a P + (1 - a) mean_k R_k, R_k = E_x N(theta s_k C x, sigma^2 I), x ~ Bernoulli(q_k) (theta =
-   +1 for add, -1 for remove; q_k in {p, 4p, 16p}, s_k in {1, 2, 4, 8}, all at once with fixed
-   weights). dR/dP = a + (1 - a) mean_k L_{q_k, theta s_k C}(y) comes from the same recursion, so
+   +1 for add, -1 for remove; q_k in {p, 4p, 16p} capped at max(0.5, p), s_k in {1, 2, 4, 8}, all
+   at once with fixed weights). dR/dP = a + (1 - a) mean_k L_{q_k, theta s_k C}(y) comes from the same recursion, so
    every weight is exact and at most 1 / a. The estimate and its confidence interval (pointwise
    normal interval of z standard errors on delta, inverted in eps) are an ESTIMATE: never a
    guarantee, never used to calibrate.
@@ -288,7 +288,7 @@ def proposal_components(p: float) -> list[tuple[float, float]]:
     estimated error) rarely reached such tails: the samples missed them, so both the estimate of
     delta and its standard error came out low and the interval under-covered (C = I, n = 8, sigma
     1, p 0.05, delta 1e-6: [1.814, 1.972] against the true 2.0222)."""
-    rates = sorted({min(0.5, p * f) for f in (1, 4, 16)})
+    rates = sorted({min(max(0.5, p), p * f) for f in (1, 4, 16)})  # never below p
     return [(q, s) for q in rates for s in PROPOSAL_SCALES]
 
 
