@@ -657,10 +657,8 @@ def not_recommended(r: CandidateResult, n: int | None = None) -> str:
 def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts
     at ``n`` steps (None: whatever n): dense at n <= DENSE_ARTIFACT_MAX_N, else structured, which
-    the accounting session accounts from its parameters except DP-SGD's Poisson accounting (it
-    needs the materialised C, n <= STRUCTURED_DENSE_MAX_N)."""
-    from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
-
+    the accounting session accounts from its parameters (DP-SGD's Poisson accounting needs no C,
+    so C = I is written and re-accounted at any n)."""
     if r.kind in ("tree", "honaker"):
         if not isinstance(r.participation, SingleParticipation):
             return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
@@ -669,9 +667,6 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
         if n is not None and n > DENSE_ARTIFACT_MAX_N:
             return False, (f"a tree has no structured form; it is written as a dense artifact for n <= "
                            f"{DENSE_ARTIFACT_MAX_N} only (n = {n})")
-    if r.kind == "dp-sgd" and n is not None and n > STRUCTURED_DENSE_MAX_N:
-        return False, (f"DP-SGD (C = I) needs no artifact; the accounting re-accounts its Poisson sampling on an "
-                       f"artifact for n <= {STRUCTURED_DENSE_MAX_N} only (n = {n})")
     return True, ""
 
 

@@ -113,7 +113,7 @@ def test_estimate_covers_dpsgd_at_b1() -> None:
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(sigma)), n)
     assert acc.get_epsilon(delta) == pytest.approx(vals[0], rel=1e-6)
-    est = B.estimate_epsilon(np.eye(n), sigma=sigma, sampling=p, delta=delta, samples=40_000, seed=3)
+    est = B.estimate_epsilon(np.eye(n), sigma=sigma, sampling=p, delta=delta, samples=5_000, seed=3)
     assert est.band == 1
     assert est.low <= vals[0] and est.high >= vals[1], (est, vals)
     assert est.high - est.low < 0.1 * est.epsilon  # importance sampling makes delta = 1e-6 cheap
@@ -126,7 +126,7 @@ def test_estimate_covers_dpsgd_at_b1() -> None:
 def test_estimate_matches_exact_small_cases(name, make, sigma, p, delta, lo, hi) -> None:
     """The truth of docs/accounting.md's exact small cases (2e6 plain Monte Carlo samples a
     direction, 3 standard errors): the intervals must overlap."""
-    est = B.estimate_epsilon(make(), sigma=sigma, sampling=p, delta=delta, samples=15_000, seed=1)
+    est = B.estimate_epsilon(make(), sigma=sigma, sampling=p, delta=delta, samples=2_000, seed=1)
     assert est.low <= hi and est.high >= lo, (est.low, est.high, lo, hi)
     assert "ESTIMATE" in est.as_dict()["kind"]
 

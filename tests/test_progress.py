@@ -121,7 +121,7 @@ def test_long_computations_report_their_phases() -> None:
     seen = []
     band = np.eye(8) + 0.5 * np.eye(8, k=-1)
     estimate_epsilon(band, sigma=2.0, sampling=0.01, samples=200, on_progress=seen.append)
-    assert check_protocol(seen)["banded estimate"][-1].total == 2 * (3 + 1)  # pilots at q = 0.02, 0.08, 0.32 and the draw, twice
+    assert check_protocol(seen)["banded estimate"][-1].total == 2 * 4  # 4 sample batches a direction
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def test_large_n_calibration_write_and_inspect(tmp_path):
 
 
 @pytest.mark.parametrize("make,args,match", [
-    (lambda: BANDED, ["--sigma", "2", "--sampling", "0.1"], "needs the dense strategy C"),
+    (lambda: BANDED, ["--epsilon", "2", "--sampling", "0.1", "--setting", "mmcc"], "needs the dense strategy C"),
     (lambda: BANDED, ["--epsilon", "2", "--sampling", "0.1"], "n <= 8192"),
     (blt, ["--sigma", "2", "--sampling", "0.1", "--batching", "cyclic", "--min-sep", "100"],
      "at most b = 100 bands (the cycle length)"),

@@ -88,7 +88,7 @@ def test_account_refuses_what_needs_dense_c(tmp_path):
 
     out = tmp_path / "p.h5"
     save_structured_artifact(out, BandedToeplitz.sqrt_init(4), workload=TOEPLITZ_PREFIX, n=8193)
-    r = run("account", str(out), "--sigma", "3", "--sampling", "0.1")
+    r = run("account", str(out), "--epsilon", "3", "--sampling", "0.1")  # calibrates MMCC by default
     assert r.exit_code == 1 and "needs the dense strategy C" in r.stderr and "n <= 8192" in r.stderr
 
 

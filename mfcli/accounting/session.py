@@ -394,6 +394,9 @@ class AccountingReport:
     batching: str | None = None
     balls_in_bins_tree: BallsInBinsTreeResult | None = None
     shuffled_dp_sgd: ShuffledDpSgdResult | None = None
+    #: One line per requested setting that was left out, and why (a structured artifact above
+    #: STRUCTURED_DENSE_MAX_N under Poisson sampling: MMCC needs the dense C).
+    notes: tuple[str, ...] = ()
 
     @property
     def results(self) -> dict[str, Any]:
@@ -453,6 +456,7 @@ class AccountingReport:
             "participation": schema_dict(self.participation, self.strategy.n),
             "delta": self.delta,
             "settings": rows,
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
 
@@ -830,6 +834,31 @@ def _close_rel(a: float, b: float) -> bool:
     return abs(a - b) <= RECORD_RTOL * max(abs(a), abs(b))
 
 
+def dpsgd_epsilon_of_event(event: Any, *, sigma: float, sampling: float | None, steps: int, delta: float,
+                           value_discretization: float) -> float:
+    """Epsilon of a stored DP-SGD event by dp-accounting's PLD, after checking that it is ``steps``
+    self-composed Poisson-sampled Gaussians at noise multiplier ``sigma`` and rate ``sampling``
+    (DP-SGD needs no C: the check is the same for a dense and a structured record, at any n).
+
+    Raises:
+        MfcliError: an event of another shape or with other parameters.
+    """
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    ok = (isinstance(event, dp_event.SelfComposedDpEvent)
+          and isinstance(event.event, dp_event.PoissonSampledDpEvent)
+          and isinstance(event.event.event, dp_event.GaussianDpEvent))
+    if not ok:
+        raise MfcliError("the dp-sgd event is not n self-composed Poisson-sampled Gaussians")
+    if (not _close_rel(float(event.event.event.noise_multiplier), sigma) or sampling is None
+            or not _close_rel(float(event.event.sampling_probability), sampling) or event.count != steps):
+        raise MfcliError("the dp-sgd event's sigma, sampling rate or step count differs from the record's")
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
 def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sampling: float | None,
                       delta: float, row: Mapping[str, Any], strategy: np.ndarray,
                       schema: Participation | None = None) -> float:
@@ -878,19 +907,8 @@ def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sa
                                  "sigma / max column norm and the record's rate")
         return expect.epsilon
     if setting == "dp-sgd":
-        ok = (isinstance(event, dp_event.SelfComposedDpEvent)
-              and isinstance(event.event, dp_event.PoissonSampledDpEvent)
-              and isinstance(event.event.event, dp_event.GaussianDpEvent))
-        if not ok:
-            raise MfcliError("the dp-sgd event is not n self-composed Poisson-sampled Gaussians")
-        if (not _close_rel(float(event.event.event.noise_multiplier), sigma) or sampling is None
-                or not _close_rel(float(event.event.sampling_probability), sampling) or event.count != strategy.shape[1]):
-            raise MfcliError("the dp-sgd event's sigma, sampling rate or step count differs from the record's")
-        from dp_accounting.pld import pld_privacy_accountant
-
-        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=float(row["value_discretization"]))
-        acc.compose(event)
-        return float(acc.get_epsilon(delta))
+        return dpsgd_epsilon_of_event(event, sigma=sigma, sampling=sampling, steps=int(strategy.shape[1]),
+                                      delta=delta, value_discretization=float(row["value_discretization"]))
     if setting == "mmcc":
         from mfcli.accounting import mog_pld
 

@@ -6,10 +6,13 @@ setting that applies, from the parameters where no dense C is needed (docs/accou
   deterministic, the strategy's own ``sensitivity(n, schema)``) and cyclic Poisson sampling
   (2306.08153 Thm. 3 needs only the band count and the max column norm ||c||_2: the first column
   of a lower-triangular Toeplitz C is the longest), with calibration and ``--write`` records;
+* DP-SGD (the reference row under Poisson sampling) at every n: it is n Poisson-subsampled
+  Gaussian steps at sigma and needs neither C nor its sensitivity;
 * n <= :data:`STRUCTURED_DENSE_MAX_N`: C is also materialised from its Toeplitz coefficients
-  (``strategy_coefs(n)``, a BLT's from its buffers) for what needs the matrix (DP-SGD and MMCC
-  under Poisson sampling), run exactly as for a dense artifact with that C; above it those are
-  refused with the limit.
+  (``strategy_coefs(n)``, a BLT's from its buffers) for what needs the matrix (MMCC under Poisson
+  sampling), run exactly as for a dense artifact with that C; above it MMCC is refused with the
+  limit (calibrating it, or a Poisson run that asks for MMCC alone) or left out with a note
+  (``AccountingReport.notes``) beside DP-SGD.
 
 The limit is the one every dense artifact has (``mfcli.toeplitz.DENSE_MAX_N``, 8192; C alone is
 n^2 doubles, 512 MiB there); MMCC itself then enforces its memory budget (``max_memory``) as for a
@@ -40,8 +43,8 @@ def needs_dense(what: str, n: int) -> str:
     """The one-line refusal of a setting that needs the dense C above the limit."""
     return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
             f"n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {n}); above that, a structured artifact is "
-            "accounted without sampling (Gaussian at the schema sensitivity) or, for banded Toeplitz, under "
-            "cyclic Poisson sampling")
+            "accounted without sampling (Gaussian at the schema sensitivity), under Poisson sampling by DP-SGD "
+            "only (it needs no C) or, for banded Toeplitz, under cyclic Poisson sampling")
 
 
 def structured_input(path: str | Path, *, operator: str = "auto") -> StrategyInput:
@@ -102,6 +105,8 @@ def _without_parameters(inp: StrategyInput) -> StrategyInput:
 
 #: Settings computed from the parameters at every n; the others need the dense C.
 PARAMETER_SETTINGS = ("single-pass", "deterministic", "cyclic-poisson")
+#: Settings that need no C at all (DP-SGD: n Poisson-subsampled Gaussian steps at sigma).
+MATRIX_FREE_SETTINGS = ("dp-sgd",)
 
 
 def account_parameters(
@@ -122,7 +127,8 @@ def account_parameters(
     cyclic-Poisson reduction (:func:`mfcli.accounting.multi.reduced_dpsgd` with
     :func:`banded_numbers`). The settings of the other batch samplers (Poisson: DP-SGD and MMCC)
     run on the materialised C at n <= :data:`STRUCTURED_DENSE_MAX_N` exactly as for a dense
-    artifact, and are refused above it.
+    artifact. Above it, DP-SGD (which needs no C) still runs and MMCC is left out with a note in
+    the report's ``notes``; only a Poisson run that would compute nothing but MMCC is refused.
 
     Raises:
         MfcliError: a setting that needs the dense C above the limit (:func:`needs_dense`); cyclic
@@ -145,10 +151,24 @@ def account_parameters(
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     schema = resolve_schema(inp, participation)
     dense_report = None
+    notes: tuple[str, ...] = ()
+    if batching == "poisson" and not inp.dense:
+        from mfcli.accounting.single_pass import dpsgd
+
+        assert sampling is not None  # check_batching: poisson needs a rate
+        if "dp-sgd" not in settings:
+            raise MfcliError(needs_dense("the poisson batch sampler (MMCC)", inp.n))
+        dp = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+                   value_discretization=opts.value_discretization)
+        if "mmcc" in settings:
+            notes = (f"MMCC: not run; it needs the dense strategy C, which is materialised from a structured "
+                     f"artifact for n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {inp.n}); DP-SGD needs no C "
+                     "and is shown",)
+        return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta, dp_sgd=dp,
+                                participation=schema, batching=batching, notes=notes)
     if batching not in (None, "cyclic"):
         if not inp.dense:
-            why = "MMCC, DP-SGD" if batching == "poisson" else "its settings"
-            raise MfcliError(needs_dense(f"the {batching} batch sampler ({why})", inp.n))
+            raise MfcliError(needs_dense(f"the {batching} batch sampler (its settings)", inp.n))
         dense_report = account(_without_parameters(inp), sigma=sigma, sampling=sampling, options=opts,
                                settings=[s for s in settings if s not in PARAMETER_SETTINGS], progress=progress,
                                participation=schema, batching=batching, on_progress=on_progress)
@@ -211,6 +231,14 @@ def epsilon_function_parameters(
 
         eps(1.0)  # refuse now (more bands than the cycle), not inside the search
         return eps
+    if setting == "dp-sgd" and not inp.dense:
+        from mfcli.accounting.single_pass import dpsgd
+
+        if sampling is None:
+            raise MfcliError("calibrating dp-sgd needs a sampling rate")
+        p = check_sampling(sampling)
+        return lambda s: dpsgd(sigma=s, sampling=p, steps=n, delta=opts.delta,
+                               value_discretization=opts.value_discretization).epsilon
     if setting in SETTINGS and not inp.dense:
         raise MfcliError(needs_dense(f"the {setting} setting", n))
     return epsilon_function(_without_parameters(inp), setting, sampling=sampling, options=opts, participation=schema)
@@ -227,7 +255,8 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
     the one recomputed from its stored dp-accounting event, whose noise multiplier must be sigma /
     the sensitivity recomputed from the parameters (single-pass: single participation;
     deterministic: the record's schema; cyclic-poisson: the event must be ceil(n / b)
-    Poisson-sampled Gaussians at sigma / ||c||_2 and the record's rate); DP-SGD and MMCC events
+    Poisson-sampled Gaussians at sigma / ||c||_2 and the record's rate); DP-SGD events at any n
+    (they need no C: n Poisson-sampled Gaussians at sigma and the record's rate) and MMCC events
     (n <= the limit) against the materialised C by the dense recomputation."""
     from mfcli.accounting.events import event_to_json
     from mfcli.accounting.multi import reduced_dpsgd
@@ -270,7 +299,12 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
             from mfcli.accounting.shuffling import shuffled_dpsgd
 
             return shuffled_dpsgd(n=n, sigma=sigma, delta=s.delta).epsilon
-        if n <= STRUCTURED_DENSE_MAX_N:  # dp-sgd, mmcc: from the materialised C, as for a dense record
+        if setting == "dp-sgd":
+            from mfcli.accounting.session import dpsgd_epsilon_of_event
+
+            return dpsgd_epsilon_of_event(event, sigma=sigma, sampling=s.sampling, steps=n, delta=s.delta,
+                                          value_discretization=float(s.row["value_discretization"]))
+        if n <= STRUCTURED_DENSE_MAX_N:  # mmcc: from the materialised C, as for a dense record
             from mfcli.accounting.session import _epsilon_of_event
 
             if not dense:
@@ -306,6 +340,7 @@ def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]
 
 
 __all__ = [
+    "MATRIX_FREE_SETTINGS",
     "STRUCTURED_DENSE_MAX_N",
     "account_parameters",
     "banded_numbers",

@@ -120,6 +120,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                          "bound, never used to calibrate)")
         elif br.banded_note is not None:
             notes.append(f"MMCC estimate: {br.banded_note}")
+    notes.extend(report.notes)
     st = report.shuffled_tree
     if st is not None:
         t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
@@ -262,8 +263,9 @@ def account(
     shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target.
 
     A structured artifact (banded Toeplitz, BLT) is accounted like a dense one up to n = 8192 (C is
-    materialised); above, from its parameters: without sampling, or with --batching cyclic for a
-    banded C (MMCC needs the dense C and is refused there)."""
+    materialised); above, from its parameters: without sampling, with --batching cyclic for a
+    banded C, or DP-SGD under --sampling (it needs no C; MMCC needs the dense C and is not run
+    there)."""
     from mfcli.accounting.session import (
         AccountingOptions,
         record_to_artifact,
