@@ -105,6 +105,9 @@ def _blas_threads(limit: int | None) -> Iterator[None]:
         yield
         return
     try:
+        # threadpoolctl limits only the libraries loaded when it is called: scipy.linalg ships its
+        # own OpenBLAS, loaded on first import, which would otherwise keep its default threads.
+        import scipy.linalg  # noqa: F401
         from threadpoolctl import threadpool_limits
 
         ctx = threadpool_limits(limits=limit, user_api="blas")
