@@ -66,8 +66,12 @@ NEWTON_GAP = 0.3
 #: Conjugate-gradient iterations at most per Newton step.
 NEWTON_CG = 50
 #: ``storage="auto"`` keeps BandMF iterates in band storage (:mod:`mfcli.multi_banded`) from this n
-#: on (and for b <= n / 4). Below it the dense solver's Newton phase is as fast.
-BANDED_MIN_N = 1024
+#: on and for b <= n / BANDED_MIN_RATIO: one band iteration costs O(n^2 b) against O(n^3) dense,
+#: but the band solver takes ~2x the iterations. Measured (threads=1, CPU s, band / dense, prefix
+#: and momentum): n = 128, b = 32: 0.28 / 0.16, 1.03 / 0.49; n = 256, b = 64: 1.23 / 1.02,
+#: 5.07 / 3.03; n = 256, b = 32: 1.29 / 1.49, 3.6 / 5.4; n = 512, b = 64: 7.0 / 13.0, 21.1 / 40.7.
+BANDED_MIN_N = 256
+BANDED_MIN_RATIO = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,9 +306,10 @@ def multi_participation_factorization(
             (:func:`_newton_direction`, a certificate after each) instead of L-BFGS steps; 0 never.
             Speed only: the certificate is the same.
         storage: ``"banded"`` keeps the BandMF iterate in band storage (:mod:`mfcli.multi_banded`,
-            O(n^2 b) per L-BFGS iteration, no Newton phase, certificates only once the primal
+            O(n^2 b) per L-BFGS iteration and per Newton-CG step, certificates only once the primal
             stalls); ``"dense"`` the n x n iterate of this module; ``"auto"`` banded for BandMF
-            with k > 1, n >= ``BANDED_MIN_N`` and b <= n / 4, else dense. Speed only: the certificate is the same.
+            with k > 1, n >= ``BANDED_MIN_N`` and b <= n / ``BANDED_MIN_RATIO`` (where it measured
+            faster), else dense. Speed only: the certificate is the same.
 
     Formal guarantees: A = B C to 1e-8 relative; C lower-triangular; ``sensitivity`` is the
     schema sensitivity of C recomputed by :func:`mfcli.participation.sensitivity`, which is exact
@@ -327,7 +332,8 @@ def multi_participation_factorization(
     band_ok = st.name == "banded" and bool(st.mask.any())  # k > 1: the band is imposed
     if storage == "banded" and not band_ok:
         raise MfcliError("banded storage needs a min-separation schema with more than one participation")
-    use_band = storage == "banded" or (storage == "auto" and band_ok and n >= BANDED_MIN_N and 4 * _bands(st) <= n)
+    use_band = storage == "banded" or (
+        storage == "auto" and band_ok and n >= BANDED_MIN_N and BANDED_MIN_RATIO * _bands(st) <= n)
     with _blas_threads(limit):
         if use_band:
             res = _solve_in_band(a, st, participation, tol=tol, max_iter=max_iter, callback=callback, x0=x0)

@@ -133,11 +133,11 @@ def test_band_and_dense_storage_reach_the_same_certified_optimum(name, n, schema
 
 
 @pytest.mark.parametrize(("n", "schema", "band"), [
-    (64, MinSeparation(separation=16), True),  # at the threshold, b = n / 4
-    (63, MinSeparation(separation=15), False),  # below the threshold (b <= n / 4)
-    (64, MinSeparation(separation=17), False),  # b > n / 4
-    (64, MinSeparation(separation=16, max_participations=1), False),  # k = 1: the dense problem
-    (64, FixedEpoch(epochs=4), False),
+    (64, MinSeparation(separation=8), True),  # at the threshold, b = n / 8
+    (63, MinSeparation(separation=7), False),  # below the threshold (b <= n / 8)
+    (64, MinSeparation(separation=9), False),  # b > n / 8
+    (64, MinSeparation(separation=8, max_participations=1), False),  # k = 1: the dense problem
+    (64, FixedEpoch(epochs=8), False),
 ])
 def test_auto_storage_decision_table(monkeypatch, n, schema, band):
     monkeypatch.setattr(ms, "BANDED_MIN_N", 64)
