@@ -11,13 +11,16 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
   solve), the band of Z Z^T is n / b blocked products of b x n by n x 2b matrices (O(n^2 b));
 * the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2));
 * once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
-  X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by that metric.
+  X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by the inverse of
+  the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
+  (:class:`_LowRankInverse`, O(n b r) per application).
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
 one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product
-Z Z^T, the singular values of A R), and it is computed only when the primal has stalled near the
-tolerance, because it costs O(n^3) -- tens of iterations' worth at n = 2048, b = 64.
+Z Z^T, the singular values of A R), and it is computed only when the primal's own estimate (the
+Newton decrement; in the L-BFGS phase a stall) says the gap is below the tolerance, because it
+costs O(n^3) -- tens of iterations' worth at n = 2048, b = 64.
 """
 from __future__ import annotations
 
@@ -283,6 +286,7 @@ def solve_banded(
     values = [f]
     last_cert = 0
     newton, dec0 = False, None
+    basis: np.ndarray | None = None
     it = 0
     for it in range(1, max_iter + 1):
         if not newton and len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= NEWTON_DECREASE * f:
@@ -292,7 +296,9 @@ def solve_banded(
             # CG forcing term from the metric norm of g relative to the switch (superlinear).
             dec = math.sqrt(max(prob.dot(g, prob.metric(xs, g)), 0.0))
             dec0 = dec if dec0 is None else dec0
-            d = _newton(prob, factors, z, g, xs, min(0.5, math.sqrt(dec / dec0)), _rank(n))
+            lr = _LowRankInverse(prob, factors, xs, _rank(n), start=basis)
+            basis = lr.basis
+            d = _newton(prob, factors, z, g, xs, min(0.5, math.sqrt(dec / dec0)), lr)
             # -<g, d> / 2 (half the squared Newton decrement) estimates f - f*: certify once it
             # says the gap is well below tol, instead of after every step (each certificate is
             # O(n^3), several Newton steps' worth).
@@ -360,18 +366,17 @@ def bandwidth(st: _Structure) -> int:
 
 def _newton(
     prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, g: np.ndarray,
-    xs: tuple[np.ndarray, np.ndarray], eta: float, rank: int,
+    xs: tuple[np.ndarray, np.ndarray], eta: float, lr: _LowRankInverse | None,
 ) -> np.ndarray:
     """A truncated Newton direction: preconditioned CG on P(H[d]) = -g over the band directions
-    that keep the diagonal fixed, with the metric P(X . X) as the preconditioner (H[D] is close to
-    c X^-1 D X^-1 near the optimum, whose inverse that is)."""
+    that keep the diagonal fixed, preconditioned by ``lr`` (:class:`_LowRankInverse`), or by the
+    metric P(X . X) when None (the inverse Hessian when M = c X^-1; poor for ill-conditioned
+    workloads such as momentum, where CG then runs to its cap)."""
 
     def hess(p: np.ndarray) -> np.ndarray:
         h = prob.hessian(factors, z, p)
         h[0] = 0.0
         return h
-
-    lr = _LowRankInverse(prob, factors, xs, rank) if rank > 0 else None
 
     def precond(r: np.ndarray) -> np.ndarray:
         q = prob.metric(xs, r) if lr is None else lr(r)
@@ -432,7 +437,7 @@ def _two_loop(
 
 
 def _rank(n: int) -> int:
-    """r of the Newton preconditioner (:class:`_LowRankInverse`); 0: the metric P(X . X)."""
+    """r of the Newton preconditioner (:class:`_LowRankInverse`)."""
     return min(n - 1, max(32, n // PRECOND_RANK_DIVISOR))
 
 
@@ -451,7 +456,8 @@ class _LowRankInverse:
     """
 
     def __init__(self, prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray],
-                 xs: tuple[np.ndarray, np.ndarray], rank: int, seed: int = 0) -> None:
+                 xs: tuple[np.ndarray, np.ndarray], rank: int, seed: int = 0,
+                 start: np.ndarray | None = None) -> None:
         import scipy.linalg
 
         ld, ll, y = factors
@@ -460,13 +466,18 @@ class _LowRankInverse:
         yy = y[:n]  # L^-1 A^T: N = yy yy^T
         r = min(rank, n - 1)
         p = min(r + 10, n)
-        rng = np.random.default_rng(seed)
-        q = np.linalg.qr(yy @ (yy.T @ rng.standard_normal((n, p))))[0]
-        for _ in range(2):  # power iterations: the spectrum decays slowly
-            q = np.linalg.qr(yy @ (yy.T @ q))[0]
+        if start is not None and start.shape == (n, p):
+            # The previous Newton step's basis: N moved little, one power iteration refines it.
+            q = np.linalg.qr(yy @ (yy.T @ start))[0]
+        else:
+            rng = np.random.default_rng(seed)
+            q = np.linalg.qr(yy @ (yy.T @ rng.standard_normal((n, p))))[0]
+            for _ in range(2):  # power iterations: the spectrum decays slowly
+                q = np.linalg.qr(yy @ (yy.T @ q))[0]
         b = yy.T @ q
         lam, u = scipy.linalg.eigh(b.T @ b, check_finite=False)
         lam, u = lam[::-1], u[:, ::-1]
+        self.basis = q @ u  # Ritz vectors, largest first: the next step's start
         self.c = float(max(lam[r], 1e-300))
         self.lam = lam[:r]
         qr = q @ u[:, :r]
