@@ -276,8 +276,7 @@ def solve_banded(
     if factors is None:
         raise MfcliError("the starting X is not positive definite")
     z = prob.z(factors)
-    mband = prob.band_of_gram(z)
-    g = -mband
+    g = -prob.band_of_gram(z)
     g[0] = 0.0  # tangent: each diagonal entry is its own class (fixed at 1)
     ss: list[np.ndarray] = []
     ys: list[np.ndarray] = []
@@ -298,7 +297,7 @@ def solve_banded(
             dec0 = dec if dec0 is None else dec0
             lr = _LowRankInverse(prob, factors, xs, _rank(n), start=basis)
             basis = lr.basis
-            d = _newton(prob, factors, z, g, xs, min(0.5, math.sqrt(dec / dec0)), lr)
+            d = _newton(prob, factors, z, g, min(0.5, math.sqrt(dec / dec0)), lr)
             # -<g, d> / 2 (half the squared Newton decrement) estimates f - f*: certify once it
             # says the gap is well below tol, instead of after every step (each certificate is
             # O(n^3), several Newton steps' worth).
@@ -335,8 +334,7 @@ def solve_banded(
             break  # the round-off floor
         assert new_factors is not None
         z = prob.z(new_factors)
-        mband = prob.band_of_gram(z)
-        g_new = -mband
+        g_new = -prob.band_of_gram(z)
         g_new[0] = 0.0
         s_vec, y_vec = x_new - x, g_new - g
         if prob.dot(s_vec, y_vec) > 1e-300:
@@ -366,12 +364,11 @@ def bandwidth(st: _Structure) -> int:
 
 def _newton(
     prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, g: np.ndarray,
-    xs: tuple[np.ndarray, np.ndarray], eta: float, lr: _LowRankInverse | None,
+    eta: float, lr: _LowRankInverse,
 ) -> np.ndarray:
     """A truncated Newton direction: preconditioned CG on P(H[d]) = -g over the band directions
-    that keep the diagonal fixed, preconditioned by ``lr`` (:class:`_LowRankInverse`), or by the
-    metric P(X . X) when None (the inverse Hessian when M = c X^-1; poor for ill-conditioned
-    workloads such as momentum, where CG then runs to its cap)."""
+    that keep the diagonal fixed, preconditioned by ``lr`` (:class:`_LowRankInverse`; the metric
+    P(X . X), its r = 0 case, made CG run to its cap on ill-conditioned workloads such as momentum)."""
 
     def hess(p: np.ndarray) -> np.ndarray:
         h = prob.hessian(factors, z, p)
@@ -379,7 +376,7 @@ def _newton(
         return h
 
     def precond(r: np.ndarray) -> np.ndarray:
-        q = prob.metric(xs, r) if lr is None else lr(r)
+        q = lr(r)
         q[0] = 0.0
         return q
 
