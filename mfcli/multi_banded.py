@@ -13,7 +13,7 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
 * once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
   X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by the inverse of
   the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
-  (:class:`_LowRankInverse`, O(n b r) per application).
+  (:class:`_LowRankInverse`, O(n r (b + r)) per application).
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
@@ -441,7 +441,7 @@ def _rank(n: int) -> int:
 class _LowRankInverse:
     """The inverse of the unconstrained Hessian of f at X with L^T M L = N replaced by
     N_r = c (I - Q Q^T) + Q diag(l) Q^T (its r largest eigenpairs, the rest flattened to c),
-    applied to band matrices in O(n b r).
+    applied to band matrices in O(n r (b + r)).
 
     With X = L L^T and D = L Y L^T, H[D] = X^-1 D M + M D X^-1 becomes L^-T (Y N + N Y) L^-1, so
     the inverse solves a Lyapunov equation in N; with N_r it is explicit: on the complement of Q
