@@ -73,8 +73,12 @@ NEWTON_GAP = 0.3
 #: Conjugate-gradient iterations at most per Newton step.
 NEWTON_CG = 50
 #: ``storage="auto"`` keeps BandMF iterates in band storage (:mod:`mfcli.multi_banded`) from this n
-#: on (and for b <= n / 4). Below it the dense solver's Newton phase is as fast.
-BANDED_MIN_N = 1024
+#: on and for b <= n / BANDED_MIN_RATIO: one band iteration costs O(n^2 b) against O(n^3) dense,
+#: but the band solver takes ~2x the iterations. Measured (threads=1, CPU s, band / dense, prefix
+#: and momentum): n = 128, b = 32: 0.28 / 0.16, 1.03 / 0.49; n = 256, b = 64: 1.23 / 1.02,
+#: 5.07 / 3.03; n = 256, b = 32: 1.29 / 1.49, 3.6 / 5.4; n = 512, b = 64: 7.0 / 13.0, 21.1 / 40.7.
+BANDED_MIN_N = 256
+BANDED_MIN_RATIO = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -318,9 +322,10 @@ def multi_participation_factorization(
             (:func:`_newton_direction`, a certificate after each) instead of L-BFGS steps; 0 never.
             Speed only: the certificate is the same.
         storage: ``"banded"`` keeps the BandMF iterate in band storage (:mod:`mfcli.multi_banded`,
-            O(n^2 b) per L-BFGS iteration, no Newton phase, certificates only once the primal
+            O(n^2 b) per L-BFGS iteration and per Newton-CG step, certificates only once the primal
             stalls); ``"dense"`` the n x n iterate of this module; ``"auto"`` banded for BandMF
-            with k > 1, n >= ``BANDED_MIN_N`` and b <= n / 4, else dense. Speed only: the certificate is the same.
+            with k > 1, n >= ``BANDED_MIN_N`` and b <= n / ``BANDED_MIN_RATIO`` (where it measured
+            faster), else dense. Speed only: the certificate is the same.
         method: fixed-epoch only: ``"dual"`` Newton on the block-structured dual
             (:mod:`mfcli.multi_fixed_epoch`, for k <= ``MAX_EPOCHS`` epochs; if it stops short of
             ``tol`` the primal solver continues from its X); ``"primal"`` the L-BFGS / truncated
@@ -354,7 +359,8 @@ def multi_participation_factorization(
     if method == "dual" and not dual_ok:
         raise MfcliError(f"the dual method needs a fixed-epoch schema with at most {FE_MAX_EPOCHS} epochs")
     use_dual = method == "dual" or (method == "auto" and dual_ok and x0 is None)
-    use_band = storage == "banded" or (storage == "auto" and band_ok and n >= BANDED_MIN_N and 4 * _bands(st) <= n)
+    use_band = storage == "banded" or (
+        storage == "auto" and band_ok and n >= BANDED_MIN_N and BANDED_MIN_RATIO * _bands(st) <= n)
     with _blas_threads(limit):
         if use_dual:
             res = _solve_fixed_epoch_dual(a, st, participation, tol=tol, max_iter=max_iter, callback=callback,

@@ -86,11 +86,11 @@ def test_banded_path_equals_dense_path(workload, n, schema):
 def test_auto_uses_band_storage_from_the_threshold(monkeypatch):
     a = prefix_workload(32).matrix
     monkeypatch.setattr(ms, "BANDED_MIN_N", 32)
-    assert multi_participation_factorization(a, MinSeparation(separation=8)).structure == "banded"
-    assert multi_participation_factorization(a, MinSeparation(separation=8)).certificate()["method"].endswith(
+    assert multi_participation_factorization(a, MinSeparation(separation=4)).structure == "banded"
+    assert multi_participation_factorization(a, MinSeparation(separation=4)).certificate()["method"].endswith(
         "-band-storage")
-    # b > n / 4 and fixed-epoch stay dense
-    assert not multi_participation_factorization(a, MinSeparation(separation=16)).certificate()["method"].endswith(
+    # b > n / 8 and fixed-epoch stay dense
+    assert not multi_participation_factorization(a, MinSeparation(separation=8)).certificate()["method"].endswith(
         "-band-storage")
     assert "newton" in multi_participation_factorization(a, FixedEpoch(epochs=4)).certificate()["method"]
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""One BandMF solve, band or dense storage, with its CPU time and Newton-CG count (the rows of
+docs/performance.md, "Band storage for BandMF").
+
+Usage:
+    python scripts/bench_bandmf.py momentum 1024 64 banded [--threads 1] [--tol 1e-6]
+
+Prints one JSON line: iterations, CG steps (band storage), certificates, CPU seconds
+(``time.process_time`` of this process), wall seconds, certified gap, loss, method.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.solver._blas_threads)
+
+import mfcli.multi_banded as mb
+from mfcli.multi_solver import multi_participation_factorization
+from mfcli.participation import MinSeparation
+from mfcli.workloads import momentum_workload, prefix_workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workload", choices=["prefix", "momentum"])
+    ap.add_argument("n", type=int)
+    ap.add_argument("bands", type=int)
+    ap.add_argument("storage", choices=["auto", "banded", "dense"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tol", type=float, default=1e-6)
+    args = ap.parse_args()
+    a = prefix_workload(args.n).matrix if args.workload == "prefix" else momentum_workload(args.n, beta=0.9).matrix
+    cg = [0]
+    hessian = mb._Banded.hessian
+
+    def counted(self: mb._Banded, *xs):  # one call per CG step
+        cg[0] += 1
+        return hessian(self, *xs)
+
+    mb._Banded.hessian = counted  # type: ignore[method-assign,assignment]
+    wall, cpu = time.perf_counter(), time.process_time()
+    res = multi_participation_factorization(a, MinSeparation(separation=args.bands), tol=args.tol,
+                                            storage=args.storage, threads=args.threads)
+    print(json.dumps({
+        "workload": args.workload, "n": args.n, "bands": args.bands, "storage": args.storage,
+        "threads": args.threads, "iterations": res.iterations, "cg_steps": cg[0],
+        "certificates": len(res.history), "cpu_s": round(time.process_time() - cpu, 2),
+        "wall_s": round(time.perf_counter() - wall, 2), "gap": res.gap, "loss": res.loss_total,
+        "method": res.certificate()["method"],
+    }))
+
+
+if __name__ == "__main__":
+    main()
