@@ -42,7 +42,9 @@ average are recorded next to them.
 Usage:
     PYTHONPATH=$PWD /work/jpvenv/bin/python scripts/bench_multi_participation.py --only-jax \\
         --sizes 2048 1024 512 256 --json /tmp/jax_rows.json
-    PYTHONPATH=$PWD python scripts/bench_multi_participation.py --no-jax --jax-json /tmp/jax_rows.json
+    PYTHONPATH=$PWD python scripts/bench_multi_participation.py --no-jax --jax-json /tmp/jax_rows.json \\
+        --json /tmp/mfcli_rows.json
+    python scripts/bench_multi_participation.py --render --json /tmp/mfcli_rows.json --jax-json /tmp/jax_rows.json
 """
 from __future__ import annotations
 
@@ -153,7 +155,7 @@ def _jax_child(spec: dict[str, Any]) -> None:
 
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
-    from jax_privacy.matrix_factorization import banded, dense, streaming_matrix
+    from jax_privacy.matrix_factorization import banded, dense, streaming_matrix  # type: ignore[import-untyped]
 
     n, kind, param, wname = spec["n"], spec["kind"], spec["param"], spec["workload"]
     budget = float(spec["budget"])
@@ -192,12 +194,14 @@ def _jax_child(spec: dict[str, Any]) -> None:
     c = np.asarray(c)
     out = {"cpu_seconds": time.process_time() - start, "seconds": time.perf_counter() - wall,
            "steps": state["steps"], "stop": state["stop"], "first_step_cpu": state["first_step_cpu"],
-           "dtype": str(c.dtype), "jax": jax.__version__, "cpus": sorted(os.sched_getaffinity(0)), "x64": bool(jax.config.read("jax_enable_x64")),
+           "dtype": str(c.dtype), "jax": jax.__version__, "cpus": sorted(os.sched_getaffinity(0)),
+           "x64": bool(jax.config.read("jax_enable_x64")),
            "marks": [[m, cpu, step, loss] for m, cpu, step, loss, _ in snaps]}
     # The iterates at the marks become strategies by jax_privacy's own path (after the timing).
     strategies = [np.asarray(banded.ColumnNormalizedBanded(params=jnp.asarray(p)).materialize()) if kind == "banded"
                   else np.asarray(dense.strategy_from_X(jnp.asarray(p))) for *_, p in snaps]
-    np.savez(spec["out"], c=c, **{f"mark_{i}": s for i, s in enumerate(strategies)})
+    arrays: dict[str, Any] = {"c": c, **{f"mark_{i}": s for i, s in enumerate(strategies)}}
+    np.savez(spec["out"], **arrays)
     print(json.dumps(out))
 
 
@@ -235,7 +239,7 @@ def _jax(wname: str, a: np.ndarray, schema: Participation, kind: str, args: argp
             snaps = [data[f"mark_{i}"] for i in range(len(rec["marks"]))]
     sens, exact, loss = _score(a, c, schema)
     trajectory = []
-    for (mark, cpu, step, own_loss), cs in zip(rec["marks"], snaps):
+    for (mark, cpu, step, own_loss), cs in zip(rec["marks"], snaps, strict=True):
         s_sens, s_exact, s_loss = _score(a, cs, schema)
         trajectory.append({"mark": mark, "cpu_seconds": cpu, "steps": step, "loss_mean": s_loss,
                            "sensitivity": s_sens, "exact": s_exact, "own_loss": own_loss})
@@ -368,10 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jax-json", default=None, help="jax_privacy rows saved earlier by --only-jax --json")
     p.add_argument("--only", choices=["epochs", "bands"], default=None)
     p.add_argument("--json", default=None, help="save the rows computed here into this JSON file (merged)")
+    p.add_argument("--render", action="store_true",
+                   help="solve nothing: render the rows saved in --json (mfcli) and --jax-json (jax_privacy)")
     p.add_argument("--jax-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.jax_child:
         _jax_child(json.loads(args.jax_child))
+        return 0
+    if args.render:
+        mine = [r for r in load_rows(args.json) if r["solver"] == "mfcli"]
+        theirs = [r for r in load_rows(args.jax_json if args.jax_json else args.json) if r["solver"] != "mfcli"]
+        print(render(mine + theirs, "not run"))
         return 0
     if args.only_jax and not _has_jax():
         print("error: --only-jax needs jax_privacy installed in this interpreter", file=sys.stderr)
@@ -394,11 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         for wname in args.workloads:
             a = _workload(wname, n)
             for schema in _schemas(n, args):
-                jobs = [] if args.only_jax else [lambda: _mfcli(wname, a, schema, args)]
+                jobs: list[str] = [] if args.only_jax else ["mfcli"]
                 if run_jax:
-                    jobs += [lambda kind=kind: _jax(wname, a, schema, kind, args) for kind in _kinds(schema, args)]
+                    jobs += _kinds(schema, args)
                 for job in jobs:
-                    r = job()
+                    r = _mfcli(wname, a, schema, args) if job == "mfcli" else _jax(wname, a, schema, job, args)
                     print(json.dumps({k: v for k, v in r.items() if k != "trajectory"}), file=sys.stderr, flush=True)
                     rows.append(r)
                     if args.json:
