@@ -53,7 +53,7 @@ def test_score_closed_forms(bench, c_name, schema, sens2, loss):
 
 def _table(text: str) -> list[list[str]]:
     """The rows of the first markdown table in ``text``, cells stripped."""
-    rows = []
+    rows: list[list[str]] = []
     for line in text.splitlines():
         if not line.startswith("|"):
             if rows:
