@@ -117,10 +117,16 @@ def test_no_jax_run_pairs_saved_jax_rows(bench, tmp_path):
     assert float(jrow[8]) == pytest.approx(50.0 / fe["loss_mean"], rel=1e-6)
     assert float(jrow[11]) == pytest.approx((50.0 - fe["dual_mean"]) / 50.0, rel=0.06)
     assert rows[6][8] == ""  # no mfcli row of n = 32 to divide by
-    # The trajectory table: the gap to mfcli's dual at the 10 s mark and at the stop.
+    # The trajectory table: the loss and its gap to mfcli's dual at the 10 s mark and at the stop;
+    # without an mfcli row (n = 32) the loss alone.
     traj = _table(proc.stdout.split("\n\n", 1)[1])
-    assert len(traj) == 1 and traj[0][:4] == ["prefix", "16", "4 epochs", "jax_privacy dense.optimize"]
-    assert float(traj[0][4]) == pytest.approx((60.0 - fe["dual_mean"]) / 60.0, rel=0.06)
+    assert [t[:4] for t in traj] == [["prefix", "16", "4 epochs", "jax_privacy dense.optimize"],
+                                     ["prefix", "32", "4 epochs", "jax_privacy dense.optimize"]]
+    loss, gap = traj[0][4].split()
+    assert float(loss) == 60.0
+    assert float(gap.strip("()")) == pytest.approx((60.0 - fe["dual_mean"]) / 60.0, rel=0.06)
+    assert traj[0][5].split()[0] == "50" and traj[0][5].endswith("at 12")
+    assert traj[1][4:] == ["", "70 at 12", "not run"]
     # --render pairs the same files the same way, without solving.
     again = subprocess.run([sys.executable, str(SCRIPT), "--render", "--json", str(mine), "--jax-json", str(saved)],
                            capture_output=True, text=True, env=env, timeout=120)
