@@ -104,3 +104,14 @@ def test_plan_writes_dpsgd_above_limit(tmp_path) -> None:
     ins = run("inspect", out, "--json")
     assert ins.exit_code == 0, ins.output
     assert [rec["verified"] for rec in json.loads(ins.stdout)["accounting_records"]] == [True]
+
+
+@pytest.mark.parametrize("option", [["--banded-estimate"], ["--tail-fraction", "0.5"], ["--mixture-grid", "0.01"],
+                                    ["--max-memory", "1G"]])
+def test_mmcc_options_refused_above_limit(big, option) -> None:
+    """MMCC does not run on a structured artifact above the limit, so its options are refused in
+    one line (usage error) instead of being accepted without effect."""
+    r = run("account", big, "--sigma", "4", "--sampling", str(P), *option, "-q")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert option[0] in lines[0] and f"this one has n = {N}" in lines[0]
