@@ -4,7 +4,6 @@ oracles: brute force over participation patterns and sign vectors, the closed-fo
 (Balle-Wang, solved here with scipy), and dp-accounting's own DP-SGD numbers (PLD and RDP)."""
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -13,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from scipy import optimize, stats
+from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
 from mfcli.accounting.multi import band_count, cyclic_poisson
@@ -36,18 +36,6 @@ def gaussian_epsilon(sens: float, sigma: float, delta: float = DELTA) -> float:
         return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu) - delta
 
     return optimize.brentq(excess, 0.0, 500.0, xtol=1e-13, rtol=1e-13)
-
-
-def brute_sensitivity(c: np.ndarray, schema: Participation) -> float:
-    """max over patterns and sign vectors of ||C s_P||: the sensitivity over d = 1 inputs (a lower
-    bound in general, the sensitivity when the schema's bound is attained)."""
-    x = c.T @ c
-    best = 0.0
-    for p in schema.patterns(c.shape[1]):
-        for signs in itertools.product((1.0, -1.0), repeat=len(p)):
-            s = np.array(signs)
-            best = max(best, float(s @ x[np.ix_(p, p)] @ s))
-    return math.sqrt(best)
 
 
 def dpsgd_epsilon(noise: float, p: float, steps: int, *, rdp: bool = False) -> float:

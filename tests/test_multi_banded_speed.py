@@ -8,11 +8,11 @@ returned C by brute force over every participation pattern and sign vector.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
+from sensitivity_oracle import brute_sensitivity
 
 import mfcli.multi_solver as ms
 from mfcli.multi_banded import _Banded, _LowRankInverse, from_band, to_band
@@ -90,17 +90,6 @@ def test_low_rank_preconditioner_is_symmetric_positive_definite(name, n, b, rank
     assert np.allclose(pre(basis[0]), to_band(d, b), rtol=1e-7, atol=1e-9 * np.abs(d).max())
 
 
-def _brute_sensitivity(c: np.ndarray, schema: MinSeparation) -> float:
-    """max over participation patterns and sign vectors of ||C s||."""
-    x = c.T @ c
-    best = 0.0
-    for p in schema.patterns(c.shape[1]):
-        for signs in itertools.product((1.0, -1.0), repeat=len(p)):
-            s = np.array(signs)
-            best = max(best, float(s @ x[np.ix_(p, p)] @ s))
-    return math.sqrt(best)
-
-
 # n not a power of two, b not dividing n, k below ceil(n / b), b = n / 2 (one padded block).
 CASES = [
     ("momentum", 12, MinSeparation(separation=3)),
@@ -129,7 +118,7 @@ def test_band_and_dense_storage_reach_the_same_certified_optimum(name, n, schema
     assert np.allclose(norms, 1.0, rtol=1e-12)  # equal column norms: diag(X) = 1
     assert band.sensitivity == pytest.approx(math.sqrt(k), rel=1e-12)
     if n <= 12:
-        assert _brute_sensitivity(c, schema) == pytest.approx(math.sqrt(k), rel=1e-12)
+        assert brute_sensitivity(c, schema) == pytest.approx(math.sqrt(k), rel=1e-12)
 
 
 @pytest.mark.parametrize(("n", "schema", "band"), [

@@ -16,13 +16,13 @@ Oracles, none of them the method's own earlier output:
 """
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
+from sensitivity_oracle import brute_sensitivity_squared
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
@@ -46,16 +46,6 @@ runner = CliRunner()
 
 def workload(name: str, n: int) -> np.ndarray:
     return prefix_workload(n).matrix if name == "prefix" else momentum_workload(n, beta=0.9).matrix
-
-
-def brute_sensitivity2(c: np.ndarray, schema: FixedEpoch) -> float:
-    best = 0.0
-    for pattern in schema.patterns(c.shape[1]):
-        for signs in itertools.product((1.0, -1.0), repeat=len(pattern)):
-            v = np.zeros(c.shape[1])
-            v[list(pattern)] = signs
-            best = max(best, float(np.sum((c @ v) ** 2)))
-    return best
 
 
 # (n, k): b = n / k includes odd and non-power-of-two b (3, 5, 10) and b = 1.
@@ -88,7 +78,7 @@ def test_dual_method_agrees_with_primal_solver(name, n, k):
     sens = sensitivity(c, schema)
     assert sens.exact and sens.value == pytest.approx(1.0, rel=1e-9) and new.sensitivity == sens.value
     if n <= 12:
-        assert brute_sensitivity2(c, schema) == pytest.approx(1.0, rel=1e-9)
+        assert brute_sensitivity_squared(c, schema) == pytest.approx(1.0, rel=1e-9)
     assert new.loss_total == pytest.approx(new.sensitivity**2 * float(np.sum(b * b)), rel=1e-12)
 
 

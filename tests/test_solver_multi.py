@@ -15,7 +15,6 @@ Oracles, none of them the solver's own earlier output:
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
+from sensitivity_oracle import brute_sensitivity_squared
 from typer.testing import CliRunner
 
 from mfcli.artifact import load_artifact
@@ -64,17 +64,6 @@ def random_feasible(n: int, schema: Participation, rng: np.random.Generator) -> 
     x[st.mask] = 0.0
     x += np.eye(n) * (abs(min(np.linalg.eigvalsh(x).min(), 0.0)) + rng.uniform(0.05, 1.0))
     return st.normalize(x)
-
-
-def brute_sensitivity2(c: np.ndarray, schema: Participation) -> float:
-    """max over patterns and sign vectors of ||C s||^2 (exact here: X is diagonal on every pattern)."""
-    best = 0.0
-    for pattern in schema.patterns(c.shape[1]):
-        for signs in itertools.product((1.0, -1.0), repeat=len(pattern)):
-            v = np.zeros(c.shape[1])
-            v[list(pattern)] = signs
-            best = max(best, float(np.sum((c @ v) ** 2)))
-    return best
 
 
 @pytest.mark.parametrize(("n", "schema"), SCHEMAS)
@@ -136,7 +125,7 @@ def test_sensitivity_exact_against_brute_force(n, schema):
     c = res.factorization.strategy
     k = schema.participations(n)
     expected2 = 1.0 if isinstance(schema, FixedEpoch) else float(k)
-    assert brute_sensitivity2(c, schema) == pytest.approx(expected2, rel=1e-9)
+    assert brute_sensitivity_squared(c, schema) == pytest.approx(expected2, rel=1e-9)
     sens = sensitivity(c, schema)
     assert sens.exact and sens.value**2 == pytest.approx(expected2, rel=1e-9)
     assert res.sensitivity == pytest.approx(math.sqrt(expected2), rel=1e-9)
@@ -236,7 +225,7 @@ def test_cli_optimize_schema_json_artifact_inspect(tmp_path, opts, schema, sens2
     art = load_artifact(out)
     assert art.participation == schema
     c, b = art.factorization.strategy, art.factorization.decoder
-    assert brute_sensitivity2(c, schema) == pytest.approx(sens2, rel=1e-9)
+    assert brute_sensitivity_squared(c, schema) == pytest.approx(sens2, rel=1e-9)
     assert obj["loss"]["total"] == pytest.approx(sens2 * float(np.sum(b * b)), rel=1e-12)
     assert obj["loss"]["mean"] == pytest.approx(obj["loss"]["total"] / 24, rel=1e-12)
     assert art.attrs["solver"]["primal"] == pytest.approx(obj["loss"]["total"], rel=1e-12)
