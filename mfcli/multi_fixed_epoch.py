@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mfcli.pcg import pcg
 from mfcli.solver import Progress, _exp_sum
 
 #: Largest epoch count k handled here (the per-class preconditioner blocks have k(k-1)/2 + 1 rows;
@@ -305,34 +306,14 @@ def _terms(log_range: float) -> int:
 
 
 def _newton_direction(ev: _Eval, terms: int | None) -> tuple[np.ndarray, float, int]:
-    """Preconditioned CG on H d = grad; returns d, the relative Newton decrement and CG steps."""
+    """Preconditioned CG (:func:`mfcli.pcg.pcg`) on H d = grad; returns d, the relative Newton
+    decrement and the CG steps (Hessian products)."""
     hess = _Hessian(ev, terms)
     g = ev.grad
-    d = np.zeros_like(g)
-    r = g.copy()
-    z = hess.precondition(r)
-    p = z.copy()
-    rz = float(np.vdot(r, z))
-    stop = CG_TOL * math.sqrt(max(rz, 0.0))
-    steps = 0
-    for steps in range(1, CG_MAX + 1):  # noqa: B007
-        hp = hess.apply(p)
-        curv = float(np.vdot(p, hp))
-        if curv <= 0 or rz <= 0:
-            break
-        alpha = rz / curv
-        d += alpha * p
-        r -= alpha * hp
-        z = hess.precondition(r)
-        rz_new = float(np.vdot(r, z))
-        if math.sqrt(max(rz_new, 0.0)) <= stop:
-            break
-        p = z + (rz_new / rz) * p
-        rz = rz_new
-    if not d.any():
-        d = hess.precondition(g)
+    res = pcg(hess.apply, hess.precondition, g, rtol=CG_TOL, max_steps=CG_MAX)
+    d = res.solution
     decrement = float(np.vdot(g, d)) / (2.0 * abs(ev.value)) if ev.value else math.inf
-    return d, decrement, steps
+    return d, decrement, res.steps
 
 
 def _step_lengths(lower: np.ndarray, d: np.ndarray) -> np.ndarray:

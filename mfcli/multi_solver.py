@@ -58,6 +58,7 @@ from mfcli.multi_fixed_epoch import DUAL_METHOD
 from mfcli.multi_fixed_epoch import MAX_EPOCHS as FE_MAX_EPOCHS
 from mfcli.multi_fixed_epoch import applicable as fixed_epoch_applicable
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
+from mfcli.pcg import pcg
 from mfcli.solver import Progress, _blas_threads, auto_threads, decoder_for
 
 #: L-BFGS history length (pairs of n x n matrices), capped by MEMORY_BYTES. Measured at n = 256
@@ -502,7 +503,8 @@ def _newton_direction(
     projected Hessian P H P with the preconditioner P H^-1 P (positive definite on the feasible
     directions) handles the constraints exactly, which the same inverse used as an L-BFGS initial
     Hessian does not (the projection wrecks its scale direction). The CG tolerance shrinks with the
-    certified gap (superlinear local convergence); a non-positive curvature stops CG early."""
+    certified gap (superlinear local convergence); a non-positive curvature stops CG early
+    (:func:`mfcli.pcg.pcg`, which falls back to -P H^-1 P g if it stops before its first step)."""
     import scipy.linalg
 
     lam, u = scipy.linalg.eigh(lower.T @ m @ lower, check_finite=False, overwrite_a=True)
@@ -518,30 +520,7 @@ def _newton_direction(
     def precond(r: np.ndarray) -> np.ndarray:
         return st.tangent(v @ ((v.T @ r @ v) / den) @ v.T)
 
-    eta = min(0.5, math.sqrt(max(gap, 0.0)))
-    d = np.zeros_like(g)
-    r = -g
-    z = precond(r)
-    p = z.copy()
-    rz = float(np.vdot(r, z))
-    stop = eta * math.sqrt(max(rz, 0.0))
-    for _ in range(NEWTON_CG):
-        hp = hess(p)
-        curv = float(np.vdot(p, hp))
-        if curv <= 0 or rz <= 0:
-            break
-        alpha = rz / curv
-        d += alpha * p
-        r = r - alpha * hp
-        z = precond(r)
-        rz_new = float(np.vdot(r, z))
-        if math.sqrt(max(rz_new, 0.0)) <= stop:
-            break
-        p = z + (rz_new / rz) * p
-        rz = rz_new
-    if not d.any():
-        d = -precond(g)
-    return d
+    return pcg(hess, precond, -g, rtol=min(0.5, math.sqrt(max(gap, 0.0))), max_steps=NEWTON_CG).solution
 
 
 def _two_loop(
