@@ -22,7 +22,8 @@ import numpy as np
 
 #: Why :func:`pcg` stopped: ``"converged"`` the preconditioned residual norm reached ``rtol`` times
 #: the initial one; ``"curvature"`` <p, A p> was not positive (or not a number); ``"breakdown"``
-#: <r, M r> was negative (M not positive definite on the residual); ``"max_steps"`` the cap.
+#: <r, M r> was negative (M not positive definite on the residual); ``"max_steps"`` the cap (the
+#: residual after the last allowed step is not computed: it could only change this label).
 Stop = Literal["converged", "curvature", "breakdown", "max_steps"]
 
 
