@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from scipy import optimize, stats
+from accounting_oracles import gaussian_epsilon
 from typer.testing import CliRunner
 
 from mfcli.accounting.session import (
@@ -42,16 +41,6 @@ from mfcli.workloads import momentum_workload
 
 runner = CliRunner()
 DELTA = 1e-6
-
-
-def analytic_gaussian_epsilon(sens: float, sigma: float, delta: float = DELTA) -> float:
-    """Balle-Wang: the epsilon with Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta."""
-    mu = sens / sigma
-
-    def excess(eps: float) -> float:
-        return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu) - delta
-
-    return optimize.brentq(excess, 0.0, 200.0, xtol=1e-14, rtol=1e-13)
 
 
 def pld_epsilon(sens: float, sigma: float, delta: float = DELTA) -> float:
@@ -96,7 +85,7 @@ def test_single_pass_epsilon_is_the_streamed_operators(artifacts, which, operato
     sens = stream_sensitivity(path)
     assert out["sensitivity"] == pytest.approx(sens, rel=1e-9)
     eps = out["settings"]["single-pass"]["epsilon"]
-    assert eps == pytest.approx(analytic_gaussian_epsilon(sens, sigma), rel=1e-8)
+    assert eps == pytest.approx(gaussian_epsilon(sens, sigma), rel=1e-8)
     assert eps == pytest.approx(pld_epsilon(sens, sigma), rel=2e-3)
 
 
@@ -108,7 +97,7 @@ def test_compressed_is_accounted_with_its_larger_sensitivity(artifacts):
     assert dense["sensitivity"] == pytest.approx(stream_sensitivity(artifacts["compressed"], "dense"), rel=1e-9)
     assert comp["sensitivity"] != pytest.approx(dense["sensitivity"], rel=1e-6)
     assert comp["settings"]["single-pass"]["epsilon"] == pytest.approx(
-        analytic_gaussian_epsilon(stream_sensitivity(artifacts["compressed"]), 1.0), rel=1e-8
+        gaussian_epsilon(stream_sensitivity(artifacts["compressed"]), 1.0), rel=1e-8
     )
 
 
@@ -119,7 +108,7 @@ def test_shipped_momentum_band4_rank2_example(tmp_path):
     got = _json(str(out), "--sigma", "1")
     sens = stream_sensitivity(out)
     assert sens == pytest.approx(1.0532, abs=1e-4)
-    assert got["settings"]["single-pass"]["epsilon"] == pytest.approx(analytic_gaussian_epsilon(sens, 1.0), rel=1e-8)
+    assert got["settings"]["single-pass"]["epsilon"] == pytest.approx(gaussian_epsilon(sens, 1.0), rel=1e-8)
     assert got["settings"]["single-pass"]["epsilon"] == pytest.approx(5.184, abs=1e-3)
     dense = _json(str(out), "--sigma", "1", "--operator", "dense")
     assert dense["settings"]["single-pass"]["epsilon"] == pytest.approx(4.887, abs=1e-3)
@@ -175,9 +164,9 @@ def test_calibration_uses_the_streamed_operator(artifacts):
     out = _json(str(path), "--epsilon", "2", "--setting", "single-pass")
     sigma = out["calibration"]["sigma"]
     sens = stream_sensitivity(path)
-    assert analytic_gaussian_epsilon(sens, sigma) <= 2.0 + 1e-9
+    assert gaussian_epsilon(sens, sigma) <= 2.0 + 1e-9
     lo = out["calibration"]["sigma_bracket"][0]
-    assert analytic_gaussian_epsilon(sens, lo) >= 2.0 - 1e-9
+    assert gaussian_epsilon(sens, lo) >= 2.0 - 1e-9
 
 
 def test_write_records_the_operator_and_its_hash(artifacts, tmp_path):
@@ -203,7 +192,7 @@ def test_write_records_the_operator_and_its_hash(artifacts, tmp_path):
         ).hexdigest())
         assert attrs["strategy_sha256"] == expected
         assert attrs["epsilon_single_pass"] == pytest.approx(
-            analytic_gaussian_epsilon(stream_sensitivity(path, operator), 1.0), rel=1e-8
+            gaussian_epsilon(stream_sensitivity(path, operator), 1.0), rel=1e-8
         )
 
 
@@ -216,7 +205,7 @@ def test_subprocess_end_to_end(artifacts):
     out = json.loads(res.stdout)
     assert out["operator"] == "compressed (band 3, rank 1)"
     assert out["settings"]["single-pass"]["epsilon"] == pytest.approx(
-        analytic_gaussian_epsilon(stream_sensitivity(artifacts["compressed"]), 1.5), rel=1e-8
+        gaussian_epsilon(stream_sensitivity(artifacts["compressed"]), 1.5), rel=1e-8
     )
 
 

@@ -8,27 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from accounting_oracles import banded, sqrt_toeplitz, unit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfcli.accounting import banded_poisson as B
 from mfcli.accounting import mmcc as M
 from mfcli.errors import MfcliError
-
-
-def sqrt_toeplitz(n: int) -> np.ndarray:
-    c = np.array([math.comb(2 * k, k) / 4**k for k in range(n)])
-    i = np.arange(n)
-    d = i[:, None] - i[None, :]
-    return np.where(d >= 0, c[np.clip(d, 0, None)], 0.0)
-
-
-def banded(n: int, b: int) -> np.ndarray:
-    return np.tril(np.triu(sqrt_toeplitz(n), -(b - 1)))
-
-
-def unit(c: np.ndarray) -> np.ndarray:
-    return c / np.sqrt((c**2).sum(axis=0)).max()
 
 
 def brute_log_l(y: np.ndarray, c: np.ndarray, p: float, sigma: float) -> np.ndarray:

@@ -3,11 +3,11 @@
 against brute force and Monte Carlo, rounding always upward, dp-accounting's own composition)."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
+from accounting_oracles import banded, bernoulli_sum_law, sqrt_toeplitz, unit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -15,22 +15,6 @@ from scipy import stats
 from mfcli.accounting import mmcc as M
 from mfcli.accounting.single_pass import dpsgd, gaussian_epsilon
 from mfcli.errors import MfcliError
-
-
-def sqrt_toeplitz(n: int) -> np.ndarray:
-    """Independent oracle: S^1/2 from the closed form binom(2k, k) / 4^k."""
-    c = np.array([math.comb(2 * k, k) / 4**k for k in range(n)])
-    i = np.arange(n)
-    d = i[:, None] - i[None, :]
-    return np.where(d >= 0, c[np.clip(d, 0, None)], 0.0)
-
-
-def banded(n: int, b: int) -> np.ndarray:
-    return np.tril(np.triu(sqrt_toeplitz(n), -(b - 1)))
-
-
-def unit(c: np.ndarray) -> np.ndarray:
-    return c / np.sqrt((c**2).sum(axis=0)).max()
 
 
 def tree(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -162,20 +146,11 @@ def test_p_one_is_full_participation() -> None:
 # Step 1: the tail events
 
 
-def _brute_w(weights: np.ndarray, p: float) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for bits in itertools.product((0, 1), repeat=weights.size):
-        b = np.array(bits)
-        w = int(weights @ b)
-        out[w] = out.get(w, 0.0) + p ** b.sum() * (1 - p) ** (b.size - b.sum())
-    return out
-
-
 @pytest.mark.parametrize("weights,p", [([1, 2, 2, 3], 0.3), ([5, 1, 1, 1, 4, 2, 7], 0.1), ([3] * 9, 0.5)])
 def test_w_law_matches_enumeration(weights, p) -> None:
     w = np.array(weights)
     counts = np.bincount(w, minlength=w.max() + 1)[None, :]
-    brute = _brute_w(w, p)
+    brute = bernoulli_sum_law(w, p)
     cap = int(w.sum()) + 1
     pmf, ov = M.w_law(counts, p, cap)
     for x, prob in brute.items():
@@ -274,10 +249,7 @@ def test_row_mixture_matches_enumeration(w, q) -> None:
     w = np.array(w)
     q = np.array(q[: w.size])
     support, probs, eta = M.row_mixture(w, q, cut=0.0)
-    brute: dict[int, float] = {}
-    for bits in itertools.product((0, 1), repeat=w.size):
-        b = np.array(bits)
-        brute[int(w @ b)] = brute.get(int(w @ b), 0.0) + float(np.prod(np.where(b == 1, q, 1 - q)))
+    brute = bernoulli_sum_law(w, q)
     assert eta == 0.0
     assert dict(zip(support.tolist(), probs.tolist(), strict=True)) == pytest.approx(brute, rel=1e-10)
 
@@ -305,11 +277,7 @@ def test_rounded_rows_dominate_exact_rows() -> None:
     support, probs, _ = M.row_mixture(k, q, cut=0.0)
     grid = np.linspace(0, row.sum() + 0.1, 400)
     rounded_cdf = np.array([probs[support / 50 <= t].sum() for t in grid])
-    exact: dict[float, float] = {}
-    for bits in itertools.product((0, 1), repeat=5):
-        b = np.array(bits)
-        s = float(row @ b)
-        exact[s] = exact.get(s, 0.0) + float(np.prod(np.where(b == 1, q, 1 - q)))
+    exact = bernoulli_sum_law(row, q)
     exact_cdf = np.array([sum(v for s, v in exact.items() if s <= t) for t in grid])
     assert np.all(rounded_cdf <= exact_cdf + 1e-12)
 

@@ -9,31 +9,11 @@ import math
 
 import numpy as np
 import pytest
+from accounting_oracles import bernoulli_sum_law, sqrt_toeplitz, unit
 
 from mfcli.accounting import mmcc as M
 from mfcli.accounting import mmcc_lower as ML
 from mfcli.errors import MfcliError
-
-
-def sqrt_toeplitz(n: int) -> np.ndarray:
-    c = np.array([math.comb(2 * k, k) / 4**k for k in range(n)])
-    i = np.arange(n)
-    d = i[:, None] - i[None, :]
-    return np.where(d >= 0, c[np.clip(d, 0, None)], 0.0)
-
-
-def unit(c: np.ndarray) -> np.ndarray:
-    return c / np.sqrt((c**2).sum(axis=0)).max()
-
-
-def enumerate_sum(weights: np.ndarray, probs: np.ndarray) -> dict[float, float]:
-    """Law of sum_j weights_j B_j, B_j ~ Bernoulli(probs_j), over all 2^k patterns."""
-    law: dict[float, float] = {}
-    for bits in itertools.product((0, 1), repeat=len(weights)):
-        b = np.array(bits)
-        s = float(weights @ b)
-        law[s] = law.get(s, 0.0) + float(np.prod(np.where(b == 1, probs, 1 - probs)))
-    return law
 
 
 def cdf(law: dict[float, float], t: np.ndarray) -> np.ndarray:
@@ -56,7 +36,7 @@ def test_fine_then_coarse_row_dominates_exact_row(row, q, m, r) -> None:
     assert eta == 0.0
     sup, pr = M.coarsen_up(support, probs, r)
     assert pr.sum() == pytest.approx(1.0) and np.all(np.diff(sup) > 0)
-    exact = enumerate_sum(row, q)
+    exact = bernoulli_sum_law(row, q)
     grid = np.linspace(-0.01, row.sum() + 0.2, 500)
     coarse_cdf = np.array([pr[sup / m <= t].sum() for t in grid])
     assert np.all(coarse_cdf <= cdf(exact, grid) + 1e-12)
@@ -85,12 +65,12 @@ def test_mean_law_rounds_down(weights, p, res) -> None:
     """The statistic's mean law: stochastically smaller than the exact one, exact when the weights
     lie on the grid."""
     sup, pr = ML.mean_law(weights, p, res)
-    exact = enumerate_sum(weights, np.full(weights.size, p))
+    exact = bernoulli_sum_law(weights, np.full(weights.size, p))
     grid = np.linspace(-0.01, weights.sum() + 0.1, 400)
     mine = np.array([pr[sup / res <= t].sum() for t in grid])
     assert np.all(mine >= cdf(exact, grid) - 1e-12)
     on_grid = np.floor(weights * res) / res
-    exact_on = enumerate_sum(on_grid, np.full(weights.size, p))
+    exact_on = bernoulli_sum_law(on_grid, np.full(weights.size, p))
     assert np.allclose(mine, cdf(exact_on, grid), atol=1e-12)
 
 

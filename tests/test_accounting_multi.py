@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from scipy import optimize, stats
+from accounting_oracles import dpsgd_epsilon, gaussian_epsilon
 from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
@@ -26,27 +26,6 @@ from mfcli.participation import FixedEpoch, MinSeparation, Participation
 runner = CliRunner()
 DELTA = 1e-6
 UNIT = np.array([[1, 0, 0, 0], [2, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, -6]], dtype=float)
-
-
-def gaussian_epsilon(sens: float, sigma: float, delta: float = DELTA) -> float:
-    """Balle-Wang: the epsilon with Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta."""
-    mu = sens / sigma
-
-    def excess(eps: float) -> float:
-        return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu) - delta
-
-    return optimize.brentq(excess, 0.0, 500.0, xtol=1e-13, rtol=1e-13)
-
-
-def dpsgd_epsilon(noise: float, p: float, steps: int, *, rdp: bool = False) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting import rdp as rdp_lib
-    from dp_accounting.pld import pld_privacy_accountant
-
-    ev = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(noise)), steps)
-    acc = rdp_lib.RdpAccountant() if rdp else pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(ev)
-    return float(acc.get_epsilon(DELTA))
 
 
 def banded(n: int, bands: int, seed: int = 0) -> np.ndarray:

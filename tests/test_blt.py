@@ -3,13 +3,14 @@
 participation patterns and sign vectors, closed forms, finite differences, the dense optimum."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sensitivity_oracle import brute_sensitivity
+from structured_oracles import blt_dense, toeplitz_dense
 
 from mfcli.blt import (
     BltNoiseStream,
@@ -36,30 +37,14 @@ BLTS = [
 ]
 
 
-def dense(c: np.ndarray) -> np.ndarray:
-    n = c.shape[0]
-    i, j = np.indices((n, n))
-    return np.where(i >= j, c[np.clip(i - j, 0, None)], 0.0)
-
-
-def dense_c(blt: BufferedToeplitz, n: int) -> np.ndarray:
-    """C built entry by entry from the definition, not from strategy_coefs."""
-    out = np.zeros((n, n))
-    for i in range(n):
-        out[i, i] = 1.0
-        for j in range(i):
-            out[i, j] = sum(w * th ** (i - j - 1) for th, w in zip(blt.theta, blt.omega, strict=True))
-    return out
-
-
 @pytest.mark.parametrize(("theta", "omega"), BLTS)
 @pytest.mark.parametrize("n", [1, 2, 7, 40])
 def test_coefficients_match_dense_inverse(theta, omega, n):
     blt = BufferedToeplitz(theta=theta, omega=omega)
-    c = dense_c(blt, n)
-    np.testing.assert_allclose(dense(blt.strategy_coefs(n)), c, rtol=0, atol=1e-14)
+    c = blt_dense(blt.theta, blt.omega, n)
+    np.testing.assert_allclose(toeplitz_dense(blt.strategy_coefs(n)), c, rtol=0, atol=1e-14)
     cinv = np.linalg.inv(c)
-    np.testing.assert_allclose(dense(blt.noising_coefs(n)), cinv, rtol=0, atol=1e-11 * np.abs(cinv).max())
+    np.testing.assert_allclose(toeplitz_dense(blt.noising_coefs(n)), cinv, rtol=0, atol=1e-11 * np.abs(cinv).max())
     if np.all(blt.omega > 0):  # C^-1 is a real BLT; the inverse of the inverse is C again
         np.testing.assert_allclose(blt.inverse().inverse().strategy_coefs(n), blt.strategy_coefs(n), atol=1e-11)
     else:  # this one's C^-1 has complex decays: noising_coefs still work, inverse() refuses
@@ -81,7 +66,8 @@ def test_inverse_refuses_unstable_decays():
     blt = BufferedToeplitz(theta=[0.0, 0.5], omega=[1.0, -1.0])
     with pytest.raises(MfcliError, match=r"outside \(-1, 1\)"):
         blt.inverse()
-    np.testing.assert_allclose(dense(blt.noising_coefs(6)), np.linalg.inv(dense_c(blt, 6)), atol=1e-12)
+    np.testing.assert_allclose(toeplitz_dense(blt.noising_coefs(6)), np.linalg.inv(blt_dense(blt.theta, blt.omega, 6)),
+                               atol=1e-12)
 
 
 @pytest.mark.parametrize("n", [1, 2, 10, 1000, 10_000])
@@ -92,18 +78,6 @@ def test_single_sensitivity_closed_form_equals_column_norm(n):
     assert blt.sensitivity_squared_single(n) == pytest.approx(direct * direct, rel=1e-12)
     s = blt.sensitivity(n)
     assert s.exact and s.value == pytest.approx(direct, rel=1e-12)
-
-
-def _brute_sign_max(c: np.ndarray, patterns) -> float:
-    """max over patterns P and sign vectors s of ||C s_P||^2 (d = 1 adjacent pairs)."""
-    cm = dense(c)
-    best = 0.0
-    for p in patterns:
-        cols = cm[:, list(p)]
-        for signs in itertools.product((1.0, -1.0), repeat=len(p)):
-            y = cols @ np.array(signs)
-            best = max(best, float(y @ y))
-    return best
 
 
 SCHEMAS = [
@@ -123,8 +97,8 @@ def test_sensitivity_against_brute_force_and_dense(theta, omega, schema):
     blt = BufferedToeplitz(theta=theta, omega=omega)
     c = blt.strategy_coefs(n)
     s = blt.sensitivity(n, schema)
-    brute = math.sqrt(_brute_sign_max(c, schema.patterns(n)))
-    ref = sensitivity(dense_c(blt, n), schema)
+    brute = brute_sensitivity(toeplitz_dense(c), schema)
+    ref = sensitivity(blt_dense(blt.theta, blt.omega, n), schema)
     assert s.lower <= s.value * (1 + 1e-12)
     assert s.lower <= brute * (1 + 1e-12)          # the witness is a real adjacent pair
     assert s.value >= ref.lower * (1 - 1e-12)       # never below a value that is attained
@@ -142,11 +116,11 @@ def test_min_sep_bound_for_increasing_start_is_an_upper_bound():
     for sep in (2, 3, 4):
         schema = MinSeparation(separation=sep)
         s = blt.sensitivity(n, schema)
-        assert s.value >= math.sqrt(_brute_sign_max(blt.strategy_coefs(n), schema.patterns(n))) * (1 - 1e-12)
+        assert s.value >= brute_sensitivity(toeplitz_dense(blt.strategy_coefs(n)), schema) * (1 - 1e-12)
 
 
 def _dense_losses(blt, n, a, schema):
-    c = dense_c(blt, n)
+    c = blt_dense(blt.theta, blt.omega, n)
     b = a @ np.linalg.inv(c)
     err = np.einsum("ij,ij->i", b, b)
     sens2 = sensitivity(c, schema).value ** 2
@@ -166,7 +140,7 @@ def test_losses_against_dense_algebra(theta, omega, workload, schema):
     np.testing.assert_allclose(blt.per_step_error(n, workload, beta=beta), err, rtol=1e-10)
     if not blt.sensitivity(n, schema).exact:  # c_1 > c_0 under min-sep: an upper bound on sens
         ours = blt.sensitivity(n, schema).value ** 2
-        assert ours >= sensitivity(dense_c(blt, n), schema).value ** 2 * (1 - 1e-12)
+        assert ours >= sensitivity(blt_dense(blt.theta, blt.omega, n), schema).value ** 2 * (1 - 1e-12)
         max_loss, mean_loss = ours * err.max(), ours * err.mean()
     assert blt.loss(n, workload=workload, beta=beta, error="max", schema=schema) == pytest.approx(max_loss, rel=1e-10)
     assert blt.loss(n, workload=workload, beta=beta, error="mean", schema=schema) == pytest.approx(mean_loss, rel=1e-10)
@@ -327,7 +301,7 @@ def test_stream_matches_dense_noise(theta, omega, dtype):
     stream = blt.gradient_stream(n=n, seed=3, d=d, dtype=dtype)
     rows = np.stack([stream.next() for _ in range(n)])
     z = noise_matrix(3, n, d, dtype).astype(np.float64)
-    expect = np.linalg.solve(dense_c(blt, n), z)
+    expect = np.linalg.solve(blt_dense(blt.theta, blt.omega, n), z)
     tol = 1e-12 if dtype == "float64" else 1e-5
     np.testing.assert_allclose(rows, expect, rtol=0, atol=tol * np.abs(expect).max())
     assert stream.memory_floats == (blt.buffers + 2) * d

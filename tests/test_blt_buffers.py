@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from structured_oracles import blt_dense
 
 from mfcli.blt import BufferedToeplitz, optimize_blt
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
@@ -18,18 +19,10 @@ SCHEMAS = {"single": SingleParticipation(), "fixed": FixedEpoch(epochs=2), "fixe
            "minsep": MinSeparation(separation=12)}
 
 
-def _dense_c(blt: BufferedToeplitz, n: int) -> np.ndarray:
-    out = np.eye(n)
-    for i in range(n):
-        for j in range(i):
-            out[i, j] = sum(w * th ** (i - j - 1) for th, w in zip(blt.theta, blt.omega, strict=True))
-    return out
-
-
 def _dense_mean_loss(blt: BufferedToeplitz, n: int, workload: str, schema) -> tuple[float, float]:
     """(sens^2 * mean error, sens^2) by dense algebra."""
     a = prefix_workload(n).matrix if workload == "prefix" else momentum_workload(n, beta=0.9).matrix
-    c = _dense_c(blt, n)
+    c = blt_dense(blt.theta, blt.omega, n)
     b = a @ np.linalg.inv(c)
     sens2 = sensitivity(c, schema).value ** 2
     return sens2 * float(np.einsum("ij,ij->i", b, b).mean()), sens2

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import optimize, stats
+from accounting_oracles import dpsgd_epsilon, gaussian_epsilon
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
@@ -19,22 +19,6 @@ from mfcli.workloads import prefix_workload
 
 runner = CliRunner()
 DELTA = 1e-6
-
-
-def gaussian_epsilon(mu: float, delta: float = DELTA) -> float:
-    def excess(eps: float) -> float:
-        return stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu) - delta
-
-    return optimize.brentq(excess, 0.0, 500.0, xtol=1e-13, rtol=1e-13)
-
-
-def dpsgd_epsilon(noise: float, p: float, steps: int) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(noise)), steps))
-    return float(acc.get_epsilon(DELTA))
 
 
 def compare_json(*args: str) -> dict:

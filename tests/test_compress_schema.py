@@ -5,13 +5,13 @@ pattern and sign vector at n = 8 (a lower bound on the sensitivity that equals i
 library says exact)."""
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
 from mfcli.artifact import load_artifact
@@ -32,17 +32,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         r = runner.invoke(app, ["optimize", *args, "--out", str(path), "--quiet"])
         assert r.exit_code == 0, r.stderr
     return out
-
-
-def brute_force(c: np.ndarray, schema: Participation) -> float:
-    """max over patterns P and signs s of ||C[:, P] s||: the sensitivity for one-dimensional
-    gradients, a lower bound in general and the sensitivity when the library reports exact."""
-    best = 0.0
-    for pattern in schema.patterns(c.shape[1]):
-        cols = c[:, list(pattern)]
-        for signs in itertools.product((1.0, -1.0), repeat=len(pattern)):
-            best = max(best, float(np.linalg.norm(cols @ np.asarray(signs))))
-    return best
 
 
 CASES = [
@@ -70,7 +59,7 @@ def test_compressed_artifact_stores_its_schema_sensitivity(
     with h5py.File(out, "r") as f:
         attrs = dict(f[GROUP].attrs)
     stored, exact = float(attrs["schema_sensitivity"]), bool(attrs["schema_sensitivity_exact"])
-    witness = brute_force(c_hat, schema)
+    witness = brute_sensitivity(c_hat, schema)
     assert stored >= witness * (1 - 1e-9)  # an upper bound on the sensitivity
     assert float(attrs["schema_sensitivity_lower"]) <= witness * (1 + 1e-9)
     if exact:

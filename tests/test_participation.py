@@ -2,7 +2,6 @@
 sign vector (n <= 10), closed forms, and explicit vector-valued adjacent pairs."""
 from __future__ import annotations
 
-import itertools
 import json
 import math
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sensitivity_oracle import brute_sensitivity_squared, schema_patterns
 
 import mfcli
 import mfcli.participation as part
@@ -23,28 +23,6 @@ from mfcli.participation import (
 )
 
 UNIT_C = np.array([[1, 0, 0, 0], [2, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, -6]], dtype=float)
-
-
-def brute_force_squared(c: np.ndarray, patterns: list[tuple[int, ...]]) -> float:
-    """max over the patterns P and the sign vectors s on P of ||C s||^2, straight from C (not C^T C)."""
-    best = 0.0
-    for p in patterns:
-        cols = c[:, list(p)]
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(p))))
-        best = max(best, float(np.max(np.sum((signs @ cols.T) ** 2, axis=1))))
-    return best
-
-
-def valid_patterns(n: int, schema: part.Participation) -> list[tuple[int, ...]]:
-    """The patterns from the schema's definition, independently of ``schema.patterns``."""
-    if isinstance(schema, SingleParticipation):
-        return [(i,) for i in range(n)]
-    if isinstance(schema, FixedEpoch):
-        b = n // schema.epochs
-        return [tuple(i + e * b for e in range(schema.epochs)) for i in range(b)]
-    k = schema.max_participations or n
-    return [p for size in range(1, k + 1) for p in itertools.combinations(range(n), size)
-            if all(q - r >= schema.separation for r, q in itertools.pairwise(p))]
 
 
 @st.composite
@@ -65,8 +43,7 @@ def cases(draw: st.DrawFn, *, nonnegative: bool = False) -> tuple[np.ndarray, pa
 
 
 def check_against_brute_force(c: np.ndarray, schema: part.Participation) -> part.Sensitivity:
-    n = c.shape[1]
-    truth_d1 = brute_force_squared(c, valid_patterns(n, schema))
+    truth_d1 = brute_sensitivity_squared(c, schema)
     res = sensitivity(c, schema)
     tol = 1e-9 * max(1.0, truth_d1)
     assert res.schema == schema
@@ -122,7 +99,7 @@ def test_no_bound_is_below_an_explicit_vector_valued_pair(n: int, data: st.DataO
                                         FixedEpoch(epochs=max(k for k in (1, 2, n) if n % k == 0))]))
     res = sensitivity(c, schema)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    for p in valid_patterns(n, schema)[:50]:
+    for p in schema_patterns(n, schema)[:50]:
         g = np.zeros((n, 3))
         g[list(p)] = rng.standard_normal((len(p), 3))
         g[list(p)] /= np.linalg.norm(g[list(p)], axis=1, keepdims=True)
@@ -136,7 +113,7 @@ def test_sign_vectors_are_not_the_sensitivity_of_vector_gradients() -> None:
     w, v = np.linalg.eigh(x)
     c = (v * np.sqrt(np.clip(w, 0, None))).T
     assert np.allclose(c.T @ c, x)
-    assert brute_force_squared(c, [(0, 1, 2)]) == pytest.approx(4.0)
+    assert brute_sensitivity_squared(c, FixedEpoch(epochs=3)) == pytest.approx(4.0)
     angles = 2 * np.pi * np.arange(3) / 3
     g = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # three unit vectors in R^2
     assert np.sum((c @ g) ** 2) == pytest.approx(4.5)
@@ -180,7 +157,7 @@ def test_fixed_epoch_orthogonal_epochs_closed_form(b: int, k: int, seed: int) ->
     closed = max(sum(col2[j + e * b] for e in range(k)) for j in range(b))
     res = sensitivity(c, FixedEpoch(epochs=k))
     assert res.exact and res.value**2 == pytest.approx(closed, rel=1e-12)
-    assert brute_force_squared(c, valid_patterns(b * k, FixedEpoch(epochs=k))) == pytest.approx(closed, rel=1e-12)
+    assert brute_sensitivity_squared(c, FixedEpoch(epochs=k)) == pytest.approx(closed, rel=1e-12)
 
 
 @pytest.mark.parametrize(("n", "b", "k", "expected"), [(10, 3, None, 4), (10, 3, 2, 2), (10, 10, None, 1), (7, 1, None, 7)])
@@ -196,7 +173,7 @@ def test_prefix_sum_fixed_epoch_closed_form(n: int, k: int) -> None:
     c = np.tril(np.ones((n, n)))
     b = n // k
     closed = b * k * (k + 1) * (2 * k + 1) / 6
-    assert brute_force_squared(c, valid_patterns(n, FixedEpoch(epochs=k))) == pytest.approx(closed, rel=1e-12)
+    assert brute_sensitivity_squared(c, FixedEpoch(epochs=k)) == pytest.approx(closed, rel=1e-12)
     res = sensitivity(c, FixedEpoch(epochs=k))
     assert res.value**2 == pytest.approx(closed, rel=1e-12) and res.exact
 
@@ -291,7 +268,7 @@ def test_patterns_match_the_definition(n: int) -> None:
                                          MinSeparation(separation=min(3, n), max_participations=2)]
     schemas += [FixedEpoch(epochs=k) for k in range(1, n + 1) if n % k == 0]
     for schema in schemas:
-        assert sorted(schema.patterns(n)) == sorted(valid_patterns(n, schema))
+        assert sorted(schema.patterns(n)) == sorted(schema_patterns(n, schema))
         assert max(len(p) for p in schema.patterns(n)) == schema.participations(n)
 
 
@@ -320,7 +297,7 @@ def test_dynamic_programs_equal_their_definitions(n: int, b: int, k: int) -> Non
     force: the best separated sum, and the row values r_i."""
     rng = np.random.default_rng(1000 * n + 10 * b + k)
     schema = MinSeparation(separation=b, max_participations=k)
-    pats = valid_patterns(n, schema)
+    pats = schema_patterns(n, schema)
     values = rng.exponential(size=n) * (rng.random(n) < 0.8)
     best, chosen = part._separated_max(values, b, schema.participations(n))
     assert best == pytest.approx(max(values[list(p)].sum() for p in pats), abs=1e-12)

@@ -10,7 +10,6 @@ sens = sqrt(k)).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from sensitivity_oracle import brute_bounds_squared
 from typer.testing import CliRunner
 
 from mfcli import artifact as artifact_module
@@ -32,20 +32,6 @@ from mfcli.strategies import build_strategy
 from mfcli.workloads import momentum_workload, prefix_workload
 
 runner = CliRunner()
-
-
-def brute_force(c: np.ndarray, schema: Participation) -> tuple[float, float]:
-    """(lower, upper) bounds on the squared sensitivity by enumeration: the best sign vector on
-    any pattern, and the largest sum of |C^T C| over a pattern. Equal when the bound is exact."""
-    x = c.T @ c
-    lower = upper = 0.0
-    for pattern in schema.patterns(c.shape[1]):
-        block = x[np.ix_(pattern, pattern)]
-        upper = max(upper, float(np.abs(block).sum()))
-        for signs in itertools.product((1.0, -1.0), repeat=len(pattern)):
-            s = np.array(signs)
-            lower = max(lower, float(s @ block @ s))
-    return lower, upper
 
 
 def one_error_line(stderr: str, *needles: str) -> None:
@@ -167,7 +153,7 @@ def test_inspect_shows_exact_sensitivity_and_losses_under_the_schema(tmp_path: P
     schema = FixedEpoch(epochs=2)
     path = tmp_path / "a.h5"
     save_artifact(path, fact, workload_name="prefix", strategy_name="sqrt", participation=schema)
-    lower, upper = brute_force(fact.strategy, schema)
+    lower, upper = brute_bounds_squared(fact.strategy, schema)
     assert lower == pytest.approx(upper, rel=1e-12)  # C^T C >= 0 for sqrt: attained
     frob = float(np.sum(fact.decoder**2))
     r = runner.invoke(app, ["inspect", str(path), "--json"])
@@ -193,7 +179,7 @@ def test_inspect_labels_an_upper_bound_and_rounds_it_up(tmp_path: Path) -> None:
     schema = FixedEpoch(epochs=3)
     path = tmp_path / "a.h5"
     save_artifact(path, fact, workload_name="custom", strategy_name="custom", participation=schema)
-    lower, upper = brute_force(fact.strategy, schema)
+    lower, upper = brute_bounds_squared(fact.strategy, schema)
     assert upper == pytest.approx(5.4) and lower < upper - 0.1
     r = runner.invoke(app, ["inspect", str(path), "--json"])
     assert r.exit_code == 0, r.stderr
@@ -246,7 +232,7 @@ def test_compare_under_a_schema(args: list[str], schema: Participation, workload
         f = build_strategy(name, w).factorization
         c, b = np.asarray(f.strategy), np.asarray(f.decoder)
         row = rows[name]
-        lower, upper = brute_force(c, schema)
+        lower, upper = brute_bounds_squared(c, schema)
         sens2 = row["sensitivity"] ** 2
         assert lower * (1 - 1e-9) <= sens2 <= upper * (1 + 1e-9), (name, lower, sens2, upper)
         assert row["sensitivity"] == pytest.approx(sensitivity(c, schema).value, rel=1e-12)
@@ -295,7 +281,7 @@ def test_compare_marks_upper_bounds(tmp_path: Path) -> None:
     path = tmp_path / "u.h5"
     fact = upper_bound_factorization()
     save_artifact(path, fact, workload_name="custom", strategy_name="custom")
-    lower, upper = brute_force(fact.strategy, FixedEpoch(epochs=3))
+    lower, upper = brute_bounds_squared(fact.strategy, FixedEpoch(epochs=3))
     assert upper == pytest.approx(5.4) and lower == pytest.approx(3.8)
     base = ["compare", "-w", "custom", "--matrix", str(path), "-q", "-s", "identity", "--artifact", str(path),
             "--epochs", "3"]
@@ -385,7 +371,7 @@ def test_account_uses_the_declared_schema_and_refuses_another(schema: Participat
     assert r.exit_code == 0, r.stderr
     row = json.loads(r.stdout)["settings"]["deterministic"]
     assert set(json.loads(r.stdout)["settings"]) == {"deterministic"}
-    _, brute = brute_force(factorization("sqrt").strategy, schema)
+    _, brute = brute_bounds_squared(factorization("sqrt").strategy, schema)
     assert row["sensitivity"] == pytest.approx(math.sqrt(brute), rel=1e-9)
     assert row["participation"]["kind"] == schema.kind
     other = ["--min-sep", "2"] if isinstance(schema, FixedEpoch) else ["--epochs", "4"]

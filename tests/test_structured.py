@@ -5,6 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from structured_oracles import dense_workload
 
 from mfcli.artifact import load_artifact
 from mfcli.errors import ArtifactError, MfcliError
@@ -18,16 +19,11 @@ from mfcli.structured import (
     save_structured_artifact,
 )
 from mfcli.toeplitz import BandedToeplitz, materialize, optimize_banded_toeplitz, toeplitz_workload
-from mfcli.workloads import momentum_workload, prefix_workload
 
 from noise_oracles import philox_z
 
 N = 24
 SEED = 99
-
-
-def dense_a(w, n):
-    return prefix_workload(n).matrix if w.name == "prefix" else momentum_workload(n, beta=w.beta).matrix
 
 
 @pytest.fixture(scope="module", params=[("prefix", SingleParticipation()), ("momentum", MinSeparation(separation=6)),
@@ -48,7 +44,7 @@ def test_artifact_round_trip_recomputes_numbers_against_dense(saved):
     assert isinstance(art, StructuredArtifact)
     assert np.array_equal(art.strategy.coefs, strat.coefs) and art.n == N and art.participation == schema
     c = materialize(strat.coefs, N)
-    a = dense_a(w, N)
+    a = dense_workload(w, N)
     b = a @ np.linalg.inv(c)
     dense = sensitivity(c, schema)
     assert art.schema_sensitivity.value == pytest.approx(dense.value, rel=1e-12)
@@ -92,7 +88,7 @@ def test_select_operator_and_dense_limit(saved, tmp_path):
     op = select_operator(art)
     assert op.variant == "structured" and op.n == N
     fact = op.factorization
-    assert np.allclose(fact.decoder @ fact.strategy, dense_a(w, N), atol=1e-10)
+    assert np.allclose(fact.decoder @ fact.strategy, dense_workload(w, N), atol=1e-10)
     with pytest.raises(MfcliError, match="compressed"):
         select_operator(art, "compressed")
     big = tmp_path / "big.h5"
@@ -110,7 +106,7 @@ def test_noise_stream_matches_dense_operator_and_resumes(saved, kind, dtype, tol
     assert stream.method == "recursion" and stream.variant == "structured"
     assert stream.memory_floats() <= (strat.bands + 3 + 1) * d  # O(b d), independent of n
     c = materialize(strat.coefs, N)
-    m = np.linalg.inv(c) if kind == "gradient" else dense_a(w, N) @ np.linalg.inv(c)
+    m = np.linalg.inv(c) if kind == "gradient" else dense_workload(w, N) @ np.linalg.inv(c)
     expected = m @ philox_z(SEED, N, d, dtype).astype(np.float64)
     state = stream.init()
     rows, saved_state = [], None
@@ -149,7 +145,7 @@ def test_torch_adapter_streams_structured_noise(saved):
     beta = w.beta if w.name == "momentum" else 0.0
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=beta), artifact=path, seed=SEED,
                                    noise_multiplier=sigma, clip_norm=clip)
-    decoder = dense_a(w, N) @ np.linalg.inv(materialize(strat.coefs, N))
+    decoder = dense_workload(w, N) @ np.linalg.inv(materialize(strat.coefs, N))
     want = theta0[None, :] - lr * sigma * clip * (decoder @ philox_z(SEED, N, 8, "float64"))
     for t in range(N):
         for p in net.parameters():

@@ -12,6 +12,7 @@ import math
 import h5py
 import numpy as np
 import pytest
+from accounting_oracles import gaussian_delta
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
@@ -239,12 +240,6 @@ def test_compare_large_n_has_tree_and_identity_without_bands():
 
 # ---------------------------------------------------------------------------------------------
 # 3. compare --bands/--buffers with --epsilon
-
-
-def gaussian_delta(eps, mu):
-    from scipy.stats import norm
-
-    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
 
 
 def test_compare_large_n_equal_privacy_deterministic_is_sens_times_unit_sigma():

@@ -13,6 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from structured_oracles import blt_coefs, blt_dense, dense_workload
 from typer.testing import CliRunner
 
 from mfcli.artifact import dataset_sha256
@@ -28,32 +29,12 @@ from mfcli.structured import (
     save_structured_artifact,
 )
 from mfcli.toeplitz import toeplitz_workload
-from mfcli.workloads import momentum_workload, prefix_workload
 
 from noise_oracles import philox_z
 
 N = 24
 SEED = 7
 runner = CliRunner()
-
-
-def blt_coefs(theta, omega, n):
-    """First column of the BLT C by its definition (independent of mfcli.blt)."""
-    t = np.arange(1, n)
-    c = np.ones(n)
-    c[1:] = sum(om * th ** (t - 1.0) for th, om in zip(theta, omega, strict=True))
-    return c
-
-
-def dense_c(theta, omega, n):
-    c = blt_coefs(theta, omega, n)
-    i = np.arange(n)
-    diff = i[:, None] - i[None, :]
-    return np.where(diff >= 0, c[np.clip(diff, 0, None)], 0.0)
-
-
-def dense_a(w, n):
-    return prefix_workload(n).matrix if w.name == "prefix" else momentum_workload(n, beta=w.beta).matrix
 
 
 @pytest.fixture(scope="module", params=[("prefix", SingleParticipation(), "max"),
@@ -75,8 +56,8 @@ def test_round_trip_recomputes_numbers_against_dense(saved):
     art = load_any_artifact(path)
     assert isinstance(art, StructuredArtifact) and art.kind == "blt"
     assert np.array_equal(art.strategy.theta, blt.theta) and np.array_equal(art.strategy.omega, blt.omega)
-    c = dense_c(blt.theta, blt.omega, N)
-    b = dense_a(w, N) @ np.linalg.inv(c)
+    c = blt_dense(blt.theta, blt.omega, N)
+    b = dense_workload(w, N) @ np.linalg.inv(c)
     dense = sensitivity(c, schema)
     assert art.schema_sensitivity.value == pytest.approx(dense.value, rel=1e-10)
     assert art.schema_sensitivity.value >= dense.value * (1 - 1e-12)  # an upper bound, never below
@@ -97,7 +78,7 @@ def test_rational_form_is_the_inverse_of_c():
 
     x = np.zeros(N)
     x[0] = 1.0
-    inv = np.linalg.inv(dense_c(blt.theta, blt.omega, N))
+    inv = np.linalg.inv(blt_dense(blt.theta, blt.omega, N))
     assert np.allclose(scipy.signal.lfilter(num, den, x), inv[:, 0], atol=1e-12)
     # C(z) = den / num: the impulse response of den / num is c itself, at long horizons too
     x = np.zeros(2000)
@@ -141,8 +122,8 @@ def test_noise_stream_matches_dense_and_resumes(saved, kind, dtype, tol):
     stream = noise_stream(path, kind=kind, d=d, seed=SEED, dtype=dtype)
     assert stream.method == "recursion" and stream.variant == "structured"
     assert stream.memory_floats() <= (2 * blt.buffers + 3 + 1) * d  # O(buffers d), independent of n
-    inv = np.linalg.inv(dense_c(blt.theta, blt.omega, N))
-    m = inv if kind == "gradient" else dense_a(w, N) @ inv
+    inv = np.linalg.inv(blt_dense(blt.theta, blt.omega, N))
+    m = inv if kind == "gradient" else dense_workload(w, N) @ inv
     expected = m @ philox_z(SEED, N, d, dtype).astype(np.float64)
     state = stream.init()
     rows, checkpoint = [], None
@@ -173,7 +154,7 @@ def test_torch_adapter_streams_blt_noise(saved):
     lr, sigma, clip = 0.1, 1.5, 0.5
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=w.beta), artifact=path,
                                    seed=SEED, noise_multiplier=sigma, clip_norm=clip)
-    decoder = dense_a(w, N) @ np.linalg.inv(dense_c(blt.theta, blt.omega, N))
+    decoder = dense_workload(w, N) @ np.linalg.inv(blt_dense(blt.theta, blt.omega, N))
     want = theta0[None, :] - lr * sigma * clip * (decoder @ philox_z(SEED, N, 8, "float64"))
     for t in range(N):
         for p in net.parameters():
@@ -196,7 +177,7 @@ def test_optax_adapter_streams_blt_noise(saved):
     tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
     params = {"w": jnp.zeros(4, dtype=jnp.float32)}
     state = tx.init(params)
-    inv = np.linalg.inv(dense_c(blt.theta, blt.omega, N))
+    inv = np.linalg.inv(blt_dense(blt.theta, blt.omega, N))
     expected = inv @ philox_z(SEED, N, 4, "float32").astype(np.float64)
     for t in range(3):
         updates, state = tx.update({"w": jnp.zeros(4, dtype=jnp.float32)}, state, params)
@@ -218,10 +199,10 @@ def test_cli_optimize_inspect_account_minsep(tmp_path):
     assert r.exit_code == 0, r.output
     js = json.loads(r.stdout)
     assert js["kind"] == "blt" and set(js["parameters"]) == {"theta", "omega"}
-    c = dense_c(js["parameters"]["theta"], js["parameters"]["omega"], 48)
+    c = blt_dense(js["parameters"]["theta"], js["parameters"]["omega"], 48)
     dense = sensitivity(c, MinSeparation(separation=12))
     assert js["sensitivity"] == pytest.approx(dense.value, rel=1e-10)
-    b = dense_a(toeplitz_workload("momentum", beta=0.8), 48) @ np.linalg.inv(c)
+    b = dense_workload(toeplitz_workload("momentum", beta=0.8), 48) @ np.linalg.inv(c)
     assert js["loss"]["mean"] == pytest.approx(dense.value**2 * np.sum(b * b) / 48, rel=1e-9)
     r = run("inspect", str(out), "--json")
     assert r.exit_code == 0, r.output

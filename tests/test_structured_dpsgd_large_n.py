@@ -10,6 +10,7 @@ import json
 import h5py
 import numpy as np
 import pytest
+from accounting_oracles import dpsgd_epsilon
 from typer.testing import CliRunner
 
 from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
@@ -26,15 +27,6 @@ P = 0.002
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def dpsgd_oracle(sigma: float, p: float, n: int, delta: float = 1e-6, grid: float = 1e-4) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=grid)
-    acc.compose(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(sigma)), n)
-    return float(acc.get_epsilon(delta))
 
 
 def one_error_line(r, match):
@@ -56,7 +48,7 @@ def test_account_dpsgd_above_limit(big) -> None:
     js = json.loads(r.stdout)
     assert validate(js, load_schema("account")) == []
     assert set(js["settings"]) == {"dp-sgd"}
-    assert js["settings"]["dp-sgd"]["epsilon"] == pytest.approx(dpsgd_oracle(3.0, P, N), rel=1e-9)
+    assert js["settings"]["dp-sgd"]["epsilon"] == pytest.approx(dpsgd_epsilon(3.0, P, N), rel=1e-9)
     assert len(js["notes"]) == 1 and js["notes"][0].startswith("MMCC: not run") and f"n <= {STRUCTURED_DENSE_MAX_N}" \
         in js["notes"][0]
     text = run("account", big, "--sigma", "3", "--sampling", P, "-q")
@@ -73,7 +65,7 @@ def test_calibrate_write_and_inspect_above_limit(tmp_path, big) -> None:
     assert r.exit_code == 0, r.output
     js = json.loads(r.stdout)
     sigma = js["calibration"]["sigma"]
-    assert dpsgd_oracle(sigma, 0.01, N) <= 1.0 < dpsgd_oracle(sigma * 0.995, 0.01, N)  # meets the target, tightly
+    assert dpsgd_epsilon(sigma, 0.01, N) <= 1.0 < dpsgd_epsilon(sigma * 0.995, 0.01, N)  # meets the target, tightly
     ins = run("inspect", p, "--json")
     assert ins.exit_code == 0, ins.output
     recs = json.loads(ins.stdout)["accounting_records"]
@@ -100,7 +92,7 @@ def test_plan_writes_dpsgd_above_limit(tmp_path) -> None:
     out = tmp_path / "plan.h5"
     written = write_artifact(setup, r, out)
     assert written["epsilon"] <= 0.3
-    assert dpsgd_oracle(r.sigma, 1 / N, N, setup.delta, PLD_DISCRETIZATION) == pytest.approx(written["epsilon"], rel=1e-9)
+    assert dpsgd_epsilon(r.sigma, 1 / N, N, setup.delta, PLD_DISCRETIZATION) == pytest.approx(written["epsilon"], rel=1e-9)
     ins = run("inspect", out, "--json")
     assert ins.exit_code == 0, ins.output
     assert [rec["verified"] for rec in json.loads(ins.stdout)["accounting_records"]] == [True]

@@ -4,13 +4,14 @@ brute force over every participation pattern, finite differences, and the certif
 optimum (a lower bound every strategy must respect)."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sensitivity_oracle import brute_bounds_squared, brute_sensitivity_squared
+from structured_oracles import dense_workload
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization
@@ -26,28 +27,10 @@ from mfcli.toeplitz import (
     toeplitz_sensitivity,
     toeplitz_workload,
 )
-from mfcli.workloads import build_workload, momentum_workload, prefix_workload
+from mfcli.workloads import build_workload, prefix_workload
 
 SCHEMAS = [SingleParticipation(), FixedEpoch(epochs=2), FixedEpoch(epochs=3), MinSeparation(separation=3),
            MinSeparation(separation=2, max_participations=3), MinSeparation(separation=5)]
-
-
-def dense_workload(w, n):
-    return prefix_workload(n).matrix if w.name == "prefix" else momentum_workload(n, beta=w.beta).matrix
-
-
-def brute_force(c_dense: np.ndarray, schema, n: int) -> tuple[float, float]:
-    """(max over patterns of sum |X_P|, max over patterns and sign vectors of s^T X_P s): an upper
-    bound and an attained value of the squared sensitivity, by enumeration."""
-    x = c_dense.T @ c_dense
-    upper = lower = 0.0
-    for p in schema.patterns(n):
-        block = x[np.ix_(p, p)]
-        upper = max(upper, float(np.abs(block).sum()))
-        for signs in itertools.product((1.0, -1.0), repeat=len(p) - 1):
-            s = np.array((1.0, *signs))
-            lower = max(lower, float(s @ block @ s))
-    return upper, lower
 
 
 @pytest.mark.parametrize("name,beta", [("prefix", 0.0), ("momentum", 0.0), ("momentum", 0.5), ("momentum", 0.95)])
@@ -116,7 +99,7 @@ def test_loss_matches_dense_factorization(schema, w):
 def test_sensitivity_against_brute_force(schema, c):
     n = 12
     s = toeplitz_sensitivity(np.array(c), n, schema)
-    upper, lower = brute_force(materialize(np.array(c), n), schema, n)
+    lower, upper = brute_bounds_squared(materialize(np.array(c), n), schema)
     assert s.value**2 >= upper * (1 - 1e-12)       # a valid upper bound ...
     assert s.lower**2 <= lower * (1 + 1e-12)       # ... with a witness that is really attained
     dense = sensitivity(materialize(np.array(c), n), schema)
@@ -136,7 +119,7 @@ def test_minsep_closed_form_is_exact_for_nonincreasing_coefficients(values, sep,
     c[0] = max(c[0], 1e-3)
     schema = MinSeparation(separation=min(sep, n))
     s = toeplitz_sensitivity(c, n, schema)
-    _, lower = brute_force(materialize(c, n), schema, n)
+    lower = brute_sensitivity_squared(materialize(c, n), schema)
     assert s.exact
     assert s.value**2 == pytest.approx(lower, rel=1e-12, abs=1e-15)
 

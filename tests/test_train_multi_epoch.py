@@ -9,7 +9,6 @@ at a sensitivity found by brute force over every participation pattern and sign 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import math
 import subprocess
@@ -18,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import norm
+from accounting_oracles import dpsgd_epsilon, gaussian_delta
+from sensitivity_oracle import brute_sensitivity
+
+from mfcli.participation import FixedEpoch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "training_study"
@@ -44,38 +46,6 @@ GEO = me.Geometry(n_examples=400, n=20, epochs=2, bands=2)  # batch 40, q = 0.1,
 @pytest.fixture(scope="module")
 def arms() -> dict:
     return {k: me.prepare_arm(me.arm_spec(k), GEO, tol=1e-7) for k in me.ARM_KEYS}
-
-
-# --------------------------------------------------------------------------------------------
-# independent oracles
-
-
-def pld_epsilon(noise_multiplier: float, rate: float, steps: int, delta: float) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting.pld import PLDAccountant
-
-    acc = PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(noise_multiplier)), steps)
-    return float(acc.get_epsilon(delta))
-
-
-def gaussian_delta(eps: float, sens: float, sigma: float) -> float:
-    """Balle-Wang 2018, Thm. 8: the exact delta(eps) of the Gaussian mechanism."""
-    a, b = sens / (2 * sigma), eps * sigma / sens
-    return float(norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b))
-
-
-def brute_force_sensitivity(c: np.ndarray, epochs: int) -> float:
-    """max over fixed-epoch patterns {j, j + n/K, ...} and signs s of ||sum_i s_i C[:, p_i]||
-    (the sup over gradients in the unit ball is attained at such vertices: a convex maximum)."""
-    n = c.shape[1]
-    per = n // epochs
-    best = 0.0
-    for j in range(per):
-        cols = c[:, j::per]
-        for signs in itertools.product((1.0, -1.0), repeat=cols.shape[1]):
-            best = max(best, float(np.linalg.norm(cols @ np.array(signs))))
-    return best
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,17 +104,17 @@ def check_calibration(arm, cal, geo, epsilon: float, delta: float) -> None:
     col = float(np.sqrt(np.max(np.sum(c * c, axis=0))))
     if arm.spec.sampler == "poisson":
         np.testing.assert_allclose(c, np.eye(n), atol=0)
-        eps = pld_epsilon(cal.sigma, geo.poisson_rate, n, delta)
+        eps = dpsgd_epsilon(cal.sigma, geo.poisson_rate, n, delta)
         assert eps <= epsilon * (1 + 2e-3)
-        assert pld_epsilon(cal.sigma * 0.99, geo.poisson_rate, n, delta) > epsilon  # not over-noised
+        assert dpsgd_epsilon(cal.sigma * 0.99, geo.poisson_rate, n, delta) > epsilon  # not over-noised
     elif arm.spec.sampler == "cyclic-poisson":
         i, j = np.nonzero(np.abs(c) > 0)
         assert np.all(i >= j) and np.max(i - j) < geo.bands  # lower-triangular, at most b bands
         steps = math.ceil(n / geo.bands)
-        assert pld_epsilon(cal.sigma / col, geo.cyclic_rate, steps, delta) <= epsilon * (1 + 2e-3)
-        assert pld_epsilon(0.99 * cal.sigma / col, geo.cyclic_rate, steps, delta) > epsilon
+        assert dpsgd_epsilon(cal.sigma / col, geo.cyclic_rate, steps, delta) <= epsilon * (1 + 2e-3)
+        assert dpsgd_epsilon(0.99 * cal.sigma / col, geo.cyclic_rate, steps, delta) > epsilon
     else:
-        sens = brute_force_sensitivity(c, geo.epochs)
+        sens = brute_sensitivity(c, FixedEpoch(epochs=geo.epochs))
         assert gaussian_delta(epsilon, sens, cal.sigma) <= delta * (1 + 1e-9)
         assert gaussian_delta(epsilon, sens, 0.99 * cal.sigma) > delta
 
@@ -163,7 +133,7 @@ def test_every_arm_meets_the_target_epsilon(arms, epsilon, delta):
 
 def test_dense_fixed_epoch_sensitivity_is_one_by_brute_force(arms):
     for key in ("dense", "dense-momentum-cooldown"):
-        assert brute_force_sensitivity(arms[key].strategy_matrix, GEO.epochs) == pytest.approx(1.0, abs=1e-7)
+        assert brute_sensitivity(arms[key].strategy_matrix, FixedEpoch(epochs=GEO.epochs)) == pytest.approx(1.0, abs=1e-7)
 
 
 def test_cyclic_poisson_refuses_a_strategy_with_more_bands_than_groups(arms):

@@ -39,6 +39,7 @@ import numpy as np
 from scipy import special
 
 from mfcli.accounting.mmcc import PreparedStrategy, prepare_strategy
+from mfcli.accounting.mmcc_lower import epsilon_bracket
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sampling, check_sigma
 from mfcli.errors import MfcliError
 from mfcli.progress import ProgressCallback, Ticker
@@ -257,26 +258,6 @@ def _curve(log_l: np.ndarray, log_w: np.ndarray, eps: float, direction: str) -> 
     return mean, se
 
 
-def _solve(fn: Callable[[float], float], delta: float, hi0: float = 1.0) -> float:
-    """Smallest eps >= 0 with fn(eps) <= delta for a non-increasing fn (bisection, 1e-6 relative)."""
-    if fn(0.0) <= delta:
-        return 0.0
-    lo, hi = 0.0, hi0
-    while fn(hi) > delta:
-        lo, hi = hi, 2 * hi
-        if hi > 1e4:
-            return math.inf
-    for _ in range(80):
-        if hi - lo <= 1e-6 * (1 + hi):
-            break
-        mid = 0.5 * (lo + hi)
-        if fn(mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 def proposal_components(p: float) -> list[tuple[float, float]]:
     """The components (q, s) of the proposal mixture: y = theta s C x + sigma Z, x_j ~ Bernoulli(q).
 
@@ -330,9 +311,13 @@ def _estimate_direction(rng: np.random.Generator, c: np.ndarray, band: int, *, p
         m, se = _curve(ll, lw, x, direction)
         return m + k * se
 
-    est = _solve(lambda x: _curve(ll, lw, x, direction)[0], delta)
-    high = _solve(lambda x: bound(x, z), delta)  # delta(eps) + z se <= delta from here on
-    low = _solve(lambda x: bound(x, -z), delta)
+    def solve(fn: Callable[[float], float]) -> float:
+        """Smallest eps (to 1e-6 relative) with fn(eps) <= delta, inf beyond 1e4: the upper end."""
+        return epsilon_bracket(fn, delta, rel_tol=1e-6, max_steps=80, eps_max=1e4)[1]
+
+    est = solve(lambda x: _curve(ll, lw, x, direction)[0])
+    high = solve(lambda x: bound(x, z))  # delta(eps) + z se <= delta from here on
+    low = solve(lambda x: bound(x, -z))
     m, se = _curve(ll, lw, est, direction) if math.isfinite(est) else (0.0, math.inf)
     return DirectionEstimate(direction=direction, epsilon=est, low=low, high=high, samples=samples,
                              components=len(proposal_components(p)), relative_error=se / m if m > 0 else math.inf)
@@ -620,20 +605,7 @@ def disjoint_rows_lower_bound(
             def worst(e: float, add_pmf: PMF = add_pmf, remove_pmf: PMF = remove_pmf) -> float:
                 return max(_hockey(add_pmf, grid, e), _hockey(remove_pmf, grid, e))
 
-            eps = 0.0
-            if worst(0.0) > delta:
-                lo, hi = 0.0, 1.0
-                while worst(hi) > delta and hi < 1e4:
-                    lo, hi = hi, 2 * hi
-                for _ in range(60):
-                    if hi - lo <= 1e-9 * (1 + hi):
-                        break
-                    mid = 0.5 * (lo + hi)
-                    if worst(mid) > delta:
-                        lo = mid
-                    else:
-                        hi = mid
-                eps = lo
+            eps = epsilon_bracket(worst, delta, rel_tol=1e-9, max_steps=60, eps_max=1e4)[0]
         if best is None or eps > best.epsilon:
             best = DisjointRowsLowerBound(epsilon=eps, delta=delta, band=b, offset=int(r0), rows_used=len(rows),
                                           value_discretization=grid)

@@ -29,6 +29,9 @@ bisection bracket whose delta exceeds the target.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
 
 from mfcli.accounting import mog_pld
@@ -101,6 +104,36 @@ def coarsen_down(support: np.ndarray, probs: np.ndarray, max_atoms: int = MAX_AT
     return vals, pr / pr.sum()
 
 
+def epsilon_bracket(curve: Callable[[float], float], delta: float, *, rel_tol: float, max_steps: int,
+                    eps_max: float) -> tuple[float, float]:
+    """Bracket (lo, hi) of the epsilon at which a non-increasing hockey-stick curve falls to
+    ``delta``: doubling from 1, then bisection until hi - lo <= rel_tol (1 + hi) or after
+    ``max_steps`` halvings. curve(lo) > delta >= curve(hi) wherever the curve was evaluated.
+
+    (0, 0) when curve(0) <= delta already; (lo, inf) when the doubling passes ``eps_max`` with the
+    curve still above delta (lo the last point found above it). A lower bound takes lo (the curve
+    was seen above delta there, so at least that much loss is certain), an estimate or an upper
+    bound takes hi (the curve was seen at or below delta there). The one bisection shared by the
+    linear-statistic and the banded Poisson accounting.
+    """
+    if curve(0.0) <= delta:
+        return 0.0, 0.0
+    lo, hi = 0.0, 1.0
+    while curve(hi) > delta:
+        lo, hi = hi, 2 * hi
+        if hi > eps_max:
+            return lo, math.inf
+    for _ in range(max_steps):
+        if hi - lo <= rel_tol * (1 + hi):
+            break
+        mid = 0.5 * (lo + hi)
+        if curve(mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: float) -> float:
     """Largest eps (to 1e-7 relative) at which the pair N(0, tau^2) vs sum_i probs_i N(support_i,
     tau^2) still has hockey-stick divergence > delta in one of the two directions (0 if none):
@@ -113,22 +146,7 @@ def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: f
         b = mog_pld.hockey_stick(tau, support, probs, np.array([e]), remove=False)[0]
         return max(a, b)
 
-    if worst(0.0) <= delta:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while worst(hi) > delta:
-        lo, hi = hi, 2 * hi
-        if hi > 1e6:
-            return lo
-    for _ in range(100):
-        if hi - lo <= 1e-7 * (1 + hi):
-            break
-        mid = 0.5 * (lo + hi)
-        if worst(mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return epsilon_bracket(worst, delta, rel_tol=1e-7, max_steps=100, eps_max=1e6)[0]
 
 
 def statistic_epsilon(gram_chol: np.ndarray, weights: np.ndarray, *, sigma_eff: float, p: float, delta: float,
@@ -142,4 +160,5 @@ def statistic_epsilon(gram_chol: np.ndarray, weights: np.ndarray, *, sigma_eff: 
     return mixture_epsilon(tau * resolution, support.astype(np.float64), probs, delta), tau
 
 
-__all__ = ["STATISTICS", "WEIGHT_RESOLUTION", "mean_law", "mixture_epsilon", "statistic_epsilon", "statistic_weights"]
+__all__ = ["STATISTICS", "WEIGHT_RESOLUTION", "epsilon_bracket", "mean_law", "mixture_epsilon", "statistic_epsilon",
+           "statistic_weights"]
