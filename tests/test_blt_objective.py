@@ -28,7 +28,8 @@ TINY_SCALE = ([0.9057140593983108, 0.5580002091955772, 0.14559884317476382],
 def dense_loss(theta, omega, n: int, beta: float | None, error: str, schema: Participation,
                upper: bool = False) -> float:
     """sens(C)^2 times the max or mean squared row norm of B = A C^-1, all dense; the exact
-    sensitivity by brute force over the schema's patterns, or with ``upper`` the BLT's own
+    sensitivity of the dense C (:func:`mfcli.participation.sensitivity`: a second method, no BLT
+    code; n is too large for brute force), or with ``upper`` the BLT's own
     (:meth:`BufferedToeplitz.sensitivity`, an upper bound where it is not exact)."""
     c = BufferedToeplitz(theta=theta, omega=omega).strategy_coefs(n)
     cmat = np.tril(toeplitz(c))
