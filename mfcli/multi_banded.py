@@ -15,6 +15,13 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
   the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
   (:class:`_LowRankInverse`, O(n r (b + r)) per application).
 
+When the workload's inverse K = A^-1 is banded (every built-in workload: prefix, momentum, with
+or without learning rates), value, gradient and Hessian products go through Y = K^T X K instead:
+f = tr(Y^-1), the gradient -P_band(K Y^-2 K^T), by selected inversion of the block-tridiagonal Y
+in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the preconditioner's
+N = L^-1 A^T A L^-T is then applied by banded solves. Otherwise (:class:`_DenseOps`) the O(n^2 b)
+operators above.
+
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
 one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product

@@ -46,7 +46,8 @@ RESIDUAL_TOL = 1e-9
 
 def banded_inverse(a: np.ndarray) -> np.ndarray | None:
     """K = A^-1 in lower band storage (``k[d, j] = K[j + d, j]``, p + 1 rows) when the inverse
-    of the lower-triangular A is banded with p <= ``MAX_INVERSE_BANDWIDTH`` subdiagonals, checked by max |A K - I| <= ``RESIDUAL_TOL`` for the truncated K; else None.
+    of the lower-triangular A is banded with p <= ``MAX_INVERSE_BANDWIDTH`` subdiagonals, checked
+    by max |A K - I| <= ``RESIDUAL_TOL`` for the truncated K; else None (no fast path).
 
     The first P + 1 diagonals of A^-1 depend only on the first P + 1 diagonals of A (forward
     substitution down each column), so K costs O(n P^2) and the check O(n^2 p), not a dense

@@ -17,7 +17,7 @@ from hypothesis import strategies as hst
 from typer.testing import CliRunner
 
 import mfcli.multi_banded as mb
-from mfcli.cli import app
+from mfcli.cli.app import app
 from mfcli.multi_banded import from_band, to_band
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import MinSeparation
@@ -217,13 +217,17 @@ def test_custom_workload_without_banded_inverse_uses_the_band_path(monkeypatch):
     assert res.dual <= dense.loss_total * (1 + 1e-12) and dense.dual <= res.loss_total * (1 + 1e-12)
 
 
-def test_cli_band_storage_end_to_end(tmp_path):
-    """`mfcli optimize --min-sep` at n = 256, b = 32 takes band storage (auto: n >= 256, b <= n / 8),
-    hence the fast path for momentum; the certified gap is in --json."""
+def test_cli_band_storage_end_to_end(tmp_path, monkeypatch):
+    """`mfcli optimize --min-sep` at n = 256, b = 32 takes band storage (auto: n >= 256, b <= n / 8)
+    and the fast path (prefix has a banded inverse); the certified gap is in --json."""
+    calls = []
+    real = mb._FastOps.gradient
+    monkeypatch.setattr(mb._FastOps, "gradient", lambda self, state: calls.append(1) or real(self, state))
     out = tmp_path / "m.h5"
-    res = CliRunner().invoke(app, ["optimize", "-w", "momentum", "-n", "256", "--min-sep", "32", "--tol", "1e-6", "-q",
+    res = CliRunner().invoke(app, ["optimize", "-w", "prefix", "-n", "256", "--min-sep", "32", "--tol", "1e-6", "-q",
                                    "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
+    assert calls, "the fast path was not taken"
     summary = json.loads(res.stdout)
     assert summary["gap"] <= 1e-6
     assert summary["participation"]["separation"] == 32
