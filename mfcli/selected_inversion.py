@@ -92,8 +92,8 @@ def banded_inverse(a: np.ndarray) -> np.ndarray | None:
 class Blocking:
     """The partition of n indices into N blocks of w (the last one padded with identity rows).
 
-    ``xidx`` / ``kidx`` map lower band storage (padded with one zero column) to the diagonal and
-    subdiagonal blocks of the symmetric b-banded X and of the lower-triangular p-banded K."""
+    :meth:`index` maps lower band storage (padded with one zero column) to the diagonal and
+    subdiagonal blocks of a banded matrix (X's b rows, K's p + 1)."""
 
     n: int
     w: int
