@@ -15,6 +15,13 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
   the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
   (:class:`_LowRankInverse`, O(n r (b + r)) per application).
 
+When the workload's inverse K = A^-1 is banded (every built-in workload: prefix, momentum, with
+or without learning rates), value, gradient and Hessian products go through Y = K^T X K instead:
+f = tr(Y^-1), the gradient -P_band(K Y^-2 K^T), by selected inversion of the block-tridiagonal Y
+in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the preconditioner's
+N = L^-1 A^T A L^-T is then applied by banded solves. Otherwise (:class:`_DenseOps`) the O(n^2 b)
+operators above.
+
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
 one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product
@@ -24,10 +31,11 @@ costs O(n^3) -- tens of iterations' worth at n = 2048, b = 64.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -95,15 +103,10 @@ class _Banded:
     def value(self, band: np.ndarray) -> tuple[float, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
         """f(X) and the factors (L's diagonal and subdiagonal blocks, L^-1 A^T) for :meth:`z`;
         (inf, None) if X is not numerically positive definite."""
-        from scipy.linalg.lapack import dpbtrf
-
-        lower, info = dpbtrf(band, lower=1)
-        if info != 0:
+        chol = self.cholesky(band)
+        if chol is None:
             return math.inf, None
-        ld, ll = self.blocks(lower)
-        ld = np.tril(ld)
-        pad = np.arange(self.n, self.nblocks * self.bands)  # padding: identity rows of L
-        ld[-1, pad - (self.nblocks - 1) * self.bands, pad - (self.nblocks - 1) * self.bands] = 1.0
+        ld, ll = chol
         y = np.zeros((self.nblocks * self.bands, self.n))
         y[: self.n] = self.a_t
         self.forward(ld, ll, y)
@@ -111,6 +114,20 @@ class _Banded:
         if not math.isfinite(val) or val <= 0:
             return math.inf, None
         return val, (ld, ll, y)
+
+    def cholesky(self, band: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """X = L L^T (LAPACK pbtrf, O(n b^2)) as L's diagonal and subdiagonal b x b blocks (the
+        padding rows of L are the identity); None if X is not numerically positive definite."""
+        from scipy.linalg.lapack import dpbtrf
+
+        lower, info = dpbtrf(band, lower=1)
+        if info != 0:
+            return None
+        ld, ll = self.blocks(lower)
+        ld = np.tril(ld)
+        pad = np.arange(self.n, self.nblocks * self.bands)  # padding: identity rows of L
+        ld[-1, pad - (self.nblocks - 1) * self.bands, pad - (self.nblocks - 1) * self.bands] = 1.0
+        return ld, ll
 
     def forward(self, ld: np.ndarray, ll: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Solve L Y = R in place (R padded to a multiple of b rows): block forward substitution,
@@ -263,20 +280,21 @@ class _Banded:
 def solve_banded(
     a: np.ndarray, st: _Structure, *, tol: float, max_iter: int,
     callback: Callable[[Progress], None] | None, x0: np.ndarray | None, memory: int,
-    certify: Callable[[np.ndarray, _Structure, np.ndarray], float], armijo: float,
+    certify: Callable[[np.ndarray, _Structure, np.ndarray], float], armijo: float, fast: bool = True,
 ) -> tuple[np.ndarray, float, int, list[Progress]]:
-    """L-BFGS over the band of X (BandMF, k > 1). Returns (X dense, best dual bound of f,
-    iterations, history); the caller builds and re-verifies the result from X."""
-    n = a.shape[0]
+    """L-BFGS, then truncated Newton, over the band of X (BandMF, k > 1). Returns (X dense, best
+    dual bound of f, iterations, history); the caller builds and re-verifies the result from X.
+    ``fast``: value, gradient and Hessian products by selected inversion
+    (:mod:`mfcli.selected_inversion`, O(n w^2)) when A^-1 is banded; speed only."""
     bands = bandwidth(st)
     prob = _Banded(a, bands)
+    ops = _operators(a, prob, fast)
     x = to_band(st.normalize(np.array(x0, dtype=np.float64)), bands) if x0 is not None else to_band(st.start(), bands)
     start = time.perf_counter()
-    f, factors = prob.value(x)
+    f, factors = ops.value(x)
     if factors is None:
         raise MfcliError("the starting X is not positive definite")
-    z = prob.z(factors)
-    g = -prob.band_of_gram(z)
+    g = ops.gradient(factors)
     g[0] = 0.0  # tangent: each diagonal entry is its own class (fixed at 1)
     ss: list[np.ndarray] = []
     ys: list[np.ndarray] = []
@@ -295,9 +313,9 @@ def solve_banded(
             # CG forcing term from the metric norm of g relative to the switch (superlinear).
             dec = math.sqrt(max(prob.dot(g, prob.metric(xs, g)), 0.0))
             dec0 = dec if dec0 is None else dec0
-            lr = _LowRankInverse(prob, factors, xs, _rank(n), start=basis)
+            lr = ops.preconditioner(x, factors, xs, basis)
             basis = lr.basis
-            d = _newton(prob, factors, z, g, min(0.5, math.sqrt(dec / dec0)), lr)
+            d = _newton(prob, functools.partial(ops.hessian, factors), g, min(0.5, math.sqrt(dec / dec0)), lr)
             # -<g, d> / 2 (half the squared Newton decrement) estimates f - f*: certify once it
             # says the gap is well below tol, instead of after every step (each certificate is
             # O(n^3), several Newton steps' worth).
@@ -308,7 +326,7 @@ def solve_banded(
             due = stalled and it - last_cert >= max(STALL_WINDOW, it // 4)
         if due or it - last_cert >= CERTIFY_EVERY:
             last_cert = it
-            best_dual = max(best_dual, certify(a, st, _gram(z, n)))
+            best_dual = max(best_dual, certify(a, st, ops.gram(x, factors)))
             gap = (f - best_dual) / f
             method = "newton-band-storage" if newton else "lbfgs-band-storage"
             prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
@@ -326,15 +344,14 @@ def solve_banded(
         step = 1.0
         for _ in range(60):
             x_new = x + step * d
-            f_new, new_factors = prob.value(x_new)
+            f_new, new_factors = ops.value(x_new)
             if new_factors is not None and f_new <= f + armijo * step * slope:
                 break
             step *= 0.5
         else:
             break  # the round-off floor
         assert new_factors is not None
-        z = prob.z(new_factors)
-        g_new = -prob.band_of_gram(z)
+        g_new = ops.gradient(new_factors)
         g_new[0] = 0.0
         s_vec, y_vec = x_new - x, g_new - g
         if prob.dot(s_vec, y_vec) > 1e-300:
@@ -346,7 +363,7 @@ def solve_banded(
         x, f, g, factors = x_new, f_new, g_new, new_factors
         values.append(f)
     if last_cert != it or not history:
-        best_dual = max(best_dual, certify(a, st, _gram(z, n)))
+        best_dual = max(best_dual, certify(a, st, ops.gram(x, factors)))
         method = "newton-band-storage" if newton else "lbfgs-band-storage"
         history.append(Progress(it, f * st.scale, best_dual * st.scale, (f - best_dual) / f,
                                 time.perf_counter() - start, method))
@@ -363,15 +380,14 @@ def bandwidth(st: _Structure) -> int:
 
 
 def _newton(
-    prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray], z: np.ndarray, g: np.ndarray,
-    eta: float, lr: _LowRankInverse,
+    prob: _Banded, hessian: Callable[[np.ndarray], np.ndarray], g: np.ndarray, eta: float, lr: _LowRankInverse,
 ) -> np.ndarray:
     """A truncated Newton direction: preconditioned CG on P(H[d]) = -g over the band directions
     that keep the diagonal fixed, preconditioned by ``lr`` (:class:`_LowRankInverse`; the metric
     P(X . X), its r = 0 case, made CG run to its cap on ill-conditioned workloads such as momentum)."""
 
     def hess(p: np.ndarray) -> np.ndarray:
-        h = prob.hessian(factors, z, p)
+        h = hessian(p)
         h[0] = 0.0
         return h
 
@@ -447,32 +463,38 @@ class _LowRankInverse:
     the inverse solves a Lyapunov equation in N; with N_r it is explicit: on the complement of Q
     Y = G'/(2c), across Q and its complement G'/(l_i + c), on Q G'/(l_i + l_j) (G' = L^T G L).
     Mapped back, H_r^-1[G] = X G X / (2c) + low-rank terms in W = L Q. N = (L^-1 A^T)(L^-1 A^T)^T,
-    whose top eigenpairs a randomized range finder gets in O(n^2 r). The operator is self-adjoint
+    whose top eigenpairs a randomized range finder gets in O(n^2 r) (O(n r (b + p)) with
+    ``apply_n`` when A^-1 is banded: N = L^-1 K^-T K^-1 L^-T by banded solves). The operator is self-adjoint
     and positive definite (the exact inverse of H_r, a Hessian of the same form), so restricted to
     the band it is a valid CG preconditioner; with r = n it is the dense solver's exact one.
     """
 
-    def __init__(self, prob: _Banded, factors: tuple[np.ndarray, np.ndarray, np.ndarray],
+    def __init__(self, prob: _Banded, factors: tuple[np.ndarray, ...],
                  xs: tuple[np.ndarray, np.ndarray], rank: int, seed: int = 0,
-                 start: np.ndarray | None = None) -> None:
+                 start: np.ndarray | None = None,
+                 apply_n: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         import scipy.linalg
 
-        ld, ll, y = factors
+        ld, ll = factors[0], factors[1]
         n = prob.n
         self.prob, self.xs = prob, xs
-        yy = y[:n]  # L^-1 A^T: N = yy yy^T
+        if apply_n is None:
+            yy = factors[2][:n]  # L^-1 A^T: N = yy yy^T
+
+            def apply_n(v: np.ndarray) -> np.ndarray:
+                return yy @ (yy.T @ v)
+
         r = min(rank, n - 1)
         p = min(r + 10, n)
         if start is not None and start.shape == (n, p):
             # The previous Newton step's basis: N moved little, one power iteration refines it.
-            q = np.linalg.qr(yy @ (yy.T @ start))[0]
+            q = np.linalg.qr(apply_n(start))[0]
         else:
             rng = np.random.default_rng(seed)
-            q = np.linalg.qr(yy @ (yy.T @ rng.standard_normal((n, p))))[0]
+            q = np.linalg.qr(apply_n(rng.standard_normal((n, p))))[0]
             for _ in range(2):  # power iterations: the spectrum decays slowly
-                q = np.linalg.qr(yy @ (yy.T @ q))[0]
-        b = yy.T @ q
-        lam, u = scipy.linalg.eigh(b.T @ b, check_finite=False)
+                q = np.linalg.qr(apply_n(q))[0]
+        lam, u = scipy.linalg.eigh(q.T @ apply_n(q), check_finite=False)
         lam, u = lam[::-1], u[:, ::-1]
         self.basis = q @ u  # Ritz vectors, largest first: the next step's start
         self.c = float(max(lam[r], 1e-300))
@@ -489,10 +511,110 @@ class _LowRankInverse:
         gb = prob.blocks(g)
         gw = prob.bmul(gb, w)  # G W
         rq = w.T @ gw  # Q^T G' Q = W^T G W
-        t = prob.bmul(self.xs, gw) - w @ rq  # (W^T G X - Rq W^T)^T
-        p2 = w @ (0.5 * self.e * rq) + t * self.f[None, :]
+        # W (E o Rq) / 2 + (X G W - W Rq) diag(F), with the two products by W merged (two n x r x r
+        # products per application instead of three: they dominate at r = n / 4).
+        p2 = w @ (0.5 * self.e * rq - rq * self.f[None, :]) + prob.bmul(self.xs, gw) * self.f[None, :]
         out = prob.metric(self.xs, g) * (0.5 / self.c) + prob.band_sym(w, p2)
         return out
+
+
+class _DenseOps:
+    """Value, gradient, Hessian products, certificate input and Newton preconditioner of the
+    O(n^2 b) band-storage path (any workload). The state of an iterate is [factors, Z or None]."""
+
+    def __init__(self, prob: _Banded) -> None:
+        self.prob = prob
+
+    def value(self, x: np.ndarray) -> tuple[float, Any]:
+        f, factors = self.prob.value(x)
+        return f, (None if factors is None else [factors, None])
+
+    def _z(self, state: Any) -> np.ndarray:
+        if state[1] is None:
+            state[1] = self.prob.z(state[0])
+        return state[1]
+
+    def gradient(self, state: Any) -> np.ndarray:
+        return -self.prob.band_of_gram(self._z(state))
+
+    def hessian(self, state: Any, d: np.ndarray) -> np.ndarray:
+        return self.prob.hessian(state[0], self._z(state), d)
+
+    def gram(self, x: np.ndarray, state: Any) -> np.ndarray:
+        return _gram(self._z(state), self.prob.n)
+
+    def preconditioner(self, x: np.ndarray, state: Any, xs: tuple[np.ndarray, np.ndarray],
+                       basis: np.ndarray | None) -> _LowRankInverse:
+        return _LowRankInverse(self.prob, state[0], xs, _rank(self.prob.n), start=basis)
+
+
+class _FastOps:
+    """The same operators when A^-1 = K is banded: value, gradient and Hessian products by
+    selected inversion of Y = K^T X K (:class:`mfcli.selected_inversion.FastBandObjective`,
+    O(n w^2)); the preconditioner's N = L^-1 A^T A L^-T applied by banded solves with L and K.
+    The certificate input X^-1 A^T A X^-1 is formed densely by the O(n^2 b) path, as before."""
+
+    def __init__(self, prob: _Banded, k_band: np.ndarray) -> None:
+        from mfcli.selected_inversion import FastBandObjective
+
+        self.prob = prob
+        self.obj = FastBandObjective(k_band, prob.bands, prob.n)
+        self.k_low = k_band  # solve_banded's (p, 0) storage is LAPACK's lower band storage
+        p, n = k_band.shape[0] - 1, prob.n
+        self.k_up = np.zeros_like(k_band)  # K^T in solve_banded's (0, p) storage
+        for d in range(p + 1):
+            self.k_up[p - d, d:] = k_band[d, : n - d]
+        self.p = p
+
+    def value(self, x: np.ndarray) -> tuple[float, Any]:
+        return self.obj.value(x)
+
+    def gradient(self, state: Any) -> np.ndarray:
+        return self.obj.gradient(state)
+
+    def hessian(self, state: Any, d: np.ndarray) -> np.ndarray:
+        return self.obj.hessian(state, d)
+
+    def gram(self, x: np.ndarray, state: Any) -> np.ndarray:
+        factors = self.prob.value(x)[1]
+        if factors is None:
+            raise MfcliError("the iterate lost positive definiteness")  # cannot happen: f was finite
+        return _gram(self.prob.z(factors), self.prob.n)
+
+    def preconditioner(self, x: np.ndarray, state: Any, xs: tuple[np.ndarray, np.ndarray],
+                       basis: np.ndarray | None) -> _LowRankInverse:
+        import scipy.linalg
+
+        prob = self.prob
+        chol = prob.cholesky(x)
+        if chol is None:
+            raise MfcliError("the iterate lost positive definiteness")
+        ld, ll = chol
+        n, rows = prob.n, prob.nblocks * prob.bands
+
+        def apply_n(v: np.ndarray) -> np.ndarray:
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = v
+            u = prob.backward(ld, ll, pad)[:n]  # L^-T V
+            u = scipy.linalg.solve_banded((self.p, 0), self.k_low, u, check_finite=False)  # A u = K^-1 u
+            u = scipy.linalg.solve_banded((0, self.p), self.k_up, u, check_finite=False)  # A^T: K^-T
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = u
+            return prob.forward(ld, ll, pad)[:n]  # L^-1
+
+        return _LowRankInverse(prob, (ld, ll), xs, _rank(n), start=basis, apply_n=apply_n)
+
+
+def _operators(a: np.ndarray, prob: _Banded, fast: bool) -> _DenseOps | _FastOps:
+    """The fast operators when ``fast`` and A^-1 is banded (:func:`mfcli.selected_inversion.banded_inverse`),
+    else the O(n^2 b) ones."""
+    if fast:
+        from mfcli.selected_inversion import banded_inverse
+
+        k_band = banded_inverse(a)
+        if k_band is not None:
+            return _FastOps(prob, k_band)
+    return _DenseOps(prob)
 
 
 def _gram(z: np.ndarray, n: int) -> np.ndarray:
