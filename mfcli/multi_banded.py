@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.pcg import pcg
 from mfcli.solver import Progress
 
 if TYPE_CHECKING:
@@ -396,27 +397,7 @@ def _newton(
         q[0] = 0.0
         return q
 
-    d = np.zeros_like(g)
-    r = -g
-    q = precond(r)
-    p = q.copy()
-    rz = prob.dot(r, q)
-    stop = eta * math.sqrt(max(rz, 0.0))
-    for _ in range(NEWTON_CG):
-        hp = hess(p)
-        curv = prob.dot(p, hp)
-        if curv <= 0 or rz <= 0:
-            break
-        alpha = rz / curv
-        d += alpha * p
-        r -= alpha * hp
-        q = precond(r)
-        rz_new = prob.dot(r, q)
-        if math.sqrt(max(rz_new, 0.0)) <= stop:
-            break
-        p = q + (rz_new / rz) * p
-        rz = rz_new
-    return d if d.any() else precond(-g)
+    return pcg(hess, precond, -g, rtol=eta, max_steps=NEWTON_CG, dot=prob.dot).solution
 
 
 def _two_loop(

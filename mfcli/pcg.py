@@ -1,7 +1,7 @@
 """Preconditioned conjugate gradients for the truncated Newton steps of the solvers.
 
 One loop, shared by the Newton directions of the multi-participation solvers
-(:mod:`mfcli.multi_solver`, :mod:`mfcli.multi_fixed_epoch`): the operator, the preconditioner and
+(:mod:`mfcli.multi_solver`, :mod:`mfcli.multi_fixed_epoch`, :mod:`mfcli.multi_banded`): the operator, the preconditioner and
 the inner product are the caller's (a projected Hessian, an approximate inverse of it, the
 Frobenius or a band-weighted product), so the loop itself never sees the matrix structure.
 
