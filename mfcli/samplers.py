@@ -97,6 +97,10 @@ class BatchSampler(Protocol):
         """``batch(t)`` for t = start, ..., steps - 1."""
         ...
 
+    def expected_batch_size(self, step: int) -> float:
+        """E|batch(step)| over the sampler's randomness (a constant to divide the noisy sum by)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary (no seed)."""
         ...
@@ -165,6 +169,14 @@ class _Sampler:
 
     def _draw(self, step: int) -> np.ndarray:
         raise NotImplementedError
+
+    def _expected(self, step: int) -> float:
+        raise NotImplementedError
+
+    def expected_batch_size(self, step: int) -> float:
+        """E|batch(step)| over the sampler's randomness (the seed): a constant that does not depend
+        on who was sampled, so dividing the noisy gradient sum by it keeps the sensitivity."""
+        return self._expected(self._check_step(step))
 
     # ------------------------------------------------------------------ public interface
 
@@ -265,6 +277,9 @@ class PoissonSampler(_Sampler):
         u = self._step_generator(step).random(self.examples)
         return np.flatnonzero(u < self.rate)
 
+    def _expected(self, step: int) -> float:
+        return self.examples * self.rate
+
 
 @dataclass(frozen=True, kw_only=True)
 class CyclicPoissonSampler(_Sampler):
@@ -307,6 +322,11 @@ class CyclicPoissonSampler(_Sampler):
             out[m] = g
         return out
 
+    def _expected(self, step: int) -> float:
+        # group sizes come from array_split of N, not from the permutation: a constant
+        q, r = divmod(self.examples, self.groups)
+        return (q + (1 if step % self.groups < r else 0)) * self.rate
+
     def _draw(self, step: int) -> np.ndarray:
         members = self._members[step % self.groups]
         u = self._step_generator(step).random(members.size)
@@ -341,6 +361,9 @@ class BallsInBinsSampler(_Sampler):
     def _draw(self, step: int) -> np.ndarray:
         return self._order[self._starts[step]:self._starts[step + 1]].copy()
 
+    def _expected(self, step: int) -> float:
+        return self.examples / self.steps
+
 
 @dataclass(frozen=True, kw_only=True)
 class ShuffleSampler(_Sampler):
@@ -356,6 +379,10 @@ class ShuffleSampler(_Sampler):
             raise MfcliError(f"a shuffled epoch of {self.steps} steps needs at least {self.steps} examples, "
                              f"got {self.examples}")
         object.__setattr__(self, "_perm", _generator(self._key("permutation"), 0).permutation(self.examples))
+
+    def _expected(self, step: int) -> float:
+        q, r = divmod(self.examples, self.steps)
+        return float(q + (1 if step < r else 0))
 
     def _draw(self, step: int) -> np.ndarray:
         q, r = divmod(self.examples, self.steps)
@@ -422,30 +449,17 @@ def _settings(value: Any) -> list[str]:
     return [str(_decode(x)) for x in np.atleast_1d(value)]
 
 
-def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None) -> BatchSampler:
-    """The batch sampler an artifact's accounting record assumes, for ``examples`` examples.
+def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The accounting record whose batch sampler :func:`sampler_for` uses: (id, attributes).
 
-    Reads the record's batch sampler (``batching``), sampling rate, participation schema and the
-    artifact's n (the steps): ``poisson`` -> :class:`PoissonSampler` (n steps at the rate);
-    ``cyclic`` -> :class:`CyclicPoissonSampler` with b groups, b the cycle length the accounting
-    used (:func:`mfcli.accounting.multi.cycle_length`: the separation of a min-sep schema, n / k
-    for k fixed epochs, n for one epoch); ``balls-in-bins`` -> :class:`BallsInBinsSampler` and
-    ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps.
-
-    ``record`` picks one record by id; without it the artifact's records that name a sampler must
-    all name the same one (same sampler, rate and schema). The record's numbers are read, not
-    re-verified: ``mfcli inspect`` verifies them against the operator.
+    ``record`` picks one by id; without it the artifact's records that name a batch sampler must all
+    name the same one (same sampler, rate and schema), and the newest of them is returned. Its
+    ``sigma`` is the noise multiplier to train with (noise rows are per unit sigma and clip norm).
 
     Raises:
-        MfcliError: no record, or none naming a batch sampler (a deterministic-participation
-            record: any order the schema allows); records that disagree; an unknown ``record``;
-            ``examples`` the record's setting cannot use (fewer than the b groups of a cyclic
-            record; not exactly n for a shuffle record with the batch-size-1 shuffled DP-SGD row).
+        MfcliError: no record; none naming a batch sampler (deterministic-participation records:
+            any order their schema allows); records that disagree; an unknown ``record``.
     """
-    from mfcli.participation import participation_from_json
-    from mfcli.structured import load_any_artifact
-
-    examples = _positive_int(examples, "the number of examples")
     path = Path(artifact)
     records = accounting_records(path)
     if not records:
@@ -453,24 +467,53 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
     if record is not None:
         if record not in records:
             raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(records)}")
-        chosen = {record: records[record]}
-    else:
-        chosen = {rid: a for rid, a in records.items() if _sampler_params(a)[0] is not None}
-        if not chosen:
-            raise MfcliError(f"no accounting record of {path} names a batch sampler (they account deterministic "
-                             "participation: any order its schema allows)")
-        if len({_sampler_params(a) for a in chosen.values()}) > 1:
-            raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
-                             f"{', '.join(chosen)} by its id")
-    rid, attrs = next(iter(chosen.items()))
-    batching, rate, participation = _sampler_params(attrs)
-    if batching is None:
-        raise MfcliError(f"accounting record {rid!r} of {path} names no batch sampler (it accounts deterministic "
+        rid, attrs = record, records[record]
+        if _sampler_params(attrs)[0] is None:
+            raise MfcliError(f"accounting record {rid!r} of {path} names no batch sampler (it accounts "
+                             "deterministic participation: any order its schema allows)")
+        return rid, attrs
+    chosen = {rid: a for rid, a in records.items() if _sampler_params(a)[0] is not None}
+    if not chosen:
+        raise MfcliError(f"no accounting record of {path} names a batch sampler (they account deterministic "
                          "participation: any order its schema allows)")
+    if len({_sampler_params(a) for a in chosen.values()}) > 1:
+        raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
+                         f"{', '.join(chosen)} by its id")
+    rid = list(chosen)[-1]
+    return rid, chosen[rid]
+
+
+def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None) -> BatchSampler:
+    """The batch sampler an artifact's accounting record assumes, for ``examples`` examples.
+
+    Reads the record (:func:`sampler_record`): its batch sampler (``batching``), sampling rate,
+    participation schema, and the artifact's n (the steps): ``poisson`` -> :class:`PoissonSampler`
+    (n steps at the rate); ``cyclic`` -> :class:`CyclicPoissonSampler` with b groups, b the cycle
+    length the accounting used (:func:`mfcli.accounting.multi.cycle_length`: the separation of a
+    min-sep schema, n / k for k fixed epochs, n for one epoch); ``balls-in-bins`` ->
+    :class:`BallsInBinsSampler` and ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps.
+
+    The record's numbers are read, not re-verified: ``mfcli inspect`` verifies them against the
+    operator.
+
+    Raises:
+        MfcliError: as :func:`sampler_record`; or ``examples`` the record's setting cannot use
+            (fewer than the b groups of a cyclic record; fewer than n for a shuffle record; not
+            exactly n for a shuffle record with the batch-size-1 shuffled DP-SGD row).
+    """
+    from mfcli.participation import participation_from_json
+    from mfcli.structured import load_any_artifact
+
+    examples = _positive_int(examples, "the number of examples")
+    path = Path(artifact)
+    rid, attrs = sampler_record(path, record)
+    batching, rate, participation = _sampler_params(attrs)
     art = load_any_artifact(path)
     n = int(art.n)
+    if batching in ("poisson", "cyclic") and rate is None:
+        raise MfcliError(f"accounting record {rid!r} names the {batching} batch sampler but stores no sampling rate")
     if batching == "poisson":
-        assert rate is not None  # the accounting stores a rate for every sampled batcher
+        assert rate is not None
         return PoissonSampler(examples=examples, rate=rate, steps=n, seed=seed)
     if batching == "cyclic":
         from mfcli.accounting.multi import cycle_length
@@ -504,4 +547,5 @@ __all__ = [
     "ShuffleSampler",
     "accounting_records",
     "sampler_for",
+    "sampler_record",
 ]

@@ -65,6 +65,7 @@ def test_poisson_participation_counts() -> None:
     assert_binomial(m.sum(axis=0), steps, p, checks=n_ex + steps + 1)
     assert_binomial(m.sum(axis=1), n_ex, p, checks=n_ex + steps + 1)
     assert_binomial(m.sum(), n_ex * steps, p, checks=n_ex + steps + 1)
+    assert PoissonSampler(examples=n_ex, rate=p, steps=steps, seed=11).expected_batch_size(3) == pytest.approx(30)
 
 
 def test_poisson_pairs_are_independent() -> None:
@@ -92,6 +93,7 @@ def test_cyclic_groups_and_counts(n_ex: int, b: int, p: float, steps: int) -> No
     assert_binomial(m.sum(axis=0), per_group_steps[group], p, checks=checks)
     sums = np.array([m[g::b].sum() for g in range(b)])
     assert_binomial(sums, sizes * per_group_steps, p, checks=checks)
+    assert [s.expected_batch_size(t) for t in range(steps)] == pytest.approx(sizes[np.arange(steps) % b] * p)
 
 
 def test_cyclic_rate_one_is_the_whole_group() -> None:
@@ -115,6 +117,7 @@ def test_balls_in_bins_one_uniform_step_each() -> None:
     assert np.all(m.sum(axis=0) == 1)            # every example in exactly one step
     assert np.array_equal(np.argmax(m, axis=0), s.step_of())
     assert_binomial(m.sum(axis=1), n_ex, 1 / steps)
+    assert s.expected_batch_size(0) == n_ex / steps
     # the step of example 0 over many seeds is uniform: the count in each step is Bin(seeds, 1/steps)
     seeds, k = 2000, 4
     firsts = np.bincount([BallsInBinsSampler(examples=3, steps=k, seed=s).step_of()[0] for s in range(seeds)],
@@ -128,6 +131,7 @@ def test_shuffle_one_epoch(n_ex: int, steps: int) -> None:
     m = membership(s)
     assert np.all(m.sum(axis=0) == 1)
     assert list(m.sum(axis=1)) == [len(g) for g in np.array_split(np.arange(n_ex), steps)]
+    assert [s.expected_batch_size(t) for t in range(steps)] == list(m.sum(axis=1))
 
 
 def test_shuffle_position_is_uniform_over_seeds() -> None:
