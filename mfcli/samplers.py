@@ -21,6 +21,11 @@ one accounting setting assumes (:mod:`mfcli.accounting`):
 * :class:`ShuffleSampler` (``shuffle``: shuffled tree and shuffled DP-SGD rows): one epoch of n
   steps; a uniform permutation of the examples cut into n consecutive near-equal batches. With
   ``examples == n`` that is the batch-size-1 shuffled epoch of Feldman-McMillan-Talwar.
+* :class:`FixedOrderSampler` (``mfcli plan``'s ``fixed-order``; records with no batch sampler,
+  deterministic participation): one seeded permutation cut into ``period`` batches, batch
+  ``t mod period`` at step t, so every example takes part exactly at the steps a fixed-epoch,
+  min-separation or single-participation schema allows (:func:`fixed_order_period`). No
+  amplification is claimed for it; the deterministic accounting holds for any such order.
 
 Randomness. Every batch is a pure function of ``(seed, step)``: numpy's counter-based Philox
 generator keyed by a SHA-256 of the seed, the sampler kind and the purpose (group permutation or
@@ -390,6 +395,62 @@ class ShuffleSampler(_Sampler):
         return np.sort(self._perm[start:start + q + (1 if step < r else 0)])
 
 
+@dataclass(frozen=True, kw_only=True)
+class FixedOrderSampler(_Sampler):
+    """Fixed order (``mfcli plan``'s ``fixed-order``): one seeded permutation cut into ``period``
+    consecutive near-equal batches (``numpy.array_split``); step t uses batch ``t mod period``.
+
+    No amplification: it is for the deterministic-participation accounting, where every example
+    must take part only in steps its schema allows. Batch j is used at steps j, j + period, ...:
+    with period = n / k that is fixed-epoch with k epochs, with period = b min-separation b (at
+    most ceil(n / b) participations), with period = n single participation
+    (:func:`fixed_order_period`). Needs examples >= period.
+    """
+
+    kind: ClassVar[str] = "fixed-order"
+    period: int = 1
+    _perm: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        b = _positive_int(self.period, "the period (batches per cycle)")
+        object.__setattr__(self, "period", b)
+        if self.examples < b:
+            raise MfcliError(f"a fixed order of {b} batches needs at least {b} examples, got {self.examples}")
+        object.__setattr__(self, "_perm", _generator(self._key("permutation"), 0).permutation(self.examples))
+
+    def _params(self) -> dict[str, Any]:
+        return {"period": self.period}
+
+    def _expected(self, step: int) -> float:
+        q, r = divmod(self.examples, self.period)
+        return float(q + (1 if step % self.period < r else 0))
+
+    def _draw(self, step: int) -> np.ndarray:
+        q, r = divmod(self.examples, self.period)
+        j = step % self.period
+        start = j * q + min(j, r)
+        return np.sort(self._perm[start:start + q + (1 if j < r else 0)])
+
+
+def fixed_order_period(schema: Any, n: int) -> int | None:
+    """The period of a :class:`FixedOrderSampler` whose every example's steps a deterministic
+    participation schema allows over n steps, or None when there is none: n for single
+    participation, n / k for k fixed epochs, b for min-separation b (if a cap k on the
+    participations is met: ceil(n / b) <= k)."""
+    from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
+
+    if isinstance(schema, SingleParticipation):
+        return n
+    if isinstance(schema, FixedEpoch):
+        return schema.steps_per_epoch(n)
+    if isinstance(schema, MinSeparation):
+        cap = schema.max_participations
+        b = schema.separation
+        return b if cap is None or -(-n // b) <= cap else None
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The sampler an accounting record names
 
@@ -449,6 +510,19 @@ def _settings(value: Any) -> list[str]:
     return [str(_decode(x)) for x in np.atleast_1d(value)]
 
 
+def _fixed_hint(path: Path, attrs: Mapping[str, Any]) -> str:
+    """', e.g. FixedOrderSampler(period=b)' for a deterministic record, when its schema has one."""
+    try:
+        from mfcli.participation import participation_from_json
+        from mfcli.structured import load_any_artifact
+
+        period = fixed_order_period(participation_from_json(str(attrs.get("participation"))),
+                                    int(load_any_artifact(path).n))
+    except MfcliError:
+        return ""
+    return "" if period is None else f", e.g. FixedOrderSampler(period={period})"
+
+
 def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, Any]]:
     """The accounting record whose batch sampler :func:`sampler_for` uses: (id, attributes).
 
@@ -470,12 +544,13 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
         rid, attrs = record, records[record]
         if _sampler_params(attrs)[0] is None:
             raise MfcliError(f"accounting record {rid!r} of {path} names no batch sampler (it accounts "
-                             "deterministic participation: any order its schema allows)")
+                             f"deterministic participation: any order its schema allows{_fixed_hint(path, attrs)})")
         return rid, attrs
     chosen = {rid: a for rid, a in records.items() if _sampler_params(a)[0] is not None}
     if not chosen:
+        last = records[list(records)[-1]]
         raise MfcliError(f"no accounting record of {path} names a batch sampler (they account deterministic "
-                         "participation: any order its schema allows)")
+                         f"participation: any order its schema allows{_fixed_hint(path, last)})")
     if len({_sampler_params(a) for a in chosen.values()}) > 1:
         raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
                          f"{', '.join(chosen)} by its id")
@@ -543,9 +618,11 @@ __all__ = [
     "BallsInBinsSampler",
     "BatchSampler",
     "CyclicPoissonSampler",
+    "FixedOrderSampler",
     "PoissonSampler",
     "ShuffleSampler",
     "accounting_records",
+    "fixed_order_period",
     "sampler_for",
     "sampler_record",
 ]

@@ -18,13 +18,16 @@ from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
+from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
 from mfcli.samplers import (
     BallsInBinsSampler,
     BatchSampler,
     CyclicPoissonSampler,
+    FixedOrderSampler,
     PoissonSampler,
     ShuffleSampler,
     accounting_records,
+    fixed_order_period,
     sampler_for,
 )
 from mfcli.strategies import tree_decoder, tree_strategy_matrix
@@ -141,6 +144,25 @@ def test_shuffle_position_is_uniform_over_seeds() -> None:
     assert_binomial(firsts, seeds, 1 / k)
 
 
+@pytest.mark.parametrize("schema, n, period", [
+    (SingleParticipation(), 6, 6),
+    (FixedEpoch(epochs=3), 6, 2),
+    (MinSeparation(separation=4), 9, 4),
+    (MinSeparation(separation=2, max_participations=3), 6, 2),
+    (MinSeparation(separation=2, max_participations=2), 6, None),   # 3 participations would exceed the cap
+], ids=["single", "fixed-epoch", "min-sep", "min-sep-cap", "cap-too-small"])
+def test_fixed_order_follows_the_schema(schema, n: int, period: int | None) -> None:
+    assert fixed_order_period(schema, n) == period
+    if period is None:
+        return
+    s = FixedOrderSampler(examples=11, period=period, steps=n, seed=6)
+    m = membership(s)
+    allowed = set(schema.patterns(n))   # from the schema's own definition
+    for e in range(11):
+        assert tuple(np.flatnonzero(m[:, e])) in allowed
+    assert [s.expected_batch_size(t) for t in range(n)] == list(m.sum(axis=1))
+
+
 # ---------------------------------------------------------------------------------------------
 # determinism, random access, resume
 
@@ -150,10 +172,11 @@ SAMPLERS = [
     lambda seed: CyclicPoissonSampler(examples=50, groups=3, rate=0.4, steps=12, seed=seed),
     lambda seed: BallsInBinsSampler(examples=50, steps=12, seed=seed),
     lambda seed: ShuffleSampler(examples=50, steps=12, seed=seed),
+    lambda seed: FixedOrderSampler(examples=50, period=5, steps=12, seed=seed),
 ]
 
 
-@pytest.mark.parametrize("make", SAMPLERS, ids=["poisson", "cyclic", "balls-in-bins", "shuffle"])
+@pytest.mark.parametrize("make", SAMPLERS, ids=["poisson", "cyclic", "balls-in-bins", "shuffle", "fixed-order"])
 def test_deterministic_random_access_and_resume(make) -> None:
     a, b, other = make(2**127 + 1), make(2**127 + 1), make(2)
     assert isinstance(a, BatchSampler)
@@ -197,6 +220,7 @@ def test_sampler_bits_are_not_the_noise_bits() -> None:
     (lambda: CyclicPoissonSampler(examples=3, groups=4, rate=0.1, steps=3, seed=1), "needs at least 4 examples"),
     (lambda: CyclicPoissonSampler(examples=3, groups=0, rate=0.1, steps=3, seed=1), "number of groups"),
     (lambda: ShuffleSampler(examples=3, steps=4, seed=1), "needs at least 4 examples"),
+    (lambda: FixedOrderSampler(examples=3, period=4, steps=8, seed=1), "needs at least 4 examples"),
     (lambda: PoissonSampler(examples=10, rate=0.1, steps=3, seed=1).batch(-1), "step must be an integer"),
     (lambda: CyclicPoissonSampler(examples=10, groups=2, rate=0.1, steps=3, seed=1).group(2), "group must be"),
 ])
@@ -275,7 +299,8 @@ def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
         sampler_for(path, examples=10, seed=1)
     _account(str(path), "--sigma", "2", "--epochs", "2")
-    with pytest.raises(MfcliError, match=r"names a batch sampler .*deterministic participation"):
+    with pytest.raises(MfcliError, match=r"names a batch sampler .*deterministic participation.*"
+                                         r"FixedOrderSampler\(period=2\)"):
         sampler_for(path, examples=10, seed=1)
     rid = next(iter(accounting_records(path)))
     with pytest.raises(MfcliError, match=f"record {rid!r} .* names no batch sampler"):
