@@ -74,7 +74,6 @@ STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
 #: The batch samplers of the accounting (``mfcli account --batching``) that have a sampler here.
 KINDS = ("poisson", "cyclic", "balls-in-bins", "shuffle")
-_MASK64 = (1 << 64) - 1
 _SEED_BOUND = 2**128
 
 
@@ -473,7 +472,7 @@ def accounting_records(artifact: str | Path) -> dict[str, dict[str, Any]]:
     path = Path(artifact)
     try:
         with h5py.File(path, "r") as f:
-            grp = f.get("accounting", getlink=False) if "accounting" in f else None
+            grp = f.get("accounting")
             out: dict[str, dict[str, Any]] = {}
             if grp is None or not isinstance(grp, h5py.Group):
                 return out
@@ -492,8 +491,11 @@ def accounting_records(artifact: str | Path) -> dict[str, dict[str, Any]]:
 def _sampler_params(attrs: Mapping[str, Any]) -> tuple[str | None, float | None, str]:
     batching = attrs.get("batching")
     batching = None if batching in (None, "null") else str(batching)
-    rate = attrs.get("sampling")
-    rate = None if rate in (None, "null") else float(rate)
+    stored = attrs.get("sampling")
+    try:
+        rate = None if stored in (None, "null") else float(stored)
+    except (TypeError, ValueError):
+        raise MfcliError(f"accounting record has a malformed sampling rate {stored!r}") from None
     return batching, rate, str(attrs.get("participation") or "")
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import binom
 from typer.testing import CliRunner
 
@@ -107,7 +109,7 @@ def test_cyclic_rate_one_is_the_whole_group() -> None:
 
 def test_cyclic_group_assignment_is_uniform_over_seeds() -> None:
     """P(example 0 lands in group 0) = |group 0| / N for the seeded uniform permutation."""
-    seeds = 3000
+    seeds = 2000
     hits = sum(int(CyclicPoissonSampler(examples=5, groups=2, rate=0.5, steps=2, seed=s).group_of()[0] == 0)
                for s in range(seeds))
     assert_binomial(hits, seeds, 3 / 5, checks=1)
@@ -138,7 +140,7 @@ def test_shuffle_one_epoch(n_ex: int, steps: int) -> None:
 
 
 def test_shuffle_position_is_uniform_over_seeds() -> None:
-    seeds, k = 2000, 4
+    seeds, k = 1000, 4
     firsts = np.bincount([int(np.argmax(membership(ShuffleSampler(examples=k, steps=k, seed=s))[:, 0]))
                           for s in range(seeds)], minlength=k)
     assert_binomial(firsts, seeds, 1 / k)
@@ -161,6 +163,29 @@ def test_fixed_order_follows_the_schema(schema, n: int, period: int | None) -> N
     for e in range(11):
         assert tuple(np.flatnonzero(m[:, e])) in allowed
     assert [s.expected_batch_size(t) for t in range(n)] == list(m.sum(axis=1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_ex=st.integers(1, 40), b=st.integers(1, 40), steps=st.integers(1, 30), seed=st.integers(0, 2**128 - 1),
+       rate=st.floats(0.01, 1.0))
+def test_structure_for_any_sizes(n_ex: int, b: int, steps: int, seed: int, rate: float) -> None:
+    """Who can be in which batch, for any sizes: cyclic members only at their group's steps, a
+    shuffled or balls-in-bins epoch uses every example exactly once, a fixed order repeats with
+    its period; batches are sorted indices in range."""
+    b = min(b, n_ex)
+    cyc = CyclicPoissonSampler(examples=n_ex, groups=b, rate=rate, steps=steps, seed=seed)
+    group = cyc.group_of()
+    assert sorted(np.bincount(group, minlength=b)) == sorted(len(g) for g in np.array_split(np.arange(n_ex), b))
+    rows, cols = np.nonzero(membership(cyc))
+    assert np.all(rows % b == group[cols])
+    assert np.all(membership(BallsInBinsSampler(examples=n_ex, steps=steps, seed=seed)).sum(axis=0) == 1)
+    if n_ex >= steps:
+        assert np.all(membership(ShuffleSampler(examples=n_ex, steps=steps, seed=seed)).sum(axis=0) == 1)
+    fixed = membership(FixedOrderSampler(examples=n_ex, period=b, steps=steps, seed=seed))
+    if steps > b:
+        assert np.array_equal(fixed[b:], fixed[:-b])
+    if steps >= b:
+        assert np.all(fixed[:b].sum(axis=0) == 1)   # one cycle uses every example once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +323,8 @@ def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
     path = _artifact(tmp_path / "id4.h5", np.eye(4), "identity")
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
         sampler_for(path, examples=10, seed=1)
+    with pytest.raises(MfcliError, match="cannot read its accounting records"):
+        sampler_for(tmp_path / "missing.h5", examples=10, seed=1)
     _account(str(path), "--sigma", "2", "--epochs", "2")
     with pytest.raises(MfcliError, match=r"names a batch sampler .*deterministic participation.*"
                                          r"FixedOrderSampler\(period=2\)"):
