@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         SingleParticipation,
         participation_from_json,
     )
+    from mfcli.samplers import CyclicPoissonSampler, PoissonSampler, sampler_for
     from mfcli.solver import SolveResult, optimal_factorization
     from mfcli.toeplitz import BandedToeplitz
     from mfcli.workloads import (
@@ -57,6 +58,9 @@ _EXPORTS = {
     "Sensitivity": "mfcli.participation",
     "SingleParticipation": "mfcli.participation",
     "participation_from_json": "mfcli.participation",
+    "CyclicPoissonSampler": "mfcli.samplers",
+    "PoissonSampler": "mfcli.samplers",
+    "sampler_for": "mfcli.samplers",
     "SolveResult": "mfcli.solver",
     "optimal_factorization": "mfcli.solver",
     "BandedToeplitz": "mfcli.toeplitz",
@@ -87,11 +91,13 @@ __all__ = [
     "ArtifactError",
     "BandedToeplitz",
     "BufferedToeplitz",
+    "CyclicPoissonSampler",
     "Factorization",
     "FixedEpoch",
     "MfcliError",
     "MinSeparation",
     "Participation",
+    "PoissonSampler",
     "Sensitivity",
     "SingleParticipation",
     "SolveResult",
@@ -102,6 +108,7 @@ __all__ = [
     "optimal_factorization",
     "participation_from_json",
     "prefix_workload",
+    "sampler_for",
     "save_artifact",
     "sensitivity",
     "shipped_artifact",

@@ -1,0 +1,630 @@
+"""Batch samplers that match mfcli's accounting: which examples a trainer puts in the batch of step t
+(docs/samplers.md).
+
+Amplification by sampling is part of the privacy claim: an epsilon accounted under Poisson sampling
+holds only if the batches are really drawn that way. Each sampler here draws exactly the batches
+one accounting setting assumes (:mod:`mfcli.accounting`):
+
+* :class:`PoissonSampler` (``poisson``: DP-SGD and MMCC rows): at every step t < n, every example
+  is in the batch independently with probability ``rate``.
+* :class:`CyclicPoissonSampler` (``cyclic``: the cyclic-Poisson row, 2306.08153 Alg. 2): the
+  examples are split once, by a seeded uniform permutation, into b groups of near-equal size
+  (``numpy.array_split``: the first ``examples mod b`` groups hold one example more); at step t
+  every member of group ``t mod b`` is in the batch independently with probability ``rate``, and
+  nobody else is. Every example belongs to exactly one group, so it can take part only at steps
+  congruent to its group mod b, each time independently with probability ``rate``: the setting
+  of the accounting whatever the group sizes (Thm. 3 does not depend on them; ragged groups only
+  make the expected batch size differ by ``rate`` between steps).
+* :class:`BallsInBinsSampler` (``balls-in-bins``: the balls-in-bins tree row): one epoch of n
+  steps; every example is placed in exactly one step, chosen uniformly at random and independently
+  of the other examples.
+* :class:`ShuffleSampler` (``shuffle``: shuffled tree and shuffled DP-SGD rows): one epoch of n
+  steps; a uniform permutation of the examples cut into n consecutive near-equal batches. With
+  ``examples == n`` that is the batch-size-1 shuffled epoch of Feldman-McMillan-Talwar.
+* :class:`FixedOrderSampler` (``mfcli plan``'s ``fixed-order``; records with no batch sampler,
+  deterministic participation): one seeded permutation cut into ``period`` batches, batch
+  ``t mod period`` at step t, so every example takes part exactly at the steps a fixed-epoch,
+  min-separation or single-participation schema allows (:func:`fixed_order_period`). No
+  amplification is claimed for it; the deterministic accounting holds for any such order.
+
+Randomness. Every batch is a pure function of ``(seed, step)``: numpy's counter-based Philox
+generator keyed by a SHA-256 of the seed, the sampler kind and the purpose (group permutation or
+step draw), with the step in the counter. So ``batch(t)`` is random access (resume at any step
+without replay), iteration and random access agree, and a sampler never shares random bits with a
+noise stream (:mod:`mfcli.noise`) even when the same seed is passed to both. The seed is a secret
+like the noise seed: the amplification assumes nobody but the trainer knows who was in which
+batch; draw it with ``secrets.randbits(128)``.
+
+Resuming mirrors :mod:`mfcli.noise`: :meth:`state_dict` is a checkpoint of the next step to draw
+(with the sampler's identity and an HMAC tag keyed by the seed), :meth:`load_state_dict` checks it
+fits this sampler and returns that step. A step t >= n is refused: drawing batches past the end
+means training past what was accounted.
+
+:func:`sampler_for` builds the sampler that an artifact's accounting record (``mfcli account
+--write``, ``mfcli plan --out``) names, with its rate, groups and step count.
+
+Example:
+    >>> s = PoissonSampler(examples=1000, rate=0.01, steps=4, seed=7)
+    >>> b = s.batch(2)                       # sorted int64 indices of the examples in step 2
+    >>> bool(((0 <= b) & (b < 1000)).all()) and bool((b == s.batch(2)).all())
+    True
+    >>> [len(x) for x in s] == [len(s.batch(t)) for t in range(4)]
+    True
+    >>> c = CyclicPoissonSampler(examples=10, groups=4, rate=1.0, steps=8, seed=1)
+    >>> [len(c.batch(t)) for t in range(4)]   # rate 1: group t mod 4 whole; 10 = 3 + 3 + 2 + 2
+    [3, 3, 2, 2]
+    >>> c.load_state_dict(c.state_dict(5))   # resume: the next step to draw
+    5
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+
+STATE_FORMAT = "mfcli.sampler_state"
+STATE_FORMAT_VERSION = 1
+#: The batch samplers of the accounting (``mfcli account --batching``) that have a sampler here.
+KINDS = ("poisson", "cyclic", "balls-in-bins", "shuffle")
+_SEED_BOUND = 2**128
+
+
+@runtime_checkable
+class BatchSampler(Protocol):
+    """What a training loop needs from a batch sampler: ``batch(t)`` for the steps 0..n-1."""
+
+    kind: ClassVar[str]
+
+    @property
+    def examples(self) -> int:
+        """The number of examples N (indices 0..N-1)."""
+        ...
+
+    @property
+    def steps(self) -> int:
+        """The number of steps n the sampler covers (the accounted steps)."""
+        ...
+
+    def batch(self, step: int) -> np.ndarray:
+        """Sorted int64 indices (into 0..examples-1) of the examples in the batch of ``step``."""
+        ...
+
+    def batches(self, start: int = 0) -> Iterator[np.ndarray]:
+        """``batch(t)`` for t = start, ..., steps - 1."""
+        ...
+
+    def expected_batch_size(self, step: int) -> float:
+        """E|batch(step)| over the sampler's randomness (a constant to divide the noisy sum by)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary (no seed)."""
+        ...
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """A checkpoint saying the next step to draw is ``step``."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> int:
+        """The next step to draw, from a checkpoint of this sampler."""
+        ...
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_rate(rate: Any) -> float:
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+        raise MfcliError(f"the sampling rate must be a number in (0, 1], got {rate!r}")
+    r = float(rate)
+    if not (0.0 < r <= 1.0):   # also refuses NaN
+        raise MfcliError(f"the sampling rate must be in (0, 1], got {rate!r}")
+    return r
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < _SEED_BOUND:
+        raise MfcliError(f"the sampler seed must be an integer in [0, 2^128), got {seed!r}")
+    return int(seed)
+
+
+def _generator(key: int, counter: int) -> np.random.Generator:
+    """Philox keyed by ``key`` (128 bits) at counter (0, 0, counter, 0): independent streams per
+    counter value, as in :mod:`mfcli.noise`."""
+    bg = np.random.Philox(key=key, counter=[0, 0, counter, 0])
+    return np.random.Generator(bg)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Sampler:
+    """Shared checks, random access, iteration and checkpoints; subclasses draw one step."""
+
+    kind: ClassVar[str] = ""
+    examples: int
+    steps: int
+    seed: int = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "examples", _positive_int(self.examples, "the number of examples"))
+        object.__setattr__(self, "steps", _positive_int(self.steps, "the number of steps"))
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+
+    # ------------------------------------------------------------------ randomness
+
+    def _key(self, purpose: str) -> int:
+        """A 128-bit Philox key for one purpose, derived from the seed (never the seed itself, so
+        no sampler draws the bits of a noise stream with the same seed)."""
+        h = hashlib.sha256(f"mfcli-sampler|{self.kind}|{purpose}|{self.seed}".encode()).digest()
+        return int.from_bytes(h[:16], "little")
+
+    def _step_generator(self, step: int) -> np.random.Generator:
+        return _generator(self._key("step"), step)
+
+    def _draw(self, step: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _expected(self, step: int) -> float:
+        raise NotImplementedError
+
+    def expected_batch_size(self, step: int) -> float:
+        """E|batch(step)| over the sampler's randomness (the seed): a constant that does not depend
+        on who was sampled, so dividing the noisy gradient sum by it keeps the sensitivity."""
+        return self._expected(self._check_step(step))
+
+    # ------------------------------------------------------------------ public interface
+
+    def _check_step(self, step: Any, *, allow_end: bool = False) -> int:
+        top = self.steps if allow_end else self.steps - 1
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= int(step) <= top:
+            raise MfcliError(f"step must be an integer in [0, {top}] (the sampler covers {self.steps} steps), "
+                             f"got {step!r}")
+        return int(step)
+
+    def batch(self, step: int) -> np.ndarray:
+        """Sorted int64 indices of the examples in the batch of ``step`` (a new array). The same
+        (seed, step) always gives the same batch. Step >= steps is refused: it was not accounted."""
+        out = self._draw(self._check_step(step))
+        return np.asarray(out, dtype=np.int64)
+
+    def batches(self, start: int = 0) -> Iterator[np.ndarray]:
+        """``batch(t)`` for t = start, ..., steps - 1 (resume with ``start``)."""
+        start = self._check_step(start, allow_end=True)
+        for t in range(start, self.steps):
+            yield self.batch(t)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.batches(0)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _params(self) -> dict[str, Any]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary (no seed): kind, examples, steps and the kind's parameters."""
+        return {"kind": self.kind, "examples": self.examples, "steps": self.steps, **self._params()}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _identity(self) -> str:
+        return json.dumps(self.describe(), sort_keys=True)
+
+    def _seed_hash(self) -> str:
+        return hashlib.sha256(f"mfcli-sampler-seed|{self.seed}|{self._identity()}".encode()).hexdigest()
+
+    def _tag(self, step: int) -> str:
+        key = hashlib.sha256(f"mfcli-sampler-checkpoint-key|{self.seed}".encode()).digest()
+        return hmac.new(key, f"{self._identity()}|{step}".encode(), hashlib.sha256).hexdigest()
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """A checkpoint: the next step to draw is ``step`` (0..steps). Holds the sampler's
+        description, a one-way hash of the seed and an HMAC-SHA256 tag keyed by the seed, so a
+        checkpoint edited (step rewound) or written by another sampler is refused on load."""
+        t = self._check_step(step, allow_end=True)
+        return {"format": STATE_FORMAT, "format_version": STATE_FORMAT_VERSION, "step": t,
+                "sampler": self._identity(), "seed_sha256": self._seed_hash(), "tag": self._tag(t)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> int:
+        """The next step to draw, after checking the checkpoint was written by this sampler (same
+        kind, parameters and seed) and not edited. Raises MfcliError naming the mismatch."""
+        if not isinstance(state_dict, Mapping):
+            raise MfcliError("not an mfcli sampler checkpoint (expected a mapping)")
+        sd = {k: (v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v) for k, v in state_dict.items()}
+        if sd.get("format") != STATE_FORMAT:
+            raise MfcliError(f"not an mfcli sampler checkpoint (format is not {STATE_FORMAT})")
+        if sd.get("format_version") != STATE_FORMAT_VERSION:
+            raise MfcliError(f"sampler checkpoint format_version {sd.get('format_version')!r} is not supported")
+        if sd.get("sampler") != self._identity():
+            raise MfcliError(f"sampler checkpoint does not fit this sampler: it was written by {sd.get('sampler')}, "
+                             f"this sampler is {self._identity()}")
+        if sd.get("seed_sha256") != self._seed_hash():
+            raise MfcliError("sampler checkpoint was written with a different seed than this sampler's")
+        t = self._check_step(sd.get("step"), allow_end=True)
+        tag = sd.get("tag")
+        if not isinstance(tag, str) or not hmac.compare_digest(tag, self._tag(t)):
+            raise MfcliError("sampler checkpoint failed its authentication tag: it was edited or not written "
+                             "by this sampler")
+        return t
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoissonSampler(_Sampler):
+    """Poisson sampling: at every step, every example independently with probability ``rate``.
+
+    The batch size is Binomial(examples, rate) (it varies; do not pad or truncate batches: the
+    accounting assumes the sampled set as drawn). One uniform per example per step: O(examples).
+    """
+
+    kind: ClassVar[str] = "poisson"
+    rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "rate", _check_rate(self.rate))
+
+    def _params(self) -> dict[str, Any]:
+        return {"rate": self.rate}
+
+    def _draw(self, step: int) -> np.ndarray:
+        u = self._step_generator(step).random(self.examples)
+        return np.flatnonzero(u < self.rate)
+
+    def _expected(self, step: int) -> float:
+        return self.examples * self.rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class CyclicPoissonSampler(_Sampler):
+    """Cyclic Poisson sampling (2306.08153 Alg. 2): ``groups`` = b groups fixed once by a seeded
+    permutation (near-equal sizes, the larger ones first); at step t, every member of group
+    ``t mod b`` independently with probability ``rate``.
+
+    Needs examples >= b (an empty group would be a step with nobody to sample: a mistake, not a
+    setting the accounting describes differently).
+    """
+
+    kind: ClassVar[str] = "cyclic"
+    groups: int = 1
+    rate: float = 0.0
+    _members: tuple[np.ndarray, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        b = _positive_int(self.groups, "the number of groups")
+        object.__setattr__(self, "groups", b)
+        object.__setattr__(self, "rate", _check_rate(self.rate))
+        if b > self.examples:
+            raise MfcliError(f"cyclic Poisson sampling with {b} groups needs at least {b} examples, got {self.examples}")
+        perm = _generator(self._key("groups"), 0).permutation(self.examples)
+        object.__setattr__(self, "_members", tuple(np.sort(g) for g in np.array_split(perm, b)))
+
+    def _params(self) -> dict[str, Any]:
+        return {"groups": self.groups, "rate": self.rate}
+
+    def group(self, g: int) -> np.ndarray:
+        """The sorted members of group ``g`` (0..b-1): sampled at the steps t with t mod b = g."""
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not 0 <= int(g) < self.groups:
+            raise MfcliError(f"group must be an integer in [0, {self.groups - 1}], got {g!r}")
+        return self._members[int(g)].copy()
+
+    def group_of(self) -> np.ndarray:
+        """For every example, its group (an int64 array of length ``examples``)."""
+        out = np.empty(self.examples, dtype=np.int64)
+        for g, m in enumerate(self._members):
+            out[m] = g
+        return out
+
+    def _expected(self, step: int) -> float:
+        # group sizes come from array_split of N, not from the permutation: a constant
+        q, r = divmod(self.examples, self.groups)
+        return (q + (1 if step % self.groups < r else 0)) * self.rate
+
+    def _draw(self, step: int) -> np.ndarray:
+        members = self._members[step % self.groups]
+        u = self._step_generator(step).random(members.size)
+        return members[u < self.rate]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BallsInBinsSampler(_Sampler):
+    """Balls-in-bins (random allocation) over one epoch of ``steps`` steps: every example in exactly
+    one step, uniform and independent of the others. Batch sizes are Binomial(examples, 1/steps)
+    jointly multinomial; some batches may be empty."""
+
+    kind: ClassVar[str] = "balls-in-bins"
+    _order: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+    _starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False,
+                                compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bins = _generator(self._key("allocation"), 0).integers(0, self.steps, size=self.examples)
+        order = np.argsort(bins, kind="stable")   # examples by step, ascending within a step
+        object.__setattr__(self, "_order", order.astype(np.int64))
+        object.__setattr__(self, "_starts", np.searchsorted(bins[order], np.arange(self.steps + 1)))
+
+    def step_of(self) -> np.ndarray:
+        """For every example, the one step it is placed in (an int64 array of length ``examples``)."""
+        out = np.empty(self.examples, dtype=np.int64)
+        for t in range(self.steps):
+            out[self._order[self._starts[t]:self._starts[t + 1]]] = t
+        return out
+
+    def _draw(self, step: int) -> np.ndarray:
+        return self._order[self._starts[step]:self._starts[step + 1]].copy()
+
+    def _expected(self, step: int) -> float:
+        return self.examples / self.steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShuffleSampler(_Sampler):
+    """One shuffled epoch: a uniform permutation cut into ``steps`` consecutive near-equal batches
+    (``numpy.array_split``); batch size 1 when ``examples == steps``. Needs examples >= steps."""
+
+    kind: ClassVar[str] = "shuffle"
+    _perm: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.examples < self.steps:
+            raise MfcliError(f"a shuffled epoch of {self.steps} steps needs at least {self.steps} examples, "
+                             f"got {self.examples}")
+        object.__setattr__(self, "_perm", _generator(self._key("permutation"), 0).permutation(self.examples))
+
+    def _expected(self, step: int) -> float:
+        q, r = divmod(self.examples, self.steps)
+        return float(q + (1 if step < r else 0))
+
+    def _draw(self, step: int) -> np.ndarray:
+        q, r = divmod(self.examples, self.steps)
+        start = step * q + min(step, r)
+        return np.sort(self._perm[start:start + q + (1 if step < r else 0)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedOrderSampler(_Sampler):
+    """Fixed order (``mfcli plan``'s ``fixed-order``): one seeded permutation cut into ``period``
+    consecutive near-equal batches (``numpy.array_split``); step t uses batch ``t mod period``.
+
+    No amplification: it is for the deterministic-participation accounting, where every example
+    must take part only in steps its schema allows. Batch j is used at steps j, j + period, ...:
+    with period = n / k that is fixed-epoch with k epochs, with period = b min-separation b (at
+    most ceil(n / b) participations), with period = n single participation
+    (:func:`fixed_order_period`). Needs examples >= period.
+    """
+
+    kind: ClassVar[str] = "fixed-order"
+    period: int = 1
+    _perm: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        b = _positive_int(self.period, "the period (batches per cycle)")
+        object.__setattr__(self, "period", b)
+        if self.examples < b:
+            raise MfcliError(f"a fixed order of {b} batches needs at least {b} examples, got {self.examples}")
+        object.__setattr__(self, "_perm", _generator(self._key("permutation"), 0).permutation(self.examples))
+
+    def _params(self) -> dict[str, Any]:
+        return {"period": self.period}
+
+    def _expected(self, step: int) -> float:
+        q, r = divmod(self.examples, self.period)
+        return float(q + (1 if step % self.period < r else 0))
+
+    def _draw(self, step: int) -> np.ndarray:
+        q, r = divmod(self.examples, self.period)
+        j = step % self.period
+        start = j * q + min(j, r)
+        return np.sort(self._perm[start:start + q + (1 if j < r else 0)])
+
+
+def fixed_order_period(schema: Any, n: int) -> int | None:
+    """The period of a :class:`FixedOrderSampler` whose every example's steps a deterministic
+    participation schema allows over n steps, or None when there is none: n for single
+    participation, n / k for k fixed epochs, b for min-separation b (if a cap k on the
+    participations is met: ceil(n / b) <= k)."""
+    from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
+
+    if isinstance(schema, SingleParticipation):
+        return n
+    if isinstance(schema, FixedEpoch):
+        return schema.steps_per_epoch(n)
+    if isinstance(schema, MinSeparation):
+        cap = schema.max_participations
+        b = schema.separation
+        return b if cap is None or -(-n // b) <= cap else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler an accounting record names
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        return v.item()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def accounting_records(artifact: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``mfcli.accounting`` records of an artifact: {record id: its attributes}, oldest first
+    (ids start with the UTC time of writing). Raises MfcliError for an unreadable file."""
+    import h5py
+
+    path = Path(artifact)
+    try:
+        with h5py.File(path, "r") as f:
+            grp = f.get("accounting")
+            out: dict[str, dict[str, Any]] = {}
+            if grp is None or not isinstance(grp, h5py.Group):
+                return out
+            for rid in sorted(grp):
+                rec = grp[rid]
+                if not isinstance(rec, h5py.Group):
+                    continue
+                attrs = {k: _decode(v) for k, v in rec.attrs.items()}
+                if attrs.get("format") == "mfcli.accounting":
+                    out[rid] = attrs
+            return out
+    except (OSError, KeyError, ValueError) as exc:
+        raise MfcliError(f"{path}: cannot read its accounting records: {exc}") from None
+
+
+def _sampler_params(attrs: Mapping[str, Any]) -> tuple[str | None, float | None, str]:
+    batching = attrs.get("batching")
+    batching = None if batching in (None, "null") else str(batching)
+    stored = attrs.get("sampling")
+    try:
+        rate = None if stored in (None, "null") else float(stored)
+    except (TypeError, ValueError):
+        raise MfcliError(f"accounting record has a malformed sampling rate {stored!r}") from None
+    return batching, rate, str(attrs.get("participation") or "")
+
+
+def _settings(value: Any) -> list[str]:
+    """The record's ``settings`` attribute (stored as a JSON list, or an array of names)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return [value]
+        return [str(x) for x in parsed] if isinstance(parsed, list) else [str(parsed)]
+    return [str(_decode(x)) for x in np.atleast_1d(value)]
+
+
+def _fixed_hint(path: Path, attrs: Mapping[str, Any]) -> str:
+    """', e.g. FixedOrderSampler(period=b)' for a deterministic record, when its schema has one."""
+    try:
+        from mfcli.participation import participation_from_json
+        from mfcli.structured import load_any_artifact
+
+        period = fixed_order_period(participation_from_json(str(attrs.get("participation"))),
+                                    int(load_any_artifact(path).n))
+    except MfcliError:
+        return ""
+    return "" if period is None else f", e.g. FixedOrderSampler(period={period})"
+
+
+def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The accounting record whose batch sampler :func:`sampler_for` uses: (id, attributes).
+
+    ``record`` picks one by id; without it the artifact's records that name a batch sampler must all
+    name the same one (same sampler, rate and schema), and the newest of them is returned. Its
+    ``sigma`` is the noise multiplier to train with (noise rows are per unit sigma and clip norm).
+
+    Raises:
+        MfcliError: no record; none naming a batch sampler (deterministic-participation records:
+            any order their schema allows); records that disagree; an unknown ``record``.
+    """
+    path = Path(artifact)
+    records = accounting_records(path)
+    if not records:
+        raise MfcliError(f"{path} has no accounting record; write one with mfcli account --write (or plan --out)")
+    if record is not None:
+        if record not in records:
+            raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(records)}")
+        rid, attrs = record, records[record]
+        if _sampler_params(attrs)[0] is None:
+            raise MfcliError(f"accounting record {rid!r} of {path} names no batch sampler (it accounts "
+                             f"deterministic participation: any order its schema allows{_fixed_hint(path, attrs)})")
+        return rid, attrs
+    chosen = {rid: a for rid, a in records.items() if _sampler_params(a)[0] is not None}
+    if not chosen:
+        last = records[list(records)[-1]]
+        raise MfcliError(f"no accounting record of {path} names a batch sampler (they account deterministic "
+                         f"participation: any order its schema allows{_fixed_hint(path, last)})")
+    if len({_sampler_params(a) for a in chosen.values()}) > 1:
+        raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
+                         f"{', '.join(chosen)} by its id")
+    rid = list(chosen)[-1]
+    return rid, chosen[rid]
+
+
+def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None) -> BatchSampler:
+    """The batch sampler an artifact's accounting record assumes, for ``examples`` examples.
+
+    Reads the record (:func:`sampler_record`): its batch sampler (``batching``), sampling rate,
+    participation schema, and the artifact's n (the steps): ``poisson`` -> :class:`PoissonSampler`
+    (n steps at the rate); ``cyclic`` -> :class:`CyclicPoissonSampler` with b groups, b the cycle
+    length the accounting used (:func:`mfcli.accounting.multi.cycle_length`: the separation of a
+    min-sep schema, n / k for k fixed epochs, n for one epoch); ``balls-in-bins`` ->
+    :class:`BallsInBinsSampler` and ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps.
+
+    The record's numbers are read, not re-verified: ``mfcli inspect`` verifies them against the
+    operator.
+
+    Raises:
+        MfcliError: as :func:`sampler_record`; or ``examples`` the record's setting cannot use
+            (fewer than the b groups of a cyclic record; fewer than n for a shuffle record; not
+            exactly n for a shuffle record with the batch-size-1 shuffled DP-SGD row).
+    """
+    from mfcli.participation import participation_from_json
+    from mfcli.structured import load_any_artifact
+
+    examples = _positive_int(examples, "the number of examples")
+    path = Path(artifact)
+    rid, attrs = sampler_record(path, record)
+    batching, rate, participation = _sampler_params(attrs)
+    art = load_any_artifact(path)
+    n = int(art.n)
+    if batching in ("poisson", "cyclic") and rate is None:
+        raise MfcliError(f"accounting record {rid!r} names the {batching} batch sampler but stores no sampling rate")
+    if batching == "poisson":
+        assert rate is not None
+        return PoissonSampler(examples=examples, rate=rate, steps=n, seed=seed)
+    if batching == "cyclic":
+        from mfcli.accounting.multi import cycle_length
+
+        assert rate is not None
+        b = cycle_length(participation_from_json(participation), n)
+        if examples < b:
+            raise MfcliError(f"accounting record {rid!r} assumes cyclic Poisson sampling with {b} groups; "
+                             f"{examples} examples cannot fill {b} groups")
+        return CyclicPoissonSampler(examples=examples, groups=b, rate=rate, steps=n, seed=seed)
+    if batching == "balls-in-bins":
+        return BallsInBinsSampler(examples=examples, steps=n, seed=seed)
+    if batching == "shuffle":
+        names = _settings(attrs.get("settings"))
+        if "shuffled-dp-sgd" in names and examples != n:
+            raise MfcliError(f"accounting record {rid!r} includes shuffled DP-SGD, which assumes batch size 1: "
+                             f"{n} examples for its {n} steps, got {examples}")
+        if examples < n:
+            raise MfcliError(f"accounting record {rid!r} assumes one shuffled epoch of {n} steps; {examples} "
+                             "examples cannot fill them")
+        return ShuffleSampler(examples=examples, steps=n, seed=seed)
+    raise MfcliError(f"accounting record {rid!r} names batch sampler {batching!r}, which mfcli has no sampler for")
+
+
+__all__ = [
+    "KINDS",
+    "BallsInBinsSampler",
+    "BatchSampler",
+    "CyclicPoissonSampler",
+    "FixedOrderSampler",
+    "PoissonSampler",
+    "ShuffleSampler",
+    "accounting_records",
+    "fixed_order_period",
+    "sampler_for",
+    "sampler_record",
+]
