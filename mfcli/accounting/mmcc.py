@@ -119,6 +119,15 @@ class PreparedStrategy:
         return self.strategy.shape[1]
 
 
+#: What holds for a C that MMCC refuses (negative entries): not the single-pass bound (under
+#: Poisson sampling an example may take part in many steps), but the deterministic bound over
+#: every participation pattern, which joint convexity of the hockey-stick divergence carries over
+#: to the sampler's mixture (docs/accounting.md, "A C with negative entries").
+NEGATIVE_C_ADVICE = ("Without amplification, the deterministic bound over every participation pattern (minimum "
+                     "separation 1: any subset of the steps) is valid under Poisson sampling; the single-pass bound "
+                     "is not, since an example may take part in many steps")
+
+
 def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
     """Check C for MMCC and scale it to max column norm 1.
 
@@ -135,8 +144,7 @@ def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.nda
     if np.any(c < 0):
         r, j = np.argwhere(c < 0)[0]
         raise MfcliError(
-            f"MMCC needs a non-negative strategy C; C[{r}, {j}] = {c[r, j]:.3g} < 0 "
-            "(use the single-pass bound for this C)"
+            f"MMCC needs a non-negative strategy C; C[{r}, {j}] = {c[r, j]:.3g} < 0. {NEGATIVE_C_ADVICE}"
         )
     if release_steps is None:
         if m != n:

@@ -397,6 +397,9 @@ class AccountingReport:
     #: One line per requested setting that was left out, and why (a structured artifact above
     #: STRUCTURED_DENSE_MAX_N under Poisson sampling: MMCC needs the dense C).
     notes: tuple[str, ...] = ()
+    #: {setting: why it was not run} for a requested setting whose assumptions fail for this C
+    #: (MMCC on a C with negative entries); its line is also in ``notes``.
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def results(self) -> dict[str, Any]:
@@ -457,6 +460,7 @@ class AccountingReport:
             "delta": self.delta,
             "settings": rows,
             **({"notes": list(self.notes)} if self.notes else {}),
+            **({"refused": dict(self.refused)} if self.refused else {}),
         }
 
 
@@ -530,8 +534,20 @@ def account(
     if poisson_rate is not None and "dp-sgd" in settings:
         dp = dpsgd(sigma=sigma, sampling=poisson_rate, steps=inp.n, delta=opts.delta,
                    value_discretization=opts.value_discretization)
+    notes: tuple[str, ...] = ()
+    refused: dict[str, str] = {}
     if poisson_rate is not None and "mmcc" in settings:
-        check_setting_applies(inp, "mmcc")
+        try:
+            check_setting_applies(inp, "mmcc")
+        except MfcliError as exc:
+            # Like a structured artifact above the dense limit: the rows that do apply are shown
+            # and MMCC's row is replaced by why it is not run (and what holds instead); a run that
+            # would show nothing else is refused in one line.
+            if dp is None:
+                raise
+            refused["mmcc"] = str(exc)
+            notes = (f"MMCC: not run; {exc}",)
+    if poisson_rate is not None and "mmcc" in settings and "mmcc" not in refused:
         prep = prepare_strategy(c, inp.release_steps)
         upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
@@ -552,7 +568,7 @@ def account(
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
                             single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, deterministic=det,
                             cyclic_poisson=cyc, participation=schema, batching=batching,
-                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp)
+                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp, notes=notes, refused=refused)
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,

@@ -120,7 +120,13 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                          "bound, never used to calibrate)")
         elif br.banded_note is not None:
             notes.append(f"MMCC estimate: {br.banded_note}")
-    notes.extend(report.notes)
+    if "mmcc" in report.refused:
+        t.add_row("MMCC (Poisson)", "not run", assumes("mmcc"),
+                  "its assumptions fail for this C (see below); no amplified bound is claimed")
+    # The library says which bound holds; the flag that asks for it is the CLI's to name.
+    hint = "mmcc" in report.refused and report.deterministic is None
+    notes.extend(line + (" (add --min-sep 1 for that row)" if hint and line.startswith("MMCC: not run") else "")
+                 for line in report.notes)
     st = report.shuffled_tree
     if st is not None:
         t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
@@ -377,9 +383,14 @@ def account(
     if calibrated == "unsampled":
         calibrated = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
     if calibrated is not None:
-        from mfcli.accounting.session import check_setting_schema
+        from mfcli.accounting.session import check_setting_applies, check_setting_schema
 
         check_setting_schema(calibrated, schema, inp.n)
+        if calibrated == "mmcc":
+            try:
+                check_setting_applies(inp, "mmcc")
+            except MfcliError as exc:  # the library names the bound; the CLI names the flags that ask for it
+                raise MfcliError(f"{exc} (without --sampling, --min-sep 1 calibrates that bound)") from None
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write:

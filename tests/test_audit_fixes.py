@@ -1,0 +1,76 @@
+"""Fixes from an independent privacy audit (2026-12-01): each test fails on the code before its fix.
+
+Oracles are independent of the code under test: brute force over every participation pattern and
+sign vector at small n, closed-form column norms, the artifact's own stored records.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+from mfcli.accounting.session import account, resolve_strategy
+from mfcli.cli.app import app
+from mfcli.participation import MinSeparation
+
+runner = CliRunner()
+
+
+def _neg_c(n: int = 6, seed: int = 3) -> np.ndarray:
+    """A random lower-triangular C with negative entries, max column norm 1."""
+    rng = np.random.default_rng(seed)
+    c = np.tril(rng.normal(size=(n, n)))
+    c[np.diag_indices(n)] = np.abs(c[np.diag_indices(n)]) + 1.0
+    return c / np.linalg.norm(c, axis=0).max()
+
+
+def _sign_pattern_max(c: np.ndarray) -> float:
+    """max over every non-empty subset S of steps and signs u in {-1, 1}^S of ||C u|| (a lower
+    bound on the sensitivity over every participation pattern; brute force)."""
+    n = c.shape[1]
+    best = 0.0
+    for signs in itertools.product((-1.0, 0.0, 1.0), repeat=n):
+        best = max(best, float(np.linalg.norm(c @ np.array(signs))))
+    return best
+
+
+# --- finding 1: MMCC's refusal of a C with negative entries ----------------------------------------
+
+
+def test_negative_c_refusal_advises_a_bound_valid_under_poisson(tmp_path):
+    c = _neg_c()
+    path = tmp_path / "neg.npy"
+    np.save(path, c)
+    # The old advice ("use the single-pass bound") is unsafe: under Poisson sampling an example
+    # may take part in every step, and ||C 1|| already exceeds the single-pass sensitivity 1.
+    assert np.linalg.norm(c @ np.ones(c.shape[1])) > 1.0 + 1e-6
+    r = runner.invoke(app, ["account", str(path), "--sampling", "0.1", "--sigma", "2", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert "dp-sgd" in out["settings"] and "mmcc" not in out["settings"]
+    why = out["refused"]["mmcc"]
+    assert "single-pass bound for this C" not in why and "minimum separation 1" in why
+    assert "--" not in why  # the library names no CLI flag
+    assert any(line.startswith("MMCC: not run") for line in out["notes"])
+    # the advised bound: deterministic at min-sep 1 covers every pattern (brute force)
+    inp = resolve_strategy(path)
+    rep = account(inp, sigma=2.0, sampling=None, participation=MinSeparation(separation=1))
+    assert rep.deterministic is not None
+    assert rep.deterministic.sensitivity.value >= _sign_pattern_max(c) - 1e-12
+    # the table names the refused row and the flag that asks for the valid bound
+    r = runner.invoke(app, ["account", str(path), "--sampling", "0.1", "--sigma", "2", "-q"])
+    assert r.exit_code == 0 and "not run" in r.stdout and "add --min-sep 1 for that row" in r.stdout
+    r = runner.invoke(app, ["account", str(path), "--sampling", "0.1", "--sigma", "2", "--epochs", "2", "-q"])
+    assert r.exit_code == 0 and "MMCC: not run" in r.stdout and "deterministic" in r.stdout
+
+
+def test_negative_c_mmcc_calibration_refused_in_one_line(tmp_path):
+    path = tmp_path / "neg.npy"
+    np.save(path, _neg_c())
+    r = runner.invoke(app, ["account", str(path), "--sampling", "0.1", "--epsilon", "2", "-q"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the mmcc setting does not apply")
+    assert "use the single-pass bound" not in lines[0] and "--min-sep 1" in lines[0]
