@@ -12,8 +12,11 @@ import numpy as np
 from typer.testing import CliRunner
 
 from mfcli.accounting.session import account, resolve_strategy
+from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
-from mfcli.participation import MinSeparation
+from mfcli.participation import FixedEpoch, MinSeparation
+from mfcli.strategies import build_strategy
+from mfcli.workloads import prefix_workload
 
 runner = CliRunner()
 
@@ -74,3 +77,44 @@ def test_negative_c_mmcc_calibration_refused_in_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the mmcc setting does not apply")
     assert "use the single-pass bound" not in lines[0] and "--min-sep 1" in lines[0]
+
+
+# --- finding 2: compare -a follows the schema the artifact declares (account's rule) -------------
+
+
+def _declared(tmp_path, schema, n: int = 8):
+    path = tmp_path / "declared.h5"
+    fact = build_strategy("sqrt", prefix_workload(n)).factorization
+    save_artifact(path, fact, workload_name="prefix", strategy_name="sqrt", participation=schema)
+    return path, fact
+
+
+def _brute_sensitivity_fixed_epoch(c: np.ndarray, epochs: int) -> float:
+    """max over i in an epoch and signs of ||sum_k s_k C[:, i + k b]|| (the same order every epoch)."""
+    n = c.shape[1]
+    b = n // epochs
+    best = 0.0
+    for i in range(b):
+        cols = c[:, [i + k * b for k in range(epochs)]]
+        for signs in itertools.product((-1.0, 1.0), repeat=epochs):
+            best = max(best, float(np.linalg.norm(cols @ np.array(signs))))
+    return best
+
+
+def test_compare_adopts_the_declared_schema_and_refuses_another(tmp_path):
+    path, fact = _declared(tmp_path, FixedEpoch(epochs=2))
+    r = runner.invoke(app, ["compare", "--n", "8", "-a", str(path), "-s", "identity", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["participation"]["kind"] == "fixed-epoch" and out["participation"]["epochs"] == 2
+    row = next(x for x in out["strategies"] if "declared.h5" in x["name"])
+    assert row["sensitivity"] >= _brute_sensitivity_fixed_epoch(fact.strategy, 2) - 1e-9
+    assert row["sensitivity"] > float(np.linalg.norm(fact.strategy, axis=0).max()) + 1e-6  # not single participation
+    for other in (["--epochs", "4"], ["--min-sep", "2"]):
+        r = runner.invoke(app, ["compare", "--n", "8", "-a", str(path), "-s", "identity", "-q", *other])
+        assert r.exit_code == 1 and "Traceback" not in r.output
+        lines = r.stderr.strip().splitlines()
+        assert "declares fixed-epoch: 2 epochs" in lines[-1] and "refused" in lines[-1]
+        assert r.stdout == ""
+    r = runner.invoke(app, ["compare", "--n", "8", "-a", str(path), "-s", "identity", "-q", "--epochs", "2"])
+    assert r.exit_code == 0, r.output

@@ -260,13 +260,9 @@ def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Parti
     Raises:
         MfcliError: the request contradicts the artifact's declared schema, or does not fit n.
     """
-    stored = inp.participation
-    schema = stored if requested is None else requested
-    if not isinstance(stored, SingleParticipation) and schema != stored:
-        raise MfcliError(
-            f"{inp.artifact or inp.name} declares {stored.describe(inp.n)}; accounting it under "
-            f"{schema.describe()} instead is refused (give its own schema or none)"
-        )
+    from mfcli.participation import declared_or_requested
+
+    schema = declared_or_requested(inp.participation, requested, str(inp.artifact or inp.name), inp.n)
     schema.check(inp.n)
     return schema
 
