@@ -9,6 +9,7 @@ import itertools
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from mfcli.accounting.session import account, resolve_strategy
@@ -118,3 +119,78 @@ def test_compare_adopts_the_declared_schema_and_refuses_another(tmp_path):
         assert r.stdout == ""
     r = runner.invoke(app, ["compare", "--n", "8", "-a", str(path), "-s", "identity", "-q", "--epochs", "2"])
     assert r.exit_code == 0, r.output
+
+
+# --- findings 4 and 9: inspect cross-checks the root schema against the records, and the solver's
+# --- sensitivity against C ---------------------------------------------------------------------
+
+
+def _set_root_participation(path, schema) -> None:
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f.attrs["participation"] = schema.to_json()
+
+
+def _inspect(path):
+    return runner.invoke(app, ["inspect", str(path)])
+
+
+@pytest.mark.parametrize("kind", ["dense", "structured"])
+def test_inspect_catches_an_edited_root_participation(tmp_path, kind):
+    """An artifact without solver record whose record accounted min-sep 2: setting the root
+    attribute to min-sep 4 afterwards (which would make account report fewer participations) is
+    caught by inspect, by the record's own schema."""
+    path = tmp_path / "a.h5"
+    if kind == "dense":
+        fact = build_strategy("sqrt", prefix_workload(8)).factorization
+        save_artifact(path, fact, workload_name="prefix", strategy_name="sqrt", participation=MinSeparation(separation=2))
+    else:
+        from mfcli.structured import save_structured_artifact
+        from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+
+        save_structured_artifact(path, BandedToeplitz.sqrt_init(2), workload=TOEPLITZ_PREFIX, n=8,
+                                 participation=MinSeparation(separation=2))
+    r = runner.invoke(app, ["account", str(path), "--sigma", "2", "--write", "-q"])
+    assert r.exit_code == 0, r.output
+    assert _inspect(path).exit_code == 0
+    _set_root_participation(path, MinSeparation(separation=4))
+    if kind == "structured":  # a careful edit also fixes the numbers derived from the schema
+        import h5py
+
+        from mfcli.structured import load_structured_artifact
+
+        with h5py.File(path, "r") as f:
+            derived = {k: f["structured"].attrs[k] for k in f["structured"].attrs if k.startswith("schema_")}
+        with pytest.raises(Exception, match="schema_"):
+            load_structured_artifact(path)
+        strategy = BandedToeplitz.sqrt_init(2)
+        sens = strategy.sensitivity(8, MinSeparation(separation=4))
+        with h5py.File(path, "r+") as f:
+            f["structured"].attrs["schema_sensitivity"] = sens.value
+            if "schema_sensitivity_exact" in derived:
+                f["structured"].attrs["schema_sensitivity_exact"] = sens.exact
+            for key in (k for k in derived if k.startswith("schema_loss")):
+                f["structured"].attrs[key] = derived[key] * (sens.value / derived["schema_sensitivity"]) ** 2
+    r = _inspect(path)
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "accounted min-separation" in r.stderr and "at least 2 steps apart" in r.stderr
+    assert "declares min-separation" in r.stderr and "at least 4 steps apart" in r.stderr
+
+
+def test_inspect_catches_an_edited_solver_sensitivity(tmp_path):
+    import h5py
+
+    r = runner.invoke(app, ["optimize", "--n", "8", "--epochs", "2", "-o", str(tmp_path / "ep2.h5"), "-q"])
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "ep2.h5"
+    assert _inspect(path).exit_code == 0
+    with h5py.File(path, "r+") as f:
+        solver = json.loads(f.attrs["solver"])
+        c = np.asarray(f["strategy"])
+        # the stored sensitivity is the 2-epoch one (brute force over the b = 4 patterns and signs)
+        assert solver["sensitivity"] == pytest.approx(_brute_sensitivity_fixed_epoch(c, 2), rel=1e-6)
+        solver["sensitivity"] = 0.5
+        f.attrs["solver"] = json.dumps(solver)
+    r = _inspect(path)
+    assert r.exit_code == 1 and "solver sensitivity 0.5" in r.stderr

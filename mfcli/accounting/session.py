@@ -980,7 +980,8 @@ class StoredSetting:
 
 
 def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha256: str,
-                         recompute: Callable[[StoredSetting], float]) -> list[str]:
+                         recompute: Callable[[StoredSetting], float],
+                         declared: Participation | None = None) -> list[str]:
     """Problems with one stored ``accounting/<id>`` record of the operator ``label`` (empty when it
     verifies): the one verification loop behind :func:`verify_record` (dense and compressed
     operators) and :func:`mfcli.accounting.structured.verify_parameters_record` (parameters).
@@ -990,7 +991,11 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
     that ``epsilon_<setting>`` is a number at least ``recompute(setting)`` (relative tolerance
     :data:`RECORD_RTOL`). ``recompute`` derives the epsilon from what the operator really is (and
     checks the stored event against it), raising MfcliError, KeyError, TypeError or ValueError when
-    it cannot; that becomes the setting's problem."""
+    it cannot; that becomes the setting's problem.
+
+    With ``declared`` (the schema the artifact's root declares), the record's schema must be one
+    ``account`` would have accounted it under (:func:`mfcli.participation.declared_or_requested`):
+    an edited root ``participation`` attribute then contradicts the records made before the edit."""
     problems: list[str] = []
     if attrs.get("strategy_sha256") != identity_sha256:
         problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
@@ -1011,6 +1016,15 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
             schema = participation_from_json(raw if isinstance(raw, (str, bytes)) else json.dumps(raw))
         except MfcliError as exc:
             return [*problems, f"its participation attribute is not readable: {exc}"]
+    if declared is not None:
+        from mfcli.participation import declared_or_requested
+
+        try:
+            declared_or_requested(declared, schema, "the artifact")
+        except MfcliError:
+            problems.append(f"it accounted {schema.describe()}, but the artifact declares {declared.describe()} "
+                            "(account refuses that combination: the root participation attribute or the record was "
+                            "changed)")
     for setting in settings:
         key = str(setting).replace("-", "_")
         stored = _num(attrs.get(f"epsilon_{key}"))
@@ -1030,7 +1044,8 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
     return problems
 
 
-def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) -> list[str]:
+def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator],
+                  declared: Participation | None = None) -> list[str]:
     """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
 
     ``operators`` are the operators the artifact really has (the dense root, and the compressed
@@ -1041,7 +1056,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
     Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
     and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
     Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
-    run, ``mfcli account``). The loop is :func:`verify_stored_record`.
+    run, ``mfcli account``). The loop is :func:`verify_stored_record` (``declared``: the schema the
+    artifact declares, which the record's schema must not contradict).
     """
     label = attrs.get("operator", "dense")
     by_label = {op.label: op for op in operators}
@@ -1063,7 +1079,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
         return _epsilon_of_event(str(s.setting), s.event(), sigma=s.sigma, sens=sens, sampling=s.sampling,
                                  delta=s.delta, row=s.row, strategy=c, schema=s.schema)
 
-    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute)
+    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute,
+                                declared=declared)
 
 
 __all__ = [
