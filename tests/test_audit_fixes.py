@@ -194,3 +194,32 @@ def test_inspect_catches_an_edited_solver_sensitivity(tmp_path):
         f.attrs["solver"] = json.dumps(solver)
     r = _inspect(path)
     assert r.exit_code == 1 and "solver sensitivity 0.5" in r.stderr
+
+
+# --- finding 5: a non-causal C is refused where the analysis assumes causality --------------------
+
+
+@pytest.mark.parametrize("args", [["--sigma", "2"], ["--sigma", "2", "--epochs", "2"], ["--epsilon", "2"],
+                                  ["--epsilon", "2", "--min-sep", "3"]])
+def test_non_causal_c_refused_in_one_line(tmp_path, args):
+    path = tmp_path / "upper.npy"
+    np.save(path, np.triu(np.ones((8, 8))) / np.sqrt(8))
+    r = runner.invoke(app, ["account", str(path), *args, "-q"])
+    assert r.exit_code == 1 and "Traceback" not in r.output and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the strategy C is not causal: row 0") and "column 1" in lines[0]
+
+
+@pytest.mark.parametrize("name", ["identity", "tree", "sqrt"])
+def test_causal_strategies_square_or_not_still_accounted(name):
+    """The tree (2n - 1 rows, released bottom-up) is causal in release order and still accounted."""
+    inp = resolve_strategy(strategy=name, n=8)
+    rep = account(inp, sigma=2.0, sampling=None)
+    assert rep.single_pass is not None
+    # single pass: sens = max column norm (the tree: sqrt(log2 n + 1) = 2 ones per column, times its scale)
+    assert rep.single_pass.sensitivity == pytest.approx(float(np.linalg.norm(inp.strategy, axis=0).max()), rel=1e-12)
+    if name == "tree":
+        assert inp.strategy.shape == (15, 8)
+        assert rep.single_pass.sensitivity == pytest.approx(2.0 * float(inp.strategy.max()), rel=1e-12)
+    rep = account(inp, sigma=2.0, sampling=None, participation=FixedEpoch(epochs=2))
+    assert rep.deterministic is not None

@@ -33,6 +33,7 @@ from mfcli.accounting.mmcc import (
     FullParticipationResult,
     LowerBoundResult,
     MMCCResult,
+    check_causal,
     full_participation,
     lower_bound,
     mmcc,
@@ -518,6 +519,8 @@ def account(
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     c = inp.strategy
     sp = dp = br = st = det = cyc = None
+    if ("single-pass" in settings and single) or ("deterministic" in settings and not single):
+        check_causal(c, inp.release_steps, what="the single-pass bound" if single else "the deterministic bound")
     if "single-pass" in settings and single:
         sp = single_pass(sigma=sigma, sensitivity=float(_sensitivity(c)), delta=opts.delta)
     if "deterministic" in settings and not single:
@@ -650,6 +653,8 @@ def epsilon_function(
     sens = float(_sensitivity(c))
     schema = resolve_schema(inp, participation)
     check_setting_schema(setting, schema, inp.n)
+    if setting in ("single-pass", "deterministic"):
+        check_causal(c, inp.release_steps, what=f"the {setting} bound")
     if setting == "single-pass":
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
     if setting == "deterministic":
