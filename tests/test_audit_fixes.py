@@ -223,3 +223,28 @@ def test_causal_strategies_square_or_not_still_accounted(name):
         assert rep.single_pass.sensitivity == pytest.approx(2.0 * float(inp.strategy.max()), rel=1e-12)
     rep = account(inp, sigma=2.0, sampling=None, participation=FixedEpoch(epochs=2))
     assert rep.deterministic is not None
+
+
+# --- finding 3: --epochs says it assumes the same data order every epoch, and what holds otherwise --
+
+
+def _reshuffled_two_epoch_sensitivity(c: np.ndarray) -> float:
+    """Brute force: one step in each half, any pair, any signs (the data reshuffled between epochs)."""
+    n = c.shape[1]
+    b = n // 2
+    return max(float(np.linalg.norm(c[:, i] + s * c[:, j])) for i in range(b) for j in range(b, n) for s in (-1.0, 1.0))
+
+
+def test_epochs_says_same_order_and_the_advised_schema_covers_reshuffling():
+    inp = resolve_strategy(strategy="sqrt", n=8)
+    rep = account(inp, sigma=2.0, sampling=None, participation=FixedEpoch(epochs=2))
+    text = rep.rows["deterministic"]["assumptions"]
+    assert "same data order in every epoch" in text and "min-separation 1 with at most 2 participations" in text
+    assert "--" not in text
+    reshuffled = _reshuffled_two_epoch_sensitivity(inp.strategy)
+    # the same-order schema does not cover reshuffling, the advised one does
+    assert rep.deterministic.sensitivity.value < reshuffled - 1e-6
+    advised = account(inp, sigma=2.0, sampling=None, participation=MinSeparation(separation=1, max_participations=2))
+    assert advised.deterministic.sensitivity.value >= reshuffled - 1e-12
+    r = runner.invoke(app, ["account", "--help"])
+    assert "same data order" in " ".join(r.stdout.split())

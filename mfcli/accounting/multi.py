@@ -91,9 +91,22 @@ class DeterministicResult:
             "method": "exact analytic Gaussian (Balle-Wang 2018) at the schema's sensitivity"
                       + ("" if s.exact else " (an upper bound on the sensitivity, so epsilon is still a guarantee)"),
             "assumptions": f"every example takes part in the steps the schema allows ({s.schema.describe(self.n)}), "
-                           "no sampling; adaptive gradients, C causal; add or remove one example",
+                           f"no sampling{same_order_assumption(s.schema)}; adaptive gradients, C causal; add or remove "
+                           "one example",
             "dp_event": event_to_json(self.dp_event()),
         }
+
+
+def same_order_assumption(schema: Participation) -> str:
+    """What fixed-epoch participation assumes about the data order, as a clause of an assumption
+    line ("" for other schemas): the same order in every epoch, so an example's steps are
+    {i, i + b, ...}. With the data reshuffled between epochs an example takes part at most once
+    per epoch but at any gap; min-separation 1 with at most K participations contains every such
+    pattern (any K steps), so its bound holds there."""
+    if not isinstance(schema, FixedEpoch):
+        return ""
+    return ("; the same data order in every epoch (steps i, i + b, ...; not reshuffled between epochs: with "
+            f"reshuffling, min-separation 1 with at most {schema.epochs} participations holds)")
 
 
 def deterministic(*, sigma: float, sensitivity: Sensitivity, n: int, delta: float = DEFAULT_DELTA) -> DeterministicResult:

@@ -386,10 +386,14 @@ def account(
         from mfcli.accounting.session import check_setting_applies, check_setting_schema
 
         check_setting_schema(calibrated, schema, inp.n)
-        if calibrated == "mmcc":
+        if calibrated == "mmcc" and inp.dense:
+            from mfcli.accounting.mmcc import NEGATIVE_C_ADVICE
+
             try:
                 check_setting_applies(inp, "mmcc")
             except MfcliError as exc:  # the library names the bound; the CLI names the flags that ask for it
+                if NEGATIVE_C_ADVICE not in str(exc):
+                    raise
                 raise MfcliError(f"{exc} (without --sampling, --min-sep 1 calibrates that bound)") from None
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
