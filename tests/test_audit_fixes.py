@@ -248,3 +248,33 @@ def test_epochs_says_same_order_and_the_advised_schema_covers_reshuffling():
     assert advised.deterministic.sensitivity.value >= reshuffled - 1e-12
     r = runner.invoke(app, ["account", "--help"])
     assert "same data order" in " ".join(r.stdout.split())
+
+
+# --- findings 6, 10: labels ---------------------------------------------------------------------
+
+
+def test_dp_sgd_calibration_on_a_custom_c_is_not_labelled_as_its_sigma(tmp_path):
+    path = tmp_path / "neg.npy"
+    np.save(path, _neg_c())
+    args = ["account", str(path), "--sampling", "0.05", "--setting", "dp-sgd", "--epsilon", "1", "-q"]
+    r = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert "NOT a sigma for this C" in r.stdout and "privacy of custom" not in r.stdout
+    assert "DP-SGD reference (C = I, not this C) for custom" in r.stdout
+    out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert out["calibration"]["for_accounted_strategy"] is False
+    out = json.loads(runner.invoke(app, ["account", "--strategy", "identity", "--n", "8", *args[2:], "--json"]).stdout)
+    assert out["calibration"]["for_accounted_strategy"] is True
+
+
+def test_rows_name_their_neighbouring_relation_and_sensitivities_are_named():
+    inp = resolve_strategy(strategy="tree", n=8)
+    rows = account(inp, sigma=2.0, sampling=None, batching="shuffle").rows
+    assert rows["shuffled-dp-sgd"]["neighbouring"] == "replace-one"
+    assert {rows[k]["neighbouring"] for k in rows if k != "shuffled-dp-sgd"} == {"add-remove"}
+    r = runner.invoke(app, ["account", "--strategy", "sqrt", "--n", "8", "--epochs", "2", "--sigma", "2", "--json", "-q"])
+    out = json.loads(r.stdout)
+    c = resolve_strategy(strategy="sqrt", n=8).strategy
+    assert out["sensitivity_single"] == out["sensitivity"] == pytest.approx(float(np.linalg.norm(c, axis=0).max()))
+    assert out["schema_sensitivity"] >= _brute_sensitivity_fixed_epoch(c, 2) - 1e-12
+    assert out["settings"]["deterministic"]["neighbouring"] == "add-remove"

@@ -13,7 +13,7 @@ Two settings, each a proven guarantee under stated conditions:
 * **cyclic Poisson** (:func:`cyclic_poisson`): examples are split into b groups and at step i the
   group i mod b is Poisson-sampled with rate p. Choquette-Choo et al. 2023, *(Amplified) banded
   matrix factorizations* (arXiv 2306.08153, Alg. 2, Thm. 3): a lower-triangular C with at most b
-  bands (C_ij = 0 for i - j >= b) is then exactly as private as DP-SGD with noise multiplier
+  bands (C_ij = 0 for i - j >= b) is then at least as private as DP-SGD with noise multiplier
   sigma / max_j ||C[:, j]||, sampling rate p and ceil(n / b) steps. The reduced DP-SGD is accounted
   by dp-accounting's PLD accountant.
 """
@@ -217,7 +217,7 @@ class CyclicPoissonResult:
             "participation": schema_dict(self.schema, self.n),
             "batch_sampler": f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
                              f"{self.sampling:g} at step i",
-            "method": "2306.08153 Thm. 3: as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
+            "method": "2306.08153 Thm. 3: at least as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
                       "sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
             "assumptions": f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
                            "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
@@ -237,7 +237,7 @@ def cyclic_poisson(
     """Epsilon of a b-banded C under cyclic Poisson sampling (b from ``schema``, :func:`cycle_length`).
 
     Formal guarantee (2306.08153 Thm. 3, conditions checked by :func:`check_cyclic`): the
-    mechanism is as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
+    mechanism is at least as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
     sigma / max_j ||C[:, j]||; the epsilon is dp-accounting's pessimistic PLD bound for that.
 
     Raises:

@@ -372,6 +372,12 @@ class MMCCBracket:
         return d
 
 
+#: The neighbouring relation of a setting whose guarantee is not for adding or removing one
+#: example (every other setting's): the shuffled DP-SGD reference bounds replace-one neighbours
+#: (Feldman-McMillan-Talwar; the number of steps is fixed).
+NEIGHBOURING = {"shuffled-dp-sgd": "replace-one"}
+
+
 @dataclass(frozen=True)
 class AccountingReport:
     """Every setting that applies for one strategy at one sigma: one typed result per setting
@@ -428,11 +434,14 @@ class AccountingReport:
     @property
     def rows(self) -> dict[str, dict]:
         """The JSON rows (``as_dict()`` of each result, events included); every row names the
-        participation schema and the batch sampler it assumes."""
+        participation schema and the batch sampler it assumes, and its neighbouring relation
+        (``neighbouring``: ``add-remove`` one example, or ``replace-one`` for the shuffled
+        DP-SGD reference), since rows with different relations can sit side by side."""
         out = {}
         for name, r in self.results.items():
             row = r.as_dict()
             row["participation"], row["batch_sampler"] = self.row_labels(name)
+            row["neighbouring"] = NEIGHBOURING.get(name, "add-remove")
             out[name] = row
         return out
 
@@ -448,7 +457,11 @@ class AccountingReport:
             "source": self.strategy.source,
             "n": self.strategy.n,
             "rows_of_C": int(self.strategy.strategy.shape[0]) if self.strategy.dense else self.strategy.n,
-            "sensitivity": self.strategy.sensitivity,  # single participation (max column norm)
+            # single participation (max column norm), as in JSON version 1; the same number under the
+            # name the other commands use for it (optimize/inspect: ``sensitivity_single``), and the
+            # schema's (what optimize calls ``sensitivity``) as ``schema_sensitivity``
+            "sensitivity": self.strategy.sensitivity,
+            "sensitivity_single": self.strategy.sensitivity,
             **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
             "sigma": self.sigma,
             "sampling": self.sampling,
