@@ -278,3 +278,10 @@ def test_rows_name_their_neighbouring_relation_and_sensitivities_are_named():
     assert out["sensitivity_single"] == out["sensitivity"] == pytest.approx(float(np.linalg.norm(c, axis=0).max()))
     assert out["schema_sensitivity"] >= _brute_sensitivity_fixed_epoch(c, 2) - 1e-12
     assert out["settings"]["deterministic"]["neighbouring"] == "add-remove"
+
+
+def test_banded_row_says_how_many_bands_are_non_zero():
+    r = runner.invoke(app, ["compare", "--n", "16", "--min-sep", "4", "--bands", "8", "-s", "identity", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    row = next(x for x in json.loads(r.stdout)["strategies"] if x["name"] == "banded-toeplitz-8")
+    assert "8 bands (4 non-zero" in row["description"]
