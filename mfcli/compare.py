@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import Participation, SingleParticipation, declared_or_requested
 from mfcli.participation import sensitivity as schema_sensitivity
 from mfcli.progress import ProgressCallback, ProgressEvent
 from mfcli.strategies import STRATEGY_NAMES, TREE_STRATEGIES, Strategy, build_strategy
@@ -121,17 +121,40 @@ def schema_numbers(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Par
 
 
 def requested_schema(declared: Participation, requested: Participation | None, what: str) -> Participation:
-    """The schema to evaluate: ``requested`` or the declared one. A request that contradicts a
-    declared multi-participation schema is refused (numbers for another run than the one the
-    artifact was made for would be easy to mistake for its own).
+    """The schema to evaluate: :func:`mfcli.participation.declared_or_requested` (a request that
+    contradicts a declared multi-participation schema is refused in one line)."""
+    return declared_or_requested(declared, requested, what)
+
+
+def comparison_schema(artifacts: Sequence[str | Path], requested: Participation | None) -> Participation:
+    """The one schema a comparison table is evaluated under: ``requested``, or the schema the
+    artifacts declare when none is requested (single participation when they declare none),
+    by :func:`mfcli.participation.declared_or_requested`, the rule ``account`` follows: a request
+    that contradicts an artifact's declared multi-participation schema is refused, and so are two
+    artifacts that declare different ones.
 
     Raises:
-        MfcliError: the contradiction, in one line.
+        MfcliError: the contradiction, in one line; an unreadable participation attribute.
     """
-    if requested is None or requested == declared or isinstance(declared, SingleParticipation):
-        return declared if requested is None else requested
-    raise MfcliError(f"{what} declares {declared.describe()}; evaluating it under {requested.describe()} instead "
-                     "is refused (give its own schema or none)")
+    import h5py
+
+    from mfcli.artifact import PARTICIPATION_ATTR, read_participation
+
+    schema = requested
+    for path in artifacts:
+        try:
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get(PARTICIPATION_ATTR)
+        except OSError as exc:
+            raise MfcliError(f"{path} cannot be read (truncated or corrupt?): {exc}") from None
+        try:
+            declared = read_participation(raw, None)
+        except MfcliError as exc:
+            raise MfcliError(f"{path}: {exc}") from None
+        chosen = declared_or_requested(declared, schema, str(path))
+        if not isinstance(declared, SingleParticipation):
+            schema = chosen
+    return schema if schema is not None else SingleParticipation()
 
 
 @dataclass(frozen=True)
@@ -492,9 +515,10 @@ def run_comparison(
     saving as an artifact), built even if it is not among ``names``; with ``artifacts``,
     ``keep="optimal"`` keeps the first artifact's strategy.
 
-    With ``participation`` (a schema; None means single participation), every row's sensitivity
-    and losses are those of its strategy under the schema (:func:`row_for`). The strategies
-    themselves are not changed: ``optimal`` is still the single-participation optimum.
+    With ``participation`` (a schema; None means the schema the artifacts declare, else single
+    participation: :func:`comparison_schema`, which refuses a contradiction), every row's
+    sensitivity and losses are those of its strategy under the schema (:func:`row_for`). The
+    strategies themselves are not changed: ``optimal`` is still the single-participation optimum.
 
     With ``privacy``, every row is also calibrated to that (epsilon, delta) (:func:`equal_privacy`);
     ``on_progress`` then receives each row's accounting runs as phase ``calibrating <row>``.
@@ -503,7 +527,7 @@ def run_comparison(
     is checked in release order by :func:`mfcli.strategies.build_strategy`.
     """
     names = tuple(names) if names else STRATEGY_NAMES
-    schema = participation if participation is not None else SingleParticipation()
+    schema = comparison_schema(artifacts, participation)
     schema.check(workload.n)
     for name in names:
         if name not in STRATEGY_NAMES:

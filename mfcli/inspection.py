@@ -295,12 +295,14 @@ def _read_compression(fact: Factorization, group: Mapping[str, Any]) -> tuple[An
 
 
 def _check_accounting_records(
-    records: list[dict[str, Any]], fact: Factorization | None, compressed: Any
+    records: list[dict[str, Any]], fact: Factorization | None, compressed: Any,
+    declared: Participation | None = None,
 ) -> list[str]:
     """Each ``mfcli.accounting`` record against the operators this artifact really has (the dense
     root, and the compressed operator when its group verifies): the strategy hash of the operator
     it claims, and every stored epsilon against the one recomputed from its stored event
-    (:func:`mfcli.accounting.session.verify_record`). Groups of another format are listed only."""
+    (:func:`mfcli.accounting.session.verify_record`), and its schema against the one the root
+    declares (``declared``). Groups of another format are listed only."""
     problems: list[str] = []
     if not records:
         return problems  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
@@ -317,7 +319,7 @@ def _check_accounting_records(
         from mfcli.operators import DenseOperator
 
         operators = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
-        found = verify_record(attrs, operators)
+        found = verify_record(attrs, operators, declared=declared)
         rec["verified"] = not found
         problems.extend(f"accounting record {rec['id']!r}: {p}" for p in found)
     return problems
@@ -458,13 +460,15 @@ def _same_int(stored: Any, value: int) -> bool:
 
 def _check_solver(
     attrs: Mapping[str, Any], fact: Factorization | None, dual: np.ndarray | None, *, certificate: bool,
-    schema_loss: float | None = None,
+    schema_loss: float | None = None, schema_numbers: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The stored solver record against the loss and the dual bound recomputed from the stored
     dual weights: the stored gap may not claim more than the recomputation certifies. A
     multi-participation solver record (it names a ``structure``, :mod:`mfcli.multi_solver`)
     stores as primal the loss under the artifact's schema (``schema_loss``, sens^2 ||B||_F^2
-    with the schema sensitivity)."""
+    with the schema sensitivity) and that sensitivity, which must lie in the bracket [lower,
+    sensitivity] recomputed from C under the declared schema (``schema_numbers``); a single-
+    participation record's sensitivity must be max_j ||C[:, j]||."""
     problems: list[str] = []
     raw = attrs.get("solver")
     solver: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -475,6 +479,8 @@ def _check_solver(
         if problem is not None:
             problems.append(problem)
     cert: dict[str, Any] = {}
+    if fact is not None and "sensitivity" in solver:
+        problems.extend(_solver_sensitivity_problems(solver, fact, schema_numbers or {}))
     if fact is not None and solver and isinstance(solver.get("primal"), (int, float)):
         expected = schema_loss if "structure" in solver and schema_loss is not None else fact.loss_total
         primal_ok = _close(solver["primal"], expected)
@@ -502,6 +508,29 @@ def _check_solver(
                     f"({cert['certified_gap']:.3e}): the certificate does not hold"
                 )
     return solver, cert, problems
+
+
+def _solver_sensitivity_problems(solver: Mapping[str, Any], fact: Factorization,
+                                 schema_numbers: Mapping[str, Any]) -> list[str]:
+    """The solver record's ``sensitivity`` against the one recomputed from C: under the declared
+    schema for a multi-participation record (within its bracket [lower, upper]; a record whose
+    schema the root no longer declares is a problem), max column norm otherwise."""
+    stored = solver.get("sensitivity")
+    if isinstance(stored, bool) or not isinstance(stored, (int, float)) or not np.isfinite(stored):
+        return [f"the solver sensitivity {stored!r} is not a number"]
+    if "structure" in solver:
+        if not schema_numbers:
+            return [f"the solver record optimised for {solver['structure']!r} participation, but the artifact "
+                    "declares single participation"]
+        upper = float(schema_numbers["sensitivity"])
+        lower = float(schema_numbers.get("lower") or upper)
+        if stored < lower * (1 - RTOL) or stored > upper * (1 + RTOL):
+            return [f"the solver sensitivity {stored!r} is not the sensitivity recomputed from C under the declared "
+                    f"schema ({lower!r}" + (f" .. {upper!r})" if lower != upper else ")")]
+        return []
+    if not _close(stored, fact.sensitivity):
+        return [f"the solver sensitivity {stored!r} does not match max column norm of C ({fact.sensitivity!r})"]
+    return []
 
 
 def _check_compression(
@@ -633,14 +662,15 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
     schema, schema_numbers, found = _check_participation(raw_participation, fact)
     problems += found
     solver, cert, found = _check_solver(attrs, fact, dual, certificate=certificate,
-                                        schema_loss=schema_numbers.get("loss_total") if schema_numbers else None)
+                                        schema_loss=schema_numbers.get("loss_total") if schema_numbers else None,
+                                        schema_numbers=schema_numbers)
     problems += found
     compression, comp_numbers, comp_obj, found = _check_compression(attrs, fact, comp_group)
     problems += found
     found = _check_compressed_schema(compression, comp_numbers, comp_group, comp_obj, schema)
     problems += found
 
-    problems.extend(_check_accounting_records(accounting, fact, comp_obj))
+    problems.extend(_check_accounting_records(accounting, fact, comp_obj, declared=schema))
 
     return InspectionReport(
         path=p,

@@ -186,6 +186,24 @@ class MinSeparation:
 Participation = Union[SingleParticipation, FixedEpoch, MinSeparation]  # noqa: UP007 (a runtime alias on 3.10)
 
 
+def declared_or_requested(declared: Participation, requested: Participation | None, what: str,
+                          n: int | None = None) -> Participation:
+    """The schema to evaluate a strategy under: ``requested``, or the one it declares when none is
+    requested. A request that contradicts a declared multi-participation schema (single
+    participation included) is refused: the numbers would describe another training run than the
+    one the strategy was made for, and could understate its privacy loss. A strategy that declares
+    single participation may be evaluated under any schema (its sensitivity is recomputed for it).
+    The one rule for ``account``, ``compare``, ``compress`` and ``inspect``.
+
+    Raises:
+        MfcliError: the contradiction, in one line naming ``what`` and both schemas.
+    """
+    if requested is None or requested == declared or isinstance(declared, SingleParticipation):
+        return declared if requested is None else requested
+    raise MfcliError(f"{what} declares {declared.describe(n)}; evaluating it under {requested.describe()} instead "
+                     "is refused (give its own schema or none)")
+
+
 def participation_from_json(text: str | bytes) -> Participation:
     """The schema written by ``to_json``; :class:`MfcliError` on anything else (unknown version,
     kind or key, or a bad value)."""

@@ -542,7 +542,12 @@ def structured_rows(
     for b in bands:
         b = check_bands(b, n)
         strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
-        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands, optimised for {error} error",
+        # The optimiser may set the last coefficients exactly to 0 (e.g. under min-sep with fewer
+        # bands than b): say how many bands C really has, which is what the accounting used.
+        nonzero = np.flatnonzero(np.asarray(strat.coefs))
+        used = int(nonzero[-1]) + 1 if nonzero.size else 0
+        really = "" if used == b else f" ({used} non-zero: the optimiser set the others to 0)"
+        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands{really}, optimised for {error} error",
                            strat))
     blts: list[tuple[str, str, Any]] = []
     for k in buffers:

@@ -119,6 +119,36 @@ class PreparedStrategy:
         return self.strategy.shape[1]
 
 
+#: What holds for a C that MMCC refuses (negative entries): not the single-pass bound (under
+#: Poisson sampling an example may take part in many steps), but the deterministic bound over
+#: every participation pattern, which joint convexity of the hockey-stick divergence carries over
+#: to the sampler's mixture (docs/accounting.md, "A C with negative entries").
+NEGATIVE_C_ADVICE = ("Without amplification, the deterministic bound over every participation pattern (minimum "
+                     "separation 1: any subset of the steps) is valid under Poisson sampling; the single-pass bound "
+                     "is not, since an example may take part in many steps")
+
+
+def check_causal(strategy: np.ndarray, release_steps: np.ndarray, *, what: str) -> None:
+    """Refuse a C that is not causal in release order: an entry C[r, j] != 0 with j > t(r) (exact,
+    as :func:`mfcli.factorization.is_lower_triangular`). Row r's release would then depend on a
+    gradient of a later step, and the adaptive analyses (``what`` names the one that assumes it:
+    MMCC, the single-pass and deterministic Gaussian bounds) do not hold.
+
+    Raises:
+        MfcliError: in one line, naming the first such entry.
+    """
+    c = np.asarray(strategy)
+    t = np.asarray(release_steps)
+    cols = np.arange(c.shape[1])
+    bad = (c != 0) & (cols[None, :] > t[:, None])
+    if np.any(bad):
+        r, j = np.argwhere(bad)[0]
+        raise MfcliError(
+            f"the strategy C is not causal: row {r} (released at step {t[r]}) uses column {j}; "
+            f"{what} needs C lower-triangular in release order (gradients chosen adaptively)"
+        )
+
+
 def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
     """Check C for MMCC and scale it to max column norm 1.
 
@@ -135,8 +165,7 @@ def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.nda
     if np.any(c < 0):
         r, j = np.argwhere(c < 0)[0]
         raise MfcliError(
-            f"MMCC needs a non-negative strategy C; C[{r}, {j}] = {c[r, j]:.3g} < 0 "
-            "(use the single-pass bound for this C)"
+            f"MMCC needs a non-negative strategy C; C[{r}, {j}] = {c[r, j]:.3g} < 0. {NEGATIVE_C_ADVICE}"
         )
     if release_steps is None:
         if m != n:
@@ -148,14 +177,7 @@ def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.nda
             raise MfcliError(f"{t.size} release steps for {m} rows of C")
         if np.any(np.diff(t) < 0) or t.min() < 0 or t.max() >= n:
             raise MfcliError("release steps must be non-decreasing and within 0..n-1")
-    cols = np.arange(n)
-    bad = (c > 0) & (cols[None, :] > t[:, None])
-    if np.any(bad):
-        r, j = np.argwhere(bad)[0]
-        raise MfcliError(
-            f"the strategy C is not causal: row {r} (released at step {t[r]}) uses column {j}; "
-            "MMCC needs C lower-triangular in release order"
-        )
+    check_causal(c, t, what="MMCC")
     norms = np.sqrt(np.einsum("ij,ij->j", c, c))
     if np.any(norms == 0):
         raise MfcliError(f"column {int(np.argmin(norms))} of C is zero: that step's gradient is never used")

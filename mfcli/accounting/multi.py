@@ -13,7 +13,7 @@ Two settings, each a proven guarantee under stated conditions:
 * **cyclic Poisson** (:func:`cyclic_poisson`): examples are split into b groups and at step i the
   group i mod b is Poisson-sampled with rate p. Choquette-Choo et al. 2023, *(Amplified) banded
   matrix factorizations* (arXiv 2306.08153, Alg. 2, Thm. 3): a lower-triangular C with at most b
-  bands (C_ij = 0 for i - j >= b) is then exactly as private as DP-SGD with noise multiplier
+  bands (C_ij = 0 for i - j >= b) is then at least as private as DP-SGD with noise multiplier
   sigma / max_j ||C[:, j]||, sampling rate p and ceil(n / b) steps. The reduced DP-SGD is accounted
   by dp-accounting's PLD accountant.
 """
@@ -91,9 +91,22 @@ class DeterministicResult:
             "method": "exact analytic Gaussian (Balle-Wang 2018) at the schema's sensitivity"
                       + ("" if s.exact else " (an upper bound on the sensitivity, so epsilon is still a guarantee)"),
             "assumptions": f"every example takes part in the steps the schema allows ({s.schema.describe(self.n)}), "
-                           "no sampling; adaptive gradients, C causal; add or remove one example",
+                           f"no sampling{same_order_assumption(s.schema)}; adaptive gradients, C causal; add or remove "
+                           "one example",
             "dp_event": event_to_json(self.dp_event()),
         }
+
+
+def same_order_assumption(schema: Participation) -> str:
+    """What fixed-epoch participation assumes about the data order, as a clause of an assumption
+    line ("" for other schemas): the same order in every epoch, so an example's steps are
+    {i, i + b, ...}. With the data reshuffled between epochs an example takes part at most once
+    per epoch but at any gap; min-separation 1 with at most K participations contains every such
+    pattern (any K steps), so its bound holds there."""
+    if not isinstance(schema, FixedEpoch):
+        return ""
+    return ("; the same data order in every epoch (steps i, i + b, ...; not reshuffled between epochs: with "
+            f"reshuffling, min-separation 1 with at most {schema.epochs} participations holds)")
 
 
 def deterministic(*, sigma: float, sensitivity: Sensitivity, n: int, delta: float = DEFAULT_DELTA) -> DeterministicResult:
@@ -204,7 +217,7 @@ class CyclicPoissonResult:
             "participation": schema_dict(self.schema, self.n),
             "batch_sampler": f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
                              f"{self.sampling:g} at step i",
-            "method": "2306.08153 Thm. 3: as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
+            "method": "2306.08153 Thm. 3: at least as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
                       "sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
             "assumptions": f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
                            "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
@@ -224,7 +237,7 @@ def cyclic_poisson(
     """Epsilon of a b-banded C under cyclic Poisson sampling (b from ``schema``, :func:`cycle_length`).
 
     Formal guarantee (2306.08153 Thm. 3, conditions checked by :func:`check_cyclic`): the
-    mechanism is as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
+    mechanism is at least as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
     sigma / max_j ||C[:, j]||; the epsilon is dp-accounting's pessimistic PLD bound for that.
 
     Raises:

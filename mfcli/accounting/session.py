@@ -33,6 +33,7 @@ from mfcli.accounting.mmcc import (
     FullParticipationResult,
     LowerBoundResult,
     MMCCResult,
+    check_causal,
     full_participation,
     lower_bound,
     mmcc,
@@ -260,13 +261,9 @@ def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Parti
     Raises:
         MfcliError: the request contradicts the artifact's declared schema, or does not fit n.
     """
-    stored = inp.participation
-    schema = stored if requested is None else requested
-    if not isinstance(stored, SingleParticipation) and schema != stored:
-        raise MfcliError(
-            f"{inp.artifact or inp.name} declares {stored.describe(inp.n)}; accounting it under "
-            f"{schema.describe()} instead is refused (give its own schema or none)"
-        )
+    from mfcli.participation import declared_or_requested
+
+    schema = declared_or_requested(inp.participation, requested, str(inp.artifact or inp.name), inp.n)
     schema.check(inp.n)
     return schema
 
@@ -375,6 +372,12 @@ class MMCCBracket:
         return d
 
 
+#: The neighbouring relation of a setting whose guarantee is not for adding or removing one
+#: example (every other setting's): the shuffled DP-SGD reference bounds replace-one neighbours
+#: (Feldman-McMillan-Talwar; the number of steps is fixed).
+NEIGHBOURING = {"shuffled-dp-sgd": "replace-one"}
+
+
 @dataclass(frozen=True)
 class AccountingReport:
     """Every setting that applies for one strategy at one sigma: one typed result per setting
@@ -397,6 +400,9 @@ class AccountingReport:
     #: One line per requested setting that was left out, and why (a structured artifact above
     #: STRUCTURED_DENSE_MAX_N under Poisson sampling: MMCC needs the dense C).
     notes: tuple[str, ...] = ()
+    #: {setting: why it was not run} for a requested setting whose assumptions fail for this C
+    #: (MMCC on a C with negative entries); its line is also in ``notes``.
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def results(self) -> dict[str, Any]:
@@ -428,11 +434,14 @@ class AccountingReport:
     @property
     def rows(self) -> dict[str, dict]:
         """The JSON rows (``as_dict()`` of each result, events included); every row names the
-        participation schema and the batch sampler it assumes."""
+        participation schema and the batch sampler it assumes, and its neighbouring relation
+        (``neighbouring``: ``add-remove`` one example, or ``replace-one`` for the shuffled
+        DP-SGD reference), since rows with different relations can sit side by side."""
         out = {}
         for name, r in self.results.items():
             row = r.as_dict()
             row["participation"], row["batch_sampler"] = self.row_labels(name)
+            row["neighbouring"] = NEIGHBOURING.get(name, "add-remove")
             out[name] = row
         return out
 
@@ -448,7 +457,11 @@ class AccountingReport:
             "source": self.strategy.source,
             "n": self.strategy.n,
             "rows_of_C": int(self.strategy.strategy.shape[0]) if self.strategy.dense else self.strategy.n,
-            "sensitivity": self.strategy.sensitivity,  # single participation (max column norm)
+            # single participation (max column norm), as in JSON version 1; the same number under the
+            # name the other commands use for it (optimize/inspect: ``sensitivity_single``), and the
+            # schema's (what optimize calls ``sensitivity``) as ``schema_sensitivity``
+            "sensitivity": self.strategy.sensitivity,
+            "sensitivity_single": self.strategy.sensitivity,
             **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
             "sigma": self.sigma,
             "sampling": self.sampling,
@@ -457,6 +470,7 @@ class AccountingReport:
             "delta": self.delta,
             "settings": rows,
             **({"notes": list(self.notes)} if self.notes else {}),
+            **({"refused": dict(self.refused)} if self.refused else {}),
         }
 
 
@@ -518,6 +532,8 @@ def account(
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     c = inp.strategy
     sp = dp = br = st = det = cyc = None
+    if ("single-pass" in settings and single) or ("deterministic" in settings and not single):
+        check_causal(c, inp.release_steps, what="the single-pass bound" if single else "the deterministic bound")
     if "single-pass" in settings and single:
         sp = single_pass(sigma=sigma, sensitivity=float(_sensitivity(c)), delta=opts.delta)
     if "deterministic" in settings and not single:
@@ -530,8 +546,20 @@ def account(
     if poisson_rate is not None and "dp-sgd" in settings:
         dp = dpsgd(sigma=sigma, sampling=poisson_rate, steps=inp.n, delta=opts.delta,
                    value_discretization=opts.value_discretization)
+    notes: tuple[str, ...] = ()
+    refused: dict[str, str] = {}
     if poisson_rate is not None and "mmcc" in settings:
-        check_setting_applies(inp, "mmcc")
+        try:
+            check_setting_applies(inp, "mmcc")
+        except MfcliError as exc:
+            # Like a structured artifact above the dense limit: the rows that do apply are shown
+            # and MMCC's row is replaced by why it is not run (and what holds instead); a run that
+            # would show nothing else is refused in one line.
+            if dp is None:
+                raise
+            refused["mmcc"] = str(exc)
+            notes = (f"MMCC: not run; {exc}",)
+    if poisson_rate is not None and "mmcc" in settings and "mmcc" not in refused:
         prep = prepare_strategy(c, inp.release_steps)
         upper = mmcc(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, tail_fractions=opts.tail_fractions,
                      value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution,
@@ -552,7 +580,7 @@ def account(
     return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta,
                             single_pass=sp, dp_sgd=dp, mmcc=br, shuffled_tree=st, deterministic=det,
                             cyclic_poisson=cyc, participation=schema, batching=batching,
-                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp)
+                            balls_in_bins_tree=bib, shuffled_dp_sgd=sdp, notes=notes, refused=refused)
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
@@ -638,6 +666,8 @@ def epsilon_function(
     sens = float(_sensitivity(c))
     schema = resolve_schema(inp, participation)
     check_setting_schema(setting, schema, inp.n)
+    if setting in ("single-pass", "deterministic"):
+        check_causal(c, inp.release_steps, what=f"the {setting} bound")
     if setting == "single-pass":
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
     if setting == "deterministic":
@@ -968,7 +998,8 @@ class StoredSetting:
 
 
 def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha256: str,
-                         recompute: Callable[[StoredSetting], float]) -> list[str]:
+                         recompute: Callable[[StoredSetting], float],
+                         declared: Participation | None = None) -> list[str]:
     """Problems with one stored ``accounting/<id>`` record of the operator ``label`` (empty when it
     verifies): the one verification loop behind :func:`verify_record` (dense and compressed
     operators) and :func:`mfcli.accounting.structured.verify_parameters_record` (parameters).
@@ -978,7 +1009,11 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
     that ``epsilon_<setting>`` is a number at least ``recompute(setting)`` (relative tolerance
     :data:`RECORD_RTOL`). ``recompute`` derives the epsilon from what the operator really is (and
     checks the stored event against it), raising MfcliError, KeyError, TypeError or ValueError when
-    it cannot; that becomes the setting's problem."""
+    it cannot; that becomes the setting's problem.
+
+    With ``declared`` (the schema the artifact's root declares), the record's schema must be one
+    ``account`` would have accounted it under (:func:`mfcli.participation.declared_or_requested`):
+    an edited root ``participation`` attribute then contradicts the records made before the edit."""
     problems: list[str] = []
     if attrs.get("strategy_sha256") != identity_sha256:
         problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
@@ -999,6 +1034,15 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
             schema = participation_from_json(raw if isinstance(raw, (str, bytes)) else json.dumps(raw))
         except MfcliError as exc:
             return [*problems, f"its participation attribute is not readable: {exc}"]
+    if declared is not None:
+        from mfcli.participation import declared_or_requested
+
+        try:
+            declared_or_requested(declared, schema, "the artifact")
+        except MfcliError:
+            problems.append(f"it accounted {schema.describe()}, but the artifact declares {declared.describe()} "
+                            "(account refuses that combination: the root participation attribute or the record was "
+                            "changed)")
     for setting in settings:
         key = str(setting).replace("-", "_")
         stored = _num(attrs.get(f"epsilon_{key}"))
@@ -1018,7 +1062,8 @@ def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha25
     return problems
 
 
-def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) -> list[str]:
+def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator],
+                  declared: Participation | None = None) -> list[str]:
     """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
 
     ``operators`` are the operators the artifact really has (the dense root, and the compressed
@@ -1029,7 +1074,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
     Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
     and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
     Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
-    run, ``mfcli account``). The loop is :func:`verify_stored_record`.
+    run, ``mfcli account``). The loop is :func:`verify_stored_record` (``declared``: the schema the
+    artifact declares, which the record's schema must not contradict).
     """
     label = attrs.get("operator", "dense")
     by_label = {op.label: op for op in operators}
@@ -1051,7 +1097,8 @@ def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator]) 
         return _epsilon_of_event(str(s.setting), s.event(), sigma=s.sigma, sens=sens, sampling=s.sampling,
                                  delta=s.delta, row=s.row, strategy=c, schema=s.schema)
 
-    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute)
+    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute,
+                                declared=declared)
 
 
 __all__ = [

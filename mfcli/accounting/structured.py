@@ -248,7 +248,7 @@ def epsilon_function_parameters(
 # Records (account --write) of a structured artifact, re-verified by inspect
 
 
-def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
+def verify_parameters_record(attrs: Mapping[str, Any], op: Any, declared: Participation | None = None) -> list[str]:
     """Problems with one ``accounting/<id>`` record of a structured artifact (empty when it
     verifies), by the loop of :func:`mfcli.accounting.session.verify_stored_record` that also
     checks a dense one: the operator's label and ``identity_sha256``; every stored epsilon at least
@@ -315,7 +315,8 @@ def verify_parameters_record(attrs: Mapping[str, Any], op: Any) -> list[str]:
                                      delta=s.delta, row=s.row, strategy=dense_c, schema=schema)
         raise MfcliError(f"no recomputation for setting {setting!r} without a dense C")
 
-    return verify_stored_record(attrs, label=str(label), identity_sha256=op.identity_sha256, recompute=recompute)
+    return verify_stored_record(attrs, label=str(label), identity_sha256=op.identity_sha256, recompute=recompute,
+                                declared=declared)
 
 
 def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]]:
@@ -334,7 +335,7 @@ def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]
         if attrs.get("format") != "mfcli.accounting":
             out.append({"id": rec["id"], "attrs": attrs, "verified": False, "problems": []})
             continue
-        found = verify_parameters_record(attrs, op)
+        found = verify_parameters_record(attrs, op, declared=art.participation)
         out.append({"id": rec["id"], "attrs": attrs, "verified": not found, "problems": found})
     return out
 

@@ -57,11 +57,22 @@ def _text(result: Any, key: str) -> str:
     return str(d[key])
 
 
+def _is_identity(inp: Any) -> bool:
+    """Whether the accounted C is the identity (DP-SGD's own strategy), so a DP-SGD sigma is its sigma."""
+    import numpy as np
+
+    c = np.asarray(inp.strategy)
+    return bool(inp.dense and c.shape[0] == c.shape[1] and np.array_equal(c, np.eye(c.shape[0])))
+
+
 def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     from mfcli.accounting.session import ESTIMATE_NOT_REQUESTED
 
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
-    t = Table(title=f"privacy of {safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
+    # Only the DP-SGD reference row: its epsilon (and a sigma calibrated for it) is for C = I, not this C.
+    reference_only = set(report.results) == {"dp-sgd"} and not _is_identity(report.strategy)
+    t = Table(title=("DP-SGD reference (C = I, not this C) for " if reference_only else "privacy of ")
+                    + f"{safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
                     f"{safe_markup(report.strategy.operator)}), sigma = {pessimistic(float(report.sigma))}, "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
@@ -120,7 +131,13 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                          "bound, never used to calibrate)")
         elif br.banded_note is not None:
             notes.append(f"MMCC estimate: {br.banded_note}")
-    notes.extend(report.notes)
+    if "mmcc" in report.refused:
+        t.add_row("MMCC (Poisson)", "not run", assumes("mmcc"),
+                  "its assumptions fail for this C (see below); no amplified bound is claimed")
+    # The library says which bound holds; the flag that asks for it is the CLI's to name.
+    hint = "mmcc" in report.refused and report.deterministic is None
+    notes.extend(line + (" (add --min-sep 1 for that row)" if hint and line.startswith("MMCC: not run") else "")
+                 for line in report.notes)
     st = report.shuffled_tree
     if st is not None:
         t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
@@ -377,9 +394,18 @@ def account(
     if calibrated == "unsampled":
         calibrated = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
     if calibrated is not None:
-        from mfcli.accounting.session import check_setting_schema
+        from mfcli.accounting.session import check_setting_applies, check_setting_schema
 
         check_setting_schema(calibrated, schema, inp.n)
+        if calibrated == "mmcc" and inp.dense:
+            from mfcli.accounting.mmcc import NEGATIVE_C_ADVICE
+
+            try:
+                check_setting_applies(inp, "mmcc")
+            except MfcliError as exc:  # the library names the bound; the CLI names the flags that ask for it
+                if NEGATIVE_C_ADVICE not in str(exc):
+                    raise
+                raise MfcliError(f"{exc} (without --sampling, --min-sep 1 calibrates that bound)") from None
     if source is None and strategy is None:
         say(f"no strategy given: using the shipped artifact {DEFAULT_ARTIFACT} ({inp.artifact})")
     if write:
@@ -419,7 +445,8 @@ def account(
         payload = report.as_dict()
         if calibration is not None:
             assert probe is not None  # set together with calibration above
-            payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict()}
+            payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict(),
+                                      "for_accounted_strategy": chosen != "dp-sgd" or _is_identity(inp)}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
         emit_json(envelope("account", **payload))
@@ -432,7 +459,9 @@ def account(
     out.print(f"operator accounted: {operator_line} (the one noise streams and the adapters stream by default)"
               if inp.artifact is not None else f"operator accounted: {operator_line} (C as given)")
     if calibration is not None:
-        out.print(key_value_table(f"calibration: {chosen}", [
+        for_c = chosen != "dp-sgd" or _is_identity(inp)
+        out.print(key_value_table(f"calibration: {chosen}" + ("" if for_c else " (the DP-SGD reference, C = I: NOT a "
+                                                                             "sigma for this C; calibrate mmcc for it)"), [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
             ("sigma (smallest found, rounded up)", pessimistic(float(calibration.sigma))),

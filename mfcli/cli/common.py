@@ -385,7 +385,9 @@ def artifact_argument(path: _Path) -> _Path:
 
 EpochsOpt = Annotated[
     int | None,
-    typer.Option("--epochs", help="Fixed-epoch participation: K epochs of n/K steps (default: single participation)."),
+    typer.Option("--epochs", help="Fixed-epoch participation: K epochs of n/K steps in the same data order every "
+                 "epoch (default: single participation). Reshuffled between epochs: use --min-sep 1 "
+                 "--max-participations K instead."),
 ]
 MinSepOpt = Annotated[
     int | None,

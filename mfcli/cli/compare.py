@@ -193,12 +193,17 @@ def compare(
     tol = 1e-6 if tol is None else tol
     max_iter = 1000 if max_iter is None else max_iter
     w = build_workload(workload, n, **workload_opts)
-    schema.check(w.n)
-    if privacy is not None and privacy.sampling is not None:
-        cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
     for path in artifact or ():
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
+    if artifact:
+        from mfcli.compare import comparison_schema
+
+        # account's rule: the schema the artifacts declare unless one is given; a contradiction is refused
+        schema = comparison_schema(artifact, schema if (epochs, min_sep) != (None, None) else None)
+    schema.check(w.n)
+    if privacy is not None and privacy.sampling is not None:
+        cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
     progress = None if quiet else log
     if privacy is not None and not quiet:
