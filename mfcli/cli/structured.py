@@ -74,8 +74,8 @@ def optimize_structured(
         strat: Any = opt.blt
         stats: dict[str, Any] = {"starts": len(opt.start_losses)}
     else:
-        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error,
-                                       **({} if max_iter is None else {"max_iterations": max_iter}))
+        cap: dict[str, Any] = {} if max_iter is None else {"max_iterations": max_iter}
+        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error, **cap)
         strat = res.strategy
         stats = {"iterations": res.iterations, "converged": res.converged}
     seconds = time.perf_counter() - start
