@@ -57,3 +57,35 @@ def test_blt_max_iter_reaches_the_optimiser(tmp_path: Path) -> None:
     capped = _structured_json(tmp_path, "--strategy", "blt", "--buffers", "2", "--max-iter", "1")
     # one L-BFGS-B step per start cannot reach the optimum the default budget finds
     assert capped["loss"]["mean"] > free["loss"]["mean"] * (1 + 1e-6)
+
+
+# --- finding 1: --sampling under cyclic batching is the per-group rate, and the output says so ------------
+
+def _wide(*args: str) -> tuple[int, str, str]:
+    res = runner.invoke(app, list(args), env={"COLUMNS": "1000"})
+    return res.exit_code, " ".join(res.stdout.split()), res.stderr
+
+
+def test_account_cyclic_row_names_the_per_group_rate_and_the_batch_fraction() -> None:
+    # b = 16 groups (--min-sep 16) at per-group rate 0.2: each step samples one group (1/16 of the
+    # examples) with probability 0.2 per example, so the expected batch is 0.2 / 16 = 0.0125
+    code, out, err = _wide("account", "--strategy", "identity", "--n", "64", "--min-sep", "16", "--sigma", "2",
+                           "--sampling", "0.2", "--batching", "cyclic")
+    assert code == 0, err
+    assert "per group: each example's group is sampled with probability p at its group's steps" in out
+    assert "expected batch p / b = 0.0125 of the examples" in out
+
+
+def test_compare_caption_names_the_per_group_rate_and_the_batch_fraction() -> None:
+    code, out, err = _wide("compare", "--n", "64", "--min-sep", "16", "-s", "identity", "--epsilon", "8",
+                           "--sampling", "0.2", "-q")
+    assert code == 0, err
+    assert ("cyclic Poisson sampling at per-group rate 0.2 (each example's group is sampled with probability 0.2 "
+            "at its group's steps; 16 groups, expected batch 0.0125 of the examples)") in out
+
+
+@pytest.mark.parametrize("command", ["account", "compare"])
+def test_sampling_help_says_which_rate(command: str) -> None:
+    code, out, _ = _wide(command, "--help")
+    assert code == 0
+    assert "group is sampled with probability" in out and "b x batch / examples" in out

@@ -145,7 +145,9 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     cyc = report.cyclic_poisson
     if cyc is not None:
         t.add_row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
-                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g}, noise multiplier sigma / max column norm "
+                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
+                  f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
+                  f"of the examples), noise multiplier sigma / max column norm "
                   f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
                   f"discretization {cyc.value_discretization:g}")
         notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
@@ -204,8 +206,10 @@ def account(
         None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] (DP-SGD and MMCC; cyclic Poisson with "
-        "--batching cyclic)."
+        None, "--sampling", "-p", help="Sampling rate p in (0, 1]. Default --batching poisson (DP-SGD and MMCC): the "
+        "per-step rate, every example in every step with probability p, p = batch / examples. --batching cyclic: the per-group "
+        "rate, each example's group is sampled with probability p at its group's steps; p = b x batch / examples "
+        "(b groups)."
     ),
     batching: str | None = typer.Option(
         None, "--batching",

@@ -87,8 +87,10 @@ def compare(
     ),
     sampling: float | None = typer.Option(
         None, "--sampling", "-p",
-        help="With --epsilon: cyclic Poisson sampling at this rate (b groups, b from --min-sep, n/--epochs, or n); "
-        "banded rows may then be amplified.",
+        help="With --epsilon: cyclic Poisson sampling at this per-group rate P: each example's group is sampled "
+        "with probability P at its group's steps; P = b x batch / examples (b groups, b from --min-sep, n/--epochs, "
+        "or n). Not the per-step Poisson rate of account's default --batching poisson. Banded rows may then be "
+        "amplified.",
     ),
     delta: float | None = typer.Option(None, "--delta", help="With --epsilon: delta in (0, 1) (default 1e-6)."),
     strategies: list[str] | None = typer.Option(

@@ -113,9 +113,21 @@ def title(table: Comparison) -> str:
     text = f"{text}, {table.participation.describe(table.n)}" if table.multi else text
     if table.privacy is not None:
         t = table.privacy
-        sampler = "no sampling" if t.sampling is None else f"cyclic Poisson sampling at rate {t.sampling:g}"
+        sampler = "no sampling" if t.sampling is None else _cyclic_text(table)
         text += f"; at equal privacy epsilon = {t.epsilon:g}, delta = {t.delta:g}, {sampler}"
     return text
+
+
+def _cyclic_text(table: Comparison) -> str:
+    """The cyclic sampler in words, with the expected batch fraction P / b its per-group rate P
+    implies (a user who passed batch / examples as P sees the mismatch)."""
+    from mfcli.accounting.multi import cycle_length
+
+    p = table.privacy.sampling if table.privacy is not None else None
+    assert p is not None
+    b = cycle_length(table.participation, table.n)
+    return (f"cyclic Poisson sampling at per-group rate {p:g} (each example's group is sampled with probability "
+            f"{p:g} at its group's steps; {b} groups, expected batch {p / b:.6g} of the examples)")
 
 
 def render_markdown(table: Comparison) -> str:
