@@ -89,3 +89,44 @@ def test_sampling_help_says_which_rate(command: str) -> None:
     code, out, _ = _wide(command, "--help")
     assert code == 0
     assert "group is sampled with probability" in out and "b x batch / examples" in out
+
+
+# --- finding 3: under a multi-participation schema, compare's solved optimum is the single-participation one -
+
+def _compare_json(*args: str) -> tuple[dict, str]:
+    res = runner.invoke(app, ["compare", "-w", "prefix", "--n", "16", "-q", "--json", *args])
+    assert res.exit_code == 0, res.stderr
+    return json.loads(res.stdout), res.stderr
+
+
+@pytest.mark.parametrize("schema,options", [
+    (["--epochs", "4"], "--epochs 4"),
+    (["--min-sep", "4", "--max-participations", "2"], "--min-sep 4 --max-participations 2"),
+])
+def test_compare_names_the_single_participation_optimum_and_does_not_call_it_best(schema: list[str],
+                                                                                   options: str) -> None:
+    out, err = _compare_json("-s", "identity,sqrt,optimal", *schema)
+    rows = {r["name"]: r for r in out["strategies"]}
+    assert set(rows) == {"identity", "sqrt", "optimal-single"}
+    assert rows["optimal-single"]["description"].startswith("optimal for single participation, not for ")
+    # at n = 16 it has the lowest total of these rows, yet it is not this schema's optimum: not "best"
+    assert min(rows.values(), key=lambda r: r["loss_total"])["name"] == "optimal-single"
+    assert out["best_causal"] is None
+    assert rows["optimal-single"]["ratio_to_best_causal"] == 1.0
+    assert "optimal-single is the optimum for single participation" in err
+    assert f"{options}, and add its artifact with -a FILE" in err
+
+
+def test_compare_schema_optimum_from_an_artifact_is_best(tmp_path: Path) -> None:
+    art = tmp_path / "ep4.h5"
+    code, _, err = _run("optimize", "-w", "prefix", "--n", "16", "--epochs", "4", "-o", str(art), "-q")
+    assert code == 0, err
+    out, err = _compare_json("-s", "identity,sqrt,optimal", "--epochs", "4", "-a", str(art))
+    assert out["best_causal"] == "optimal-fixed-epoch (ep4.h5)" and "optimal-single" not in err
+
+
+@pytest.mark.parametrize("schema", [[], ["--epochs", "1"]])
+def test_compare_optimal_keeps_its_name_with_one_participation(schema: list[str]) -> None:
+    out, err = _compare_json("-s", "identity,optimal", *schema)
+    assert [r["name"] for r in out["strategies"]] == ["identity", "optimal"]
+    assert out["best_causal"] == "optimal" and "optimal-single" not in err

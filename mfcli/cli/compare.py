@@ -44,7 +44,7 @@ from mfcli.cli.render import (
 )
 from mfcli.compare import Comparison, PrivacyEstimate, PrivacyTarget, estimate_equal_privacy, run_comparison
 from mfcli.errors import MfcliError
-from mfcli.participation import Participation
+from mfcli.participation import FixedEpoch, MinSeparation, Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
 from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 
@@ -141,9 +141,10 @@ def compare(
     Errors are for noise multiplier 1 and clip norm 1: total squared error sens(C)^2 ||B||_F^2,
     its mean over the n steps, RMSE, the worst step, and the ratio to the best causal strategy.
     sens(C) is for single participation unless --epochs or --min-sep names another schema; the
-    strategies are the same either way, and a column says whether each sensitivity is exact or an
-    upper bound. For workloads other than prefix, the prefix-sum baselines are post-processed
-    (B = A S^-1 B_S).
+    strategies are the same either way (optimal is then the single-participation optimum, row
+    optimal-single, not ranked best: add the schema's optimum from mfcli optimize with -a), and a
+    column says whether each sensitivity is exact or an upper bound. For workloads other than
+    prefix, the prefix-sum baselines are post-processed (B = A S^-1 B_S).
     """
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
@@ -202,6 +203,10 @@ def compare(
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
+    if "optimal" in names and not artifact and schema.participations(w.n) > 1:
+        log(f"note: row optimal-single is the optimum for single participation, not for {schema.describe(w.n)}; "
+            f"for this schema's optimum run mfcli optimize with the same workload options and "
+            f"{_schema_options(schema)}, and add its artifact with -a FILE")
     progress = None if quiet else log
     if privacy is not None and not quiet:
         rows = len(artifact or ()) + len([s for s in names if not (s == "optimal" and artifact)])
@@ -226,6 +231,15 @@ def compare(
         if progress:
             log(f"wrote {plot}")
     emit_table(table, fmt, curves=curves, saved=saved, table_out=outputs.table, force=force, progress=progress)
+
+
+def _schema_options(schema: Participation) -> str:
+    """The command-line options that name ``schema`` (a fixed-epoch or min-separation one)."""
+    if isinstance(schema, FixedEpoch):
+        return f"--epochs {schema.epochs}"
+    assert isinstance(schema, MinSeparation)
+    cap = "" if schema.max_participations is None else f" --max-participations {schema.max_participations}"
+    return f"--min-sep {schema.separation}{cap}"
 
 
 class Outputs(NamedTuple):
