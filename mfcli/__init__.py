@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         participation_from_json,
     )
     from mfcli.solver import SolveResult, optimal_factorization
+    from mfcli.structured import StructuredArtifact, load_any_artifact
     from mfcli.toeplitz import BandedToeplitz
     from mfcli.workloads import (
         Workload,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
 _EXPORTS = {
     "Artifact": "mfcli.artifact",
     "load_artifact": "mfcli.artifact",
+    "load_any_artifact": "mfcli.structured",
+    "StructuredArtifact": "mfcli.structured",
     "save_artifact": "mfcli.artifact",
     "shipped_artifact": "mfcli.artifact",
     "BufferedToeplitz": "mfcli.blt",
@@ -95,8 +98,10 @@ __all__ = [
     "Sensitivity",
     "SingleParticipation",
     "SolveResult",
+    "StructuredArtifact",
     "Workload",
     "build_workload",
+    "load_any_artifact",
     "load_artifact",
     "momentum_workload",
     "optimal_factorization",

@@ -542,7 +542,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             check_structure(f, p)
             for name in ROOT_DATASETS:
                 if name not in f or not isinstance(f[name], h5py.Dataset):
-                    structured = " (a structured strategy: read it with mfcli.structured.load_any_artifact)" \
+                    structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
                         if "structured" in f else ""
                     raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
             datasets: dict[str, np.ndarray] = {}

@@ -130,3 +130,41 @@ def test_compare_optimal_keeps_its_name_with_one_participation(schema: list[str]
     out, err = _compare_json("-s", "identity,optimal", *schema)
     assert [r["name"] for r in out["strategies"]] == ["identity", "optimal"]
     assert out["best_causal"] == "optimal" and "optimal-single" not in err
+
+
+# --- finding 7: the public loader reads every artifact kind; the CLI gives no Python-API advice -----------
+
+@pytest.fixture(scope="module")
+def structured_h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("structured") / "s.h5"
+    code, _, err = _run("optimize", "--n", "64", "--strategy", "banded-toeplitz", "--bands", "4", "-o", str(out), "-q")
+    assert code == 0, err
+    return out
+
+
+def test_top_level_loader_reads_a_structured_artifact(structured_h5: Path) -> None:
+    import mfcli
+    from mfcli.errors import ArtifactError
+
+    art = mfcli.load_any_artifact(structured_h5)
+    assert isinstance(art, mfcli.StructuredArtifact) and art.n == 64
+    assert art.strategy.coefs.size == 4
+    dense = mfcli.load_any_artifact(mfcli.shipped_artifact("prefix-n256"))
+    assert isinstance(dense, mfcli.Artifact) and dense.n == 256
+    with pytest.raises(ArtifactError, match=r"read it with mfcli\.load_any_artifact\)"):
+        mfcli.load_artifact(structured_h5)
+
+
+@pytest.mark.parametrize("args,use", [
+    (["compress", "{art}", "-k", "4", "-r", "2", "-o", "{tmp}/c.h5"], "compress needs a dense artifact"),
+    (["compare", "-w", "prefix", "--n", "64", "-a", "{art}", "-q"], "--artifact needs a dense artifact"),
+    (["optimize", "--n", "64", "--warm-start", "{art}", "-o", "{tmp}/w.h5", "-q"], "--warm-start needs a dense artifact"),
+])
+def test_cli_refuses_a_structured_artifact_in_cli_terms(structured_h5: Path, tmp_path: Path, args: list[str],
+                                                        use: str) -> None:
+    code, stdout, err = _run(*(a.format(art=structured_h5, tmp=tmp_path) for a in args))
+    assert code == 1 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and use in lines[0]
+    assert "holds a structured strategy" in lines[0] and "load_any_artifact" not in lines[0]
+    assert "mfcli.structured" not in lines[0] and list(tmp_path.iterdir()) == []

@@ -380,6 +380,17 @@ def artifact_argument(path: _Path) -> _Path:
     return path
 
 
+def refuse_structured(path: _Path, use: str) -> None:
+    """Refuse, in CLI terms, a structured artifact (banded Toeplitz, BLT: no n x n matrices) where
+    ``use`` needs a dense one; the library's own refusal names a Python reader instead."""
+    from mfcli.structured import is_structured_file
+
+    if is_structured_file(path):
+        raise MfcliError(f"{path} holds a structured strategy (banded Toeplitz or BLT, no dense matrices); {use} "
+                         "needs a dense artifact (mfcli optimize without --strategy, or mfcli compare --save-strategy); "
+                         "mfcli inspect, account and the noise streams read structured ones")
+
+
 # ---------------------------------------------------------------------------------------------
 # Participation options (docs/concepts.md, "Participation and sensitivity"); default single.
 

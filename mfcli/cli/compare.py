@@ -30,6 +30,7 @@ from mfcli.cli.common import (
     guarded,
     log,
     participation_options,
+    refuse_structured,
     refuse_unless,
     stdout,
     workload_kwargs,
@@ -189,6 +190,8 @@ def compare(
     if artifact and "optimal" not in names and strategies:
         log("note: --artifact rows are added to the table in place of the optimal solve")
     artifact = [artifact_argument(path) for path in artifact or ()]
+    for path in artifact:
+        refuse_structured(path, "--artifact")
     solves = ("optimal" in names or save == "optimal") and not artifact
     refuse_unless(solves or (tol is None and max_iter is None),
                   "--tol and --max-iter apply to the optimal solve, which this command does not run"

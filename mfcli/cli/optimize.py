@@ -28,6 +28,7 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     participation_options,
+    refuse_structured,
     refuse_unless,
     stdout,
     workload_kwargs,
@@ -149,7 +150,10 @@ def optimize(
             k = schema.participations(w.n)
             out = out.with_name(f"{out.stem}-minsep{schema.separation}-k{k}.h5")
     check_output_path(out, force=force)
-    v0 = None if warm_start is None else warm_start_weights(artifact_argument(warm_start), w.matrix)
+    if warm_start is not None:
+        warm_start = artifact_argument(warm_start)
+        refuse_structured(warm_start, "--warm-start")
+    v0 = None if warm_start is None else warm_start_weights(warm_start, w.matrix)
 
     if multi:
         _optimize_multi(w, schema, out=out, tol=tol, max_iter=max_iter, force=force, quiet=quiet, as_json=as_json)
