@@ -168,3 +168,36 @@ def test_cli_refuses_a_structured_artifact_in_cli_terms(structured_h5: Path, tmp
     assert len(lines) == 1 and lines[0].startswith("error: ") and use in lines[0]
     assert "holds a structured strategy" in lines[0] and "load_any_artifact" not in lines[0]
     assert "mfcli.structured" not in lines[0] and list(tmp_path.iterdir()) == []
+
+
+# --- finding 11: an unwritable --out is reported against the user's path, never a temporary file --------
+
+@pytest.mark.parametrize("args", [
+    ["optimize", "--n", "4", "-q", "--out"],
+    ["compare", "--n", "4", "-s", "identity", "-q", "--out"],
+    ["compress", "prefix-n256", "-k", "2", "-r", "1", "-q", "--out"],
+    ["optimize", "--n", "64", "--strategy", "blt", "--buffers", "1", "-q", "--out"],
+])
+@pytest.mark.parametrize("rel", ["afile/x.h5", "afile/sub/x.h5"])
+def test_out_under_a_regular_file_names_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                                   rel: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("not a folder")
+    code, stdout, err = _run(*args, rel)
+    assert code == 1 and stdout == ""
+    assert err.strip() == f"error: cannot write {rel}: afile is not a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_out_whose_temporary_file_cannot_be_made_names_the_target(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / ".x.h5.abc.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)  # what /proc does to a new file, without needing /proc
+    out = tmp_path / "x.h5"
+    code, _, err = _run("optimize", "--n", "4", "-q", "--out", str(out))
+    assert code == 1
+    assert err.strip() == f"error: cannot write {out}: No such file or directory"
