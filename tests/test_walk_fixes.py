@@ -201,3 +201,26 @@ def test_out_whose_temporary_file_cannot_be_made_names_the_target(tmp_path: Path
     code, _, err = _run("optimize", "--n", "4", "-q", "--out", str(out))
     assert code == 1
     assert err.strip() == f"error: cannot write {out}: No such file or directory"
+
+
+# --- finding 10: a value outside an option's choices or range is a usage error, exit 2 (README's table) ---
+
+@pytest.mark.parametrize("args,needle", [
+    (["optimize", "--workload", "foo", "--n", "4"], "--workload must be one of prefix, momentum, custom, not 'foo'"),
+    (["optimize", "--n", "0"], "--n must be at least 1, got 0"),
+    (["optimize", "--n", "abc"], "'--n'"),
+    (["optimize", "--n", "4", "--tol", "-1"], "--tol must be in (0, 1), got -1"),
+    (["optimize", "--n", "4", "--max-iter", "0"], "--max-iter must be at least 1, got 0"),
+    (["optimize", "--n", "4", "--method", "magic"], "unknown method 'magic'"),
+    (["optimize", "--workload", "custom", "--n", "4"], "--workload custom needs --matrix FILE"),
+    (["compare", "--n", "4", "-s", "foo"], "unknown strategy 'foo'"),
+    (["compare", "--n", "4", "-s", "optimal", "--tol", "2"], "--tol must be in (0, 1), got 2"),
+    (["account", "--sigma", "1", "--sampling", "0.1", "--batching", "foo"], "--batching must be one of"),
+])
+def test_bad_option_value_exits_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    out = tmp_path / "x.h5"
+    code, stdout, err = _run(*args, *(["-o", str(out)] if args[0] == "optimize" else []))
+    assert code == 2 and stdout == ""
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("try ")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+    assert "matrix_file" not in err and not out.exists()

@@ -286,8 +286,8 @@ def account(
     say = (lambda s: None) if quiet else log
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
-    if batching is not None and batching not in BATCHINGS:
-        raise MfcliError(f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    refuse_unless(batching is None or batching in BATCHINGS,
+                  f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     refuse_unless(batching not in SAMPLED_BATCHINGS or sampling is not None,
                   f"--batching {batching} chooses the batch sampler of --sampling; give --sampling")
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.

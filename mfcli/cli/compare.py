@@ -198,6 +198,8 @@ def compare(
                   + (" (--artifact replaces it)" if artifact else ""))
     tol = 1e-6 if tol is None else tol
     max_iter = 1000 if max_iter is None else max_iter
+    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
+    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
     w = build_workload(workload, n, **workload_opts)
     schema.check(w.n)
     if privacy is not None and privacy.sampling is not None:

@@ -35,7 +35,6 @@ from mfcli.cli.common import (
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
-from mfcli.errors import MfcliError
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.solver import (
@@ -132,8 +131,9 @@ def optimize(
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
-    if method not in METHODS:
-        raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    refuse_unless(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
+    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
     w = build_workload(workload, n, **workload_opts)
     schema.check(w.n)
     # One participation at most (--epochs 1, --min-sep n, --max-participations 1): the problem is

@@ -15,10 +15,9 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from mfcli.cli.common import safe, safe_markup
+from mfcli.cli.common import safe, safe_markup, usage_error
 from mfcli.cli.rounding import pessimistic
 from mfcli.compare import COLUMNS, Comparison
-from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES
 
 #: Compact headers for the terminal; the caption says what they mean.
@@ -60,11 +59,11 @@ def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
             if not name:
                 continue
             if name not in STRATEGY_NAMES:
-                raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
+                raise usage_error(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
             if name not in names:
                 names.append(name)
     if not names and values:
-        raise MfcliError("--strategies is empty; choose from " + ", ".join(STRATEGY_NAMES))
+        raise usage_error("--strategies is empty; choose from " + ", ".join(STRATEGY_NAMES))
     return tuple(names) if names else STRATEGY_NAMES
 
 
