@@ -224,3 +224,33 @@ def test_bad_option_value_exits_2_with_one_line(tmp_path: Path, args: list[str],
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("try ")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
     assert "matrix_file" not in err and not out.exists()
+
+
+# --- finding 12: option naming and labels ---------------------------------------------------------------
+
+def test_single_participation_optimize_table_names_its_schema(tmp_path: Path) -> None:
+    code, out, err = _wide("optimize", "--n", "8", "-o", str(tmp_path / "o.h5"), "-q")
+    assert code == 0, err
+    assert "optimal factorization: prefix, n = 8, single participation" in out
+    assert "sensitivity (exact, this schema) 1 " in out  # a unit-norm column: sensitivity exactly 1
+
+
+def test_optimize_max_iter_help_says_what_each_solver_counts() -> None:
+    _, out, _ = _wide("optimize", "--help")
+    assert "with --epochs, Newton steps of the dual solver" in out and "L-BFGS-B iterations" in out
+
+
+def test_inspect_quiet_silences_the_plot_line(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    loud = runner.invoke(app, ["inspect", "prefix-n256", "--no-certificate", "--plot", str(tmp_path / "a.png")])
+    quiet = runner.invoke(app, ["inspect", "prefix-n256", "--no-certificate", "--plot", str(tmp_path / "b.png"), "-q"])
+    assert loud.exit_code == 0 and quiet.exit_code == 0
+    assert "wrote" in loud.stderr and quiet.stderr == ""
+    assert quiet.stdout == loud.stdout.replace("a.png", "b.png")
+
+
+@pytest.mark.parametrize("command,long", [("account", "--strategy"), ("compare", "--strategies")])
+def test_dash_s_is_documented_in_both_commands(command: str, long: str) -> None:
+    _, out, _ = _wide(command, "--help")
+    assert f"{long} -s" in out or f"-s, {long}" in out or f"{long}, -s" in out or f"-s {long}" in out
+    assert ("In mfcli compare, -s is --strategies" if command == "account" else "In mfcli account, -s is --strategy") in out

@@ -192,7 +192,8 @@ def account(
         show_default=False,
     ),
     strategy: str | None = typer.Option(
-        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."
+        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
+        "(In mfcli compare, -s is --strategies, a list.)"
     ),
     n: int | None = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
     workload: str | None = typer.Option(

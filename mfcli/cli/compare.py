@@ -96,7 +96,8 @@ def compare(
     delta: float | None = typer.Option(None, "--delta", help="With --epsilon: delta in (0, 1) (default 1e-6)."),
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
-        help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}).",
+        help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}). "
+        "(In mfcli account, -s is --strategy, one strategy.)",
     ),
     artifact: list[Path] | None = typer.Option(
         None, "--artifact", "-a",

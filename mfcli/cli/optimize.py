@@ -173,9 +173,9 @@ def optimize(
         log(f"wrote {out}")
     loss = {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max}
     _render(w, res, method=method, tol=tol, schema=schema, loss=loss, sensitivity=fact.sensitivity, out=out,
-            digest=digest, as_json=as_json, title=f"optimal factorization: {w.name}, n = {w.n}",
+            digest=digest, as_json=as_json, title=f"optimal factorization: {w.name}, n = {w.n}, {schema.describe(w.n)}",
             rows=[("loss total (sum of squared errors)", f"{fact.loss_total:.10g}")],
-            sensitivity_label="sensitivity")
+            sensitivity_label="sensitivity (exact, this schema)")
 
 
 def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participation, loss: dict[str, float],
