@@ -254,3 +254,37 @@ def test_dash_s_is_documented_in_both_commands(command: str, long: str) -> None:
     _, out, _ = _wide(command, "--help")
     assert f"{long} -s" in out or f"-s, {long}" in out or f"{long}, -s" in out or f"-s {long}" in out
     assert ("In mfcli compare, -s is --strategies" if command == "account" else "In mfcli account, -s is --strategy") in out
+
+
+# --- finding 8: account --json stays small; the full dp-accounting events are opt-in ----------------------
+
+def _account_json(*extra: str) -> tuple[str, dict]:
+    code, out, err = _run("account", "--strategy", "sqrt", "--n", "32", "--sigma", "4", "--sampling", "0.05", "--json",
+                          "-q", *extra)
+    assert code == 0, err
+    return out, json.loads(out)
+
+
+def test_account_json_summarises_events_unless_asked() -> None:
+    from mfcli.accounting.events import event_from_json
+    from mfcli.schemas import load_schema, validate
+
+    small_text, small = _account_json()
+    full_text, full = _account_json("--events")
+    for obj in (small, full):
+        validate(obj, load_schema("account"))
+    assert set(small["settings"]) == set(full["settings"]) >= {"single-pass", "dp-sgd", "mmcc"}
+    for name, row in full["settings"].items():
+        event = row["dp_event"]
+        assert event_from_json(event) is not None  # the opt-in form is the replayable event
+        assert "dp_event" not in small["settings"][name]
+        assert small["settings"][name]["dp_event_summary"] == {"class_name": json.loads(event)["class_name"],
+                                                               "json_chars": len(event)}
+        assert small["settings"][name]["epsilon"] == row["epsilon"]
+    mmcc_chars = small["settings"]["mmcc"]["dp_event_summary"]["json_chars"]
+    assert len(small_text) < len(full_text) - mmcc_chars + 1000
+
+
+def test_account_events_needs_json() -> None:
+    code, _, err = _run("account", "--sigma", "4", "--events", "-q")
+    assert code == 2 and err.strip() == "error: --events adds the full events to --json output; give --json"

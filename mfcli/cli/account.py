@@ -2,6 +2,7 @@
 or the sigma that meets a target epsilon (docs/accounting.md)."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -262,6 +263,11 @@ def account(
         "CPU even at small n; never a bound, never used to calibrate).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    events: bool = typer.Option(
+        False, "--events",
+        help="With --json: include each setting's full dp-accounting event (MMCC's can be megabytes; by default each "
+        "setting carries a dp_event_summary, and --write stores the full events in the artifact either way).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
@@ -287,6 +293,7 @@ def account(
     say = (lambda s: None) if quiet else log
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
+    refuse_unless(not events or as_json, "--events adds the full events to --json output; give --json")
     refuse_unless(batching is None or batching in BATCHINGS,
                   f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     refuse_unless(batching not in SAMPLED_BATCHINGS or sampling is not None,
@@ -422,6 +429,11 @@ def account(
 
     if as_json:
         payload = report.as_dict()
+        if not events:
+            for row in payload["settings"].values():
+                if "dp_event" in row:  # kept small: MMCC's event has one entry per distinct row of C
+                    text = row.pop("dp_event")  # event_to_json's string
+                    row["dp_event_summary"] = {"class_name": json.loads(text)["class_name"], "json_chars": len(text)}
         if calibration is not None:
             assert probe is not None  # set together with calibration above
             payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict()}
