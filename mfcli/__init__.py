@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
     )
     from mfcli.samplers import CyclicPoissonSampler, PoissonSampler, sampler_for
     from mfcli.solver import SolveResult, optimal_factorization
+    from mfcli.structured import StructuredArtifact, load_any_artifact
     from mfcli.toeplitz import BandedToeplitz
     from mfcli.workloads import (
         Workload,
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
 _EXPORTS = {
     "Artifact": "mfcli.artifact",
     "load_artifact": "mfcli.artifact",
+    "load_any_artifact": "mfcli.structured",
+    "StructuredArtifact": "mfcli.structured",
     "save_artifact": "mfcli.artifact",
     "shipped_artifact": "mfcli.artifact",
     "BufferedToeplitz": "mfcli.blt",
@@ -101,8 +104,10 @@ __all__ = [
     "Sensitivity",
     "SingleParticipation",
     "SolveResult",
+    "StructuredArtifact",
     "Workload",
     "build_workload",
+    "load_any_artifact",
     "load_artifact",
     "momentum_workload",
     "optimal_factorization",

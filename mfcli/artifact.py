@@ -85,7 +85,21 @@ def check_output_path(path: str | Path, *, force: bool = False) -> Path:
         raise MfcliError(f"{target} is not a regular file (a device, pipe or socket)")
     if target.exists() and not force:
         raise OutputExistsError(f"{target} already exists")
+    _check_parent(target)
     return target
+
+
+def _check_parent(target: Path) -> None:
+    """Refuse, naming ``target``, an output whose folder cannot be made or written: the nearest
+    existing ancestor must be a writable directory (a regular file there would otherwise surface
+    as "cannot create directory X: File exists" or as an error naming a temporary file)."""
+    ancestor = target.parent if str(target.parent) else Path(".")
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise MfcliError(f"cannot write {target}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise MfcliError(f"cannot write {target}: directory {ancestor} is not writable")
 
 
 #: Signals held back while a file is being written and committed (see :func:`deferred_signals`).
@@ -204,7 +218,10 @@ def atomic_path(path: str | Path, *, force: bool = False) -> Iterator[Path]:
     with directory_lock(parent):
         with deferred_signals() as pending:
             check_output_path(target, force=force)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+            try:
+                fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+            except OSError as exc:  # name the user's target, not the temporary file beside it
+                raise MfcliError(f"cannot write {target}: {exc.strerror or exc}") from None
             os.close(fd)
             tmp = Path(tmp_name)
             try:
@@ -542,7 +559,7 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             check_structure(f, p)
             for name in ROOT_DATASETS:
                 if name not in f or not isinstance(f[name], h5py.Dataset):
-                    structured = " (a structured strategy: read it with mfcli.structured.load_any_artifact)" \
+                    structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
                         if "structured" in f else ""
                     raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
             datasets: dict[str, np.ndarray] = {}

@@ -382,7 +382,8 @@ def estimate_equal_privacy(n: int, schema: Participation, target: PrivacyTarget,
 @dataclass(frozen=True, eq=False)
 class Comparison:
     """The table for one workload. ``best_causal`` names the causal row with the smallest total
-    squared error (None if no row is causal); every row's ``ratio`` is relative to it."""
+    squared error (None if no row is causal, or if that row is ``optimal-single``, which is not
+    this schema's optimum); every row's ``ratio`` is relative to that row."""
 
     workload_name: str
     workload_params: dict[str, Any]
@@ -407,7 +408,10 @@ class Comparison:
     def best_at_equal_privacy(self) -> str | None:
         """The causal row with the lowest RMSE at the privacy target (None without one)."""
         causal = [r for r in self.rows if r.causal and r.privacy is not None]
-        return min(causal, key=lambda r: r.privacy.rmse).name if causal else None  # type: ignore[union-attr]
+        if not causal:
+            return None
+        best = min(causal, key=lambda r: r.privacy.rmse).name  # type: ignore[union-attr]
+        return None if best == SINGLE_OPTIMUM_ROW else best
 
     def row(self, name: str) -> ComparisonRow:
         for r in self.rows:
@@ -434,7 +438,8 @@ class Comparison:
 
 
 def row_for(strategy: Strategy, *, label: str | None = None, participation: Participation | None = None,
-            privacy: PrivacyTarget | None = None, on_progress: ProgressCallback | None = None) -> ComparisonRow:
+            privacy: PrivacyTarget | None = None, on_progress: ProgressCallback | None = None,
+            description: str | None = None) -> ComparisonRow:
     """Numbers of one strategy, recomputed from its factorization (ratio filled in later), under
     ``participation`` (None: single participation): sens^2 times the squared row norms of B;
     with ``privacy``, also its sigma and RMSE at that target (:func:`equal_privacy`), its
@@ -453,7 +458,7 @@ def row_for(strategy: Strategy, *, label: str | None = None, participation: Part
         gap = float(strategy.solver["gap"])
     return ComparisonRow(
         name=label or strategy.name,
-        description=strategy.description,
+        description=description or strategy.description,
         causal=strategy.causal,
         m=f.m,
         sensitivity=sens,
@@ -477,7 +482,15 @@ def calibration_phase(row: str) -> str:
     return f"calibrating {row}"
 
 
+#: The row name of the single-participation optimum in a table under a schema with more than one
+#: participation: it is optimal for another problem, so it is neither called ``optimal`` nor ranked best.
+SINGLE_OPTIMUM_ROW = "optimal-single"
+
+
 def _with_ratios(rows: Sequence[ComparisonRow]) -> tuple[tuple[ComparisonRow, ...], str | None]:
+    """Every row's ratio to the causal row with the lowest total, and that row's name as the best
+    causal one, unless it is ``optimal-single``: that row optimises single participation, not the
+    table's schema (whose optimum is lower), so it is not called best (None)."""
     causal = [r for r in rows if r.causal]
     if not causal:
         return tuple(rows), None
@@ -487,7 +500,7 @@ def _with_ratios(rows: Sequence[ComparisonRow]) -> tuple[tuple[ComparisonRow, ..
         d = dict(r.__dict__)
         d["ratio"] = r.loss_total / best.loss_total
         out.append(ComparisonRow(**d))
-    return tuple(out), best.name
+    return tuple(out), None if best.name == SINGLE_OPTIMUM_ROW else best.name
 
 
 def run_comparison(
@@ -518,7 +531,10 @@ def run_comparison(
     With ``participation`` (a schema; None means the schema the artifacts declare, else single
     participation: :func:`comparison_schema`, which refuses a contradiction), every row's
     sensitivity and losses are those of its strategy under the schema (:func:`row_for`). The
-    strategies themselves are not changed: ``optimal`` is still the single-participation optimum.
+    strategies themselves are not changed: ``optimal`` is still the single-participation optimum, so
+    when the schema allows more than one participation its row is named ``optimal-single``
+    (:data:`SINGLE_OPTIMUM_ROW`), described as such and not ranked best; the schema's own optimum
+    is a row only from an artifact (``artifacts``) made for that schema.
 
     With ``privacy``, every row is also calibrated to that (epsilon, delta) (:func:`equal_privacy`);
     ``on_progress`` then receives each row's accounting runs as phase ``calibrating <row>``.
@@ -565,7 +581,12 @@ def run_comparison(
         if in_table:
             if progress and privacy is not None:
                 progress(f"calibrating {name} at epsilon {privacy.epsilon:g}")
-            rows.append(row_for(s, participation=schema, privacy=privacy, on_progress=on_progress))
+            single_optimum = name == "optimal" and schema.participations(workload.n) > 1
+            rows.append(row_for(
+                s, participation=schema, privacy=privacy, on_progress=on_progress,
+                label=SINGLE_OPTIMUM_ROW if single_optimum else None,
+                description=f"optimal for single participation, not for {schema.describe(workload.n)} "
+                            f"({s.description})" if single_optimum else None))
         if name == keep:
             kept = s
         del s

@@ -2,6 +2,7 @@
 or the sigma that meets a target epsilon (docs/accounting.md)."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,7 +163,9 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     cyc = report.cyclic_poisson
     if cyc is not None:
         t.add_row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
-                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g}, noise multiplier sigma / max column norm "
+                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
+                  f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
+                  f"of the examples), noise multiplier sigma / max column norm "
                   f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
                   f"discretization {cyc.value_discretization:g}")
         notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
@@ -207,7 +210,8 @@ def account(
         show_default=False,
     ),
     strategy: str | None = typer.Option(
-        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n)."
+        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
+        "(In mfcli compare, -s is --strategies, a list.)"
     ),
     n: int | None = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
     workload: str | None = typer.Option(
@@ -221,8 +225,10 @@ def account(
         None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p", help="Poisson sampling rate p in (0, 1] (DP-SGD and MMCC; cyclic Poisson with "
-        "--batching cyclic)."
+        None, "--sampling", "-p", help="Sampling rate p in (0, 1]. Default --batching poisson (DP-SGD and MMCC): the "
+        "per-step rate, every example in every step with probability p, p = batch / examples. --batching cyclic: the per-group "
+        "rate, each example's group is sampled with probability p at its group's steps; p = b x batch / examples "
+        "(b groups)."
     ),
     batching: str | None = typer.Option(
         None, "--batching",
@@ -274,6 +280,11 @@ def account(
         "CPU even at small n; never a bound, never used to calibrate).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    events: bool = typer.Option(
+        False, "--events",
+        help="With --json: include each setting's full dp-accounting event (MMCC's can be megabytes; by default each "
+        "setting carries a dp_event_summary, and --write stores the full events in the artifact either way).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
     """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
@@ -299,8 +310,9 @@ def account(
     say = (lambda s: None) if quiet else log
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
-    if batching is not None and batching not in BATCHINGS:
-        raise MfcliError(f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    refuse_unless(not events or as_json, "--events adds the full events to --json output; give --json")
+    refuse_unless(batching is None or batching in BATCHINGS,
+                  f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     refuse_unless(batching not in SAMPLED_BATCHINGS or sampling is not None,
                   f"--batching {batching} chooses the batch sampler of --sampling; give --sampling")
     # Usage errors (exit 2): options that conflict, or that do not apply to what this run does.
@@ -443,6 +455,11 @@ def account(
 
     if as_json:
         payload = report.as_dict()
+        if not events:
+            for row in payload["settings"].values():
+                if "dp_event" in row:  # kept small: MMCC's event has one entry per distinct row of C
+                    text = row.pop("dp_event")  # event_to_json's string
+                    row["dp_event_summary"] = {"class_name": json.loads(text)["class_name"], "json_chars": len(text)}
         if calibration is not None:
             assert probe is not None  # set together with calibration above
             payload["calibration"] = {"setting": chosen, **calibration.as_dict(), "estimate": probe.as_dict(),

@@ -296,7 +296,13 @@ from pathlib import Path as _Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
-NOpt = Annotated[int | None, typer.Option("--n", "-n", help="Number of steps (rows of A).")]
+def _positive_n(value: int | None) -> int | None:
+    """--n out of range is a usage error (exit 2, one line), like an unreadable --n."""
+    refuse_unless(value is None or value >= 1, f"--n must be at least 1, got {value}")
+    return value
+
+
+NOpt = Annotated[int | None, typer.Option("--n", "-n", callback=_positive_n, help="Number of steps (rows of A).")]
 # Options that apply to one mode only default to None (not given), so that giving one where it
 # does not apply is refused even when its value equals the default (see workload_kwargs).
 BetaOpt = Annotated[
@@ -355,8 +361,13 @@ def workload_kwargs(
     """Refuse workload options that do not apply to ``workload`` and the schedule, and return the
     keyword arguments for :func:`mfcli.workloads.build_workload` (only those given: the library
     keeps the defaults)."""
+    from mfcli.workloads import WORKLOAD_NAMES
+
+    # a value outside an option's choices is a usage error (exit 2), as typer treats an unreadable one
+    refuse_unless(workload in WORKLOAD_NAMES, f"--workload must be one of {', '.join(WORKLOAD_NAMES)}, not {workload!r}")
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     refuse_unless(matrix is None or workload == "custom", f"--matrix applies to --workload custom only, not {workload}")
+    refuse_unless(matrix is not None or workload != "custom", "--workload custom needs --matrix FILE")
     refuse_unless(lr is None or workload != "custom", "--lr does not apply to --workload custom (its matrix is used as given)")
     schedule = lr if lr is not None else "constant"
     refuse_unless(lr_factor is None or schedule == "step-decay", f"--lr-factor applies to --lr step-decay only, not {schedule}")
@@ -378,6 +389,17 @@ def artifact_argument(path: _Path) -> _Path:
     if not path.exists() and str(path) in SHIPPED:
         return shipped_artifact(str(path))
     return path
+
+
+def refuse_structured(path: _Path, use: str) -> None:
+    """Refuse, in CLI terms, a structured artifact (banded Toeplitz, BLT: no n x n matrices) where
+    ``use`` needs a dense one; the library's own refusal names a Python reader instead."""
+    from mfcli.structured import is_structured_file
+
+    if is_structured_file(path):
+        raise MfcliError(f"{path} holds a structured strategy (banded Toeplitz or BLT, no dense matrices); {use} "
+                         "needs a dense artifact (mfcli optimize without --strategy, or mfcli compare --save-strategy); "
+                         "mfcli inspect, account and the noise streams read structured ones")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from mfcli.cli.common import (
     guarded,
     log,
     participation_options,
+    refuse_structured,
     refuse_unless,
     stdout,
     workload_kwargs,
@@ -44,7 +45,7 @@ from mfcli.cli.render import (
 )
 from mfcli.compare import Comparison, PrivacyEstimate, PrivacyTarget, estimate_equal_privacy, run_comparison
 from mfcli.errors import MfcliError
-from mfcli.participation import Participation
+from mfcli.participation import FixedEpoch, MinSeparation, Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
 from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 
@@ -87,13 +88,16 @@ def compare(
     ),
     sampling: float | None = typer.Option(
         None, "--sampling", "-p",
-        help="With --epsilon: cyclic Poisson sampling at this rate (b groups, b from --min-sep, n/--epochs, or n); "
-        "banded rows may then be amplified.",
+        help="With --epsilon: cyclic Poisson sampling at this per-group rate P: each example's group is sampled "
+        "with probability P at its group's steps; P = b x batch / examples (b groups, b from --min-sep, n/--epochs, "
+        "or n). Not the per-step Poisson rate of account's default --batching poisson. Banded rows may then be "
+        "amplified.",
     ),
     delta: float | None = typer.Option(None, "--delta", help="With --epsilon: delta in (0, 1) (default 1e-6)."),
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
-        help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}).",
+        help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}). "
+        "(In mfcli account, -s is --strategy, one strategy.)",
     ),
     artifact: list[Path] | None = typer.Option(
         None, "--artifact", "-a",
@@ -139,9 +143,10 @@ def compare(
     Errors are for noise multiplier 1 and clip norm 1: total squared error sens(C)^2 ||B||_F^2,
     its mean over the n steps, RMSE, the worst step, and the ratio to the best causal strategy.
     sens(C) is for single participation unless --epochs or --min-sep names another schema; the
-    strategies are the same either way, and a column says whether each sensitivity is exact or an
-    upper bound. For workloads other than prefix, the prefix-sum baselines are post-processed
-    (B = A S^-1 B_S).
+    strategies are the same either way (optimal is then the single-participation optimum, row
+    optimal-single, not ranked best: add the schema's optimum from mfcli optimize with -a), and a
+    column says whether each sensitivity is exact or an upper bound. For workloads other than
+    prefix, the prefix-sum baselines are post-processed (B = A S^-1 B_S).
     """
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
@@ -186,12 +191,16 @@ def compare(
     if artifact and "optimal" not in names and strategies:
         log("note: --artifact rows are added to the table in place of the optimal solve")
     artifact = [artifact_argument(path) for path in artifact or ()]
+    for path in artifact:
+        refuse_structured(path, "--artifact")
     solves = ("optimal" in names or save == "optimal") and not artifact
     refuse_unless(solves or (tol is None and max_iter is None),
                   "--tol and --max-iter apply to the optimal solve, which this command does not run"
                   + (" (--artifact replaces it)" if artifact else ""))
     tol = 1e-6 if tol is None else tol
     max_iter = 1000 if max_iter is None else max_iter
+    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
+    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
     w = build_workload(workload, n, **workload_opts)
     for path in artifact or ():
         if not path.exists():
@@ -205,6 +214,10 @@ def compare(
     if privacy is not None and privacy.sampling is not None:
         cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
+    if "optimal" in names and not artifact and schema.participations(w.n) > 1:
+        log(f"note: row optimal-single is the optimum for single participation, not for {schema.describe(w.n)}; "
+            f"for this schema's optimum run mfcli optimize with the same workload options and "
+            f"{_schema_options(schema)}, and add its artifact with -a FILE")
     progress = None if quiet else log
     if privacy is not None and not quiet:
         rows = len(artifact or ()) + len([s for s in names if not (s == "optimal" and artifact)])
@@ -229,6 +242,15 @@ def compare(
         if progress:
             log(f"wrote {plot}")
     emit_table(table, fmt, curves=curves, saved=saved, table_out=outputs.table, force=force, progress=progress)
+
+
+def _schema_options(schema: Participation) -> str:
+    """The command-line options that name ``schema`` (a fixed-epoch or min-separation one)."""
+    if isinstance(schema, FixedEpoch):
+        return f"--epochs {schema.epochs}"
+    assert isinstance(schema, MinSeparation)
+    cap = "" if schema.max_participations is None else f" --max-participations {schema.max_participations}"
+    return f"--min-sep {schema.separation}{cap}"
 
 
 class Outputs(NamedTuple):

@@ -19,6 +19,7 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     participation_options,
+    refuse_structured,
     refuse_unless,
     stdout,
     usage_error,
@@ -80,6 +81,7 @@ def compress(
 
     if not artifact.exists():
         raise MfcliError(f"{artifact} does not exist")
+    refuse_structured(artifact, "compress")
     source_art = load_artifact(artifact)
     # refused before anything is written: a schema that contradicts the artifact's or does not fit n
     schema = requested_schema(source_art.participation, requested, str(artifact))

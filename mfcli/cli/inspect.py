@@ -214,6 +214,7 @@ def inspect(
     ),
     force: bool = typer.Option(False, "--force", help="With --plot: overwrite an existing plot file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON report object on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Nothing on stderr but errors (the --plot 'wrote' line)."),
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
@@ -252,7 +253,7 @@ def inspect(
         _render(report)
         if under is not None:
             _render_under(under)
-        if written is not None:
+        if written is not None and not quiet:
             log(f"wrote {written}")
     if not report.ok:
         raise fail(f"{artifact}: {len(report.problems)} check(s) failed: {report.problems[0]}")

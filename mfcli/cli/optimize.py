@@ -28,13 +28,13 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     participation_options,
+    refuse_structured,
     refuse_unless,
     stdout,
     workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
-from mfcli.errors import MfcliError
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.solver import (
@@ -44,6 +44,10 @@ from mfcli.solver import (
     warm_start_weights,
 )
 from mfcli.workloads import Workload, build_workload, default_artifact_stem
+
+#: The dense solvers' stopping rule when --tol / --max-iter are not given.
+DEFAULT_TOL = 1e-6
+DEFAULT_MAX_ITER = 1000
 
 
 @guarded
@@ -59,15 +63,22 @@ def optimize(
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
-    tol: float = typer.Option(1e-6, "--tol", help="Stop at this relative duality gap."),
-    max_iter: int = typer.Option(
-        1000, "--max-iter",
-        help="Maximum solver iterations (eigendecompositions; L-BFGS iterations with --epochs/--min-sep).",
+    tol: float | None = typer.Option(
+        None, "--tol", show_default=False,
+        help=f"Stop at this relative duality gap (default {DEFAULT_TOL:g}). Dense optimal strategy only: "
+        "banded-toeplitz and blt have no duality gap.",
     ),
-    method: str = typer.Option(
-        DEFAULT_METHOD, "--method",
-        help=f"Solver: {', '.join(METHODS)} (fixed-point is the plain iteration of Denisov et al. 2022). "
-        "All are certified by the same gap.",
+    max_iter: int | None = typer.Option(
+        None, "--max-iter", show_default=False,
+        help=f"Maximum solver iterations (default {DEFAULT_MAX_ITER}): eigendecompositions for single "
+        "participation; with --epochs, Newton steps of the dual solver (then L-BFGS iterations if it falls "
+        "back); with --min-sep, L-BFGS iterations; with --strategy banded-toeplitz or blt, L-BFGS-B "
+        "iterations (per start for blt).",
+    ),
+    method: str | None = typer.Option(
+        None, "--method", show_default=False,
+        help=f"Solver: {', '.join(METHODS)} (default {DEFAULT_METHOD}; fixed-point is the plain iteration of "
+        "Denisov et al. 2022). All are certified by the same gap. Dense single participation only.",
     ),
     warm_start: Path | None = typer.Option(
         None, "--warm-start", help="Start from an existing artifact (any n; a file or a shipped name such as prefix-n256)."
@@ -101,18 +112,28 @@ def optimize(
         refuse_unless(all(v is None for v in (lr_factor, lr_final, lr_last, matrix, warm_start)),
                       f"--strategy {strategy} takes no --lr-*, --matrix or --warm-start")
         refuse_unless(error in ("mean", "max"), f"--error must be mean or max, not {error}")
+        # the structured optimisers are L-BFGS-B searches with no duality gap and no choice of method:
+        # an option they cannot honour is refused rather than silently dropped
+        refuse_unless(method is None, f"--method applies to the dense optimal strategy only, not --strategy {strategy}")
+        refuse_unless(tol is None, f"--tol is a duality-gap target and --strategy {strategy} has no duality gap "
+                      "(its loss is recomputed exactly); bound its work with --max-iter")
         optimize_structured(strategy=strategy, workload=workload, n=n, beta=beta, lr=lr, bands=bands, error=error,
                             schema=participation_options(epochs, min_sep, max_participations), out=out, force=force,
-                            quiet=quiet, as_json=as_json, buffers=buffers)
+                            quiet=quiet, as_json=as_json, buffers=buffers, max_iter=max_iter)
         return
+    tol = DEFAULT_TOL if tol is None else tol
+    max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
+    method_given = method is not None
+    method = DEFAULT_METHOD if method is None else method
     refuse_unless(bands is None and buffers is None and error == "mean",
                   "--bands, --buffers and --error apply to --strategy banded-toeplitz or blt only")
     schema = participation_options(epochs, min_sep, max_participations)
     workload_opts = workload_kwargs(
         workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
     )
-    if method not in METHODS:
-        raise MfcliError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    refuse_unless(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
+    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
     w = build_workload(workload, n, **workload_opts)
     schema.check(w.n)
     # One participation at most (--epochs 1, --min-sep n, --max-participations 1): the problem is
@@ -120,7 +141,7 @@ def optimize(
     multi = schema.participations(w.n) > 1
     if multi:
         refuse_unless(warm_start is None, "--warm-start applies to single participation only")
-        refuse_unless(method == DEFAULT_METHOD, "--method applies to single participation only")
+        refuse_unless(not method_given, "--method applies to single participation only")
     if out is None:
         out = default_artifact_path(default_artifact_stem(w), w.n)
         if isinstance(schema, FixedEpoch):
@@ -129,7 +150,10 @@ def optimize(
             k = schema.participations(w.n)
             out = out.with_name(f"{out.stem}-minsep{schema.separation}-k{k}.h5")
     check_output_path(out, force=force)
-    v0 = None if warm_start is None else warm_start_weights(artifact_argument(warm_start), w.matrix)
+    if warm_start is not None:
+        warm_start = artifact_argument(warm_start)
+        refuse_structured(warm_start, "--warm-start")
+    v0 = None if warm_start is None else warm_start_weights(warm_start, w.matrix)
 
     if multi:
         _optimize_multi(w, schema, out=out, tol=tol, max_iter=max_iter, force=force, quiet=quiet, as_json=as_json)
@@ -149,9 +173,9 @@ def optimize(
         log(f"wrote {out}")
     loss = {"total": fact.loss_total, "mean": fact.loss_mean, "rmse": fact.rmse, "max": fact.loss_max}
     _render(w, res, method=method, tol=tol, schema=schema, loss=loss, sensitivity=fact.sensitivity, out=out,
-            digest=digest, as_json=as_json, title=f"optimal factorization: {w.name}, n = {w.n}",
+            digest=digest, as_json=as_json, title=f"optimal factorization: {w.name}, n = {w.n}, {schema.describe(w.n)}",
             rows=[("loss total (sum of squared errors)", f"{fact.loss_total:.10g}")],
-            sensitivity_label="sensitivity")
+            sensitivity_label="sensitivity (exact, this schema)")
 
 
 def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participation, loss: dict[str, float],

@@ -15,10 +15,9 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from mfcli.cli.common import safe, safe_markup
+from mfcli.cli.common import safe, safe_markup, usage_error
 from mfcli.cli.rounding import pessimistic
 from mfcli.compare import COLUMNS, Comparison
-from mfcli.errors import MfcliError
 from mfcli.strategies import STRATEGY_NAMES
 
 #: Compact headers for the terminal; the caption says what they mean.
@@ -60,11 +59,11 @@ def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
             if not name:
                 continue
             if name not in STRATEGY_NAMES:
-                raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
+                raise usage_error(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
             if name not in names:
                 names.append(name)
     if not names and values:
-        raise MfcliError("--strategies is empty; choose from " + ", ".join(STRATEGY_NAMES))
+        raise usage_error("--strategies is empty; choose from " + ", ".join(STRATEGY_NAMES))
     return tuple(names) if names else STRATEGY_NAMES
 
 
@@ -113,9 +112,30 @@ def title(table: Comparison) -> str:
     text = f"{text}, {table.participation.describe(table.n)}" if table.multi else text
     if table.privacy is not None:
         t = table.privacy
-        sampler = "no sampling" if t.sampling is None else f"cyclic Poisson sampling at rate {t.sampling:g}"
+        sampler = "no sampling" if t.sampling is None else _cyclic_text(table)
         text += f"; at equal privacy epsilon = {t.epsilon:g}, delta = {t.delta:g}, {sampler}"
     return text
+
+
+def _cyclic_text(table: Comparison) -> str:
+    """The cyclic sampler in words, with the expected batch fraction P / b its per-group rate P
+    implies (a user who passed batch / examples as P sees the mismatch)."""
+    from mfcli.accounting.multi import cycle_length
+
+    p = table.privacy.sampling if table.privacy is not None else None
+    assert p is not None
+    b = cycle_length(table.participation, table.n)
+    return (f"cyclic Poisson sampling at per-group rate {p:g} (each example's group is sampled with probability "
+            f"{p:g} at its group's steps; {b} groups, expected batch {p / b:.6g} of the examples)")
+
+
+_SINGLE_OPTIMUM_BASIS = ("lowest causal total (optimal-single's: the single-participation optimum, not this "
+                         "schema's optimum, which can be lower)")
+
+
+def _single_optimum_lowest(table: Comparison) -> bool:
+    """Whether the ratios are relative to ``optimal-single``, which is therefore not named best."""
+    return table.best_causal is None and any(r.causal for r in table.rows)
 
 
 def render_markdown(table: Comparison) -> str:
@@ -123,6 +143,8 @@ def render_markdown(table: Comparison) -> str:
     head = _headers(table, short=False)
     # The title names a non-single schema already; the units line then says the rest.
     units = "noise multiplier 1, clip norm 1; 'upper bound' rows: sensitivity and losses are upper bounds, rounded up"
+    if _single_optimum_lowest(table):
+        units += f"; ratio = total / {_SINGLE_OPTIMUM_BASIS}"
     lines = [
         f"**{title(table)}**; {units if table.multi else table.units()}",
         "",
@@ -161,7 +183,8 @@ def rich_table(table: Comparison) -> Table:
     """The terminal table (compact headers, a caption with the units)."""
     t = Table(
         title=safe_markup(title(table)),
-        caption=f"squared errors (total, mean per step, worst step), {table.units()}; ratio = total / best causal total"
+        caption=f"squared errors (total, mean per step, worst step), {table.units()}; ratio = total / "
+        + (_SINGLE_OPTIMUM_BASIS if _single_optimum_lowest(table) else "best causal total")
         + ("; 'upper bound' rows: sensitivity and losses are upper bounds, rounded up" if table.multi else ""),
         title_justify="left",
         caption_justify="left",

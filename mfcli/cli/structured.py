@@ -36,8 +36,10 @@ def optimize_structured(
     quiet: bool,
     as_json: bool,
     buffers: int | None = None,
+    max_iter: int | None = None,
 ) -> None:
-    """Optimise a structured strategy, write its artifact, print the recomputed numbers."""
+    """Optimise a structured strategy, write its artifact, print the recomputed numbers.
+    ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
     from mfcli.cli.common import refuse_unless
 
     refuse_unless(n is not None, f"--strategy {strategy} needs --n")
@@ -48,6 +50,7 @@ def optimize_structured(
         refuse_unless(bands is not None, f"--strategy {strategy} needs --bands")
         refuse_unless(buffers is None, f"--buffers applies to --strategy blt, not {strategy} (give --bands)")
     assert n is not None
+    refuse_unless(max_iter is None or max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
     n = check_n(n)
@@ -67,11 +70,12 @@ def optimize_structured(
         from mfcli.blt import optimize_blt
 
         opt = optimize_blt(n=n, buffers=size, workload=w.name, beta=w.beta if w.name == "momentum" else None,
-                           error=error, schema=schema)
+                           error=error, schema=schema, **({} if max_iter is None else {"max_iter": max_iter}))
         strat: Any = opt.blt
         stats: dict[str, Any] = {"starts": len(opt.start_losses)}
     else:
-        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error)
+        cap: dict[str, Any] = {} if max_iter is None else {"max_iterations": max_iter}
+        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error, **cap)
         strat = res.strategy
         stats = {"iterations": res.iterations, "converged": res.converged}
     seconds = time.perf_counter() - start
