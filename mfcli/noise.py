@@ -124,13 +124,13 @@ class StaleNoiseStateWarning(UserWarning):
 # Noise rows
 
 
-def check_seed(seed: Any) -> int:
-    """Validate a noise seed: an integer in [0, 2^128) (the Philox key)."""
+def check_seed(seed: Any, *, what: str = "noise seed") -> int:
+    """Validate a seed (``what`` names it in the error): an integer in [0, 2^128), a Philox key."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise MfcliError(f"the noise seed must be an integer in [0, 2^128), got {type(seed).__name__}")
+        raise MfcliError(f"the {what} must be an integer in [0, 2^128), got {type(seed).__name__}")
     s = int(seed)
     if not 0 <= s < SEED_BOUND:
-        raise MfcliError("the noise seed must be an integer in [0, 2^128)")
+        raise MfcliError(f"the {what} must be an integer in [0, 2^128)")
     return s
 
 

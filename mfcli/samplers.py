@@ -61,6 +61,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +70,12 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.noise import check_seed
 
 STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
 #: The batch samplers of the accounting (``mfcli account --batching``) that have a sampler here.
 KINDS = ("poisson", "cyclic", "balls-in-bins", "shuffle")
-_SEED_BOUND = 2**128
 
 
 @runtime_checkable
@@ -133,12 +134,6 @@ def _check_rate(rate: Any) -> float:
     return r
 
 
-def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < _SEED_BOUND:
-        raise MfcliError(f"the sampler seed must be an integer in [0, 2^128), got {seed!r}")
-    return int(seed)
-
-
 def _generator(key: int, counter: int) -> np.random.Generator:
     """Philox keyed by ``key`` (128 bits) at counter (0, 0, counter, 0): independent streams per
     counter value, as in :mod:`mfcli.noise`."""
@@ -147,7 +142,7 @@ def _generator(key: int, counter: int) -> np.random.Generator:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Sampler:
+class _Sampler(ABC):
     """Shared checks, random access, iteration and checkpoints; subclasses draw one step."""
 
     kind: ClassVar[str] = ""
@@ -158,7 +153,7 @@ class _Sampler:
     def __post_init__(self) -> None:
         object.__setattr__(self, "examples", _positive_int(self.examples, "the number of examples"))
         object.__setattr__(self, "steps", _positive_int(self.steps, "the number of steps"))
-        object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "seed", check_seed(self.seed, what="sampler seed"))
 
     # ------------------------------------------------------------------ randomness
 
@@ -171,11 +166,13 @@ class _Sampler:
     def _step_generator(self, step: int) -> np.random.Generator:
         return _generator(self._key("step"), step)
 
+    @abstractmethod
     def _draw(self, step: int) -> np.ndarray:
-        raise NotImplementedError
+        """The batch of a checked step (each sampler's definition)."""
 
+    @abstractmethod
     def _expected(self, step: int) -> float:
-        raise NotImplementedError
+        """E|batch(step)| of a checked step."""
 
     def expected_batch_size(self, step: int) -> float:
         """E|batch(step)| over the sampler's randomness (the seed): a constant that does not depend

@@ -12,29 +12,14 @@ import math
 
 import numpy as np
 import pytest
+from banded_cases import random_band_x, workload_matrix
 from sensitivity_oracle import brute_sensitivity
 
 import mfcli.multi_solver as ms
 from mfcli.multi_banded import _Banded, _LowRankInverse, from_band, to_band
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
-
-
-def _workload(name: str, n: int) -> np.ndarray:
-    if name == "prefix":
-        return prefix_workload(n).matrix
-    if name == "momentum":
-        return momentum_workload(n, beta=0.9).matrix
-    return momentum_workload(n, beta=0.9, lr=learning_rates(n, "cooldown")).matrix  # momentum-cooldown
-
-
-def _band_x(n: int, b: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    r = rng.standard_normal((n, n)) * 0.3 / b
-    x = np.where(np.abs(np.subtract.outer(np.arange(n), np.arange(n))) < b, r + r.T, 0.0)
-    np.fill_diagonal(x, 1.0)
-    return x
+from mfcli.workloads import prefix_workload
 
 
 def _kron_hessian(a: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -47,8 +32,8 @@ def _kron_hessian(a: np.ndarray, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(("name", "n", "b"), [("momentum", 12, 3), ("prefix", 10, 4), ("cooldown", 9, 2)])
 def test_full_rank_preconditioner_is_the_inverse_hessian(name, n, b):
     """With r = n - 1 (every eigenpair but one, c the last) N_r = N: the exact inverse Hessian."""
-    a = _workload(name, n)
-    x = _band_x(n, b, n)
+    a = workload_matrix(name, n)
+    x = random_band_x(n, b, n)
     prob = _Banded(a, b)
     xb = to_band(x, b)
     _, factors = prob.value(xb)
@@ -66,8 +51,8 @@ def test_full_rank_preconditioner_is_the_inverse_hessian(name, n, b):
 def test_low_rank_preconditioner_is_symmetric_positive_definite(name, n, b, rank):
     """Any rank: a self-adjoint positive definite operator on the band (so CG stays valid), and
     the inverse of the Hessian with N = L^T M L replaced by its rank-r truncation N_r (dense)."""
-    a = _workload(name, n)
-    x = _band_x(n, b, n + rank)
+    a = workload_matrix(name, n)
+    x = random_band_x(n, b, n + rank)
     prob = _Banded(a, b)
     xb = to_band(x, b)
     _, factors = prob.value(xb)
@@ -103,7 +88,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "n", "schema"), CASES)
 def test_band_and_dense_storage_reach_the_same_certified_optimum(name, n, schema):
-    a = _workload(name, n)
+    a = workload_matrix(name, n)
     band = multi_participation_factorization(a, schema, tol=1e-9, storage="banded", threads=1)
     dense = multi_participation_factorization(a, schema, tol=1e-9, storage="dense", threads=1)
     assert band.converged and dense.converged

@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from banded_cases import random_band_x, workload_matrix
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 from typer.testing import CliRunner
@@ -22,7 +23,7 @@ from mfcli.multi_banded import from_band, to_band
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import MinSeparation
 from mfcli.selected_inversion import FastBandObjective, banded_inverse, selinv, square, tangent
-from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.workloads import momentum_workload
 
 
 def _random_block_tridiagonal(rng: np.random.Generator, nb: int, w: int) -> np.ndarray:
@@ -85,26 +86,10 @@ def test_kernel_refuses_indefinite():
     assert selinv(*_blocks(y, 2)) is None
 
 
-def _workload(name: str, n: int) -> np.ndarray:
-    if name == "prefix":
-        return prefix_workload(n).matrix
-    if name == "momentum":
-        return momentum_workload(n, beta=0.9).matrix
-    return momentum_workload(n, beta=0.9, lr=learning_rates(n, "cooldown")).matrix
-
-
-def _band_x(n: int, b: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    r = rng.standard_normal((n, n)) * 0.3 / b
-    x = np.where(np.abs(np.subtract.outer(np.arange(n), np.arange(n))) < b, r + r.T, 0.0)
-    np.fill_diagonal(x, 1.0)
-    return x
-
-
 @pytest.mark.parametrize(("name", "n", "p"), [("prefix", 30, 1), ("momentum", 30, 2), ("cooldown", 41, 2),
                                               ("prefix", 3, 1)])
 def test_banded_inverse_of_builtin_workloads(name, n, p):
-    a = _workload(name, n)
+    a = workload_matrix(name, n)
     k = banded_inverse(a)
     assert k is not None and k.shape == (p + 1, n)
     dense = np.linalg.inv(a)
@@ -135,8 +120,8 @@ def test_banded_inverse_refusals():
                                               ("momentum", 9, 3), ("prefix", 16, 16)])
 def test_fast_objective_matches_dense_formulas(name, n, b):
     """n not a multiple of w (ragged padding), n below w (one block), b = n."""
-    a = _workload(name, n)
-    x = _band_x(n, b, n + b)
+    a = workload_matrix(name, n)
+    x = random_band_x(n, b, n + b)
     k = banded_inverse(a)
     assert k is not None
     obj = FastBandObjective(k, b, n)
@@ -153,7 +138,7 @@ def test_fast_objective_matches_dense_formulas(name, n, b):
     tol = 1e-6
     np.testing.assert_allclose(g, -to_band(m, b), atol=tol * np.abs(m).max())
     rng = np.random.default_rng(n)
-    d = to_band(_band_x(n, b, n + 1) - np.eye(n), b) * rng.uniform(0.5, 1.5)
+    d = to_band(random_band_x(n, b, n + 1) - np.eye(n), b) * rng.uniform(0.5, 1.5)
     dd = from_band(d)
     h = obj.hessian(fac, d)
     href = xi @ dd @ m + m @ dd @ xi
@@ -184,7 +169,7 @@ def _solve(a, schema, fast, monkeypatch, storage="banded"):
     ("cooldown", 33, MinSeparation(separation=4, max_participations=3)),
 ])
 def test_fast_path_reaches_the_certified_optimum_of_the_other_paths(name, n, schema, monkeypatch):
-    a = _workload(name, n)
+    a = workload_matrix(name, n)
     calls = []
     real = mb._FastOps.gradient
 
