@@ -736,6 +736,34 @@ def _check_stream_options(
     return dims, key, dt, int(threads)
 
 
+def _record_variant(art: Any, record: Any, variant: str) -> str:
+    """The variant (``dense``, ``compressed`` or a structured artifact's own) of the operator that
+    accounting record ``record`` of ``art`` accounted, checked against its stored identity hash
+    and against an explicit ``variant``."""
+    from mfcli.operators import select_operator
+    from mfcli.samplers import accounting_records
+
+    if not isinstance(record, str):
+        raise MfcliError(f"record must be an accounting record id (a string), got {record!r}")
+    records = accounting_records(art.path)
+    if record not in records:
+        have = ", ".join(records) or "none"
+        raise MfcliError(f"{art.path} has no accounting record {record!r} (it has: {have})")
+    attrs = records[record]
+    label = str(attrs.get("operator") or "dense")   # records without the attribute accounted the dense C
+    structured = hasattr(art, "schema_sensitivity")
+    wanted = "auto" if structured else ("compressed" if label.startswith("compressed") else "dense")
+    if variant != "auto" and variant != wanted and not (structured and variant == "dense"):
+        raise MfcliError(f"accounting record {record!r} accounted the {label} operator; a {variant} noise stream "
+                         f"is not what it accounted (use variant={wanted!r} or leave it auto)")
+    op = select_operator(art, wanted)
+    if op.label != label or op.identity_sha256 != attrs.get("strategy_sha256"):
+        raise MfcliError(f"accounting record {record!r} accounted operator {label!r} (sha256 "
+                         f"{str(attrs.get('strategy_sha256'))[:12]}...), which is not this artifact's {op.label!r} "
+                         f"(sha256 {op.identity_sha256[:12]}...): the record is not for this noise")
+    return wanted
+
+
 def noise_stream(
     artifact: Any,
     *,
@@ -745,6 +773,7 @@ def noise_stream(
     dtype: Any = "float32",
     variant: str = "auto",
     threads: int = 1,
+    record: str | None = None,
 ) -> NoiseStream:
     """A noise stream for a model of ``d`` parameters from an artifact (path or loaded Artifact).
 
@@ -761,6 +790,13 @@ def noise_stream(
         threads: threads a step uses, over blocks of 65,536 coordinates (numpy's generators and
             ufuncs release the GIL). The noise does not depend on it. With threads > 1, keep BLAS
             single-threaded (OPENBLAS_NUM_THREADS=1) to avoid oversubscription.
+        record: the id of the artifact's accounting record whose ``sigma`` you train with
+            (``mfcli inspect`` lists them; :func:`mfcli.samplers.sampler_record` picks one). The
+            stream is then built for the operator that record accounted (its ``operator`` and
+            ``strategy_sha256``), whatever ``auto`` would pick: a record's sigma is calibrated for
+            one operator, and noise of another (a compressed C^ where the dense C was accounted,
+            or the other way round) is not what was accounted. An explicit ``variant`` that names
+            another operator is refused.
 
     Formal guarantees: see the module docstring. For a compressed artifact the stored
     ``sensitivity`` of C^ = B^-1 A is recomputed and must match; the stream's
@@ -768,7 +804,8 @@ def noise_stream(
 
     Raises:
         MfcliError / ArtifactError: a bad option, a non-causal artifact, gradient noise for a
-            non-square strategy, or an inconsistent compressed group.
+            non-square strategy, an inconsistent compressed group, or a ``record`` that is missing
+            or accounted another operator than ``variant`` or than this artifact has.
     """
     from mfcli.artifact import Artifact
     from mfcli.structured import BltRecursion, RationalToeplitz, StructuredArtifact, load_any_artifact
@@ -776,6 +813,8 @@ def noise_stream(
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
     art = artifact if isinstance(artifact, (Artifact, StructuredArtifact)) else load_any_artifact(Path(artifact))
     where = str(art.path)
+    if record is not None:
+        variant = _record_variant(art, record, variant)
     if isinstance(art, StructuredArtifact):
         if variant == "compressed":
             raise MfcliError(f"{where} has no compressed decoder (it is a structured {art.kind} strategy)")

@@ -7,33 +7,42 @@ one accounting setting assumes (:mod:`mfcli.accounting`):
 
 * :class:`PoissonSampler` (``poisson``: DP-SGD and MMCC rows): at every step t < n, every example
   is in the batch independently with probability ``rate``.
-* :class:`CyclicPoissonSampler` (``cyclic``: the cyclic-Poisson row, 2306.08153 Alg. 2): the
-  examples are split once, by a seeded uniform permutation, into b groups of near-equal size
-  (``numpy.array_split``: the first ``examples mod b`` groups hold one example more); at step t
+* :class:`CyclicPoissonSampler` (``cyclic``: the cyclic-Poisson row, 2306.08153 Alg. 2): every
+  example's group is uniform over the b groups and independent of the other examples; at step t
   every member of group ``t mod b`` is in the batch independently with probability ``rate``, and
-  nobody else is. Every example belongs to exactly one group, so it can take part only at steps
-  congruent to its group mod b, each time independently with probability ``rate``: the setting
-  of the accounting whatever the group sizes (Thm. 3 does not depend on them; ragged groups only
-  make the expected batch size differ by ``rate`` between steps).
+  nobody else is. An example can take part only at steps congruent to its group mod b, each
+  time independently with probability ``rate``: the setting of Thm. 3 for every fixed group,
+  whatever the group sizes (which are random).
 * :class:`BallsInBinsSampler` (``balls-in-bins``: the balls-in-bins tree row): one epoch of n
   steps; every example is placed in exactly one step, chosen uniformly at random and independently
-  of the other examples.
-* :class:`ShuffleSampler` (``shuffle``: shuffled tree and shuffled DP-SGD rows): one epoch of n
-  steps; a uniform permutation of the examples cut into n consecutive near-equal batches. With
-  ``examples == n`` that is the batch-size-1 shuffled epoch of Feldman-McMillan-Talwar.
+  of the other examples. Its tree row assumes contributions fixed in advance (non-adaptive):
+  :func:`sampler_for` hands it out only with ``non_adaptive=True``.
+* :class:`ShuffleSampler` (``shuffle``: single-pass, shuffled tree and shuffled DP-SGD rows): one
+  epoch of n steps; a uniform permutation of the examples cut into n consecutive near-equal
+  batches. With ``examples == n`` that is the batch-size-1 shuffled epoch of
+  Feldman-McMillan-Talwar. A permutation depends on N: its rows hold for a fixed, public N and
+  zero-out (or, shuffled DP-SGD, replace-one) neighbours, not add-remove.
 * :class:`FixedOrderSampler` (``mfcli plan``'s ``fixed-order``; records with no batch sampler,
-  deterministic participation): one seeded permutation cut into ``period`` batches, batch
-  ``t mod period`` at step t, so every example takes part exactly at the steps a fixed-epoch,
-  min-separation or single-participation schema allows (:func:`fixed_order_period`). No
-  amplification is claimed for it; the deterministic accounting holds for any such order.
+  deterministic participation): every example gets one uniform slot of ``period``, independent
+  of the others; slot ``t mod period`` at step t, so every example takes part exactly at the
+  steps a fixed-epoch, min-separation or single-participation schema allows
+  (:func:`fixed_order_period`). No amplification is claimed for it.
+
+Neighbouring datasets. Poisson, cyclic, balls-in-bins and fixed-order batches are drawn per
+example: whether example i is in batch t is a pure function of (seed, t, i), so adding or
+removing one example changes no other example's batches. Then for every fixed value of the new
+example's own randomness (its group or slot) the accounting row's argument applies, and the run
+is a mixture over that randomness, which is at least as private as its worst component (joint
+convexity of the hockey-stick divergence; docs/samplers.md). Those rows hold for add-remove
+neighbours (``neighbouring`` on every sampler says which relation it serves).
 
 Randomness. Every batch is a pure function of ``(seed, step)``: numpy's counter-based Philox
-generator keyed by a SHA-256 of the seed, the sampler kind and the purpose (group permutation or
-step draw), with the step in the counter. So ``batch(t)`` is random access (resume at any step
-without replay), iteration and random access agree, and a sampler never shares random bits with a
-noise stream (:mod:`mfcli.noise`) even when the same seed is passed to both. The seed is a secret
-like the noise seed: the amplification assumes nobody but the trainer knows who was in which
-batch; draw it with ``secrets.randbits(128)``.
+generator keyed by a SHA-256 of the seed, the sampler kind and the purpose (group or slot
+allocation, permutation, step draw), with the step in the counter. So ``batch(t)`` is random
+access (resume at any step without replay), iteration and random access agree, and a sampler
+never shares random bits with a noise stream (:mod:`mfcli.noise`) even when the same seed is
+passed to both. The seed is a secret like the noise seed: the amplification assumes nobody but
+the trainer knows who was in which batch; draw it with ``secrets.randbits(128)``.
 
 Resuming mirrors :mod:`mfcli.noise`: :meth:`state_dict` is a checkpoint of the next step to draw
 (with the sampler's identity and an HMAC tag keyed by the seed), :meth:`load_state_dict` checks it
@@ -51,8 +60,8 @@ Example:
     >>> [len(x) for x in s] == [len(s.batch(t)) for t in range(4)]
     True
     >>> c = CyclicPoissonSampler(examples=10, groups=4, rate=1.0, steps=8, seed=1)
-    >>> [len(c.batch(t)) for t in range(4)]   # rate 1: group t mod 4 whole; 10 = 3 + 3 + 2 + 2
-    [3, 3, 2, 2]
+    >>> all((c.batch(t) == c.group(t % 4)).all() for t in range(8))   # rate 1: group t mod 4 whole
+    True
     >>> c.load_state_dict(c.state_dict(5))   # resume: the next step to draw
     5
 """
@@ -83,6 +92,7 @@ class BatchSampler(Protocol):
     """What a training loop needs from a batch sampler: ``batch(t)`` for the steps 0..n-1."""
 
     kind: ClassVar[str]
+    neighbouring: ClassVar[str]
 
     @property
     def examples(self) -> int:
@@ -103,7 +113,7 @@ class BatchSampler(Protocol):
         ...
 
     def expected_batch_size(self, step: int) -> float:
-        """E|batch(step)| over the sampler's randomness (a constant to divide the noisy sum by)."""
+        """E|batch(step)| over the sampler's randomness, from N (a divisor only if N is public)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -141,11 +151,25 @@ def _generator(key: int, counter: int) -> np.random.Generator:
     return np.random.Generator(bg)
 
 
+def _slots(key: int, count: int, examples: int) -> np.ndarray:
+    """Every example's slot in 0..count-1: uniform, independent across examples, and a pure
+    function of (key, index): numpy draws bounded integers one after the other from one Philox
+    stream (Lemire's method, rejections included), so the first N draws of N + 1 examples are the
+    draws of N examples. Adding example N therefore moves nobody else (tested directly)."""
+    return _generator(key, 0).integers(0, count, size=examples, dtype=np.int64)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Sampler(ABC):
     """Shared checks, random access, iteration and checkpoints; subclasses draw one step."""
 
     kind: ClassVar[str] = ""
+    #: The neighbouring relation under which the accounting rows this sampler serves hold
+    #: (docs/samplers.md, "Neighbouring datasets"): ``add-remove`` when every example's batches
+    #: are a function of the seed and its own index only, so that adding or removing one example
+    #: leaves everyone else's batches unchanged; ``zero-out`` when the batches depend on N (a
+    #: permutation), which must then be fixed and public.
+    neighbouring: ClassVar[str] = "add-remove"
     examples: int
     steps: int
     seed: int = field(repr=False)
@@ -175,8 +199,11 @@ class _Sampler(ABC):
         """E|batch(step)| of a checked step."""
 
     def expected_batch_size(self, step: int) -> float:
-        """E|batch(step)| over the sampler's randomness (the seed): a constant that does not depend
-        on who was sampled, so dividing the noisy gradient sum by it keeps the sensitivity."""
+        """E|batch(step)| over the sampler's randomness (the seed), computed from ``examples``.
+
+        Dividing the noisy gradient sum by it keeps the sensitivity only if it is a constant fixed
+        in advance: under add-remove neighbours N itself is private, so use it only when N is
+        public (fixed before training); otherwise divide by a public constant of your own."""
         return self._expected(self._check_step(step))
 
     # ------------------------------------------------------------------ public interface
@@ -284,28 +311,29 @@ class PoissonSampler(_Sampler):
 
 @dataclass(frozen=True, kw_only=True)
 class CyclicPoissonSampler(_Sampler):
-    """Cyclic Poisson sampling (2306.08153 Alg. 2): ``groups`` = b groups fixed once by a seeded
-    permutation (near-equal sizes, the larger ones first); at step t, every member of group
-    ``t mod b`` independently with probability ``rate``.
+    """Cyclic Poisson sampling (2306.08153 Alg. 2) with independent groups: every example's group
+    is uniform over the ``groups`` = b groups, drawn once and independently of the other examples
+    (a pure function of the seed and the example's index, :func:`_slots`); at step t, every member
+    of group ``t mod b`` independently with probability ``rate`` (one uniform per example and step,
+    again a pure function of the seed, the step and the index), nobody else.
 
-    Needs examples >= b (an empty group would be a step with nobody to sample: a mistake, not a
-    setting the accounting describes differently).
+    Adding or removing one example leaves every other example's group and draws unchanged, which
+    is what the add-remove guarantee of the cyclic-Poisson row needs (docs/samplers.md). Group
+    sizes are therefore random (multinomial); a group may be empty.
     """
 
     kind: ClassVar[str] = "cyclic"
+    neighbouring: ClassVar[str] = "add-remove"
     groups: int = 1
     rate: float = 0.0
-    _members: tuple[np.ndarray, ...] = field(default=(), init=False, repr=False, compare=False)
+    _group: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         b = _positive_int(self.groups, "the number of groups")
         object.__setattr__(self, "groups", b)
         object.__setattr__(self, "rate", _check_rate(self.rate))
-        if b > self.examples:
-            raise MfcliError(f"cyclic Poisson sampling with {b} groups needs at least {b} examples, got {self.examples}")
-        perm = _generator(self._key("groups"), 0).permutation(self.examples)
-        object.__setattr__(self, "_members", tuple(np.sort(g) for g in np.array_split(perm, b)))
+        object.__setattr__(self, "_group", _slots(self._key("groups"), b, self.examples))
 
     def _params(self) -> dict[str, Any]:
         return {"groups": self.groups, "rate": self.rate}
@@ -314,24 +342,20 @@ class CyclicPoissonSampler(_Sampler):
         """The sorted members of group ``g`` (0..b-1): sampled at the steps t with t mod b = g."""
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not 0 <= int(g) < self.groups:
             raise MfcliError(f"group must be an integer in [0, {self.groups - 1}], got {g!r}")
-        return self._members[int(g)].copy()
+        return np.flatnonzero(self._group == int(g))
 
     def group_of(self) -> np.ndarray:
         """For every example, its group (an int64 array of length ``examples``)."""
-        out = np.empty(self.examples, dtype=np.int64)
-        for g, m in enumerate(self._members):
-            out[m] = g
-        return out
+        return self._group.copy()
 
     def _expected(self, step: int) -> float:
-        # group sizes come from array_split of N, not from the permutation: a constant
-        q, r = divmod(self.examples, self.groups)
-        return (q + (1 if step % self.groups < r else 0)) * self.rate
+        return self.examples * self.rate / self.groups
 
     def _draw(self, step: int) -> np.ndarray:
-        members = self._members[step % self.groups]
-        u = self._step_generator(step).random(members.size)
-        return members[u < self.rate]
+        # One uniform per example (not per member): example i's draw is the i-th of the step's
+        # stream, so it does not depend on who else exists.
+        u = self._step_generator(step).random(self.examples)
+        return np.flatnonzero((self._group == step % self.groups) & (u < self.rate))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -347,7 +371,7 @@ class BallsInBinsSampler(_Sampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bins = _generator(self._key("allocation"), 0).integers(0, self.steps, size=self.examples)
+        bins = _slots(self._key("allocation"), self.steps, self.examples)
         order = np.argsort(bins, kind="stable")   # examples by step, ascending within a step
         object.__setattr__(self, "_order", order.astype(np.int64))
         object.__setattr__(self, "_starts", np.searchsorted(bins[order], np.arange(self.steps + 1)))
@@ -369,9 +393,15 @@ class BallsInBinsSampler(_Sampler):
 @dataclass(frozen=True, kw_only=True)
 class ShuffleSampler(_Sampler):
     """One shuffled epoch: a uniform permutation cut into ``steps`` consecutive near-equal batches
-    (``numpy.array_split``); batch size 1 when ``examples == steps``. Needs examples >= steps."""
+    (``numpy.array_split``); batch size 1 when ``examples == steps``. Needs examples >= steps.
+
+    A permutation of N deals every example's batch from N: adding one example re-deals all of
+    them. The shuffle rows therefore hold for a fixed, public N and neighbours of the same size:
+    zeroing out one example's contribution (single pass, shuffled tree) or replacing it (shuffled
+    DP-SGD, batch size 1) -- not for adding or removing one (docs/samplers.md)."""
 
     kind: ClassVar[str] = "shuffle"
+    neighbouring: ClassVar[str] = "zero-out"
     _perm: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -393,40 +423,85 @@ class ShuffleSampler(_Sampler):
 
 @dataclass(frozen=True, kw_only=True)
 class FixedOrderSampler(_Sampler):
-    """Fixed order (``mfcli plan``'s ``fixed-order``): one seeded permutation cut into ``period``
-    consecutive near-equal batches (``numpy.array_split``); step t uses batch ``t mod period``.
+    """Fixed order (``mfcli plan``'s ``fixed-order``): every example gets one slot, uniform over
+    ``period`` slots and independent of the other examples (a pure function of the seed and its
+    index, :func:`_slots`); step t uses the examples of slot ``t mod period``.
 
     No amplification: it is for the deterministic-participation accounting, where every example
-    must take part only in steps its schema allows. Batch j is used at steps j, j + period, ...:
+    must take part only in steps its schema allows. Slot j is used at steps j, j + period, ...:
     with period = n / k that is fixed-epoch with k epochs, with period = b min-separation b (at
     most ceil(n / b) participations), with period = n single participation
-    (:func:`fixed_order_period`). Needs examples >= period.
+    (:func:`fixed_order_period`). Adding or removing one example leaves every other example's
+    slot unchanged (the add-remove guarantee needs that, docs/samplers.md); batch sizes are
+    therefore random (multinomial) and a batch may be empty.
     """
 
     kind: ClassVar[str] = "fixed-order"
+    neighbouring: ClassVar[str] = "add-remove"
     period: int = 1
-    _perm: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+    _slot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         b = _positive_int(self.period, "the period (batches per cycle)")
         object.__setattr__(self, "period", b)
-        if self.examples < b:
-            raise MfcliError(f"a fixed order of {b} batches needs at least {b} examples, got {self.examples}")
-        object.__setattr__(self, "_perm", _generator(self._key("permutation"), 0).permutation(self.examples))
+        object.__setattr__(self, "_slot", _slots(self._key("slots"), b, self.examples))
 
     def _params(self) -> dict[str, Any]:
         return {"period": self.period}
 
+    def slot_of(self) -> np.ndarray:
+        """For every example, its slot (an int64 array of length ``examples``)."""
+        return self._slot.copy()
+
     def _expected(self, step: int) -> float:
-        q, r = divmod(self.examples, self.period)
-        return float(q + (1 if step % self.period < r else 0))
+        return self.examples / self.period
 
     def _draw(self, step: int) -> np.ndarray:
-        q, r = divmod(self.examples, self.period)
-        j = step % self.period
-        start = j * q + min(j, r)
-        return np.sort(self._perm[start:start + q + (1 if j < r else 0)])
+        return np.flatnonzero(self._slot == step % self.period)
+
+
+TRAINING_STATE_FORMAT = "mfcli.training_state"
+
+
+def training_state_dict(sampler: BatchSampler, stream: Any, state: Any) -> dict[str, Any]:
+    """One checkpoint of a training loop's sampler and noise stream at the same step: the next
+    step to draw is ``state.t`` for both. ``stream`` is a :class:`mfcli.noise.NoiseStream` and
+    ``state`` its :class:`~mfcli.noise.NoiseState` after the last step taken.
+
+    Save it in the same write as the model's parameters and optimizer state, and resume only from
+    the latest such checkpoint: resuming the noise at an earlier step than the model adds the same
+    noise rows again to different gradients, which the accounting does not cover (no checkpoint
+    format can detect an older checkpoint of the same run).
+
+    Raises:
+        MfcliError: the sampler and the stream cover different numbers of steps.
+    """
+    if sampler.steps != stream.n:
+        raise MfcliError(f"the sampler covers {sampler.steps} steps and the noise stream {stream.n}: they are "
+                         "not from the same artifact")
+    noise = stream.state_dict(state)
+    t = int(noise["t"])
+    return {"format": TRAINING_STATE_FORMAT, "step": t, "sampler": sampler.state_dict(t), "noise": noise}
+
+
+def load_training_state(sampler: BatchSampler, stream: Any, checkpoint: Mapping[str, Any]) -> tuple[int, Any]:
+    """(next step, noise state) from a :func:`training_state_dict` checkpoint, after each part is
+    checked by its own ``load_state_dict`` (identity, seed, authentication tag) and the two steps
+    are checked to be the same: a sampler resumed at another step than the noise would pair
+    batches with noise rows other than the ones accounted, or replay noise rows.
+
+    Raises:
+        MfcliError: not such a checkpoint, either part refused, or the two steps differ.
+    """
+    if not isinstance(checkpoint, Mapping) or checkpoint.get("format") != TRAINING_STATE_FORMAT:
+        raise MfcliError(f"not an mfcli training checkpoint (format is not {TRAINING_STATE_FORMAT})")
+    step = sampler.load_state_dict(checkpoint.get("sampler"))   # type: ignore[arg-type]
+    state = stream.load_state_dict(checkpoint.get("noise"))
+    if step != state.t:
+        raise MfcliError(f"training checkpoint pairs sampler step {step} with noise step {state.t}: resuming would "
+                         "put noise rows on other batches than accounted (or replay them); refusing")
+    return step, state
 
 
 def fixed_order_period(schema: Any, n: int) -> int | None:
@@ -527,7 +602,9 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
 
     ``record`` picks one by id; without it the artifact's records that name a batch sampler must all
     name the same one (same sampler, rate and schema), and the newest of them is returned. Its
-    ``sigma`` is the noise multiplier to train with (noise rows are per unit sigma and clip norm).
+    ``sigma`` is the noise multiplier to train with (noise rows are per unit sigma and clip norm),
+    with the noise stream of the operator it accounted (``noise_stream(..., record=id)``); which of
+    its epsilons hold under its sampler: :func:`held_epsilons`.
 
     Raises:
         MfcliError: no record; none naming a batch sampler (deterministic-participation records:
@@ -557,7 +634,39 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
     return rid, chosen[rid]
 
 
-def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None) -> BatchSampler:
+#: For each batch sampler of a record, the record's settings whose epsilon holds for training the
+#: artifact's own operator with the sampler :func:`sampler_for` returns. The other rows of such a
+#: record do not: ``dp-sgd`` and ``shuffled-dp-sgd`` are references for C = I (the latter for
+#: N = n and replace-one neighbours), and under Poisson sampling ``single-pass`` assumes each
+#: example in at most one step, which Poisson sampling does not keep.
+HELD_SETTINGS: dict[str, tuple[str, ...]] = {
+    "poisson": ("mmcc",),
+    "cyclic": ("cyclic-poisson",),
+    "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
+    "shuffle": ("single-pass", "shuffled-tree"),
+}
+
+
+def held_epsilons(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, float]]:
+    """(record id, {setting: epsilon}) for the settings of the record :func:`sampler_record` picks
+    whose guarantee holds under the sampler :func:`sampler_for` builds from it
+    (:data:`HELD_SETTINGS`), at the record's ``sigma`` and ``delta``. Settings the record did not
+    compute, or whose epsilon it stores as null (not run), are left out; an empty dict means no
+    row of the record holds for this sampler. The neighbouring relation is the sampler's
+    ``neighbouring`` (add-remove, or zero-out for the shuffle)."""
+    rid, attrs = sampler_record(artifact, record)
+    batching = _sampler_params(attrs)[0]
+    out: dict[str, float] = {}
+    present = set(_settings(attrs.get("settings")))
+    for name in HELD_SETTINGS.get(str(batching), ()):
+        v = attrs.get(f"epsilon_{name.replace('-', '_')}")
+        if name in present and v not in (None, "null"):
+            out[name] = float(v)
+    return rid, out
+
+
+def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None,
+                non_adaptive: bool = False) -> BatchSampler:
     """The batch sampler an artifact's accounting record assumes, for ``examples`` examples.
 
     Reads the record (:func:`sampler_record`): its batch sampler (``batching``), sampling rate,
@@ -567,13 +676,21 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
     min-sep schema, n / k for k fixed epochs, n for one epoch); ``balls-in-bins`` ->
     :class:`BallsInBinsSampler` and ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps.
 
+    Which of the record's epsilons hold under the returned sampler: :func:`held_epsilons`. The
+    Poisson, cyclic and balls-in-bins samplers serve add-remove neighbours (any N); the shuffle
+    serves a fixed, public N with zero-out neighbours (its shuffled DP-SGD reference row, C = I:
+    N = n and replace-one), as its ``neighbouring`` says.
+
+    The balls-in-bins tree row assumes contributions fixed in advance (non-adaptive), which a
+    training loop's gradients are not: a balls-in-bins record is refused unless
+    ``non_adaptive=True`` says the contributions are fixed in advance.
+
     The record's numbers are read, not re-verified: ``mfcli inspect`` verifies them against the
     operator.
 
     Raises:
-        MfcliError: as :func:`sampler_record`; or ``examples`` the record's setting cannot use
-            (fewer than the b groups of a cyclic record; fewer than n for a shuffle record; not
-            exactly n for a shuffle record with the batch-size-1 shuffled DP-SGD row).
+        MfcliError: as :func:`sampler_record`; a balls-in-bins record without ``non_adaptive``;
+            fewer examples than the n steps of a shuffle record.
     """
     from mfcli.participation import participation_from_json
     from mfcli.structured import load_any_artifact
@@ -594,17 +711,14 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
 
         assert rate is not None
         b = cycle_length(participation_from_json(participation), n)
-        if examples < b:
-            raise MfcliError(f"accounting record {rid!r} assumes cyclic Poisson sampling with {b} groups; "
-                             f"{examples} examples cannot fill {b} groups")
         return CyclicPoissonSampler(examples=examples, groups=b, rate=rate, steps=n, seed=seed)
     if batching == "balls-in-bins":
+        if not non_adaptive:
+            raise MfcliError(f"accounting record {rid!r} is for balls-in-bins batches, whose tree row assumes "
+                             "contributions fixed in advance (non-adaptive), which training is not; pass "
+                             "non_adaptive=True only if your contributions are fixed before the run")
         return BallsInBinsSampler(examples=examples, steps=n, seed=seed)
     if batching == "shuffle":
-        names = _settings(attrs.get("settings"))
-        if "shuffled-dp-sgd" in names and examples != n:
-            raise MfcliError(f"accounting record {rid!r} includes shuffled DP-SGD, which assumes batch size 1: "
-                             f"{n} examples for its {n} steps, got {examples}")
         if examples < n:
             raise MfcliError(f"accounting record {rid!r} assumes one shuffled epoch of {n} steps; {examples} "
                              "examples cannot fill them")
@@ -614,14 +728,19 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
 
 __all__ = [
     "KINDS",
+    "TRAINING_STATE_FORMAT",
     "BallsInBinsSampler",
     "BatchSampler",
     "CyclicPoissonSampler",
     "FixedOrderSampler",
+    "HELD_SETTINGS",
     "PoissonSampler",
     "ShuffleSampler",
     "accounting_records",
     "fixed_order_period",
+    "held_epsilons",
+    "load_training_state",
     "sampler_for",
     "sampler_record",
+    "training_state_dict",
 ]
