@@ -6,6 +6,7 @@ sampler, so a pass is not luck and a failure is a bug. The record round trip wri
 accounting records with ``mfcli account --write`` (CliRunner) on tiny artifacts."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -28,9 +29,13 @@ from mfcli.samplers import (
     FixedOrderSampler,
     PoissonSampler,
     ShuffleSampler,
+    HELD_SETTINGS,
     accounting_records,
     fixed_order_period,
+    held_epsilons,
+    load_training_state,
     sampler_for,
+    training_state_dict,
 )
 from mfcli.strategies import tree_decoder, tree_strategy_matrix
 
@@ -86,19 +91,21 @@ def test_poisson_pairs_are_independent() -> None:
 def test_cyclic_groups_and_counts(n_ex: int, b: int, p: float, steps: int) -> None:
     s = CyclicPoissonSampler(examples=n_ex, groups=b, rate=p, steps=steps, seed=3)
     group = s.group_of()
-    # a partition into b near-equal groups, the larger ones first (numpy.array_split)
+    # a partition: every example in exactly one group, group sizes Bin(N, 1/b) (independent uniform groups)
     sizes = np.bincount(group, minlength=b)
-    assert sizes.sum() == n_ex and list(sizes) == [len(g) for g in np.array_split(np.arange(n_ex), b)]
+    assert sizes.sum() == n_ex and np.all((0 <= group) & (group < b))
     assert all(np.array_equal(s.group(g), np.flatnonzero(group == g)) for g in range(b))
     m = membership(s)
     rows, cols = np.nonzero(m)
     assert np.all(rows % b == group[cols])       # only at steps congruent to the example's group
     per_group_steps = np.array([len(range(g, steps, b)) for g in range(b)])
-    checks = n_ex + b
+    checks = n_ex + 2 * b
+    assert_binomial(sizes, n_ex, 1 / b, checks=checks)
     assert_binomial(m.sum(axis=0), per_group_steps[group], p, checks=checks)
     sums = np.array([m[g::b].sum() for g in range(b)])
     assert_binomial(sums, sizes * per_group_steps, p, checks=checks)
-    assert [s.expected_batch_size(t) for t in range(steps)] == pytest.approx(sizes[np.arange(steps) % b] * p)
+    # E|batch(t)| = N p / b: over the groups (uniform) and the draws, a constant
+    assert [s.expected_batch_size(t) for t in range(steps)] == pytest.approx([n_ex * p / b] * steps)
 
 
 def test_cyclic_rate_one_is_the_whole_group() -> None:
@@ -107,12 +114,18 @@ def test_cyclic_rate_one_is_the_whole_group() -> None:
         assert np.array_equal(s.batch(t), s.group(t % 3))
 
 
-def test_cyclic_group_assignment_is_uniform_over_seeds() -> None:
-    """P(example 0 lands in group 0) = |group 0| / N for the seeded uniform permutation."""
-    seeds = 2000
-    hits = sum(int(CyclicPoissonSampler(examples=5, groups=2, rate=0.5, steps=2, seed=s).group_of()[0] == 0)
-               for s in range(seeds))
-    assert_binomial(hits, seeds, 3 / 5, checks=1)
+@pytest.mark.parametrize("make, of, k", [
+    (lambda seed: CyclicPoissonSampler(examples=5, groups=3, rate=0.5, steps=3, seed=seed).group_of(), "group", 3),
+    (lambda seed: FixedOrderSampler(examples=5, period=3, steps=6, seed=seed).slot_of(), "slot", 3),
+], ids=["cyclic-group", "fixed-order-slot"])
+def test_group_and_slot_are_uniform_and_independent_over_seeds(make, of: str, k: int) -> None:
+    """Over seeds, example 0's group (slot) is uniform over the k values, and the pair (example 0,
+    example 1) is uniform over the k^2 pairs: independent uniform draws per example."""
+    seeds = 3000
+    draws = np.array([make(s)[:2] for s in range(seeds)])
+    assert_binomial(np.bincount(draws[:, 0], minlength=k), seeds, 1 / k, checks=k + k * k)
+    pairs = np.bincount(draws[:, 0] * k + draws[:, 1], minlength=k * k)
+    assert_binomial(pairs, seeds, 1 / (k * k), checks=k + k * k)
 
 
 def test_balls_in_bins_one_uniform_step_each() -> None:
@@ -162,7 +175,8 @@ def test_fixed_order_follows_the_schema(schema, n: int, period: int | None) -> N
     allowed = set(schema.patterns(n))   # from the schema's own definition
     for e in range(11):
         assert tuple(np.flatnonzero(m[:, e])) in allowed
-    assert [s.expected_batch_size(t) for t in range(n)] == list(m.sum(axis=1))
+    assert np.array_equal(np.flatnonzero(m[:, 0]) % period, [s.slot_of()[0]] * int(m[:, 0].sum()))
+    assert [s.expected_batch_size(t) for t in range(n)] == pytest.approx([11 / period] * n)
 
 
 @settings(max_examples=40, deadline=None)
@@ -172,10 +186,9 @@ def test_structure_for_any_sizes(n_ex: int, b: int, steps: int, seed: int, rate:
     """Who can be in which batch, for any sizes: cyclic members only at their group's steps, a
     shuffled or balls-in-bins epoch uses every example exactly once, a fixed order repeats with
     its period; batches are sorted indices in range."""
-    b = min(b, n_ex)
     cyc = CyclicPoissonSampler(examples=n_ex, groups=b, rate=rate, steps=steps, seed=seed)
     group = cyc.group_of()
-    assert sorted(np.bincount(group, minlength=b)) == sorted(len(g) for g in np.array_split(np.arange(n_ex), b))
+    assert group.shape == (n_ex,) and np.all((0 <= group) & (group < b))
     rows, cols = np.nonzero(membership(cyc))
     assert np.all(rows % b == group[cols])
     assert np.all(membership(BallsInBinsSampler(examples=n_ex, steps=steps, seed=seed)).sum(axis=0) == 1)
@@ -186,6 +199,57 @@ def test_structure_for_any_sizes(n_ex: int, b: int, steps: int, seed: int, rate:
         assert np.array_equal(fixed[b:], fixed[:-b])
     if steps >= b:
         assert np.all(fixed[:b].sum(axis=0) == 1)   # one cycle uses every example once
+
+
+# ---------------------------------------------------------------------------------------------
+# neighbouring datasets
+
+#: Every sampler, built for N examples at one seed (rate 1 where a rate exists would hide the draws).
+BUILD = {
+    "poisson": lambda n_ex, seed: PoissonSampler(examples=n_ex, rate=0.3, steps=9, seed=seed),
+    "cyclic": lambda n_ex, seed: CyclicPoissonSampler(examples=n_ex, groups=4, rate=0.5, steps=9, seed=seed),
+    "balls-in-bins": lambda n_ex, seed: BallsInBinsSampler(examples=n_ex, steps=9, seed=seed),
+    "shuffle": lambda n_ex, seed: ShuffleSampler(examples=n_ex, steps=9, seed=seed),
+    "fixed-order": lambda n_ex, seed: FixedOrderSampler(examples=n_ex, period=3, steps=9, seed=seed),
+}
+CLAIMS = {"poisson": "add-remove", "cyclic": "add-remove", "balls-in-bins": "add-remove", "shuffle": "zero-out",
+          "fixed-order": "add-remove"}
+
+
+@pytest.mark.parametrize("kind", list(BUILD))
+def test_adding_one_example_moves_nobody_else(kind: str) -> None:
+    """The reviewer's neighbouring pair as a deterministic check: D has N examples, D + x has x as
+    example N. A sampler that claims add-remove must give every other example exactly the same
+    steps in both (then x's own randomness is the only difference, the mixture argument of
+    docs/samplers.md). A sampler that does not (the shuffle: a permutation of N) must say so, and
+    the test shows that its claim is needed: there the others do move."""
+    s0 = BUILD[kind](10, 1)
+    assert s0.neighbouring == CLAIMS[kind]
+    moved = False
+    for n_ex in (1, 9, 10, 37, 200):
+        for seed in (1, 2**127 + 5):
+            if kind == "shuffle" and n_ex < 9:
+                continue
+            d, dx = BUILD[kind](n_ex, seed), BUILD[kind](n_ex + 1, seed)
+            for t in range(d.steps):
+                with_x = dx.batch(t)
+                others = with_x[with_x != n_ex]
+                same = np.array_equal(others, d.batch(t))
+                if s0.neighbouring == "add-remove":
+                    assert same, f"{kind}: step {t} of N = {n_ex} changes when example {n_ex} is added"
+                moved |= not same
+    assert moved == (s0.neighbouring != "add-remove")
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_ex=st.integers(1, 60), extra=st.integers(1, 5), seed=st.integers(0, 2**128 - 1), kind=st.sampled_from(
+    [k for k, v in CLAIMS.items() if v == "add-remove"]))
+def test_add_remove_coupling_for_any_sizes(n_ex: int, extra: int, seed: int, kind: str) -> None:
+    """Adding several examples at once leaves the first N examples' batches unchanged, for any N."""
+    d, dx = BUILD[kind](n_ex, seed), BUILD[kind](n_ex + extra, seed)
+    for t in range(d.steps):
+        b = dx.batch(t)
+        assert np.array_equal(b[b < n_ex], d.batch(t))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,10 +306,9 @@ def test_sampler_bits_are_not_the_noise_bits() -> None:
     (lambda: PoissonSampler(examples=10, rate=0.1, steps=2.0, seed=1), "number of steps must be a positive"),
     (lambda: PoissonSampler(examples=10, rate=0.1, steps=3, seed=-1), r"seed must be an integer in \[0, 2\^128\)"),
     (lambda: PoissonSampler(examples=10, rate=0.1, steps=3, seed=2**128), r"seed must be an integer"),
-    (lambda: CyclicPoissonSampler(examples=3, groups=4, rate=0.1, steps=3, seed=1), "needs at least 4 examples"),
     (lambda: CyclicPoissonSampler(examples=3, groups=0, rate=0.1, steps=3, seed=1), "number of groups"),
     (lambda: ShuffleSampler(examples=3, steps=4, seed=1), "needs at least 4 examples"),
-    (lambda: FixedOrderSampler(examples=3, period=4, steps=8, seed=1), "needs at least 4 examples"),
+    (lambda: FixedOrderSampler(examples=3, period=0, steps=8, seed=1), "the period"),
     (lambda: PoissonSampler(examples=10, rate=0.1, steps=3, seed=1).batch(-1), "step must be an integer"),
     (lambda: CyclicPoissonSampler(examples=10, groups=2, rate=0.1, steps=3, seed=1).group(2), "group must be"),
 ])
@@ -296,8 +359,8 @@ def test_record_round_trip_cyclic_and_poisson(banded6: Path) -> None:
     poi = sampler_for(banded6, examples=100, seed=1, record=_record_of(banded6, "poisson"))
     assert isinstance(poi, PoissonSampler)
     assert poi.describe() == {"kind": "poisson", "examples": 100, "steps": 6, "rate": 0.1}
-    with pytest.raises(MfcliError, match="2 examples cannot fill 3 groups"):
-        sampler_for(banded6, examples=2, seed=1, record=_record_of(banded6, "cyclic"))
+    # fewer examples than groups is a setting like any other (groups are independent per example)
+    assert sampler_for(banded6, examples=2, seed=1, record=_record_of(banded6, "cyclic")).groups == 3
     with pytest.raises(MfcliError, match="has no accounting record 'nope'"):
         sampler_for(banded6, examples=100, seed=1, record="nope")
 
@@ -311,12 +374,36 @@ def test_record_round_trip_tree_batchings(tmp_path: Path) -> None:
     _account(str(path), "--sigma", "3", "--batching", "shuffle")
     s = sampler_for(path, examples=8, seed=4)      # the only record: no id needed
     assert isinstance(s, ShuffleSampler) and s.steps == 8 and all(len(b) == 1 for b in s)
-    with pytest.raises(MfcliError, match="shuffled DP-SGD, which assumes batch size 1: 8 examples"):
-        sampler_for(path, examples=9, seed=4)
+    assert s.neighbouring == "zero-out"
+    # the C = I shuffled DP-SGD reference row does not constrain the tree's sampler: N >= n
+    big = sampler_for(path, examples=80, seed=4)
+    assert isinstance(big, ShuffleSampler) and sorted(len(b) for b in big) == [10] * 8
+    with pytest.raises(MfcliError, match="7 examples cannot fill them"):
+        sampler_for(path, examples=7, seed=4)
+    rid, held = held_epsilons(path)
+    rec = accounting_records(path)[rid]
+    assert held == {"single-pass": rec["epsilon_single_pass"], "shuffled-tree": rec["epsilon_shuffled_tree"]}
     _account(str(path), "--sigma", "2", "--batching", "balls-in-bins")
-    bib = sampler_for(path, examples=30, seed=4, record=_record_of(path, "balls-in-bins"))
+    rid = _record_of(path, "balls-in-bins")
+    with pytest.raises(MfcliError, match=r"assumes contributions fixed in advance \(non-adaptive\).*non_adaptive=True"):
+        sampler_for(path, examples=30, seed=4, record=rid)
+    bib = sampler_for(path, examples=30, seed=4, record=rid, non_adaptive=True)
     assert isinstance(bib, BallsInBinsSampler) and bib.describe() == {"kind": "balls-in-bins", "examples": 30,
                                                                       "steps": 8}
+    assert set(held_epsilons(path, rid)[1]) == {"single-pass", "balls-in-bins-tree"}
+
+
+def test_held_epsilons_name_the_rows_each_sampler_serves(banded6: Path) -> None:
+    """Poisson: only MMCC (single pass assumes one step per example, DP-SGD is the C = I reference);
+    cyclic: only the cyclic-Poisson row. The numbers are the record's own."""
+    for batching, rows in (("poisson", {"mmcc"}), ("cyclic", {"cyclic-poisson"})):
+        rid = _record_of(banded6, batching)
+        got_rid, held = held_epsilons(banded6, rid)
+        rec = accounting_records(banded6)[rid]
+        assert got_rid == rid and set(held) == rows
+        assert all(held[k] == rec[f"epsilon_{k.replace('-', '_')}"] for k in rows)
+        assert rows == set(HELD_SETTINGS[batching]) & set(json.loads(rec["settings"]) if isinstance(rec["settings"], str)
+                                                             else [str(x) for x in rec["settings"]])
 
 
 def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
