@@ -297,6 +297,61 @@ def test_stream_of_an_mfcli_compress_artifact(tmp_path):
         assert stream.sensitivity == pytest.approx(stored_sens, rel=1e-9)
 
 
+def _write_record(path: Path, *args: str) -> str:
+    """Write one accounting record with ``mfcli account --write``; its id."""
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+    from mfcli.samplers import accounting_records
+
+    before = set(accounting_records(path))
+    r = CliRunner().invoke(app, ["account", str(path), *args, "--write", "-q"])
+    assert r.exit_code == 0, r.output
+    (rid,) = set(accounting_records(path)) - before
+    return rid
+
+
+def test_stream_of_a_record_is_the_operator_it_accounted(tmp_path, artifacts):
+    """The reviewer's case: a record that accounted the dense C of a compressed artifact. auto
+    would stream the compressed C^ (another sensitivity); record= streams C and refuses the other."""
+    import shutil
+
+    src, a, fact, _ = artifacts["momentum"]
+    path = tmp_path / "k.h5"
+    shutil.copy(src, path)
+    dense_rid = _write_record(path, "--operator", "dense", "--sigma", "4")
+    comp_rid = _write_record(path, "--operator", "compressed", "--sigma", "4")
+    assert noise_stream(path, kind="gradient", d=2, seed=1).variant == "compressed"   # auto, no record
+    for rid, variant, label in ((dense_rid, "dense", "dense"), (comp_rid, "compressed", "compressed")):
+        for kind in ("gradient", "iterate"):
+            s = noise_stream(path, kind=kind, d=2, seed=1, record=rid)
+            assert s.variant == variant and s.accounted_operator.startswith(label)
+            assert s.fingerprint == noise_stream(path, kind=kind, d=2, seed=1, variant=variant).fingerprint
+        assert noise_stream(path, kind="gradient", d=2, seed=1, variant=variant, record=rid).variant == variant
+    dense = noise_stream(path, kind="gradient", d=2, seed=1, record=dense_rid)
+    assert dense.sensitivity == pytest.approx(np.sqrt(np.max(np.sum(fact.strategy**2, axis=0))), rel=1e-12)
+    with pytest.raises(MfcliError, match=f"record {dense_rid!r} accounted the dense operator; a compressed noise"):
+        noise_stream(path, kind="gradient", d=2, seed=1, variant="compressed", record=dense_rid)
+    with pytest.raises(MfcliError, match=r"accounted the compressed \(band 3, rank 2\) operator; a dense"):
+        noise_stream(path, kind="gradient", d=2, seed=1, variant="dense", record=comp_rid)
+    with pytest.raises(MfcliError, match="has no accounting record 'nope'"):
+        noise_stream(path, kind="gradient", d=2, seed=1, record="nope")
+
+
+def test_record_of_another_strategy_is_refused(tmp_path, artifacts):
+    """A record whose strategy checksum is not this artifact's operator's (copied from another
+    artifact, or the artifact's matrices replaced) names noise that is not this stream's."""
+    import shutil
+
+    path = tmp_path / "p.h5"
+    shutil.copy(artifacts["prefix"][0], path)
+    rid = _write_record(path, "--operator", "dense", "--sigma", "3")
+    with h5py.File(path, "r+") as f:
+        f[f"accounting/{rid}"].attrs["strategy_sha256"] = "0" * 64
+    with pytest.raises(MfcliError, match=f"record {rid!r} accounted operator 'dense'.*is not for this noise"):
+        noise_stream(path, kind="gradient", d=2, seed=1, record=rid)
+
+
 # ---------------------------------------------------------------------------------------------
 # End of stream, resume, purity
 

@@ -419,3 +419,40 @@ def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
     rid = next(iter(accounting_records(path)))
     with pytest.raises(MfcliError, match=f"record {rid!r} .* names no batch sampler"):
         sampler_for(path, examples=10, seed=1, record=rid)
+
+
+# ---------------------------------------------------------------------------------------------
+# sampler and noise stream together
+
+
+def test_training_checkpoint_pairs_sampler_and_noise_steps(banded6: Path) -> None:
+    from mfcli.noise import noise_stream
+
+    rid = _record_of(banded6, "cyclic")
+    sampler = sampler_for(banded6, examples=40, seed=5, record=rid)
+    stream = noise_stream(banded6, kind="gradient", d=3, seed=6, dtype="float64", record=rid)
+    state = stream.init()
+    rows = []
+    for t, _ in enumerate(sampler):
+        noise, state = stream.next(state)
+        rows.append(noise)
+        if t == 2:
+            ck = training_state_dict(sampler, stream, state)
+    assert ck["step"] == 3
+    start, st3 = load_training_state(sampler, stream, ck)
+    assert start == st3.t == 3
+    # resuming replays exactly the accounted steps 3..n-1 with their own noise rows
+    again = [stream.next(st3)[0]]
+    assert np.array_equal(again[0], rows[3])
+    # a sampler checkpoint of another step next to the noise checkpoint is refused
+    mixed = {**ck, "sampler": sampler.state_dict(1)}
+    with pytest.raises(MfcliError, match="pairs sampler step 1 with noise step 3"):
+        load_training_state(sampler, stream, mixed)
+    with pytest.raises(MfcliError, match="not an mfcli training checkpoint"):
+        load_training_state(sampler, stream, ck["sampler"])
+    other = sampler_for(banded6, examples=40, seed=5, record=_record_of(banded6, "poisson"))
+    with pytest.raises(MfcliError, match="does not fit this sampler"):
+        load_training_state(other, stream, ck)
+    short = PoissonSampler(examples=40, rate=0.1, steps=5, seed=5)
+    with pytest.raises(MfcliError, match="sampler covers 5 steps and the noise stream 6"):
+        training_state_dict(short, stream, state)
