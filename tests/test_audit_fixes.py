@@ -271,7 +271,10 @@ def test_rows_name_their_neighbouring_relation_and_sensitivities_are_named():
     inp = resolve_strategy(strategy="tree", n=8)
     rows = account(inp, sigma=2.0, sampling=None, batching="shuffle").rows
     assert rows["shuffled-dp-sgd"]["neighbouring"] == "replace-one"
-    assert {rows[k]["neighbouring"] for k in rows if k != "shuffled-dp-sgd"} == {"add-remove"}
+    # a shuffle is a permutation of a fixed N: its other rows are for zeroing one example out
+    assert {rows[k]["neighbouring"] for k in rows if k != "shuffled-dp-sgd"} == {"zero-out"}
+    rows = account(inp, sigma=2.0, sampling=None, batching="balls-in-bins").rows
+    assert {r["neighbouring"] for r in rows.values()} == {"add-remove"}
     r = runner.invoke(app, ["account", "--strategy", "sqrt", "--n", "8", "--epochs", "2", "--sigma", "2", "--json", "-q"])
     out = json.loads(r.stdout)
     c = resolve_strategy(strategy="sqrt", n=8).strategy

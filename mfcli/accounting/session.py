@@ -376,6 +376,10 @@ class MMCCBracket:
 #: example (every other setting's): the shuffled DP-SGD reference bounds replace-one neighbours
 #: (Feldman-McMillan-Talwar; the number of steps is fixed).
 NEIGHBOURING = {"shuffled-dp-sgd": "replace-one"}
+#: Under ``--batching shuffle`` the other rows hold for zero-out neighbours of a fixed, public N: a
+#: shuffle is a permutation of the N examples, so adding one re-deals every batch
+#: (docs/samplers.md, "Neighbouring datasets").
+SHUFFLE_NEIGHBOURING = "zero-out"
 
 
 @dataclass(frozen=True)
@@ -435,13 +439,15 @@ class AccountingReport:
     def rows(self) -> dict[str, dict]:
         """The JSON rows (``as_dict()`` of each result, events included); every row names the
         participation schema and the batch sampler it assumes, and its neighbouring relation
-        (``neighbouring``: ``add-remove`` one example, or ``replace-one`` for the shuffled
-        DP-SGD reference), since rows with different relations can sit side by side."""
+        (``neighbouring``: ``add-remove`` one example, ``replace-one`` for the shuffled DP-SGD
+        reference, ``zero-out`` on a fixed N for the other rows under shuffle batching), since rows
+        with different relations can sit side by side."""
         out = {}
         for name, r in self.results.items():
             row = r.as_dict()
             row["participation"], row["batch_sampler"] = self.row_labels(name)
-            row["neighbouring"] = NEIGHBOURING.get(name, "add-remove")
+            row["neighbouring"] = NEIGHBOURING.get(
+                name, SHUFFLE_NEIGHBOURING if self.batching == "shuffle" else "add-remove")
             out[name] = row
         return out
 
