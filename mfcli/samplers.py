@@ -440,12 +440,19 @@ class FixedOrderSampler(_Sampler):
     neighbouring: ClassVar[str] = "add-remove"
     period: int = 1
     _slot: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+    _order: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False, compare=False)
+    _starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), init=False, repr=False,
+                                compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         b = _positive_int(self.period, "the period (batches per cycle)")
         object.__setattr__(self, "period", b)
-        object.__setattr__(self, "_slot", _slots(self._key("slots"), b, self.examples))
+        slot = _slots(self._key("slots"), b, self.examples)
+        order = np.argsort(slot, kind="stable")   # examples by slot, ascending within a slot
+        object.__setattr__(self, "_slot", slot)
+        object.__setattr__(self, "_order", order.astype(np.int64))
+        object.__setattr__(self, "_starts", np.searchsorted(slot[order], np.arange(b + 1)))
 
     def _params(self) -> dict[str, Any]:
         return {"period": self.period}
@@ -458,7 +465,8 @@ class FixedOrderSampler(_Sampler):
         return self.examples / self.period
 
     def _draw(self, step: int) -> np.ndarray:
-        return np.flatnonzero(self._slot == step % self.period)
+        j = step % self.period
+        return self._order[self._starts[j]:self._starts[j + 1]].copy()
 
 
 TRAINING_STATE_FORMAT = "mfcli.training_state"
