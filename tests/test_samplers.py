@@ -456,3 +456,26 @@ def test_training_checkpoint_pairs_sampler_and_noise_steps(banded6: Path) -> Non
     short = PoissonSampler(examples=40, rate=0.1, steps=5, seed=5)
     with pytest.raises(MfcliError, match="sampler covers 5 steps and the noise stream 6"):
         training_state_dict(short, stream, state)
+
+
+def test_the_documented_training_loop_runs_and_resumes_exactly(tmp_path: Path, monkeypatch, capsys) -> None:
+    """docs/samplers.md's loop, run as written on an artifact with one cyclic record: the sampler and
+    the stream come from that record, the resumed run equals an uninterrupted one (t restarts at
+    the checkpointed step, not at 0), and the printed epsilons are the cyclic-Poisson row."""
+    import re
+
+    code = re.search(r"```python\n(.*?)```", (Path(__file__).parents[1] / "docs" / "samplers.md").read_text(),
+                     re.S)
+    assert code is not None
+    c = np.eye(8) + 0.5 * np.eye(8, k=-1)
+    path = _artifact(tmp_path / "run.h5", c, "banded2")
+    _account(str(path), "--sigma", "2", "--sampling", "0.25", "--batching", "cyclic", "--min-sep", "2")
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "samplers_md"}
+    exec(compile(code.group(1), "docs/samplers.md", "exec"), ns)
+    assert ns["state"].t == ns["sampler"].steps == 8
+    assert isinstance(ns["sampler"], CyclicPoissonSampler) and ns["sampler"].groups == 2
+    assert ns["start"] == 4
+    straight, _ = ns["train"](np.zeros(5), 0, ns["stream"].init(), stop=8)
+    np.testing.assert_array_equal(ns["w"], straight)
+    assert "cyclic-poisson" in capsys.readouterr().out
