@@ -46,10 +46,12 @@ SAMPLERS = ("poisson", "cyclic", "balls-in-bins", "shuffle", "fixed-order")
 #: What each sampler does, in words (the table and the record name it).
 SAMPLER_TEXT = {
     "poisson": "Poisson: every example in every step with probability q = batch / examples",
-    "cyclic": "cyclic Poisson: examples split once into b groups, group i mod b sampled at rate b q at step i",
+    "cyclic": "cyclic Poisson: each example in one of b groups (uniform, independent), group i mod b sampled at "
+              "rate b q at step i",
     "balls-in-bins": "balls-in-bins: every epoch, each example in exactly one uniformly random step",
     "shuffle": "one shuffled epoch of batch size 1",
-    "fixed-order": "fixed order: one permutation cut into s batches, batch i mod s at step i (every epoch the same)",
+    "fixed-order": "fixed order: each example in one of s slots (uniform, independent), slot i mod s at step i "
+                   "(every epoch the same)",
 }
 #: DP-SGD's participation (no schema: Poisson sampling in every step), as the accounting rows name it.
 POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
