@@ -735,13 +735,13 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
 
 
 __all__ = [
+    "HELD_SETTINGS",
     "KINDS",
     "TRAINING_STATE_FORMAT",
     "BallsInBinsSampler",
     "BatchSampler",
     "CyclicPoissonSampler",
     "FixedOrderSampler",
-    "HELD_SETTINGS",
     "PoissonSampler",
     "ShuffleSampler",
     "accounting_records",

@@ -316,7 +316,7 @@ def test_stream_of_a_record_is_the_operator_it_accounted(tmp_path, artifacts):
     would stream the compressed C^ (another sensitivity); record= streams C and refuses the other."""
     import shutil
 
-    src, a, fact, _ = artifacts["momentum"]
+    src, _a, fact, _ = artifacts["momentum"]
     path = tmp_path / "k.h5"
     shutil.copy(src, path)
     dense_rid = _write_record(path, "--operator", "dense", "--sigma", "4")

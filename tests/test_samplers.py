@@ -23,13 +23,13 @@ from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
 from mfcli.samplers import (
+    HELD_SETTINGS,
     BallsInBinsSampler,
     BatchSampler,
     CyclicPoissonSampler,
     FixedOrderSampler,
     PoissonSampler,
     ShuffleSampler,
-    HELD_SETTINGS,
     accounting_records,
     fixed_order_period,
     held_epsilons,
