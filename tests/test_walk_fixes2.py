@@ -312,3 +312,18 @@ def test_cli_prints_coarse_stages_before_the_first_iteration(tmp_path: Path) -> 
     assert {lines[i].split(":")[0] for i in coarse} == {"coarse level 1 of 2 (128 of 512 steps)",
                                                         "coarse level 2 of 2 (256 of 512 steps)"}
     assert not any("gap" in lines[i] or "dual" in lines[i] or "primal" in lines[i] for i in coarse)
+
+
+def test_terminal_panel_shows_a_coarse_stage_as_its_line_without_numbers() -> None:
+    import math
+
+    from rich.console import Console
+
+    from mfcli.cli.display import SolverDisplay
+    from mfcli.solver import Progress
+
+    console = Console(width=200, record=True)
+    panel = SolverDisplay(quiet=True, title="t")._panel
+    console.print(panel(Progress(3, math.nan, math.nan, math.nan, 1.5, "m", stage="coarse level 1 of 2 (8 of 16 steps): x")))
+    text = console.export_text()
+    assert "coarse level 1 of 2 (8 of 16 steps): x; step 3, 1.5s" in text and "nan" not in text
