@@ -26,7 +26,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mfcli.accounting.multi import schema_dict
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation, SingleParticipation, declared_or_requested
 from mfcli.participation import sensitivity as schema_sensitivity
@@ -112,7 +112,7 @@ def schema_numbers(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Par
     rows = np.sum(np.asarray(decoder, dtype=np.float64) ** 2, axis=1)
     n = int(np.asarray(strategy_matrix).shape[1])
     return {
-        "participation": {**json.loads(schema.to_json()), "description": schema.describe(n)},
+        "participation": schema_dict(schema, n),
         "sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
         "loss_total": s.value ** 2 * float(np.sum(rows)),
         "loss_mean": s.value ** 2 * float(np.sum(rows)) / n,
@@ -256,7 +256,8 @@ def equal_privacy_from(sensitivity: float, frob: float, n: int, schema: Particip
             note = f"cyclic Poisson does not apply: {cyclic}"
         else:
             try:
-                reduced_dpsgd(bands=cyclic[0], column_norm=cyclic[1], n=n, schema=schema, sigma=1.0,
+                # only whether it raises matters; at a large noise multiplier the run is cheap
+                reduced_dpsgd(bands=cyclic[0], column_norm=cyclic[1], n=n, schema=schema, sigma=100.0 * cyclic[1],
                               sampling=target.sampling, delta=target.delta)
             except MfcliError as exc:
                 note = f"cyclic Poisson does not apply: {exc}"
@@ -324,59 +325,123 @@ class RowProgress:
 
 @dataclass(frozen=True)
 class PrivacyEstimate:
-    """Up-front cost of calibrating the rows of a comparison at equal privacy: one
-    :class:`mfcli.accounting.cost.CalibrationEstimate` per accounting, each measured on the
-    identity strategy's row (unit sensitivity, one band), which stands for every row (the others
-    differ only in sensitivity and, for cyclic Poisson, band count)."""
+    """Up-front cost of calibrating the rows of a comparison at equal privacy.
+
+    ``estimates`` holds one :class:`mfcli.accounting.cost.CalibrationEstimate` per accounting
+    (the Gaussian, then cyclic Poisson where some row can use it), each measured on the identity
+    row; ``calibrations[i]`` is how many rows run ``estimates[i]``'s calibration (every row the
+    Gaussian's; cyclic Poisson's only the rows whose C has at most b bands, see
+    :func:`row_band_counts`). The model is time = sum of calibrations x runs expected x seconds of
+    one run. Why it holds to about 2x: a row's cyclic Poisson calibration ends at the same noise
+    multiplier sigma / max column norm whatever the row (the reduced DP-SGD depends on nothing
+    else), the identity row starts near it, and a run's cost depends on that noise multiplier
+    (a run at a quarter of it costs several times more), so the probe runs where the identity row's
+    calibration starts, after a warm-up run that takes the one-time import and set-up out of the
+    timing."""
 
     estimates: tuple[Any, ...]
+    calibrations: tuple[int, ...]
 
-    def seconds_per_row(self) -> tuple[float, float]:
-        """(expected, most) seconds one row's calibrations take (no report run: the calibrated
+    def seconds(self) -> tuple[float, float]:
+        """(expected, most) seconds of all the rows' calibrations (no report run: the calibrated
         sigma's epsilon is the search's own last run)."""
-        return (sum(e.runs_expected * e.seconds_per_run for e in self.estimates),
-                sum(e.runs_most * e.seconds_per_run for e in self.estimates))
+        pairs = list(zip(self.estimates, self.calibrations, strict=True))
+        return (sum(k * e.runs_expected * e.seconds_per_run for e, k in pairs),
+                sum(k * e.runs_most * e.seconds_per_run for e, k in pairs))
+
+
+def row_band_counts(names: Sequence[str], n: int, *, artifacts: int = 0, bands: Sequence[int] = (),
+                    buffers: Sequence[int] = ()) -> list[int | None]:
+    """The band count of each row's C, as cyclic Poisson accounting (2306.08153 Thm. 3) sees it,
+    before any row is built: identity 1; the tree strategies None (C is not square, so cyclic
+    Poisson never applies); sqrt, optimal and a BLT n (their C is lower-triangular with non-zero
+    entries all the way down). An artifact and a banded Toeplitz row count as 1: an artifact's C
+    is unknown until loaded, and a row asked for B bands may have fewer (its optimiser sets the
+    coefficients a min-separation schema penalises to zero), so both are counted as banded within
+    the cycle and the estimate errs high, never low. Used only to estimate cost
+    (:func:`estimate_equal_privacy`); each row's own accounting checks its C
+    (:func:`equal_privacy`)."""
+    known: dict[str, int | None] = {"identity": 1, **dict.fromkeys(TREE_STRATEGIES), "sqrt": n, "optimal": n}
+    return [*(known[name] for name in names), *([1] * (artifacts + len(bands))), *([n] * len(buffers))]
+
+
+def run_cost_ratio(z1: float, eps1: float, t1: float, z2: float, eps2: float, t2: float, target: float) -> float:
+    """How much more (or less) one accounting run costs at the noise multiplier that meets
+    ``target`` than at ``z1``, from two timed runs (z1: epsilon eps1, t1 seconds; z2 != z1 likewise,
+    best on the target's side of z1, so that the target's z is interpolated, not extrapolated).
+
+    A cyclic Poisson run's cost is the PLD of one Poisson-sampled Gaussian, whose support grows as
+    the noise multiplier z falls (measured, 1 thread: about z^-1.5 to z^-2 for z in [0.3, 5]),
+    and epsilon falls as z rises. Both are modelled as power laws through the two runs, epsilon ~
+    z^-s and seconds ~ z^-a; the target's z is where the first meets ``target``, and the ratio is
+    (z1 / z_target)^a. ``a`` is clamped to [0, 3] (timing noise), and a pair from which no law
+    follows (epsilon not falling, a zero time) gives 1: the first run's cost."""
+    try:
+        span = math.log(z2 / z1)
+        s = math.log(eps1 / eps2) / span
+        a = min(max(math.log(t1 / t2) / span, 0.0), 3.0)
+    except (ValueError, ZeroDivisionError):
+        return 1.0
+    if not (s > 0 and math.isfinite(s) and math.isfinite(a)):
+        return 1.0
+    z_target = z1 * (eps1 / target) ** (1.0 / s)
+    return (z1 / z_target) ** a
 
 
 def estimate_equal_privacy(n: int, schema: Participation, target: PrivacyTarget, *,
-                           rel_tol: float = 1e-4) -> PrivacyEstimate:
+                           row_bands: Sequence[int | None] = (1,), rel_tol: float = 1e-4) -> PrivacyEstimate:
     """Time the first accounting run of each calibration :func:`equal_privacy_from` makes for the
-    identity row (unit sensitivity; cyclic Poisson with one band where sampling is given and it
-    applies) and model the rest with :func:`mfcli.accounting.calibrate.expected_runs`."""
+    identity row (the Gaussian at unit sensitivity; cyclic Poisson at one band, from the sigma the
+    identity row's calibration starts at, where sampling is given and some row in ``row_bands``,
+    the band count of each row's C or None, has at most b bands) and model the rest with
+    :func:`mfcli.accounting.calibrate.expected_runs` (:class:`PrivacyEstimate`)."""
     import time
 
     from mfcli.accounting.calibrate import calibrate_sigma, expected_runs
     from mfcli.accounting.cost import CalibrationEstimate
-    from mfcli.accounting.multi import reduced_dpsgd
+    from mfcli.accounting.multi import cycle_length, reduced_dpsgd
     from mfcli.accounting.single_pass import gaussian_epsilon
 
-    def probe(setting: str, f: Callable[[float], float], start: float, *, warm: bool = False) -> CalibrationEstimate:
-        if warm:  # a cheap run's first call is mostly imports: time the second
-            f(start)
-        t0 = time.perf_counter()
-        eps = float(f(start))
-        seconds = time.perf_counter() - t0
+    def timed(f: Callable[[float], float], sigma: float) -> tuple[float, float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        eps = float(f(sigma))
+        return eps, time.perf_counter() - t0, time.process_time() - c0
+
+    def probe(setting: str, f: Callable[[float], float], start: float, *, scaled: bool) -> CalibrationEstimate:
+        f(100.0 * start)  # a first call is mostly imports and set-up (and cheap at a large sigma)
+        eps, seconds, cpu = timed(f, start)
+        if scaled:  # one run's cost near the answer, from a second run where the search goes next
+            second = start / 2.0 if eps < target.epsilon else 2.0 * start
+            eps2, _, cpu2 = timed(f, second)
+            seconds *= run_cost_ratio(start, eps, cpu, second, eps2, cpu2, target.epsilon)
         runs, most = expected_runs(eps, target.epsilon, rel_tol=rel_tol, sigma_start=start)
         return CalibrationEstimate(setting=setting, sigma=start, epsilon=eps, seconds_per_run=seconds,
                                    runs_expected=runs, runs_most=most, memory=None, memory_most=None,
                                    memory_limit=None)
 
     base = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
-    out = [probe(base, lambda s: gaussian_epsilon(target.delta, 1.0 / s), 1.0, warm=True)]
+    out = [probe(base, lambda s: gaussian_epsilon(target.delta, 1.0 / s), 1.0, scaled=False)]
+    counts = [len(row_bands)]
     if target.sampling is not None:
         p = target.sampling
-        unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
-                               rel_tol=rel_tol)
-
-        def cyclic_eps(s: float) -> float:
-            return reduced_dpsgd(bands=1, column_norm=1.0, n=n, schema=schema, sigma=s, sampling=p,
-                                 delta=target.delta).epsilon
-
         try:
-            out.append(probe("cyclic-poisson", cyclic_eps, cyclic_start(unit.sigma)))
+            b = cycle_length(schema, n)
         except MfcliError:
-            pass  # cyclic Poisson does not apply to this schema; the rows will say why
-    return PrivacyEstimate(tuple(out))
+            b = 0  # cyclic Poisson does not apply to this schema; the rows will say why
+        cyclic_rows = sum(1 for k in row_bands if k is not None and k <= b)
+        if cyclic_rows:
+            unit = calibrate_sigma(lambda s: gaussian_epsilon(target.delta, 1.0 / s), target_epsilon=target.epsilon,
+                                   rel_tol=rel_tol)
+            # the identity row: C = I, sensitivity sqrt(participations), max column norm 1
+            start = cyclic_start(unit.sigma * math.sqrt(schema.participations(n)))
+
+            def cyclic_eps(s: float) -> float:
+                return reduced_dpsgd(bands=1, column_norm=1.0, n=n, schema=schema, sigma=s, sampling=p,
+                                     delta=target.delta).epsilon
+
+            out.append(probe("cyclic-poisson", cyclic_eps, start, scaled=True))
+            counts.append(cyclic_rows)
+    return PrivacyEstimate(tuple(out), tuple(counts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -427,9 +492,7 @@ class Comparison:
             "units": self.units(),
         }
         if self.multi:
-            out["participation"] = {
-                **json.loads(self.participation.to_json()), "description": self.participation.describe(self.n),
-            }
+            out["participation"] = schema_dict(self.participation, self.n)
         out["best_causal"] = self.best_causal
         if self.privacy is not None:
             out["at_equal_privacy"] = {**self.privacy.as_dict(), "best_causal": self.best_at_equal_privacy()}

@@ -181,10 +181,11 @@ class InspectionReport:
     def _participation_dict(self) -> dict[str, Any] | None:
         if self.participation is None:
             return None
+        from mfcli.accounting.multi import schema_dict
+
         return {
-            **json.loads(self.participation.to_json()),
+            **schema_dict(self.participation, self.n),
             "declared": self.participation_declared,
-            "description": self.participation.describe(self.n) if self.n is not None else self.participation.describe(),
             **({"under_schema": dict(self.participation_numbers)} if self.participation_numbers else {}),
         }
 

@@ -495,22 +495,37 @@ def _to_cm(gram: np.ndarray, k: int, b: int) -> np.ndarray:
     return np.ascontiguousarray(gram[np.ix_(order, order)])
 
 
-def _coarse_start(gram: np.ndarray, k: int, b: int, terms: int | None) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Starting blocks from the coarse-to-fine sequence (identity blocks when n is small)."""
+def _coarse_start(gram: np.ndarray, k: int, b: int, terms: int | None, *,
+                  callback: Callable[[Progress], None] | None = None,
+                  start: float | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Starting blocks from the coarse-to-fine sequence (identity blocks when n is small).
+
+    ``callback`` gets a :class:`~mfcli.solver.Progress` after every step on a coarse level, with
+    ``stage`` naming the level and its Newton decrement, and NaN primal, dual and gap: a coarse
+    level solves a smaller problem, so it has no bound or gap for the real one (its decrement
+    says how far that coarse problem is from its own optimum). ``start``: the solve's
+    ``time.perf_counter()`` origin for ``seconds``."""
     levels = [(gram, b)]
     while k * levels[-1][1] >= 2 * COARSE_MIN_N and levels[-1][1] >= 2:
         levels.append(_coarsen(*levels[-1][:1], k, levels[-1][1]))
     levels.pop(0)
     w = np.broadcast_to(np.eye(k), (levels[-1][1] if levels else b, k, k)).copy()
     done: list[tuple[int, int]] = []
-    for g, bc in reversed(levels):
+    t0 = time.perf_counter() if start is None else start
+    for level, (g, bc) in enumerate(reversed(levels), start=1):
         w = _interpolate(w, bc)
         gcm = _to_cm(g, k, bc)
         walker = _Walker(terms)
         evals = 0
-        for evals in range(1, COARSE_MAX_ITER + 1):  # noqa: B007
+        for evals in range(1, COARSE_MAX_ITER + 1):
             ev = _evaluate(gcm, w)
             nxt = walker.retreat() if ev is None else walker.next(ev)  # None: W not numerically PD
+            if callback is not None:
+                dec = (f"Newton decrement {walker.decrement:.1e} on the coarse problem"
+                       if math.isfinite(walker.decrement) else "not yet evaluated")
+                callback(Progress(evals, math.nan, math.nan, math.nan, time.perf_counter() - t0, DUAL_METHOD,
+                                  stage=f"coarse level {level} of {len(levels)} ({k * bc} of {k * b} steps): {dec}, "
+                                        f"no bound on n = {k * b} yet"))
             if nxt is None or (walker.halvings == 0 and walker.decrement <= COARSE_TOL):
                 break
             w = nxt
@@ -528,7 +543,9 @@ def solve_dual(
 
     Stops when the certified gap against the estimated primal is at most ``tol``, after
     ``max_iter`` full-size eigendecompositions, or when the iteration stalls (round-off). None if
-    not even the starting W could be evaluated (the caller then runs the primal solver)."""
+    not even the starting W could be evaluated (the caller then runs the primal solver).
+    ``callback`` gets every full-size iteration's :class:`~mfcli.solver.Progress` and, before
+    them, one per coarse-level step (``stage`` set, no primal, dual or gap: :func:`_coarse_start`)."""
     import scipy.linalg
 
     start = time.perf_counter()
@@ -538,7 +555,7 @@ def solve_dual(
     gram = scipy.linalg.blas.dsyrk(1.0, a, trans=1, lower=0)
     gram = np.triu(gram) + np.triu(gram, 1).T
     if multilevel:
-        w, coarse = _coarse_start(gram, k, b, terms)
+        w, coarse = _coarse_start(gram, k, b, terms, callback=callback, start=start)
     else:
         w, coarse = np.broadcast_to(np.eye(k), (b, k, k)).copy(), []
     gram_cm = _to_cm(gram, k, b)

@@ -85,6 +85,13 @@ def _positive_int(value: Any, what: str) -> int:
     return int(value)
 
 
+def check_epochs(epochs: Any) -> int:
+    """A number of training epochs: a positive integer."""
+    if isinstance(epochs, (int, np.integer)) and not isinstance(epochs, bool) and epochs == 0:
+        raise MfcliError("zero epochs train nothing; give at least 1 epoch")
+    return _positive_int(epochs, "the number of epochs")
+
+
 @dataclass(frozen=True)
 class TrainingSetup:
     """What the trainer knows. Give ``epochs`` or ``steps`` (a multiple of the steps per epoch).
@@ -110,6 +117,7 @@ class TrainingSetup:
     def __post_init__(self) -> None:
         from mfcli.accounting.single_pass import check_delta
         from mfcli.validation import positive_number
+        from mfcli.workloads import check_beta
 
         ex = _positive_int(self.examples, "the number of examples")
         b = _positive_int(self.batch, "the batch size")
@@ -119,9 +127,7 @@ class TrainingSetup:
         if (self.epochs is None) == (self.steps is None):
             raise MfcliError("give the number of epochs or the number of steps (one of them)")
         if self.epochs is not None:
-            if isinstance(self.epochs, (int, np.integer)) and not isinstance(self.epochs, bool) and self.epochs == 0:
-                raise MfcliError("zero epochs train nothing; give at least 1 epoch")
-            epochs = _positive_int(self.epochs, "the number of epochs")
+            epochs = check_epochs(self.epochs)
         else:
             steps = _positive_int(self.steps, "the number of steps")
             if steps % s:
@@ -134,8 +140,7 @@ class TrainingSetup:
         object.__setattr__(self, "delta", check_delta(self.delta))
         if self.workload not in WORKLOADS:
             raise MfcliError(f"plan supports the Toeplitz workloads {', '.join(WORKLOADS)}, not {self.workload!r}")
-        if not (0.0 <= float(self.beta) < 1.0):
-            raise MfcliError(f"beta must be in [0, 1), got {self.beta}")
+        object.__setattr__(self, "beta", check_beta(self.beta))
         _positive_int(self.params, "the number of parameters")
         batching = tuple(dict.fromkeys(self.batching))
         for name in batching:
@@ -757,45 +762,60 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
 
 def _write(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, setting: str, sampling: float | None,
            batching: str | None, schema: Participation | None, command: str, force: bool) -> dict[str, Any]:
+
+
+    try:
+        return _write_via(setup, r, target, tmp, setting, sampling, batching, schema, command, force)
+    except MfcliError as err:
+        # A failure while the temporary file beside the target is written (an unwritable or
+        # special folder, a full disk) is the user's target's failure: name the target, as the
+        # artifact writers do (mfcli.artifact.atomic_path), not plan's temporary file.
+        if str(tmp) not in str(err):
+            raise
+        raise type(err)(str(err).replace(str(tmp), str(target))) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, setting: str, sampling: float | None,
+               batching: str | None, schema: Participation | None, command: str, force: bool) -> dict[str, Any]:
+    """:func:`_write`'s work: the artifact at ``tmp``, its accounting record, then the move to ``target``."""
     import os
 
     from mfcli.accounting import session
 
-    try:
-        if setup.n <= DENSE_ARTIFACT_MAX_N:
-            from mfcli.strategies import Strategy, save_strategy
+    if setup.n <= DENSE_ARTIFACT_MAX_N:
+        from mfcli.strategies import Strategy, save_strategy
 
-            st = _dense_strategy(setup, r)
-            if isinstance(st, tuple):
-                st = Strategy(st[1], st[0], True, r.strategy)
-            save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
-                          command=command, force=True, participation=schema)
-        else:
-            from mfcli.structured import save_structured_artifact
+        st = _dense_strategy(setup, r)
+        if isinstance(st, tuple):
+            st = Strategy(st[1], st[0], True, r.strategy)
+        save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
+                      command=command, force=True, participation=schema)
+    else:
+        from mfcli.structured import save_structured_artifact
 
-            save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
-                                     participation=schema, command=command, force=True)
-        # the accounting session on the written file, as `mfcli account` runs it (a structured
-        # artifact: mfcli.accounting.structured, from its parameters)
-        inp = session.resolve_strategy(tmp)
-        report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
-                                 options=session.AccountingOptions(delta=setup.delta,
-                                                                   value_discretization=PLD_DISCRETIZATION),
-                                 participation=schema, batching=batching)
-        eps = float(report.rows[setting]["epsilon"])
-        if not eps <= setup.epsilon:
-            raise MfcliError(f"re-accounting {r.key} on the written artifact gives epsilon {eps!r} > "
-                             f"{setup.epsilon:g}; nothing written")
-        group = session.record_to_artifact(report, calibration=r.calibration, calibrated_setting=setting,
-                                           command=command)
-        from mfcli.artifact import atomic_path
+        save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
+                                 participation=schema, command=command, force=True)
+    # the accounting session on the written file, as `mfcli account` runs it (a structured
+    # artifact: mfcli.accounting.structured, from its parameters)
+    inp = session.resolve_strategy(tmp)
+    report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
+                             options=session.AccountingOptions(delta=setup.delta,
+                                                               value_discretization=PLD_DISCRETIZATION),
+                             participation=schema, batching=batching)
+    eps = float(report.rows[setting]["epsilon"])
+    if not eps <= setup.epsilon:
+        raise MfcliError(f"re-accounting {r.key} on the written artifact gives epsilon {eps!r} > "
+                         f"{setup.epsilon:g}; nothing written")
+    group = session.record_to_artifact(report, calibration=r.calibration, calibrated_setting=setting,
+                                       command=command)
+    from mfcli.artifact import atomic_path
 
-        # the move into place is the artifact writers' own commit: precondition re-checked under the
-        # directory lock (a concurrent writer of the same new file fails), fsync, then rename
-        with atomic_path(target, force=force) as final:
-            os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # the move into place is the artifact writers' own commit: precondition re-checked under the
+    # directory lock (a concurrent writer of the same new file fails), fsync, then rename
+    with atomic_path(target, force=force) as final:
+        os.replace(tmp, final)
     return {"artifact": str(target), "candidate": r.key, "setting": setting, "sigma": r.sigma, "sampling": sampling,
             "batching": batching, "epsilon": eps, "record": group}
 

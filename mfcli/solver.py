@@ -139,7 +139,11 @@ class Bounds(NamedTuple):
 
 
 class Progress(NamedTuple):
-    """One line of solver progress, passed to the callback after every full-size iteration."""
+    """One line of solver progress, passed to the callback after every full-size iteration, and
+    by solvers with a coarse-to-fine start (:mod:`mfcli.multi_fixed_epoch`) after each step on a
+    coarse level too: such an event has a non-empty ``stage`` naming the level, its iteration
+    counts that level's steps, and primal, dual and gap are NaN (a coarse problem bounds nothing
+    about the real one). Coarse events never enter a solve's ``history``."""
 
     iteration: int
     primal: float  # best (smallest) feasible loss so far (eigh-based estimate)
@@ -147,6 +151,7 @@ class Progress(NamedTuple):
     gap: float  # (primal - dual) / primal
     seconds: float
     method: str
+    stage: str = ""  # "" for the full-size problem; else the coarse level, in words
 
 
 @dataclass(frozen=True, eq=False)

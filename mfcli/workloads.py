@@ -188,13 +188,23 @@ def prefix_workload(n: int, *, lr: np.ndarray | None = None, lr_name: str = "con
     return Workload("prefix", a, {"lr": lr_name})
 
 
+def check_beta(beta: Any) -> float:
+    """A momentum coefficient: a finite number in [0, 1) (beta = 1 never forgets a gradient)."""
+    try:
+        b = float(beta)
+    except (TypeError, ValueError):
+        raise MfcliError(f"beta must be a number, got {beta!r}") from None
+    if not (0.0 <= b < 1.0) or not np.isfinite(b):
+        raise MfcliError(f"beta must be in [0, 1), got {beta}")
+    return b
+
+
 def momentum_workload(
     n: int, *, beta: float = 0.9, lr: np.ndarray | None = None, lr_name: str = "constant"
 ) -> Workload:
     """Heavy-ball momentum with learning rates: A = M_eta M_beta."""
     n = check_n(n)
-    if not (0.0 <= beta < 1.0) or not np.isfinite(beta):
-        raise MfcliError(f"beta must be in [0, 1), got {beta}")
+    beta = check_beta(beta)
     eta = np.ones(n) if lr is None else np.asarray(lr, dtype=np.float64)
     a = (_lower_ones(n) * eta[None, :]) @ momentum_matrix(n, beta)
     a = np.tril(a)

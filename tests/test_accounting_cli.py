@@ -43,7 +43,7 @@ def small_artifact(tmp_path: Path) -> Path:
 
 def test_identity_mmcc_equals_dpsgd_json() -> None:
     out = _json(run("--strategy", "identity", "--n", "64", "--sigma", "4", "--sampling", "0.01", "--json", "-q"))
-    assert out["command"] == "account" and out["schema_version"] == 1
+    assert out["command"] == "account" and out["schema_version"] == 2
     s = out["settings"]
     assert set(s) == {"single-pass", "dp-sgd", "mmcc"}
     assert s["mmcc"]["epsilon"] == pytest.approx(s["dp-sgd"]["epsilon"], rel=1e-8)

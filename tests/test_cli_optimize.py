@@ -28,7 +28,7 @@ def test_optimize_json_and_artifact(tmp_path):
     r = run("optimize", "--workload", "prefix", "--n", "2", "--tol", "1e-12", "--out", str(out), "--json")
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
-    assert obj["schema_version"] == 1 and obj["command"] == "optimize"
+    assert obj["schema_version"] == 2 and obj["command"] == "optimize"
     assert obj["loss"]["total"] == pytest.approx(((1 + math.sqrt(5)) / 2) ** 2, rel=1e-11)
     assert obj["loss"]["mean"] == pytest.approx(obj["loss"]["total"] / 2)
     assert obj["loss"]["rmse"] == pytest.approx(math.sqrt(obj["loss"]["total"] / 2))

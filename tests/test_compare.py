@@ -115,7 +115,7 @@ def test_cli_json_envelope() -> None:
     res = invoke("--workload", "prefix", "--n", "8", "-s", "identity,tree", "--json", "--curves", "-q")
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
-    assert obj["command"] == "compare" and obj["schema_version"] == 1 and obj["n"] == 8
+    assert obj["command"] == "compare" and obj["schema_version"] == 2 and obj["n"] == 8
     by = {s["name"]: s for s in obj["strategies"]}
     assert by["identity"]["loss_total"] == 36.0
     assert by["tree"]["sensitivity"] == pytest.approx(2.0)

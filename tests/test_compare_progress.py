@@ -155,7 +155,8 @@ def test_the_estimate_measures_each_accounting_the_rows_use() -> None:
     # the probe is the Gaussian at sigma 1 (unit sensitivity): its epsilon is known independently
     assert e.sigma == 1.0 and e.epsilon == pytest.approx(single_pass.gaussian_epsilon(1e-6, 1.0))
     assert 1 <= e.runs_expected <= e.runs_most and e.seconds_per_run > 0
-    expected, most = plain.seconds_per_row()
+    assert plain.calibrations == (1,)  # row_bands defaults to one identity row
+    expected, most = plain.seconds()
     assert expected == pytest.approx(e.runs_expected * e.seconds_per_run) and most >= expected
 
 

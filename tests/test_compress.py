@@ -428,7 +428,7 @@ def test_cli_json_search(artifact):
     r = runner.invoke(app, ["compress", str(artifact), "--max-loss-increase", "0.01", "--json"])
     assert r.exit_code == 0, r.stderr
     obj = json.loads(r.stdout)
-    assert obj["schema_version"] == 1 and obj["command"] == "compress"
+    assert obj["schema_version"] == 2 and obj["command"] == "compress"
     assert obj["loss_increase"] <= 0.01 and obj["stream_cost"] == obj["band"] + obj["rank"]
     assert obj["evaluations"] and all("loss_increase" in e for e in obj["evaluations"])
     comp = read_compressed(load_artifact(obj["artifact"]))

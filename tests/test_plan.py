@@ -265,19 +265,20 @@ def test_cli_cyclic_artifact_reaccounted_by_account(tmp_path: Path) -> None:
     assert json.loads(p.stdout)["settings"]["cyclic-poisson"]["epsilon"] <= 2.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--examples", "100", "--batch", "200", "--epochs", "1", "--epsilon", "1"], "larger than the data set"),
-    (["--examples", "100", "--batch", "10", "--epochs", "0", "--epsilon", "1"], "zero epochs"),
+@pytest.mark.parametrize("args, message, code", [
+    (["--examples", "100", "--batch", "200", "--epochs", "1", "--epsilon", "1"], "larger than the data set", 1),
+    # out of the option's own range: a usage error, refused while parsing (README, exit codes)
+    (["--examples", "100", "--batch", "10", "--epochs", "0", "--epsilon", "1"], "zero epochs", 2),
     (["--examples", "100", "--batch", "10", "--epochs", "1", "--epsilon", "1", "--batching", "shuffle"],
-     "allow poisson or fixed-order"),
+     "allow poisson or fixed-order", 1),
     (["--examples", "100", "--batch", "10", "--epochs", "2", "--epsilon", "1e-9", "--batching", "fixed-order",
-      "--bands", "2", "--buffers", "2"], "no sigma up to"),
+      "--bands", "2", "--buffers", "2"], "no sigma up to", 1),
 ])
 def test_bad_input_one_error_line_nothing_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  args: list[str], message: str) -> None:
+                                                  args: list[str], message: str, code: int) -> None:
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(app, ["plan", *args, "--workers", "0", "--out", "x.h5", "-q"])
-    assert r.exit_code == 1
+    assert r.exit_code == code
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert list(tmp_path.iterdir()) == []

@@ -219,7 +219,7 @@ def test_cli_optimize_schema_json_artifact_inspect(tmp_path, opts, schema, sens2
     r = runner.invoke(app, ["optimize", "--n", "24", *opts, "--tol", "1e-7", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
-    assert obj["participation"] == json.loads(schema.to_json())
+    assert obj["participation"] == {**json.loads(schema.to_json()), "description": schema.describe(24)}
     assert obj["sensitivity"] == pytest.approx(math.sqrt(sens2), rel=1e-9)
     assert obj["converged"] and obj["gap"] <= 1e-7 and obj["dual"] <= obj["loss"]["total"]
     art = load_artifact(out)
@@ -241,7 +241,7 @@ def test_cli_optimize_schema_json_artifact_inspect(tmp_path, opts, schema, sens2
 def test_cli_single_json_names_single_participation(tmp_path):
     r = runner.invoke(app, ["optimize", "--n", "8", "--out", str(tmp_path / "s.h5"), "--json", "-q"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["participation"] == {"version": 1, "kind": "single"}
+    assert json.loads(r.stdout)["participation"] == {"version": 1, "kind": "single", "description": "single participation"}
 
 
 def test_cli_default_name_names_the_schema(tmp_path, monkeypatch):
@@ -277,7 +277,8 @@ def test_cli_one_participation_uses_the_single_solver(tmp_path, opts):
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     art = load_artifact(out)
-    assert obj["participation"] == json.loads(art.participation.to_json()) and obj["participation"]["kind"] != "single"
+    assert obj["participation"] == {**json.loads(art.participation.to_json()), "description": art.participation.describe(16)}
+    assert obj["participation"]["kind"] != "single"
     single = optimal_factorization(prefix_workload(16).matrix, tol=1e-10)
     assert obj["loss"]["total"] == pytest.approx(single.primal, rel=2e-9)
     assert obj["sensitivity"] == pytest.approx(1.0, rel=1e-12)

@@ -31,8 +31,10 @@ from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, Sensitivity, SingleParticipation
 
 
-def schema_dict(schema: Participation, n: int) -> dict:
-    """The schema as it appears in JSON rows: its stored JSON fields and one human line."""
+def schema_dict(schema: Participation, n: int | None) -> dict:
+    """The schema as it appears in every ``--json`` object (the one representation of a
+    participation schema there): its stored JSON fields and one human line, ``describe(n)``
+    (``n`` None: the line without the step count)."""
     import json
 
     return {**json.loads(schema.to_json()), "description": schema.describe(n)}

@@ -22,6 +22,11 @@ from mfcli.accounting.defaults import (
     SETTINGS,
 )
 from mfcli.cli.common import (
+    BETA_RANGE,
+    DELTA_RANGE,
+    EPSILON_RANGE,
+    SAMPLING_RANGE,
+    SIGMA_RANGE,
     EpochsOpt,
     MaxParticipationsOpt,
     MinSepOpt,
@@ -33,6 +38,7 @@ from mfcli.cli.common import (
     key_value_table,
     log,
     participation_options,
+    positive_n,
     refuse_unless,
     safe_markup,
     stdout,
@@ -213,19 +219,22 @@ def account(
         None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
         "(In mfcli compare, -s is --strategies, a list.)"
     ),
-    n: int | None = typer.Option(None, "--n", "-n", help="Number of steps for --strategy."),
+    n: int | None = typer.Option(None, "--n", "-n", callback=positive_n, help="Number of steps for --strategy."),
     workload: str | None = typer.Option(
         None, "--workload", "-w", help="With --strategy: the workload it is built for, prefix (default) or momentum."
     ),
-    beta: float | None = typer.Option(None, "--beta", help="Momentum coefficient for --workload momentum (default 0.9)."),
+    beta: float | None = typer.Option(
+        None, "--beta", callback=BETA_RANGE, help="Momentum coefficient for --workload momentum (default 0.9)."
+    ),
     sigma: float | None = typer.Option(
-        None, "--sigma", help="Noise multiplier: noise std in units of the clip norm, for C as given."
+        None, "--sigma", callback=SIGMA_RANGE, help="Noise multiplier: noise std in units of the clip norm, for C as given."
     ),
     epsilon: float | None = typer.Option(
-        None, "--epsilon", help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
+        None, "--epsilon", callback=EPSILON_RANGE, help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p", help="Sampling rate p in (0, 1]. Default --batching poisson (DP-SGD and MMCC): the "
+        None, "--sampling", "-p", callback=SAMPLING_RANGE,
+        help="Sampling rate p in (0, 1]. Default --batching poisson (DP-SGD and MMCC): the "
         "per-step rate, every example in every step with probability p, p = batch / examples. --batching cyclic: the per-group "
         "rate, each example's group is sampled with probability p at its group's steps; p = b x batch / examples "
         "(b groups)."
@@ -240,7 +249,7 @@ def account(
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
-    delta: float = typer.Option(DEFAULT_DELTA, "--delta", help="delta in (0, 1)."),
+    delta: float = typer.Option(DEFAULT_DELTA, "--delta", callback=DELTA_RANGE, help="delta in (0, 1)."),
     setting: str | None = typer.Option(
         None, "--setting",
         help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, cyclic-poisson "

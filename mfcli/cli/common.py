@@ -22,7 +22,7 @@ from rich.table import Table
 from mfcli.errors import MfcliError, OutputExistsError
 
 #: Version of the JSON objects printed by ``--json``; bump when a field changes meaning.
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -296,17 +296,88 @@ from pathlib import Path as _Path  # noqa: E402
 from typing import Annotated  # noqa: E402
 
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
-def _positive_n(value: int | None) -> int | None:
+def positive_n(value: int | None) -> int | None:
     """--n out of range is a usage error (exit 2, one line), like an unreadable --n."""
     refuse_unless(value is None or value >= 1, f"--n must be at least 1, got {value}")
     return value
 
 
-NOpt = Annotated[int | None, typer.Option("--n", "-n", callback=_positive_n, help="Number of steps (rows of A).")]
+NOpt = Annotated[int | None, typer.Option("--n", "-n", callback=positive_n, help="Number of steps (rows of A).")]
+
+
+def in_range(flag: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """An option callback that refuses a value outside the range the option alone allows as a
+    usage error (exit 2, one line naming ``flag``), while the command line is parsed, like --n 0.
+    ``check`` is the library's own validator of that one value (it raises MfcliError), so the
+    range is stated once; ranges that depend on n or on another option stay with the library
+    (exit 1). None (not given) passes; a repeated option's values are checked one by one."""
+
+    def callback(value: Any) -> Any:
+        for v in value if isinstance(value, list) else () if value is None else (value,):
+            try:
+                check(v)
+            except MfcliError as err:
+                raise usage_error(f"{flag}: {err}") from None
+        return value
+
+    return callback
+
+
+def _beta(v: float) -> None:
+    from mfcli.workloads import check_beta
+
+    check_beta(v)
+
+
+def _bands(v: int) -> None:
+    from mfcli.toeplitz import check_bands
+
+    check_bands(v)
+
+
+def _buffers(v: int) -> None:
+    from mfcli.cli.structured import check_buffers
+
+    check_buffers(v)
+
+
+def _sigma(v: float) -> None:
+    from mfcli.accounting.single_pass import check_sigma
+
+    check_sigma(v)
+
+
+def _delta(v: float) -> None:
+    from mfcli.accounting.single_pass import check_delta
+
+    check_delta(v)
+
+
+def _sampling(v: float) -> None:
+    from mfcli.accounting.single_pass import check_sampling
+
+    check_sampling(v)
+
+
+def _epsilon(v: float) -> None:
+    from mfcli.validation import positive_number
+
+    positive_number(v, "the target epsilon")
+
+
+#: Callbacks for the options whose range needs no other option (see :func:`in_range`).
+BETA_RANGE = in_range("--beta", _beta)
+BANDS_RANGE = in_range("--bands", _bands)
+BUFFERS_RANGE = in_range("--buffers", _buffers)
+SIGMA_RANGE = in_range("--sigma", _sigma)
+DELTA_RANGE = in_range("--delta", _delta)
+SAMPLING_RANGE = in_range("--sampling", _sampling)
+EPSILON_RANGE = in_range("--epsilon", _epsilon)
 # Options that apply to one mode only default to None (not given), so that giving one where it
 # does not apply is refused even when its value equals the default (see workload_kwargs).
 BetaOpt = Annotated[
-    float | None, typer.Option("--beta", help="Momentum coefficient in [0, 1), momentum workload only (default 0.9).")
+    float | None,
+    typer.Option("--beta", callback=BETA_RANGE, help="Momentum coefficient in [0, 1), momentum workload only (default 0.9)."),
 ]
 LrOpt = Annotated[
     str | None,
@@ -405,19 +476,40 @@ def refuse_structured(path: _Path, use: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Participation options (docs/concepts.md, "Participation and sensitivity"); default single.
 
+def _epochs(v: int) -> None:
+    from mfcli.participation import FixedEpoch
+
+    FixedEpoch(epochs=v)
+
+
+def _min_sep(v: int) -> None:
+    from mfcli.participation import MinSeparation
+
+    MinSeparation(separation=v)
+
+
+def _max_participations(v: int) -> None:
+    from mfcli.participation import MinSeparation
+
+    MinSeparation(separation=1, max_participations=v)
+
+
 EpochsOpt = Annotated[
     int | None,
-    typer.Option("--epochs", help="Fixed-epoch participation: K epochs of n/K steps in the same data order every "
+    typer.Option("--epochs", callback=in_range("--epochs", _epochs),
+                 help="Fixed-epoch participation: K epochs of n/K steps in the same data order every "
                  "epoch (default: single participation). Reshuffled between epochs: use --min-sep 1 "
                  "--max-participations K instead."),
 ]
 MinSepOpt = Annotated[
     int | None,
-    typer.Option("--min-sep", help="Min-separation participation: any two participations at least B steps apart."),
+    typer.Option("--min-sep", callback=in_range("--min-sep", _min_sep),
+                 help="Min-separation participation: any two participations at least B steps apart."),
 ]
 MaxParticipationsOpt = Annotated[
     int | None,
-    typer.Option("--max-participations", help="--min-sep only: at most K participations (default: as many as fit)."),
+    typer.Option("--max-participations", callback=in_range("--max-participations", _max_participations),
+                 help="--min-sep only: at most K participations (default: as many as fit)."),
 ]
 
 

@@ -13,6 +13,11 @@ from rich.console import Console
 
 from mfcli.artifact import atomic_path, check_output_path, default_artifact_path
 from mfcli.cli.common import (
+    BANDS_RANGE,
+    BUFFERS_RANGE,
+    DELTA_RANGE,
+    EPSILON_RANGE,
+    SAMPLING_RANGE,
     BetaOpt,
     EpochsOpt,
     LrFactorOpt,
@@ -43,7 +48,14 @@ from mfcli.cli.render import (
     render_markdown,
     rich_table,
 )
-from mfcli.compare import Comparison, PrivacyEstimate, PrivacyTarget, estimate_equal_privacy, run_comparison
+from mfcli.compare import (
+    Comparison,
+    PrivacyEstimate,
+    PrivacyTarget,
+    estimate_equal_privacy,
+    row_band_counts,
+    run_comparison,
+)
 from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
@@ -82,18 +94,20 @@ def compare(
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
     epsilon: float | None = typer.Option(
-        None, "--epsilon",
+        None, "--epsilon", callback=EPSILON_RANGE,
         help="Compare at equal privacy: calibrate each row's sigma to this epsilon under its best valid accounting "
         "and report the RMSE at that sigma.",
     ),
     sampling: float | None = typer.Option(
-        None, "--sampling", "-p",
+        None, "--sampling", "-p", callback=SAMPLING_RANGE,
         help="With --epsilon: cyclic Poisson sampling at this per-group rate P: each example's group is sampled "
         "with probability P at its group's steps; P = b x batch / examples (b groups, b from --min-sep, n/--epochs, "
         "or n). Not the per-step Poisson rate of account's default --batching poisson. Banded rows may then be "
         "amplified.",
     ),
-    delta: float | None = typer.Option(None, "--delta", help="With --epsilon: delta in (0, 1) (default 1e-6)."),
+    delta: float | None = typer.Option(
+        None, "--delta", callback=DELTA_RANGE, help="With --epsilon: delta in (0, 1) (default 1e-6)."
+    ),
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}). "
@@ -126,13 +140,13 @@ def compare(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
     bands: list[int] | None = typer.Option(
-        None, "--bands",
+        None, "--bands", callback=BANDS_RANGE,
         help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
         f"Above n = {MAX_N} no dense matrix is built: identity, tree (closed form, single participation) and "
         "banded Toeplitz / BLT rows; with --epsilon too.",
     ),
     buffers: list[int] | None = typer.Option(
-        None, "--buffers",
+        None, "--buffers", callback=BUFFERS_RANGE,
         help="Add a BLT row with K buffers, optimised for the workload and schema (repeat for several); "
         f"like --bands, also above n = {MAX_N}.",
     ),
@@ -220,9 +234,9 @@ def compare(
             f"{_schema_options(schema)}, and add its artifact with -a FILE")
     progress = None if quiet else log
     if privacy is not None and not quiet:
-        rows = len(artifact or ()) + len([s for s in names if not (s == "optimal" and artifact)])
-        log(describe_privacy_estimate(estimate_equal_privacy(w.n, schema, privacy),
-                                      rows + len(bands or ()) + len(buffers or ())))
+        row_bands = row_band_counts([s for s in names if not (s == "optimal" and artifact)], w.n,
+                                    artifacts=len(artifact or ()), bands=bands or (), buffers=buffers or ())
+        log(describe_privacy_estimate(estimate_equal_privacy(w.n, schema, privacy, row_bands=row_bands)))
     table = build_table(
         w, names, artifacts=list(artifact or ()), tol=tol, max_iter=max_iter, save=save, quiet=quiet, participation=schema,
         privacy=privacy,
@@ -304,14 +318,16 @@ def build_table(
         )
 
 
-def describe_privacy_estimate(est: PrivacyEstimate, rows: int) -> str:
-    """One stderr line before the calibrations at equal privacy: each accounting's measured first
-    run and expected runs per row, and the time for all rows (rounded up)."""
-    parts = [f"{e.setting} first run {duration_text(e.seconds_per_run)} (sigma {e.sigma:g} -> epsilon {e.epsilon:.4g}), "
-             f"about {e.runs_expected} runs (at most {e.runs_most})" for e in est.estimates]
-    expected, most = est.seconds_per_row()
-    return (f"estimate: calibrating {rows} row{'s' if rows != 1 else ''} at equal privacy, per row "
-            f"{'; '.join(parts)}; about {duration_text(rows * expected)} in all (at most {duration_text(rows * most)})")
+def describe_privacy_estimate(est: PrivacyEstimate) -> str:
+    """One stderr line before the calibrations at equal privacy: for each accounting the rows that
+    run it, its measured run and the runs expected per row, and the time for all rows (rounded up)."""
+    rows = est.calibrations[0]
+    parts = [f"{e.setting} on {k} row{'s' if k != 1 else ''} (probe sigma {e.sigma:.4g} -> epsilon {e.epsilon:.4g}), "
+             f"about {e.runs_expected} runs per row (at most {e.runs_most}) of about {duration_text(e.seconds_per_run)}"
+             for e, k in zip(est.estimates, est.calibrations, strict=True)]
+    expected, most = est.seconds()
+    return (f"estimate: calibrating {rows} row{'s' if rows != 1 else ''} at equal privacy: "
+            f"{'; '.join(parts)}; about {duration_text(expected)} in all (at most {duration_text(most)})")
 
 
 def write_strategy(

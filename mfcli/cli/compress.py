@@ -16,6 +16,7 @@ from mfcli.cli.common import (
     emit_json,
     envelope,
     guarded,
+    in_range,
     key_value_table,
     log,
     participation_options,
@@ -29,13 +30,27 @@ from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, defa
 from mfcli.errors import MfcliError
 
 
+def _band(v: int) -> None:
+    from mfcli.validation import step_count
+
+    step_count(v, name="band K")  # K <= n is checked against the artifact's n (exit 1)
+
+
+def _rank(v: int) -> None:
+    from mfcli.validation import step_count
+
+    step_count(v, name="rank R", minimum=0)  # R <= n - K likewise
+
+
 @guarded
 def compress(
     artifact: Path = typer.Argument(
         ..., help="Dense causal artifact to compress (never modified): a file, or a shipped name such as momentum-n256."
     ),
-    band: int | None = typer.Option(None, "--band", "-k", help="K: exact diagonals of B kept (1 <= K <= n)."),
-    rank: int | None = typer.Option(None, "--rank", "-r", help="R: rank of the fitted older part (0 <= R <= n - K)."),
+    band: int | None = typer.Option(None, "--band", "-k", callback=in_range("--band", _band),
+                                    help="K: exact diagonals of B kept (1 <= K <= n)."),
+    rank: int | None = typer.Option(None, "--rank", "-r", callback=in_range("--rank", _rank),
+                                    help="R: rank of the fitted older part (0 <= R <= n - K)."),
     max_loss_increase: float | None = typer.Option(
         None, "--max-loss-increase",
         help="Budget on the relative loss increase (0.01 = 1%). Without K and R: pick the cheapest "

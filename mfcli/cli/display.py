@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from mfcli.cli.common import log, stderr
@@ -18,7 +19,11 @@ if TYPE_CHECKING:
 
 
 class SolverDisplay:
-    """Live duality-gap panel on a terminal; a plain stderr line every few seconds otherwise."""
+    """Live duality-gap panel on a terminal; a plain stderr line every few seconds otherwise.
+
+    A coarse-level step (:class:`~mfcli.solver.Progress` with ``stage`` set, before the first
+    full-size iteration of a coarse-to-fine solve) is shown as its stage line alone, with no
+    primal, dual or gap: a coarse problem certifies nothing about the real one."""
 
     def __init__(self, *, quiet: bool, title: str, interval: float = 2.0) -> None:
         self.quiet = quiet
@@ -28,6 +33,7 @@ class SolverDisplay:
         self._live: Live | None = None
         self._last = -float("inf")
         self._prev: Progress | None = None
+        self._stage = ""
 
     def __enter__(self) -> SolverDisplay:
         if not self.quiet and self.tty:
@@ -46,7 +52,10 @@ class SolverDisplay:
         t = Table(title=self.title, title_justify="left")
         for col in ("iter", "primal (loss)", "dual bound", "rel. gap", "it/s", "elapsed"):
             t.add_column(col, justify="right")
-        if p is not None:
+        if p is not None and p.stage:
+            t.caption = escape(f"{p.stage}; step {p.iteration}, {p.seconds:.1f}s")
+            t.caption_justify = "left"
+        elif p is not None:
             t.add_row(
                 str(p.iteration), f"{p.primal:.10g}", f"{p.dual:.10g}", f"{p.gap:.3e}",
                 f"{self._rate(p):.2f}", f"{p.seconds:.1f}s",
@@ -60,6 +69,12 @@ class SolverDisplay:
             self._live.update(self._panel(p))
             return
         now = time.monotonic()
+        if p.stage:
+            level = p.stage.split(":", 1)[0]
+            if now - self._last >= self.interval or level != self._stage:
+                self._last, self._stage = now, level
+                log(f"{p.stage}; step {p.iteration}, {p.seconds:.1f}s")
+            return
         if now - self._last >= self.interval or p.iteration == 1:
             self._last = now
             log(

@@ -1,14 +1,16 @@
 """``mfcli optimize``: solve for the optimal factorization and write it as an artifact."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from mfcli.accounting.multi import schema_dict
 from mfcli.artifact import check_output_path, default_artifact_path, save_artifact
 from mfcli.cli.common import (
+    BANDS_RANGE,
+    BUFFERS_RANGE,
     BetaOpt,
     EpochsOpt,
     LrFactorOpt,
@@ -95,8 +97,8 @@ def optimize(
         help="optimal (dense, certified), banded-toeplitz (needs --bands) or blt (needs --buffers); the last two "
         "build no n x n matrix (n up to 10^7).",
     ),
-    bands: int | None = typer.Option(None, "--bands", help="banded-toeplitz only: number of bands b."),
-    buffers: int | None = typer.Option(None, "--buffers", help="blt only: number of buffers (1 to 32)."),
+    bands: int | None = typer.Option(None, "--bands", callback=BANDS_RANGE, help="banded-toeplitz only: number of bands b."),
+    buffers: int | None = typer.Option(None, "--buffers", callback=BUFFERS_RANGE, help="blt only: number of buffers (1 to 32)."),
     error: str = typer.Option("mean", "--error", help="banded-toeplitz and blt only: minimise the mean or max error."),
 ) -> None:
     """Solve for the optimal lower-triangular factorization A = B C, certified by a duality gap,
@@ -190,7 +192,7 @@ def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participa
         "n": w.n,
         "method": method,
         "tol": tol,
-        "participation": json.loads(schema.to_json()),
+        "participation": schema_dict(schema, w.n),
         **(extra or {}),
         "loss": loss,
         "sensitivity": sensitivity,

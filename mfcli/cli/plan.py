@@ -12,7 +12,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mfcli.cli.common import command_line, envelope, guarded, log, refuse_unless
+from mfcli.cli.common import (
+    BANDS_RANGE,
+    BETA_RANGE,
+    BUFFERS_RANGE,
+    DELTA_RANGE,
+    EPSILON_RANGE,
+    command_line,
+    envelope,
+    guarded,
+    in_range,
+    log,
+    refuse_unless,
+)
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
@@ -109,24 +121,36 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
     save_wide(fig, ax, target, force=force)
 
 
+
+def _epoch_count(v: int) -> None:
+    from mfcli.plan import check_epochs
+
+    check_epochs(v)
+
+
+EPOCH_COUNT = in_range("--epochs", _epoch_count)
+
+
 @guarded
 def plan(
     examples: int = typer.Option(..., "--examples", help="Number of training examples."),
     batch: int = typer.Option(..., "--batch", help="Batch size (expected batch size for the Poisson samplers)."),
-    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
-    epochs: int | None = typer.Option(None, "--epochs", help="Epochs (or give --steps)."),
+    epsilon: float = typer.Option(..., "--epsilon", callback=EPSILON_RANGE, help="Target epsilon."),
+    epochs: int | None = typer.Option(None, "--epochs", callback=EPOCH_COUNT, help="Epochs (or give --steps)."),
     steps: int | None = typer.Option(None, "--steps", help="Steps, a multiple of the steps per epoch (or give --epochs)."),
-    delta: float = typer.Option(1e-6, "--delta", help="Target delta in (0, 1)."),
+    delta: float = typer.Option(1e-6, "--delta", callback=DELTA_RANGE, help="Target delta in (0, 1)."),
     workload: str = typer.Option("prefix", "--workload", "-w", help="prefix (SGD) or momentum."),
-    beta: float | None = typer.Option(None, "--beta", help="momentum only: the momentum parameter (default 0.9)."),
+    beta: float | None = typer.Option(
+        None, "--beta", callback=BETA_RANGE, help="momentum only: the momentum parameter (default 0.9)."),
     params: int = typer.Option(1, "--params", help="Model parameters D (for the stream memory column)."),
     batching: list[str] | None = typer.Option(
         None, "--batching",
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
         "shuffle, fixed-order (default all). No number is shown under a sampler not allowed."),
     bands: list[int] | None = typer.Option(
-        None, "--bands", help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
-    buffers: list[int] | None = typer.Option(None, "--buffers", help="BLT buffer counts to try (repeat; default 2 and 4)."),
+        None, "--bands", callback=BANDS_RANGE, help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
+    buffers: list[int] | None = typer.Option(
+        None, "--buffers", callback=BUFFERS_RANGE, help="BLT buffer counts to try (repeat; default 2 and 4)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the recommended artifact here, with its accounting record."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (mfcli/schemas/plan.json)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write RMSE against epsilon for every candidate to this PNG."),

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mfcli.accounting.multi import schema_dict
 from mfcli.artifact import check_output_path
 from mfcli.cli.common import command_line, emit_json, envelope, key_value_table, log, stdout
 from mfcli.cli.rounding import pessimistic
@@ -91,8 +92,8 @@ def optimize_structured(
                       extra={**stats, "seconds": round(seconds, 3), "artifact": str(out), "artifact_sha256": digest})
 
 
-def check_buffers(buffers: Any, n: int) -> int:
-    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and buffers < n."""
+def check_buffers(buffers: Any, n: int | None = None) -> int:
+    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and (given n) buffers < n."""
     from mfcli.blt import MAX_BUFFERS
     from mfcli.errors import MfcliError
     from mfcli.validation import step_count
@@ -100,7 +101,7 @@ def check_buffers(buffers: Any, n: int) -> int:
     k = step_count(buffers, name="buffers")
     if k > MAX_BUFFERS:
         raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {k}")
-    if k >= n:
+    if n is not None and k >= n:
         raise MfcliError(f"buffers = {k} must be below the number of steps n = {n}")
     return k
 
@@ -114,7 +115,7 @@ def structured_summary(art: StructuredArtifact) -> dict[str, Any]:
         "workload_params": dict(art.attrs.get("workload_params") or {}),
         "n": art.n,
         "parameters": {k: v.tolist() for k, v in art.strategy.parameters().items()},
-        "participation": art.participation.describe(art.n),
+        "participation": schema_dict(art.participation, art.n),
         "sensitivity": sens.value,
         "sensitivity_exact": sens.exact,
         "sensitivity_method": sens.method,
