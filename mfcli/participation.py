@@ -61,7 +61,9 @@ ENUMERATION_LIMIT = 20_000
 #: cheap bounds first); the rest keep their cheap bound, so the result stays an upper bound.
 CERTIFY_LIMIT = 4096
 
-#: Iterations of the vector ascent (generalized power method) per batch of patterns.
+#: Iterations of the vector ascent (generalized power method) per batch of patterns: a rough
+#: pass over every candidate pattern, then a full one on those that may hold the maximum.
+ROUGH_ITERATIONS = 40
 ASCENT_ITERATIONS = 3000
 
 #: The ascent on the one pattern that the large-n dynamic program picks (a lower bound only:
@@ -444,7 +446,8 @@ def _eigen_pad(mats: np.ndarray) -> np.ndarray:
     return 16 * mats.shape[1] * _EPS * np.sqrt(np.sum(mats**2, axis=(1, 2)))
 
 
-def _vector_ascent(blocks: np.ndarray, iterations: int, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _vector_ascent(blocks: np.ndarray, iterations: int, start: np.ndarray | None = None,
+                   vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Unit rows V (N, p, r), r = min(p, floor(sqrt(2p)) + 2), that (locally) maximise
     <M, V V^T> for each block M (N, p, p) of X, and the values <M, V V^T>.
 
@@ -453,24 +456,30 @@ def _vector_ascent(blocks: np.ndarray, iterations: int, start: np.ndarray | None
     convex: each step maximises its linearisation, so the value never decreases. The shift
     changes the value by the constant p sigma only. Rank r with r (r + 1) / 2 > p leaves no
     spurious local maxima for generic M (Boumal, Voroninski, Bandeira 2016); the dual
-    certificate, not this argument, is what the bounds rest on. Started from the top r
-    eigenvectors (plus ``start``, e.g. a sign vector, as the first column) so the result is at
-    least as good as the start, and deterministic."""
+    certificate, not this argument, is what the bounds rest on. Started from ``vectors`` when
+    given, else from the top r eigenvectors (``start``, e.g. a sign vector, near the first
+    column when given), deterministically. A block stops once its rows are stationary to 1e-13,
+    which the dual bound needs (it is first order in their error, the value second order)."""
     count, size, _ = blocks.shape
-    rank = min(size, math.isqrt(2 * size) + 2)
-    w, u = np.linalg.eigh(blocks)
-    v = u[:, :, ::-1][:, :, :rank] * np.sqrt(np.clip(w[:, ::-1][:, :rank], 0.0, None))[:, None, :]
-    scale = np.sqrt(np.maximum(np.abs(np.diagonal(blocks, axis1=1, axis2=2)).max(axis=1), 1e-300))
-    v = v + 1e-3 * scale[:, None, None] * np.random.default_rng(12345).standard_normal(v.shape)
-    if start is not None:  # the start's value is kept: a first step that only adds the other columns
-        v *= 1e-6
-        v[:, :, 0] += start * scale[:, None]
-    v = _unit_rows(v)
-    shifted = blocks - np.clip(w[:, 0], 0.0, None)[:, None, None] * np.eye(size)
+    if vectors is None:
+        rank = min(size, math.isqrt(2 * size) + 2)
+        w, u = np.linalg.eigh(blocks)
+        v = u[:, :, ::-1][:, :, :rank] * np.sqrt(np.clip(w[:, ::-1][:, :rank], 0.0, None))[:, None, :]
+        scale = np.sqrt(np.maximum(np.abs(np.diagonal(blocks, axis1=1, axis2=2)).max(axis=1), 1e-300))
+        v = v + 1e-3 * scale[:, None, None] * np.random.default_rng(12345).standard_normal(v.shape)
+        if start is not None:
+            v *= 1e-6
+            v[:, :, 0] += start * scale[:, None]
+        v = _unit_rows(v)
+        low = w[:, 0]
+    else:
+        v = vectors.copy()
+        low = np.linalg.eigvalsh(blocks)[:, 0]
+    shifted = blocks - np.clip(low, 0.0, None)[:, None, None] * np.eye(size)
     active = np.arange(count)
     for it in range(iterations):
         new = _unit_rows(shifted[active] @ v[active])
-        if it % 10 == 9:  # stop a block once its rows are stationary to rounding (the dual bound needs them)
+        if it % 10 == 9:
             moving = np.abs(new - v[active]).max(axis=(1, 2)) > 1e-13
             v[active] = new
             active = active[moving]
@@ -508,8 +517,10 @@ def _certify(x: np.ndarray, groups: list[np.ndarray], bounds: list[np.ndarray], 
     """max over the patterns (``groups``: arrays (count, size) of steps, ``bounds`` their a(P)) of
     an upper bound on the pattern's value, each at most a(P); offers the best explicit pair to
     ``best``. Per pattern: e(P) = min(a(P), |P| lambda_max(X_P)) (y = lambda_max 1 is dual
-    feasible), then, in decreasing order of e and until the next e cannot raise the maximum
-    (at most ``CERTIFY_LIMIT`` patterns), min(e(P), the dual certificate of the vector ascent)."""
+    feasible). Then, in decreasing order of e (at most ``CERTIFY_LIMIT`` patterns): a rough dual
+    bound after ``ROUGH_ITERATIONS`` steps of the ascent, and, in decreasing order of that and
+    until the next one cannot raise the maximum, the dual bound at convergence. Every pattern
+    left out keeps the bound it has, so the maximum is an upper bound whatever converged."""
     blocks = [x[p[:, :, None], p[:, None, :]] for p in groups]
     cheap = []
     for blk, a in zip(blocks, bounds, strict=True):
@@ -519,22 +530,38 @@ def _certify(x: np.ndarray, groups: list[np.ndarray], bounds: list[np.ndarray], 
     index_in = np.concatenate([np.arange(len(e)) for e in cheap])
     every = np.concatenate(cheap)
     order = np.argsort(-every, kind="stable")
-    upper2, done, batch = 0.0, 0, 64
-    while done < order.size and every[order[done]] > upper2 and done < CERTIFY_LIMIT:
-        take = order[done:min(done + batch, order.size, CERTIFY_LIMIT)]
+    floor = best.value2  # a pattern whose bound is at most a known pair's value cannot raise the maximum
+    rough = order[:CERTIFY_LIMIT][every[order[:CERTIFY_LIMIT]] > floor]
+    left = float(every[order[CERTIFY_LIMIT]]) if order.size > CERTIFY_LIMIT else 0.0
+    starts: dict[int, np.ndarray] = {}
+    bound = every.copy()
+    for g in np.unique(group_of[rough]):
+        mine = rough[group_of[rough] == g]
+        blk = blocks[g][index_in[mine]]
+        values, vectors = _vector_ascent(blk, ROUGH_ITERATIONS)
+        pad = _rounding_pad(blk, rows, vectors.shape[2])
+        bound[mine] = np.minimum(every[mine], _dual_bound(blk, vectors) + pad)
+        i = int(np.argmax(values - pad))
+        best.offer(float(values[i] - pad[i]), groups[g][index_in[mine[i]]], vectors[i])
+        starts.update(zip(mine.tolist(), vectors, strict=True))
+    rough = rough[np.argsort(-bound[rough], kind="stable")]
+    upper2 = max(floor, left)
+    done, batch = 0, 4
+    while done < rough.size and bound[rough[done]] > upper2:
+        take = rough[done:done + batch]
         for g in np.unique(group_of[take]):
-            sel = index_in[take[group_of[take] == g]]
-            blk = blocks[g][sel]
-            values, vectors = _vector_ascent(blk, ASCENT_ITERATIONS)
+            mine = take[group_of[take] == g]
+            blk = blocks[g][index_in[mine]]
+            values, vectors = _vector_ascent(blk, ASCENT_ITERATIONS, vectors=np.stack([starts[j] for j in mine]))
             pad = _rounding_pad(blk, rows, vectors.shape[2])
-            dual = np.minimum(cheap[g][sel], _dual_bound(blk, vectors) + pad)
-            upper2 = max(upper2, float(dual.max()))
+            bound[mine] = np.minimum(bound[mine], _dual_bound(blk, vectors) + pad)
+            upper2 = max(upper2, float(bound[mine].max()))
             i = int(np.argmax(values - pad))
-            best.offer(float(values[i] - pad[i]), groups[g][sel[i]], vectors[i])
+            best.offer(float(values[i] - pad[i]), groups[g][index_in[mine[i]]], vectors[i])
         done += take.size
         batch *= 2
-    if done < order.size:  # the patterns left keep their cheap bound
-        upper2 = max(upper2, float(every[order[done]]))
+    if done < rough.size:  # the patterns not converged keep their rough bound
+        upper2 = max(upper2, float(bound[rough[done]]))
     return upper2
 
 
