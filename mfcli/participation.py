@@ -331,7 +331,9 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
         from mfcli.factorization import sensitivity as single
 
         value = single(c)
-        return Sensitivity(value=value, exact=True, lower=value, method="max column norm", schema=schema)
+        j = int(np.argmax(np.sum(c**2, axis=0)))  # the longest column: its step with gradient 1 attains value
+        return Sensitivity(value=value, exact=True, lower=value, method="max column norm", schema=schema,
+                           witness=Witness(pattern=(j,), gradients=np.ones((1, 1))))
     x = c.T @ c
     x = (x + x.T) / 2  # symmetric to the last bit, so that |X_il| and |X_li| are the same number
     if isinstance(schema, FixedEpoch):
@@ -387,6 +389,8 @@ def _min_separation(x: np.ndarray, schema: MinSeparation, n: int, rows: int) -> 
     k = schema.participations(n)
     diag = np.diag(x).copy()
     best = _Best()
+    j = int(np.argmax(diag))
+    best.offer(float(diag[j]), (j,), np.ones((1, 1)))  # one step: a pattern of every min-sep schema
     if not np.any(np.triu(x, b)):
         value2, chosen = _separated_max(diag, b, k)
         if chosen:
@@ -409,8 +413,6 @@ def _min_separation(x: np.ndarray, schema: MinSeparation, n: int, rows: int) -> 
         return _result(upper2, best, method, schema)
     row_bounds = _row_bounds(absx, b, k)
     upper2, chosen = _separated_max(row_bounds, b, k)
-    j = int(np.argmax(diag))
-    best.offer(float(diag[j]), (j,), np.ones((1, 1)))
     if chosen:
         block = x[np.ix_(chosen, chosen)]
         value2, signs = _sign_witness(block)

@@ -1,5 +1,6 @@
 """Participation schemas and their sensitivity, against brute force over every pattern and every
-sign vector (n <= 10), closed forms, and explicit vector-valued adjacent pairs."""
+sign vector (n <= 10), an independent per-pattern semidefinite oracle over unit vectors (n <= 8),
+closed forms, and explicit vector-valued adjacent pairs (each result's witness, checked from C)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sensitivity_oracle import brute_sensitivity_squared, schema_patterns
+from sensitivity_oracle import brute_sensitivity_squared, brute_vector_bounds_squared, schema_patterns
 
 import mfcli
 import mfcli.participation as part
@@ -42,15 +43,34 @@ def cases(draw: st.DrawFn, *, nonnegative: bool = False) -> tuple[np.ndarray, pa
     return c, MinSeparation(separation=draw(st.integers(1, n)), max_participations=draw(st.none() | st.integers(1, n)))
 
 
+def check_witness(c: np.ndarray, schema: part.Participation, res: part.Sensitivity) -> None:
+    """``lower`` is the value of an actual pair of adjacent inputs: the witness's rows are unit
+    vectors on a pattern of the schema, and ||C[:, P] G||_F^2 (from C, not from C^T C) reaches
+    lower^2."""
+    w = res.witness
+    assert w is not None
+    assert w.pattern in set(schema_patterns(c.shape[1], schema))
+    assert w.gradients.shape[0] == len(w.pattern)
+    assert np.allclose(np.linalg.norm(w.gradients, axis=1), 1.0, rtol=0, atol=1e-12)
+    attained = float(np.sum((c[:, list(w.pattern)] @ w.gradients) ** 2))
+    assert res.lower**2 <= attained * (1 + 1e-12) + 1e-300
+
+
 def check_against_brute_force(c: np.ndarray, schema: part.Participation) -> part.Sensitivity:
-    truth_d1 = brute_sensitivity_squared(c, schema)
+    """Signs (d = 1, every n <= 10) bound the sensitivity from below; for n <= 8 the oracle's
+    explicit vector pairs (attained) and dual certificates (certified) bracket it."""
+    signs = brute_sensitivity_squared(c, schema)
     res = sensitivity(c, schema)
-    tol = 1e-9 * max(1.0, truth_d1)
+    tol = 1e-9 * max(1.0, signs)
     assert res.schema == schema
-    assert res.lower**2 <= truth_d1 + tol  # the witness is an actual adjacent pair
-    assert res.value**2 >= truth_d1 - tol  # never below the truth
+    assert res.lower <= res.value
+    assert res.value**2 >= signs - tol  # never below the truth
+    check_witness(c, schema, res)
+    if c.shape[1] <= 8:
+        attained, certified = brute_vector_bounds_squared(c, schema, restarts=2, sweeps=1000)
+        assert res.value**2 >= attained - tol
+        assert res.lower**2 <= certified + tol
     if res.exact:
-        assert abs(res.value**2 - truth_d1) <= tol
         assert abs(res.value - res.lower) <= 1e-9 * max(1.0, res.value)
     return res
 
@@ -108,20 +128,78 @@ def test_no_bound_is_below_an_explicit_vector_valued_pair(n: int, data: st.DataO
 
 def test_sign_vectors_are_not_the_sensitivity_of_vector_gradients() -> None:
     """X = C^T C with X_ii = 1 and X_il = -1/2: every sign vector gives 4, three unit vectors at
-    120 degrees give 4.5. So no sign enumeration may be called exact for k >= 3."""
+    120 degrees give 4.5, and that is the maximum (y = (3/2, 3/2, 3/2) is dual feasible:
+    Diag(y) - X = (1/2) 1 1^T is PSD, sum(y) = 4.5). sum |X| = 6 is only a bound."""
     x = np.array([[1, -0.5, -0.5], [-0.5, 1, -0.5], [-0.5, -0.5, 1]])
     w, v = np.linalg.eigh(x)
     c = (v * np.sqrt(np.clip(w, 0, None))).T
     assert np.allclose(c.T @ c, x)
     assert brute_sensitivity_squared(c, FixedEpoch(epochs=3)) == pytest.approx(4.0)
+    assert np.all(np.linalg.eigvalsh(np.diag([1.5, 1.5, 1.5]) - x) >= -1e-15)
     angles = 2 * np.pi * np.arange(3) / 3
     g = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # three unit vectors in R^2
     assert np.sum((c @ g) ** 2) == pytest.approx(4.5)
-    res = sensitivity(c, FixedEpoch(epochs=3))
-    assert not res.exact
-    assert res.value**2 >= 4.5
-    assert res.value**2 == pytest.approx(6.0)  # sum of |X|
-    assert res.lower**2 == pytest.approx(4.0)
+    for schema in (FixedEpoch(epochs=3), MinSeparation(separation=1)):
+        res = sensitivity(c, schema)
+        assert res.exact and "semidefinite" in res.method
+        assert res.value**2 == pytest.approx(4.5, rel=1e-10) and res.value**2 >= 4.5 * (1 - 1e-14)
+        assert res.lower**2 == pytest.approx(4.5, rel=1e-10) and res.lower**2 <= 4.5 * (1 + 1e-14)
+        check_witness(c, schema, res)
+        assert res.witness is not None
+        gram = res.witness.gradients @ res.witness.gradients.T  # the three vectors are 120 degrees apart
+        assert np.allclose(gram[~np.eye(3, dtype=bool)], -0.5, atol=1e-5)
+
+
+def _negative_c(n: int, seed: int) -> np.ndarray:
+    """A random lower-triangular C with negative entries, max column norm 1."""
+    rng = np.random.default_rng(seed)
+    c = np.tril(rng.normal(size=(n, n)))
+    c[np.diag_indices(n)] = np.abs(c[np.diag_indices(n)]) + 1.0
+    return c / np.linalg.norm(c, axis=0).max()
+
+
+NEGATIVE_CASES = [(n, seed, schema) for n, seed in ((4, 0), (6, 1), (6, 3), (8, 2), (8, 4))
+                  for schema in (MinSeparation(separation=1), MinSeparation(separation=2),
+                                 MinSeparation(separation=1, max_participations=3), FixedEpoch(epochs=n // 2))]
+
+
+@pytest.mark.parametrize(("n", "seed", "schema"), NEGATIVE_CASES)
+def test_negative_strategies_bracket_is_the_semidefinite_truth(n: int, seed: int, schema: part.Participation) -> None:
+    """C with negative entries, where signs fall short: the oracle's explicit vector pairs and dual
+    certificates meet (to 1e-9), and the result's bracket holds that truth to 1e-9 at both ends."""
+    c = _negative_c(n, seed)
+    attained, certified = brute_vector_bounds_squared(c, schema)
+    assert certified - attained <= 1e-9 * attained  # the oracle converged: the truth is known
+    res = check_against_brute_force(c, schema)
+    assert res.value**2 >= attained * (1 - 1e-12)
+    assert res.value**2 <= certified * (1 + 1e-9)
+    assert res.lower**2 >= attained * (1 - 1e-9)
+
+
+def test_vectors_close_a_bracket_that_signs_left_open() -> None:
+    """The audit's finding: with signs the bracket was [2.780, 3.196] (best sign vector, sum |X|),
+    the truth is 2.8728 (oracle); now the bracket is the truth."""
+    c = _negative_c(8, 2)
+    schema = MinSeparation(separation=1)
+    attained, certified = brute_vector_bounds_squared(c, schema)
+    signs = brute_sensitivity_squared(c, schema)
+    assert math.sqrt(signs) < 2.781 and math.sqrt(attained) > 2.8727
+    res = sensitivity(c, schema)
+    assert res.exact and res.lower**2 >= attained * (1 - 1e-10) and res.value**2 <= certified * (1 + 1e-10)
+
+
+@given(cases(), st.sampled_from([(0, 0, 1), (1, 1, 1), (2, 5, 2), (40, 3000, 4096)]))
+def test_bounds_hold_whatever_the_ascent_reached(case: tuple[np.ndarray, part.Participation],
+                                                 budget: tuple[int, int, int]) -> None:
+    """The dual certificates are bounds for any vectors, converged or not, and patterns left out
+    keep a valid bound: starving the ascent or the number of certified patterns loosens the
+    bracket, never breaks it."""
+    rough, full, limit = budget
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(part, "ROUGH_ITERATIONS", rough)
+        m.setattr(part, "ASCENT_ITERATIONS", full)
+        m.setattr(part, "CERTIFY_LIMIT", limit)
+        check_against_brute_force(*case)
 
 
 @pytest.mark.parametrize(("schema", "expected"), [
