@@ -18,11 +18,13 @@ Adjacent inputs differ in one example: G - G' has rows g_t (one per step, d coor
 and the sensitivity is the supremum of its square root over the patterns and the rows. Gradients
 are d-dimensional, so the supremum is over unit *vectors*, not over signs: for k >= 3 the vector
 supremum can exceed every sign vector's value (``X = [[1, -1/2, -1/2], ...]``: signs give 4, three
-unit vectors at 120 degrees give 4.5). This module therefore never calls a sign enumeration exact
-by itself. Every result is an upper bound U valid for every d, together with a witness: an
-explicit sign vector on an explicit pattern (a pair of adjacent inputs with d = 1, and so with any
-d) whose value is a lower bound. The result is *exact* when the witness attains U; the proofs are
-in :func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
+unit vectors at 120 degrees give 4.5). For one pattern and d >= |P| the exact squared value is the
+semidefinite program max <X_P, G> over G PSD with unit diagonal (G_il = <g_i, g_l>). Every result
+is an upper bound U valid for every d (sums of |X_il|, and where patterns are enumerated, dual
+certificates of that program), together with a witness: unit gradient rows on an explicit
+pattern (a pair of adjacent inputs for any d at least their dimension) whose value is a lower
+bound. The result is *exact* when the witness attains U to 1e-10; the proofs are in
+:func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
 
 Example (the prefix sum over 2 epochs of 4 steps: sens^2 = b k (k + 1) (2k + 1) / 6 = 20):
     >>> import numpy as np
@@ -285,16 +287,28 @@ class Sensitivity:
 def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
     """The L2 sensitivity of ``strategy`` (C, m x n) under ``schema``, computed from X = C^T C.
 
-    Notation: P a pattern, |X| the entrywise absolute value, a(P) = sum_{i, l in P} |X_il|. The
-    proofs rest on three facts.
+    Notation: P a pattern, |X| the entrywise absolute value, a(P) = sum_{i, l in P} |X_il|,
+    SDP(P) = max <X_P, G> over G PSD with diag(G) = 1: the exact squared value of P for gradients
+    with d >= |P| coordinates (G is the Gram matrix of the unit rows). The proofs rest on five facts.
 
     1. *Upper bound.* For unit rows g, sum_{i,l in P} X_il <g_i, g_l> <= a(P), since
        |<g_i, g_l>| <= 1. Any number at least max_P a(P) bounds the squared sensitivity.
-    2. *Witness.* For a sign vector s on P (one coordinate, d = 1, embeds in any d), s^T X_P s is
-       the squared norm of C (G - G') for an actual adjacent pair: a lower bound.
+    2. *Sign witness.* For a sign vector s on P (one coordinate, d = 1, embeds in any d), s^T X_P s
+       is the squared norm of C (G - G') for an actual adjacent pair: a lower bound.
     3. If P's nonzero off-diagonal entries can be signed so that s_i s_l X_il >= 0 for all of
        them (the sign graph is balanced, e.g. X_P >= 0, or X_P diagonal), then s^T X_P s = a(P).
        So when the bound's maximiser is balanced, the bound is attained: exact.
+    4. *Vector witness.* For unit rows V (|P| x r), <X_P, V V^T> = ||C_P V||_F^2 is the value of
+       an actual adjacent pair with r coordinates: a lower bound (:func:`_vector_ascent` finds V;
+       rounding is subtracted, :func:`_rounding_pad`).
+    5. *Dual certificate.* For any y and mu <= lambda_min(Diag(y) - X_P), Diag(y - mu) - X_P is
+       PSD, so for feasible G, <X_P, G> <= <Diag(y - mu), G> = sum(y) - |P| mu: SDP(P) is at most
+       that, whatever y is. mfcli takes y_i = (X_P V V^T)_ii from the ascent (tight at its
+       maximiser), mu the computed eigenvalue less an error bound, and adds the rounding bound
+       (:func:`_dual_bound`); y = lambda_max(X_P) 1 gives SDP(P) <= |P| lambda_max(X_P). Where the
+       patterns are enumerated and signs do not attain max a(P), the bound is the maximum over P
+       of min(a(P), |P| lambda_max, certificate) (:func:`_certify`; patterns it leaves out keep
+       the bounds they have, so the maximum is a bound whatever the ascent reached).
 
     Per schema:
 
@@ -302,7 +316,8 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
     * fixed-epoch: the b patterns are known, so U = max_j a(P_j) over the b blocks of k x k,
       O(n^2) time, O(n k) extra memory. Exact when a maximising block is balanced (non-negative
       blocks, blocks with zero cross-epoch entries as in the orthogonal strategies of
-      Choquette-Choo et al. 2023, every k <= 2). Otherwise a bound, with the best witness found.
+      Choquette-Choo et al. 2023, every k <= 2). Otherwise the blocks are certified (fact 5) and
+      the witness is the best vector witness: exact where the ascent converged.
     * min-sep, X zero beyond the band (X_il = 0 for |i - l| >= b, e.g. C lower-triangular
       banded with at most b bands): on a b-separated pattern the cross terms vanish, so the value
       of P is sum_{i in P} X_ii ||g_i||^2 and the sensitivity squared is the largest sum of at most
@@ -313,7 +328,8 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
       a(S) = sum_{i in S} sum_{l in S} |X_il| <= sum_{i in S} r_i, since S itself is one of the
       T containing i; so U = max_S sum_{i in S} r_i (the same dynamic program on r) bounds
       max_S a(S). When at most ``ENUMERATION_LIMIT`` patterns exist, U is tightened to
-      max_S a(S) by enumeration. Exact when the maximising pattern is balanced and attains U.
+      max_S a(S) by enumeration and then by certificates as for fixed-epoch. Beyond it the
+      witness is the better of signs and a short vector ascent on the dynamic program's pattern.
 
     Raises:
         MfcliError: C is not a finite 2-D matrix, or the schema does not fit its n columns.
