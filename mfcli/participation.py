@@ -371,7 +371,8 @@ class _Best:
 
 
 def _result(upper2: float, best: _Best, method: str, schema: Participation) -> Sensitivity:
-    witness2 = min(best.value2, upper2)  # both bound the same number: a lower end above the upper one is rounding
+    witness2 = best.value2
+    upper2 = max(upper2, witness2)  # never below an explicit pair (they differ by rounding only, if at all)
     exact = witness2 >= upper2 * (1 - EXACT_RTOL)
     suffix = ", attained" if exact else " (upper bound)"
     return Sensitivity(value=math.sqrt(max(upper2, 0.0)), exact=exact, lower=math.sqrt(max(witness2, 0.0)),
