@@ -268,7 +268,9 @@ class Sensitivity:
 
     Attributes:
         value: an upper bound on the sensitivity, valid for gradients of any dimension.
-        exact: True when ``value`` is attained (``lower`` equals it to 1e-10 relative).
+        exact: True when ``value`` is attained (``lower`` equals it to 1e-10 relative): by
+            gradients with as many coordinates as the witness has columns (any d >= r; r <= 2
+            for signs and in the 3-step examples, floor(sqrt(2|P|)) + 2 at most).
         lower: the value of an explicit pair of adjacent inputs (unit gradient vectors on a
             pattern, ``witness``), so the sensitivity lies in [lower, value].
         method: the argument that gave ``value`` and decided ``exact``.
@@ -726,6 +728,7 @@ __all__ = [
     "Participation",
     "Sensitivity",
     "SingleParticipation",
+    "Witness",
     "participation_from_json",
     "sensitivity",
 ]
