@@ -49,8 +49,15 @@ def check_witness(c: np.ndarray, schema: part.Participation, res: part.Sensitivi
     lower^2."""
     w = res.witness
     assert w is not None
-    assert w.pattern in set(schema_patterns(c.shape[1], schema))
+    n = c.shape[1]
+    if n <= 10:
+        assert w.pattern in set(schema_patterns(n, schema))
+    else:  # too many patterns to list: the definition, checked on the one pattern
+        assert isinstance(schema, MinSeparation) and 1 <= len(w.pattern) <= schema.participations(n)
+        assert all(q - r >= schema.separation for r, q in zip(w.pattern, w.pattern[1:], strict=False))
+        assert 0 <= w.pattern[0] and w.pattern[-1] < n
     assert w.gradients.shape[0] == len(w.pattern)
+    assert w.gradients.shape[1] <= math.isqrt(2 * len(w.pattern)) + 2  # the dimension docs and docstrings state
     assert np.allclose(np.linalg.norm(w.gradients, axis=1), 1.0, rtol=0, atol=1e-12)
     attained = float(np.sum((c[:, list(w.pattern)] @ w.gradients) ** 2))
     assert res.lower**2 <= attained * (1 + 1e-12) + 1e-300
@@ -265,6 +272,10 @@ def test_large_min_separation_bound_runs_and_brackets() -> None:
     for schema in (MinSeparation(separation=64), MinSeparation(separation=32, max_participations=4)):
         res = sensitivity(c, schema)
         assert "row-wise" in res.method and res.lower <= res.value
+        check_witness(c, schema, res)
+        assert res.witness is not None  # the vectors do at least as well as signs on their pattern
+        block = (c.T @ c)[np.ix_(res.witness.pattern, res.witness.pattern)]
+        assert res.lower**2 >= part._sign_witness(block)[0] * (1 - 1e-9)
         k = schema.participations(n)
         for i in range(32):
             p = [i + 64 * e for e in range(k)]
