@@ -396,3 +396,23 @@ def test_dynamic_programs_equal_their_definitions(n: int, b: int, k: int) -> Non
     rows = part._row_bounds(a, b, schema.participations(n))
     for i in range(n):
         assert rows[i] == pytest.approx(max(a[i, list(p)].sum() for p in pats if i in p), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dual_certificate_bounds_one_pattern_for_any_vectors(seed: int) -> None:
+    """The certificate alone, not masked by the witness: for one pattern (all p steps, fixed-epoch
+    with p epochs of one step), sum(y) - p mu is at least the oracle's best pair for random unit
+    rows, converged or not, and within 1e-9 of the oracle's certificate at the ascent's rows."""
+    rng = np.random.default_rng(seed)
+    p = 3 + seed % 4
+    c = rng.normal(size=(p + 2, p))
+    attained, certified = brute_vector_bounds_squared(c, FixedEpoch(epochs=p))
+    assert certified - attained <= 1e-9 * attained
+    block = (c.T @ c)[None]
+    for rows in (rng.normal(size=(1, p, 3)), rng.normal(size=(1, p, p))):
+        rows /= np.linalg.norm(rows, axis=2, keepdims=True)
+        assert part._dual_bound(block, rows)[0] >= attained * (1 - 1e-12)
+    values, vectors = part._vector_ascent(block, part.ASCENT_ITERATIONS)
+    assert values[0] <= certified * (1 + 1e-12)
+    dual = part._dual_bound(block, vectors)[0]
+    assert attained * (1 - 1e-12) <= dual <= certified * (1 + 1e-9)
