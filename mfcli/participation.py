@@ -18,11 +18,13 @@ Adjacent inputs differ in one example: G - G' has rows g_t (one per step, d coor
 and the sensitivity is the supremum of its square root over the patterns and the rows. Gradients
 are d-dimensional, so the supremum is over unit *vectors*, not over signs: for k >= 3 the vector
 supremum can exceed every sign vector's value (``X = [[1, -1/2, -1/2], ...]``: signs give 4, three
-unit vectors at 120 degrees give 4.5). This module therefore never calls a sign enumeration exact
-by itself. Every result is an upper bound U valid for every d, together with a witness: an
-explicit sign vector on an explicit pattern (a pair of adjacent inputs with d = 1, and so with any
-d) whose value is a lower bound. The result is *exact* when the witness attains U; the proofs are
-in :func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
+unit vectors at 120 degrees give 4.5). For one pattern and d >= |P| the exact squared value is the
+semidefinite program max <X_P, G> over G PSD with unit diagonal (G_il = <g_i, g_l>). Every result
+is an upper bound U valid for every d (sums of |X_il|, and where patterns are enumerated, dual
+certificates of that program), together with a witness: unit gradient rows on an explicit
+pattern (a pair of adjacent inputs for any d at least their dimension) whose value is a lower
+bound. The result is *exact* when the witness attains U to 1e-10; the proofs are in
+:func:`sensitivity` and in docs/concepts.md ("Participation and sensitivity").
 
 Example (the prefix sum over 2 epochs of 4 steps: sens^2 = b k (k + 1) (2k + 1) / 6 = 20):
     >>> import numpy as np
@@ -39,7 +41,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 import numpy as np
@@ -56,6 +58,21 @@ EXACT_RTOL = 1e-10
 
 #: At most this many min-separation patterns are enumerated to tighten the bound on small n.
 ENUMERATION_LIMIT = 20_000
+
+#: At most this many patterns get a semidefinite dual certificate (the ones with the largest
+#: cheap bounds first); the rest keep their cheap bound, so the result stays an upper bound.
+CERTIFY_LIMIT = 4096
+
+#: Iterations of the vector ascent (generalized power method) per batch of patterns: a rough
+#: pass over every candidate pattern, then a full one on those that may hold the maximum.
+ROUGH_ITERATIONS = 40
+ASCENT_ITERATIONS = 3000
+
+#: The ascent on the one pattern that the large-n dynamic program picks (a lower bound only:
+#: it needs no convergence, and large-n calls stay fast).
+WITNESS_ITERATIONS = 300
+
+_EPS = float(np.finfo(np.float64).eps)
 
 #: ``patterns(n)`` lists patterns for tests and brute force only; beyond this n it refuses.
 PATTERNS_MAX_N = 24
@@ -235,17 +252,30 @@ def participation_from_json(text: str | bytes) -> Participation:
         raise MfcliError(f"participation: {exc}") from None
 
 
+@dataclass(frozen=True, eq=False)
+class Witness:
+    """An explicit pair of adjacent inputs: unit gradient rows ``gradients`` (|P| x r) at the
+    steps ``pattern`` (zeros elsewhere), for gradients with d >= r coordinates (pad with zeros).
+    ||C[:, pattern] @ gradients||_F^2 is at least ``Sensitivity.lower`` squared."""
+
+    pattern: tuple[int, ...]
+    gradients: np.ndarray
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sensitivity:
     """The L2 sensitivity of a strategy under a participation schema, in units of the clip norm.
 
     Attributes:
         value: an upper bound on the sensitivity, valid for gradients of any dimension.
-        exact: True when ``value`` is attained (``lower`` equals it to rounding).
-        lower: the value of an explicit pair of adjacent inputs (a sign vector on a pattern),
-            so the sensitivity lies in [lower, value].
+        exact: True when ``value`` is attained (``lower`` equals it to 1e-10 relative): by
+            gradients with as many coordinates as the witness has columns (any d >= r; r <= 2
+            for signs and in the 3-step examples, floor(sqrt(2|P|)) + 2 at most).
+        lower: the value of an explicit pair of adjacent inputs (unit gradient vectors on a
+            pattern, ``witness``), so the sensitivity lies in [lower, value].
         method: the argument that gave ``value`` and decided ``exact``.
         schema: the participation schema.
+        witness: the pair that attains ``lower`` (None where it is not kept, e.g. closed forms).
     """
 
     value: float
@@ -253,21 +283,34 @@ class Sensitivity:
     lower: float
     method: str
     schema: Participation
+    witness: Witness | None = field(default=None, compare=False, repr=False)
 
 
 def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
     """The L2 sensitivity of ``strategy`` (C, m x n) under ``schema``, computed from X = C^T C.
 
-    Notation: P a pattern, |X| the entrywise absolute value, a(P) = sum_{i, l in P} |X_il|. The
-    proofs rest on three facts.
+    Notation: P a pattern, |X| the entrywise absolute value, a(P) = sum_{i, l in P} |X_il|,
+    SDP(P) = max <X_P, G> over G PSD with diag(G) = 1: the exact squared value of P for gradients
+    with d >= |P| coordinates (G is the Gram matrix of the unit rows). The proofs rest on five facts.
 
     1. *Upper bound.* For unit rows g, sum_{i,l in P} X_il <g_i, g_l> <= a(P), since
        |<g_i, g_l>| <= 1. Any number at least max_P a(P) bounds the squared sensitivity.
-    2. *Witness.* For a sign vector s on P (one coordinate, d = 1, embeds in any d), s^T X_P s is
-       the squared norm of C (G - G') for an actual adjacent pair: a lower bound.
+    2. *Sign witness.* For a sign vector s on P (one coordinate, d = 1, embeds in any d), s^T X_P s
+       is the squared norm of C (G - G') for an actual adjacent pair: a lower bound.
     3. If P's nonzero off-diagonal entries can be signed so that s_i s_l X_il >= 0 for all of
        them (the sign graph is balanced, e.g. X_P >= 0, or X_P diagonal), then s^T X_P s = a(P).
        So when the bound's maximiser is balanced, the bound is attained: exact.
+    4. *Vector witness.* For unit rows V (|P| x r), <X_P, V V^T> = ||C_P V||_F^2 is the value of
+       an actual adjacent pair with r coordinates: a lower bound (:func:`_vector_ascent` finds V;
+       rounding is subtracted, :func:`_rounding_pad`).
+    5. *Dual certificate.* For any y and mu <= lambda_min(Diag(y) - X_P), Diag(y - mu) - X_P is
+       PSD, so for feasible G, <X_P, G> <= <Diag(y - mu), G> = sum(y) - |P| mu: SDP(P) is at most
+       that, whatever y is. mfcli takes y_i = (X_P V V^T)_ii from the ascent (tight at its
+       maximiser), mu the computed eigenvalue less an error bound, and adds the rounding bound
+       (:func:`_dual_bound`); y = lambda_max(X_P) 1 gives SDP(P) <= |P| lambda_max(X_P). Where the
+       patterns are enumerated and signs do not attain max a(P), the bound is the maximum over P
+       of min(a(P), |P| lambda_max, certificate) (:func:`_certify`; patterns it leaves out keep
+       the bounds they have, so the maximum is a bound whatever the ascent reached).
 
     Per schema:
 
@@ -275,7 +318,8 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
     * fixed-epoch: the b patterns are known, so U = max_j a(P_j) over the b blocks of k x k,
       O(n^2) time, O(n k) extra memory. Exact when a maximising block is balanced (non-negative
       blocks, blocks with zero cross-epoch entries as in the orthogonal strategies of
-      Choquette-Choo et al. 2023, every k <= 2). Otherwise a bound, with the best witness found.
+      Choquette-Choo et al. 2023, every k <= 2). Otherwise the blocks are certified (fact 5) and
+      the witness is the best vector witness: exact where the ascent converged.
     * min-sep, X zero beyond the band (X_il = 0 for |i - l| >= b, e.g. C lower-triangular
       banded with at most b bands): on a b-separated pattern the cross terms vanish, so the value
       of P is sum_{i in P} X_ii ||g_i||^2 and the sensitivity squared is the largest sum of at most
@@ -286,7 +330,8 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
       a(S) = sum_{i in S} sum_{l in S} |X_il| <= sum_{i in S} r_i, since S itself is one of the
       T containing i; so U = max_S sum_{i in S} r_i (the same dynamic program on r) bounds
       max_S a(S). When at most ``ENUMERATION_LIMIT`` patterns exist, U is tightened to
-      max_S a(S) by enumeration. Exact when the maximising pattern is balanced and attains U.
+      max_S a(S) by enumeration and then by certificates as for fixed-epoch. Beyond it the
+      witness is the better of signs and a short vector ascent on the dynamic program's pattern.
 
     Raises:
         MfcliError: C is not a finite 2-D matrix, or the schema does not fit its n columns.
@@ -304,69 +349,250 @@ def sensitivity(strategy: np.ndarray, schema: Participation) -> Sensitivity:
         from mfcli.factorization import sensitivity as single
 
         value = single(c)
-        return Sensitivity(value=value, exact=True, lower=value, method="max column norm", schema=schema)
+        j = int(np.argmax(np.sum(c**2, axis=0)))  # the longest column: its step with gradient 1 attains value
+        return Sensitivity(value=value, exact=True, lower=value, method="max column norm", schema=schema,
+                           witness=Witness(pattern=(j,), gradients=np.ones((1, 1))))
     x = c.T @ c
     x = (x + x.T) / 2  # symmetric to the last bit, so that |X_il| and |X_li| are the same number
     if isinstance(schema, FixedEpoch):
-        return _fixed_epoch(x, schema, n)
-    return _min_separation(x, schema, n)
+        return _fixed_epoch(x, schema, n, c.shape[0])
+    return _min_separation(x, schema, n, c.shape[0])
 
 
-def _result(upper2: float, witness2: float, method: str, schema: Participation) -> Sensitivity:
+class _Best:
+    """The best explicit pair found so far: its squared value (rounded down) and its witness."""
+
+    def __init__(self) -> None:
+        self.value2 = 0.0
+        self.witness: Witness | None = None
+
+    def offer(self, value2: float, pattern: Any, gradients: np.ndarray) -> None:
+        if value2 > self.value2 or self.witness is None:
+            self.value2 = max(value2, 0.0)
+            self.witness = Witness(pattern=tuple(int(i) for i in pattern), gradients=np.array(gradients, dtype=np.float64))
+
+
+def _result(upper2: float, best: _Best, method: str, schema: Participation) -> Sensitivity:
+    witness2 = best.value2
+    upper2 = max(upper2, witness2)  # never below an explicit pair (they differ by rounding only, if at all)
     exact = witness2 >= upper2 * (1 - EXACT_RTOL)
     suffix = ", attained" if exact else " (upper bound)"
     return Sensitivity(value=math.sqrt(max(upper2, 0.0)), exact=exact, lower=math.sqrt(max(witness2, 0.0)),
-                       method=method + suffix, schema=schema)
+                       method=method + suffix, schema=schema, witness=best.witness)
 
 
-def _fixed_epoch(x: np.ndarray, schema: FixedEpoch, n: int) -> Sensitivity:
+def _fixed_epoch(x: np.ndarray, schema: FixedEpoch, n: int, rows: int) -> Sensitivity:
     k = schema.epochs
     b = n // k
     idx = np.arange(b)
     blocks = x.reshape(k, b, k, b)[:, idx, :, idx]  # (b, k, k): block j is X restricted to P_j
     bounds = np.abs(blocks).sum(axis=(1, 2))
     upper2 = float(bounds.max())
-    witness2 = float(blocks.sum(axis=(1, 2)).max())  # all-plus on every block
+    best = _Best()
+    plus = blocks.sum(axis=(1, 2))  # all-plus on every block
+    j = int(np.argmax(plus))
+    best.offer(float(plus[j]), range(j, n, b), np.ones((k, 1)))
     for j in np.flatnonzero(bounds >= upper2 * (1 - EXACT_RTOL))[:8]:
-        witness2 = max(witness2, _sign_witness(blocks[j]))
-    return _result(upper2, witness2, f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k} x {k})",
-                   schema)
+        value2, signs = _sign_witness(blocks[j])
+        best.offer(value2, range(int(j), n, b), signs[:, None])
+    method = f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k} x {k})"
+    if best.value2 < upper2 * (1 - EXACT_RTOL):  # not attained by signs: certify the blocks one by one
+        pats = np.arange(b)[:, None] + b * np.arange(k)[None, :]
+        upper2 = _certify(x, [pats], [bounds], rows, best)
+        method = f"fixed-epoch: semidefinite dual certificate per epoch-residue block ({b} blocks of {k} x {k})"
+    return _result(upper2, best, method, schema)
 
 
-def _min_separation(x: np.ndarray, schema: MinSeparation, n: int) -> Sensitivity:
+def _min_separation(x: np.ndarray, schema: MinSeparation, n: int, rows: int) -> Sensitivity:
     b = schema.separation
     k = schema.participations(n)
     diag = np.diag(x).copy()
+    best = _Best()
+    j = int(np.argmax(diag))
+    best.offer(float(diag[j]), (j,), np.ones((1, 1)))  # one step: a pattern of every min-sep schema
     if not np.any(np.triu(x, b)):
         value2, chosen = _separated_max(diag, b, k)
-        witness2 = float(x[np.ix_(chosen, chosen)].sum()) if chosen else 0.0
-        return _result(value2, witness2,
-                       "min-sep: C^T C is zero beyond the band, sum of separated diagonal entries", schema)
+        if chosen:
+            best.offer(float(x[np.ix_(chosen, chosen)].sum()), chosen, np.ones((len(chosen), 1)))
+        return _result(value2, best, "min-sep: C^T C is zero beyond the band, sum of separated diagonal entries", schema)
     absx = np.abs(x)
     count = _count_separated(n, b, k)
     if count <= ENUMERATION_LIMIT:
-        pats = list(_separated_sets(n, b, k))
-        sums = np.array([absx[np.ix_(p, p)].sum() for p in pats])
-        upper2 = float(sums.max())
-        witness2 = 0.0
-        for i in np.flatnonzero(sums >= upper2 * (1 - EXACT_RTOL))[:8]:
-            p = list(pats[i])
-            witness2 = max(witness2, _sign_witness(x[np.ix_(p, p)]))
-        return _result(upper2, witness2, f"min-sep: sum of |C^T C| over each of the {count} patterns", schema)
-    rows = _row_bounds(absx, b, k)
-    upper2, chosen = _separated_max(rows, b, k)
-    witness2 = _sign_witness(x[np.ix_(chosen, chosen)]) if chosen else 0.0
-    witness2 = max(witness2, float(diag.max()))
-    return _result(upper2, witness2, "min-sep: row-wise dynamic program over |C^T C|", schema)
+        groups = _pattern_groups(n, b, k)
+        sums = [absx[p[:, :, None], p[:, None, :]].sum(axis=(1, 2)) for p in groups]
+        upper2 = max(float(s.max()) for s in sums)
+        for p, s in zip(groups, sums, strict=True):
+            for i in np.flatnonzero(s >= upper2 * (1 - EXACT_RTOL))[:8]:
+                value2, signs = _sign_witness(x[np.ix_(p[i], p[i])])
+                best.offer(value2, p[i], signs[:, None])
+        method = f"min-sep: sum of |C^T C| over each of the {count} patterns"
+        if best.value2 < upper2 * (1 - EXACT_RTOL):
+            upper2 = _certify(x, groups, sums, rows, best)
+            method = f"min-sep: semidefinite dual certificate per pattern ({count} patterns)"
+        return _result(upper2, best, method, schema)
+    row_bounds = _row_bounds(absx, b, k)
+    upper2, chosen = _separated_max(row_bounds, b, k)
+    if chosen:
+        block = x[np.ix_(chosen, chosen)]
+        value2, signs = _sign_witness(block)
+        best.offer(value2, chosen, signs[:, None])
+        values, vectors = _vector_ascent(block[None], WITNESS_ITERATIONS, start=signs[None])
+        best.offer(float(values[0]) - _rounding_pad(block[None], rows, vectors.shape[2])[0], chosen, vectors[0])
+    return _result(upper2, best, "min-sep: row-wise dynamic program over |C^T C|", schema)
 
 
-def _sign_witness(block: np.ndarray) -> float:
-    """s^T M s for a sign vector s that makes every significant entry of M non-negative where the
+def _pattern_groups(n: int, b: int, k: int) -> list[np.ndarray]:
+    """Every b-separated pattern of at most k steps, as one integer array (count, size) per size."""
+    by_size: dict[int, list[tuple[int, ...]]] = {}
+    for pattern in _separated_sets(n, b, k):
+        by_size.setdefault(len(pattern), []).append(pattern)
+    return [np.array(by_size[size], dtype=np.intp).reshape(-1, size) for size in sorted(by_size)]
+
+
+def _rounding_pad(blocks: np.ndarray, rows: int, rank: int) -> np.ndarray:
+    """Per block: a bound on how far a value sum_{i,l} X_il <g_i, g_l> computed here (X = C^T C
+    from m = ``rows`` rows in floating point, unit rows g of ``rank`` coordinates normalised in
+    floating point) can be from the exact one. Every error term is at most a multiple of
+    eps sum_{i,l} ||c_i|| ||c_l|| = eps (sum_i sqrt(X_ii))^2 (|X_il| <= ||c_i|| ||c_l||); the
+    multiple, 4 (m + 2 |P| + rank + 16), covers the inner products of length m, the sums of
+    |P|^2 terms and the normalisation, with room to spare."""
+    size = blocks.shape[1]
+    roots = np.sqrt(np.abs(np.diagonal(blocks, axis1=1, axis2=2))).sum(axis=1)
+    return 4 * (rows + 2 * size + rank + 16) * _EPS * roots**2
+
+
+def _eigen_pad(mats: np.ndarray) -> np.ndarray:
+    """Per symmetric matrix: a bound on the error of its eigenvalues as computed by LAPACK
+    (backward stable: a few |P| eps ||A||_2; 16 |P| eps ||A||_F is generous)."""
+    return 16 * mats.shape[1] * _EPS * np.sqrt(np.sum(mats**2, axis=(1, 2)))
+
+
+def _vector_ascent(blocks: np.ndarray, iterations: int, start: np.ndarray | None = None,
+                   vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Unit rows V (N, p, r), r = min(p, floor(sqrt(2p)) + 2), that (locally) maximise
+    <M, V V^T> for each block M (N, p, p) of X, and the values <M, V V^T>.
+
+    The generalized power method: V <- rows of (M - sigma I) V normalised, sigma = the smallest
+    eigenvalue of M (clipped at 0), so that M - sigma I is positive semidefinite and the objective
+    convex: each step maximises its linearisation, so the value never decreases. The shift
+    changes the value by the constant p sigma only. Rank r with r (r + 1) / 2 > p leaves no
+    spurious local maxima for generic M (Boumal, Voroninski, Bandeira 2016); the dual
+    certificate, not this argument, is what the bounds rest on. Started from ``vectors`` when
+    given, else from the top r eigenvectors (``start``, e.g. a sign vector, near the first
+    column when given), deterministically. A block stops once its rows are stationary to 1e-13,
+    which the dual bound needs (it is first order in their error, the value second order)."""
+    count, size, _ = blocks.shape
+    if vectors is None:
+        rank = min(size, math.isqrt(2 * size) + 2)
+        w, u = np.linalg.eigh(blocks)
+        v = u[:, :, ::-1][:, :, :rank] * np.sqrt(np.clip(w[:, ::-1][:, :rank], 0.0, None))[:, None, :]
+        scale = np.sqrt(np.maximum(np.abs(np.diagonal(blocks, axis1=1, axis2=2)).max(axis=1), 1e-300))
+        v = v + 1e-3 * scale[:, None, None] * np.random.default_rng(12345).standard_normal(v.shape)
+        if start is not None:
+            v *= 1e-6
+            v[:, :, 0] += start * scale[:, None]
+        v = _unit_rows(v)
+        low = w[:, 0]
+    else:
+        v = vectors.copy()
+        low = np.linalg.eigvalsh(blocks)[:, 0]
+    shifted = blocks - np.clip(low, 0.0, None)[:, None, None] * np.eye(size)
+    active = np.arange(count)
+    for it in range(iterations):
+        new = _unit_rows(shifted[active] @ v[active])
+        if it % 10 == 9:
+            moving = np.abs(new - v[active]).max(axis=(1, 2)) > 1e-13
+            v[active] = new
+            active = active[moving]
+            if active.size == 0:
+                break
+        else:
+            v[active] = new
+    return np.einsum("nir,nir->n", blocks @ v, v), v
+
+
+def _unit_rows(v: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(v, axis=-1, keepdims=True)
+    out = np.where(norms > 0, v / np.where(norms > 0, norms, 1.0), 0.0)
+    out[..., 0] = np.where(norms[..., 0] > 0, out[..., 0], 1.0)  # a zero row (M's row is zero): any unit vector
+    return out
+
+
+def _dual_bound(blocks: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Per block M: a certified upper bound on max <M, G> over G PSD with unit diagonal.
+
+    Weak duality: for any y and mu <= lambda_min(Diag(y) - M), Diag(y - mu) - M is PSD, so for
+    every feasible G, <M, G> <= <Diag(y - mu), G> = sum(y) - p mu. y_i = <(M V)_i, v_i> from
+    the ascent (at a maximiser (M V)_i = y_i v_i and the bound is tight); mu is the computed
+    smallest eigenvalue less its error bound."""
+    size = blocks.shape[1]
+    y = np.einsum("nir,nir->ni", blocks @ vectors, vectors)
+    a = -blocks.copy()
+    a[:, np.arange(size), np.arange(size)] += y
+    mu = np.linalg.eigvalsh(a)[:, 0] - _eigen_pad(a)
+    total = y.sum(axis=1) + size * _EPS * np.abs(y).sum(axis=1)  # the sum of y, rounded up
+    return (total - size * mu) * (1 + 4 * _EPS)
+
+
+def _certify(x: np.ndarray, groups: list[np.ndarray], bounds: list[np.ndarray], rows: int, best: _Best) -> float:
+    """max over the patterns (``groups``: arrays (count, size) of steps, ``bounds`` their a(P)) of
+    an upper bound on the pattern's value, each at most a(P); offers the best explicit pair to
+    ``best``. Per pattern: e(P) = min(a(P), |P| lambda_max(X_P)) (y = lambda_max 1 is dual
+    feasible). Then, in decreasing order of e (at most ``CERTIFY_LIMIT`` patterns): a rough dual
+    bound after ``ROUGH_ITERATIONS`` steps of the ascent, and, in decreasing order of that and
+    until the next one cannot raise the maximum, the dual bound at convergence. Every pattern
+    left out keeps the bound it has, so the maximum is an upper bound whatever converged."""
+    blocks = [x[p[:, :, None], p[:, None, :]] for p in groups]
+    cheap = []
+    for blk, a in zip(blocks, bounds, strict=True):
+        top = np.linalg.eigvalsh(blk)[:, -1] + _eigen_pad(blk)
+        cheap.append(np.minimum(a, blk.shape[1] * top * (1 + 4 * _EPS) + _rounding_pad(blk, rows, 0)))
+    group_of = np.concatenate([np.full(len(e), g) for g, e in enumerate(cheap)])
+    index_in = np.concatenate([np.arange(len(e)) for e in cheap])
+    every = np.concatenate(cheap)
+    order = np.argsort(-every, kind="stable")
+    floor = best.value2  # a pattern whose bound is at most a known pair's value cannot raise the maximum
+    rough = order[:CERTIFY_LIMIT][every[order[:CERTIFY_LIMIT]] > floor]
+    left = float(every[order[CERTIFY_LIMIT]]) if order.size > CERTIFY_LIMIT else 0.0
+    starts: dict[int, np.ndarray] = {}
+    bound = every.copy()
+    for g in np.unique(group_of[rough]):
+        mine = rough[group_of[rough] == g]
+        blk = blocks[g][index_in[mine]]
+        values, vectors = _vector_ascent(blk, ROUGH_ITERATIONS)
+        pad = _rounding_pad(blk, rows, vectors.shape[2])
+        bound[mine] = np.minimum(every[mine], _dual_bound(blk, vectors) + pad)
+        i = int(np.argmax(values - pad))
+        best.offer(float(values[i] - pad[i]), groups[g][index_in[mine[i]]], vectors[i])
+        starts.update(zip(mine.tolist(), vectors, strict=True))
+    rough = rough[np.argsort(-bound[rough], kind="stable")]
+    upper2 = max(floor, left)
+    done, batch = 0, 4
+    while done < rough.size and bound[rough[done]] > upper2:
+        take = rough[done:done + batch]
+        for g in np.unique(group_of[take]):
+            mine = take[group_of[take] == g]
+            blk = blocks[g][index_in[mine]]
+            values, vectors = _vector_ascent(blk, ASCENT_ITERATIONS, vectors=np.stack([starts[j] for j in mine]))
+            pad = _rounding_pad(blk, rows, vectors.shape[2])
+            bound[mine] = np.minimum(bound[mine], _dual_bound(blk, vectors) + pad)
+            upper2 = max(upper2, float(bound[mine].max()))
+            i = int(np.argmax(values - pad))
+            best.offer(float(values[i] - pad[i]), groups[g][index_in[mine[i]]], vectors[i])
+        done += take.size
+        batch *= 2
+    if done < rough.size:  # the patterns not converged keep their rough bound
+        upper2 = max(upper2, float(bound[rough[done]]))
+    return upper2
+
+
+def _sign_witness(block: np.ndarray) -> tuple[float, np.ndarray]:
+    """s^T M s and a sign vector s that makes every significant entry of M non-negative where the
     sign graph allows it (breadth-first search), improved by single flips; a lower bound."""
     m = np.asarray(block)
     size = m.shape[0]
     if size == 0:
-        return 0.0
+        return 0.0, np.zeros(0)
     scale = float(np.abs(m).max())
     strong = np.abs(m) > scale * 1e-13
     signs = np.zeros(size)
@@ -386,7 +612,7 @@ def _sign_witness(block: np.ndarray) -> float:
         if gains[best] <= scale * 1e-12:
             break
         signs[best] = -signs[best]
-    return float(signs @ m @ signs)
+    return float(signs @ m @ signs), signs
 
 
 def _separated_max(values: np.ndarray, b: int, k: int) -> tuple[float, list[int]]:
@@ -502,6 +728,7 @@ __all__ = [
     "Participation",
     "Sensitivity",
     "SingleParticipation",
+    "Witness",
     "participation_from_json",
     "sensitivity",
 ]

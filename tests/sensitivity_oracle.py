@@ -69,3 +69,62 @@ def brute_sensitivity_squared(c: np.ndarray, schema: Participation) -> float:
 def brute_sensitivity(c: np.ndarray, schema: Participation) -> float:
     """max over patterns and sign vectors of ||C s||."""
     return math.sqrt(brute_sensitivity_squared(c, schema))
+
+
+def _vector_ascent_from_c(cols: np.ndarray, starts: np.ndarray, sweeps: int) -> np.ndarray:
+    """Gauss-Seidel ascent of ||C_P V||_F^2 over unit rows v_i (the mixing method), from the
+    random ``starts`` (batch, |P|, r), computed from the columns C_P (batch, m, |P|) alone:
+    v_i <- normalise(C_i^T (C_P V) - ||C_i||^2 v_i) maximises the value over v_i with the others
+    fixed, so it never decreases."""
+    v = starts / np.linalg.norm(starts, axis=2, keepdims=True)
+    w = cols @ v  # C_P V, kept up to date
+    col2 = np.sum(cols**2, axis=1)
+    last = np.sum(w**2, axis=(1, 2))
+    for sweep in range(sweeps):
+        for i in range(v.shape[1]):
+            g = np.einsum("bm,bmr->br", cols[:, :, i], w) - col2[:, i, None] * v[:, i]
+            norm = np.linalg.norm(g, axis=1, keepdims=True)
+            new = np.where(norm > 1e-300, g / np.where(norm > 1e-300, norm, 1.0), v[:, i])
+            w += cols[:, :, i, None] * (new - v[:, i])[:, None, :]
+            v[:, i] = new
+        if sweep % 20 == 19:
+            w = cols @ v  # no drift from the updates
+            value = np.sum(w**2, axis=(1, 2))
+            if np.all(value - last <= 1e-15 * np.abs(value)):
+                break
+            last = value
+    return v
+
+
+def brute_vector_bounds_squared(c: np.ndarray, schema: Participation, restarts: int = 3,
+                                sweeps: int = 3000, seed: int = 0) -> tuple[float, float]:
+    """(attained, certified) for gradients of any dimension d: attained = the best ||C_P V||_F^2
+    over the schema's patterns P (from :func:`schema_patterns`) and unit rows V (|P| x |P|),
+    found by ``restarts`` random starts of a Gauss-Seidel ascent per pattern, an explicit pair,
+    so <= sens^2; certified = max over P of a dual bound sum(y) - |P| lambda_min(Diag(y) - X_P)
+    (y_i = (X_P V V^T)_ii from the best start; weak duality), so >= sens^2. The two meet where
+    the ascent found each pattern's maximum. Independent of mfcli's code: other starts, another
+    ascent, values from C itself, and scipy's eigenvalue routine."""
+    import scipy.linalg
+
+    c = np.asarray(c, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    by_size: dict[int, list[tuple[int, ...]]] = {}
+    for pattern in schema_patterns(c.shape[1], schema):
+        by_size.setdefault(len(pattern), []).append(pattern)
+    attained = certified = 0.0
+    for size, pats in by_size.items():
+        cols = np.stack([c[:, list(p)] for p in pats])  # (N, m, size)
+        batch = np.repeat(cols, restarts, axis=0)
+        v = _vector_ascent_from_c(batch, rng.standard_normal((batch.shape[0], size, size)), sweeps)
+        values = np.sum((batch @ v) ** 2, axis=(1, 2)).reshape(len(pats), restarts)
+        pick = np.argmax(values, axis=1)
+        attained = max(attained, float(values.max()))
+        v = v.reshape(len(pats), restarts, size, size)[np.arange(len(pats)), pick]
+        for p_cols, p_v in zip(cols, v, strict=True):
+            x = p_cols.T @ p_cols
+            y = np.einsum("ir,ir->i", x @ p_v, p_v)
+            lam = scipy.linalg.eigh(np.diag(y) - x, eigvals_only=True, driver="ev")[0]
+            scale = float(np.abs(x).sum())
+            certified = max(certified, float(y.sum() - size * lam) + 1e-12 * scale)
+    return attained, certified

@@ -1,5 +1,6 @@
 """Participation schemas and their sensitivity, against brute force over every pattern and every
-sign vector (n <= 10), closed forms, and explicit vector-valued adjacent pairs."""
+sign vector (n <= 10), an independent per-pattern semidefinite oracle over unit vectors (n <= 8),
+closed forms, and explicit vector-valued adjacent pairs (each result's witness, checked from C)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sensitivity_oracle import brute_sensitivity_squared, schema_patterns
+from sensitivity_oracle import brute_sensitivity_squared, brute_vector_bounds_squared, schema_patterns
 
 import mfcli
 import mfcli.participation as part
@@ -42,15 +43,41 @@ def cases(draw: st.DrawFn, *, nonnegative: bool = False) -> tuple[np.ndarray, pa
     return c, MinSeparation(separation=draw(st.integers(1, n)), max_participations=draw(st.none() | st.integers(1, n)))
 
 
+def check_witness(c: np.ndarray, schema: part.Participation, res: part.Sensitivity) -> None:
+    """``lower`` is the value of an actual pair of adjacent inputs: the witness's rows are unit
+    vectors on a pattern of the schema, and ||C[:, P] G||_F^2 (from C, not from C^T C) reaches
+    lower^2."""
+    w = res.witness
+    assert w is not None
+    n = c.shape[1]
+    if n <= 10:
+        assert w.pattern in set(schema_patterns(n, schema))
+    else:  # too many patterns to list: the definition, checked on the one pattern
+        assert isinstance(schema, MinSeparation) and 1 <= len(w.pattern) <= schema.participations(n)
+        assert all(q - r >= schema.separation for r, q in zip(w.pattern, w.pattern[1:], strict=False))
+        assert 0 <= w.pattern[0] and w.pattern[-1] < n
+    assert w.gradients.shape[0] == len(w.pattern)
+    assert w.gradients.shape[1] <= math.isqrt(2 * len(w.pattern)) + 2  # the dimension docs and docstrings state
+    assert np.allclose(np.linalg.norm(w.gradients, axis=1), 1.0, rtol=0, atol=1e-12)
+    attained = float(np.sum((c[:, list(w.pattern)] @ w.gradients) ** 2))
+    assert res.lower**2 <= attained * (1 + 1e-12) + 1e-300
+
+
 def check_against_brute_force(c: np.ndarray, schema: part.Participation) -> part.Sensitivity:
-    truth_d1 = brute_sensitivity_squared(c, schema)
+    """Signs (d = 1, every n <= 10) bound the sensitivity from below; for n <= 8 the oracle's
+    explicit vector pairs (attained) and dual certificates (certified) bracket it."""
+    signs = brute_sensitivity_squared(c, schema)
     res = sensitivity(c, schema)
-    tol = 1e-9 * max(1.0, truth_d1)
+    tol = 1e-9 * max(1.0, signs)
     assert res.schema == schema
-    assert res.lower**2 <= truth_d1 + tol  # the witness is an actual adjacent pair
-    assert res.value**2 >= truth_d1 - tol  # never below the truth
+    assert res.lower <= res.value
+    assert res.value**2 >= signs - tol  # never below the truth
+    check_witness(c, schema, res)
+    if c.shape[1] <= 8:
+        attained, certified = brute_vector_bounds_squared(c, schema, restarts=2, sweeps=1000)
+        assert res.value**2 >= attained - tol
+        assert res.lower**2 <= certified + tol
     if res.exact:
-        assert abs(res.value**2 - truth_d1) <= tol
         assert abs(res.value - res.lower) <= 1e-9 * max(1.0, res.value)
     return res
 
@@ -108,20 +135,78 @@ def test_no_bound_is_below_an_explicit_vector_valued_pair(n: int, data: st.DataO
 
 def test_sign_vectors_are_not_the_sensitivity_of_vector_gradients() -> None:
     """X = C^T C with X_ii = 1 and X_il = -1/2: every sign vector gives 4, three unit vectors at
-    120 degrees give 4.5. So no sign enumeration may be called exact for k >= 3."""
+    120 degrees give 4.5, and that is the maximum (y = (3/2, 3/2, 3/2) is dual feasible:
+    Diag(y) - X = (1/2) 1 1^T is PSD, sum(y) = 4.5). sum |X| = 6 is only a bound."""
     x = np.array([[1, -0.5, -0.5], [-0.5, 1, -0.5], [-0.5, -0.5, 1]])
     w, v = np.linalg.eigh(x)
     c = (v * np.sqrt(np.clip(w, 0, None))).T
     assert np.allclose(c.T @ c, x)
     assert brute_sensitivity_squared(c, FixedEpoch(epochs=3)) == pytest.approx(4.0)
+    assert np.all(np.linalg.eigvalsh(np.diag([1.5, 1.5, 1.5]) - x) >= -1e-15)
     angles = 2 * np.pi * np.arange(3) / 3
     g = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # three unit vectors in R^2
     assert np.sum((c @ g) ** 2) == pytest.approx(4.5)
-    res = sensitivity(c, FixedEpoch(epochs=3))
-    assert not res.exact
-    assert res.value**2 >= 4.5
-    assert res.value**2 == pytest.approx(6.0)  # sum of |X|
-    assert res.lower**2 == pytest.approx(4.0)
+    for schema in (FixedEpoch(epochs=3), MinSeparation(separation=1)):
+        res = sensitivity(c, schema)
+        assert res.exact and "semidefinite" in res.method
+        assert res.value**2 == pytest.approx(4.5, rel=1e-10) and res.value**2 >= 4.5 * (1 - 1e-14)
+        assert res.lower**2 == pytest.approx(4.5, rel=1e-10) and res.lower**2 <= 4.5 * (1 + 1e-14)
+        check_witness(c, schema, res)
+        assert res.witness is not None
+        gram = res.witness.gradients @ res.witness.gradients.T  # the three vectors are 120 degrees apart
+        assert np.allclose(gram[~np.eye(3, dtype=bool)], -0.5, atol=1e-5)
+
+
+def _negative_c(n: int, seed: int) -> np.ndarray:
+    """A random lower-triangular C with negative entries, max column norm 1."""
+    rng = np.random.default_rng(seed)
+    c = np.tril(rng.normal(size=(n, n)))
+    c[np.diag_indices(n)] = np.abs(c[np.diag_indices(n)]) + 1.0
+    return c / np.linalg.norm(c, axis=0).max()
+
+
+NEGATIVE_CASES = [(n, seed, schema) for n, seed in ((4, 0), (6, 1), (6, 3), (8, 2), (8, 4))
+                  for schema in (MinSeparation(separation=1), MinSeparation(separation=2),
+                                 MinSeparation(separation=1, max_participations=3), FixedEpoch(epochs=n // 2))]
+
+
+@pytest.mark.parametrize(("n", "seed", "schema"), NEGATIVE_CASES)
+def test_negative_strategies_bracket_is_the_semidefinite_truth(n: int, seed: int, schema: part.Participation) -> None:
+    """C with negative entries, where signs fall short: the oracle's explicit vector pairs and dual
+    certificates meet (to 1e-9), and the result's bracket holds that truth to 1e-9 at both ends."""
+    c = _negative_c(n, seed)
+    attained, certified = brute_vector_bounds_squared(c, schema)
+    assert certified - attained <= 1e-9 * attained  # the oracle converged: the truth is known
+    res = check_against_brute_force(c, schema)
+    assert res.value**2 >= attained * (1 - 1e-12)
+    assert res.value**2 <= certified * (1 + 1e-9)
+    assert res.lower**2 >= attained * (1 - 1e-9)
+
+
+def test_vectors_close_a_bracket_that_signs_left_open() -> None:
+    """The audit's finding: with signs the bracket was [2.780, 3.196] (best sign vector, sum |X|),
+    the truth is 2.8728 (oracle); now the bracket is the truth."""
+    c = _negative_c(8, 2)
+    schema = MinSeparation(separation=1)
+    attained, certified = brute_vector_bounds_squared(c, schema)
+    signs = brute_sensitivity_squared(c, schema)
+    assert math.sqrt(signs) < 2.781 and math.sqrt(attained) > 2.8727
+    res = sensitivity(c, schema)
+    assert res.exact and res.lower**2 >= attained * (1 - 1e-10) and res.value**2 <= certified * (1 + 1e-10)
+
+
+@given(cases(), st.sampled_from([(0, 0, 1), (1, 1, 1), (2, 5, 2), (40, 3000, 4096)]))
+def test_bounds_hold_whatever_the_ascent_reached(case: tuple[np.ndarray, part.Participation],
+                                                 budget: tuple[int, int, int]) -> None:
+    """The dual certificates are bounds for any vectors, converged or not, and patterns left out
+    keep a valid bound: starving the ascent or the number of certified patterns loosens the
+    bracket, never breaks it."""
+    rough, full, limit = budget
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(part, "ROUGH_ITERATIONS", rough)
+        m.setattr(part, "ASCENT_ITERATIONS", full)
+        m.setattr(part, "CERTIFY_LIMIT", limit)
+        check_against_brute_force(*case)
 
 
 @pytest.mark.parametrize(("schema", "expected"), [
@@ -187,6 +272,10 @@ def test_large_min_separation_bound_runs_and_brackets() -> None:
     for schema in (MinSeparation(separation=64), MinSeparation(separation=32, max_participations=4)):
         res = sensitivity(c, schema)
         assert "row-wise" in res.method and res.lower <= res.value
+        check_witness(c, schema, res)
+        assert res.witness is not None  # the vectors do at least as well as signs on their pattern
+        block = (c.T @ c)[np.ix_(res.witness.pattern, res.witness.pattern)]
+        assert res.lower**2 >= part._sign_witness(block)[0] * (1 - 1e-9)
         k = schema.participations(n)
         for i in range(32):
             p = [i + 64 * e for e in range(k)]
@@ -307,3 +396,23 @@ def test_dynamic_programs_equal_their_definitions(n: int, b: int, k: int) -> Non
     rows = part._row_bounds(a, b, schema.participations(n))
     for i in range(n):
         assert rows[i] == pytest.approx(max(a[i, list(p)].sum() for p in pats if i in p), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dual_certificate_bounds_one_pattern_for_any_vectors(seed: int) -> None:
+    """The certificate alone, not masked by the witness: for one pattern (all p steps, fixed-epoch
+    with p epochs of one step), sum(y) - p mu is at least the oracle's best pair for random unit
+    rows, converged or not, and within 1e-9 of the oracle's certificate at the ascent's rows."""
+    rng = np.random.default_rng(seed)
+    p = 3 + seed % 4
+    c = rng.normal(size=(p + 2, p))
+    attained, certified = brute_vector_bounds_squared(c, FixedEpoch(epochs=p))
+    assert certified - attained <= 1e-9 * attained
+    block = (c.T @ c)[None]
+    for rows in (rng.normal(size=(1, p, 3)), rng.normal(size=(1, p, p))):
+        rows /= np.linalg.norm(rows, axis=2, keepdims=True)
+        assert part._dual_bound(block, rows)[0] >= attained * (1 - 1e-12)
+    values, vectors = part._vector_ascent(block, part.ASCENT_ITERATIONS)
+    assert values[0] <= certified * (1 + 1e-12)
+    dual = part._dual_bound(block, vectors)[0]
+    assert attained * (1 - 1e-12) <= dual <= certified * (1 + 1e-9)

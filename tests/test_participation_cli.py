@@ -20,6 +20,7 @@ import pytest
 from sensitivity_oracle import brute_bounds_squared
 from typer.testing import CliRunner
 
+import mfcli.participation as part
 from mfcli import artifact as artifact_module
 from mfcli.artifact import load_artifact, save_artifact
 from mfcli.cli.app import app
@@ -49,11 +50,27 @@ def factorization(name: str, n: int = 8) -> Factorization:
 def upper_bound_factorization() -> Factorization:
     """A causal C with C^T C = X = [[1, -.4, -.4], [-.4, 1, -.4], [-.4, -.4, 1]], B = I, A = C. Under
     3 epochs of one step the single pattern's sign graph is unbalanced: the sum of |X| (5.4) bounds
-    the squared sensitivity, the best sign vector reaches 3.8 only, so the result is an upper bound."""
+    the squared sensitivity, the best sign vector reaches 3.8 only. The truth is 4.2: three unit
+    vectors at 120 degrees reach it and y = 1.4 (1, 1, 1) is dual feasible (Diag(y) - X = 0.4 1 1^T),
+    and mfcli certifies it (exact). With no pattern certified (``no_certificates``) the result is
+    the bound 3 lambda_max(X) = 4.2 with the sign witness 3.8: an upper bound, as with a budget
+    exhausted on a large schema."""
     x = np.array([[1.0, -0.4, -0.4], [-0.4, 1.0, -0.4], [-0.4, -0.4, 1.0]])
     j = np.eye(3)[::-1]
     c = j @ np.linalg.cholesky(x).T @ j  # lower-triangular, and still C^T C = X (J X J = X)
     return Factorization(workload=c, strategy=c, decoder=np.eye(3), causal=True)
+
+
+@pytest.fixture
+def no_certificates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pattern gets a semidefinite certificate or a vector witness: results stay bounds."""
+    monkeypatch.setattr(part, "CERTIFY_LIMIT", 0)
+
+
+def test_upper_bound_factorization_is_certified_exact() -> None:
+    fact = upper_bound_factorization()
+    res = sensitivity(fact.strategy, FixedEpoch(epochs=3))
+    assert res.exact and res.value**2 == pytest.approx(4.2, rel=1e-10) and res.value**2 >= 4.2 * (1 - 1e-14)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,13 +191,14 @@ def test_inspect_shows_exact_sensitivity_and_losses_under_the_schema(tmp_path: P
     assert "upper bound" not in r.stdout
 
 
-def test_inspect_labels_an_upper_bound_and_rounds_it_up(tmp_path: Path) -> None:
+def test_inspect_labels_an_upper_bound_and_rounds_it_up(tmp_path: Path, no_certificates: None) -> None:
     fact = upper_bound_factorization()
     schema = FixedEpoch(epochs=3)
     path = tmp_path / "a.h5"
     save_artifact(path, fact, workload_name="custom", strategy_name="custom", participation=schema)
-    lower, upper = brute_bounds_squared(fact.strategy, schema)
-    assert upper == pytest.approx(5.4) and lower < upper - 0.1
+    lower, a_bound = brute_bounds_squared(fact.strategy, schema)
+    assert a_bound == pytest.approx(5.4) and lower == pytest.approx(3.8)
+    upper = 3 * float(np.linalg.eigvalsh(fact.strategy.T @ fact.strategy)[-1])  # 4.2, y = lambda_max 1
     r = runner.invoke(app, ["inspect", str(path), "--json"])
     assert r.exit_code == 0, r.stderr
     nums = json.loads(r.stdout)["participation"]["under_schema"]
@@ -194,7 +212,7 @@ def test_inspect_labels_an_upper_bound_and_rounds_it_up(tmp_path: Path) -> None:
     assert "sensitivity (upper bound)" in r.stdout and "(upper bound)" in r.stdout
     row = next(line for line in r.stdout.splitlines() if "sensitivity (upper bound)" in line)
     shown = float(row.split("│")[2].strip())
-    assert shown >= math.sqrt(5.4) and shown - math.sqrt(5.4) < 1e-5  # rounded up, 6 digits
+    assert shown >= math.sqrt(upper) and shown - math.sqrt(upper) < 1e-5  # rounded up, 6 digits
 
 
 def test_inspect_single_participation_shows_the_default(tmp_path: Path) -> None:
@@ -275,14 +293,15 @@ def test_compare_renderings_name_the_schema_and_exactness() -> None:
     assert "sens is" in table.stdout and described in " ".join(table.stdout.split())
 
 
-def test_compare_marks_upper_bounds(tmp_path: Path) -> None:
-    # The unbalanced C as the optimal row (--artifact) of its own workload: its row must say
-    # "upper bound", with the brute-force upper bound as value (rounded up in the Markdown).
+def test_compare_marks_upper_bounds(tmp_path: Path, no_certificates: None) -> None:
+    # The unbalanced C as the optimal row (--artifact) of its own workload, not certified: its row
+    # must say "upper bound", with the bound 3 lambda_max as value (rounded up in the Markdown).
     path = tmp_path / "u.h5"
     fact = upper_bound_factorization()
     save_artifact(path, fact, workload_name="custom", strategy_name="custom")
-    lower, upper = brute_bounds_squared(fact.strategy, FixedEpoch(epochs=3))
-    assert upper == pytest.approx(5.4) and lower == pytest.approx(3.8)
+    lower, a_bound = brute_bounds_squared(fact.strategy, FixedEpoch(epochs=3))
+    assert a_bound == pytest.approx(5.4) and lower == pytest.approx(3.8)
+    upper = 3 * float(np.linalg.eigvalsh(fact.strategy.T @ fact.strategy)[-1])
     base = ["compare", "-w", "custom", "--matrix", str(path), "-q", "-s", "identity", "--artifact", str(path),
             "--epochs", "3"]
     r = runner.invoke(app, [*base, "--json"])
