@@ -12,14 +12,14 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
 * the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2));
 * once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
   X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by the inverse of
-  the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
-  (:class:`_LowRankInverse`, O(n r (b + r)) per application).
+  the Hessian with L^T M L replaced by its n / 8 largest and n / 16 smallest eigenpairs and the
+  harmonic mean of the rest (:class:`_LowRankInverse`, O(n r (b + r)) per application, r = 3 n / 16).
 
 When the workload's inverse K = A^-1 is banded (every built-in workload: prefix, momentum, with
 or without learning rates), value, gradient and Hessian products go through Y = K^T X K instead:
 f = tr(Y^-1), the gradient -P_band(K Y^-2 K^T), by selected inversion of the block-tridiagonal Y
 in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the preconditioner's
-N = L^-1 A^T A L^-T is then applied by banded solves. Otherwise (:class:`_DenseOps`) the O(n^2 b)
+N = L^-1 A^T A L^-T is then applied by banded solves and N^-1 = L^T K K^T L by banded products. Otherwise (:class:`_DenseOps`) the O(n^2 b)
 operators above.
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
