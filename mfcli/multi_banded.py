@@ -248,7 +248,9 @@ class _Banded:
         pb = p.reshape(self.nblocks, self.bands, -1)
         qb = q.reshape(self.nblocks, self.bands, -1)
         pt, qt = np.swapaxes(pb, 1, 2), np.swapaxes(qb, 1, 2)
-        return self.unblock(pb @ qt + qb @ pt, pb[1:] @ qt[:-1] + qb[1:] @ pt[:-1])
+        diag = pb @ qt
+        diag += np.swapaxes(diag, 1, 2)  # (Q P^T)_kk = ((P Q^T)_kk)^T: one product instead of two
+        return self.unblock(diag, pb[1:] @ qt[:-1] + qb[1:] @ pt[:-1])
 
     def metric(self, xb: tuple[np.ndarray, np.ndarray], q: np.ndarray) -> np.ndarray:
         """The band of X Q X (the affine-invariant metric) by batched b x b block products; X
