@@ -12,14 +12,14 @@ free, so the iterate is kept in LAPACK's lower band storage (``band[d, j] = X[j 
 * the L-BFGS metric D -> P(X D X) of the dense solver multiplies banded matrices (O(n b^2));
 * once L-BFGS slows down, truncated Newton steps: CG on the band with Hessian-vector products
   X^-1 D M + M D X^-1 = V Z^T + Z V^T (V = X^-1 D Z, O(n^2 b)), preconditioned by the inverse of
-  the Hessian with L^T M L replaced by its r largest eigenpairs and a constant
-  (:class:`_LowRankInverse`, O(n r (b + r)) per application).
+  the Hessian with L^T M L replaced by its n / 8 largest and n / 16 smallest eigenpairs and the
+  harmonic mean of the rest (:class:`_LowRankInverse`, O(n r (b + r)) per application, r = 3 n / 16).
 
 When the workload's inverse K = A^-1 is banded (every built-in workload: prefix, momentum, with
 or without learning rates), value, gradient and Hessian products go through Y = K^T X K instead:
 f = tr(Y^-1), the gradient -P_band(K Y^-2 K^T), by selected inversion of the block-tridiagonal Y
 in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the preconditioner's
-N = L^-1 A^T A L^-T is then applied by banded solves. Otherwise (:class:`_DenseOps`) the O(n^2 b)
+N = L^-1 A^T A L^-T is then applied by banded solves and N^-1 = L^T K K^T L by banded products. Otherwise (:class:`_DenseOps`) the O(n^2 b)
 operators above.
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
@@ -57,10 +57,14 @@ CERTIFY_EVERY = 200
 NEWTON_DECREASE = 1e-3
 #: Conjugate-gradient iterations at most per Newton step.
 NEWTON_CG = 50
-#: The Newton preconditioner corrects the r = n / PRECOND_RANK_DIVISOR (at least 32) largest
-#: eigenvalues of L^T M L (:class:`_LowRankInverse`). Momentum n = 256, 32 bands: r = 64 took 12
-#: Newton steps and 214 CG steps, r = 32 313 CG steps, the metric P(X . X) 1872.
-PRECOND_RANK_DIVISOR = 4
+#: The Newton preconditioner keeps the r = n / PRECOND_RANK_DIVISOR (at least 32) largest
+#: eigenpairs of N = L^T M L (:class:`_LowRankInverse`) ...
+PRECOND_RANK_DIVISOR = 8
+#: ... and its n / PRECOND_BOTTOM_DIVISOR (at least 16) smallest, found from N^-1 = L^T K K^T L
+#: (banded when K = A^-1 is), and flattens the rest to their harmonic mean. Momentum n = 1024, 64
+#: bands: 225 CG steps against 478 with the 256 largest flattened to the 257th (the previous
+#: version); prefix 46 against 102 (docs/performance.md, "Newton preconditioner").
+PRECOND_BOTTOM_DIVISOR = 16
 #: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth).
 NEWTON_CERT_SPACING = 3
 
@@ -232,12 +236,21 @@ class _Banded:
         out[1:] += ll @ wb[:-1]
         return out.reshape(w.shape)
 
+    def ltmul(self, ld: np.ndarray, ll: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """L^T W for the block lower-bidiagonal Cholesky factor L (:meth:`value`)."""
+        wb = w.reshape(self.nblocks, self.bands, -1)
+        out = np.swapaxes(ld, 1, 2) @ wb
+        out[:-1] += np.swapaxes(ll, 1, 2) @ wb[1:]
+        return out.reshape(w.shape)
+
     def band_sym(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
         """The band of P Q^T + Q P^T for P, Q with nblocks * b rows."""
         pb = p.reshape(self.nblocks, self.bands, -1)
         qb = q.reshape(self.nblocks, self.bands, -1)
         pt, qt = np.swapaxes(pb, 1, 2), np.swapaxes(qb, 1, 2)
-        return self.unblock(pb @ qt + qb @ pt, pb[1:] @ qt[:-1] + qb[1:] @ pt[:-1])
+        diag = pb @ qt
+        diag += np.swapaxes(diag, 1, 2)  # (Q P^T)_kk = ((P Q^T)_kk)^T: one product instead of two
+        return self.unblock(diag, pb[1:] @ qt[:-1] + qb[1:] @ pt[:-1])
 
     def metric(self, xb: tuple[np.ndarray, np.ndarray], q: np.ndarray) -> np.ndarray:
         """The band of X Q X (the affine-invariant metric) by batched b x b block products; X
@@ -431,29 +444,51 @@ def _two_loop(
 
 
 def _rank(n: int) -> int:
-    """r of the Newton preconditioner (:class:`_LowRankInverse`)."""
+    """r of the Newton preconditioner (:class:`_LowRankInverse`): its largest eigenpairs of N."""
     return min(n - 1, max(32, n // PRECOND_RANK_DIVISOR))
+
+
+def _bottom(n: int) -> int:
+    """The Newton preconditioner's smallest eigenpairs of N (:class:`_LowRankInverse`)."""
+    return max(16, n // PRECOND_BOTTOM_DIVISOR)
 
 
 class _LowRankInverse:
     """The inverse of the unconstrained Hessian of f at X with L^T M L = N replaced by
-    N_r = c (I - Q Q^T) + Q diag(l) Q^T (its r largest eigenpairs, the rest flattened to c),
-    applied to band matrices in O(n r (b + r)).
+    N_r = c (I - Q Q^T) + Q diag(l) Q^T, applied to band matrices in O(n r (b + r)).
 
     With X = L L^T and D = L Y L^T, H[D] = X^-1 D M + M D X^-1 becomes L^-T (Y N + N Y) L^-1, so
     the inverse solves a Lyapunov equation in N; with N_r it is explicit: on the complement of Q
     Y = G'/(2c), across Q and its complement G'/(l_i + c), on Q G'/(l_i + l_j) (G' = L^T G L).
-    Mapped back, H_r^-1[G] = X G X / (2c) + low-rank terms in W = L Q. N = (L^-1 A^T)(L^-1 A^T)^T,
-    whose top eigenpairs a randomized range finder gets in O(n^2 r) (O(n r (b + p)) with
-    ``apply_n`` when A^-1 is banded: N = L^-1 K^-T K^-1 L^-T by banded solves). The operator is self-adjoint
-    and positive definite (the exact inverse of H_r, a Hessian of the same form), so restricted to
-    the band it is a valid CG preconditioner; with r = n it is the dense solver's exact one.
+    Mapped back, H_r^-1[G] = X G X / (2c) + low-rank terms in W = L Q.
+
+    Q holds the ``rank`` largest eigenpairs of N = (L^-1 A^T)(L^-1 A^T)^T (a randomized range
+    finder, O(n^2 r), or O(n r (b + p)) with ``apply_n`` when A^-1 is banded: N = L^-1 K^-T K^-1
+    L^-T by banded solves) and, given ``apply_ninv`` (N^-1 = L^T K K^T L, banded products), its
+    ``bottom`` smallest (the largest of N^-1, orthogonalised against the first ones). c is the
+    harmonic mean of the eigenvalues left out, (n - r) / (tr(N^-1) - sum 1 / l_i), when
+    ``ninv_trace`` = tr(N^-1) = tr(K^T X K) is given, else the largest eigenvalue left out.
+    Why: N's spectrum spans 5-6 decades for momentum; the Hessian's eigenvalues l_i + l_j on
+    the flattened part are replaced by 2c, so the preconditioned ones there range over
+    [l_min / c, l_r / c]: the old c = l_(r+1) put all of them below 1, down to ~1e-3, while most
+    of the eigenvalues left out lie near the bottom of that range; the harmonic mean centres
+    them, and taking the smallest eigenpairs out narrows the range itself (CG steps: momentum
+    n = 1024 478 -> 225 with half the rank; docs/performance.md).
+
+    Symmetric positive definite on the band for any orthonormal Q, l > 0 and c > 0: N_r is then
+    symmetric positive definite, so H_r (a Hessian of the same form) is self-adjoint and positive
+    definite and so is its inverse, whose quadratic form on band matrices is unchanged by keeping
+    only the band of its output; hence a valid CG preconditioner (it changes the speed of CG,
+    never the Newton system). With r = n - 1, or with the r largest and n - 1 - r smallest and the
+    exact trace, N_r = N and it is the dense solver's exact inverse Hessian.
     """
 
     def __init__(self, prob: _Banded, factors: tuple[np.ndarray, ...],
                  xs: tuple[np.ndarray, np.ndarray], rank: int, seed: int = 0,
                  start: np.ndarray | None = None,
-                 apply_n: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 apply_n: Callable[[np.ndarray], np.ndarray] | None = None,
+                 apply_ninv: Callable[[np.ndarray], np.ndarray] | None = None, bottom: int = 0,
+                 ninv_trace: float | None = None) -> None:
         import scipy.linalg
 
         ld, ll = factors[0], factors[1]
@@ -467,6 +502,12 @@ class _LowRankInverse:
 
         r = min(rank, n - 1)
         p = min(r + 10, n)
+        # The smallest eigenpairs: pb candidates in the complement of the r largest (at most n - r).
+        pb = min(bottom + 10, n - r) if apply_ninv is not None and bottom > 0 else 0
+        rb = min(bottom, pb, n - 1 - r)
+        start_b = None
+        if start is not None and pb and start.shape == (n, p + pb):
+            start, start_b = start[:, :p], start[:, p:]
         if start is not None and start.shape == (n, p):
             # The previous Newton step's basis: N moved little, one power iteration refines it.
             q = np.linalg.qr(apply_n(start))[0]
@@ -481,7 +522,28 @@ class _LowRankInverse:
         self.c = float(max(lam[r], 1e-300))
         self.lam = lam[:r]
         qr = q @ u[:, :r]
-        w = np.zeros((prob.nblocks * prob.bands, r))
+        if rb > 0:
+            assert apply_ninv is not None
+            if start_b is not None:
+                qb = np.linalg.qr(apply_ninv(start_b))[0]
+            else:
+                rng = np.random.default_rng(seed + 1)
+                qb = np.linalg.qr(apply_ninv(rng.standard_normal((n, pb))))[0]
+                for _ in range(2):
+                    qb = np.linalg.qr(apply_ninv(qb))[0]
+            for _ in range(2):  # orthogonal to the largest (twice: classical Gram-Schmidt)
+                qb = np.linalg.qr(qb - qr @ (qr.T @ qb))[0]
+            mu, ub = scipy.linalg.eigh(qb.T @ apply_ninv(qb), check_finite=False)
+            vb = qb @ ub[:, ::-1]  # largest eigenvalues of N^-1 first
+            self.basis = np.concatenate([self.basis, vb], axis=1)
+            qr = np.concatenate([qr, vb[:, :rb]], axis=1)
+            self.lam = np.concatenate([self.lam, 1.0 / np.maximum(mu[::-1][:rb], 1e-300)])
+        if ninv_trace is not None and n > len(self.lam):
+            rest = ninv_trace - float(np.sum(1.0 / self.lam))  # sum of 1 / eigenvalue left out
+            if math.isfinite(rest) and rest > 0:
+                self.c = (n - len(self.lam)) / rest
+        self.q = qr
+        w = np.zeros((prob.nblocks * prob.bands, qr.shape[1]))
         w[:n] = qr
         self.w = prob.lmul(ld, ll, w)  # W = L Q
         self.e = 1.0 / (self.lam[:, None] + self.lam[None, :]) - 0.5 / self.c
@@ -501,10 +563,14 @@ class _LowRankInverse:
 
 class _DenseOps:
     """Value, gradient, Hessian products, certificate input and Newton preconditioner of the
-    O(n^2 b) band-storage path (any workload). The state of an iterate is [factors, Z or None]."""
+    O(n^2 b) band-storage path (any workload). The state of an iterate is [factors, Z or None].
+    The preconditioner's N^-1 = L^T (A^T A)^-1 L uses (A^T A)^-1 = A^-1 A^-T, formed once
+    (O(n^3), like one certificate); without it (not finite) only N's largest eigenpairs are kept."""
 
     def __init__(self, prob: _Banded) -> None:
         self.prob = prob
+        self._ata_inv: np.ndarray | None = None
+        self._ata_band: np.ndarray | None = None
 
     def value(self, x: np.ndarray) -> tuple[float, Any]:
         f, factors = self.prob.value(x)
@@ -526,14 +592,39 @@ class _DenseOps:
 
     def preconditioner(self, x: np.ndarray, state: Any, xs: tuple[np.ndarray, np.ndarray],
                        basis: np.ndarray | None) -> _LowRankInverse:
-        return _LowRankInverse(self.prob, state[0], xs, _rank(self.prob.n), start=basis)
+        import scipy.linalg
+
+        prob, n = self.prob, self.prob.n
+        if self._ata_inv is None:
+            k = scipy.linalg.solve_triangular(prob.a_t, np.eye(n), lower=False, trans="T", check_finite=False)
+            kkt = k @ k.T  # (A^T A)^-1
+            if np.all(np.isfinite(kkt)):
+                self._ata_inv, self._ata_band = kkt, to_band(kkt, prob.bands)
+        if self._ata_inv is None or self._ata_band is None:
+            return _LowRankInverse(prob, state[0], xs, _rank(n), start=basis)
+        ld, ll = state[0][0], state[0][1]
+        rows, ata_inv = prob.nblocks * prob.bands, self._ata_inv
+
+        def apply_ninv(v: np.ndarray) -> np.ndarray:
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = v
+            u = ata_inv @ prob.lmul(ld, ll, pad)[:n]
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = u
+            return prob.ltmul(ld, ll, pad)[:n]  # L^T (A^T A)^-1 L V
+
+        # tr(N^-1) = tr(X (A^T A)^-1): only the band of (A^T A)^-1 meets X's.
+        return _LowRankInverse(prob, state[0], xs, _rank(n), start=basis, apply_ninv=apply_ninv,
+                               bottom=_bottom(n), ninv_trace=prob.dot(x, self._ata_band))
 
 
 class _FastOps:
     """The same operators when A^-1 = K is banded: value, gradient and Hessian products by
     selected inversion of Y = K^T X K (:class:`mfcli.selected_inversion.FastBandObjective`,
     O(n w^2)); the preconditioner's N = L^-1 A^T A L^-T applied by banded solves with L and K.
-    The certificate input X^-1 A^T A X^-1 is formed densely by the O(n^2 b) path, as before."""
+    The certificate input X^-1 A^T A X^-1 is formed densely by the O(n^2 b) path, as before;
+    the preconditioner's N^-1 = L^T K K^T L is banded, so its smallest eigenpairs and the trace
+    tr(N^-1) = tr(K^T X K) cost O(n r (b + p)) and O(n p^2)."""
 
     def __init__(self, prob: _Banded, k_band: np.ndarray) -> None:
         from mfcli.selected_inversion import FastBandObjective
@@ -583,7 +674,43 @@ class _FastOps:
             pad[:n] = u
             return prob.forward(ld, ll, pad)[:n]  # L^-1
 
-        return _LowRankInverse(prob, (ld, ll), xs, _rank(n), start=basis, apply_n=apply_n)
+        def apply_ninv(v: np.ndarray) -> np.ndarray:
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = v
+            u = _kmul(self.k_low, prob.lmul(ld, ll, pad)[:n], transpose=True)  # K^T L V
+            pad = np.zeros((rows, v.shape[1]))
+            pad[:n] = _kmul(self.k_low, u, transpose=False)
+            return prob.ltmul(ld, ll, pad)[:n]  # L^T K K^T L V
+
+        return _LowRankInverse(prob, (ld, ll), xs, _rank(n), start=basis, apply_n=apply_n,
+                               apply_ninv=apply_ninv, bottom=_bottom(n), ninv_trace=_trace_ktxk(self.k_low, x))
+
+
+def _trace_ktxk(k_band: np.ndarray, band: np.ndarray) -> float:
+    """tr(K^T X K) = sum_j sum_(d, e) K[j + d, j] X[j + d, j + e] K[j + e, j] for K lower-banded
+    (``k_band[d, j] = K[j + d, j]``) and X in lower band storage, in O(n p^2)."""
+    kb, n = k_band.shape[0], band.shape[1]
+    total = 0.0
+    for d in range(kb):
+        for e in range(kb):
+            off, low = abs(d - e), min(d, e)
+            if off >= band.shape[0]:
+                continue
+            m = n - max(d, e)  # columns j with j + max(d, e) < n
+            total += float(np.sum(k_band[d, :m] * k_band[e, :m] * band[off, low: low + m]))
+    return total
+
+
+def _kmul(k_band: np.ndarray, u: np.ndarray, transpose: bool) -> np.ndarray:
+    """K U, or K^T U, for K lower-banded in lower band storage (``k_band[d, j] = K[j + d, j]``)."""
+    n = u.shape[0]
+    out = k_band[0][:, None] * u
+    for d in range(1, k_band.shape[0]):
+        if transpose:  # (K^T U)[j] += K[j + d, j] U[j + d]
+            out[: n - d] += k_band[d, : n - d, None] * u[d:]
+        else:  # (K U)[j + d] += K[j + d, j] U[j]
+            out[d:] += k_band[d, : n - d, None] * u[: n - d]
+    return out
 
 
 def _operators(a: np.ndarray, prob: _Banded, fast: bool) -> _DenseOps | _FastOps:

@@ -16,7 +16,7 @@ from banded_cases import random_band_x, workload_matrix
 from sensitivity_oracle import brute_sensitivity
 
 import mfcli.multi_solver as ms
-from mfcli.multi_banded import _Banded, _LowRankInverse, from_band, to_band
+from mfcli.multi_banded import _Banded, _FastOps, _kmul, _LowRankInverse, _operators, _trace_ktxk, from_band, to_band
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import FixedEpoch, MinSeparation
 from mfcli.workloads import prefix_workload
@@ -117,3 +117,104 @@ def test_auto_storage_decision_table(monkeypatch, n, schema, band):
     monkeypatch.setattr(ms, "BANDED_MIN_N", 64)
     res = multi_participation_factorization(prefix_workload(n).matrix, schema, tol=1e-3, threads=1)
     assert res.certificate()["method"].endswith("-band-storage") is band
+
+
+def _dense_n(a: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """N = L^-1 A^T A L^-T (X = L L^T) and L, by numpy."""
+    low = np.linalg.cholesky(x)
+    y = np.linalg.solve(low, a.T)
+    return y @ y.T, low
+
+
+def _inverse_hessian_with(x: np.ndarray, low: np.ndarray, nr: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The inverse of H[D] = X^-1 D M + M D X^-1 with L^T M L = nr, by the Kronecker matrix."""
+    li = np.linalg.inv(low)
+    m = li.T @ nr @ li
+    xi = li.T @ li
+    h = np.kron(m, xi) + np.kron(xi, m)
+    return np.linalg.solve(h, g.reshape(-1)).reshape(g.shape)
+
+
+@pytest.mark.parametrize(("name", "n", "b", "rank", "bottom"), [
+    ("momentum", 12, 3, 2, 3),
+    ("prefix", 11, 4, 1, 4),
+    ("cooldown", 10, 2, 3, 2),
+    ("momentum", 12, 3, 5, 6),  # every eigenpair but one: N_r = N
+])
+def test_two_sided_preconditioner_against_the_dense_spectrum(name, n, b, rank, bottom):
+    """With N^-1 and tr(N^-1) given, the preconditioner keeps the ``rank`` largest and ``bottom``
+    smallest eigenpairs of N and flattens the rest to their harmonic mean: at these sizes the range
+    finders span the whole space, so the result must be the inverse Hessian with N_r built from
+    numpy's eigendecomposition of N (the Kronecker matrix), self-adjoint and positive definite."""
+    a = workload_matrix(name, n)
+    x = random_band_x(n, b, n + rank)
+    prob = _Banded(a, b)
+    xb = to_band(x, b)
+    _, factors = prob.value(xb)
+    assert factors is not None
+    big_n, low = _dense_n(a, x)
+    n_inv = np.linalg.inv(big_n)
+    pre = _LowRankInverse(prob, factors, prob.blocks(xb), rank, apply_ninv=lambda v: n_inv @ v, bottom=bottom,
+                          ninv_trace=float(np.trace(n_inv)))
+    lam, vec = np.linalg.eigh(big_n)  # ascending
+    kept = np.r_[np.arange(n - rank, n), np.arange(bottom)]
+    rest = np.setdiff1d(np.arange(n), kept)
+    hm = len(rest) / np.sum(1.0 / lam[rest])
+    assert pre.c == pytest.approx(hm, rel=1e-8)
+    assert np.allclose(np.sort(pre.lam), np.sort(lam[kept]), rtol=1e-8)
+    assert np.allclose(pre.q.T @ pre.q, np.eye(rank + bottom), atol=1e-10)
+    nr = vec @ np.diag(np.where(np.isin(np.arange(n), kept), lam, hm)) @ vec.T
+    rng = np.random.default_rng(3)
+    basis = [rng.standard_normal((b, n)) * (prob.w > 0) for _ in range(5)]
+    for g in basis[:2]:
+        d = _inverse_hessian_with(x, low, nr, from_band(g))
+        assert np.allclose(pre(g), to_band(d, b), rtol=1e-7, atol=1e-9 * np.abs(d).max())
+    gram = np.array([[prob.dot(p, pre(q)) for q in basis] for p in basis])
+    assert np.allclose(gram, gram.T, rtol=1e-9, atol=1e-12 * np.abs(gram).max())
+    assert np.linalg.eigvalsh((gram + gram.T) / 2).min() > 0
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("name", ["momentum", "prefix", "cooldown"])
+def test_solver_preconditioner_is_the_inverse_hessian_at_n_40(name, fast):
+    """The solver's own preconditioner (both operator sets: N^-1 = L^T K K^T L by banded products
+    and tr(K^T X K) from the band, or (A^T A)^-1 formed densely): at n = 40 it keeps the 32 largest
+    and 7 smallest eigenpairs, and the one left out is its own harmonic mean, so N_r = N and the
+    operator is the exact inverse Hessian (Kronecker oracle)."""
+    n, b = 40, 6
+    a = workload_matrix(name, n)
+    x = random_band_x(n, b, 5)
+    prob = _Banded(a, b)
+    xb = to_band(x, b)
+    ops = _operators(a, prob, fast)
+    assert isinstance(ops, _FastOps) is fast
+    _, state = ops.value(xb)
+    pre = ops.preconditioner(xb, state, prob.blocks(xb), None)
+    assert len(pre.lam) == n - 1
+    big_n, low = _dense_n(a, x)
+    g = from_band(np.random.default_rng(4).standard_normal((b, n)) * (prob.w > 0))
+    d = _inverse_hessian_with(x, low, big_n, g)
+    assert np.allclose(pre(to_band(g, b)), to_band(d, b), rtol=1e-6, atol=1e-8 * np.abs(d).max())
+
+
+@pytest.mark.parametrize(("n", "p", "b"), [(9, 2, 2), (10, 1, 4), (7, 2, 1)])
+def test_banded_helpers_against_dense_products(n, p, b):
+    """tr(K^T X K) from the bands, K U and K^T U from K's band, L^T W from the Cholesky blocks."""
+    rng = np.random.default_rng(n + p + b)
+    k = np.tril(np.triu(rng.standard_normal((n, n)), -p))
+    np.fill_diagonal(k, 1.0 + rng.random(n))
+    k_band = np.array([np.r_[np.diagonal(k, -d), np.zeros(d)] for d in range(p + 1)])
+    x = random_band_x(n, b, 7) if b > 1 else np.eye(n)
+    xb = to_band(x, b)
+    assert _trace_ktxk(k_band, xb) == pytest.approx(float(np.trace(k.T @ x @ k)), rel=1e-12)
+    u = rng.standard_normal((n, 3))
+    assert np.allclose(_kmul(k_band, u, transpose=False), k @ u, atol=1e-13)
+    assert np.allclose(_kmul(k_band, u, transpose=True), k.T @ u, atol=1e-13)
+    prob = _Banded(np.eye(n), b)
+    chol = prob.cholesky(xb)
+    assert chol is not None
+    rows = prob.nblocks * b
+    w = np.zeros((rows, 3))
+    w[:n] = u
+    low = np.linalg.cholesky(x)
+    assert np.allclose(prob.ltmul(*chol, w)[:n], low.T @ u, atol=1e-12)
