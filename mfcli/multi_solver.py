@@ -415,13 +415,17 @@ def _solve_in_band(
     a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
     callback: Callable[[Progress], None] | None, x0: np.ndarray | None,
 ) -> MultiSolveResult:
-    from mfcli.multi_banded import solve_banded
+    from mfcli.multi_banded import coarse_start, solve_banded
 
     start = time.perf_counter()
+    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size))))
+    band0, levels = (None, []) if x0 is not None else coarse_start(a, st, memory=memory, certify=_certify,
+                                                                   armijo=ARMIJO)
     x, best_dual, it, history = solve_banded(
-        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0,
-        memory=max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size)))), certify=_certify, armijo=ARMIJO)
-    return _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0, memory=memory, certify=_certify, armijo=ARMIJO,
+        start_band=band0)
+    res = _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+    return dataclasses.replace(res, coarse_iterations=tuple(levels))
 
 
 def _solve(
