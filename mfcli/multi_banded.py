@@ -22,6 +22,10 @@ in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the pre
 N = L^-1 A^T A L^-T is then applied by banded solves. Otherwise (:class:`_DenseOps`) the O(n^2 b)
 operators above.
 
+Without an ``x0`` the iterate starts from the optimum of the leading n / 2 steps (solved the
+same way, recursively, to a loose certified gap), its band extended to n (:func:`coarse_start`),
+instead of X = I: the L-BFGS phase then takes tens of iterations instead of hundreds.
+
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
 one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product

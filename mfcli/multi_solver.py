@@ -111,7 +111,8 @@ class MultiSolveResult:
     converged: bool
     history: list[Progress] = field(default_factory=list, repr=False)
     threads: int | None = None
-    #: dual method only: (n, eigendecompositions) per coarse level of its coarse-to-fine start.
+    #: (n, eigendecompositions) per coarse level of the fixed-epoch dual method's coarse-to-fine
+    #: start, or (m, iterations) per coarse level of the BandMF band path's (coarsest first).
     coarse_iterations: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -315,7 +316,8 @@ def multi_participation_factorization(
         dual_every: iterations between dual certificates (each one Cholesky and one SVD).
         callback: called with :class:`~mfcli.solver.Progress` after each certificate.
         threads: BLAS threads (as :func:`mfcli.solver.optimal_factorization`).
-        x0: a feasible starting X (tests); default the scaled identity.
+        x0: a feasible starting X (tests); default the scaled identity, or for band storage the
+            coarse-to-fine start (:func:`mfcli.multi_banded.coarse_start`).
         precondition: L-BFGS initial inverse Hessian D -> P(X D X) (the affine-invariant metric
             of the positive definite cone; P the projection onto feasible directions) instead of
             the identity. Speed only: the certificate is the same.
