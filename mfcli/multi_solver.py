@@ -111,7 +111,8 @@ class MultiSolveResult:
     converged: bool
     history: list[Progress] = field(default_factory=list, repr=False)
     threads: int | None = None
-    #: dual method only: (n, eigendecompositions) per coarse level of its coarse-to-fine start.
+    #: (n, eigendecompositions) per coarse level of the fixed-epoch dual method's coarse-to-fine
+    #: start, or (m, iterations) per coarse level of the BandMF band path's (coarsest first).
     coarse_iterations: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -315,7 +316,8 @@ def multi_participation_factorization(
         dual_every: iterations between dual certificates (each one Cholesky and one SVD).
         callback: called with :class:`~mfcli.solver.Progress` after each certificate.
         threads: BLAS threads (as :func:`mfcli.solver.optimal_factorization`).
-        x0: a feasible starting X (tests); default the scaled identity.
+        x0: a feasible starting X (tests); default the scaled identity, or for band storage the
+            coarse-to-fine start (:func:`mfcli.multi_banded.coarse_start`).
         precondition: L-BFGS initial inverse Hessian D -> P(X D X) (the affine-invariant metric
             of the positive definite cone; P the projection onto feasible directions) instead of
             the identity. Speed only: the certificate is the same.
@@ -415,13 +417,17 @@ def _solve_in_band(
     a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
     callback: Callable[[Progress], None] | None, x0: np.ndarray | None,
 ) -> MultiSolveResult:
-    from mfcli.multi_banded import solve_banded
+    from mfcli.multi_banded import coarse_start, solve_banded
 
     start = time.perf_counter()
+    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size))))
+    band0, levels = (None, []) if x0 is not None else coarse_start(a, st, memory=memory, certify=_certify,
+                                                                   armijo=ARMIJO)
     x, best_dual, it, history = solve_banded(
-        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0,
-        memory=max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size)))), certify=_certify, armijo=ARMIJO)
-    return _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0, memory=memory, certify=_certify, armijo=ARMIJO,
+        start_band=band0)
+    res = _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+    return dataclasses.replace(res, coarse_iterations=tuple(levels))
 
 
 def _solve(
