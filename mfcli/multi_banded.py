@@ -69,8 +69,12 @@ PRECOND_RANK_DIVISOR = 8
 #: bands: 225 CG steps against 478 with the 256 largest flattened to the 257th (the previous
 #: version); prefix 46 against 102 (docs/performance.md, "Newton preconditioner").
 PRECOND_BOTTOM_DIVISOR = 16
-#: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth).
+#: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth) ...
 NEWTON_CERT_SPACING = 3
+#: ... or one, once a certificate's gap came within this factor of the tolerance: Newton's
+#: convergence is quadratic there, so the next step usually closes it (momentum n = 2048, 64 bands:
+#: a gap of 4e-6 at tolerance 1e-6 went to 1e-9 in the three steps the spacing asked for).
+NEWTON_CERT_NEAR = 100.0
 #: Coarse-to-fine start (:func:`coarse_start`): the leading m = n // 2 steps are solved first, to
 #: this certified gap, when m >= COARSE_MIN_N and m >= COARSE_MIN_RATIO * b (recursively).
 COARSE_TOL = 1e-3
@@ -334,6 +338,7 @@ def solve_banded(
     history: list[Progress] = []
     values = [f]
     last_cert = 0
+    last_gap = math.inf
     newton, dec0 = False, None
     basis: np.ndarray | None = None
     it = 0
@@ -351,7 +356,8 @@ def solve_banded(
             # -<g, d> / 2 (half the squared Newton decrement) estimates f - f*: certify once it
             # says the gap is well below tol, instead of after every step (each certificate is
             # O(n^3), several Newton steps' worth).
-            due = -prob.dot(g, d) <= 2 * STALL_FRACTION * tol * f and it - last_cert >= NEWTON_CERT_SPACING
+            spacing = 1 if last_gap <= NEWTON_CERT_NEAR * tol else NEWTON_CERT_SPACING
+            due = -prob.dot(g, d) <= 2 * STALL_FRACTION * tol * f and it - last_cert >= spacing
         else:
             d = _two_loop(prob, g, ss, ys, xs)
             stalled = len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= STALL_FRACTION * tol * f
@@ -360,6 +366,7 @@ def solve_banded(
             last_cert = it
             best_dual = max(best_dual, certify(a, st, ops.gram(x, factors)))
             gap = (f - best_dual) / f
+            last_gap = gap
             method = "newton-band-storage" if newton else "lbfgs-band-storage"
             prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
             history.append(prog)
