@@ -19,8 +19,8 @@ When the workload's inverse K = A^-1 is banded (every built-in workload: prefix,
 or without learning rates), value, gradient and Hessian products go through Y = K^T X K instead:
 f = tr(Y^-1), the gradient -P_band(K Y^-2 K^T), by selected inversion of the block-tridiagonal Y
 in O(n (b + 2p)^2) (:mod:`mfcli.selected_inversion`, :class:`_FastOps`); the preconditioner's
-N = L^-1 A^T A L^-T is then applied by banded solves and N^-1 = L^T K K^T L by banded products. Otherwise (:class:`_DenseOps`) the O(n^2 b)
-operators above.
+N = L^-1 A^T A L^-T is then applied by banded solves and N^-1 = L^T K K^T L by banded products.
+Otherwise (:class:`_DenseOps`) the O(n^2 b) operators above.
 
 Without an ``x0`` the iterate starts from the optimum of the leading n / 2 steps (solved the
 same way, recursively, to a loose certified gap), its band extended to n (:func:`coarse_start`),
