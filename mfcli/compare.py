@@ -34,9 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from mfcli.accounting.multi import schema_dict
 from mfcli.errors import MfcliError
-from mfcli.participation import Participation, SingleParticipation, declared_or_requested
+from mfcli.participation import Participation, SingleParticipation, declared_or_requested, schema_dict
 from mfcli.participation import sensitivity as schema_sensitivity
 from mfcli.progress import ProgressCallback, ProgressEvent
 from mfcli.strategies import STRATEGY_NAMES, TREE_STRATEGIES, Strategy, build_strategy

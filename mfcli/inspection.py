@@ -181,7 +181,7 @@ class InspectionReport:
     def _participation_dict(self) -> dict[str, Any] | None:
         if self.participation is None:
             return None
-        from mfcli.accounting.multi import schema_dict
+        from mfcli.participation import schema_dict
 
         return {
             **schema_dict(self.participation, self.n),

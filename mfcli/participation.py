@@ -722,6 +722,13 @@ def _check_enumerable(n: Any) -> None:
         raise MfcliError(f"patterns are listed for n <= {PATTERNS_MAX_N} steps only, got n = {n}")
 
 
+def schema_dict(schema: Participation, n: int | None) -> dict:
+    """The schema as it appears in every ``--json`` object (the one representation of a
+    participation schema there): its stored JSON fields and one human line, ``describe(n)``
+    (``n`` None: the line without the step count)."""
+    return {**json.loads(schema.to_json()), "description": schema.describe(n)}
+
+
 __all__ = [
     "FixedEpoch",
     "MinSeparation",
@@ -730,5 +737,6 @@ __all__ = [
     "SingleParticipation",
     "Witness",
     "participation_from_json",
+    "schema_dict",
     "sensitivity",
 ]

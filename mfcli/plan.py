@@ -43,6 +43,15 @@ from mfcli.participation import FixedEpoch, MinSeparation, Participation, Single
 
 #: Batch samplers a trainer can allow (``--batching``).
 SAMPLERS = ("poisson", "cyclic", "balls-in-bins", "shuffle", "fixed-order")
+
+
+def check_sampler(name: str) -> str:
+    """``name`` if it is one of :data:`SAMPLERS`; else MfcliError naming the choices."""
+    if name not in SAMPLERS:
+        raise MfcliError(f"unknown batch sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+    return name
+
+
 #: What each sampler does, in words (the table and the record name it).
 SAMPLER_TEXT = {
     "poisson": "Poisson: every example in every step with probability q = batch / examples",
@@ -144,8 +153,7 @@ class TrainingSetup:
         _positive_int(self.params, "the number of parameters")
         batching = tuple(dict.fromkeys(self.batching))
         for name in batching:
-            if name not in SAMPLERS:
-                raise MfcliError(f"unknown batch sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+            check_sampler(name)
         if not batching:
             raise MfcliError(f"allow at least one batch sampler: {', '.join(SAMPLERS)}")
         object.__setattr__(self, "batching", batching)
@@ -247,7 +255,7 @@ class CandidateResult:
         return tuple(sorted((k, repr(v)) for k, v in d.items()))
 
     def as_dict(self, n: int) -> dict[str, Any]:
-        from mfcli.accounting.multi import schema_dict
+        from mfcli.participation import schema_dict
 
         part = (POISSON_PARTICIPATION if self.sampler == "poisson" else schema_dict(self.participation, n))
         out: dict[str, Any] = {

@@ -28,16 +28,14 @@ from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, gaussian_epsilon
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, Sensitivity, SingleParticipation
-
-
-def schema_dict(schema: Participation, n: int | None) -> dict:
-    """The schema as it appears in every ``--json`` object (the one representation of a
-    participation schema there): its stored JSON fields and one human line, ``describe(n)``
-    (``n`` None: the line without the step count)."""
-    import json
-
-    return {**json.loads(schema.to_json()), "description": schema.describe(n)}
+from mfcli.participation import (
+    FixedEpoch,
+    MinSeparation,
+    Participation,
+    Sensitivity,
+    SingleParticipation,
+    schema_dict,
+)
 
 
 @dataclass(frozen=True)

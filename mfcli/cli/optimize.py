@@ -6,7 +6,6 @@ from typing import Any
 
 import typer
 
-from mfcli.accounting.multi import schema_dict
 from mfcli.artifact import check_output_path, default_artifact_path, save_artifact
 from mfcli.cli.common import (
     BANDS_RANGE,
@@ -38,7 +37,7 @@ from mfcli.cli.common import (
 from mfcli.cli.display import SolverDisplay
 from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
 from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, schema_dict
 from mfcli.solver import (
     DEFAULT_METHOD,
     METHODS,

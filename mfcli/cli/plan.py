@@ -37,6 +37,17 @@ def _split(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
 
 
+def _sampler_names(value: str) -> None:
+    from mfcli.plan import check_sampler
+
+    for name in _split([value]) or ():
+        check_sampler(name)
+
+
+#: An unknown sampler name needs no other option to be refused: a usage error at parse time.
+BATCHING_NAMES = in_range("--batching", _sampler_names)
+
+
 def _bytes(b: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if b < 1024 or unit == "TiB":
@@ -144,7 +155,7 @@ def plan(
         None, "--beta", callback=BETA_RANGE, help="momentum only: the momentum parameter (default 0.9)."),
     params: int = typer.Option(1, "--params", help="Model parameters D (for the stream memory column)."),
     batching: list[str] | None = typer.Option(
-        None, "--batching",
+        None, "--batching", callback=BATCHING_NAMES,
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
         "shuffle, fixed-order (default all). No number is shown under a sampler not allowed."),
     bands: list[int] | None = typer.Option(

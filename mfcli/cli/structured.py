@@ -6,11 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mfcli.accounting.multi import schema_dict
 from mfcli.artifact import check_output_path
 from mfcli.cli.common import command_line, emit_json, envelope, key_value_table, log, stdout
 from mfcli.cli.rounding import pessimistic
-from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import Participation, SingleParticipation, schema_dict
 from mfcli.structured import StructuredArtifact, load_structured_artifact, save_structured_artifact
 from mfcli.toeplitz import DENSE_MAX_N, check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
