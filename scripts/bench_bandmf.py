@@ -6,12 +6,15 @@ Usage:
     python scripts/bench_bandmf.py momentum 1024 64 banded [--threads 1] [--tol 1e-6]
 
 Prints one JSON line: iterations, CG steps (band storage), certificates, CPU seconds
-(``time.process_time`` of this process), wall seconds, certified gap, loss, method.
+(``time.process_time`` of this process), wall seconds, certified gap, loss, method, and the
+1-minute load average at the end (``threads`` is the BLAS thread limit the solver sets with
+threadpoolctl).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.solver._blas_threads)
@@ -49,7 +52,7 @@ def main() -> None:
         "threads": args.threads, "iterations": res.iterations, "cg_steps": cg[0],
         "certificates": len(res.history), "cpu_s": round(time.process_time() - cpu, 2),
         "wall_s": round(time.perf_counter() - wall, 2), "gap": res.gap, "loss": res.loss_total,
-        "method": res.certificate()["method"],
+        "method": res.certificate()["method"], "load_1min": round(os.getloadavg()[0], 2),
     }))
 
 

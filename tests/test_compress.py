@@ -374,10 +374,10 @@ def test_non_square_strategy_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--band", "0", "--rank", "1"], "band K = 0 is out of range"),
+    (["--band", "0", "--rank", "1"], "--band: band K must be at least 1, got 0"),
     (["--band", "41", "--rank", "0"], "band K = 41 is out of range"),
     (["--band", "38", "--rank", "3"], "rank R = 3 is out of range"),
-    (["--band", "2", "--rank", "-1"], "rank R = -1 is out of range"),
+    (["--band", "2", "--rank", "-1"], "--rank: rank R must be at least 0, got -1"),
     (["--band", "2"], "give both --band and --rank"),
     (["--max-loss-increase", "-1"], "--max-loss-increase must be"),
     (["--max-loss-increase", "nan"], "--max-loss-increase must be"),

@@ -346,17 +346,19 @@ def test_compare_default_is_single_participation_as_before() -> None:
             == run_comparison(w, ["identity", "sqrt"], participation=SingleParticipation()).as_dict())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--epochs", "3"], "the number of steps n = 8 is not divisible by epochs = 3"),
-    (["--min-sep", "9"], "separation = 9 exceeds the number of steps n = 8"),
-    (["--epochs", "0"], "epochs must be at least 1, got 0"),
-    (["--min-sep", "2", "--max-participations", "0"], "max_participations must be at least 1, got 0"),
+@pytest.mark.parametrize("args, message, code", [
+    # ranges that depend on n: the library refuses them (exit 1)
+    (["--epochs", "3"], "the number of steps n = 8 is not divisible by epochs = 3", 1),
+    (["--min-sep", "9"], "separation = 9 exceeds the number of steps n = 8", 1),
+    # ranges of the option alone: usage errors while parsing (exit 2)
+    (["--epochs", "0"], "epochs must be at least 1, got 0", 2),
+    (["--min-sep", "2", "--max-participations", "0"], "max_participations must be at least 1, got 0", 2),
 ])
-def test_compare_schema_that_does_not_fit(args: list[str], message: str, tmp_path: Path,
+def test_compare_schema_that_does_not_fit(args: list[str], message: str, code: int, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     r = runner.invoke(app, ["compare", "-n", "8", "-q", "-s", "identity", "--out", "t.md", *args])
-    assert r.exit_code == 1
+    assert r.exit_code == code
     one_error_line(r.stderr, message)
     assert list(tmp_path.iterdir()) == []
 
