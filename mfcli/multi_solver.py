@@ -315,7 +315,8 @@ def multi_participation_factorization(
         max_iter: L-BFGS iterations at most; the result then carries the gap reached.
         dual_every: iterations between dual certificates (each one Cholesky and one SVD).
         callback: called with :class:`~mfcli.solver.Progress` after each certificate.
-        threads: BLAS threads (as :func:`mfcli.solver.optimal_factorization`).
+        threads: BLAS threads (as :func:`mfcli.solver.optimal_factorization`); ``"auto"`` runs
+            band storage on one thread (measured faster there on any load).
         x0: a feasible starting X (tests); default the scaled identity, or for band storage the
             coarse-to-fine start (:func:`mfcli.multi_banded.coarse_start`).
         precondition: L-BFGS initial inverse Hessian D -> P(X D X) (the affine-invariant metric
@@ -364,6 +365,11 @@ def multi_participation_factorization(
     use_dual = method == "dual" or (method == "auto" and dual_ok and x0 is None)
     use_band = storage == "banded" or (
         storage == "auto" and band_ok and n >= BANDED_MIN_N and BANDED_MIN_RATIO * _bands(st) <= n)
+    if threads == "auto" and use_band:
+        # The band path is hundreds of sequential (b + 2p)-sized block products, which OpenBLAS
+        # splits across threads at a loss: at n = 2048, 64 bands, on 2 idle cores, one thread
+        # took 15.5 s (prefix) and 30.2 s (momentum) wall, two threads 25.9 s and 48.2 s.
+        limit = 1
     with _blas_threads(limit):
         if use_dual:
             res = _solve_fixed_epoch_dual(a, st, participation, tol=tol, max_iter=max_iter, callback=callback,

@@ -218,3 +218,12 @@ def test_banded_helpers_against_dense_products(n, p, b):
     w[:n] = u
     low = np.linalg.cholesky(x)
     assert np.allclose(prob.ltmul(*chol, w)[:n], low.T @ u, atol=1e-12)
+
+
+def test_auto_threads_runs_band_storage_on_one_thread() -> None:
+    # One BLAS thread is the measured-faster setting of the band path (docs/performance.md); the
+    # result and its certificate record the limit the solve actually ran under.
+    res = multi_participation_factorization(prefix_workload(64).matrix, MinSeparation(separation=8), tol=1e-4,
+                                            storage="banded", threads="auto")
+    assert res.threads == 1
+    assert res.certificate()["blas_threads"] == 1
