@@ -67,7 +67,7 @@ PRECOND_RANK_DIVISOR = 8
 #: ... and its n / PRECOND_BOTTOM_DIVISOR (at least 16) smallest, found from N^-1 = L^T K K^T L
 #: (banded when K = A^-1 is), and flattens the rest to their harmonic mean. Momentum n = 1024, 64
 #: bands: 225 CG steps against 478 with the 256 largest flattened to the 257th (the previous
-#: version); prefix 46 against 102 (docs/performance.md, "Newton preconditioner").
+#: version); prefix 46 against 102 (docs/performance.md, "BandMF at n = 2048: the target met").
 PRECOND_BOTTOM_DIVISOR = 16
 #: Newton steps at least between two certificates (each is O(n^3), a few Newton steps' worth) ...
 NEWTON_CERT_SPACING = 3
