@@ -54,6 +54,7 @@ from mfcli.operators import (
     strategy_for_decoder,
 )
 from mfcli.participation import Participation, SingleParticipation
+from mfcli.participation import sensitivity as schema_sensitivity
 
 #: Default cap on the rank tried by the automatic search.
 DEFAULT_MAX_SEARCH_RANK = 64
@@ -186,8 +187,25 @@ CHECKPOINTS = tuple(2**i for i in range(20))
 DEFAULT_MAX_ITER = 64
 
 
+def _multi(participation: Participation | None) -> bool:
+    return participation is not None and not isinstance(participation, SingleParticipation)
+
+
+def mechanism_loss(strategy: np.ndarray, decoder: np.ndarray, participation: Participation | None = None) -> float:
+    """sens(C)^2 ||B||_F^2: the total loss of (C, B) at noise multiplier 1, with sens(C) under
+    ``participation`` (None or single: the single-participation sensitivity; otherwise the schema's
+    :func:`mfcli.participation.sensitivity` value, an upper bound where it is not exact, as the
+    accounting uses it)."""
+    if participation is None or isinstance(participation, SingleParticipation):
+        s = sensitivity(strategy)
+    else:
+        s = schema_sensitivity(strategy, participation).value
+    return float(s) ** 2 * float(np.sum(np.asarray(decoder) ** 2))
+
+
 def compress_factorization(
-    fact: Factorization, *, band: int, rank: int, max_iter: int = DEFAULT_MAX_ITER
+    fact: Factorization, *, band: int, rank: int, max_iter: int = DEFAULT_MAX_ITER,
+    participation: Participation | None = None,
 ) -> CompressedOperator:
     """Compress the decoder of a square factorization to K exact diagonals plus a rank-R tail.
 
@@ -197,6 +215,8 @@ def compress_factorization(
     Frobenius fit can raise sens(C^) (the loss is not monotone along the ALS iterations). So the
     loss is recomputed at iterations 1, 2, 4, 8, ... and ``max_iter`` and the iterate with the
     lowest loss is kept: never worse than plain ALS stopped at ``max_iter``. Deterministic.
+    ``participation``: the schema whose loss picks the iterate (default single participation);
+    under a multi-participation schema sens(C^) is that schema's.
 
     Only the decoder B is used (and A, to form C^); entries of B above the diagonal (a non-causal
     B) are dropped, so B^ is always lower-triangular.
@@ -239,7 +259,7 @@ def compress_factorization(
         except MfcliError as exc:  # an ill-conditioned iterate: not a candidate
             failure = exc
             continue
-        loss = sensitivity(c_hat) ** 2 * float(np.sum(b_hat * b_hat))
+        loss = mechanism_loss(c_hat, b_hat, participation)
         if best is None or loss < best[0]:
             best = (loss, uf, vf, it)
     if best is None:
@@ -253,7 +273,8 @@ def compress_factorization(
 
 
 class Evaluation(NamedTuple):
-    """One (K, R) tried by :func:`search_compression`."""
+    """One (K, R) tried by :func:`search_compression`: the loss increase and sens(C^) under the
+    search's participation schema (the budget's quantity)."""
 
     band: int
     rank: int
@@ -272,6 +293,7 @@ class SearchResult:
     compression: CompressedOperator
     max_loss_increase: float
     evaluations: tuple[Evaluation, ...] = field(default_factory=tuple)
+    participation: Participation = field(default_factory=SingleParticipation)
 
 
 class _Search:
@@ -280,9 +302,13 @@ class _Search:
 
     def __init__(
         self, fact: Factorization, *, max_loss_increase: float, k_cap: int, r_cap: int, max_iter: int,
-        progress: Callable[[Evaluation], None] | None,
+        progress: Callable[[Evaluation], None] | None, participation: Participation | None = None,
     ) -> None:
         self.fact = fact
+        self.participation = participation if _multi(participation) else None
+        # the dense mechanism's loss under the schema, once (single participation: the operator's own)
+        self.dense_loss = (mechanism_loss(fact.strategy, fact.decoder, self.participation)
+                           if self.participation is not None else None)
         self.n = fact.n
         self.budget = max_loss_increase
         self.k_cap = k_cap
@@ -299,8 +325,15 @@ class _Search:
         key = (k, r)
         if key in self.cache:
             return self.cache[key]
-        comp = compress_factorization(self.fact, band=k, rank=r, max_iter=self.max_iter)
-        e = Evaluation(k, r, comp.loss_increase, comp.sensitivity)
+        comp = compress_factorization(self.fact, band=k, rank=r, max_iter=self.max_iter,
+                                      participation=self.participation)
+        if self.participation is None or self.dense_loss is None:
+            e = Evaluation(k, r, comp.loss_increase, comp.sensitivity)
+        else:
+            f = comp.factorization
+            sens = float(schema_sensitivity(f.strategy, self.participation).value)
+            loss = sens**2 * float(np.sum(f.decoder**2))
+            e = Evaluation(k, r, loss / self.dense_loss - 1.0, sens)
         self.cache[key] = e
         self.evaluations.append(e)
         if self.progress is not None:
@@ -385,7 +418,8 @@ class _Search:
             raise MfcliError(
                 f"no compression within the limits keeps the loss increase <= {self.budget:g}{where}"
             )
-        return SearchResult(self.best_operator, self.budget, tuple(self.evaluations))
+        return SearchResult(self.best_operator, self.budget, tuple(self.evaluations),
+                            self.participation or SingleParticipation())
 
 
 def search_compression(
@@ -398,9 +432,13 @@ def search_compression(
     max_rank: int | None = None,
     max_iter: int = DEFAULT_MAX_ITER,
     progress: Callable[[Evaluation], None] | None = None,
+    participation: Participation | None = None,
 ) -> SearchResult:
     """Find the cheapest (K, R), cost K + R per streamed step, whose loss increase is within
     ``max_loss_increase`` (ties: lower loss). A fixed ``band`` or ``rank`` is kept as given.
+    The loss is sens(C^)^2 ||B^||_F^2 under ``participation`` (default single participation;
+    under a multi-participation schema its sensitivity, an upper bound where not exact), relative
+    to the dense mechanism's under the same schema.
 
     Method: first an upper bound on the diagonal K = R (1, 2, 4, ... until the budget is met,
     then bisection), starting from the always feasible K = n, R = 0 (B itself). Then for
@@ -434,7 +472,7 @@ def search_compression(
         check_band_rank(n, 1, rank)
 
     search = _Search(fact, max_loss_increase=float(max_loss_increase), k_cap=k_cap, r_cap=r_cap,
-                     max_iter=max_iter, progress=progress)
+                     max_iter=max_iter, progress=progress, participation=participation)
     if band is not None and rank is not None:
         search.evaluate(band, rank)
     elif band is not None:
@@ -545,7 +583,8 @@ def compress_artifact(
 
     With both ``band`` and ``rank``: that setting (and, if ``max_loss_increase`` is given, a
     check that it meets it; nothing is written otherwise). With ``max_loss_increase``: the
-    cheapest setting meeting it (see :func:`search_compression`), keeping any of K, R given.
+    cheapest setting meeting it (see :func:`search_compression`), keeping any of K, R given; the
+    loss increase is measured under the schema stored (``participation``, else the declared one).
     The input file is never modified; ``out`` defaults to ``<stem>-k<K>r<R>.h5`` beside it.
 
     ``participation`` (None: the schema the source declares) is stored in the new artifact; under
@@ -572,11 +611,11 @@ def compress_artifact(
     if max_loss_increase is not None:
         search = search_compression(
             fact, max_loss_increase=max_loss_increase, band=band, rank=rank,
-            max_band=max_band, max_rank=max_rank, max_iter=max_iter, progress=progress,
+            max_band=max_band, max_rank=max_rank, max_iter=max_iter, progress=progress, participation=schema,
         )
         comp = search.compression
     elif band is not None and rank is not None:
-        comp = compress_factorization(fact, band=band, rank=rank, max_iter=max_iter)
+        comp = compress_factorization(fact, band=band, rank=rank, max_iter=max_iter, participation=schema)
     else:
         raise MfcliError("give both band and rank, or max_loss_increase to choose them")
 

@@ -53,8 +53,9 @@ def compress(
                                     help="R: rank of the fitted older part (0 <= R <= n - K)."),
     max_loss_increase: float | None = typer.Option(
         None, "--max-loss-increase",
-        help="Budget on the relative loss increase (0.01 = 1%). Without K and R: pick the cheapest "
-        "(K + R) setting within it. With both: fail unless they meet it.",
+        help="Budget on the relative loss increase (0.01 = 1%), under the artifact's participation schema "
+        "(or --epochs/--min-sep). Without K and R: pick the cheapest (K + R) setting within it. With both: "
+        "fail unless they meet it.",
     ),
     max_band: int | None = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
     max_rank: int | None = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
@@ -104,9 +105,12 @@ def compress(
     if max_loss_increase is not None and not (math.isfinite(max_loss_increase) and max_loss_increase >= 0):
         raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")
 
+    multi = not isinstance(schema, SingleParticipation)
+
     def progress(e: Evaluation) -> None:
         if not quiet:
-            log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase {e.loss_increase:.4%}")
+            where = " under the schema" if multi else ""
+            log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase{where} {e.loss_increase:.4%}")
 
     try:
         result = compress_artifact(
@@ -125,6 +129,7 @@ def compress(
         dense = source_art.factorization
         under = {"compressed": schema_numbers(comp.factorization.strategy, comp.factorization.decoder, schema),
                  "dense": schema_numbers(dense.strategy, dense.decoder, schema)}
+        under["loss_increase"] = under["compressed"]["loss_total"] / under["dense"]["loss_total"] - 1.0
     if not quiet and not as_json:
         log(f"wrote {result.path}")
     summary = {
@@ -147,16 +152,17 @@ def compress(
     if as_json:
         emit_json(envelope("compress", **summary))
         return
+    single = " (single participation)" if under is not None else ""
     rows = [
         ("band K (exact diagonals)", comp.band),
         ("rank R (older noise)", comp.rank),
         ("per-step streaming cost K + R", comp.stream_cost),
-        ("sensitivity, dense sens(C) (rounded up)", pessimistic(comp.dense_sensitivity)),
-        ("sensitivity, compressed sens(C^) (rounded up)", pessimistic(comp.sensitivity)),
-        ("loss total, dense", comp.dense_loss_total),
-        ("loss total, compressed", comp.loss_total),
-        ("loss increase", f"{comp.loss_increase:.4%}"),
-        ("RMSE, compressed", comp.factorization.rmse),
+        (f"sensitivity, dense sens(C){single} (rounded up)", pessimistic(comp.dense_sensitivity)),
+        (f"sensitivity, compressed sens(C^){single} (rounded up)", pessimistic(comp.sensitivity)),
+        (f"loss total, dense{single}", comp.dense_loss_total),
+        (f"loss total, compressed{single}", comp.loss_total),
+        (f"loss increase{single}", f"{comp.loss_increase:.4%}"),
+        (f"RMSE, compressed{single}", comp.factorization.rmse),
         ("||B - B^||_F / ||B||_F", comp.fit_relative_error),
         ("ALS iterations", comp.als_iterations),
     ]
@@ -166,6 +172,7 @@ def compress(
             label = "exact" if u["exact"] else "upper bound, rounded up"
             rows.append((f"sensitivity under {schema.describe(comp.n)}, {which} ({label})", pessimistic(u["sensitivity"])))
             rows.append((f"loss total under the schema, {which} ({label})", pessimistic(u["loss_total"])))
+        rows.append(("loss increase under the schema", f"{under['loss_increase']:.4%}"))
     if result.search is not None:
         rows.append(("settings evaluated", len(result.search.evaluations)))
     rows += [("artifact", str(result.path)), ("sha256", result.sha256[:16] + "...")]
