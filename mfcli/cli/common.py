@@ -525,3 +525,16 @@ def participation_options(epochs: int | None, min_sep: int | None, max_participa
     if min_sep is not None:
         return MinSeparation(separation=min_sep, max_participations=max_participations)
     return SingleParticipation()
+
+
+def with_schema_suffix(path: _Path, schema: Any, n: int) -> _Path:
+    """A default output path named for its participation schema: ``-epochs<K>`` for fixed-epoch,
+    ``-minsep<B>-k<K>`` for min-separation (K participations at most), unchanged for single
+    participation, so artifacts for different schemas never share a default name."""
+    from mfcli.participation import FixedEpoch, MinSeparation
+
+    if isinstance(schema, FixedEpoch):
+        return path.with_name(f"{path.stem}-epochs{schema.epochs}.h5")
+    if isinstance(schema, MinSeparation):
+        return path.with_name(f"{path.stem}-minsep{schema.separation}-k{schema.participations(n)}.h5")
+    return path

@@ -32,12 +32,13 @@ from mfcli.cli.common import (
     refuse_structured,
     refuse_unless,
     stdout,
+    with_schema_suffix,
     workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
 from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, schema_dict
+from mfcli.participation import Participation, SingleParticipation, schema_dict
 from mfcli.solver import (
     DEFAULT_METHOD,
     METHODS,
@@ -86,7 +87,8 @@ def optimize(
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o",
-        help="Output artifact (default artifacts/<workload>-n<N>.h5, with -epochs<K> or -minsep<B>-k<K> for a schema).",
+        help="Output artifact (default artifacts/<workload>-n<N>.h5, or <workload>-<strategy>-<bands|buffers>-n<N>.h5 "
+        "for a structured strategy; with -epochs<K> or -minsep<B>-k<K> for a schema).",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -144,12 +146,7 @@ def optimize(
         refuse_unless(warm_start is None, "--warm-start applies to single participation only")
         refuse_unless(not method_given, "--method applies to single participation only")
     if out is None:
-        out = default_artifact_path(default_artifact_stem(w), w.n)
-        if isinstance(schema, FixedEpoch):
-            out = out.with_name(f"{out.stem}-epochs{schema.epochs}.h5")
-        elif isinstance(schema, MinSeparation):
-            k = schema.participations(w.n)
-            out = out.with_name(f"{out.stem}-minsep{schema.separation}-k{k}.h5")
+        out = with_schema_suffix(default_artifact_path(default_artifact_stem(w), w.n), schema, w.n)
     check_output_path(out, force=force)
     if warm_start is not None:
         warm_start = artifact_argument(warm_start)
@@ -195,6 +192,9 @@ def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participa
         **(extra or {}),
         "loss": loss,
         "sensitivity": sensitivity,
+        # Both solvers return an exact sensitivity or refuse (single participation: the largest
+        # column norm; a schema: mfcli.multi_solver._result raises unless Sensitivity.exact).
+        "sensitivity_exact": True,
         "gap": res.gap,
         "primal": res.primal,
         "dual": res.dual,

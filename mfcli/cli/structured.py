@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mfcli.artifact import check_output_path
-from mfcli.cli.common import command_line, emit_json, envelope, key_value_table, log, stdout
+from mfcli.cli.common import command_line, emit_json, envelope, key_value_table, log, stdout, with_schema_suffix
 from mfcli.cli.rounding import pessimistic
 from mfcli.participation import Participation, SingleParticipation, schema_dict
 from mfcli.structured import StructuredArtifact, load_structured_artifact, save_structured_artifact
@@ -60,7 +60,7 @@ def optimize_structured(
         size, what = check_bands(bands, n), "bands"
     schema.check(n)
     if out is None:
-        out = default_path(workload, strategy, size, n)
+        out = with_schema_suffix(default_path(workload, strategy, size, n), schema, n)
     check_output_path(out, force=force)
     if not quiet and not as_json:
         shape = f"{size}-buffer BLT" if strategy == "blt" else f"{size}-band Toeplitz"
