@@ -119,10 +119,12 @@ def schema_numbers(strategy_matrix: np.ndarray, decoder: np.ndarray, schema: Par
     }
 
 
-def requested_schema(declared: Participation, requested: Participation | None, what: str) -> Participation:
+def requested_schema(declared: Participation, requested: Participation | None, what: str,
+                     n: int | None = None) -> Participation:
     """The schema to evaluate: :func:`mfcli.participation.declared_or_requested` (a request that
-    contradicts a declared multi-participation schema is refused in one line)."""
-    return declared_or_requested(declared, requested, what)
+    contradicts a declared multi-participation schema is refused in one line, the schemas
+    described for ``n`` steps when it is given)."""
+    return declared_or_requested(declared, requested, what, n)
 
 
 def comparison_schema(artifacts: Sequence[str | Path], requested: Participation | None) -> Participation:
@@ -144,13 +146,15 @@ def comparison_schema(artifacts: Sequence[str | Path], requested: Participation 
         try:
             with h5py.File(path, "r") as f:
                 raw = f.attrs.get(PARTICIPATION_ATTR)
+                shape = getattr(f.get("workload"), "shape", None)
         except OSError as exc:
             raise MfcliError(f"{path} cannot be read (truncated or corrupt?): {exc}") from None
         try:
             declared = read_participation(raw, None)
         except MfcliError as exc:
             raise MfcliError(f"{path}: {exc}") from None
-        chosen = declared_or_requested(declared, schema, str(path))
+        steps = int(shape[1]) if shape is not None and len(shape) == 2 else None
+        chosen = declared_or_requested(declared, schema, str(path), steps)
         if not isinstance(declared, SingleParticipation):
             schema = chosen
     return schema if schema is not None else SingleParticipation()

@@ -217,7 +217,7 @@ def declared_or_requested(declared: Participation, requested: Participation | No
     """
     if requested is None or requested == declared or isinstance(declared, SingleParticipation):
         return declared if requested is None else requested
-    raise MfcliError(f"{what} declares {declared.describe(n)}; evaluating it under {requested.describe()} instead "
+    raise MfcliError(f"{what} declares {declared.describe(n)}; evaluating it under {requested.describe(n)} instead "
                      "is refused (give its own schema or none)")
 
 
@@ -395,11 +395,12 @@ def _fixed_epoch(x: np.ndarray, schema: FixedEpoch, n: int, rows: int) -> Sensit
     for j in np.flatnonzero(bounds >= upper2 * (1 - EXACT_RTOL))[:8]:
         value2, signs = _sign_witness(blocks[j])
         best.offer(value2, range(int(j), n, b), signs[:, None])
-    method = f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({b} blocks of {k} x {k})"
+    shape = f"{b} block{'s' if b != 1 else ''} of {k} x {k}"
+    method = f"fixed-epoch: sum of |C^T C| over each epoch-residue block ({shape})"
     if best.value2 < upper2 * (1 - EXACT_RTOL):  # not attained by signs: certify the blocks one by one
         pats = np.arange(b)[:, None] + b * np.arange(k)[None, :]
         upper2 = _certify(x, [pats], [bounds], rows, best)
-        method = f"fixed-epoch: semidefinite dual certificate per epoch-residue block ({b} blocks of {k} x {k})"
+        method = f"fixed-epoch: semidefinite dual certificate per epoch-residue block ({shape})"
     return _result(upper2, best, method, schema)
 
 

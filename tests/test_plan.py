@@ -271,6 +271,10 @@ def test_cli_cyclic_artifact_reaccounted_by_account(tmp_path: Path) -> None:
     (["--examples", "100", "--batch", "10", "--epochs", "0", "--epsilon", "1"], "zero epochs", 2),
     (["--examples", "100", "--batch", "10", "--epochs", "1", "--epsilon", "1", "--batching", "poisson,foo"],
      "--batching: unknown batch sampler 'foo'", 2),
+    # a missing or doubled option is a usage error too (README, exit codes)
+    (["--examples", "100", "--batch", "10", "--epsilon", "1"], "give --epochs or --steps", 2),
+    (["--examples", "100", "--batch", "10", "--epochs", "1", "--steps", "10", "--epsilon", "1"],
+     "give --epochs or --steps", 2),
     (["--examples", "100", "--batch", "10", "--epochs", "1", "--epsilon", "1", "--batching", "shuffle"],
      "allow poisson or fixed-order", 1),
     (["--examples", "100", "--batch", "10", "--epochs", "2", "--epsilon", "1e-9", "--batching", "fixed-order",

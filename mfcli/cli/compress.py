@@ -100,7 +100,7 @@ def compress(
     refuse_structured(artifact, "compress")
     source_art = load_artifact(artifact)
     # refused before anything is written: a schema that contradicts the artifact's or does not fit n
-    schema = requested_schema(source_art.participation, requested, str(artifact))
+    schema = requested_schema(source_art.participation, requested, str(artifact), source_art.n)
     schema.check(source_art.n)
     if max_loss_increase is not None and not (math.isfinite(max_loss_increase) and max_loss_increase >= 0):
         raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")

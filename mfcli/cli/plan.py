@@ -181,6 +181,7 @@ def plan(
     from mfcli.artifact import check_output_path
     from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
 
+    refuse_unless((epochs is None) != (steps is None), "give --epochs or --steps (one of them)")
     refuse_unless(beta is None or workload == "momentum", "--beta applies to the momentum workload only")
     refuse_unless(workers is None or scheduler is None, "--workers applies to the local process pool, not --scheduler")
     refuse_unless(workers is None or workers >= 0, "--workers must be 0 or more")
