@@ -646,7 +646,9 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
 #: artifact's own operator with the sampler :func:`sampler_for` returns. The other rows of such a
 #: record do not: ``dp-sgd`` and ``shuffled-dp-sgd`` are references for C = I (the latter for
 #: N = n and replace-one neighbours), and under Poisson sampling ``single-pass`` assumes each
-#: example in at most one step, which Poisson sampling does not keep.
+#: example in at most one step, which Poisson sampling does not keep. One exception, checked on
+#: the operator itself by :func:`held_epsilons`: when the artifact's C is the identity (``mfcli
+#: plan``'s DP-SGD), the mechanism *is* DP-SGD and ``dp-sgd`` holds under Poisson sampling.
 HELD_SETTINGS: dict[str, tuple[str, ...]] = {
     "poisson": ("mmcc",),
     "cyclic": ("cyclic-poisson",),
@@ -655,18 +657,39 @@ HELD_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _identity_strategy(artifact: str | Path) -> bool:
+    """Whether the artifact's strategy C is exactly the identity (dense: C == I entry by entry;
+    structured: a banded Toeplitz C with the one coefficient 1), so that its mechanism is DP-SGD."""
+    from mfcli.structured import load_any_artifact
+    from mfcli.toeplitz import BandedToeplitz
+
+    art = load_any_artifact(Path(artifact))
+    strategy = getattr(art, "strategy", None)
+    if isinstance(strategy, BandedToeplitz):
+        return strategy.coefs.size == 1 and float(strategy.coefs[0]) == 1.0
+    fact = getattr(art, "factorization", None)
+    if fact is None:
+        return False
+    c = np.asarray(fact.strategy)
+    return c.shape == (art.n, art.n) and bool(np.array_equal(c, np.eye(art.n)))
+
+
 def held_epsilons(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, float]]:
     """(record id, {setting: epsilon}) for the settings of the record :func:`sampler_record` picks
     whose guarantee holds under the sampler :func:`sampler_for` builds from it
     (:data:`HELD_SETTINGS`), at the record's ``sigma`` and ``delta``. Settings the record did not
     compute, or whose epsilon it stores as null (not run), are left out; an empty dict means no
-    row of the record holds for this sampler. The neighbouring relation is the sampler's
+    row of the record holds for this sampler. ``dp-sgd`` holds under Poisson sampling when the
+    artifact's C is the identity (checked on the stored operator). The neighbouring relation is the sampler's
     ``neighbouring`` (add-remove, or zero-out for the shuffle)."""
     rid, attrs = sampler_record(artifact, record)
     batching = _sampler_params(attrs)[0]
     out: dict[str, float] = {}
     present = set(_settings(attrs.get("settings")))
-    for name in HELD_SETTINGS.get(str(batching), ()):
+    names = HELD_SETTINGS.get(str(batching), ())
+    if batching == "poisson" and "dp-sgd" in present and _identity_strategy(artifact):
+        names = (*names, "dp-sgd")
+    for name in names:
         v = attrs.get(f"epsilon_{name.replace('-', '_')}")
         if name in present and v not in (None, "null"):
             out[name] = float(v)

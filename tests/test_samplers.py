@@ -406,6 +406,27 @@ def test_held_epsilons_name_the_rows_each_sampler_serves(banded6: Path) -> None:
                                                              else [str(x) for x in rec["settings"]])
 
 
+def test_dpsgd_row_holds_for_an_identity_strategy_only(tmp_path: Path) -> None:
+    """Under Poisson sampling the dp-sgd row is the C = I reference: it holds for an artifact whose
+    C is exactly the identity (then the mechanism is DP-SGD; epsilon checked against dp-accounting
+    composed here) and for no other C, however close."""
+    import dp_accounting
+
+    n, sigma, q, delta = 6, 2.0, 0.1, 1e-6
+    ident = _artifact(tmp_path / "id6.h5", np.eye(n), "identity")
+    near = _artifact(tmp_path / "near6.h5", np.eye(n) + 1e-9 * np.eye(n, k=-1), "near-identity")
+    for path in (ident, near):
+        _account(str(path), "--sigma", str(sigma), "--sampling", str(q), "--delta", str(delta),
+                 "--value-discretization", "1e-2")  # coarse MMCC: fast, still a bound
+    _rid, held = held_epsilons(ident)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n)
+    truth = dp_accounting.pld.PLDAccountant().compose(event).get_epsilon(delta)
+    assert set(held) == {"mmcc", "dp-sgd"} and held["dp-sgd"] >= truth * (1 - 1e-3)
+    assert held["dp-sgd"] == pytest.approx(truth, rel=2e-2)
+    assert set(held_epsilons(near)[1]) == {"mmcc"}
+
+
 def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
     path = _artifact(tmp_path / "id4.h5", np.eye(4), "identity")
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
