@@ -248,6 +248,14 @@ class CandidateResult:
         """The participation the accounting assumes, in words."""
         return POISSON_PARTICIPATION["description"] if self.sampler == "poisson" else self.participation.describe(n)
 
+    def neighbouring(self) -> str:
+        """The neighbouring relation the row's epsilon holds for (add-remove, or zero-out /
+        replace-one under the shuffle; :func:`mfcli.accounting.session.neighbouring_of`)."""
+        from mfcli.accounting.session import neighbouring_of
+
+        shuffled_dpsgd = (self.accounting, self.sampler) == ("dp-sgd", "shuffle")
+        return neighbouring_of("shuffled-dp-sgd" if shuffled_dpsgd else self.accounting, self.sampler)
+
     def numbers(self) -> tuple:
         """Everything but the wall time (what must agree between executors)."""
         d = dict(self.__dict__)
@@ -262,6 +270,7 @@ class CandidateResult:
             "candidate": self.key, "mechanism": self.mechanism, "strategy": self.strategy,
             "participation": part, "batch_sampler": self.sampler,
             "batch_sampler_text": SAMPLER_TEXT[self.sampler], "accounting": self.accounting,
+            "neighbouring": self.neighbouring(),
             "sigma": self.sigma, "epsilon": self.epsilon, "sampling": self.sampling,
             "sensitivity": self.sensitivity, "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,
             "stream_floats_per_param": self.memory_floats, "stream_bytes": self.memory_bytes,

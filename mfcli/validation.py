@@ -1,6 +1,6 @@
-"""The validation rules several modules share, each written once: a number of steps, and a positive
+"""The validation rules several modules share, each written once: a number of steps, a positive
 number in an interval (sigma, delta, a sampling rate, a discretization, a sensitivity, a target
-epsilon).
+epsilon), and a name from a fixed set of choices.
 
 Messages name the parameter as the library knows it (``n``, ``sigma``, ``delta``); the CLI maps a
 parameter to its flag where the user needs that. Wrong types (a string, None, a bool for a count)
@@ -55,3 +55,10 @@ def positive_number(value: Any, what: str, *, upper: float = math.inf, upper_clo
 
 
 __all__ = ["positive_number", "step_count"]
+
+
+def one_of(value: Any, choices: tuple[str, ...], what: str) -> str:
+    """``value`` if it is one of ``choices``; else MfcliError ``unknown <what> 'x'; choose from ...``."""
+    if value not in choices:
+        raise MfcliError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
+    return str(value)

@@ -115,6 +115,23 @@ USAGE_ERRORS: list[tuple[list[str], str]] = [
     (["account", "--strategy", "tree", "--n", "8", "--sigma", "4", "--beta", "0.9"],
      "--beta applies to --workload momentum only"),
     (["account", "--strategy", "tree", "--n", "8", "-w", "prefix", "--sigma", "4", "--beta", "0.5"], "--beta"),
+    # values outside an option's own range or choices, refused while parsing (before any work)
+    (["account", "--sigma", "4", "--sampling", "0.1", "--tail-fraction", "2"], "--tail-fraction: tail fractions must lie"),
+    (["account", "--sigma", "4", "--sampling", "0.1", "--value-discretization", "-1"], "--value-discretization: "),
+    (["account", "--sigma", "4", "--sampling", "0.1", "--mixture-grid", "0"], "--mixture-grid: the mixture grid"),
+    (["account", "--sigma", "4", "--sampling", "0.1", "--max-memory", "foo"], "--max-memory: a memory size"),
+    (["account", "--sigma", "4", "--operator", "foo"], "--operator: operator must be one of"),
+    (["account", "--epsilon", "4", "--setting", "foo"], "--setting: unknown setting 'foo'"),
+    (["account", "--strategy", "foo", "--n", "8", "--sigma", "4"], "--strategy: unknown strategy 'foo'"),
+    (["account", "--strategy", "tree", "--n", "8", "-w", "foo", "--sigma", "4"], "--workload: unknown workload 'foo'"),
+    (["plan", "--examples", "0", "--batch", "10", "--epochs", "1", "--epsilon", "2"], "--examples: the number of examples"),
+    (["plan", "--examples", "100", "--batch", "0", "--epochs", "1", "--epsilon", "2"], "--batch: the batch size"),
+    (["plan", "--examples", "100", "--batch", "10", "--epochs", "1", "--epsilon", "2", "--params", "0"], "--params: "),
+    (["plan", "--examples", "100", "--batch", "10", "--epochs", "1", "--epsilon", "2", "-w", "custom"],
+     "--workload: unknown plan workload 'custom'"),
+    (["compare", "--n", "8", "--format", "foo"], "--format must be one of"),
+    (["compare", "--n", "64", "--min-sep", "8", "--max-participations", "2", "--epsilon", "4", "--sampling", "0.05"],
+     "--max-participations does not apply with --sampling"),
 ]
 
 

@@ -242,8 +242,11 @@ def test_cli_end_to_end_writes_the_recommended_artifact_and_account_reaccounts_i
                         "--delta", repr(float(record["delta"])), "--json", "-q"],
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert q.returncode == 0, q.stderr
-    eps = json.loads(q.stdout)["settings"]["deterministic"]["epsilon"]
+    acc = json.loads(q.stdout)["settings"]["deterministic"]
+    eps = acc["epsilon"]
     assert eps <= 2.0
+    # the plan row names the relation its epsilon holds for, as account does for the same setting
+    assert rec["neighbouring"] == acc["neighbouring"] == "add-remove"
     sens = brute_sensitivity(c, FixedEpoch(epochs=2))
     assert gaussian_delta(2.0, sens, rec["sigma"]) <= 1e-6 * (1 + 1e-9)
     assert rec["rmse_mean"] == pytest.approx(rec["sigma"] * math.sqrt(float(np.mean(np.sum(b * b, axis=1)))), rel=1e-6)

@@ -889,6 +889,17 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
     return plds[0]
 
 
+def check_tail_fraction(f: Any) -> float:
+    """A share of delta for MMCC's tail events: a number in (0, 1)."""
+    try:
+        v = float(f)
+    except (TypeError, ValueError):
+        raise MfcliError(f"tail fractions must lie in (0, 1), got {f!r}") from None
+    if not 0.0 < v < 1.0:
+        raise MfcliError(f"tail fractions must lie in (0, 1), got {f!r}")
+    return v
+
+
 def mmcc(
     strategy: np.ndarray | PreparedStrategy,
     *,
@@ -958,8 +969,8 @@ def mmcc(
         raise MfcliError("the mixture refinement must be a positive integer")
     if not 0.0 < float(tail_uniform_share) <= 1.0:
         raise MfcliError(f"the uniform share of the tail delta must lie in (0, 1], got {tail_uniform_share!r}")
-    fracs = [float(f) for f in tail_fractions]
-    if not fracs or any(not (0 < f < 1) for f in fracs):
+    fracs = [check_tail_fraction(f) for f in tail_fractions]
+    if not fracs:
         raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
     prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
     sig = sigma / prep.sensitivity

@@ -382,6 +382,13 @@ NEIGHBOURING = {"shuffled-dp-sgd": "replace-one"}
 SHUFFLE_NEIGHBOURING = "zero-out"
 
 
+def neighbouring_of(setting: str, batching: str | None) -> str:
+    """The neighbouring relation a setting's guarantee holds for under a batch sampler:
+    ``replace-one`` for the shuffled DP-SGD reference, ``zero-out`` (fixed, public N) for the other
+    rows under shuffle batching, else ``add-remove`` one example."""
+    return NEIGHBOURING.get(setting, SHUFFLE_NEIGHBOURING if batching == "shuffle" else "add-remove")
+
+
 @dataclass(frozen=True)
 class AccountingReport:
     """Every setting that applies for one strategy at one sigma: one typed result per setting
@@ -446,8 +453,7 @@ class AccountingReport:
         for name, r in self.results.items():
             row = r.as_dict()
             row["participation"], row["batch_sampler"] = self.row_labels(name)
-            row["neighbouring"] = NEIGHBOURING.get(
-                name, SHUFFLE_NEIGHBOURING if self.batching == "shuffle" else "add-remove")
+            row["neighbouring"] = neighbouring_of(name, self.batching)
             out[name] = row
         return out
 

@@ -35,6 +35,7 @@ from mfcli.cli.common import (
     emit_json,
     envelope,
     guarded,
+    in_range,
     key_value_table,
     log,
     participation_options,
@@ -208,6 +209,66 @@ def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
         raise MemoryLimitError(str(exc).replace("raise the memory limit", "raise --max-memory")) from None
 
 
+def _tail_fraction(v: float) -> None:
+    from mfcli.accounting.mmcc import check_tail_fraction
+
+    check_tail_fraction(v)
+
+
+def _discretization(v: float) -> None:
+    from mfcli.accounting.single_pass import check_discretization
+
+    check_discretization(v)
+
+
+def _mixture_grid(v: float) -> None:
+    from mfcli.validation import positive_number
+
+    positive_number(v, "the mixture grid", upper=1.0, upper_closed=True)
+
+
+def _memory(v: str) -> None:
+    from mfcli.memory import parse_size
+
+    parse_size(v)
+
+
+def _operator(v: str) -> None:
+    from mfcli.operators import check_operator_choice
+
+    check_operator_choice(v)
+
+
+def _setting(v: str) -> None:
+    from mfcli.validation import one_of
+
+    one_of(v, SETTINGS, "setting")
+
+
+def _builtin(v: str) -> None:
+    from mfcli.accounting.defaults import BUILTIN
+    from mfcli.validation import one_of
+
+    one_of(v, BUILTIN, "strategy")
+
+
+def _workload(v: str) -> None:
+    from mfcli.validation import one_of
+
+    one_of(v, ("prefix", "momentum"), "workload")
+
+
+#: Parse-time checks (exit 2) of the options whose range or choices need no other option.
+STRATEGY_CHECK = in_range("--strategy", _builtin)
+WORKLOAD_CHECK = in_range("--workload", _workload)
+SETTING_CHECK = in_range("--setting", _setting)
+VALUE_DISCRETIZATION_CHECK = in_range("--value-discretization", _discretization)
+TAIL_FRACTION_CHECK = in_range("--tail-fraction", _tail_fraction)
+MIXTURE_GRID_CHECK = in_range("--mixture-grid", _mixture_grid)
+OPERATOR_CHECK = in_range("--operator", _operator)
+MAX_MEMORY_CHECK = in_range("--max-memory", _memory)
+
+
 @guarded
 def account(
     source: Path | None = typer.Argument(
@@ -216,12 +277,14 @@ def account(
         show_default=False,
     ),
     strategy: str | None = typer.Option(
-        None, "--strategy", "-s", help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
+        None, "--strategy", "-s", callback=STRATEGY_CHECK,
+        help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
         "(In mfcli compare, -s is --strategies, a list.)"
     ),
     n: int | None = typer.Option(None, "--n", "-n", callback=positive_n, help="Number of steps for --strategy."),
     workload: str | None = typer.Option(
-        None, "--workload", "-w", help="With --strategy: the workload it is built for, prefix (default) or momentum."
+        None, "--workload", "-w", callback=WORKLOAD_CHECK,
+        help="With --strategy: the workload it is built for, prefix (default) or momentum."
     ),
     beta: float | None = typer.Option(
         None, "--beta", callback=BETA_RANGE, help="Momentum coefficient for --workload momentum (default 0.9)."
@@ -251,26 +314,26 @@ def account(
     max_participations: MaxParticipationsOpt = None,
     delta: float = typer.Option(DEFAULT_DELTA, "--delta", callback=DELTA_RANGE, help="delta in (0, 1)."),
     setting: str | None = typer.Option(
-        None, "--setting",
+        None, "--setting", callback=SETTING_CHECK,
         help=f"Setting to calibrate with --epsilon: {', '.join(SETTINGS)} (default: mmcc with --sampling, cyclic-poisson "
         "with --batching cyclic, balls-in-bins-tree with --batching balls-in-bins, else single-pass, or deterministic "
         "under --epochs/--min-sep).",
     ),
     value_discretization: float | None = typer.Option(
-        None, "--value-discretization",
+        None, "--value-discretization", callback=VALUE_DISCRETIZATION_CHECK,
         help=f"DP-SGD and MMCC (with --sampling): PLD value discretization (default {DEFAULT_DISCRETIZATION:g}; MMCC may "
         "coarsen it to fit its work budget; the grid used is printed).",
     ),
     tail_fraction: list[float] | None = typer.Option(
-        None, "--tail-fraction",
+        None, "--tail-fraction", callback=TAIL_FRACTION_CHECK,
         help="MMCC only (with --sampling): share f of delta for the tail events (repeat to try several; the best is reported).",
     ),
     mixture_grid: float | None = typer.Option(
-        None, "--mixture-grid",
+        None, "--mixture-grid", callback=MIXTURE_GRID_CHECK,
         help="MMCC only (with --sampling): row sensitivities are rounded up to multiples of 1/ceil(1/grid) (default 0.02).",
     ),
     operator: str | None = typer.Option(
-        None, "--operator",
+        None, "--operator", callback=OPERATOR_CHECK,
         help="Operator of an artifact to account: auto (default: the compressed decoder if the artifact has one, "
         "as noise streams and the adapters stream it; else dense), dense or compressed.",
     ),
@@ -278,7 +341,7 @@ def account(
         False, "--write", help="Record the result in the input artifact (group accounting/<id>); matrices untouched."
     ),
     max_memory: str | None = typer.Option(
-        None, "--max-memory", metavar="<size>",
+        None, "--max-memory", metavar="<size>", callback=MAX_MEMORY_CHECK,
         help="MMCC (with --sampling): memory the tail events may use, e.g. 2G (default: half of physical memory); "
         "a run that would exceed it is refused with its estimate.",
     ),
@@ -340,13 +403,6 @@ def account(
                   "--operator chooses between the operators of an artifact; a built-in --strategy has only one")
     refuse_unless(strategy is None or source is None, "give either a strategy file or --strategy, not both")
     refuse_unless(strategy is None or n is not None, f"--strategy {strategy} needs --n (the number of steps)")
-    if operator is not None:
-        from mfcli.operators import CHOICES, check_operator_choice
-
-        try:
-            check_operator_choice(operator)
-        except MfcliError:  # the library names the parameter; the user needs the flag
-            raise MfcliError(f"--operator must be {', '.join(CHOICES[:-1])} or {CHOICES[-1]}, got {operator!r}") from None
     if batching is not None and batching not in SAMPLED_BATCHINGS:
         refuse_unless(sampling is None,
                       f"--sampling gives the Poisson sampling rate; --batching {batching} does not sample")
@@ -381,10 +437,6 @@ def account(
         value_discretization = defaults.value_discretization
     from mfcli.accounting.single_pass import check_sampling, check_sigma
     from mfcli.memory import default_max_memory, parse_size
-    from mfcli.validation import positive_number
-
-    if mixture_grid is not None:  # a CLI-only parameter (the library takes mixture_resolution)
-        positive_number(mixture_grid, "--mixture-grid", upper=1.0, upper_closed=True)
 
     if sigma is not None:
         check_sigma(sigma)

@@ -48,6 +48,28 @@ def _sampler_names(value: str) -> None:
 BATCHING_NAMES = in_range("--batching", _sampler_names)
 
 
+def _count(what: str) -> Any:
+    def check(v: int) -> None:
+        from mfcli.plan import _positive_int
+
+        _positive_int(v, what)
+
+    return check
+
+
+def _plan_workload(v: str) -> None:
+    from mfcli.plan import WORKLOADS
+    from mfcli.validation import one_of
+
+    one_of(v, WORKLOADS, "plan workload")
+
+
+EXAMPLES_CHECK = in_range("--examples", _count("the number of examples"))
+BATCH_CHECK = in_range("--batch", _count("the batch size"))
+PARAMS_CHECK = in_range("--params", _count("the number of parameters"))
+PLAN_WORKLOAD_CHECK = in_range("--workload", _plan_workload)
+
+
 def _bytes(b: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if b < 1024 or unit == "TiB":
@@ -63,9 +85,12 @@ def rich_plan(plan: Any) -> Table:
     title = (f"mfcli plan: {s.examples} examples, batch {s.batch}, {s.epochs} epoch{'s' if s.epochs != 1 else ''} "
              f"(n = {s.n}, {s.steps_per_epoch} steps/epoch, q = {s.sampling:.4g}), {s.workload}"
              f"{f' beta {s.beta:g}' if s.workload == 'momentum' else ''}; target epsilon {s.epsilon:g}, delta {s.delta:g}")
+    relations = sorted({r.neighbouring() for r in plan.ranked})
+    neighbours = (f"epsilon for {relations[0]} neighbours" if len(relations) == 1
+                  else f"epsilon for each row's neighbouring relation ({', '.join(relations)}; --json names it)")
     t = Table(title=title, caption="RMSE: noise std of the released iterates per coordinate, clip norm 1 (mean = root "
               "mean square over steps); memory: float32 stream state for "
-              f"{s.params} parameter{'s' if s.params != 1 else ''}; * = recommended")
+              f"{s.params} parameter{'s' if s.params != 1 else ''}; {neighbours}; * = recommended")
     for col in ("#", "candidate", "mechanism", "batch sampler", "accounting", "sigma", "epsilon", "RMSE mean",
                 "RMSE max", "stream memory", "seconds"):
         t.add_column(col, justify="right" if col in ("#", "sigma", "epsilon", "RMSE mean", "RMSE max", "seconds") else "left")
@@ -91,8 +116,9 @@ def render_text(plan: Any, saved: dict | None) -> str:
         lines.append(f"not recommended: {r.key} ({r.sampler}): {not_recommended(r, plan.setup.n)}")
     if plan.recommended is not None:
         r = plan.recommended
-        lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}; {r.accounting} accounting under "
-                     f"{r.participation_text(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
+        rate = "" if r.sampling is None else f" at sampling rate {r.sampling!r}"
+        lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}{rate}; {r.accounting} accounting "
+                     f"under {r.participation_text(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
                      f"(epsilon {pessimistic(r.epsilon)} <= {plan.setup.epsilon:g})")
     else:
         lines.append("recommended: none (no candidate's guarantee covers adaptive training with an artifact)")
@@ -144,16 +170,17 @@ EPOCH_COUNT = in_range("--epochs", _epoch_count)
 
 @guarded
 def plan(
-    examples: int = typer.Option(..., "--examples", help="Number of training examples."),
-    batch: int = typer.Option(..., "--batch", help="Batch size (expected batch size for the Poisson samplers)."),
+    examples: int = typer.Option(..., "--examples", callback=EXAMPLES_CHECK, help="Number of training examples."),
+    batch: int = typer.Option(..., "--batch", callback=BATCH_CHECK,
+                              help="Batch size (expected batch size for the Poisson samplers)."),
     epsilon: float = typer.Option(..., "--epsilon", callback=EPSILON_RANGE, help="Target epsilon."),
     epochs: int | None = typer.Option(None, "--epochs", callback=EPOCH_COUNT, help="Epochs (or give --steps)."),
     steps: int | None = typer.Option(None, "--steps", help="Steps, a multiple of the steps per epoch (or give --epochs)."),
     delta: float = typer.Option(1e-6, "--delta", callback=DELTA_RANGE, help="Target delta in (0, 1)."),
-    workload: str = typer.Option("prefix", "--workload", "-w", help="prefix (SGD) or momentum."),
+    workload: str = typer.Option("prefix", "--workload", "-w", callback=PLAN_WORKLOAD_CHECK, help="prefix (SGD) or momentum."),
     beta: float | None = typer.Option(
         None, "--beta", callback=BETA_RANGE, help="momentum only: the momentum parameter (default 0.9)."),
-    params: int = typer.Option(1, "--params", help="Model parameters D (for the stream memory column)."),
+    params: int = typer.Option(1, "--params", callback=PARAMS_CHECK, help="Model parameters D (for the stream memory column)."),
     batching: list[str] | None = typer.Option(
         None, "--batching", callback=BATCHING_NAMES,
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "

@@ -16,7 +16,13 @@ def pessimistic(v: Any, *, down: bool = False, digits: int = 6) -> str:
         v = float(v)
         if not math.isfinite(v) or v == 0:
             return "inf" if v == float("inf") else f"{v:g}"
-        scale = 10.0 ** (math.floor(math.log10(abs(v))) - (digits - 1))
+        text = f"{v:.{digits}g}"
+        if float(text) == v:  # v has at most ``digits`` significant digits: it prints as itself
+            return text
+        exponent = math.floor(math.log10(abs(v)))
+        if 10.0**exponent > abs(v):  # log10 rounded up across a power of ten (999999999999.998)
+            exponent -= 1
+        scale = 10.0 ** (exponent - (digits - 1))
         r = (math.floor if down else math.ceil)(v / scale) * scale
         # The printed decimal must stay on the safe side of v after float formatting too.
         text = f"{r:.{digits}g}"

@@ -141,9 +141,7 @@ def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, com
         ("max (worst step)" + bound, pessimistic(art.schema_loss.max, digits=10)),
     ]
     rows += [(k, v) for k, v in (extra or {}).items() if k not in ("artifact_sha256", "accounting_records")]
-    rows += [(f"accounting/{r['id']}", f"settings {', '.join(map(str, r['settings'] or []))}, sigma {r['sigma']}: "
-              + ("verified" if r["verified"] else "not an mfcli.accounting record"))
-             for r in (extra or {}).get("accounting_records", [])]
+    rows += [(f"accounting/{r['id']}", _record_line(r)) for r in (extra or {}).get("accounting_records", [])]
     stdout().print(key_value_table(title, rows))
 
 
@@ -167,9 +165,32 @@ def inspect_structured(path: Path, *, as_json: bool) -> None:
         "created_with": art.attrs.get("command"), "checks": "checksums and stored numbers match their recomputation"
         + (f"; {len(records)} accounting record(s) re-verified" if records else "")}
     if records:
-        extra["accounting_records"] = [{"id": r["id"], "verified": r["verified"], "settings": r["attrs"].get("settings"),
-                                        "sigma": r["attrs"].get("sigma")} for r in records]
+        extra["accounting_records"] = [_record_summary(r) for r in records]
     render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
+
+
+def _record_line(r: dict[str, Any]) -> str:
+    eps = ", ".join(f"{k} epsilon {'not run' if v is None else pessimistic(v)}" for k, v in r["epsilon"].items())
+    sampler = (f"batch sampler {r['batching']}, sampling rate {r['sampling']!r}" if r["batching"]
+               else "deterministic participation (no sampler)")
+    return (f"{eps}; sigma {r['sigma']!r}, delta {r['delta']!r}; {sampler}: "
+            + ("verified" if r["verified"] else "not an mfcli.accounting record"))
+
+
+def _record_summary(rec: dict[str, Any]) -> dict[str, Any]:
+    """What a trainer re-accounting or building a sampler needs from a record: its settings and
+    their epsilons, sigma, delta, the batch sampler and sampling rate (null: deterministic
+    participation), and the verification result."""
+    attrs = rec["attrs"]
+    settings = [str(x) for x in (attrs.get("settings") or [])]
+
+    def number(v: Any) -> float | None:
+        return None if v is None or v == "null" else float(v)
+
+    return {"id": rec["id"], "verified": rec["verified"], "settings": settings, "sigma": number(attrs.get("sigma")),
+            "delta": number(attrs.get("delta")), "batching": attrs.get("batching") or None,
+            "sampling": number(attrs.get("sampling")),
+            "epsilon": {s: number(attrs.get(f"epsilon_{s.replace('-', '_')}")) for s in settings}}
 
 
 def _has_accounting(path: Path) -> bool:
