@@ -125,7 +125,7 @@ def test_cli_refuses_with_the_estimate_and_exit_1(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.parametrize("args, code, message", [
     (["--max-memory", "2G"], 2, "--max-memory applies to MMCC only, which needs --sampling"),
-    (["--sampling", "0.1", "--max-memory", "lots"], 1, "a memory size must be"),
+    (["--sampling", "0.1", "--max-memory", "lots"], 2, "--max-memory: a memory size must be"),  # its own range: usage
 ])
 def test_cli_max_memory_usage(args: list[str], code: int, message: str) -> None:
     r = CliRunner().invoke(app, ["account", "-s", "tree", "-n", "8", "--sigma", "2", *args, "-q"])

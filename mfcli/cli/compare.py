@@ -201,8 +201,6 @@ def compare(
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
     refuse_unless(not force or out is not None or plot is not None or save is not None,
                   "--force applies to a file written with --out, --plot or --save-strategy; none is given")
-    if fmt not in FORMATS:
-        raise MfcliError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     names = parse_strategy_names(strategies)
     if save is not None and save not in STRATEGY_NAMES:
         raise MfcliError(f"unknown strategy {save!r} for --save-strategy; choose from {', '.join(STRATEGY_NAMES)}")
