@@ -126,7 +126,7 @@ def test_table_names_the_operator(artifacts):
     "args,message",
     [
         (["--operator", "compressed"], "has no compressed decoder"),
-        (["--operator", "sparse"], "--operator must be auto, dense or compressed"),
+        (["--operator", "sparse"], "--operator: operator must be one of auto, dense, compressed"),
     ],
 )
 def test_operator_choice_refused(artifacts, args, message):

@@ -146,9 +146,9 @@ BAD = [
     (["x.npy", "--strategy", "identity", "--n", "4", "--sigma", "1"], "either a strategy file or --strategy"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--value-discretization", "0"], "discretization"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--sampling", "0.5", "--mixture-grid", "0"],
-     r"--mixture-grid must be in (0, 1], got 0.0"),
+     r"--mixture-grid: the mixture grid must be in (0, 1], got 0.0"),
     (["--strategy", "identity", "--n", "4", "--sigma", "1", "--sampling", "0.5", "--mixture-grid", "1.5"],
-     r"--mixture-grid must be in (0, 1], got 1.5"),
+     r"--mixture-grid: the mixture grid must be in (0, 1], got 1.5"),
 ]
 
 
