@@ -40,6 +40,7 @@ import numpy as np
 from mfcli.accounting.calibrate import SIGMA_MAX, Calibration, calibrate_sigma
 from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.validation import positive_int
 
 #: Batch samplers a trainer can allow (``--batching``).
 SAMPLERS = ("poisson", "cyclic", "balls-in-bins", "shuffle", "fixed-order")
@@ -88,17 +89,13 @@ PLD_DISCRETIZATION = 1e-3
 TIE_RTOL = 1e-9
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def check_epochs(epochs: Any) -> int:
     """A number of training epochs: a positive integer."""
     if isinstance(epochs, (int, np.integer)) and not isinstance(epochs, bool) and epochs == 0:
         raise MfcliError("zero epochs train nothing; give at least 1 epoch")
-    return _positive_int(epochs, "the number of epochs")
+    return positive_int(epochs, "the number of epochs")
 
 
 @dataclass(frozen=True)
@@ -128,8 +125,8 @@ class TrainingSetup:
         from mfcli.validation import positive_number
         from mfcli.workloads import check_beta
 
-        ex = _positive_int(self.examples, "the number of examples")
-        b = _positive_int(self.batch, "the batch size")
+        ex = positive_int(self.examples, "the number of examples")
+        b = positive_int(self.batch, "the batch size")
         if b > ex:
             raise MfcliError(f"the batch ({b}) is larger than the data set ({ex} examples); use a batch of at most {ex}")
         s = math.ceil(ex / b)
@@ -138,7 +135,7 @@ class TrainingSetup:
         if self.epochs is not None:
             epochs = check_epochs(self.epochs)
         else:
-            steps = _positive_int(self.steps, "the number of steps")
+            steps = positive_int(self.steps, "the number of steps")
             if steps % s:
                 raise MfcliError(f"{steps} steps is not a whole number of epochs of {s} steps; give a multiple of {s} "
                                  f"(e.g. {max(1, round(steps / s)) * s}) or a number of epochs")
@@ -150,7 +147,7 @@ class TrainingSetup:
         if self.workload not in WORKLOADS:
             raise MfcliError(f"plan supports the Toeplitz workloads {', '.join(WORKLOADS)}, not {self.workload!r}")
         object.__setattr__(self, "beta", check_beta(self.beta))
-        _positive_int(self.params, "the number of parameters")
+        positive_int(self.params, "the number of parameters")
         batching = tuple(dict.fromkeys(self.batching))
         for name in batching:
             check_sampler(name)
@@ -158,8 +155,8 @@ class TrainingSetup:
             raise MfcliError(f"allow at least one batch sampler: {', '.join(SAMPLERS)}")
         object.__setattr__(self, "batching", batching)
         if self.bands is not None:
-            object.__setattr__(self, "bands", tuple(sorted({_positive_int(k, "a band count") for k in self.bands})))
-        object.__setattr__(self, "buffers", tuple(sorted({_positive_int(k, "a buffer count") for k in self.buffers})))
+            object.__setattr__(self, "bands", tuple(sorted({positive_int(k, "a band count") for k in self.bands})))
+        object.__setattr__(self, "buffers", tuple(sorted({positive_int(k, "a buffer count") for k in self.buffers})))
         object.__setattr__(self, "curve", tuple(positive_number(e, "a plot epsilon") for e in self.curve))
 
     @property

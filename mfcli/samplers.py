@@ -80,6 +80,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.noise import check_seed
+from mfcli.validation import positive_int
 
 STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
@@ -129,10 +130,6 @@ class BatchSampler(Protocol):
         ...
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _check_rate(rate: Any) -> float:
@@ -175,8 +172,8 @@ class _Sampler(ABC):
     seed: int = field(repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "examples", _positive_int(self.examples, "the number of examples"))
-        object.__setattr__(self, "steps", _positive_int(self.steps, "the number of steps"))
+        object.__setattr__(self, "examples", positive_int(self.examples, "the number of examples"))
+        object.__setattr__(self, "steps", positive_int(self.steps, "the number of steps"))
         object.__setattr__(self, "seed", check_seed(self.seed, what="sampler seed"))
 
     # ------------------------------------------------------------------ randomness
@@ -330,7 +327,7 @@ class CyclicPoissonSampler(_Sampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        b = _positive_int(self.groups, "the number of groups")
+        b = positive_int(self.groups, "the number of groups")
         object.__setattr__(self, "groups", b)
         object.__setattr__(self, "rate", _check_rate(self.rate))
         object.__setattr__(self, "_group", _slots(self._key("groups"), b, self.examples))
@@ -446,7 +443,7 @@ class FixedOrderSampler(_Sampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        b = _positive_int(self.period, "the period (batches per cycle)")
+        b = positive_int(self.period, "the period (batches per cycle)")
         object.__setattr__(self, "period", b)
         slot = _slots(self._key("slots"), b, self.examples)
         order = np.argsort(slot, kind="stable")   # examples by slot, ascending within a slot
@@ -726,7 +723,7 @@ def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str |
     from mfcli.participation import participation_from_json
     from mfcli.structured import load_any_artifact
 
-    examples = _positive_int(examples, "the number of examples")
+    examples = positive_int(examples, "the number of examples")
     path = Path(artifact)
     rid, attrs = sampler_record(path, record)
     batching, rate, participation = _sampler_params(attrs)

@@ -1,6 +1,6 @@
 """The validation rules several modules share, each written once: a number of steps, a positive
 number in an interval (sigma, delta, a sampling rate, a discretization, a sensitivity, a target
-epsilon), and a name from a fixed set of choices.
+epsilon), a positive integer count, and a name from a fixed set of choices.
 
 Messages name the parameter as the library knows it (``n``, ``sigma``, ``delta``); the CLI maps a
 parameter to its flag where the user needs that. Wrong types (a string, None, a bool for a count)
@@ -34,6 +34,13 @@ def step_count(n: Any, *, name: str = "n", minimum: int = 1, too_few: str | None
     if count < minimum:
         raise MfcliError(f"{too_few}, got {name} = {count}" if too_few else f"{name} must be at least {minimum}, got {count}")
     return count
+
+
+def positive_int(value: Any, what: str) -> int:
+    """``value`` as an int if it is a positive integer (a bool is not); else MfcliError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def positive_number(value: Any, what: str, *, upper: float = math.inf, upper_closed: bool = False) -> float:

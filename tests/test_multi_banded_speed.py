@@ -29,15 +29,21 @@ def _kron_hessian(a: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.kron(m, xi) + np.kron(xi, m)
 
 
-@pytest.mark.parametrize(("name", "n", "b"), [("momentum", 12, 3), ("prefix", 10, 4), ("cooldown", 9, 2)])
-def test_full_rank_preconditioner_is_the_inverse_hessian(name, n, b):
-    """With r = n - 1 (every eigenpair but one, c the last) N_r = N: the exact inverse Hessian."""
+def _band_problem(name: str, n: int, b: int, cond: float) -> tuple:
+    """(A, X, the band problem, X in band storage, its factors) for a random b-banded X."""
     a = workload_matrix(name, n)
-    x = random_band_x(n, b, n)
+    x = random_band_x(n, b, cond)
     prob = _Banded(a, b)
     xb = to_band(x, b)
     _, factors = prob.value(xb)
     assert factors is not None
+    return a, x, prob, xb, factors
+
+
+@pytest.mark.parametrize(("name", "n", "b"), [("momentum", 12, 3), ("prefix", 10, 4), ("cooldown", 9, 2)])
+def test_full_rank_preconditioner_is_the_inverse_hessian(name, n, b):
+    """With r = n - 1 (every eigenpair but one, c the last) N_r = N: the exact inverse Hessian."""
+    a, x, prob, xb, factors = _band_problem(name, n, b, n)
     pre = _LowRankInverse(prob, factors, prob.blocks(xb), n - 1)
     h = _kron_hessian(a, x)
     rng = np.random.default_rng(1)
@@ -51,12 +57,7 @@ def test_full_rank_preconditioner_is_the_inverse_hessian(name, n, b):
 def test_low_rank_preconditioner_is_symmetric_positive_definite(name, n, b, rank):
     """Any rank: a self-adjoint positive definite operator on the band (so CG stays valid), and
     the inverse of the Hessian with N = L^T M L replaced by its rank-r truncation N_r (dense)."""
-    a = workload_matrix(name, n)
-    x = random_band_x(n, b, n + rank)
-    prob = _Banded(a, b)
-    xb = to_band(x, b)
-    _, factors = prob.value(xb)
-    assert factors is not None
+    _, x, prob, xb, factors = _band_problem(name, n, b, n + rank)
     pre = _LowRankInverse(prob, factors, prob.blocks(xb), rank)
     rng = np.random.default_rng(2)
     basis = [rng.standard_normal((b, n)) * (prob.w > 0) for _ in range(6)]
@@ -146,12 +147,7 @@ def test_two_sided_preconditioner_against_the_dense_spectrum(name, n, b, rank, b
     smallest eigenpairs of N and flattens the rest to their harmonic mean: at these sizes the range
     finders span the whole space, so the result must be the inverse Hessian with N_r built from
     numpy's eigendecomposition of N (the Kronecker matrix), self-adjoint and positive definite."""
-    a = workload_matrix(name, n)
-    x = random_band_x(n, b, n + rank)
-    prob = _Banded(a, b)
-    xb = to_band(x, b)
-    _, factors = prob.value(xb)
-    assert factors is not None
+    a, x, prob, xb, factors = _band_problem(name, n, b, n + rank)
     big_n, low = _dense_n(a, x)
     n_inv = np.linalg.inv(big_n)
     pre = _LowRankInverse(prob, factors, prob.blocks(xb), rank, apply_ninv=lambda v: n_inv @ v, bottom=bottom,

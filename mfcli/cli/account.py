@@ -15,6 +15,7 @@ from rich.table import Table
 from mfcli.accounting.defaults import (
     BATCHING_SETTINGS,
     BATCHINGS,
+    BUILTIN,
     DEFAULT_ARTIFACT,
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -37,6 +38,7 @@ from mfcli.cli.common import (
     guarded,
     in_range,
     key_value_table,
+    library_check,
     log,
     participation_options,
     positive_n,
@@ -209,64 +211,17 @@ def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
         raise MemoryLimitError(str(exc).replace("raise the memory limit", "raise --max-memory")) from None
 
 
-def _tail_fraction(v: float) -> None:
-    from mfcli.accounting.mmcc import check_tail_fraction
-
-    check_tail_fraction(v)
-
-
-def _discretization(v: float) -> None:
-    from mfcli.accounting.single_pass import check_discretization
-
-    check_discretization(v)
-
-
-def _mixture_grid(v: float) -> None:
-    from mfcli.validation import positive_number
-
-    positive_number(v, "the mixture grid", upper=1.0, upper_closed=True)
-
-
-def _memory(v: str) -> None:
-    from mfcli.memory import parse_size
-
-    parse_size(v)
-
-
-def _operator(v: str) -> None:
-    from mfcli.operators import check_operator_choice
-
-    check_operator_choice(v)
-
-
-def _setting(v: str) -> None:
-    from mfcli.validation import one_of
-
-    one_of(v, SETTINGS, "setting")
-
-
-def _builtin(v: str) -> None:
-    from mfcli.accounting.defaults import BUILTIN
-    from mfcli.validation import one_of
-
-    one_of(v, BUILTIN, "strategy")
-
-
-def _workload(v: str) -> None:
-    from mfcli.validation import one_of
-
-    one_of(v, ("prefix", "momentum"), "workload")
-
-
 #: Parse-time checks (exit 2) of the options whose range or choices need no other option.
-STRATEGY_CHECK = in_range("--strategy", _builtin)
-WORKLOAD_CHECK = in_range("--workload", _workload)
-SETTING_CHECK = in_range("--setting", _setting)
-VALUE_DISCRETIZATION_CHECK = in_range("--value-discretization", _discretization)
-TAIL_FRACTION_CHECK = in_range("--tail-fraction", _tail_fraction)
-MIXTURE_GRID_CHECK = in_range("--mixture-grid", _mixture_grid)
-OPERATOR_CHECK = in_range("--operator", _operator)
-MAX_MEMORY_CHECK = in_range("--max-memory", _memory)
+STRATEGY_CHECK = in_range("--strategy", library_check("mfcli.validation", "one_of", BUILTIN, "strategy"))
+WORKLOAD_CHECK = in_range("--workload", library_check("mfcli.validation", "one_of", ("prefix", "momentum"), "workload"))
+SETTING_CHECK = in_range("--setting", library_check("mfcli.validation", "one_of", SETTINGS, "setting"))
+VALUE_DISCRETIZATION_CHECK = in_range(
+    "--value-discretization", library_check("mfcli.accounting.single_pass", "check_discretization"))
+TAIL_FRACTION_CHECK = in_range("--tail-fraction", library_check("mfcli.accounting.mmcc", "check_tail_fraction"))
+MIXTURE_GRID_CHECK = in_range("--mixture-grid", library_check(
+    "mfcli.validation", "positive_number", "the mixture grid", upper=1.0, upper_closed=True))
+OPERATOR_CHECK = in_range("--operator", library_check("mfcli.operators", "check_operator_choice"))
+MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.memory", "parse_size"))
 
 
 @guarded

@@ -323,56 +323,27 @@ def in_range(flag: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return callback
 
 
-def _beta(v: float) -> None:
-    from mfcli.workloads import check_beta
+def library_check(module: str, function: str, /, *args: Any, **kwargs: Any) -> Callable[[Any], None]:
+    """The library validator ``module.function``, called as ``function(value, *args, **kwargs)``, for
+    :func:`in_range`. ``module`` is imported only when an option is given, so parsing (and
+    ``--help``) loads no numpy or scipy (tests/test_packaging.py)."""
 
-    check_beta(v)
+    def check(value: Any) -> None:
+        import importlib
 
+        getattr(importlib.import_module(module), function)(value, *args, **kwargs)
 
-def _bands(v: int) -> None:
-    from mfcli.toeplitz import check_bands
-
-    check_bands(v)
-
-
-def _buffers(v: int) -> None:
-    from mfcli.cli.structured import check_buffers
-
-    check_buffers(v)
-
-
-def _sigma(v: float) -> None:
-    from mfcli.accounting.single_pass import check_sigma
-
-    check_sigma(v)
-
-
-def _delta(v: float) -> None:
-    from mfcli.accounting.single_pass import check_delta
-
-    check_delta(v)
-
-
-def _sampling(v: float) -> None:
-    from mfcli.accounting.single_pass import check_sampling
-
-    check_sampling(v)
-
-
-def _epsilon(v: float) -> None:
-    from mfcli.validation import positive_number
-
-    positive_number(v, "the target epsilon")
+    return check
 
 
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).
-BETA_RANGE = in_range("--beta", _beta)
-BANDS_RANGE = in_range("--bands", _bands)
-BUFFERS_RANGE = in_range("--buffers", _buffers)
-SIGMA_RANGE = in_range("--sigma", _sigma)
-DELTA_RANGE = in_range("--delta", _delta)
-SAMPLING_RANGE = in_range("--sampling", _sampling)
-EPSILON_RANGE = in_range("--epsilon", _epsilon)
+BETA_RANGE = in_range("--beta", library_check("mfcli.workloads", "check_beta"))
+BANDS_RANGE = in_range("--bands", library_check("mfcli.toeplitz", "check_bands"))
+BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.cli.structured", "check_buffers"))
+SIGMA_RANGE = in_range("--sigma", library_check("mfcli.accounting.single_pass", "check_sigma"))
+DELTA_RANGE = in_range("--delta", library_check("mfcli.accounting.single_pass", "check_delta"))
+SAMPLING_RANGE = in_range("--sampling", library_check("mfcli.accounting.single_pass", "check_sampling"))
+EPSILON_RANGE = in_range("--epsilon", library_check("mfcli.validation", "positive_number", "the target epsilon"))
 # Options that apply to one mode only default to None (not given), so that giving one where it
 # does not apply is refused even when its value equals the default (see workload_kwargs).
 BetaOpt = Annotated[

@@ -18,6 +18,7 @@ from mfcli.cli.common import (
     guarded,
     in_range,
     key_value_table,
+    library_check,
     log,
     participation_options,
     refuse_structured,
@@ -29,17 +30,9 @@ from mfcli.cli.rounding import pessimistic
 from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 from mfcli.errors import MfcliError
 
-
-def _band(v: int) -> None:
-    from mfcli.validation import step_count
-
-    step_count(v, name="band K")  # K <= n is checked against the artifact's n (exit 1)
-
-
-def _rank(v: int) -> None:
-    from mfcli.validation import step_count
-
-    step_count(v, name="rank R", minimum=0)  # R <= n - K likewise
+# K <= n and R <= n - K are checked against the artifact's n (exit 1); alone: K >= 1, R >= 0.
+BAND_CHECK = in_range("--band", library_check("mfcli.validation", "step_count", name="band K"))
+RANK_CHECK = in_range("--rank", library_check("mfcli.validation", "step_count", name="rank R", minimum=0))
 
 
 @guarded
@@ -47,9 +40,9 @@ def compress(
     artifact: Path = typer.Argument(
         ..., help="Dense causal artifact to compress (never modified): a file, or a shipped name such as momentum-n256."
     ),
-    band: int | None = typer.Option(None, "--band", "-k", callback=in_range("--band", _band),
+    band: int | None = typer.Option(None, "--band", "-k", callback=BAND_CHECK,
                                     help="K: exact diagonals of B kept (1 <= K <= n)."),
-    rank: int | None = typer.Option(None, "--rank", "-r", callback=in_range("--rank", _rank),
+    rank: int | None = typer.Option(None, "--rank", "-r", callback=RANK_CHECK,
                                     help="R: rank of the fitted older part (0 <= R <= n - K)."),
     max_loss_increase: float | None = typer.Option(
         None, "--max-loss-increase",

@@ -22,6 +22,7 @@ from mfcli.cli.common import (
     envelope,
     guarded,
     in_range,
+    library_check,
     log,
     refuse_unless,
 )
@@ -48,25 +49,16 @@ def _sampler_names(value: str) -> None:
 BATCHING_NAMES = in_range("--batching", _sampler_names)
 
 
-def _count(what: str) -> Any:
-    def check(v: int) -> None:
-        from mfcli.plan import _positive_int
-
-        _positive_int(v, what)
-
-    return check
-
-
 def _plan_workload(v: str) -> None:
-    from mfcli.plan import WORKLOADS
+    from mfcli.plan import WORKLOADS  # mfcli.plan loads numpy: imported only when the option is given
     from mfcli.validation import one_of
 
     one_of(v, WORKLOADS, "plan workload")
 
 
-EXAMPLES_CHECK = in_range("--examples", _count("the number of examples"))
-BATCH_CHECK = in_range("--batch", _count("the batch size"))
-PARAMS_CHECK = in_range("--params", _count("the number of parameters"))
+EXAMPLES_CHECK = in_range("--examples", library_check("mfcli.validation", "positive_int", "the number of examples"))
+BATCH_CHECK = in_range("--batch", library_check("mfcli.validation", "positive_int", "the batch size"))
+PARAMS_CHECK = in_range("--params", library_check("mfcli.validation", "positive_int", "the number of parameters"))
 PLAN_WORKLOAD_CHECK = in_range("--workload", _plan_workload)
 
 
@@ -159,13 +151,7 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 
-def _epoch_count(v: int) -> None:
-    from mfcli.plan import check_epochs
-
-    check_epochs(v)
-
-
-EPOCH_COUNT = in_range("--epochs", _epoch_count)
+EPOCH_COUNT = in_range("--epochs", library_check("mfcli.plan", "check_epochs"))
 
 
 @guarded
