@@ -59,3 +59,37 @@ def test_ci_runs_readme_test_command_then_lint_and_types() -> None:
     after = steps[steps.index(test_line) + 1:]
     assert after == ["ruff check mfcli tests scripts examples", "mypy", ".ci/wheel-check"]
     assert steps.index("export MFCLI_CI=1") < steps.index(test_line)
+
+
+# The distribution names of the core dependencies, as modules (pyproject.toml [project].dependencies).
+CORE_MODULES = {"typer", "numpy", "scipy", "h5py", "rich", "dp_accounting", "threadpoolctl", "click"}
+
+
+def _third_party_imports() -> set[str]:
+    import ast
+
+    found: set[str] = set()
+    for path in (ROOT / "mfcli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return {m for m in found if m not in sys.stdlib_module_names and m != "mfcli"}
+
+
+def test_mypy_verdict_cannot_depend_on_installed_extras() -> None:
+    """Every optional extra that mfcli imports is never followed by mypy (its names are Any), so CI
+    with every extra and a machine with none get the same verdict (issue 23, item 6)."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    skipped = {
+        module.removesuffix(".*")
+        for override in config["tool"]["mypy"]["overrides"]
+        if override.get("follow_imports") == "skip"
+        for module in override["module"]
+    }
+    optional = _third_party_imports() - CORE_MODULES
+    assert optional, "expected the adapters to import optional extras"
+    assert optional <= skipped, f"optional extras that mypy would follow: {sorted(optional - skipped)}"

@@ -116,7 +116,7 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         row, new_state = self.stream.next(self._noise_state)
         scale = self.noise_multiplier * self.max_grad_norm
         for p, part in split_row(row, self.params):
-            summed = p.summed_grad  # type: ignore[attr-defined]  # set by Opacus's clip_and_accumulate
+            summed = p.summed_grad  # set by Opacus's clip_and_accumulate
             _check_processed_flag(summed)
             p.grad = (summed + part.mul(scale)).view_as(p)
             _mark_as_processed(summed)
