@@ -194,6 +194,7 @@ _CERT_MIN_BITS = 128
 _CERT_MAX_BITS = 1 << 14
 #: The enclosure is accepted when its width is below this fraction of its lower end.
 _CERT_RTOL = 2.0**-60
+_CERT_INV_RTOL = 2**60
 
 
 def _cert_bits(theta: np.ndarray, omega: np.ndarray, m: int) -> int:
@@ -310,7 +311,7 @@ def certified_sens2(theta: np.ndarray, omega: np.ndarray, n: int) -> tuple[float
     p = min(_cert_bits(theta, omega, n - 1), _CERT_MAX_BITS)
     while True:
         lo, hi = _sens2_enclosure(theta, omega, n, p)
-        if lo > 0 and (hi - lo) <= lo * _CERT_RTOL:
+        if lo > 0 and (hi - lo) * _CERT_INV_RTOL <= lo:
             try:
                 return _ratio_down(lo, 1 << p), _ratio_up(hi, 1 << p)
             except OverflowError:

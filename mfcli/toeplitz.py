@@ -379,7 +379,12 @@ def toeplitz_sensitivity(coefs: np.ndarray, n: int, schema: Participation, *,
 
 
 def sqrt_up(x: float) -> float:
-    """The smallest float whose square is >= x (x >= 0)."""
+    """The smallest float whose square is >= x (x >= 0).
+
+    Raises:
+        MfcliError: x is not finite (a sensitivity that overflows is no sensitivity)."""
+    if not math.isfinite(x):
+        raise MfcliError(f"the sensitivity overflows a float (its square is {x!r}): the strategy's coefficients are too large")
     r = math.sqrt(x)
     a, b = r.as_integer_ratio()
     xa, xb = x.as_integer_ratio()
