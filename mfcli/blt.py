@@ -178,6 +178,151 @@ def _geom(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Certified sensitivity: an enclosure of ||c||^2 in exact fixed-point interval arithmetic
+#
+# The closed form 1 + omega^T G omega sums d^2 terms whose signs differ when the scales omega do:
+# in float64 a crafted BLT (scales +-A with decays 4e-11 apart) loses every digit (0.0123 where
+# ||c||^2 = 1.00002), and any float recomputation of the same formula agrees with it. So the
+# number a guarantee rests on is computed here in exact integer arithmetic instead: every
+# quantity is an interval [lo, hi] / 2^P of integers, each operation rounds lo down and hi up,
+# the parameters (binary floats, exact rationals) enter exactly, and P grows until the enclosure
+# is narrower than 2^-60 relative. The upper end, rounded up to a float, is the sensitivity; the
+# lower end bounds the true value from below. docs/structured.md, "Certified sensitivity".
+
+#: Starting and largest working precision (bits after the binary point) of the enclosure.
+_CERT_MIN_BITS = 128
+_CERT_MAX_BITS = 1 << 14
+#: The enclosure is accepted when its width is below this fraction of its lower end.
+_CERT_RTOL = 2.0**-60
+_CERT_INV_RTOL = 2**60
+
+
+def _cert_bits(theta: np.ndarray, omega: np.ndarray, m: int) -> int:
+    """A working precision for :func:`_sens2_enclosure`: enough bits for the largest term
+    |omega_i omega_j| / (1 - |theta_i theta_j|) of the sum to keep 2^-100 absolute accuracy."""
+    big = 0.0
+    for i in range(theta.shape[0]):
+        for j in range(theta.shape[0]):
+            if omega[i] and omega[j]:
+                gap = 1.0 - abs(float(theta[i]) * float(theta[j]))
+                big = max(big, math.log2(abs(float(omega[i]))) + math.log2(abs(float(omega[j]))) - math.log2(gap))
+    return _CERT_MIN_BITS + max(m.bit_length(), 1) + max(0, math.ceil(big)) + 2 * max(theta.shape[0], 1).bit_length()
+
+
+def _fixed(v: float, p: int) -> tuple[int, int]:
+    """[lo, hi] with lo <= v 2^p <= hi, integers one apart at most (v is an exact binary rational)."""
+    num, den = float(v).as_integer_ratio()
+    q, r = divmod(num << p, den)
+    return q, q + (r != 0)
+
+
+def _mul_round(a: int, b: int, p: int, up: bool) -> int:
+    prod = a * b
+    return -((-prod) >> p) if up else prod >> p
+
+
+def _pow_bound(x: int, m: int, p: int, up: bool) -> int:
+    """x^m (x >= 0 in units of 2^-p) rounded down or up at every step: a lower or upper bound,
+    since every operand is non-negative and rounding is monotone."""
+    result, base = 1 << p, x
+    while m:
+        if m & 1:
+            result = _mul_round(result, base, p, up)
+        m >>= 1
+        if m:
+            base = _mul_round(base, base, p, up)
+    return result
+
+
+def _ipow(x: tuple[int, int], m: int, p: int) -> tuple[int, int]:
+    """An enclosure of x^m for x in the interval ``x``."""
+    lo, hi = x
+    if lo >= 0:
+        return _pow_bound(lo, m, p, False), _pow_bound(hi, m, p, True)
+    if hi <= 0:
+        a, b = _pow_bound(-hi, m, p, False), _pow_bound(-lo, m, p, True)
+        return (-b, -a) if m & 1 else (a, b)
+    top = _pow_bound(max(-lo, hi), m, p, True)
+    return (-top, top) if m & 1 else (0, top)
+
+
+def _idiv(num: tuple[int, int], den: tuple[int, int], p: int) -> tuple[int, int]:
+    """An enclosure of num / den for an interval den > 0."""
+    a, b = num
+    lo = (a << p) // (den[1] if a >= 0 else den[0])
+    hi = -((-(b << p)) // (den[0] if b >= 0 else den[1]))
+    return lo, hi
+
+
+def _sens2_enclosure(theta: np.ndarray, omega: np.ndarray, n: int, p: int) -> tuple[int, int]:
+    """[lo, hi] / 2^p containing ||c||^2 = 1 + sum_ij omega_i omega_j G_{n-1}(theta_i theta_j),
+    with G_m(x) = (1 - x^m) / (1 - x), evaluated in interval arithmetic (module comment above)."""
+    one = 1 << p
+    m = n - 1
+    total_lo = total_hi = one
+    if m <= 0:
+        return total_lo, total_hi
+    ratios = [float(v).as_integer_ratio() for v in omega]
+    th = [float(v).as_integer_ratio() for v in theta]
+    d = theta.shape[0]
+    for i in range(d):
+        if omega[i] == 0:
+            continue
+        for j in range(i, d):
+            if omega[j] == 0:
+                continue
+            xn, xd = th[i][0] * th[j][0], th[i][1] * th[j][1]  # theta_i theta_j exactly
+            q, r = divmod(xn << p, xd)
+            x = (q, q + (r != 0))
+            xm = _ipow(x, m, p)
+            g = _idiv((one - xm[1], one - xm[0]), (one - x[1], one - x[0]), p)
+            # times omega_i omega_j (twice off the diagonal), exactly, then rounded outwards
+            wn = ratios[i][0] * ratios[j][0] * (1 if i == j else 2)
+            wd = ratios[i][1] * ratios[j][1]
+            ends = (g[0] * wn, g[1] * wn)
+            total_lo += min(ends) // wd
+            total_hi += -((-max(ends)) // wd)
+    return total_lo, total_hi
+
+
+def _ratio_up(num: int, den: int) -> float:
+    """The smallest float >= num / den (den > 0)."""
+    f = num / den
+    a, b = f.as_integer_ratio()
+    return math.nextafter(f, math.inf) if a * den < num * b else f
+
+
+def _ratio_down(num: int, den: int) -> float:
+    """The largest float <= num / den (den > 0)."""
+    f = num / den
+    a, b = f.as_integer_ratio()
+    return math.nextafter(f, -math.inf) if a * den > num * b else f
+
+
+def certified_sens2(theta: np.ndarray, omega: np.ndarray, n: int) -> tuple[float, float]:
+    """(lower, upper): floats with lower <= ||c||^2 <= upper for the BLT (theta, omega) over n
+    steps, the exact squared norm of C's first column (its longest column), from the parameters
+    as stored (exact binary rationals); upper / lower - 1 is at most a few units of rounding.
+
+    Raises:
+        MfcliError: the enclosure stays wider than 2^-60 relative at 2^14 bits (scales whose
+            terms cancel by thousands of digits): such a BLT has no certifiable sensitivity.
+    """
+    p = min(_cert_bits(theta, omega, n - 1), _CERT_MAX_BITS)
+    while True:
+        lo, hi = _sens2_enclosure(theta, omega, n, p)
+        if lo > 0 and (hi - lo) * _CERT_INV_RTOL <= lo:
+            try:
+                return _ratio_down(lo, 1 << p), _ratio_up(hi, 1 << p)
+            except OverflowError:
+                raise MfcliError("the sensitivity of this BLT overflows a float (output scales omega too large)") from None
+        if p >= _CERT_MAX_BITS:
+            raise MfcliError("the sensitivity of this BLT cannot be certified: its output scales omega cancel "
+                             f"beyond {_CERT_MAX_BITS} bits of precision (|omega| up to {float(np.max(np.abs(omega))):.3g})")
+        p = min(2 * p, _CERT_MAX_BITS)
+
+
+# ---------------------------------------------------------------------------------------------
 # The strategy
 
 
@@ -329,26 +474,68 @@ class BufferedToeplitz:
     # -- sensitivity ----------------------------------------------------------------------
 
     def sensitivity_squared_single(self, n: int) -> float:
-        """||c||^2 in closed form, O(d^2) (2404.16706 Lemma 5.3):
-        1 + sum_ij omega_i omega_j (1 - (theta_i theta_j)^(n-1)) / (1 - theta_i theta_j)."""
+        """||c||^2 over n steps, certified: a float >= the exact squared column norm and within a
+        few units of rounding of it (:func:`certified_sens2`, exact interval arithmetic on the
+        closed form of 2404.16706 Lemma 5.3, 1 + sum_ij omega_i omega_j (1 - (theta_i
+        theta_j)^(n-1)) / (1 - theta_i theta_j)). The float64 evaluation of that closed form can
+        lose every digit when the scales omega have mixed signs; it is never used for a privacy
+        number. O(d^2 log n) big-integer operations, cached per n.
+
+        Raises:
+            MfcliError: the value cannot be certified (see :func:`certified_sens2`)."""
+        return self._sens2_bounds(n)[1]
+
+    def _sens2_bounds(self, n: int) -> tuple[float, float]:
         n = _check_n(n)
-        g, _ = _geom(np.outer(self.theta, self.theta), n - 1)
-        return float(1.0 + self.omega @ g @ self.omega)
+        cache: dict[int, tuple[float, float]] = self.__dict__.setdefault("_sens2_cache", {})
+        if n not in cache:
+            cache[n] = certified_sens2(self.theta, self.omega, n)
+        return cache[n]
+
+    def coefficient_error_bounds(self, n: int) -> np.ndarray:
+        """e_t >= |strategy_coefs(n)[t] - c_t|: a bound on the rounding error of each computed
+        coefficient (c_0 = 1 is exact). c_t = sum_i omega_i theta_i^(t-1) is summed in float64 from
+        d products of a correctly rounded power (numpy's pow is within 1 ulp) and a scale, so
+        |error| <= gamma_(d+2) sum_i |omega_i| |theta_i|^(t-1) + d 2^-1074 max |omega| (gamma_k =
+        k u / (1 - k u), u = 2^-53; the last term covers underflow), and the sum of absolute
+        terms is computed alike; the bound below has a factor 2 to spare. With mixed-sign scales
+        the coefficients cancel and e_t can exceed |c_t|: a sensitivity built on |c| + e is still
+        an upper bound."""
+        n = _check_n(n)
+        e = np.zeros(n)
+        if n > 1:
+            u = 2.0**-53
+            act = self.omega != 0  # a zero-scale buffer adds exact zeros
+            d = int(np.count_nonzero(act))
+            powers = np.arange(n - 1, dtype=np.float64)
+            with np.errstate(under="ignore"):
+                for th, om in zip(self.theta[act], self.omega[act], strict=True):
+                    e[1:] += abs(float(om)) * np.power(abs(float(th)), powers)
+            e *= 2 * (d + 3) * u / (1 - (d + 3) * u)
+            e[1:] += (d + 1) * 2.0**-1074 * (float(np.max(np.abs(self.omega))) if d else 0.0)
+        return e
 
     def sensitivity(self, n: int, schema: Participation | None = None) -> Sensitivity:
-        """L2 sensitivity of C over n steps under ``schema`` (default single participation).
+        """L2 sensitivity of C over n steps under ``schema`` (default single participation), never
+        below the true value for the parameters as stored.
 
-        Single participation: the closed form of :meth:`sensitivity_squared_single`; exact.
-        Fixed-epoch and min-sep: from the n coefficients in O(n d) (exact for non-negative,
-        respectively non-negative non-increasing, coefficients; otherwise a proven upper
-        bound; see :func:`mfcli.toeplitz.toeplitz_sensitivity`).
+        Single participation: the certified enclosure of ||c||^2 (:meth:`sensitivity_squared_single`);
+        ``value`` is its upper end rounded up, ``lower`` its lower end rounded down (they differ by
+        a few units of rounding). Fixed-epoch and min-sep: from the n coefficients in O(n d), each
+        widened by its rounding-error bound (:meth:`coefficient_error_bounds`) before
+        :func:`mfcli.toeplitz.toeplitz_sensitivity` takes absolute values (exact for non-negative,
+        respectively non-negative non-increasing, coefficients; otherwise a proven upper bound).
         """
         schema = SingleParticipation() if schema is None else schema
         if isinstance(schema, SingleParticipation):
             schema.check(n)
-            value = math.sqrt(self.sensitivity_squared_single(n))
-            return Sensitivity(value=value, exact=True, lower=value, method="BLT: closed-form column norm", schema=schema)
-        return _toeplitz.toeplitz_sensitivity(self.strategy_coefs(n), n, schema)
+            lo, hi = self._sens2_bounds(n)
+            value, lower = _toeplitz.sqrt_up(hi), _toeplitz.sqrt_down(lo)
+            return Sensitivity(value=value, exact=lower >= value * (1 - EXACT_RTOL), lower=lower,
+                               method="BLT: closed-form column norm, certified by exact interval arithmetic",
+                               schema=schema)
+        return _toeplitz.toeplitz_sensitivity(self.strategy_coefs(n), n, schema,
+                                              coef_error=self.coefficient_error_bounds(n))
 
     # -- error ----------------------------------------------------------------------------
 

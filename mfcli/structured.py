@@ -224,11 +224,40 @@ def workload_params(workload: ToeplitzWorkload) -> dict[str, Any]:
 
 def evaluate(strategy: Any, workload: ToeplitzWorkload, n: int,
              schema: Participation) -> tuple[Sensitivity, Sensitivity, Loss, Loss]:
-    """Single and schema sensitivity and loss, recomputed from the parameters in O(n order)."""
+    """Single and schema sensitivity and loss, recomputed from the parameters in O(n order).
+
+    Raises:
+        ArtifactError: a derived number is not finite (:func:`check_finite_numbers`).
+    """
     single = strategy.sensitivity(n, SingleParticipation())
     sens = strategy.sensitivity(n, schema)
-    beta = decoder_coefs(strategy, workload, n)
-    return single, sens, loss_from_decoder(beta, single.value), loss_from_decoder(beta, sens.value)
+    with np.errstate(over="ignore", invalid="ignore"):
+        beta = decoder_coefs(strategy, workload, n)
+        out = single, sens, loss_from_decoder(beta, single.value), loss_from_decoder(beta, sens.value)
+    check_finite_numbers(*out, n=n)
+    return out
+
+
+def check_finite_numbers(single: Sensitivity, sens: Sensitivity, loss: Loss, sloss: Loss, *, n: int) -> None:
+    """Refuse a strategy whose sensitivities or losses over n steps are not finite numbers.
+
+    An infinite or NaN loss means the decoder B = A C^-1 (and with it the noise C^-1 Z the
+    trainer adds) overflows within n steps: e.g. banded coefficients (1, 2), whose noising
+    coefficients grow as 2^t, or (1e-300, 1), whose first is 1e300. Such a file would compare
+    inf with inf and pass; it is refused on write and on read instead.
+
+    Raises:
+        ArtifactError: naming the first non-finite number.
+    """
+    import math
+
+    named = [("sensitivity", single.value), ("schema_sensitivity", sens.value), ("loss_total", loss.total),
+             ("loss_mean", loss.mean), ("loss_max", loss.max), ("schema_loss_total", sloss.total),
+             ("schema_loss_mean", sloss.mean), ("schema_loss_max", sloss.max)]
+    for name, value in named:
+        if not math.isfinite(value):
+            raise ArtifactError(f"the strategy's {name} over n = {n} steps is {value!r}, not a finite number "
+                                "(its noise C^-1 Z or decoder B = A C^-1 overflows): refused")
 
 
 def save_structured_artifact(
@@ -243,7 +272,13 @@ def save_structured_artifact(
     force: bool = False,
 ) -> str:
     """Write a structured strategy as a format-v1 artifact (no n x n datasets), atomically.
-    Returns the SHA-256 of the written file."""
+    Returns the SHA-256 of the written file.
+
+    Raises:
+        ArtifactError: the numbers the loader recomputes (:func:`evaluate`) are not finite or
+            cannot be computed (e.g. a sensitivity that cannot be certified): nothing is written,
+            so the writer never leaves a file its own loader refuses.
+    """
     from mfcli.artifact import (
         FORMAT,
         FORMAT_VERSION,
@@ -260,7 +295,13 @@ def save_structured_artifact(
     n = check_n(n)
     schema = participation or SingleParticipation()
     schema.check(n)
-    single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    try:
+        # the loader's own recomputation: what it would refuse is not written
+        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    except ArtifactError:
+        raise
+    except MfcliError as exc:
+        raise ArtifactError(f"cannot write a structured artifact of this strategy: {exc}") from None
     attrs: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -646,6 +687,7 @@ __all__ = [
     "StructuredArtifact",
     "StructuredOperator",
     "decoder_coefs",
+    "check_finite_numbers",
     "evaluate",
     "extend_comparison",
     "is_structured_file",

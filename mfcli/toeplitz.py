@@ -264,40 +264,139 @@ def reverse_cummax(c: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.abs(np.asarray(c, dtype=np.float64))[::-1])[::-1]
 
 
-def toeplitz_sensitivity(coefs: np.ndarray, n: int, schema: Participation) -> Sensitivity:
+_U = 2.0**-53  # unit roundoff of float64
+#: Block length of :func:`sum_squares_bounds`: each block's sum of squares is a float64 dot
+#: product (relative error at most gamma_block), the block sums are added exactly by math.fsum.
+_SUM_BLOCK = 256
+
+
+def sum_squares_bounds(a: np.ndarray) -> tuple[float, float]:
+    """(lower, upper) floats around sum_t a_t^2, proven: blocks of :data:`_SUM_BLOCK` squares
+    are summed in float64 (relative error <= gamma_B = B u / (1 - B u) whatever the order, u =
+    2^-53, for non-negative terms), the block sums by math.fsum (correctly rounded: one more u),
+    so the true sum lies within a factor 1 +- 2 (B + 2) u of the result, each end then rounded
+    outwards. O(len(a)) time; relative width about 1e-13."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    if a.size == 0:
+        return 0.0, 0.0
+    pad = (-a.size) % _SUM_BLOCK
+    blocks = np.concatenate([a, np.zeros(pad)]).reshape(-1, _SUM_BLOCK)
+    s = math.fsum(np.einsum("ij,ij->i", blocks, blocks).tolist())
+    slack = 2 * (_SUM_BLOCK + 2) * _U
+    return max(math.nextafter(s * (1 - slack), -math.inf), 0.0), math.nextafter(s * (1 + slack), math.inf)
+
+
+def window_sums(b: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
+    """v_t = sum_{m<k, m sep <= t} b_{t - m sep} for t < n (b zero beyond its length): the pattern
+    vector C(b) 1_{P_0} of :func:`pattern_vector`, in O(n) whatever k, without subtraction.
+
+    The n entries are laid out as J = ceil(n / sep) rows of sep; entry row j sums rows j - k + 1..j
+    (a sliding window over rows). With k - 1 zero rows in front and the rows cut into chunks of k,
+    every window is a chunk's suffix plus the next chunk's prefix (two running sums), so each v_t
+    is a sum of at most k of the b's in floating point: for b >= 0 its relative error is at most
+    gamma_k = k u / (1 - k u) (u = 2^-53), the bound :func:`toeplitz_sensitivity` rounds up by."""
+    b = np.asarray(b, dtype=np.float64)[:n]
+    rows = -(-n // sep)
+    k = max(1, min(k, rows))
+    x = np.zeros(rows * sep)
+    x[: b.size] = b
+    if k == 1:
+        return x[:n]
+    mat = x.reshape(rows, sep)
+    if k >= rows:
+        return np.cumsum(mat, axis=0).reshape(-1)[:n]
+    chunks = -(-(rows + k - 1) // k)
+    y = np.zeros((chunks * k, sep))
+    y[k - 1: k - 1 + rows] = mat
+    yc = y.reshape(chunks, k, sep)
+    prefix = np.cumsum(yc, axis=1).reshape(-1, sep)
+    suffix = np.cumsum(yc[:, ::-1], axis=1)[:, ::-1].reshape(-1, sep)
+    j = np.arange(rows)
+    end = j + k - 1
+    out = np.where((j % k == 0)[:, None], prefix[end], suffix[j] + prefix[end])
+    return out.reshape(-1)[:n]
+
+
+def toeplitz_sensitivity(coefs: np.ndarray, n: int, schema: Participation, *,
+                         coef_error: np.ndarray | None = None) -> Sensitivity:
     """The L2 sensitivity of the n x n lower-triangular Toeplitz C with first column ``coefs``
-    (zero beyond its length) under ``schema``, in O(n k) (or O(n log n) by FFT) without forming C.
+    (zero beyond its length) under ``schema``, in O(n) without forming C.
 
     Returns an upper bound with an all-plus witness on the earliest pattern (see the module
-    docstring for the proof); ``exact`` when the witness attains the bound: always for single
+    docstring for the proof); ``exact`` when the witness attains the bound to 1e-10: for single
     participation, for fixed-epoch when c does not change sign, for min-sep when c is
     non-negative and non-increasing.
+
+    The bound is certified against rounding: it is computed from a non-negative vector (|c|,
+    or its reverse cumulative maximum) by sums of non-negative terms only, whose rounding error
+    has a proven relative bound (:func:`window_sums`, :func:`sum_squares_bounds`), and rounded up
+    by it. ``coef_error``: e_t >= |coefs_t - c_t| when the coefficients were themselves computed
+    with rounding (a BLT's); the bound is then taken over |coefs| + e, which dominates the true |c|.
     """
     c = _as_coefs(coefs)[:check_n(n)]
+    absc = np.abs(c)
+    err = np.zeros(c.size)
+    if coef_error is not None:
+        err = np.asarray(coef_error, dtype=np.float64)[: c.size]
+        if err.shape != c.shape or not np.all(np.isfinite(err)) or np.any(err < 0):
+            raise MfcliError("coef_error must be finite, non-negative and one per coefficient")
+        # |c| <= |coefs| + e; one more unit of rounding covers the rounding of that sum
+        absc = (absc + err) * (1 + 2 * _U)
+    if not np.all(np.isfinite(absc)):
+        raise MfcliError("the strategy's coefficients overflow: no finite sensitivity")
     if isinstance(schema, SingleParticipation):
-        value = float(np.linalg.norm(c))
-        return Sensitivity(value=value, exact=True, lower=value, method="norm of the first column", schema=schema)
+        hi2 = sum_squares_bounds(absc)[1]
+        # |c| >= |coefs| - e (a lower bound only: rounding it down once more is enough)
+        lo2 = sum_squares_bounds(np.maximum(np.abs(c) - err, 0.0) * (1 - 2 * _U))[0]
+        value, lower = sqrt_up(hi2), sqrt_down(min(lo2, hi2))
+        return Sensitivity(value=value, exact=lower >= value * (1 - EXACT_RTOL), lower=lower,
+                           method="norm of the first column", schema=schema)
     schema.check(n)
     sep, k = schema_shape(n, schema)
-    witness, fft_w = pattern_vector(c, n, sep, k)
-    lower2 = float(witness @ witness) * ((1 - FFT_SLACK) if fft_w else 1.0)
+    k = max(1, min(k, -(-n // sep)))
     if isinstance(schema, FixedEpoch):
-        bound_c = np.abs(c)
+        bound_c = absc
         how = "fixed-epoch: |c| on the first epoch-residue pattern"
     else:
-        bound_c = reverse_cummax(c)
+        bound_c = reverse_cummax(absc)
         how = "min-sep: reverse cummax of |c| on k participations exactly the separation apart"
-    if np.array_equal(bound_c, c):
-        upper2, fft_u = lower2 / ((1 - FFT_SLACK) if fft_w else 1.0), fft_w
-    else:
-        v, fft_u = pattern_vector(bound_c, n, sep, k)
-        upper2 = float(v @ v)
-    if fft_u:
-        upper2 *= 1 + FFT_SLACK
+    v = window_sums(bound_c, n, sep, k)
+    _, upper2 = sum_squares_bounds(v)
+    # each entry of v is a sum of at most k non-negative terms: relative error <= gamma_k
+    upper2 = math.nextafter(upper2 * (1 + 3 * k * _U), math.inf)
+    # The all-plus witness on P_0. When every c_t is known to be >= 0 (c - e >= 0), its value is
+    # bounded below by that of c - e, a sum of non-negative terms rounded down like the bound;
+    # otherwise it is evaluated from the computed coefficients (the lower end is then a value,
+    # not a proven bound, and only decides ``exact``).
+    low_c = c - err
+    signed = not np.all(low_c >= 0)
+    witness = window_sums(c if signed else low_c * (1 - 2 * _U), n, sep, k)
+    lower2 = sum_squares_bounds(witness)[0] * (1 - 3 * k * _U)
     lower2 = min(lower2, upper2)
-    exact = not fft_u and lower2 >= upper2 * (1 - EXACT_RTOL)
-    return Sensitivity(value=math.sqrt(upper2), exact=exact, lower=math.sqrt(max(lower2, 0.0)),
+    exact = lower2 >= upper2 * (1 - EXACT_RTOL)
+    return Sensitivity(value=sqrt_up(upper2), exact=exact, lower=sqrt_down(max(lower2, 0.0)),
                        method=how + (", attained" if exact else " (upper bound)"), schema=schema)
+
+
+def sqrt_up(x: float) -> float:
+    """The smallest float whose square is >= x (x >= 0).
+
+    Raises:
+        MfcliError: x is not finite (a sensitivity that overflows is no sensitivity)."""
+    if not math.isfinite(x):
+        raise MfcliError(f"the sensitivity overflows a float (its square is {x!r}): the strategy's coefficients are too large")
+    r = math.sqrt(x)
+    a, b = r.as_integer_ratio()
+    xa, xb = x.as_integer_ratio()
+    return math.nextafter(r, math.inf) if a * a * xb < xa * b * b else r
+
+
+def sqrt_down(x: float) -> float:
+    """The largest float whose square is <= x (x >= 0)."""
+    r = math.sqrt(x)
+    a, b = r.as_integer_ratio()
+    xa, xb = x.as_integer_ratio()
+    return math.nextafter(r, -math.inf) if a * a * xb > xa * b * b else r
 
 
 def _sens2_and_grad(c: np.ndarray, n: int, sep: int, k: int) -> tuple[float, np.ndarray]:
@@ -577,6 +676,10 @@ __all__ = [
     "optimize_banded_toeplitz",
     "per_step_error",
     "reverse_cummax",
+    "sqrt_down",
+    "sqrt_up",
+    "sum_squares_bounds",
     "toeplitz_sensitivity",
     "toeplitz_workload",
+    "window_sums",
 ]

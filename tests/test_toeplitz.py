@@ -131,16 +131,34 @@ def test_sensitivity_refuses_schema_that_does_not_fit():
         toeplitz_sensitivity(np.ones(3), 10, MinSeparation(separation=11))
 
 
-def test_fft_path_agrees_with_direct_sum(monkeypatch):
+@pytest.mark.parametrize("n,sep,k", [(3000, 7, 429), (3000, 7, 5), (1000, 1, 1000), (1000, 1, 37), (97, 10, 3),
+                                      (10, 3, 4), (10, 10, 1), (50, 7, 8)])
+def test_window_sums_is_the_shifted_sum(n, sep, k):
+    """The O(n) sliding-window pattern vector (the sensitivity's) against the definition: the sum
+    of k copies of c shifted by multiples of sep, cut at n, and against the FFT form."""
+    import mfcli.toeplitz as tp
+
+    rng = np.random.default_rng(n + sep + k)
+    c = rng.uniform(0, 1, size=min(n, 40))
+    want = np.zeros(n)
+    for m in range(min(k, -(-n // sep))):
+        seg = c[: max(0, n - m * sep)]
+        want[m * sep: m * sep + seg.size] += seg
+    np.testing.assert_allclose(tp.window_sums(c, n, sep, k), want, rtol=1e-14, atol=0)
+    fft, _ = tp.pattern_vector(c, n, sep, k)
+    np.testing.assert_allclose(fft, want, rtol=1e-12)
+
+
+def test_sensitivity_does_not_depend_on_the_fft_threshold(monkeypatch):
+    """The sensitivity never goes through the FFT (whose rounding has no proven relative bound)."""
     import mfcli.toeplitz as tp
 
     c = BandedToeplitz.sqrt_init(16).coefs
     direct = tp.toeplitz_sensitivity(c, 3000, MinSeparation(separation=7))
     monkeypatch.setattr(tp, "FFT_THRESHOLD", 0)
-    fft = tp.toeplitz_sensitivity(c, 3000, MinSeparation(separation=7))
-    assert direct.exact and not fft.exact
-    assert fft.value >= direct.value
-    assert fft.value == pytest.approx(direct.value, rel=1e-8)
+    again = tp.toeplitz_sensitivity(c, 3000, MinSeparation(separation=7))
+    assert direct.exact and again.exact
+    assert again.value == direct.value
 
 
 @pytest.mark.parametrize("schema", SCHEMAS[:4], ids=lambda s: s.describe())
