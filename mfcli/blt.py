@@ -16,9 +16,9 @@ The maths, with proofs, is in docs/structured.md, section "BLT".
 * :func:`optimize_blt`: the parameters minimising max or mean loss (scipy L-BFGS-B with analytic
   gradients, several starts including a quadrature of the arcsine representation of the square
   root factorization).
-* :class:`BltNoiseStream`: rows of C^-1 Z for d-dimensional Z in O(buffers x d) memory, exact,
-  checkpointable (``state_dict`` / ``load_state_dict``) and bit-identical on resume, refusing
-  step n and beyond.
+* :class:`BltNoiseStream`: rows of C^-1 Z for d-dimensional Z in O(buffers x d) memory, a front
+  end to the one BLT recursion and checkpoint format of :mod:`mfcli.noise` (bit-identical to
+  ``noise_stream`` on a BLT artifact, refusing step n and beyond).
 
 Loss convention (as in :mod:`mfcli.factorization`): per-step error err_t = sens(C)^2 ||B[t, :]||^2
 with B = A C^-1, max loss = max_t err_t, mean loss = sum_t err_t / n; noise multiplier 1, clip 1.
@@ -1058,100 +1058,75 @@ def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
 # The gradient noise stream
 
 
-def buffer_step(theta: list[Any], omega: list[Any], bufs: np.ndarray, x: np.ndarray, scratch: np.ndarray) -> None:
-    """One step of x = C^-1 z on a block of coordinates, in place: on entry ``x`` holds z_t, on
-    exit x_t = z_t - sum_i omega_i s_i, and each buffer row s_i <- theta_i s_i + x_t.
-
-    The one arithmetic path of every BLT noise stream (:class:`BltNoiseStream` and
-    :mod:`mfcli.noise`'s structured streams): element-wise, in a fixed order, no BLAS, so a
-    resumed or rebuilt state gives the same bits whatever the thread count. ``theta`` and
-    ``omega`` are scalars of the stream's dtype, ``scratch`` a free row of x's length."""
-    for i in range(len(theta)):
-        np.multiply(bufs[i], omega[i], out=scratch)
-        np.subtract(x, scratch, out=x)
-    for i in range(len(theta)):
-        np.multiply(bufs[i], theta[i], out=bufs[i])
-        np.add(bufs[i], x, out=bufs[i])
-
-
 class BltNoiseStream:
-    """Rows of C^-1 Z for a BLT C: the noise added to step t's summed clipped gradient.
+    """Rows of C^-1 Z for a BLT C without an artifact: a stateful front end to the one BLT
+    recursion (:class:`mfcli.operators.BufferRecursion`) and the one numpy stream and checkpoint
+    format of :class:`mfcli.noise.NoiseStream`, which it wraps (``stream``).
 
-    Z's rows come from :func:`mfcli.noise.noise_row` (seed, t), the same Philox stream as every
-    mfcli noise stream, so a row is regenerated from (seed, t) and never stored. Solving C x = z
-    with C's own buffers: x_t = z_t - sum_i omega_i s_i, then s_i <- theta_i s_i + x_t; memory
-    (buffers + 2) d floats, time O(buffers d) per step. The buffers are updated elementwise in a
-    fixed order (no BLAS), so :meth:`state_dict` / :meth:`load_state_dict` resume bit-identically.
-    Step n and beyond is refused: noise past the end breaks the privacy analysis.
+    Z's rows come from :func:`mfcli.noise.noise_row` (seed, t), so the rows are bit-identical to
+    those of ``noise_stream`` on a BLT artifact with the same parameters. Memory: the buffers,
+    the returned row and per-block scratch, at most (buffers + 2) d floats; time O(buffers d)
+    per step. :meth:`state_dict` is :meth:`mfcli.noise.NoiseStream.state_dict`'s authenticated
+    checkpoint. Step n and beyond is refused: noise past the end breaks the privacy analysis.
     """
 
     def __init__(self, blt: BufferedToeplitz, *, n: int, seed: int, d: int, dtype: Any = "float64",
                  threads: int = 1) -> None:
-        from mfcli.noise import check_dimension, check_dtype, check_seed
+        from mfcli.noise import NoiseStream, _fingerprint, check_dimension, check_dtype, check_seed
+        from mfcli.participation import SingleParticipation
+        from mfcli.structured import BltRecursion
 
         if not isinstance(blt, BufferedToeplitz):
             raise TypeError(f"blt must be a BufferedToeplitz, got {type(blt).__name__}")
         self.blt = blt
         self.n = _check_n(n)
-        self.seed = check_seed(seed)
-        self.d = check_dimension(d)
-        self.dtype = check_dtype(dtype)
-        self.threads = step_count(threads, name="threads")
-        self._theta = [self.dtype.type(v) for v in blt.theta]
-        self._omega = [self.dtype.type(v) for v in blt.omega]
-        self.t = 0
-        self._buffers = np.zeros((blt.buffers, self.d), dtype=self.dtype)
-        self._scratch = np.empty(self.d, dtype=self.dtype)
+        rec = BltRecursion(np.array(blt.theta), np.array(blt.omega), np.array([1.0]), self.n)
+        self.stream = NoiseStream(
+            kind="gradient", variant="structured", n=self.n, d=check_dimension(d), dtype=check_dtype(dtype),
+            seed=check_seed(seed), method=rec.method, operator=rec,
+            sensitivity=float(blt.sensitivity(self.n, SingleParticipation()).value),
+            fingerprint=_fingerprint("gradient", "structured", rec), threads=step_count(threads, name="threads"),
+            accounted_operator=f"blt (theta {blt.buffers}, omega {blt.buffers})",
+        )
+        self._state = self.stream.init()
+
+    @property
+    def d(self) -> int:
+        return self.stream.d
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.stream.dtype
+
+    @property
+    def t(self) -> int:
+        """The next step."""
+        return self._state.t
 
     @property
     def memory_floats(self) -> int:
-        """Floats held: the buffers, the returned row and one scratch row."""
+        """Floats held, at most: the buffers, the returned row and one row of scratch."""
         return (self.blt.buffers + 2) * self.d
 
     def next(self) -> np.ndarray:
         """Row t of C^-1 Z (a new array), advancing to step t + 1."""
-        from mfcli.noise import _fill_block, _for_blocks
-
-        if self.t >= self.n:
+        if self._state.t >= self.n:
             raise MfcliError(f"the noise stream has ended: all n = {self.n} steps were drawn")
-        x = np.empty(self.d, dtype=self.dtype)
-        t = self.t
-
-        # Block by block (the noise row's own 65,536-entry Philox blocks): draw z, form x, update
-        # the buffers while the block is in cache. Every entry sees the same operations in the
-        # same order whatever the thread count, so the result does not depend on it.
-        def block(c: int, a: int, b: int) -> None:
-            xb = x[a:b]
-            _fill_block(self.seed, t, c, xb)
-            buffer_step(self._theta, self._omega, self._buffers[:, a:b], xb, self._scratch[a:b])
-
-        _for_blocks(self.d, self.threads, block)
-        self.t += 1
-        return x
+        row, self._state = self.stream.next(self._state)
+        return row
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpoint: the step and a copy of the buffers (with the seed, it reveals the noise)."""
-        return {"t": self.t, "buffers": self._buffers.copy(), "theta": np.array(self.blt.theta),
-                "omega": np.array(self.blt.omega), "n": self.n, "d": self.d, "dtype": self.dtype.name}
+        """The authenticated checkpoint of :meth:`mfcli.noise.NoiseStream.state_dict` (with the
+        seed, it reveals the noise)."""
+        return self.stream.state_dict(self._state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict` of a stream with the same BLT, n, d and dtype."""
-        try:
-            t = state["t"]
-            bufs = np.asarray(state["buffers"])
-            same = (np.array_equal(state["theta"], self.blt.theta) and np.array_equal(state["omega"], self.blt.omega)
-                    and state["n"] == self.n and state["d"] == self.d and state["dtype"] == self.dtype.name)
-        except (KeyError, TypeError) as exc:
-            raise MfcliError(f"not a BLT noise-stream checkpoint: {exc}") from None
-        if not same:
-            raise MfcliError("the checkpoint belongs to a different BLT noise stream (parameters, n, d or dtype differ)")
-        t = step_count(t, name="t", minimum=0)
-        if t > self.n:
-            raise MfcliError(f"checkpoint step t = {t} is beyond n = {self.n}")
-        if bufs.shape != self._buffers.shape or bufs.dtype != self.dtype:
-            raise MfcliError("the checkpoint's buffers do not match this stream")
-        self._buffers[...] = bufs
-        self.t = t
+        """Resume from :meth:`state_dict` of a stream with the same BLT, n, d, dtype and seed."""
+        if not isinstance(state, Mapping) or "fingerprint" not in state:
+            raise MfcliError("not a BLT noise-stream checkpoint (no mfcli noise checkpoint fields)")
+        if state.get("fingerprint") != self.stream.fingerprint:
+            raise MfcliError("the checkpoint belongs to a different BLT noise stream (parameters or n differ)")
+        self._state = self.stream.load_state_dict(state)
 
 
 __all__ = [

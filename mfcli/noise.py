@@ -74,14 +74,8 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.operators import (
-    CHOICES,
-    KINDS,
-    BandedLowRank,
-    DenseLowerTriangular,
-    StreamingMatrix,
-    select_operator,
-)
+from mfcli.memory import check_memory, default_max_memory
+from mfcli.operators import CHOICES, KINDS, DenseLowerTriangular, StreamingMatrix, select_operator
 
 VARIANTS = CHOICES
 DTYPES = ("float32", "float64")
@@ -96,13 +90,18 @@ _LOCAL = threading.local()
 _MASK64 = (1 << 64) - 1
 
 STATE_FORMAT = "mfcli.noise_state"
-#: Version 2 added the authentication tag; version 1 checkpoints (no tag) are refused.
-STATE_FORMAT_VERSION = 2
+#: Version 2 added the authentication tag; version 3 the generator field and one format for every
+#: kind and adapter (carried rows of the kind's recursion). Older checkpoints are refused.
+STATE_FORMAT_VERSION = 3
 #: Checkpoint fields covered by the authentication tag (everything but the tag itself).
 _TAGGED_FIELDS = (
     "format", "format_version", "t", "n", "d", "dtype", "kind", "variant", "method", "fingerprint",
-    "seed_sha256", "generator_check",
+    "generator", "seed_sha256", "generator_check",
 )
+#: The ``generator`` of numpy streams: Z[j] from Philox (key seed, counter (0, block, j, 0)).
+NUMPY_GENERATOR = "numpy-philox"
+#: Default budget for a stream's state, bytes (None: no limit): half the physical memory.
+DEFAULT_MAX_MEMORY = default_max_memory()
 
 OPERATOR_NAMES = {
     ("gradient", "dense"): "C^-1 (gradient noise: add row t to the summed clipped gradient of step t)",
@@ -112,8 +111,6 @@ OPERATOR_NAMES = {
     ("gradient", "structured"): "C^-1 of a structured (Toeplitz) strategy, by recursion (gradient noise)",
     ("iterate", "structured"): "B = A C^-1 of a structured (Toeplitz) strategy, by recursion (iterate noise)",
 }
-#: Methods that keep a workspace (W recent noise rows, R running sums or recent outputs).
-_BUFFERED = ("banded-low-rank", "recursion")
 
 
 class StaleNoiseStateWarning(UserWarning):
@@ -236,15 +233,51 @@ def noise_matrix(seed: int, rows: int, d: int, dtype: Any = "float64") -> np.nda
 # Stream and state
 
 
+class NumpyOps:
+    """:class:`mfcli.operators.ArrayOps` on numpy arrays, updating in place (the reference)."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+
+    def zeros(self, rows: int, d: int) -> np.ndarray:
+        return np.zeros((rows, d), dtype=self.dtype)
+
+    def set_row(self, a: np.ndarray, i: Any, value: np.ndarray) -> np.ndarray:
+        a[i] = value
+        return a
+
+    def set_rows(self, a: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
+        a[start:start + values.shape[0]] = values
+        return a
+
+    def matvec(self, coef: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return coef @ rows
+
+    def prefix_matvec(self, coef: np.ndarray, rows: np.ndarray, k: Any) -> np.ndarray:
+        k = int(k)
+        return coef[:k] @ rows[:k]
+
+    def fill_rows(self, a: np.ndarray, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> np.ndarray:
+        for j in range(int(lo), int(hi)):
+            a[j] = draw(j)
+        return a
+
+
+def cast_tables(tables: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any], dtype: Any) -> dict[str, Any]:
+    """A recursion's tables for a driver: float tables cast to the stream's dtype and converted
+    (``convert``: to device or jax arrays), index tables (integers) kept as numpy on the host,
+    where loop bounds are read."""
+    return {k: (v if v.dtype.kind in "iu" else convert(np.ascontiguousarray(v, dtype=dtype))) for k, v in tables.items()}
+
+
 @dataclass(eq=False)
 class _Workspace:
-    """Working buffers of a banded-low-rank stream, valid for the state at step ``position``.
+    """The recursion's state for the step ``position``: ``ring`` (kept rows of Z) and ``carry``
+    (running sums, recent outputs or buffers), each with d columns. Private: lent from state to
+    state."""
 
-    Rows 0..W-1 of ``buf`` hold Z[j] in slot j mod W for j in [position - W, position); rows
-    W..W+R-1 hold S_{position-W-1}. Private: lent from state to state.
-    """
-
-    buf: np.ndarray
+    ring: np.ndarray
+    carry: np.ndarray
     position: int
 
 
@@ -275,23 +308,23 @@ class NoiseStream:
 
     Attributes:
         kind: ``gradient`` (rows of C^-1 Z) or ``iterate`` (rows of B Z).
-        variant: ``dense`` (the artifact's B, C) or ``compressed`` (its B^, C^).
+        variant: ``dense``, ``compressed`` or ``structured``.
         n: steps covered; step t >= n is refused.
         d: model dimension.
         dtype: float32 or float64.
-        method: ``banded-low-rank``, ``recursion`` or ``regenerate`` (module docstring).
-        operator: the matrix applied to Z (:class:`~mfcli.operators.BandedLowRank`, streamed
-            with running sums, or :class:`~mfcli.operators.DenseLowerTriangular`, regenerated).
-        sensitivity: sens(C) (dense) or sens(C^) (compressed), single participation, in units of
-            the clip norm: what the privacy accounting of training with this stream must use.
+        method: the recursion's name (``banded-low-rank``, ``banded-inverse``, ``recursion``,
+            ``buffers`` or ``history``; module docstring), for humans and checkpoints.
+        operator: the :class:`~mfcli.operators.StreamingMatrix` applied to Z: its ``step`` is
+            the one implementation every driver (numpy here, torch and jax in the adapters) runs.
+        sensitivity: single participation sensitivity of the accounted strategy, in units of the
+            clip norm: what the privacy accounting of training with this stream must use.
         fingerprint: SHA-256 of kind, variant and the operator's float64 bytes.
         source: the artifact path.
         inverse_bandwidth: p, sub-diagonals of A^-1 (compressed gradient streams only).
         workload_name, workload_params: what the artifact says A is (for adapters' checks).
         threads: worker threads a step uses over blocks of 65,536 coordinates (results do not
             depend on it).
-        accounted_operator: the label of the mechanism whose strategy accounting uses
-            (``"dense"`` or ``"compressed (band K, rank R)"``, as ``mfcli account`` prints it).
+        accounted_operator: the label of the mechanism whose strategy accounting uses.
     """
 
     kind: str
@@ -320,12 +353,12 @@ class NoiseStream:
 
     @property
     def width(self) -> int:
-        """W: noise rows in the band (0 for a regenerating stream)."""
+        """Rows of Z the state keeps (the band W; all m rows for the dense ``history`` kind)."""
         return self.operator.width
 
     @property
     def rank(self) -> int:
-        """R: running sums kept (0 for a regenerating stream)."""
+        """Carried rows of d floats (running sums, recent outputs or buffers), checkpointed."""
         return self.operator.rank
 
     @property
@@ -336,11 +369,8 @@ class NoiseStream:
         return h.hexdigest()
 
     def memory_floats(self) -> int:
-        """Floats a step holds, the returned row included: (W + R + 1) d for a banded stream,
-        2 d for a regenerating one (a previous row the caller still holds is not counted)."""
-        if self.method in _BUFFERED:
-            return (self.width + self.rank + 1) * self.d
-        return 2 * self.d
+        """Floats a step holds, the returned row included: (width + rank + 1) d."""
+        return stream_floats(self.operator, self.d)
 
     def describe(self) -> dict:
         """A JSON-ready summary of the stream (no seed)."""
@@ -370,17 +400,15 @@ class NoiseStream:
 
     def init(self) -> NoiseState:
         """The state before step 0."""
-        return NoiseState(t=0, stream_tag=self.tag, _work=self._fresh_workspace(0))
+        return NoiseState(t=0, stream_tag=self.tag, _work=self._new_workspace(0))
 
     def next(self, state: NoiseState) -> tuple[np.ndarray, NoiseState]:
         """Row ``state.t`` of the stream's noise and the state for the following step.
 
-        Returns a new (d,) array the caller owns. Raises MfcliError at t >= n or for a state of
-        another stream.
+        Returns a new (d,) array the caller owns. Raises MfcliError at t >= n, for a state of
+        another stream, or for a row that is not finite.
         """
         t = self._check_state(state)
-        if self.method == "regenerate":
-            return self._regenerate_row(t), NoiseState(t=t + 1, stream_tag=state.stream_tag)
         work = state._work
         if work is None or work.position != t:
             if work is not None:
@@ -396,38 +424,56 @@ class NoiseStream:
         return out, NoiseState(t=t + 1, stream_tag=state.stream_tag, _work=work)
 
     def state_at(self, t: int) -> NoiseState:
-        """The state before step ``t``, rebuilt from the seed (O(t d) for a banded stream)."""
+        """The state before step ``t``, rebuilt from the seed by running the recursion (O(t d))."""
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) <= self.n:
             raise MfcliError(f"step must be an integer in [0, {self.n}], got {t!r}")
-        t = int(t)
-        work = self._rebuild(t) if self.method in _BUFFERED else None
-        return NoiseState(t=t, stream_tag=self.tag, _work=work)
+        return NoiseState(t=int(t), stream_tag=self.tag, _work=self._rebuild(int(t)))
 
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self, state: NoiseState) -> dict:
         """A checkpoint of ``state``: plain Python values and numpy arrays (np.savez, pickle).
 
-        Holds the step, the stream's identity (operator fingerprint, a hash of the seed, d, dtype,
-        kind), for a banded stream the R x d running sums (the recent noise rows are regenerated
-        on load), and ``tag``: an HMAC-SHA256 of all of it keyed by a key derived from the seed
-        (SHA-256 of the seed, never stored), so an edited checkpoint (running sums zeroed, step
-        changed) is refused by :meth:`load_state_dict`. The seed itself is not in it, only one-way
-        hashes; with a low-entropy seed those could be brute-forced, so draw seeds with
-        ``secrets.randbits(128)``. Keep the checkpoint private all the same: the running sums are
+        The one checkpoint format of every noise stream and adapter (:meth:`checkpoint`): the
+        step, the stream's identity (operator fingerprint, a hash of the seed, d, dtype, kind),
+        the generator that draws Z, the carried rows (running sums, recent outputs or buffers;
+        the kept noise rows are redrawn on load), and ``tag``: an HMAC-SHA256 of all of it keyed
+        by a key derived from the seed (never stored), so an edited checkpoint (running sums
+        zeroed, step changed) is refused by :meth:`load_state_dict`. Only one-way hashes of the
+        seed are in it; with a low-entropy seed those could be brute-forced, so draw seeds with
+        ``secrets.randbits(128)``. Keep the checkpoint private all the same: the carried rows are
         sums of noise.
         """
         t = self._check_state(state, allow_end=True)
-        running = np.zeros((self.rank, self.d), dtype=self.dtype)
-        if self.method in _BUFFERED and self.rank:
-            work = state._work
-            if work is None or work.position != t:
-                work = self._rebuild(t)
-            running = work.buf[self.width:].copy()
+        work = state._work
+        if work is None or work.position != t:
+            work = self._rebuild(t)
+        return self.checkpoint(t, work.carry, generator=NUMPY_GENERATOR, generator_check=self._generator_check(t))
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoiseState:
+        """The state a :meth:`state_dict` checkpoint describes, after checking it fits this stream.
+
+        Raises MfcliError naming the mismatch: another seed, operator, kind, d, dtype or
+        generator, a malformed or edited checkpoint, or a numpy whose generator draws different
+        noise for (seed, j).
+        """
+        t, carry = self.restore(state_dict, generator=NUMPY_GENERATOR, generator_check=self._generator_check)
+        work = self._new_workspace(t)
+        work.carry[...] = carry
+        for slot, j in self.operator.kept_rows(t):
+            noise_row(self.seed, j, self.d, self.dtype, out=work.ring[slot], threads=self.threads)
+        return NoiseState(t=t, stream_tag=self.tag, _work=work)
+
+    def checkpoint(self, t: int, carry: np.ndarray, *, generator: str, generator_check: str) -> dict:
+        """The checkpoint dict of a state at step ``t`` with carried rows ``carry`` (rank x d,
+        host numpy), for a driver whose Z comes from ``generator``; ``generator_check`` is a hash
+        of noise that generator draws (refused on load if it draws differently). The torch and
+        optax adapters checkpoint through this, so every stream has one format."""
+        carry = np.array(carry, dtype=self.dtype, order="C", copy=True)   # never a view of a live state
         sd: dict[str, Any] = {
             "format": STATE_FORMAT,
             "format_version": STATE_FORMAT_VERSION,
-            "t": t,
+            "t": int(t),
             "n": self.n,
             "d": self.d,
             "dtype": self.dtype.name,
@@ -435,19 +481,18 @@ class NoiseStream:
             "variant": self.variant,
             "method": self.method,
             "fingerprint": self.fingerprint,
+            "generator": generator,
             "seed_sha256": self._seed_hash(),
-            "generator_check": self._generator_check(t),
-            "running": running,
+            "generator_check": generator_check,
+            "running": carry,
         }
-        sd["tag"] = self._checkpoint_tag(sd, running)
+        sd["tag"] = self._checkpoint_tag(sd, carry)
         return sd
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> NoiseState:
-        """The state a :meth:`state_dict` checkpoint describes, after checking it fits this stream.
-
-        Raises MfcliError naming the mismatch: another seed, operator, kind, d or dtype, a
-        malformed checkpoint, or a numpy whose generator draws different noise for (seed, j).
-        """
+    def restore(self, state_dict: Mapping[str, Any], *, generator: str,
+                generator_check: Callable[[int], str]) -> tuple[int, np.ndarray]:
+        """(step, carried rows) of a :meth:`checkpoint` dict, after checking that it fits this
+        stream and ``generator``, that its tag verifies and that ``generator_check(t)`` matches."""
         if isinstance(state_dict, Mapping):   # np.load gives 0-d arrays for the scalars
             sd = {k: (v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v) for k, v in state_dict.items()}
         else:
@@ -455,7 +500,8 @@ class NoiseStream:
         if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
             raise MfcliError("not an mfcli noise-stream checkpoint (format is not mfcli.noise_state)")
         if sd.get("format_version") != STATE_FORMAT_VERSION:
-            raise MfcliError(f"noise checkpoint format_version {sd.get('format_version')!r} is not supported")
+            raise MfcliError(f"noise checkpoint format_version {sd.get('format_version')!r} is not supported "
+                             f"(this mfcli reads version {STATE_FORMAT_VERSION})")
         for key, mine in (
             ("kind", self.kind),
             ("variant", self.variant),
@@ -464,6 +510,7 @@ class NoiseStream:
             ("dtype", self.dtype.name),
             ("method", self.method),
             ("fingerprint", self.fingerprint),
+            ("generator", generator),
         ):
             theirs = sd.get(key)
             if theirs != mine:
@@ -488,18 +535,12 @@ class NoiseStream:
                 "noise checkpoint failed its authentication tag: it was edited (step, running sums or "
                 "identity changed) or not written by this stream; resuming from it would break the noise"
             )
-        if sd.get("generator_check") != self._generator_check(t):
+        if sd.get("generator_check") != generator_check(t):
             raise MfcliError(
-                "this numpy draws different noise for (seed, row) than the one that wrote the "
-                "checkpoint; resuming would break the noise correlation"
+                f"this {generator} generator draws different noise for (seed, row) than the one that wrote "
+                "the checkpoint; resuming would break the noise correlation"
             )
-        if self.method == "regenerate":
-            return NoiseState(t=t, stream_tag=self.tag)
-        work = self._new_workspace(t)
-        work.buf[self.width:] = running
-        for j in range(max(0, t - self.width), t):
-            noise_row(self.seed, j, self.d, self.dtype, out=work.buf[j % self.width], threads=self.threads)
-        return NoiseState(t=t, stream_tag=self.tag, _work=work)
+        return t, np.array(running, dtype=self.dtype)
 
     # ------------------------------------------------------------------ internals
 
@@ -533,179 +574,93 @@ class NoiseStream:
             raise MfcliError(f"expected a NoiseState, got {type(state).__name__}")
         if state.stream_tag != self.tag:
             raise MfcliError("this noise state belongs to another stream (different seed, artifact, d or dtype)")
-        t = state.t
-        if t < 0:
-            raise MfcliError(f"noise state step {t} is negative")
-        if t >= self.n and not (allow_end and t == self.n):
-            raise NoiseStreamExhaustedError(
-                f"noise stream exhausted: step {t} >= n = {self.n}; the artifact covers steps "
-                f"0..{self.n - 1} and running past the end would break the privacy guarantee"
-            )
-        return int(t)
-
-    def _fresh_workspace(self, position: int) -> _Workspace | None:
-        if self.method not in _BUFFERED:
-            return None
-        return self._new_workspace(position)
+        return check_step(state.t, self.n, allow_end=allow_end)
 
     def _new_workspace(self, position: int) -> _Workspace:
-        buf = np.zeros((self.width + self.rank, self.d), dtype=self.dtype)
-        return _Workspace(buf=buf, position=position)
-
-    def _accumulate(self, work: _Workspace, m: int, z_m: np.ndarray, scratch: np.ndarray, a: int, b: int) -> None:
-        """S_m = S_{m-1} + V[m]^T Z[m] on coordinates a..b-1, in place (``scratch``: free d floats).
-
-        Element-wise multiply then add (no BLAS, no fused multiply-add), block by block: the
-        running sums are bit-reproducible whatever the threads, BLAS or buffer alignment, which
-        makes a resumed stream identical.
-        """
-        w = self.width
-        coeffs = self._v_cast[m]
-        sc = scratch[a:b]
-        z = z_m[a:b]
-        for r in range(self.rank):
-            s = work.buf[w + r, a:b]
-            np.multiply(z, coeffs[r], out=sc)
-            np.add(s, sc, out=s)
-
-    def _rebuild(self, t: int) -> _Workspace:
-        """Buffers for the state before step t, from the seed alone."""
-        work = self._new_workspace(t)
-        if self.method == "recursion":  # the recursion itself, from step 0: O(t (W + R) d)
-            work.position = 0
-            for s in range(t):
-                self._advance(work, s)
-            return work
-        w = self.width
-        if self.rank and t > w:
-            row = np.empty(self.d, dtype=self.dtype)
-            scratch = np.empty(self.d, dtype=self.dtype)
-            for m in range(0, t - w):
-
-                def block(c: int, a: int, b: int, m: int = m) -> None:
-                    _fill_block(self.seed, m, c, row[a:b])
-                    self._accumulate(work, m, row, scratch, a, b)
-
-                _for_blocks(self.d, self.threads, block)
-        for j in range(max(0, t - w), t):
-            noise_row(self.seed, j, self.d, self.dtype, out=work.buf[j % w], threads=self.threads)
-        return work
-
-    def _advance(self, work: _Workspace, t: int) -> np.ndarray:
-        """One step, block by block: S_{t-W} += V[t-W]^T Z[t-W] (Z[t-W] sits in slot t mod W),
-        draw Z[t] into that slot, then the returned row = coefficients . buffer rows."""
-        if self.method == "recursion":
-            return self._advance_recursion(work, t)
-        w = self.width
-        m = t - w
-        slot = t % w
-        assert isinstance(self.operator, BandedLowRank)
-        coef = self.operator.slot_coefficients(t).astype(self.dtype)
-        out = np.empty(self.d, dtype=self.dtype)      # the returned row; scratch until its block is set
-        buf = work.buf
-
-        def block(c: int, a: int, b: int) -> None:
-            if m >= 0 and self.rank:
-                self._accumulate(work, m, buf[slot], out, a, b)
-            _fill_block(self.seed, t, c, buf[slot, a:b])
-            np.matmul(coef, buf[:, a:b], out=out[a:b])
-
-        _for_blocks(self.d, self.threads, block)
-        work.position = t + 1
-        return out
-
-    def _advance_recursion(self, work: _Workspace, t: int) -> np.ndarray:
-        """One step of den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}: buffer
-        slots 0..W-1 hold z_{t-W}..z_{t-1} (slot j mod W), slots W..W+R-1 hold x_{t-R}..x_{t-1}
-        (slot W + j mod R). Element-wise, in a fixed order, so a rebuilt or resumed state gives
-        the same bits."""
-        op = self.operator
-        if hasattr(op, "omega"):  # mfcli.structured.BltRecursion: the buffer form
-            return self._advance_blt(work, t)
-        w, r = self.width, self.rank
-        num = [self.dtype.type(x) for x in op.numerator]  # type: ignore[attr-defined]
-        den = [self.dtype.type(x) for x in op.denominator]  # type: ignore[attr-defined]
-        out = np.empty(self.d, dtype=self.dtype)
-        z = np.empty(self.d, dtype=self.dtype)
-        sc_all = np.empty(self.d, dtype=self.dtype)
-        buf = work.buf
-
-        def block(c: int, a: int, b: int) -> None:
-            o, zt, sc = out[a:b], z[a:b], sc_all[a:b]
-            _fill_block(self.seed, t, c, zt)
-            np.multiply(zt, num[0], out=o)
-            for k in range(1, min(w, t) + 1):
-                np.multiply(buf[(t - k) % w, a:b], num[k], out=sc)
-                np.add(o, sc, out=o)
-            for k in range(1, min(r, t) + 1):
-                np.multiply(buf[w + (t - k) % r, a:b], den[k], out=sc)
-                np.subtract(o, sc, out=o)
-            if den[0] != 1:
-                np.divide(o, den[0], out=o)
-            if w:
-                buf[t % w, a:b] = zt
-            if r:
-                buf[w + t % r, a:b] = o
-
-        _for_blocks(self.d, self.threads, block)
-        work.position = t + 1
-        return out
-
-    def _advance_blt(self, work: _Workspace, t: int) -> np.ndarray:
-        """One step of a BLT stream (:class:`mfcli.structured.BltRecursion`): x_t = z_t - sum_i
-        omega_i s_i, s_i <- theta_i s_i + x_t (rows 0..K-1 of the buffer), then for iterate
-        noise y_t = x_t - sum_{k>=1} post_k y_{t-k} (rows K.. hold y_{t-P}..y_{t-1}, slot
-        K + j mod P). Element-wise in a fixed order: resumed and rebuilt states give the same bits."""
-        op = self.operator
-        theta = [self.dtype.type(x) for x in op.theta]  # type: ignore[attr-defined]
-        omega = [self.dtype.type(x) for x in op.omega]  # type: ignore[attr-defined]
-        post = [self.dtype.type(x) for x in op.post_den]  # type: ignore[attr-defined]
-        nb, p = len(theta), len(post) - 1
-        out = np.empty(self.d, dtype=self.dtype)
-        sc_all = np.empty(self.d, dtype=self.dtype)
-        buf = work.buf
-
-        from mfcli.blt import buffer_step
-
-        def block(c: int, a: int, b: int) -> None:
-            o, sc = out[a:b], sc_all[a:b]
-            _fill_block(self.seed, t, c, o)
-            buffer_step(theta, omega, buf[:nb, a:b], o, sc)
-            if p:
-                for k in range(1, min(p, t) + 1):
-                    np.multiply(buf[nb + (t - k) % p, a:b], post[k], out=sc)
-                    np.subtract(o, sc, out=o)
-                buf[nb + t % p, a:b] = o
-
-        _for_blocks(self.d, self.threads, block)
-        work.position = t + 1
-        return out
-
-    def _regenerate_row(self, t: int) -> np.ndarray:
-        assert isinstance(self.operator, DenseLowerTriangular)
-        row = self.operator.row(t)
-        support = [(int(j), self.dtype.type(row[j])) for j in np.flatnonzero(row)]
-        out = np.zeros(self.d, dtype=self.dtype)
-        scratch = np.empty(self.d, dtype=self.dtype)
-
-        def block(c: int, a: int, b: int) -> None:
-            o, sc = out[a:b], scratch[a:b]
-            for j, coeff in support:
-                _fill_block(self.seed, j, c, sc)
-                np.multiply(sc, coeff, out=sc)
-                np.add(o, sc, out=o)
-
-        _for_blocks(self.d, self.threads, block)
-        return out
+        return _Workspace(ring=np.zeros((self.width, self.d), dtype=self.dtype),
+                          carry=np.zeros((self.rank, self.d), dtype=self.dtype), position=position)
 
     @property
-    def _v_cast(self) -> np.ndarray:
-        cached = self.__dict__.get("_v_cast_cache")
+    def _tables(self) -> dict[str, Any]:
+        cached = self.__dict__.get("_tables_cache")
         if cached is None:
-            assert isinstance(self.operator, BandedLowRank)
-            cached = np.ascontiguousarray(self.operator.v, dtype=self.dtype)
-            object.__setattr__(self, "_v_cast_cache", cached)
+            cached = cast_tables(self.operator.tables(), lambda a: a, self.dtype)
+            object.__setattr__(self, "_tables_cache", cached)
         return cached
+
+    def _rebuild(self, t: int) -> _Workspace:
+        """The state before step t, from the seed alone: the recursion run from step 0."""
+        work = self._new_workspace(0)
+        for s in range(t):
+            self._advance(work, s, check=False)
+        return work
+
+    def _advance(self, work: _Workspace, t: int, *, check: bool = True) -> np.ndarray:
+        """One step of the operator's recursion, block by block (each block's Z drawn from its
+        own Philox counter, its state updated in place while in cache). Every coordinate sees the
+        same operations in the same order whatever the thread count."""
+        op, tab, ops = self.operator, self._tables, NumpyOps(self.dtype)
+        out = np.empty(self.d, dtype=self.dtype)
+        seed, dt = self.seed, self.dtype
+
+        def block(c: int, a: int, b: int) -> None:
+            def draw(j: Any) -> np.ndarray:
+                z = np.empty(b - a, dtype=dt)
+                _fill_block(seed, int(j), c, z)
+                return z
+
+            views = (work.ring[:, a:b], work.carry[:, a:b])
+            row, new = op.step(t, draw, views, tab, ops)
+            for old, now in zip(views, new, strict=True):
+                if now is not old:
+                    old[...] = now
+            out[a:b] = row
+
+        _for_blocks(self.d, self.threads, block)
+        work.position = t + 1
+        if check and not np.all(np.isfinite(out)):
+            raise MfcliError(f"noise row {t} is not finite: the operator's coefficients overflow {dt.name} "
+                             "(a strategy this ill-conditioned cannot be trained with)")
+        return out
+
+
+def check_step(t: Any, n: int, *, allow_end: bool = False) -> int:
+    """A stream position: refuses t < 0 and t >= n (t == n too unless ``allow_end``): noise past
+    the end of the artifact breaks the privacy analysis."""
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise MfcliError(f"noise state step {t!r} is not a non-negative integer")
+    if t >= n and not (allow_end and t == n):
+        raise NoiseStreamExhaustedError(
+            f"noise stream exhausted: step {t} >= n = {n}; the artifact covers steps "
+            f"0..{n - 1} and running past the end would break the privacy guarantee"
+        )
+    return int(t)
+
+
+def stream_floats(operator: StreamingMatrix, d: int) -> int:
+    """Floats a stream of ``operator`` holds for d parameters: its kept noise rows, its carried
+    rows and the returned row, (width + rank + 1) d (n x d and more for the dense kind)."""
+    return (operator.width + operator.rank + 1) * int(d)
+
+
+#: A Gaussian entry's magnitude no noise row reaches in practice (P(|z| > 12) < 4e-33 per entry):
+#: the factor :func:`check_finite_rows` allows between a row of M Z and M's absolute row sum.
+GAUSSIAN_BOUND = 12.0
+
+
+def check_finite_rows(operator: StreamingMatrix, dtype: np.dtype, *, where: str) -> None:
+    """Refuse an operator some row of which would overflow ``dtype``: |(M Z)[t]| <= sum_j |M[t, j]|
+    max |Z|, so a row sum above finfo.max / :data:`GAUSSIAN_BOUND` (or one that overflows float64)
+    can give inf. Names the first such step."""
+    sums = operator.abs_row_sums()
+    limit = float(np.finfo(dtype).max) / GAUSSIAN_BOUND
+    bad = np.flatnonzero(~(sums <= limit))
+    if bad.size:
+        t = int(bad[0])
+        raise MfcliError(
+            f"{where}: the noise operator's row {t} has absolute sum {sums[t]:.3g} (> {limit:.3g}): its noise "
+            f"would overflow {dtype.name} (inf) from step {t}; this strategy is too ill-conditioned to stream"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -774,6 +729,7 @@ def noise_stream(
     variant: str = "auto",
     threads: int = 1,
     record: str | None = None,
+    max_memory: int | None = DEFAULT_MAX_MEMORY,
 ) -> NoiseStream:
     """A noise stream for a model of ``d`` parameters from an artifact (path or loaded Artifact).
 
@@ -793,10 +749,11 @@ def noise_stream(
         record: the id of the artifact's accounting record whose ``sigma`` you train with
             (``mfcli inspect`` lists them; :func:`mfcli.samplers.sampler_record` picks one). The
             stream is then built for the operator that record accounted (its ``operator`` and
-            ``strategy_sha256``), whatever ``auto`` would pick: a record's sigma is calibrated for
-            one operator, and noise of another (a compressed C^ where the dense C was accounted,
-            or the other way round) is not what was accounted. An explicit ``variant`` that names
+            ``strategy_sha256``), whatever ``auto`` would pick. An explicit ``variant`` that names
             another operator is refused.
+        max_memory: bytes the stream's state may take ((width + rank + 1) d floats, computed up
+            front; n x d for a dense strategy that is neither banded nor compressed); default
+            half the physical memory, None for no limit.
 
     Formal guarantees: see the module docstring. For a compressed artifact the stored
     ``sensitivity`` of C^ = B^-1 A is recomputed and must match; the stream's
@@ -804,44 +761,37 @@ def noise_stream(
 
     Raises:
         MfcliError / ArtifactError: a bad option, a non-causal artifact, gradient noise for a
-            non-square strategy, an inconsistent compressed group, or a ``record`` that is missing
-            or accounted another operator than ``variant`` or than this artifact has.
+            non-square strategy, an inconsistent compressed group, a ``record`` that is missing
+            or accounted another operator, or an operator whose rows would overflow ``dtype``.
+        MemoryLimitError: the state would exceed ``max_memory`` (the message names the estimate
+            and the structured or compressed alternative).
     """
     from mfcli.artifact import Artifact
-    from mfcli.structured import BltRecursion, RationalToeplitz, StructuredArtifact, load_any_artifact
+    from mfcli.structured import StructuredArtifact, load_any_artifact
 
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, (int, np.integer))
+                                   or max_memory <= 0):
+        raise MfcliError(f"max_memory must be a positive number of bytes or None, got {max_memory!r}")
     art = artifact if isinstance(artifact, (Artifact, StructuredArtifact)) else load_any_artifact(Path(artifact))
     where = str(art.path)
     if record is not None:
         variant = _record_variant(art, record, variant)
-    if isinstance(art, StructuredArtifact):
-        if variant == "compressed":
-            raise MfcliError(f"{where} has no compressed decoder (it is a structured {art.kind} strategy)")
-        op = art.operator()
-        rec, _ = op.streaming(kind, where=where)
-        assert isinstance(rec, (RationalToeplitz, BltRecursion))
-        return NoiseStream(
-            kind=kind, variant=op.variant, n=art.n, d=d, dtype=dt, seed=seed, method="recursion",
-            operator=rec, sensitivity=op.sensitivity, fingerprint=_fingerprint(kind, op.variant, rec), source=where,
-            workload_name=art.workload_name, workload_params=dict(art.attrs.get("workload_params") or {}),
-            threads=threads, accounted_operator=op.label,
-        )
-    fact = art.factorization
-    if not fact.causal:
+    if not isinstance(art, StructuredArtifact) and not art.factorization.causal:
         raise MfcliError(f"{where} is not causal (an offline-only strategy): it cannot be streamed")
     # The same choice as mfcli.accounting: the operator streamed is the operator accounted.
     chosen = select_operator(art, variant)
     matrix, inverse_bandwidth = chosen.streaming(kind, where=where)
-    method = "banded-low-rank" if isinstance(matrix, BandedLowRank) else "regenerate"
+    _check_budget(matrix, d, dt, max_memory, where=where, kind=kind)
+    check_finite_rows(matrix, dt, where=where)
     return NoiseStream(
         kind=kind,
         variant=chosen.variant,
-        n=fact.n,
+        n=chosen.n,
         d=d,
         dtype=dt,
         seed=seed,
-        method=method,
+        method=matrix.method,
         operator=matrix,
         sensitivity=chosen.sensitivity,
         fingerprint=_fingerprint(kind, chosen.variant, matrix),
@@ -854,12 +804,33 @@ def noise_stream(
     )
 
 
+def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: int | None, *, where: str,
+                  kind: str) -> None:
+    """Refuse a stream whose state ((width + rank + 1) d floats) exceeds ``max_memory``."""
+    estimate = stream_floats(matrix, d) * dtype.itemsize
+    if isinstance(matrix, DenseLowerTriangular):
+        forward = (f"a dense {kind} operator keeps all {matrix.width} rows of Z (t multiply-adds per step); "
+                   "stream it in O(band) memory instead: compress it (mfcli compress --band K --rank R) or "
+                   "use a structured strategy (banded Toeplitz, BLT or BandMF: mfcli plan --out), or pass a "
+                   "larger max_memory")
+    else:
+        forward = (f"the {matrix.method} recursion keeps {matrix.width + matrix.rank} rows of d = {d} floats; "
+                   "use fewer parameters, fewer bands/buffers, or pass a larger max_memory")
+    check_memory(estimate, max_memory, what=f"the noise stream of {where} (its state)",
+                 way_forward=forward)
+
+
 __all__ = [
+    "NUMPY_GENERATOR",
     "NoiseState",
+    "NumpyOps",
     "NoiseStream",
     "StaleNoiseStateWarning",
+    "check_finite_rows",
     "check_seed",
+    "check_step",
     "noise_matrix",
     "noise_row",
     "noise_stream",
+    "stream_floats",
 ]

@@ -27,7 +27,7 @@ from ``band``, ``u`` and ``v`` is an :class:`~mfcli.errors.ArtifactError`; nothi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -70,21 +70,61 @@ DEFINITION = (
 # --------------------------------------------------------------------------------------------
 
 
+class ArrayOps(Protocol):
+    """The few array operations a stream recursion uses, for numpy, torch or jax arrays.
+
+    ``set_row``/``set_rows`` may update in place (numpy, torch) or return a new array (jax): a
+    recursion always uses the array they return. Indices may be traced values under ``jax.jit``.
+    """
+
+    def zeros(self, rows: int, d: int) -> Any: ...
+
+    def set_row(self, a: Any, i: Any, value: Any) -> Any: ...
+
+    def set_rows(self, a: Any, start: int, values: Any) -> Any: ...
+
+    def matvec(self, coef: Any, rows: Any) -> Any:
+        """``coef`` (k,) times ``rows`` (k, d): a (d,) row."""
+        ...
+
+    def prefix_matvec(self, coef: Any, rows: Any, k: Any) -> Any:
+        """``sum_{j < k} coef[j] rows[j]``: k multiply-adds of a row."""
+        ...
+
+    def fill_rows(self, a: Any, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> Any:
+        """``a[j] = draw(j)`` for lo <= j < hi."""
+        ...
+
+
+#: A stream state: (ring of kept noise rows, width x d; carried rows, rank x d).
+StreamState = tuple[Any, Any]
+
+
 @runtime_checkable
 class StreamingMatrix(Protocol):
-    """A lower-triangular matrix M applied to the noise Z one row at a time."""
+    """A lower-triangular matrix M applied to the noise Z one row at a time, by a recursion whose
+    cost per step does not grow with t (the dense kind excepted: t multiply-adds, no redraws).
+
+    The state is two arrays of d columns: ``width`` kept rows of Z (slot j mod width, or slot j
+    for the dense kind) and ``rank`` carried rows (running sums, recent outputs or buffers). Only
+    the carried rows go into a checkpoint; the kept noise rows are redrawn from (seed, j) on load
+    (:meth:`kept_rows`). Every operation acts on each of the d coordinates separately, so a
+    driver may run :meth:`step` on blocks of columns.
+    """
+
+    method: str
 
     @property
     def n(self) -> int: ...
 
     @property
     def width(self) -> int:
-        """W: recent noise rows a step keeps (0 when rows are regenerated)."""
+        """Rows of Z the state keeps."""
         ...
 
     @property
     def rank(self) -> int:
-        """R: running sums a step keeps (0 when rows are regenerated)."""
+        """Carried rows the state keeps (checkpointed)."""
         ...
 
     def dense(self) -> np.ndarray:
@@ -94,6 +134,137 @@ class StreamingMatrix(Protocol):
     def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
         """The arrays that identify M (hashed into a stream's fingerprint)."""
         ...
+
+    def tables(self) -> dict[str, np.ndarray]:
+        """Constant coefficient tables (float64, or int64 for indices) :meth:`step` reads; a
+        driver converts them once to its arrays (floats in the stream's dtype)."""
+        ...
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        """Row t of M Z and the state after step t; ``draw(j)`` gives row j of Z."""
+        ...
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        """(slot, j): the rows of Z held in the ring before step t."""
+        ...
+
+    def abs_row_sums(self) -> np.ndarray:
+        """sum_j |M[t, j]| for each t (float64; inf where it overflows): bounds each row's size."""
+        ...
+
+
+def init_state(matrix: StreamingMatrix, d: int, xp: ArrayOps) -> StreamState:
+    """The state before step 0: zero rows (``init(d, dtype)`` of the protocol; the dtype is xp's)."""
+    return xp.zeros(matrix.width, d), xp.zeros(matrix.rank, d)
+
+
+def _rotation(coefs: np.ndarray, period: int) -> np.ndarray:
+    """``rot[s, (s - k) mod P] = coefs[k - 1]`` for k = 1..P: the coefficient of the row written
+    k steps before a step t with t mod P = s, in ring-slot order."""
+    rot = np.zeros((max(period, 1), period))
+    for s in range(period):
+        for k in range(1, period + 1):
+            rot[s, (s - k) % period] = coefs[k - 1]
+    return rot
+
+
+def _toeplitz_row_sums(coefs: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.cumsum(np.abs(coefs))
+    out[~np.isfinite(out)] = np.inf
+    return np.maximum.accumulate(out)
+
+
+def _dense_row_sums(matrix: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.sum(np.abs(matrix), axis=1)
+    out[~np.isfinite(out)] = np.inf
+    return out
+
+
+class IirRecursion:
+    """C^-1 (or A C^-1) of a structured Toeplitz strategy as the rational filter num(z) / den(z):
+    ``den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}``. State: the W most
+    recent noise rows and the R most recent outputs. O((W + R) d) per step, whatever n.
+
+    A mixin: the class using it has ``numerator``, ``denominator``, ``n``, ``width`` and ``rank``.
+    """
+
+    method = "recursion"
+    numerator: np.ndarray
+    denominator: np.ndarray
+
+    def tables(self) -> dict[str, np.ndarray]:
+        w, r = self.width, self.rank  # type: ignore[attr-defined]
+        num, den = np.asarray(self.numerator, float), np.asarray(self.denominator, float)
+        return {"num0": num[:1], "den0": den[:1], "numrot": _rotation(num[1:], w), "denrot": _rotation(den[1:], r)}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        w, r = self.width, self.rank  # type: ignore[attr-defined]
+        ring, outs = state
+        z = draw(t)
+        acc = z * tab["num0"][0]
+        if w:
+            acc = acc + xp.matvec(tab["numrot"][t % w], ring)
+            ring = xp.set_row(ring, t % w, z)
+        if r:
+            acc = acc - xp.matvec(tab["denrot"][t % r], outs)
+        x = acc / tab["den0"][0]
+        if r:
+            outs = xp.set_row(outs, t % r, x)
+        return x, (ring, outs)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        w = self.width  # type: ignore[attr-defined]
+        return [(j % w, j) for j in range(max(0, t - w), t)]
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _toeplitz_row_sums(self.coefs())  # type: ignore[attr-defined]
+
+
+class BufferRecursion:
+    """A BLT's C^-1 in its buffer form: ``x_t = z_t - sum_i omega_i s_i``, then each buffer
+    ``s_i <- theta_i s_i + x_t``; for iterate noise the output then runs through the workload's
+    all-pole filter, ``y_t = (x_t - sum_{k>=1} post_k y_{t-k}) / post_0``. State: the buffers and
+    the P recent outputs y. O((buffers + P) d) per step, whatever n.
+
+    A mixin: the class using it has ``theta``, ``omega``, ``post_den``, ``n``, ``buffers``.
+    """
+
+    method = "recursion"   # as every structured kind: the name says "no growth with t", the fingerprint which one
+    theta: np.ndarray
+    omega: np.ndarray
+    post_den: np.ndarray
+
+    @property
+    def _post(self) -> int:
+        return int(np.asarray(self.post_den).size - 1)
+
+    def tables(self) -> dict[str, np.ndarray]:
+        post = np.asarray(self.post_den, float)
+        return {"theta": np.asarray(self.theta, float), "omega": np.asarray(self.omega, float),
+                "post0": post[:1], "postrot": _rotation(post[1:], self._post)}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        nb, p = self.buffers, self._post  # type: ignore[attr-defined]
+        ring, carry = state
+        z = draw(t)
+        s = carry[:nb]
+        x = z - xp.matvec(tab["omega"], s)
+        carry = xp.set_rows(carry, 0, tab["theta"][:, None] * s + x[None, :])
+        if p:
+            x = (x - xp.matvec(tab["postrot"][t % p], carry[nb:])) / tab["post0"][0]
+            carry = xp.set_row(carry, nb + t % p, x)
+        return x, (ring, carry)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        return []
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _toeplitz_row_sums(self.coefs())  # type: ignore[attr-defined]
 
 
 def band_values(matrix: np.ndarray, band: int) -> np.ndarray:
@@ -187,11 +358,125 @@ class BandedLowRank:
     def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
         return (self.band, self.u, self.v)
 
+    # -- the recursion: W recent noise rows (slot j mod W) and R running sums S_{t-W}
+    method = "banded-low-rank"
+
+    def tables(self) -> dict[str, np.ndarray]:
+        w = self.width
+        vpad = np.zeros((self.n, self.rank))
+        vpad[w:] = self.v[: self.n - w]   # S_{t-W} = S_{t-W-1} + V[t-W]^T Z[t-W] at step t >= W
+        return {"coef": self.coefficient_table(), "vpad": vpad}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        w, r = self.width, self.rank
+        ring, sums = state
+        slot = t % w
+        if r:   # ring slot t mod W still holds Z[t - W] (zeros before step W)
+            sums = sums + tab["vpad"][t][:, None] * ring[slot][None, :]
+        ring = xp.set_row(ring, slot, draw(t))
+        c = tab["coef"][t]
+        row = xp.matvec(c[:w], ring)
+        if r:
+            row = row + xp.matvec(c[w:], sums)
+        return row, (ring, sums)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        return [(j % self.width, j) for j in range(max(0, t - self.width), t)]
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _dense_row_sums(self.dense())
+
+
+@dataclass(frozen=True, eq=False)
+class BandedInverse:
+    """M^-1 for a lower-triangular M with p sub-diagonals (a BandMF strategy C, or B^-1 = C A^-1
+    when that is banded): ``x_t = (z_t - sum_{1<=k<=p} M[t, t-k] x_{t-k}) / M[t, t]``. State: the
+    p most recent outputs. O(p d) per step, whatever t.
+
+    Attributes:
+        band: n x (p + 1), ``band[t, k] = M[t, t - k]`` (zero where t < k).
+    """
+
+    band: np.ndarray
+
+    method = "banded-inverse"
+
+    def __post_init__(self) -> None:
+        bd = np.array(self.band, dtype=np.float64)
+        if bd.ndim != 2 or bd.shape[1] < 1 or not np.all(np.isfinite(bd)) or np.any(bd[:, 0] == 0):
+            raise MfcliError("a banded inverse needs an n x (p + 1) finite band with a non-zero diagonal")
+        bd.setflags(write=False)
+        object.__setattr__(self, "band", bd)
+
+    @classmethod
+    def of(cls, matrix: np.ndarray, bandwidth: int) -> BandedInverse:
+        return cls(band_values(matrix, bandwidth + 1))
+
+    @property
+    def n(self) -> int:
+        return int(self.band.shape[0])
+
+    @property
+    def width(self) -> int:
+        return 0
+
+    @property
+    def rank(self) -> int:
+        return int(self.band.shape[1] - 1)
+
+    def banded(self) -> np.ndarray:
+        """M itself (n x n)."""
+        n = self.n
+        out = np.zeros((n, n))
+        rows = np.arange(n)
+        for k in range(self.band.shape[1]):
+            out[rows[k:], rows[k:] - k] = self.band[k:, k]
+        return out
+
+    def dense(self) -> np.ndarray:
+        import scipy.linalg
+
+        return scipy.linalg.solve_triangular(self.banded(), np.eye(self.n), lower=True)
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.band,)
+
+    def tables(self) -> dict[str, np.ndarray]:
+        p = self.rank
+        rot = np.zeros((self.n, p))
+        for t in range(self.n):
+            for k in range(1, p + 1):
+                rot[t, (t - k) % p] = self.band[t, k]
+        return {"rot": rot, "diag": np.array(self.band[:, 0])}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        p = self.rank
+        ring, outs = state
+        x = draw(t)
+        if p:
+            x = x - xp.matvec(tab["rot"][t], outs)
+        x = x / tab["diag"][t]
+        if p:
+            outs = xp.set_row(outs, t % p, x)
+        return x, (ring, outs)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        return []
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _dense_row_sums(self.dense())
+
 
 @dataclass(frozen=True, eq=False)
 class DenseLowerTriangular:
-    """A dense operator (n x n lower-triangular, or n x m for a non-square decoder) whose row t
-    is applied by regenerating the noise rows it touches."""
+    """A dense operator (n x n lower-triangular, or n x m for a non-square decoder), streamed by
+    keeping the rows of Z drawn so far: step t draws the rows row t first needs and costs one
+    multiply-add of a d-row per non-zero column up to the last one row t uses (t + 1 for a
+    lower-triangular M). Memory: m x d, all of Z (what :func:`mfcli.noise.noise_stream` checks
+    against its memory budget); nothing is redrawn.
+    """
 
     matrix: np.ndarray
 
@@ -206,7 +491,7 @@ class DenseLowerTriangular:
 
     @property
     def width(self) -> int:
-        return 0
+        return self.columns
 
     @property
     def rank(self) -> int:
@@ -221,6 +506,67 @@ class DenseLowerTriangular:
 
     def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
         return (self.matrix,)
+
+    method = "history"
+
+    @property
+    def columns(self) -> int:
+        """m: rows of Z the operator reads."""
+        return int(self.matrix.shape[1])
+
+    def _need(self) -> np.ndarray:
+        """need[t]: rows of Z steps 0..t read (1 + the last non-zero column so far)."""
+        nz = self.matrix != 0
+        last = np.where(nz.any(axis=1), self.columns - 1 - np.argmax(nz[:, ::-1], axis=1), -1)
+        return np.maximum.accumulate(last + 1).astype(np.int64)
+
+    def tables(self) -> dict[str, np.ndarray]:
+        need = self._need()
+        return {"matrix": self.matrix, "need": need, "first": np.concatenate([[0], need[:-1]]).astype(np.int64)}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        ring, carry = state
+        ring = xp.fill_rows(ring, tab["first"][t], tab["need"][t], draw)
+        return xp.prefix_matvec(tab["matrix"][t], ring, tab["need"][t]), (ring, carry)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        held = int(self._need()[t - 1]) if t > 0 else 0
+        return [(j, j) for j in range(held)]
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _dense_row_sums(self.matrix)
+
+
+#: Most sub-diagonals a banded C (or B^-1) may have for its inverse to stream by recursion: the
+#: state holds that many rows of d floats, as many as a compressed stream's band and rank.
+MAX_RECURSION_BANDWIDTH = 256
+
+
+def banded_inverse_of(fact: Factorization, kind: str, exact: np.ndarray) -> BandedInverse | None:
+    """The recursion for a dense artifact whose operator's inverse is banded: gradient noise
+    C^-1 when C has exactly zero entries below its p-th sub-diagonal (BandMF), iterate noise B
+    when B^-1 = C A^-1 is banded likewise. Used only when M^-1 reproduces ``exact`` (the operator
+    computed by a dense triangular solve) to :data:`OPERATOR_RTOL`; None otherwise."""
+    import scipy.linalg
+
+    c = np.asarray(fact.strategy, dtype=np.float64)
+    p = _lower_bandwidth(c, rtol=0.0)
+    if p > MAX_RECURSION_BANDWIDTH or p >= fact.n - 1:
+        return None
+    if kind == "gradient":
+        m = c
+    else:
+        a = np.asarray(fact.workload, dtype=np.float64)
+        m = np.tril(scipy.linalg.solve_triangular(a.T, c.T, lower=False).T)   # C A^-1, from A^T X^T = C^T
+        m[np.abs(m) <= 1e-15 * np.max(np.abs(m))] = 0.0
+        p = _lower_bandwidth(m, rtol=0.0)
+        if p > MAX_RECURSION_BANDWIDTH or p >= fact.n - 1:
+            return None
+    rec = BandedInverse.of(m, p)
+    if _relative_error(rec.dense(), exact) > OPERATOR_RTOL:
+        return None
+    return rec
 
 
 def _lower_bandwidth(mat: np.ndarray, *, rtol: float) -> int:
@@ -267,7 +613,7 @@ def compressed_gradient_operator(
 class Streaming(NamedTuple):
     """What a noise stream needs from an operator for one noise kind."""
 
-    matrix: BandedLowRank | DenseLowerTriangular
+    matrix: StreamingMatrix
     inverse_bandwidth: int | None  # p, sub-diagonals of A^-1 (compressed gradient noise only)
 
 
@@ -368,6 +714,10 @@ class DenseOperator:
             raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
         if fact.m == fact.n and not is_lower_triangular(op):
             raise MfcliError(f"{where}: the {kind} operator is not lower-triangular: it cannot be streamed")
+        if fact.m == fact.n:
+            banded = banded_inverse_of(fact, kind, op)
+            if banded is not None:
+                return Streaming(banded, None)
         return Streaming(DenseLowerTriangular(op), None)
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
@@ -751,6 +1101,13 @@ __all__ = [
     "CompressedReading",
     "DenseLowerTriangular",
     "DenseOperator",
+    "ArrayOps",
+    "BandedInverse",
+    "BufferRecursion",
+    "IirRecursion",
+    "StreamState",
+    "banded_inverse_of",
+    "init_state",
     "NoiseOperator",
     "NumberCheck",
     "Streaming",

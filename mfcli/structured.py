@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.operators import BufferRecursion, IirRecursion
 from mfcli.participation import Participation, Sensitivity, SingleParticipation
 from mfcli.toeplitz import (
     DENSE_MAX_N,
@@ -86,7 +87,7 @@ def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarr
 
 
 @dataclass(frozen=True, eq=False)
-class RationalToeplitz:
+class RationalToeplitz(IirRecursion):
     """The n x n lower-triangular Toeplitz matrix of num(z) / den(z), streamed by the recursion
     den_0 x_t = sum_{k<W+1} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}.
 
@@ -126,7 +127,7 @@ class RationalToeplitz:
 
 
 @dataclass(frozen=True, eq=False)
-class BltRecursion:
+class BltRecursion(BufferRecursion):
     """The noise operator of a BLT strategy, streamed in its parallel (buffer) form rather than
     as a polynomial ratio: x = C^-1 z by C's own buffers, x_t = z_t - sum_i omega_i s_i, then
     s_i <- theta_i s_i + x_t (as :class:`mfcli.blt.BltNoiseStream`); for iterate noise the

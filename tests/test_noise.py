@@ -164,10 +164,10 @@ def test_stream_equals_dense_computation(artifacts, name, kind, variant, dtype, 
         ("momentum", "gradient", "compressed", "banded-low-rank", 3 + 2),  # W = K + p, p = 2
         ("momentum-cooldown", "gradient", "compressed", "banded-low-rank", 3 + 2),
         ("prefix", "gradient", "compressed", "banded-low-rank", 3 + 1),    # p = 1
-        ("custom", "gradient", "compressed", "regenerate", 0),             # A^-1 not banded
+        ("custom", "gradient", "compressed", "history", 14),               # A^-1 not banded: keeps Z
         ("custom", "iterate", "compressed", "banded-low-rank", 2),
-        ("momentum", "gradient", "dense", "regenerate", 0),
-        ("prefix", "iterate", "dense", "regenerate", 0),
+        ("momentum", "gradient", "dense", "history", 20),                  # a dense C^-1: all n rows of Z
+        ("prefix", "iterate", "dense", "history", 18),
     ],
 )
 def test_method_and_band_width(artifacts, name, kind, variant, method, width):
@@ -176,6 +176,7 @@ def test_method_and_band_width(artifacts, name, kind, variant, method, width):
     assert stream.method == method
     assert stream.width == width
     assert stream.rank == (r if method == "banded-low-rank" else 0)
+    assert stream.memory_floats() == (width + stream.rank + 1) * 3
     expected_p = WORKLOADS[name][1]
     if variant == "compressed" and kind == "gradient" and expected_p is not None:
         assert stream.inverse_bandwidth == expected_p
