@@ -58,7 +58,7 @@ def test_spectral_bound_is_above_the_svd_and_tight(name: str) -> None:
     exact = _svd_norm(c)
     b = spectral_norm_bound(c)
     assert b.upper >= exact
-    assert b.upper <= exact * (1 + 1e-8) + 1e-300, (b.method, b.upper / exact - 1)
+    assert b.upper <= exact * (1 + 2e-5), (b.method, b.upper / exact - 1)  # the symbol bound, or the certificate
     for method, value in b.candidates.items():  # every candidate is itself a valid upper bound
         assert value >= exact, method
     # without the certificate: the fallbacks still bound it from above
@@ -72,7 +72,7 @@ def test_spectral_bound_hypothesis(m: int, n: int, seed: int, log_scale: float) 
     c = np.random.default_rng(seed).standard_normal((m, n)) * 10.0**log_scale
     exact = _svd_norm(c)
     b = spectral_norm_bound(c)
-    assert exact <= b.upper <= exact * (1 + 1e-8)
+    assert exact <= b.upper <= exact * (1 + 2e-5)
     assert norm_product_bound(c) >= exact
 
 
