@@ -84,3 +84,19 @@ def test_banded_estimate_applies_to_mmcc_only(args: list[str], why: str) -> None
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --banded-estimate applies to MMCC only") and why in lines[0]
+
+
+def test_estimate_directions_are_named_as_dp_accounting_names_them() -> None:
+    """The estimate's JSON directions: remove = H(with the example || without), add = the reverse,
+    as dp-accounting (AdjacencyType.REMOVE / ADD) and docs/accounting.md name them. For C = I the
+    exact pair is DP-SGD's, so each direction's estimate interval must hold dp-accounting's epsilon
+    of that direction alone (the two differ by far more than the intervals' width here)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    n, sigma, p, delta = 8, 1.0, 0.2, 1e-3
+    est = banded_poisson.estimate_epsilon(np.eye(n), sigma=sigma, sampling=p, delta=delta, samples=20_000).as_dict()
+    pld = pld_lib.from_gaussian_mechanism(sigma, sampling_prob=p, value_discretization_interval=1e-4).self_compose(n)
+    for name, pmf in (("remove", pld._pmf_remove), ("add", pld._pmf_add)):  # dp-accounting's two directions
+        want = pmf.get_epsilon_for_delta(delta)
+        lo, hi = est["directions"][name]["interval"]
+        assert lo - 0.02 <= want <= hi + 0.02, (name, lo, hi, want)

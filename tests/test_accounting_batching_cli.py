@@ -34,7 +34,14 @@ def _json(result) -> dict:
 def test_balls_in_bins_rows_and_json() -> None:
     out = _json(run("--strategy", "tree", "--n", "8", "--sigma", "2", "--batching", "balls-in-bins", "--json", "-q"))
     assert out["batching"] == "balls-in-bins"
-    assert set(out["settings"]) == {"single-pass", "balls-in-bins-tree"}  # no shuffled or Poisson row
+    # no shuffled or Poisson row; the DP-SGD reduction and the balls-in-bins DP-SGD reference assume balls-in-bins too
+    assert set(out["settings"]) == {"single-pass", "balls-in-bins-tree", "dp-sgd-reduction", "balls-in-bins-dp-sgd"}
+    assert out["settings"]["balls-in-bins-dp-sgd"]["reference"] is True
+    assert out["settings"]["balls-in-bins-tree"]["reference"] is False
+    rep = out["report"]
+    assert rep["epsilon"] == min(out["settings"][k]["epsilon"] for k in ("single-pass", "balls-in-bins-tree",
+                                                                          "dp-sgd-reduction"))
+    assert rep["setting"] == "balls-in-bins-tree" and rep["line"].startswith("report: epsilon <= ")
     row = out["settings"]["balls-in-bins-tree"]
     lib = tree_balls_in_bins(n=8, sigma=2.0, delta=1e-6)
     assert row["epsilon"] == lib.epsilon and row["bracket"] == [lib.lower, lib.epsilon]  # full precision
@@ -55,15 +62,22 @@ def test_tree_scaled_by_a_constant(tmp_path: Path) -> None:
 def test_shuffle_rows() -> None:
     out = _json(run("--strategy", "tree", "--n", "16", "--sigma", "4", "--batching", "shuffle", "--json", "-q"))
     assert out["batching"] == "shuffle"
-    assert set(out["settings"]) == {"single-pass", "shuffled-tree", "shuffled-dp-sgd"}  # no balls-in-bins row
+    assert set(out["settings"]) == {"single-pass", "shuffled-tree", "shuffled-dp-sgd", "dp-sgd-reduction"}
     row = out["settings"]["shuffled-dp-sgd"]
     assert row["epsilon"] == shuffled_dpsgd(n=16, sigma=4.0, delta=1e-6).epsilon
     assert row["batching"] == "shuffle"
     # a strategy other than the tree: only the bounds that hold for any order
     other = _json(run("--strategy", "identity", "--n", "16", "--sigma", "4", "--batching", "shuffle", "--json", "-q"))
-    assert set(other["settings"]) == {"single-pass", "shuffled-dp-sgd"}
+    assert set(other["settings"]) == {"single-pass", "shuffled-dp-sgd", "dp-sgd-reduction"}
+    # C = I: the reduction is the shuffled DP-SGD bound itself (||I||_2 = 1, certified to a few ulps)
+    assert other["settings"]["dp-sgd-reduction"]["epsilon"] == pytest.approx(
+        other["settings"]["shuffled-dp-sgd"]["epsilon"], rel=1e-6)
+    assert other["settings"]["dp-sgd-reduction"]["neighbouring"] == "replace-one"
     table = run("--strategy", "tree", "--n", "16", "--sigma", "4", "--batching", "shuffle", "-q")
     assert table.exit_code == 0 and "balls-in-bins" not in table.stdout and "shuffled epoch" in table.stdout
+    # every shuffle row's assumption line says the relation it holds for, as the JSON does
+    assert "single pass: " in table.stdout and "add or remove one example" not in table.stdout.split("assumptions:")[1]
+    assert table.stdout.strip().splitlines()[-1].startswith("report: epsilon <=")
 
 
 def test_poisson_rows_unchanged_without_batching() -> None:
@@ -81,8 +95,19 @@ def test_calibration_on_the_guarantee() -> None:
     assert tree_balls_in_bins(n=4, sigma=cal["sigma_bracket"][0]).epsilon > 2.0
 
 
+def test_balls_in_bins_any_strategy_by_the_reduction() -> None:
+    """A C other than the tree gets a balls-in-bins guarantee: the DP-SGD reduction (no tree row)."""
+    out = _json(run("--strategy", "sqrt", "--n", "8", "--sigma", "2", "--batching", "balls-in-bins", "--json", "-q"))
+    assert set(out["settings"]) == {"single-pass", "dp-sgd-reduction", "balls-in-bins-dp-sgd"}
+    red = out["settings"]["dp-sgd-reduction"]
+    assert red["sampler"] == "balls-in-bins" and red["neighbouring"] == "add-remove"
+    assert out["report"]["setting"] in ("single-pass", "dp-sgd-reduction")
+    # n not a power of two: the balls-in-bins DP-SGD bound (and so the reduction) does not apply; said, not hidden
+    odd = _json(run("--strategy", "sqrt", "--n", "6", "--sigma", "2", "--batching", "balls-in-bins", "--json", "-q"))
+    assert set(odd["settings"]) == {"single-pass"} and any("power of two" in s for s in odd["notes"])
+
+
 BAD = [
-    (["--strategy", "sqrt", "--n", "8", "--sigma", "2", "--batching", "balls-in-bins"], "needs the binary-tree strategy"),
     (["--strategy", "tree", "--n", "6", "--sigma", "2", "--batching", "balls-in-bins"], "power of two"),
     (["--strategy", "tree", "--n", "8", "--sigma", "2", "--batching", "shuffle", "--sampling", "0.1"],
      "--batching shuffle does not sample"),

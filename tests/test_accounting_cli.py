@@ -45,8 +45,13 @@ def test_identity_mmcc_equals_dpsgd_json() -> None:
     out = _json(run("--strategy", "identity", "--n", "64", "--sigma", "4", "--sampling", "0.01", "--json", "-q"))
     assert out["command"] == "account" and out["schema_version"] == 2
     s = out["settings"]
-    assert set(s) == {"single-pass", "dp-sgd", "mmcc"}
+    assert set(s) == {"single-pass", "dp-sgd", "mmcc", "dp-sgd-reduction"}
     assert s["mmcc"]["epsilon"] == pytest.approx(s["dp-sgd"]["epsilon"], rel=1e-8)
+    # C = I: the reduction is DP-SGD itself (||I||_2 = 1 certified to a few ulps)
+    assert s["dp-sgd-reduction"]["epsilon"] == pytest.approx(s["dp-sgd"]["epsilon"], rel=1e-6)
+    assert s["dp-sgd"]["reference"] is True and s["mmcc"]["reference"] is False
+    assert out["report"]["setting"] in ("mmcc", "dp-sgd-reduction")
+    assert out["report"]["references"] == {"dp-sgd": s["dp-sgd"]["epsilon"]}
     assert s["dp-sgd"]["epsilon"] == pytest.approx(0.0767230, abs=5e-8)
     lo, hi = s["mmcc"]["bracket"]
     assert lo <= hi

@@ -206,13 +206,19 @@ class _RootLaws:
     q_down: _Law
 
 
-def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallback | None = None) -> _RootLaws:
+def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallback | None = None,
+               internal: bool = True) -> _RootLaws:
     """The four grid laws of the root's log-ratio (U and D, under P and Q); ``on_progress``
-    receives the tree levels propagated (two passes: rounded up and down)."""
+    receives the tree levels propagated (two passes: rounded up and down).
+
+    ``internal`` False: no noisy output at the internal nodes, only at the n leaves: the ratio is
+    then (1/n) sum_i w_i, DP-SGD's pair under balls-in-bins (C = I; the binary grouping of the
+    average is only how the law is computed)."""
     sd = 1.0 / sigma
     m = 0.5 / sigma**2
     laws = {}
-    tick = Ticker(on_progress, f"balls-in-bins tree (grid {h:.3g})", 2 * height, unit="levels")
+    what = "balls-in-bins tree" if internal else "balls-in-bins DP-SGD"
+    tick = Ticker(on_progress, f"{what} (grid {h:.3g})", 2 * height, unit="levels")
     for up in (True, False):
         kq = _g_kernel(-m, sd, h, up)
         kp = _g_kernel(m, sd, h, up)
@@ -224,8 +230,12 @@ def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallbac
                 raise MfcliError(f"the grid {h:g} needs more than {MAX_POINTS} points; use a coarser grid")
             pq = _pair(p, q, h, up)
             qq = _pair(q, q, h, up)
-            p = _trim(_convolve(pq, kp), up, TAIL_CUT)
-            q = _trim(_convolve(qq, kq), up, TAIL_CUT)
+            if internal:
+                p = _trim(_convolve(pq, kp), up, TAIL_CUT)
+                q = _trim(_convolve(qq, kq), up, TAIL_CUT)
+            else:
+                p = _trim(pq, up, TAIL_CUT)
+                q = _trim(qq, up, TAIL_CUT)
         laws[up] = (p, q)
     tick.finish()
     return _RootLaws(p_up=laws[True][0], q_up=laws[True][1], p_down=laws[False][0], q_down=laws[False][1])
@@ -367,10 +377,108 @@ def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
             float(upper.get_delta_for_epsilon(epsilon)))
 
 
+@dataclass(frozen=True)
+class BallsInBinsDpSgdResult:
+    """DP-SGD (C = I) under balls-in-bins batching: guarantee and lower end of its bracket.
+
+    Attributes:
+        epsilon: the guarantee (upper end) at ``delta``; lower: the lower end (never above the
+            pair's true epsilon); delta, sigma (noise multiplier), steps (n = 2^L), epochs, grid.
+    """
+
+    epsilon: float
+    lower: float
+    delta: float
+    sigma: float
+    steps: int
+    epochs: int
+    grid: float
+
+    def as_dict(self) -> dict:
+        return {
+            "setting": "balls-in-bins-dp-sgd",
+            "batching": "balls-in-bins",
+            "epsilon": self.epsilon,
+            "bracket": [self.lower, self.epsilon],
+            "lower_bound": self.lower,
+            "delta": self.delta,
+            "sigma": self.sigma,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "grid": self.grid,
+            "method": "exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
+                      "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
+                      "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
+            "assumptions": "DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
+                           "step of each epoch, independently of the others; n = 2^L steps; an example's contribution "
+                           "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
+                           "add or remove one example",
+        }
+
+
+def _dpsgd_height(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
+    n = int(n)
+    if n & (n - 1):
+        raise MfcliError(f"balls-in-bins accounting of DP-SGD needs n a power of two, got n = {n}")
+    return n.bit_length() - 1
+
+
+def dpsgd_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
+               on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
+    """(pessimistic, optimistic) PLDs of DP-SGD's balls-in-bins pair (see :func:`dpsgd_balls_in_bins`)."""
+    height = _dpsgd_height(n)
+    sigma = check_sigma(sigma)
+    epochs = _check_epochs(epochs)
+    h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
+    upper, lower = _plds(_root_laws(height, sigma, h, on_progress, internal=False), h)
+    if epochs > 1:
+        upper = upper.self_compose(epochs)
+        lower = lower.self_compose(epochs)
+    return upper, lower
+
+
+def dpsgd_balls_in_bins(
+    *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> BallsInBinsDpSgdResult:
+    """Epsilon bracket of DP-SGD (noise multiplier sigma, n = 2^L steps) under balls-in-bins batching.
+
+    The pair P = (1/n) sum_i N(e_i, sigma^2 I) vs Q = N(0, sigma^2 I) (random allocation of one
+    Gaussian step among n; Feldman and Shenfeld, arXiv 2502.08202, whose exact PLD this computes on
+    a grid). Its likelihood ratio is the average of the n leaf ratios w_i, computed as a balanced
+    tree of pairwise averages: the recursion of :func:`tree_balls_in_bins` without noise at the
+    internal nodes, with the same one-sided rounding, so the same proof gives: ``epsilon`` is a
+    valid bound for the pair in both directions (the example's contribution fixed in advance,
+    docs/accounting.md), ``lower`` at most its true epsilon. ``grid=None`` refines as the tree does.
+
+    Raises:
+        MfcliError: n not a power of two, or a parameter out of range.
+    """
+    delta = check_delta(delta)
+    epochs = _check_epochs(epochs)
+    _dpsgd_height(n)
+    h = AUTO_START if grid is None else grid
+    while True:
+        upper, lower = dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress)
+        eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
+        eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
+        ratio = eps_u / eps_l if eps_l > 0 else math.inf
+        if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
+            break
+        h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
+    return BallsInBinsDpSgdResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
+                                  epochs=epochs, grid=float(h))
+
+
 __all__ = [
     "DEFAULT_GRID",
     "FLOAT_SLACK",
+    "BallsInBinsDpSgdResult",
     "BallsInBinsTreeResult",
+    "dpsgd_balls_in_bins",
+    "dpsgd_plds",
     "tree_balls_in_bins",
     "tree_delta_bracket",
     "tree_height",

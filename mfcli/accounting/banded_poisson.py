@@ -13,10 +13,11 @@ x_j ~ Bernoulli(p) i.i.d. (present, Poisson sampling).
    forward recursion over the 2^(b-1) states of the last b - 1 bits: O(n 2^b) per sample,
    vectorised over samples. It is the same sum as the brute force over all 2^n patterns, only
    regrouped (tested against it).
-2. ESTIMATE of epsilon (:func:`estimate_epsilon`): delta_add(eps) = E_P[(L - e^eps)_+] and
-   delta_remove(eps) = E_P[(1 - e^eps L)_+] by importance sampling from the defensive mixture
+2. ESTIMATE of epsilon (:func:`estimate_epsilon`): delta_remove(eps) = E_P[(L - e^eps)_+] and
+   delta_add(eps) = E_P[(1 - e^eps L)_+] (named as dp-accounting and docs/accounting.md name them:
+   remove is H(with || without) = H(Q || P), add the reverse) by importance sampling from the defensive mixture
    R = a P + (1 - a) mean_k R_k, R_k = E_x N(theta s_k C x, sigma^2 I), x ~ Bernoulli(q_k) (theta =
-   +1 for add, -1 for remove; q_k in {p, 4p, 16p} capped at max(0.5, p), s_k in {1, 2, 4, 8}, all
+   +1 for remove, -1 for add; q_k in {p, 4p, 16p} capped at max(0.5, p), s_k in {1, 2, 4, 8}, all
    at once with fixed weights). dR/dP = a + (1 - a) mean_k L_{q_k, theta s_k C}(y) comes from the same recursion, so
    every weight is exact and at most 1 / a. The estimate and its confidence interval (pointwise
    normal interval of z standard errors on delta, inverted in eps) are an ESTIMATE: never a
@@ -230,7 +231,7 @@ class EpsilonEstimate:
             "directions": {
                 d.direction: {"epsilon": d.epsilon, "interval": [d.low, d.high], "samples": d.samples,
                               "proposal_components": d.components, "relative_error_at_delta": d.relative_error}
-                for d in (self.add, self.remove)
+                for d in (self.remove, self.add)
             },
             "method": "exact likelihood ratio by the banded forward recursion; importance sampling from a "
                       "defensive mixture of Poisson-mixture proposals at several rates and mean scales; interval = "
@@ -240,8 +241,8 @@ class EpsilonEstimate:
 
 
 def _delta_terms(log_l: np.ndarray, eps: float, direction: str) -> np.ndarray:
-    """(L - e^eps)_+ (add) or (1 - e^eps L)_+ (remove) per sample, overflow-free."""
-    if direction == "add":
+    """(L - e^eps)_+ (remove) or (1 - e^eps L)_+ (add) per sample, overflow-free."""
+    if direction == "remove":
         with np.errstate(over="ignore"):
             return np.where(log_l > eps, np.exp(log_l) - math.exp(eps), 0.0)
     return np.where(log_l + eps < 0, -np.expm1(np.minimum(log_l + eps, 0.0)), 0.0)
@@ -263,7 +264,7 @@ def proposal_components(p: float) -> list[tuple[float, float]]:
 
     q > p covers the events where many participations add up (large sigma); s > 1 covers the
     events where one participation meets a far Gaussian tail (small sigma, small p: for C = I,
-    sigma = 1, p = 0.05 the add curve at delta = 1e-6 is set by y_r near 5.5, which a proposal with
+    sigma = 1, p = 0.05 the remove curve at delta = 1e-6 is set by y_r near 5.5, which a proposal with
     s = 1 reaches with probability about 3e-6 per sample). All are used at once, with fixed
     weights. The earlier proposal (s = 1 only, one q chosen by a pilot run with the smallest
     estimated error) rarely reached such tails: the samples missed them, so both the estimate of
@@ -276,10 +277,10 @@ def proposal_components(p: float) -> list[tuple[float, float]]:
 def _draw(rng: np.random.Generator, c: np.ndarray, band: int, *, p: float, sigma: float, size: int,
           direction: str) -> tuple[np.ndarray, np.ndarray]:
     """Samples from the defensive proposal R = a P + (1 - a) mean_k R_k (R_k the components of
-    :func:`proposal_components`, theta = +1 for add, -1 for remove); returns (log L_p(y),
+    :func:`proposal_components`, theta = +1 for remove, -1 for add); returns (log L_p(y),
     log dP/dR(y)). dR/dP = a + (1 - a) mean_k L_{q_k, theta s_k C}(y), every term exact by the
     same recursion, so dP/dR <= 1 / a."""
-    theta = 1.0 if direction == "add" else -1.0
+    theta = 1.0 if direction == "remove" else -1.0
     comps = proposal_components(p)
     which = rng.integers(0, len(comps), size)
     y = np.empty((size, c.shape[0]))
@@ -352,7 +353,7 @@ def estimate_epsilon(
     max_band: int = MAX_BAND,
     on_progress: ProgressCallback | None = None,
 ) -> EpsilonEstimate:
-    """ESTIMATE of the epsilon of the exact banded Poisson pair (max of add and remove), with an
+    """ESTIMATE of the epsilon of the exact banded Poisson pair (max of remove and add), with an
     approximate confidence interval (module docstring, step 2). Not a bound: it is reported beside
     the bracket and never used to calibrate.
 
@@ -394,14 +395,14 @@ def estimate_epsilon(
         drawn += 1
         ticker(drawn)
 
-    add = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="add",
+    remove = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="remove",
                               tick=tick)
-    rem = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="remove",
+    add = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="add",
                               tick=tick)
     ticker.finish()
     return EpsilonEstimate(
-        epsilon=max(add.epsilon, rem.epsilon), low=max(add.low, rem.low), high=max(add.high, rem.high),
-        delta=delta, band=b, z=z, add=add, remove=rem, seed=seed, seconds=time.perf_counter() - t0,
+        epsilon=max(remove.epsilon, add.epsilon), low=max(remove.low, add.low), high=max(remove.high, add.high),
+        delta=delta, band=b, z=z, remove=remove, add=add, seed=seed, seconds=time.perf_counter() - t0,
     )
 
 
@@ -461,8 +462,8 @@ def row_law(weights: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
 def row_loss_pmfs(support: np.ndarray, probs: np.ndarray, sigma: float, grid: float,
                   y_range: float = 12.0) -> tuple[tuple[int, np.ndarray], tuple[int, np.ndarray]]:
     """Privacy-loss PMFs of one row pair Q = sum_k probs_k N(support_k, sigma^2) vs P = N(0, sigma^2),
-    every loss rounded DOWN to the grid: (offset, masses) for the add direction (loss
-    l(y) = log dQ/dP(y), y ~ Q) and for the remove direction (loss -l(y), y ~ P).
+    every loss rounded DOWN to the grid: (offset, masses) for the remove direction (loss
+    l(y) = log dQ/dP(y), y ~ Q) and for the add direction (loss -l(y), y ~ P).
 
     l is increasing in y (support >= 0). y is cut into bins fine enough that l moves by at most one
     grid step in a bin; each bin's exact mass (normal CDFs) goes to the grid point at or below the
@@ -482,11 +483,11 @@ def row_loss_pmfs(support: np.ndarray, probs: np.ndarray, sigma: float, grid: fl
     logpi = np.log(pr)
     loss = special.logsumexp(logpi[None, :] + (np.outer(y, s) - 0.5 * s * s) / (sigma * sigma), axis=1)
     loss = np.maximum.accumulate(loss)  # l is increasing; guard against round-off wiggles
-    # add direction: y ~ Q, bin [y_i, y_i+1] -> floor(l(y_i) / grid)
+    # remove direction: y ~ Q, bin [y_i, y_i+1] -> floor(l(y_i) / grid)
     cdf_q = (pr[None, :] * norm.cdf((y[:, None] - s[None, :]) / sigma)).sum(axis=1)
     mass_q = np.maximum(np.diff(cdf_q), 0.0)
     idx_q = np.floor(loss[:-1] / grid).astype(np.int64)
-    # remove direction: y ~ P, loss -l decreasing: bin -> floor(-l(y_i+1) / grid)
+    # add direction: y ~ P, loss -l decreasing: bin -> floor(-l(y_i+1) / grid)
     cdf_p = norm.cdf(y / sigma)
     mass_p = np.maximum(np.diff(cdf_p), 0.0)
     idx_p = np.floor(-loss[1:] / grid).astype(np.int64)
@@ -600,10 +601,10 @@ def disjoint_rows_lower_bound(
         if total[0] is None:
             eps = 0.0
         else:
-            add_pmf, remove_pmf = total
+            remove_pmf, add_pmf = total
 
-            def worst(e: float, add_pmf: PMF = add_pmf, remove_pmf: PMF = remove_pmf) -> float:
-                return max(_hockey(add_pmf, grid, e), _hockey(remove_pmf, grid, e))
+            def worst(e: float, remove_pmf: PMF = remove_pmf, add_pmf: PMF = add_pmf) -> float:
+                return max(_hockey(remove_pmf, grid, e), _hockey(add_pmf, grid, e))
 
             eps = epsilon_bracket(worst, delta, rel_tol=1e-9, max_steps=60, eps_max=1e4)[0]
         if best is None or eps > best.epsilon:

@@ -19,7 +19,10 @@ DEFAULT_TAIL_FRACTION = 0.5
 DEFAULT_ARTIFACT = "momentum-n256"
 #: The accounting settings, in display order.
 SETTINGS = ("single-pass", "deterministic", "dp-sgd", "mmcc", "cyclic-poisson", "shuffled-tree", "balls-in-bins-tree",
-            "shuffled-dp-sgd")
+            "shuffled-dp-sgd", "dp-sgd-reduction", "balls-in-bins-dp-sgd")
+#: Rows that account another mechanism (DP-SGD, C = I, at the same sigma): references, never this
+#: strategy's privacy.
+REFERENCE_SETTINGS = ("dp-sgd", "shuffled-dp-sgd", "balls-in-bins-dp-sgd")
 #: Batch samplers (``--batching``). With a sampling rate: poisson (the default; every example in
 #: every step with probability p: DP-SGD, MMCC) or cyclic (examples in b groups, group i mod b
 #: Poisson-sampled at step i: banded C, 2306.08153). Without one: balls-in-bins (each example in
@@ -30,8 +33,17 @@ SAMPLED_BATCHINGS = ("poisson", "cyclic")
 #: The settings shown for each batch sampler without a rate: every row names the sampler it
 #: assumes, and a trainer who chose one sampler is never shown a number that assumes another.
 BATCHING_SETTINGS = {
-    "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
-    "shuffle": ("single-pass", "shuffled-tree", "shuffled-dp-sgd"),
+    "balls-in-bins": ("single-pass", "balls-in-bins-tree", "dp-sgd-reduction", "balls-in-bins-dp-sgd"),
+    "shuffle": ("single-pass", "shuffled-tree", "shuffled-dp-sgd", "dp-sgd-reduction"),
+}
+#: The rows whose epsilon is a guarantee for the strategy under each batch sampler (None: no
+#: sampling, deterministic participation): the reported number is the smallest of them.
+GUARANTEE_SETTINGS = {
+    None: ("single-pass", "deterministic"),
+    "poisson": ("mmcc", "dp-sgd-reduction"),
+    "cyclic": ("single-pass", "cyclic-poisson", "dp-sgd-reduction"),
+    "balls-in-bins": ("single-pass", "balls-in-bins-tree", "dp-sgd-reduction"),
+    "shuffle": ("single-pass", "shuffled-tree", "dp-sgd-reduction"),
 }
 #: Built-in strategies ``account`` can build for a workload.
 BUILTIN = ("identity", "tree", "sqrt", "optimal")
@@ -45,6 +57,8 @@ __all__ = [
     "DEFAULT_DISCRETIZATION",
     "DEFAULT_MIXTURE_RESOLUTION",
     "DEFAULT_TAIL_FRACTION",
+    "GUARANTEE_SETTINGS",
+    "REFERENCE_SETTINGS",
     "SAMPLED_BATCHINGS",
     "SETTINGS",
 ]

@@ -47,6 +47,7 @@ from mfcli.cli.common import (
     stdout,
 )
 from mfcli.cli.display import ProgressDisplay, describe_estimate
+from mfcli.cli.render import report_line, report_notes
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
@@ -90,6 +91,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     t.add_column("participation; batch sampler")
     t.add_column("details")
     notes: list[str] = []
+    rows = report.rows  # the assumptions as the JSON states them (neighbouring relation included)
 
     def assumes(name: str) -> str:
         schema, sampler = report.row_labels(name)
@@ -101,7 +103,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                   f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
                   f"({safe_markup(report.strategy.operator)} operator), "
                   f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
-        notes.append(f"single pass: {_text(sp, 'assumptions')}")
+        notes.append(f"single pass: {rows['single-pass']['assumptions']}")
     dp = report.dp_sgd
     if dp is not None:
         t.add_row("DP-SGD (reference)", pessimistic(dp.epsilon), assumes("dp-sgd"),
@@ -153,7 +155,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
                   f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
                   f"amplified bound {st.amplified_note}")
-        notes.append(f"shuffled tree: {_text(st, 'assumptions')}")
+        notes.append(f"shuffled tree: {rows['shuffled-tree']['assumptions']}")
     det = report.deterministic
     if det is not None:
         s = det.sensitivity
@@ -187,6 +189,22 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                   f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
                   f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling")
         notes.append(f"balls-in-bins tree: {_text(bib, 'assumptions')}")
+    red = report.reduction
+    if red is not None:
+        sn = red.spectral
+        t.add_row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
+                  f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
+                  f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
+                  f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
+        notes.append(f"DP-SGD reduction: {_text(red, 'assumptions')}")
+    bdp = report.balls_in_bins_dp_sgd
+    if bdp is not None:
+        t.add_row("DP-SGD, balls-in-bins (reference)",
+                  f"{pessimistic(bdp.epsilon)} [{pessimistic(bdp.lower, down=True)}, {pessimistic(bdp.epsilon)}]",
+                  assumes("balls-in-bins-dp-sgd"),
+                  f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
+                  f"law of the random-allocation pair on a grid of {bdp.grid:g}, rounded up and down")
+        notes.append(f"balls-in-bins DP-SGD (reference): {_text(bdp, 'assumptions')}")
     sdp = report.shuffled_dp_sgd
     if sdp is not None:
         amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
@@ -482,6 +500,9 @@ def account(
                                       "for_accounted_strategy": chosen != "dp-sgd" or _is_identity(inp)}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
+        # the number to report comes last, with its line as the table prints it
+        rep = payload.pop("report")
+        payload["report"] = {**rep, "line": report_line(rep)}
         emit_json(envelope("account", **payload))
         return
     out = stdout()
@@ -510,3 +531,7 @@ def account(
         out.print(f"  - {line}")
     if group is not None:
         out.print(f"recorded: {safe_markup(inp.artifact)} group {safe_markup(group)}")
+    rep = report.report().as_dict()
+    for line in report_notes(rep):
+        out.print(safe_markup(line))
+    out.print(safe_markup(report_line(rep)))

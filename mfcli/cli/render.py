@@ -196,3 +196,59 @@ def rich_table(table: Comparison) -> Table:
     for cells in table_cells(table):
         t.add_row(*(safe_markup(c) for c in cells))  # names from files are shown, not read as markup
     return t
+
+
+# ---------------------------------------------------------------------------------------------
+# The number to report (``account`` and ``plan``)
+
+#: How the report line names a neighbouring relation.
+NEIGHBOURING_WORDS = {
+    "add-remove": "add or remove one example",
+    "zero-out": "zero out one example of a fixed, public N",
+    "replace-one": "replace one example (covers zeroing one out)",
+}
+
+
+def sampler_words(batching: str | None, sampling: float | None) -> str:
+    """A batch sampler in the words of the report line."""
+    if batching is None:
+        return "no sampling"
+    if batching == "poisson":
+        return f"Poisson sampling at rate {sampling:g}"
+    if batching == "cyclic":
+        return f"cyclic Poisson sampling at per-group rate {sampling:g}"
+    if batching == "balls-in-bins":
+        return "balls-in-bins batching"
+    if batching == "shuffle":
+        return "one shuffled epoch"
+    return str(batching)
+
+
+def report_line(report: dict) -> str:
+    """``report: epsilon <= X (delta, setting, batch sampler, participation, neighbouring relation)``
+    from a report's JSON (:meth:`mfcli.accounting.session.Report.as_dict`); epsilon rounded up."""
+    eps = report.get("epsilon")
+    if eps is None or report.get("setting") is None:
+        return "report: no guarantee for this strategy under the stated batch sampler was computed"
+    rel = NEIGHBOURING_WORDS.get(str(report.get("neighbouring")), str(report.get("neighbouring")))
+    return (f"report: epsilon <= {pessimistic(float(eps))} (delta = {float(report['delta']):g}, "
+            f"{report['setting']}, {sampler_words(report.get('batching'), report.get('sampling'))}, "
+            f"{report.get('participation')}, {rel})")
+
+
+def report_notes(report: dict) -> list[str]:
+    """The lines after the report line: the guarantee rows compared, rows of other batch samplers
+    that certify less for the same strategy, and the reference rows (another mechanism)."""
+    out = []
+    cands = report.get("candidates") or {}
+    if len(cands) > 1:
+        out.append("  smallest of the guarantees for this sampler: "
+                   + ", ".join(f"{k} {pessimistic(float(v))}" for k, v in cands.items()))
+    for o in report.get("other_samplers") or []:
+        out.append(f"  another batch sampler would certify less for this strategy: {o['setting']} "
+                   f"({o['batch_sampler']}): epsilon <= {pessimistic(float(o['epsilon']))}")
+    refs = report.get("references") or {}
+    if refs:
+        out.append("  references, another mechanism (DP-SGD, C = I, at the same sigma), not this strategy's privacy: "
+                   + ", ".join(f"{k} {pessimistic(float(v))}" for k, v in refs.items()))
+    return out

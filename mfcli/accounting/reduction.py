@@ -1,0 +1,379 @@
+"""The DP-SGD reduction: any causal C is at least as private as DP-SGD with noise multiplier
+sigma / ||C||_2 under the same batch sampler (docs/accounting.md, "The DP-SGD reduction bound").
+
+Statement. Let C be n x n lower-triangular (any signs), the release C G + Z with Z ~ N(0, sigma^2 I)
+per coordinate, G's row t the sum of the clipped (norm <= 1) contributions of the examples in
+step t's batch, the batches drawn by a sampler that does not look at the data, each step's
+contributions chosen from the outputs before it. Then, for every sigma' <= sigma / ||C||_2 (the
+spectral norm), the release is a post-processing of DP-SGD with noise multiplier sigma' under the
+same sampler, so every (epsilon, delta) guarantee of that DP-SGD holds for it, for the same
+neighbouring relation. The proof is in the docs; this module computes:
+
+* :func:`spectral_norm_bound`: a certified UPPER bound on ||C||_2 (an a-posteriori eigenvalue
+  certificate with floating-point error bounds, a Toeplitz symbol bound, sqrt(||C||_1 ||C||_inf);
+  the smallest that applies), never the power-iteration or SVD estimate itself, which can be
+  below the truth;
+* :func:`reduction`: the guarantee under one batch sampler, from the sampler's own DP-SGD
+  accountant at sigma / (that upper bound): Poisson (dp-accounting's PLD), cyclic Poisson
+  (ceil(n / b) Poisson steps), balls-in-bins (:func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins`)
+  and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`).
+
+What it cannot do: at equal epsilon its noise is DP-SGD's noise times ||C||_2 after the
+factorization, so it never makes a mechanism more accurate than DP-SGD at the same epsilon; it is
+a tight report for a mechanism already chosen, not a reason to choose one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
+from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma
+from mfcli.errors import MfcliError
+
+#: Unit roundoff of IEEE double precision.
+UNIT_ROUNDOFF = 2.0**-53
+#: Largest dimension for which the eigenvalue certificate runs (cost: one eigh and four n x n products).
+CERTIFICATE_MAX_N = 4096
+#: Grid points per unit of bandwidth (at least 2^16 in all) when bounding a Toeplitz symbol's
+#: maximum on the circle.
+SYMBOL_GRID = 64
+#: A lower-triangular Toeplitz C larger than this uses its symbol bound without the certificate.
+TOEPLITZ_CERTIFY_N = 512
+#: The batch samplers the reduction accounts.
+REDUCTION_SAMPLERS = ("poisson", "cyclic", "balls-in-bins", "shuffle")
+
+
+def _gamma(k: int) -> float:
+    """gamma_k = k u / (1 - k u): the relative error bound of a k-term dot product (Higham, Thm. 3.5),
+    valid for any summation order, fused multiply-add or not."""
+    ku = k * UNIT_ROUNDOFF
+    if ku >= 0.5:
+        raise MfcliError(f"a dimension of {k} is too large for the spectral-norm certificate")
+    return ku / (1.0 - ku)
+
+
+def _up(x: float, k: int = 4) -> float:
+    """x moved up by k ulps plus a relative 4 k u: covers the rounding of the few scalar operations
+    that computed it from sums of non-negative terms (each relative error <= (terms) u, see callers)."""
+    y = float(x) * (1.0 + 4 * k * UNIT_ROUNDOFF)
+    for _ in range(k):
+        y = math.nextafter(y, math.inf)
+    return y
+
+
+@dataclass(frozen=True)
+class SpectralNorm:
+    """A certified upper bound on ||C||_2 and how it was obtained.
+
+    Attributes:
+        upper: the certified upper bound (what the reduction uses).
+        estimate: the largest singular value as computed (an estimate, may be below the truth by
+            rounding; shown for comparison, never used for a guarantee).
+        method: which certificate gave ``upper``.
+        candidates: every certified bound computed, by method.
+    """
+
+    upper: float
+    estimate: float
+    method: str
+    candidates: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"upper": self.upper, "estimate": self.estimate, "method": self.method,
+                "candidates": dict(self.candidates)}
+
+
+def norm_product_bound(c: np.ndarray) -> float:
+    """sqrt(||C||_1 ||C||_inf) >= ||C||_2 (Hoelder), rounded up: the max column and row sums of |C|
+    are sums of non-negative terms (relative error <= gamma_{n})."""
+    a = np.abs(np.asarray(c, dtype=np.float64))
+    m, n = a.shape
+    one = float(a.sum(axis=0).max()) * (1.0 + _gamma(m))
+    inf = float(a.sum(axis=1).max()) * (1.0 + _gamma(n))
+    return _up(math.sqrt(_up(one * inf)))
+
+
+def toeplitz_coefficients(c: np.ndarray) -> np.ndarray | None:
+    """The first column of C when C is square lower-triangular Toeplitz (every diagonal constant,
+    exactly), trailing zeros dropped; None otherwise."""
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] != c.shape[1] or c.size == 0:
+        return None
+    n = c.shape[0]
+    if np.any(np.triu(c, 1) != 0):
+        return None
+    col = c[:, 0]
+    nz = np.flatnonzero(col)
+    b = int(nz[-1]) + 1 if nz.size else 1
+    from scipy.linalg import toeplitz
+
+    if np.any(np.abs(c - toeplitz(col, np.zeros(n))) > 0):
+        return None
+    return col[:b].copy()
+
+
+def toeplitz_symbol_bound(coefficients: np.ndarray | list[float]) -> float:
+    """A certified upper bound on sup over |z| = 1 of |c(z)|, c(z) = sum_k c_k z^k: the norm of
+    the infinite lower-triangular Toeplitz operator with first column c on l2, hence of every
+    finite section C_n (a compression of it), whatever n.
+
+    The maximum over a grid of M >= 2^16 points (by FFT) plus (pi / M) sum_k k |c_k| (|c(e^iw)| is
+    Lipschitz in w with that constant, and every w is within pi / M of a grid point); the grid
+    values are raised by a bound on the FFT's floating-point error, and the result is never above
+    sum |c_k| (the triangle inequality, also certified)."""
+    c = np.asarray(coefficients, dtype=np.float64).ravel()
+    if c.size == 0 or not np.all(np.isfinite(c)):
+        raise MfcliError("the Toeplitz coefficients must be a non-empty finite vector")
+    b = c.size
+    total = _up(float(np.abs(c).sum()) * (1.0 + _gamma(b)))
+    if b == 1:
+        return _up(abs(float(c[0])))
+    m = 1 << max(16, (SYMBOL_GRID * b - 1).bit_length())
+    vals = np.abs(np.fft.fft(c, m))  # c(e^{-iw}) at w = 2 pi k / m; |c| is the same on the conjugate point
+    lip = float(np.sum(np.arange(b) * np.abs(c)))
+    # the FFT's error is below a few u log2(m) sum |c_k| (a radix-2 bound); 64 u log2(m) covers it
+    err = 64.0 * math.log2(m) * UNIT_ROUNDOFF * float(np.abs(c).sum())
+    grid = _up(float(vals.max()) + err + math.pi / m * lip * (1.0 + 1e-12))
+    return min(total, grid)
+
+
+def _certified_eig_bound(c: np.ndarray) -> tuple[float, float]:
+    """(certified upper bound, estimate) of ||C||_2 from an eigen-decomposition of the Gram matrix.
+
+    A = C^T C (or C C^T, the smaller). With A^ = fl(A) symmetrised, |A^ - A| <= gamma_k |C|^T |C|
+    entrywise (k the inner dimension), so lambda_max(A) <= lambda_max(A^) + ||E||_inf with
+    ||E||_inf <= gamma_k max_i (|C|^T (|C| 1))_i + (rounding of the symmetrisation).
+    For any Q (the computed eigenvectors), S = Q^T A^ Q is congruent to A^; by Ostrowski's theorem
+    lambda_max(A^) <= lambda_max(S) / lambda_min(Q^T Q) when lambda_max(A^) > 0. Both are bounded
+    by Gershgorin discs of the computed products, widened by their floating-point error
+    (gamma_{2n} |Q|^T |A^| |Q| and gamma_n |Q|^T |Q|, row sums by matrix-vector products).
+    Nothing here trusts the eigen-solver: a poor Q only gives a looser (still valid) bound.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    m, n = c.shape
+    g = c.T if m < n else c  # A = g^T g has the smaller dimension
+    k, d = g.shape  # inner dimension k, A is d x d
+    a = g.T @ g
+    a = 0.5 * (a + a.T)
+    ab = np.abs(g)
+    e_rows = ab.T @ (ab @ np.ones(d))
+    e_a = _gamma(k + 2) * float(e_rows.max()) * (1.0 + _gamma(2 * k + 2))
+    w, q = np.linalg.eigh(a)
+    estimate = math.sqrt(max(float(w[-1]), 0.0))
+    s = q.T @ (a @ q)
+    aq = np.abs(q)
+    f_rows = _gamma(2 * d + 2) * (aq.T @ (np.abs(a) @ (aq @ np.ones(d)))) * (1.0 + _gamma(3 * d + 3))
+    diag = np.diag(s).copy()
+    off = np.abs(s).sum(axis=1) - np.abs(diag)
+    off = off * (1.0 + _gamma(d + 1))
+    lam_s = float(np.max(diag + off + f_rows)) * (1.0 + 4 * UNIT_ROUNDOFF)
+    qq = q.T @ q
+    qdiag = np.diag(qq).copy()
+    qoff = (np.abs(qq).sum(axis=1) - np.abs(qdiag)) * (1.0 + _gamma(d + 1))
+    qerr = _gamma(d + 2) * (aq.T @ (aq @ np.ones(d))) * (1.0 + _gamma(2 * d + 2))
+    lam_q = float(np.min(qdiag - qoff - qerr)) * (1.0 - 4 * UNIT_ROUNDOFF)
+    if not lam_q > 0.5:
+        return math.inf, estimate
+    lam = max(lam_s, 0.0) / lam_q
+    return _up(math.sqrt(_up(lam + e_a))), estimate
+
+
+def spectral_norm_bound(c: np.ndarray, *, certificate_max_n: int = CERTIFICATE_MAX_N) -> SpectralNorm:
+    """A certified upper bound on the spectral norm ||C||_2 (the largest singular value).
+
+    Candidates (each a proven upper bound, the smallest is used): the eigenvalue certificate of
+    :func:`_certified_eig_bound` (when the smaller dimension is at most ``certificate_max_n``, and for
+    a Toeplitz C only up to :data:`TOEPLITZ_CERTIFY_N`); the
+    symbol bound of :func:`toeplitz_symbol_bound` when C is lower-triangular Toeplitz; and
+    sqrt(||C||_1 ||C||_inf), which always applies.
+
+    Raises:
+        MfcliError: C is not a finite non-zero 2-D matrix.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim != 2 or c.size == 0 or not np.all(np.isfinite(c)):
+        raise MfcliError("the spectral norm needs a finite, non-empty 2-D matrix C")
+    if not np.any(c):
+        raise MfcliError("the strategy is all zeros")
+    cands: dict[str, float] = {"sqrt(||C||_1 ||C||_inf)": norm_product_bound(c)}
+    tz = toeplitz_coefficients(c)
+    if tz is not None:
+        cands["Toeplitz symbol sup |c(e^iw)|"] = toeplitz_symbol_bound(tz)
+    estimate = math.nan
+    # A banded Toeplitz C's finite sections approach the symbol's sup from below (within O(1/n^2) for
+    # a smooth symbol: 1.4e-6 relative for the 4-banded n = 2048): the eigenvalue certificate, an
+    # n x n eigen-decomposition (14 s at n = 2048 on one core), is skipped above TOEPLITZ_CERTIFY_N.
+    if min(c.shape) <= certificate_max_n and (tz is None or c.shape[0] <= TOEPLITZ_CERTIFY_N):
+        upper, estimate = _certified_eig_bound(c)
+        if math.isfinite(upper):
+            cands["eigenvalue certificate (Gershgorin on Q^T C^T C Q, Ostrowski)"] = upper
+    method = min(cands, key=lambda k: cands[k])
+    return SpectralNorm(upper=cands[method], estimate=estimate, method=method, candidates=cands)
+
+
+@dataclass(frozen=True)
+class ReductionResult:
+    """The DP-SGD reduction bound under one batch sampler.
+
+    Attributes:
+        epsilon: the guarantee: DP-SGD's epsilon under ``sampler`` at noise multiplier
+            ``noise_multiplier`` = sigma / ``spectral.upper``.
+        sampler: the batch sampler (poisson, cyclic, balls-in-bins, shuffle).
+        sigma: the noise standard deviation on C G as given.
+        spectral: the certified bound on ||C||_2.
+        dpsgd: the DP-SGD result at the reduced noise multiplier (its ``as_dict`` is in the JSON).
+        neighbouring: the relation the DP-SGD accountant's guarantee holds for.
+        delta: delta.
+    """
+
+    epsilon: float
+    sampler: str
+    sigma: float
+    spectral: SpectralNorm
+    dpsgd: Any
+    neighbouring: str
+    delta: float
+    steps: int
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.sigma / self.spectral.upper
+
+    def dp_event(self):
+        """The reduced DP-SGD's dp-accounting event, where its accountant has one."""
+        ev = getattr(self.dpsgd, "dp_event", None)
+        return ev() if callable(ev) else None
+
+    def as_dict(self) -> dict:
+        from mfcli.accounting.events import event_to_json
+
+        inner = self.dpsgd.as_dict()
+        inner.pop("dp_event", None)
+        d = {
+            "setting": "dp-sgd-reduction",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "sigma": self.sigma,
+            "sampler": self.sampler,
+            "spectral_norm": self.spectral.as_dict(),
+            "noise_multiplier": self.noise_multiplier,
+            "steps": self.steps,
+            "reduced_dpsgd": inner,
+            "method": "post-processing of DP-SGD with noise multiplier sigma / ||C||_2 under the same batch sampler "
+                      "(draw E ~ N(0, sigma^2 I - sigma'^2 C C^T), output C V + E; docs/accounting.md, 'The DP-SGD "
+                      "reduction bound'); ||C||_2 a certified upper bound (" + self.spectral.method + ")",
+            "assumptions": _ASSUMPTIONS[self.sampler],
+        }
+        ev = self.dp_event()
+        if ev is not None:
+            d["dp_event"] = event_to_json(ev)
+        return d
+
+
+_ASSUMPTIONS = {
+    "poisson": "C causal (lower-triangular in release order, any signs); Poisson sampling with rate p in "
+               "every step; gradients clipped to norm 1, chosen adaptively from earlier outputs; add or remove one "
+               "example",
+    "cyclic": "C causal (lower-triangular, any signs, any number of bands); examples in b groups, group i mod b "
+              "Poisson-sampled at step i; adaptive gradients; add or remove one example",
+    "balls-in-bins": "C causal (lower-triangular, any signs); balls-in-bins: every example in exactly one uniformly "
+                     "random step of the epoch; an example's contribution is the same vector whichever step it lands "
+                     "in, fixed in advance (non-adaptive, as the balls-in-bins DP-SGD bound assumes); n a power of "
+                     "two; add or remove one example",
+    "shuffle": "C causal (lower-triangular, any signs); one epoch of n steps of batch size 1 in a uniformly random "
+               "order (n examples); adaptive gradients; replace-one neighbours (covers zeroing an example out)",
+}
+
+
+def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: float | None, delta: float,
+                    schema: Any = None, value_discretization: float = DEFAULT_DISCRETIZATION,
+                    on_progress: Any = None) -> Any:
+    """DP-SGD under ``sampler`` at ``noise_multiplier``: the result object of that sampler's accountant.
+
+    Raises:
+        MfcliError: an unknown sampler, a missing rate or schema (cyclic), n not a power of two under balls-in-bins.
+    """
+    if sampler == "poisson":
+        from mfcli.accounting.single_pass import dpsgd
+
+        if sampling is None:
+            raise MfcliError("the Poisson reduction needs a sampling rate")
+        return dpsgd(sigma=noise_multiplier, sampling=sampling, steps=n, delta=delta,
+                     value_discretization=value_discretization)
+    if sampler == "cyclic":
+        from mfcli.accounting.multi import reduced_dpsgd
+
+        if sampling is None or schema is None:
+            raise MfcliError("the cyclic-Poisson reduction needs a sampling rate and a participation schema")
+        # DP-SGD (C = I: one band, unit column norm) under the schema's cyclic Poisson sampling
+        return reduced_dpsgd(bands=1, column_norm=1.0, n=n, schema=schema, sigma=noise_multiplier,
+                             sampling=sampling, delta=delta, value_discretization=value_discretization)
+    if sampler == "balls-in-bins":
+        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+        return dpsgd_balls_in_bins(n=n, sigma=noise_multiplier, delta=delta, on_progress=on_progress)
+    if sampler == "shuffle":
+        from mfcli.accounting.shuffling import shuffled_dpsgd
+
+        return shuffled_dpsgd(n=n, sigma=noise_multiplier, delta=delta)
+    raise MfcliError(f"the DP-SGD reduction has no accountant for the batch sampler {sampler!r}; "
+                     f"choose from {', '.join(REDUCTION_SAMPLERS)}")
+
+
+def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | None = None,
+              delta: float = DEFAULT_DELTA, schema: Any = None,
+              value_discretization: float = DEFAULT_DISCRETIZATION, spectral: SpectralNorm | None = None,
+              release_steps: np.ndarray | None = None, on_progress: Any = None) -> ReductionResult:
+    """epsilon of C G + Z (noise sigma per coordinate) under ``sampler``: DP-SGD's epsilon under the
+    same sampler at noise multiplier sigma / ||C||_2 (a certified upper bound on the norm).
+
+    Formal guarantee (docs/accounting.md, "The DP-SGD reduction bound"): for any causal C, any batch
+    sampler that does not look at the data, and the neighbouring relation and gradient model of
+    the sampler's DP-SGD accountant, ``epsilon`` is a valid (epsilon, delta) bound.
+    ``spectral`` reuses a bound computed before (the same C). ``release_steps``: t(r) for every row
+    r of C (default: row t at step t, C square); C must be causal in that order.
+
+    Raises:
+        MfcliError: C not causal in release order, or a parameter out of range.
+    """
+    from mfcli.accounting.mmcc import check_causal
+
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim != 2 or c.size == 0:
+        raise MfcliError("the DP-SGD reduction needs a 2-D matrix C")
+    if release_steps is None:
+        if c.shape[0] != c.shape[1]:
+            raise MfcliError("the DP-SGD reduction needs the release step of every row of a non-square C")
+        release_steps = np.arange(c.shape[0])
+    check_causal(c, np.asarray(release_steps), what="the DP-SGD reduction")
+    sigma = check_sigma(sigma)
+    delta = check_delta(delta)
+    value_discretization = check_discretization(value_discretization)
+    if sampling is not None:
+        sampling = check_sampling(sampling)
+    sn = spectral if spectral is not None else spectral_norm_bound(c)
+    n = c.shape[1]
+    nm = sigma / sn.upper
+    res = reduced_epsilon(sampler=sampler, noise_multiplier=nm, n=n, sampling=sampling, delta=delta, schema=schema,
+                          value_discretization=value_discretization, on_progress=on_progress)
+    neighbouring = "replace-one" if sampler == "shuffle" else "add-remove"
+    return ReductionResult(epsilon=float(res.epsilon), sampler=sampler, sigma=sigma, spectral=sn, dpsgd=res,
+                           neighbouring=neighbouring, delta=delta, steps=n)
+
+
+__all__ = [
+    "CERTIFICATE_MAX_N",
+    "REDUCTION_SAMPLERS",
+    "ReductionResult",
+    "SpectralNorm",
+    "norm_product_bound",
+    "reduced_epsilon",
+    "reduction",
+    "spectral_norm_bound",
+    "toeplitz_coefficients",
+    "toeplitz_symbol_bound",
+]
