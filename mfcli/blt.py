@@ -695,17 +695,80 @@ def _decoder_terms(lam: np.ndarray, omp: np.ndarray, gamma: float) -> tuple[np.n
 # Losses with gradients for the optimiser (parameters theta in (0, 1), omega > 0)
 
 
-def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: float
-                          ) -> tuple[float, np.ndarray]:
-    """Single-participation max loss and its gradient in (theta, omega), O(d^2)."""
+# The mean error's weights: sum_t err_t = sum_{s<n} (n - s) beta_s^2, so with beta_s = sum_j rho_j
+# mu_j^s the mean error is sum_jl rho_j rho_l W_n(mu_j mu_l) / n, W_n(x) = sum_{s<n} (n - s) x^s.
+# phi_k(u) = int_0^1 v^k e^(uv) dv (k = 0, 1, 2) carries W_n and W_n' stably near x = 1.
+_PHI_TERMS = 30
+_PHI_SERIES = [np.array([1.0 / (math.factorial(j) * (j + k + 1)) for j in range(_PHI_TERMS)]) for k in range(3)]
+
+
+def _phi(u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """phi_0, phi_1, phi_2 at u <= 0 (elementwise): their Taylor series sum_j u^j / (j! (j+k+1))
+    for |u| <= 2 (30 terms: truncation below 1e-23), the closed forms (e^u - 1)/u,
+    (e^u (u - 1) + 1)/u^2 and (e^u (u^2 - 2u + 2) - 2)/u^3 beyond (where they lose at most a
+    factor of about 4 to cancellation)."""
+    u = np.asarray(u, dtype=np.float64)
+    out = [np.empty_like(u) for _ in range(3)]
+    near = np.abs(u) <= 2.0
+    un = u[near]
+    for k in range(3):
+        out[k][near] = np.polynomial.polynomial.polyval(un, _PHI_SERIES[k])
+    uf = u[~near]
+    with np.errstate(under="ignore", over="ignore"):
+        e = np.exp(uf)
+    out[0][~near] = np.expm1(uf) / uf
+    out[1][~near] = (e * (uf - 1) + 1) / (uf * uf)
+    out[2][~near] = (e * (uf * (uf - 2) + 2) - 2) / (uf * uf * uf)
+    return out[0], out[1], out[2]
+
+
+def _mean_weights(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """W_n(x) = sum_{s<n} (n - s) x^s and W_n'(x), elementwise for -1 < x <= 1.
+
+    For x > 1/2, x = e^L: with M_k = sum_{s<n} s^k e^(sL) = d^k/dL^k (n phi_0(nL) / phi_0(L)),
+    W = n M_0 - M_1 = n (n R (phi_0(u) - phi_1(u)) - phi_0(u) R') and dW/dL = n M_1 - M_2 =
+    n (n^2 R (phi_1(u) - phi_2(u)) + n R' (phi_0(u) - 2 phi_1(u)) - phi_0(u) R''), where u = nL,
+    R = 1/phi_0(L), R' = -phi_1/phi_0^2, R'' = (2 phi_1^2 - phi_0 phi_2)/phi_0^3 at L. The first
+    is a sum of positive terms and the second cancels by at most a factor of about 3, so both are
+    accurate to a few ulps when n (1 - x) is tiny -- where (n(1-x) - x(1-x^n))/(1-x)^2 loses
+    every digit. For x <= 1/2 (1 - x >= 1/2) the rational forms are used:
+    W = (n y - x (1 - x^n)) / y^2 and W' = (2 n y - (1 - x^n)(n + 1 - (n - 1) x)) / y^3, y = 1 - x.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    w = np.empty_like(x)
+    dw = np.empty_like(x)
+    pos = x > 0.5
+    xp = x[pos]
+    lg = np.log(xp)
+    p0, p1, p2 = _phi(lg)
+    q0, q1, q2 = _phi(n * lg)
+    r = 1.0 / p0
+    r1 = -p1 / (p0 * p0)
+    r2 = (2 * p1 * p1 - p0 * p2) / (p0 * p0 * p0)
+    w[pos] = n * (n * r * (q0 - q1) - q0 * r1)
+    dw[pos] = n * (n * n * r * (q1 - q2) + n * r1 * (q0 - 2 * q1) - q0 * r2) / xp
+    xo = x[~pos]
+    y = 1.0 - xo
+    with np.errstate(under="ignore"):
+        xn = np.power(xo, n)
+    w[~pos] = (n * y - xo * (1 - xn)) / (y * y)
+    dw[~pos] = (2 * n * y - (1 - xn) * (n + 1 - (n - 1) * xo)) / (y * y * y)
+    return w, dw
+
+
+def _err_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: float, error: str
+                         ) -> tuple[float, np.ndarray]:
+    """The max error ||beta||^2 = sum_jl rho_j rho_l G_n(mu_j mu_l) or the mean error
+    sum_jl rho_j rho_l W_n(mu_j mu_l) / n (beta = B's first column, an exponential sum; see
+    :func:`_decoder_terms`) and its gradient in (theta, omega), O(d^2) whatever n is."""
     d = theta.shape[0]
-    g1, dg1 = _geom(np.outer(theta, theta), n - 1)
-    sens2 = 1.0 + omega @ g1 @ omega
-    gs_om = 2 * g1 @ omega
-    gs_th = 2 * omega * ((dg1 * theta[None, :]) @ omega)
     lam, omp, gaps = _inverse_with_gaps(theta, omega)
     rho, mu = _decoder_terms(lam, omp, gamma)
-    g2, dg2 = _geom(np.outer(mu, mu), n)
+    if error == "max":
+        g2, dg2 = _geom(np.outer(mu, mu), n)
+    else:
+        g2, dg2 = _mean_weights(np.outer(mu, mu), n)
+        g2, dg2 = g2 / n, dg2 / n
     err = float(rho @ g2 @ rho)
     ge_rho = 2 * g2 @ rho
     ge_mu = 2 * rho * ((dg2 * mu[None, :]) @ rho)
@@ -722,9 +785,101 @@ def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: f
             r, m = _decoder_terms(lc, oc, gamma)
             out[k] = float((ge_rho @ r.imag + ge_mu @ m.imag) / h)
     j_lam, j_omp = _inverse_jacobian(theta, omega, lam, omp, gaps)
-    ge = g_lam @ j_lam + g_omp @ j_omp
-    grad = err * np.concatenate([gs_th, gs_om]) + sens2 * ge
-    return float(sens2 * err), grad
+    return err, g_lam @ j_lam + g_omp @ j_omp
+
+
+#: Benchmarks only (scripts/bench_blt.py --direct): make :func:`optimize_blt` evaluate every
+#: objective by the O(n d) :func:`_loss_and_grad_general`, as it did before the closed forms.
+_FORCE_DIRECT_OBJECTIVE = False
+
+#: The most blocks (participations' strides) for which the sensitivity of a multi-participation
+#: schema is summed block by block in :func:`_sens2_and_grad_blocks` (O(blocks d^2)); beyond, the
+#: optimiser uses the O(n d) objective.
+MAX_CLOSED_BLOCKS = 4096
+
+
+def _closed_form_applies(n: int, schema: Participation) -> bool:
+    """Whether :func:`_loss_and_grad_closed` evaluates the loss under ``schema`` (it does for
+    single participation always, for fixed-epoch and min-sep up to :data:`MAX_CLOSED_BLOCKS`
+    strides of the earliest pattern)."""
+    sep, _ = _toeplitz.schema_shape(n, schema)
+    return -(-n // sep) <= MAX_CLOSED_BLOCKS
+
+
+def _sens2_and_grad_blocks(theta: np.ndarray, omega: np.ndarray, n: int, schema: Participation
+                           ) -> tuple[float, np.ndarray]:
+    """sens(C)^2 = ||v||^2, v = C 1_P for the earliest pattern P = {0, s, .., (k-1) s} of
+    ``schema`` (what :func:`mfcli.toeplitz._sens2_and_grad` computes from the n coefficients, with
+    c_0 lifted to c_1 under min-sep when c_1 > c_0, as the O(n d) objective does), and its gradient
+    in (theta, omega), in O(Q d^2) for Q = ceil(n / s) blocks (single participation: Q = 1, the
+    closed form of :meth:`BufferedToeplitz.sensitivity_squared_single`).
+
+    Block q holds steps q s + r, r < L_q = min(s, n - q s), and v_{qs+r} = sum_{j=lo_q}^{q}
+    c_{js+r} with lo_q = max(0, q - k + 1). With x_i = theta_i^s and c_t = sum_i omega_i
+    theta_i^(t-1) (t >= 1): for r >= 1, v = sum_i a_i(q) theta_i^(r-1) with a_i(q) = omega_i
+    sum_{j=lo_q}^{q} x_i^j, so sum_{1<=r<L_q} v^2 = a(q)^T G_{L_q-1}(theta theta^T) a(q); for r = 0,
+    v = c_0 [lo_q = 0] + sum_i omega_i theta_i^(s-1) sum_{j=max(lo_q,1)}^{q} x_i^(j-1). The
+    window sums are x^a G_m(x) with G_m(x) = sum_{j<m} x^j summed directly (positive terms)."""
+    sep, k = _toeplitz.schema_shape(n, schema)
+    k = min(k, -(-n // sep))
+    nq = -(-n // sep)
+    d = theta.shape[0]
+    lift = isinstance(schema, MinSeparation) and n > 1 and float(np.sum(omega)) > 1.0
+    c0 = float(np.sum(omega)) if lift else 1.0
+    with np.errstate(under="ignore"):
+        x = np.power(theta, sep)
+        p = np.power(theta, sep - 1)
+        dp = (sep - 1) * np.power(theta, max(sep - 2, 0)) if sep > 1 else np.zeros(d)
+        # G_m(x_i), G_m'(x_i) for m <= nq by direct (positive) sums
+        jj = np.arange(nq, dtype=np.float64)[:, None]
+        pw = np.power(x[None, :], jj)                                       # x^j, j < nq
+        pw1 = np.vstack([np.zeros((1, d)), jj[1:] * np.power(x[None, :], jj[1:] - 1)]) if nq > 1 else np.zeros((1, d))
+    gtab = np.vstack([np.zeros((1, d)), np.cumsum(pw, axis=0)])             # G_m, m = 0..nq
+    dgtab = np.vstack([np.zeros((1, d)), np.cumsum(pw1, axis=0)])
+    q = np.arange(nq)
+    lo = np.maximum(0, q - k + 1)
+
+    def window(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """sum_{a<=j<b} x^j = x^a G_{b-a}(x) and its derivative in x, per (q, i)."""
+        m = b - a
+        with np.errstate(under="ignore"):
+            xa = np.power(x[None, :], a[:, None])
+            xa1 = np.where(a[:, None] > 0, a[:, None] * np.power(x[None, :], np.maximum(a - 1, 0)[:, None]), 0.0)
+        return xa * gtab[m], xa1 * gtab[m] + xa * dgtab[m]
+
+    wv, dwv = window(lo, q + 1)                        # sum_{j=lo}^{q} x^j
+    lo1 = np.maximum(lo, 1)
+    uv, duv = window(lo1 - 1, q)                       # sum_{j=lo1}^{q} x^(j-1) (empty for q = 0)
+    first = (lo == 0).astype(np.float64)
+    big_a = c0 * first + uv @ (omega * p)              # v at r = 0, per block
+    av = omega[None, :] * wv                           # a_i(q)
+    dx = sep * p                                       # dx_i / dtheta_i
+    lengths = np.minimum(sep, n - q * sep)
+    total = float(big_a @ big_a)
+    g_th = 2 * (big_a @ (uv * dp[None, :] + duv * (p * dx)[None, :])) * omega
+    g_om = 2 * (big_a @ uv) * p + (2 * float(big_a @ first) if lift else 0.0)
+    for length in np.unique(lengths):
+        rows = lengths == length
+        gm, dgm = _geom(np.outer(theta, theta), int(length) - 1)
+        a = av[rows]
+        ma = a @ gm                                    # (M a)_i per block (M symmetric)
+        total += float(np.sum(ma * a))
+        g_om += 2 * np.sum(ma * wv[rows], axis=0)
+        g_th += 2 * np.sum(ma * dwv[rows], axis=0) * omega * dx
+        g_th += 2 * np.sum(a * ((a * theta[None, :]) @ dgm.T), axis=0)
+    return total, np.concatenate([g_th, g_om])
+
+
+def _loss_and_grad_closed(theta: np.ndarray, omega: np.ndarray, n: int, gamma: float, error: str = "max",
+                          schema: Participation | None = None) -> tuple[float, np.ndarray]:
+    """Max or mean loss and its gradient in (theta, omega) without the n coefficients: O(d^2)
+    under single participation, O(Q d^2) under a schema whose earliest pattern spans Q blocks
+    (:func:`_sens2_and_grad_blocks`; the optimiser uses it when :func:`_closed_form_applies`).
+    Equal to :func:`_loss_and_grad_general` (the O(n d) evaluator) to rounding."""
+    schema = SingleParticipation() if schema is None else schema
+    sens2, gs = _sens2_and_grad_blocks(theta, omega, n, schema)
+    err, ge = _err_and_grad_closed(theta, omega, n, gamma, error)
+    return float(sens2 * err), err * gs + sens2 * ge
 
 
 def _power_sums(base: np.ndarray, weights: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -881,7 +1036,7 @@ def optimize_blt(
     schema.check(n)
     gamma = toeplitz_workload(workload, beta=beta)
     name = workload.name if hasattr(workload, "name") else str(workload)
-    closed = isinstance(schema, SingleParticipation) and error == "max"
+    closed = _closed_form_applies(n, schema) and not _FORCE_DIRECT_OBJECTIVE
 
     def objective(x: np.ndarray, k: int) -> tuple[float, np.ndarray]:
         theta = 1 / (1 + np.exp(-x[:k]))
@@ -891,7 +1046,7 @@ def optimize_blt(
         try:
             with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
                 if closed:
-                    val, g = _loss_and_grad_closed(theta, omega, n, gamma)
+                    val, g = _loss_and_grad_closed(theta, omega, n, gamma, error, schema)
                 else:
                     val, g = _loss_and_grad_general(theta, omega, n, gamma, error, schema)
         except (MfcliError, np.linalg.LinAlgError, FloatingPointError):

@@ -49,6 +49,7 @@ sanity bound (a Gaussian with sensitivity ||C 1||_2).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -413,11 +414,21 @@ def _log_mgf(counts: np.ndarray, p: float, lam: np.ndarray) -> np.ndarray:
     return counts @ terms
 
 
+#: The lambda grid of :func:`chernoff_tail`.
+_CHERNOFF_LAMBDAS = np.geomspace(1e-3, 20.0, 48)
+_CHERNOFF_LAMBDAS.setflags(write=False)
+
+
 def chernoff_tail(counts: np.ndarray, p: float, level: float) -> np.ndarray:
     """Upper bound on P(W >= level) (grid units): min over a lambda grid of
     exp(log E[e^(lam W)] - lam level) (Markov's inequality), capped at 1."""
-    lam = np.geomspace(1e-3, 20.0, 48)
-    bound = _log_mgf(counts, p, lam) - lam[None, :] * level
+    return _chernoff_from_mgf(_log_mgf(counts, p, _CHERNOFF_LAMBDAS), level)
+
+
+def _chernoff_from_mgf(log_mgf: np.ndarray, level: float) -> np.ndarray:
+    """:func:`chernoff_tail` from its log-mgf table (problems x lambdas), which does not depend on
+    the level: a search over levels computes the table once."""
+    bound = log_mgf - _CHERNOFF_LAMBDAS[None, :] * level
     return np.minimum(1.0, np.exp(bound.min(axis=1)))
 
 
@@ -434,21 +445,37 @@ def w_law_fft(counts: np.ndarray, p: float, length: int) -> tuple[np.ndarray, np
         (pmf, extra, err_l2): the computed pmf (negative round-off clipped to 0), an upper bound on
         P(W >= L) per problem, and a bound on the l2 norm of the pmf's round-off error.
     """
-    nfreq = length // 2 + 1
-    w = np.arange(nfreq)
-    k = np.arange(counts.shape[1])
-    z = 1 - p + p * np.exp(-2j * np.pi * np.outer(k, w) / length)  # (K, nfreq)
-    mag = np.abs(z)
-    logmag = np.where(mag > 0, np.log(np.where(mag > 0, mag, 1.0)), -1e4)
-    ang = np.angle(z)
+    pmf = _w_pmf_fft(counts, p, length)
+    extra = chernoff_tail(counts, p, float(length))
+    return pmf, extra, FFT_ERROR_L2
+
+
+def _w_pmf_fft(counts: np.ndarray, p: float, length: int) -> np.ndarray:
+    """The pmf of :func:`w_law_fft` alone (its folding bound is the caller's)."""
+    logmag, ang = _fft_factors(counts.shape[1], p, length)
     cf = counts.astype(np.float64)
     re = cf @ logmag
     im = cf @ ang
     phi = np.exp(re) * (np.cos(im) + 1j * np.sin(im))
     pmf = np.fft.irfft(phi, n=length, axis=1)
     np.maximum(pmf, 0.0, out=pmf)
-    extra = chernoff_tail(counts, p, float(length))
-    return pmf, extra, FFT_ERROR_L2
+    return pmf
+
+
+@functools.lru_cache(maxsize=8)
+def _fft_factors(nk: int, p: float, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """log |z| and arg z of z = 1 - p + p e^(-2 pi i w k / L) (k < nk, w <= L/2): the same for
+    every batch of problems, so computed once per (nk, p, L)."""
+    nfreq = length // 2 + 1
+    w = np.arange(nfreq)
+    k = np.arange(nk)
+    z = 1 - p + p * np.exp(-2j * np.pi * np.outer(k, w) / length)  # (K, nfreq)
+    mag = np.abs(z)
+    logmag = np.where(mag > 0, np.log(np.where(mag > 0, mag, 1.0)), -1e4)
+    ang = np.angle(z)
+    logmag.setflags(write=False)
+    ang.setflags(write=False)
+    return logmag, ang
 
 
 def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
@@ -465,7 +492,7 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
         ratio = np.where(np.isfinite(ratio), ratio, np.inf)
-        z[neg] *= np.broadcast_to(ratio[:, None], z.shape)[neg]
+        np.multiply(z, ratio[:, None], out=z, where=neg)
     f = special.ndtr(-z)
     t = np.einsum("bx,bx->b", pmf, f) + extra
     if err_l2:
@@ -560,8 +587,11 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
         # the tail" (a valid over-estimate that moves eps by a negligible amount).
-        def tail_at(c: int, counts: np.ndarray = counts, sup: np.ndarray = sup) -> np.ndarray:
-            t = chernoff_tail(counts, p, float(c))
+        # the Chernoff bound's log-mgf table does not depend on the level: once per batch
+        lmgf = _log_mgf(counts, p, _CHERNOFF_LAMBDAS)
+
+        def tail_at(c: int, lmgf: np.ndarray = lmgf, sup: np.ndarray = sup) -> np.ndarray:
+            t = _chernoff_from_mgf(lmgf, float(c))
             t[sup < c] = 0.0
             return t
 
@@ -578,7 +608,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
             err = 0.0
         elif method == "fft":
             length = 1 << max(4, (cut - 1).bit_length())
-            pmf, _, err = w_law_fft(counts, p, length)
+            pmf, err = _w_pmf_fft(counts, p, length), FFT_ERROR_L2
             pmf = np.ascontiguousarray(pmf[:, :cut])
             extra = tail_at(cut)  # P(W >= cut): covers the dropped values and the FFT's folding
         else:
@@ -647,7 +677,7 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
         new[w:] += q * pmf
         pmf = new
         # cut the upper tail with mass <= per_step
-        rc = np.cumsum(pmf[::-1])
+        rc = _upper_cumsum(pmf, per_step, 2 * w + 32)
         k = int(np.searchsorted(rc, per_step, side="right"))  # rc[:k] <= per_step
         if k > 0 and k < pmf.size:
             eta += float(rc[k - 1])
@@ -656,6 +686,20 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     pr = pmf[support]
     pr = pr / pr.sum()
     return support, pr, eta
+
+
+def _upper_cumsum(pmf: np.ndarray, level: float, start: int) -> np.ndarray:
+    """The leading part of np.cumsum(pmf[::-1]) (the upper-tail masses from the top), long enough
+    to pass ``level`` (or all of it): a cumulative sum is sequential, so a prefix is bit-identical
+    to the prefix of the full one, and the tail cut only reads up to the first value above
+    ``level``. Saves a pass over the whole law at every convolution step."""
+    rev = pmf[::-1]
+    m = min(pmf.size, start)
+    while True:
+        rc = np.cumsum(rev[:m])
+        if m == pmf.size or rc[-1] > level:
+            return rc
+        m = min(pmf.size, 4 * m)
 
 
 def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple[np.ndarray, np.ndarray]:
@@ -722,8 +766,14 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
         if b > a:
             pos = np.searchsorted(cols, pairs.cols[a:b])
             probs[pos] = p_tilde_pair[a:b]
-        support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution), probs, cut=cut)
-        rr = row_refinement(cols.size, int(support.max()) + 1, refinement, per_row) if refinement > 1 else 1
+        coarse = _round_up_to_grid(c[r, cols], resolution)
+        if refinement > 1 and row_refinement(cols.size, int(coarse.sum()) + 1, refinement, per_row) == refinement:
+            # the coarse law's length (at most the sum of its weights, plus one) cannot lower R':
+            # it is not needed
+            rr = refinement
+        else:
+            support, pr, eta = row_mixture(coarse, probs, cut=cut)
+            rr = row_refinement(cols.size, int(support.max()) + 1, refinement, per_row) if refinement > 1 else 1
         if rr > 1:
             support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution * rr), probs, cut=cut)
             support, pr = coarsen_up(support, pr, rr)

@@ -141,10 +141,11 @@ def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: f
     if support.size == 0 or support.max() <= 0:
         return 0.0
 
+    remove = mog_pld.HockeyStickCurve(tau, support, probs, remove=True)
+    add = mog_pld.HockeyStickCurve(tau, support, probs, remove=False)
+
     def worst(e: float) -> float:
-        a = mog_pld.hockey_stick(tau, support, probs, np.array([e]), remove=True)[0]
-        b = mog_pld.hockey_stick(tau, support, probs, np.array([e]), remove=False)[0]
-        return max(a, b)
+        return max(remove(np.array([e]))[0], add(np.array([e]))[0])
 
     return epsilon_bracket(worst, delta, rel_tol=1e-7, max_steps=100, eps_max=1e6)[0]
 

@@ -28,6 +28,7 @@ mixtures (tests/test_accounting_mog_pld.py).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -80,6 +81,10 @@ class _Loss:
         #: limit of L at the end where only s = 0 survives (x -> +inf REMOVE, x -> -inf ADD)
         q0 = float(q[zero].sum()) if zero.any() else 0.0
         self.flat_limit = (math.log(q0) if q0 > 0 else -math.inf) if remove else (-math.log(q0) if q0 > 0 else math.inf)
+        #: what depends on the pair only, computed once per instance (a search over eps, as the
+        #: lower bound's bisection, evaluates the same pair many times): the truncation points
+        #: per log-mass bound, and :func:`_invert`'s starting grid per truncation.
+        self.cache: dict[tuple, Any] = {}
 
     def value_and_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = self.const[None, :] + x[:, None] * self.slope[None, :]
@@ -93,7 +98,14 @@ class _Loss:
         return -lse, -dlse
 
     def value(self, x: np.ndarray) -> np.ndarray:
-        return self.value_and_slope(np.atleast_1d(np.asarray(x, dtype=np.float64)))[0]
+        """L(x): the value of :meth:`value_and_slope` (the same arithmetic) without the slope."""
+        x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+        a = self.const[None, :] + x[:, None] * self.slope[None, :]
+        amax = a.max(axis=1, keepdims=True)
+        w = np.exp(a - amax)
+        tot = w.sum(axis=1)
+        lse = np.log(tot) + amax[:, 0]
+        return lse if self.remove else -lse
 
     # distributions
     def upper_cdf(self, x: np.ndarray) -> np.ndarray:
@@ -108,7 +120,15 @@ class _Loss:
 
 
 def _truncation(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
-    """dp-accounting's ``privacy_loss_tail`` truncation points (lower_x, upper_x) of mu_upper."""
+    """dp-accounting's ``privacy_loss_tail`` truncation points (lower_x, upper_x) of mu_upper
+    (computed once per loss and bound)."""
+    key = ("truncation", log_mass_bound)
+    if key not in loss.cache:
+        loss.cache[key] = _truncation_points(loss, log_mass_bound)
+    return loss.cache[key]
+
+
+def _truncation_points(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
     tail_mass = 0.5 * math.exp(log_mass_bound)
     z = float(special.ndtri(tail_mass)) * loss.sigma  # negative
     upper_x = -z
@@ -132,14 +152,17 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
     convex REMOVE loss (Newton from the left stays left of the root and converges monotonically),
     the first grid point with L <= eps for the concave ADD loss (from the right, same argument).
     """
-    span = upper_x - lower_x
-    # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
-    grid = np.concatenate([
-        [lower_x - 4 * span],
-        np.linspace(lower_x, upper_x, 1025),
-        [upper_x + 4 * span, upper_x + 64 * span],
-    ])
-    lg = loss.value(grid)  # non-increasing
+    key = ("grid", lower_x, upper_x)
+    if key not in loss.cache:
+        span = upper_x - lower_x
+        # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
+        grid = np.concatenate([
+            [lower_x - 4 * span],
+            np.linspace(lower_x, upper_x, 1025),
+            [upper_x + 4 * span, upper_x + 64 * span],
+        ])
+        loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
+    grid, lg = loss.cache[key]
     out = np.empty_like(eps)
     for start in range(0, eps.size, _CHUNK):
         e = eps[start:start + _CHUNK]
@@ -187,6 +210,20 @@ def hockey_stick(
     s, q = _check_mixture(sigma, sens, probs)
     loss = _Loss(float(sigma), s, q, remove)
     return _deltas(loss, np.asarray(epsilons, dtype=np.float64))
+
+
+class HockeyStickCurve:
+    """delta(eps) of one direction of the MoG pair (as :func:`hockey_stick`), for many eps in
+    turn: the pair's truncation and the inversion's starting grid are computed once, not at every
+    call, so a search over eps (a bisection) costs one Newton solve per point. Same values as
+    :func:`hockey_stick`, bit for bit."""
+
+    def __init__(self, sigma: float, sens: ArrayLike, probs: ArrayLike, *, remove: bool) -> None:
+        s, q = _check_mixture(sigma, sens, probs)
+        self._loss = _Loss(float(sigma), s, q, remove)
+
+    def __call__(self, epsilons: np.ndarray) -> np.ndarray:
+        return _deltas(self._loss, np.asarray(epsilons, dtype=np.float64))
 
 
 def _deltas(loss: _Loss, eps: np.ndarray) -> np.ndarray:
