@@ -53,7 +53,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -204,7 +203,7 @@ class PrivateOptimizer(CorrelatedNoiseOptimizer):
             *xs, target = inputs
         else:
             xs = list(inputs)
-        params = dict(zip(self._names, self._params))
+        params = dict(zip(self._names, self._params, strict=True))
         detached = {k: v.detach() for k, v in params.items()}
         buffers = {k: v.detach() for k, v in self.module.named_buffers()}
         module, loss_fn = self.module, self.loss_fn
@@ -246,7 +245,7 @@ class PrivateOptimizer(CorrelatedNoiseOptimizer):
             raise MfcliError("PrivateOptimizer.step takes no closure: compute the gradients with clipped_backward")
         prepared = self._prepared
         if prepared is None or len(prepared) != len(self._params) or any(
-                p.grad is not g or g._version != v for p, (g, v) in zip(self._params, prepared)):
+                p.grad is not g or g._version != v for p, (g, v) in zip(self._params, prepared, strict=True)):
             raise MfcliError("the gradients were not produced by clipped_backward since the last zero_grad (or were "
                              "changed after it): an unclipped gradient has no privacy guarantee")
         self._prepared = None
