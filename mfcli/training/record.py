@@ -1,0 +1,377 @@
+"""The accounting record a training run follows: which one, whether it verifies, its batch sampler,
+its noise multiplier and the epsilon that holds (docs/training.md).
+
+A record (``accounting/<id>`` of an artifact, written by ``mfcli plan --out`` or ``mfcli account
+--write``) accounts one mechanism: the artifact's operator, run for its n steps at noise
+multiplier ``sigma``, with the batches of one sampler at one rate. Its epsilon describes training
+only when training runs exactly that, so :func:`training_record` reads the record, re-verifies its
+numbers against the operator (as ``mfcli inspect`` does: every stored epsilon is at least the one
+recomputed from its stored dp-accounting event and the operator's sensitivity) and hands out what
+the loop must use. :func:`check_declared` refuses, in one line, a noise multiplier, sampler, rate
+or batch size that disagrees with it.
+
+Samplers. Records that name a batch sampler (``batching``: Poisson, cyclic Poisson, balls-in-bins,
+shuffle) get the sampler :func:`mfcli.samplers.sampler_for` builds. Records of deterministic
+participation (``mfcli plan``'s ``fixed-order`` rows; ``batching`` null) get a
+:class:`mfcli.samplers.FixedOrderSampler` whose period makes every example take part only in the
+steps the record's schema allows (:func:`mfcli.samplers.fixed_order_period`).
+
+Epsilon per epoch. The operator is causal (lower triangular), so the model after the first m
+steps is post-processing of C[:m, :m] G[:m] + Z[:m]: the same accounting run on that leading block,
+under the schema restricted to the epochs done, bounds the privacy of the model released after
+each epoch. :meth:`TrainingRecord.epsilon_per_epoch` does that for the DP-SGD, deterministic and
+cyclic-Poisson rows (the last epoch is the record's own epsilon); MMCC and the shuffle rows are
+given for the whole run only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mfcli.errors import MfcliError
+
+#: The records' epsilon attribute names and the settings they belong to, for a deterministic
+#: record: ``deterministic`` (a multi-participation schema) or ``single-pass`` (one participation).
+DETERMINISTIC_SETTINGS = ("deterministic", "single-pass")
+#: The record's batching attribute as a batch sampler name (deterministic records: fixed order).
+FIXED_ORDER = "fixed-order"
+#: Relative tolerance for declared numbers (sigma, rate) against the record's: float round-trips only.
+RTOL = 1e-9
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=RTOL, abs_tol=0.0)
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """One verified accounting record, with what training must run to be described by it.
+
+    Attributes:
+        artifact: the artifact's path.
+        record: the record id (group ``accounting/<id>``).
+        sampler: the batch sampler, as ``mfcli plan`` names it (``poisson``, ``cyclic``,
+            ``balls-in-bins``, ``shuffle``, ``fixed-order``).
+        sigma: the noise multiplier (noise sigma * clip * (C^-1 Z)[t] on the summed clipped gradient).
+        delta: the record's delta.
+        sampling: the per-step inclusion probability of the Poisson or cyclic sampler (None else).
+        n: the steps the artifact covers (and training takes).
+        period: the sampler's cycle: the groups b of cyclic Poisson, the fixed-order period, n for
+            a one-epoch sampler (balls-in-bins, shuffle); None for Poisson.
+        steps_per_epoch: the steps in which the sampler draws N examples in expectation (one
+            pass over the data): 1 / rate for Poisson, b / rate for cyclic Poisson, the period
+            otherwise; None when that is not a whole number.
+        participation: the record's schema (JSON text).
+        epsilons: {setting: epsilon} of the record's rows that hold under ``sampler``.
+        attrs: the record's attributes as stored.
+    """
+
+    artifact: Path
+    record: str
+    sampler: str
+    sigma: float
+    delta: float
+    sampling: float | None
+    n: int
+    period: int | None
+    steps_per_epoch: int | None
+    participation: str
+    epsilons: dict[str, float]
+    attrs: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def epsilon(self) -> float:
+        """The smallest epsilon among the rows that hold (each is an upper bound, so the smallest is)."""
+        return min(self.epsilons.values())
+
+    @property
+    def setting(self) -> str:
+        """The accounting row whose epsilon :attr:`epsilon` is."""
+        return min(self.epsilons, key=lambda k: self.epsilons[k])
+
+    def epsilon_at(self, delta: float | None = None) -> float:
+        """:attr:`epsilon` at ``delta`` (None: the record's). Another delta is refused: the record
+        accounts one; re-account with ``mfcli account --delta`` for another."""
+        if delta is not None and not _close(delta, self.delta):
+            raise MfcliError(f"the accounting record {self.record!r} holds for delta = {self.delta:g}, not {delta!r}; "
+                             f"re-account the artifact at that delta (mfcli account --delta ... --write)")
+        return self.epsilon
+
+    def epochs(self) -> int | None:
+        """Complete passes over the data the n steps make (None when the sampler has no epochs)."""
+        if self.steps_per_epoch is None or self.n % self.steps_per_epoch:
+            return None
+        return self.n // self.steps_per_epoch
+
+    def epsilon_per_epoch(self, delta: float | None = None) -> list[float | None]:
+        """Epsilon of the model released after epoch 1, 2, ..., E (upper bounds; see the module
+        docstring), at the record's delta. The last entry is :attr:`epsilon`; an entry is None where
+        the record's accounting gives no per-epoch number (MMCC, the shuffle rows, or a structured
+        artifact too large to materialise). Empty when the sampler has no epochs."""
+        self.epsilon_at(delta)
+        e = self.epochs()
+        if e is None:
+            return []
+        assert self.steps_per_epoch is not None
+        out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch) for j in range(1, e)]
+        return [*out, self.epsilon]
+
+    def _prefix_epsilon(self, m: int) -> float | None:
+        """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
+        from mfcli.accounting import session
+        from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, participation_from_json
+
+        schema = participation_from_json(self.participation)
+        if isinstance(schema, FixedEpoch):
+            per = schema.steps_per_epoch(self.n)
+            if m % per:
+                return None
+            prefix_schema: Any = FixedEpoch(epochs=m // per)
+        elif isinstance(schema, MinSeparation):
+            prefix_schema = schema
+        elif isinstance(schema, SingleParticipation) and self.sampler == "poisson":
+            prefix_schema = schema
+        else:
+            return None
+        import json
+
+        try:
+            row = json.loads(session.read_chunked(self.attrs, "results") or "{}")
+        except ValueError:
+            row = {}
+        best: float | None = None
+        for setting in self.epsilons:
+            disc = float((row.get(setting) or {}).get("value_discretization", session.DEFAULT_DISCRETIZATION)) \
+                if isinstance(row, dict) else session.DEFAULT_DISCRETIZATION
+            if setting == "dp-sgd":
+                eps = _dpsgd_epsilon(self.sigma, float(self.sampling or 0.0), m, self.delta, disc)
+            elif setting in ("deterministic", "cyclic-poisson"):
+                inp = session.resolve_strategy(self.artifact, operator="auto")
+                if not inp.dense:
+                    continue
+                import numpy as np
+
+                c = np.asarray(inp.strategy[:m, :m])
+                sub = session.StrategyInput(name=inp.name, strategy=c, release_steps=np.arange(m),
+                                            source=f"the first {m} steps of {inp.source}", participation=prefix_schema)
+                batching = "cyclic" if setting == "cyclic-poisson" else None
+                opts = session.AccountingOptions(delta=self.delta, value_discretization=disc)
+                rep = session.account(sub, sigma=self.sigma, sampling=self.sampling if batching else None,
+                                      options=opts, settings=[setting], participation=prefix_schema,
+                                      batching=batching)
+                eps = float(rep.rows[setting]["epsilon"])
+            else:
+                continue
+            best = eps if best is None else min(best, eps)
+        return best
+
+
+def _dpsgd_epsilon(sigma: float, sampling: float, steps: int, delta: float, discretization: float) -> float:
+    """DP-SGD's epsilon by dp-accounting's pessimistic PLD: ``steps`` Poisson-sampled Gaussians."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(sigma)), steps)
+    return float(acc.get_epsilon(delta))
+
+
+def _num(v: Any) -> float | None:
+    if v in (None, "null"):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _settings(attrs: dict[str, Any]) -> list[str]:
+    import json
+
+    raw = attrs.get("settings")
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        parsed = [raw]
+    return [str(x) for x in (parsed if isinstance(parsed, list) else [parsed])]
+
+
+def verify(artifact: str | Path, record: str) -> None:
+    """Re-verify one record of an artifact against its operator (``mfcli inspect``'s check of the
+    record: operator hash, and every stored epsilon at least the one recomputed from its event).
+
+    Raises:
+        MfcliError: the record does not verify (naming the first problem), or is missing.
+    """
+    from mfcli.structured import is_structured_file
+
+    path = Path(artifact)
+    if is_structured_file(path):
+        from mfcli.accounting.structured import verify_structured_records
+        from mfcli.structured import load_any_artifact
+
+        found = {r["id"]: r for r in verify_structured_records(path, load_any_artifact(path))}
+        rec = found.get(record)
+        if rec is None:
+            raise MfcliError(f"{path} has no accounting record {record!r}")
+        if not rec["verified"]:
+            why = rec["problems"][0] if rec["problems"] else "it is not an mfcli.accounting record"
+            raise MfcliError(f"accounting record {record!r} of {path} does not verify: {why}")
+        return
+    from mfcli.inspection import inspect_artifact
+
+    rep = inspect_artifact(path, certificate=False)
+    recs = {a["id"]: a for a in rep.accounting}
+    if record not in recs:
+        raise MfcliError(f"{path} has no accounting record {record!r}")
+    if not recs[record].get("verified"):
+        mine = [p for p in rep.problems if p.startswith(f"accounting record {record!r}")]
+        raise MfcliError(f"{path} does not verify: {(mine or list(rep.problems) or ['unknown problem'])[0]}")
+    broken = [p for p in rep.problems if not p.startswith("accounting record ")]
+    if broken:   # a checksum or a stored number of the operator itself
+        raise MfcliError(f"{path} does not verify: {broken[0]}")
+
+
+def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any]]:
+    """The record to train under: ``record`` by id; else the newest record that names a batch
+    sampler when the records that do all agree (:func:`mfcli.samplers.sampler_record`), else the
+    newest record (deterministic participation)."""
+    from mfcli.samplers import accounting_records, sampler_record
+
+    records = accounting_records(path)
+    if not records:
+        raise MfcliError(f"{path} has no accounting record; write one with mfcli plan --out or mfcli account --write")
+    if record is not None:
+        if record not in records:
+            raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(records)}")
+        return record, records[record]
+    if any(a.get("batching") not in (None, "null") for a in records.values()):
+        return sampler_record(path)
+    rid = list(records)[-1]
+    return rid, records[rid]
+
+
+def training_record(artifact: str | Path, record: str | None = None, *, verify_record: bool = True) -> TrainingRecord:
+    """The record training follows (by id, or :func:`_pick`'s choice), verified against the operator.
+
+    Raises:
+        MfcliError: no such record; it does not verify; it holds no epsilon for its sampler; its
+            schema has no fixed order (deterministic records).
+    """
+    from mfcli.participation import SingleParticipation, participation_from_json
+    from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons
+    from mfcli.structured import load_any_artifact
+
+    path = Path(artifact)
+    rid, attrs = _pick(path, record)
+    if verify_record:
+        verify(path, rid)
+    n = int(load_any_artifact(path).n)
+    sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
+    if sigma is None or delta is None:
+        raise MfcliError(f"accounting record {rid!r} of {path} stores no sigma or delta")
+    participation = str(attrs.get("participation") or '{"kind": "single", "version": 1}')
+    schema = participation_from_json(participation)
+    batching = attrs.get("batching")
+    sampling = _num(attrs.get("sampling"))
+    if batching in (None, "null"):
+        sampler = FIXED_ORDER
+        period = fixed_order_period(schema, n)
+        if period is None:
+            raise MfcliError(f"accounting record {rid!r} of {path} accounts {schema.describe(n)}, which no fixed order of "
+                             "batches realises (a min-separation cap below ceil(n / b))")
+        present = set(_settings(attrs))
+        names = ("deterministic",) if not isinstance(schema, SingleParticipation) else DETERMINISTIC_SETTINGS
+        epsilons = {s: float(v) for s in names
+                    if s in present and (v := _num(attrs.get(f"epsilon_{s.replace('-', '_')}"))) is not None}
+        sampling = None
+    else:
+        sampler = str(batching)
+        if sampler not in HELD_SETTINGS:
+            raise MfcliError(f"accounting record {rid!r} names batch sampler {sampler!r}, which mfcli has no sampler for")
+        _, epsilons = held_epsilons(path, rid)
+        period = _period(sampler, schema, n)
+    if not epsilons:
+        raise MfcliError(f"no row of accounting record {rid!r} of {path} holds under its {sampler} batch sampler; "
+                         "re-account with the row of that sampler (mfcli account --batching ... --write)")
+    return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
+                          n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
+                          participation=participation, epsilons=epsilons, attrs=dict(attrs))
+
+
+def _steps_per_epoch(sampler: str, period: int | None, sampling: float | None) -> int | None:
+    if sampler in ("poisson", "cyclic"):
+        if not sampling:
+            return None
+        steps = (period or 1) / sampling if sampler == "cyclic" else 1.0 / sampling
+        whole = round(steps)
+        return whole if whole >= 1 and abs(steps - whole) <= 1e-9 * steps else None
+    return period
+
+
+def _period(sampler: str, schema: Any, n: int) -> int | None:
+    if sampler in ("balls-in-bins", "shuffle"):
+        return n
+    if sampler == "cyclic":
+        from mfcli.accounting.multi import cycle_length
+
+        return cycle_length(schema, n)
+    return None
+
+
+def build_sampler(rec: TrainingRecord, *, examples: int, seed: int, non_adaptive: bool = False) -> Any:
+    """The batch sampler ``rec`` accounts, over ``examples`` examples (a :mod:`mfcli.samplers` sampler)."""
+    from mfcli.samplers import FixedOrderSampler, sampler_for
+
+    if rec.sampler == FIXED_ORDER:
+        assert rec.period is not None
+        return FixedOrderSampler(examples=examples, steps=rec.n, seed=seed, period=rec.period)
+    return sampler_for(rec.artifact, examples=examples, seed=seed, record=rec.record, non_adaptive=non_adaptive)
+
+
+def check_declared(rec: TrainingRecord, *, examples: int, noise_multiplier: float | None = None,
+                   sampler: str | None = None, sample_rate: float | None = None,
+                   batch_size: int | None = None, steps: int | None = None) -> None:
+    """Refuse, in one line, a declared number that is not the record's: the epsilon would describe
+    another mechanism than the one trained.
+
+    ``batch_size`` is the planned batch: for Poisson it fixes the rate batch / examples, for
+    cyclic Poisson the expected batch examples x rate / b, and for the one-pass samplers (fixed
+    order, balls-in-bins, shuffle) the steps of a pass, ceil(examples / batch).
+    """
+    where = f"accounting record {rec.record!r} of {rec.artifact}"
+    if noise_multiplier is not None and not _close(noise_multiplier, rec.sigma):
+        raise MfcliError(f"noise_multiplier={noise_multiplier!r} but {where} accounts sigma = {rec.sigma!r}: the "
+                         "epsilon would describe another noise level; omit it to train at the record's")
+    if sampler is not None and sampler != rec.sampler:
+        raise MfcliError(f"sampler={sampler!r} but {where} accounts the {rec.sampler} batch sampler")
+    if steps is not None and steps != rec.n:
+        raise MfcliError(f"steps={steps!r} but {where} accounts the artifact's n = {rec.n} steps")
+    if sample_rate is not None:
+        if rec.sampling is None:
+            raise MfcliError(f"sample_rate={sample_rate!r} but {where} accounts {rec.sampler} batches, which have no "
+                             "sampling rate")
+        if not _close(sample_rate, rec.sampling):
+            raise MfcliError(f"sample_rate={sample_rate!r} but {where} accounts rate {rec.sampling!r}")
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise MfcliError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if rec.sampler == "poisson":
+            assert rec.sampling is not None
+            if not _close(batch_size / examples, rec.sampling):
+                raise MfcliError(f"batch_size={batch_size} over {examples} examples is Poisson rate "
+                                 f"{batch_size / examples:.6g}, but {where} accounts rate {rec.sampling:.6g}")
+        elif rec.sampler == "cyclic":
+            assert rec.sampling is not None and rec.period is not None
+            implied = batch_size * rec.period / examples
+            if not _close(implied, rec.sampling):
+                raise MfcliError(f"batch_size={batch_size} over {examples} examples in {rec.period} groups is rate "
+                                 f"{implied:.6g} per group member, but {where} accounts rate {rec.sampling:.6g}")
+        elif rec.period is not None and math.ceil(examples / batch_size) != rec.period:
+            raise MfcliError(f"batch_size={batch_size} over {examples} examples makes {math.ceil(examples / batch_size)} "
+                             f"batches per pass, but {where} accounts {rec.period} ({rec.sampler})")
+
+
+__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "training_record", "verify"]

@@ -1,0 +1,78 @@
+"""Shared cases of the training tests: tiny artifacts with real accounting records (written by the
+accounting session, as ``mfcli account --write`` does), an indexed data set and a small model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from mfcli.accounting import session
+from mfcli.artifact import save_artifact
+from mfcli.factorization import Factorization
+from mfcli.participation import FixedEpoch, MinSeparation
+from mfcli.training.torch import make_private
+
+F = torch.nn.functional
+
+
+def _artifact(path: Path, c: np.ndarray, name: str) -> Path:
+    n = c.shape[0]
+    a = np.tril(np.ones((n, n)))
+    save_artifact(path, Factorization(workload=a, strategy=c, decoder=a @ np.linalg.inv(c), causal=True),
+                  workload_name="prefix", strategy_name=name)
+    return path
+
+
+def _record(path: Path, *, sigma: float, settings: list[str], sampling: float | None = None,
+            batching: str | None = None, schema: object = None, delta: float = 1e-5) -> str:
+    inp = session.resolve_strategy(path)
+    rep = session.account(inp, sigma=sigma, sampling=sampling, settings=settings,
+                          options=session.AccountingOptions(delta=delta), participation=schema, batching=batching)
+    return session.record_to_artifact(rep).rsplit("/", 1)[-1]
+
+
+def make_arts(d: Path) -> dict[str, tuple[Path, str]]:
+    """(artifact, record id) per sampler: C = I with a DP-SGD Poisson record (q = 0.5, so 2 steps
+    an epoch, 3 epochs); C = I with a deterministic 3-epoch record (fixed order, period 2); a
+    2-banded C with a cyclic-Poisson record (2 groups, rate 0.5)."""
+    n = 6
+    poisson = _artifact(d / "id6p.h5", np.eye(n), "identity")
+    fixed = _artifact(d / "id6f.h5", np.eye(n), "identity")
+    cyclic = _artifact(d / "band6.h5", np.eye(n) + 0.5 * np.eye(n, k=-1), "banded2")
+    return {
+        "poisson": (poisson, _record(poisson, sigma=2.0, sampling=0.5, settings=["dp-sgd"], batching="poisson")),
+        "fixed-order": (fixed, _record(fixed, sigma=2.0, settings=["deterministic"], schema=FixedEpoch(epochs=3))),
+        "cyclic": (cyclic, _record(cyclic, sigma=2.0, sampling=0.5, settings=["cyclic-poisson"], batching="cyclic",
+                                   schema=MinSeparation(separation=2))),
+    }
+
+
+class Indexed(Dataset):
+    """Example i is (x_i, y_i, i), so a batch says which examples it holds."""
+
+    def __init__(self, n: int, features: int = 3, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, features, generator=g, dtype=torch.float64)
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def _model(features: int = 3, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(features, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+
+
+def _setup(arts, kind: str, examples: int = 40, **kw):
+    path, rid = arts[kind]
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kw.setdefault("seed", 3)
+    kw.setdefault("clip_norm", 0.5)
+    return make_private(model, opt, Indexed(examples), artifact=path, record=rid, loss_fn=F.cross_entropy, **kw)
