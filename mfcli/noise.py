@@ -263,11 +263,17 @@ class NumpyOps:
         return a
 
 
-def cast_tables(tables: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any], dtype: Any) -> dict[str, Any]:
+def cast_tables(tables: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any], dtype: Any, *,
+                index: Callable[[np.ndarray], Any] | None = None) -> dict[str, Any]:
     """A recursion's tables for a driver: float tables cast to the stream's dtype and converted
-    (``convert``: to device or jax arrays), index tables (integers) kept as numpy on the host,
-    where loop bounds are read."""
-    return {k: (v if v.dtype.kind in "iu" else convert(np.ascontiguousarray(v, dtype=dtype))) for k, v in tables.items()}
+    (``convert``: to device or jax arrays); index tables (integers) converted by ``index``, by
+    default kept as numpy on the host, where an eager driver reads its loop bounds."""
+    def one(v: np.ndarray) -> Any:
+        if v.dtype.kind in "iu":
+            return v if index is None else index(v)
+        return convert(np.ascontiguousarray(v, dtype=dtype))
+
+    return {k: one(v) for k, v in tables.items()}
 
 
 @dataclass(eq=False)
