@@ -664,8 +664,9 @@ def check_finite_rows(operator: StreamingMatrix, dtype: np.dtype, *, where: str)
     if bad.size:
         t = int(bad[0])
         raise MfcliError(
-            f"{where}: the noise operator's row {t} has absolute sum {sums[t]:.3g} (> {limit:.3g}): its noise "
-            f"would overflow {dtype.name} (inf) from step {t}; this strategy is too ill-conditioned to stream"
+            f"{where}: the noise operator's row {t} has absolute sum {sums[t]:.3g} (> {limit:.3g} = the largest "
+            f"{dtype.name} / {GAUSSIAN_BOUND:g}): its noise can overflow to inf from step {t}; this strategy is too "
+            "ill-conditioned to stream"
         )
 
 
@@ -820,8 +821,8 @@ def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: 
                    "use a structured strategy (banded Toeplitz, BLT or BandMF: mfcli plan --out), or pass a "
                    "larger max_memory")
     else:
-        forward = (f"the {matrix.method} recursion keeps {matrix.width + matrix.rank} rows of d = {d} floats; "
-                   "use fewer parameters, fewer bands/buffers, or pass a larger max_memory")
+        forward = (f"its {matrix.method} keeps {matrix.width + matrix.rank} row(s) of d = {d} floats besides the row "
+                   "it returns; use fewer parameters, fewer bands or buffers, or pass a larger max_memory")
     check_memory(estimate, max_memory, what=f"the noise stream of {where} (its state)",
                  way_forward=forward)
 
