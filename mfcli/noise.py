@@ -263,11 +263,17 @@ class NumpyOps:
         return a
 
 
-def cast_tables(tables: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any], dtype: Any) -> dict[str, Any]:
+def cast_tables(tables: Mapping[str, np.ndarray], convert: Callable[[np.ndarray], Any], dtype: Any, *,
+                index: Callable[[np.ndarray], Any] | None = None) -> dict[str, Any]:
     """A recursion's tables for a driver: float tables cast to the stream's dtype and converted
-    (``convert``: to device or jax arrays), index tables (integers) kept as numpy on the host,
-    where loop bounds are read."""
-    return {k: (v if v.dtype.kind in "iu" else convert(np.ascontiguousarray(v, dtype=dtype))) for k, v in tables.items()}
+    (``convert``: to device or jax arrays); index tables (integers) converted by ``index``, by
+    default kept as numpy on the host, where an eager driver reads its loop bounds."""
+    def one(v: np.ndarray) -> Any:
+        if v.dtype.kind in "iu":
+            return v if index is None else index(v)
+        return convert(np.ascontiguousarray(v, dtype=dtype))
+
+    return {k: one(v) for k, v in tables.items()}
 
 
 @dataclass(eq=False)
@@ -658,8 +664,9 @@ def check_finite_rows(operator: StreamingMatrix, dtype: np.dtype, *, where: str)
     if bad.size:
         t = int(bad[0])
         raise MfcliError(
-            f"{where}: the noise operator's row {t} has absolute sum {sums[t]:.3g} (> {limit:.3g}): its noise "
-            f"would overflow {dtype.name} (inf) from step {t}; this strategy is too ill-conditioned to stream"
+            f"{where}: the noise operator's row {t} has absolute sum {sums[t]:.3g} (> {limit:.3g} = the largest "
+            f"{dtype.name} / {GAUSSIAN_BOUND:g}): its noise can overflow to inf from step {t}; this strategy is too "
+            "ill-conditioned to stream"
         )
 
 
@@ -814,8 +821,8 @@ def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: 
                    "use a structured strategy (banded Toeplitz, BLT or BandMF: mfcli plan --out), or pass a "
                    "larger max_memory")
     else:
-        forward = (f"the {matrix.method} recursion keeps {matrix.width + matrix.rank} rows of d = {d} floats; "
-                   "use fewer parameters, fewer bands/buffers, or pass a larger max_memory")
+        forward = (f"its {matrix.method} keeps {matrix.width + matrix.rank} row(s) of d = {d} floats besides the row "
+                   "it returns; use fewer parameters, fewer bands or buffers, or pass a larger max_memory")
     check_memory(estimate, max_memory, what=f"the noise stream of {where} (its state)",
                  way_forward=forward)
 

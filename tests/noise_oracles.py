@@ -67,3 +67,34 @@ def save_truncated_svd_compression(path: Path, *, n: int, beta: float, band: int
                                                    "loss_increase": sens**2 * float(np.sum(b_hat**2))
                                                    / _dense_loss(fact) - 1.0}}})
     return path, a, fact, b_hat
+
+
+def jax_z(seed: int, rows: int, d: int, dtype: str = "float32") -> np.ndarray:
+    """Z of the jax streams, from the documented contract (docs/noise-streams.md): row j is
+    jax.random.normal(fold_in(key, j), (d,)) with the raw threefry key whose two uint32 words are
+    the first 8 bytes of SHA-256("mfcli-jax-noise|<seed>"), big-endian."""
+    import hashlib
+
+    import jax
+
+    words = np.frombuffer(hashlib.sha256(f"mfcli-jax-noise|{seed}".encode()).digest()[:8], dtype=">u4")
+    key = jax.numpy.asarray(words.astype(np.uint32))
+    return np.stack([np.asarray(jax.random.normal(jax.random.fold_in(key, j), (d,), dtype=dtype))
+                     for j in range(rows)])
+
+
+def torch_z(seed: int, rows: int, d: int, dtype: str = "float32", device: str = "cpu") -> np.ndarray:
+    """Z of the torch streams, from the documented contract: row j is torch.randn(d) from a
+    torch.Generator on the device seeded with the first 8 bytes (big-endian, top bit cleared) of
+    SHA-256("mfcli-torch-noise|<seed>|<j>")."""
+    import hashlib
+
+    import torch
+
+    out = []
+    for j in range(rows):
+        gen = torch.Generator(device=device)
+        digest = hashlib.sha256(f"mfcli-torch-noise|{seed}|{j}".encode()).digest()
+        gen.manual_seed(int.from_bytes(digest[:8], "big") & (2**63 - 1))
+        out.append(torch.randn(d, generator=gen, device=device, dtype=getattr(torch, dtype)).cpu().numpy())
+    return np.stack(out)

@@ -5,7 +5,7 @@ Example::
     import jax, optax
     from mfcli.artifact import shipped_artifact
     from mfcli.noise import noise_stream
-    from mfcli.adapters.optax import correlated_noise
+    from mfcli.adapters.optax import checked, correlated_noise
 
     d = sum(x.size for x in jax.tree_util.tree_leaves(params))
     stream = noise_stream(shipped_artifact("momentum-n256"), kind="gradient", d=d, seed=SECRET_SEED)
@@ -14,29 +14,33 @@ Example::
         optax.sgd(learning_rate=0.1, momentum=0.9),                      # runs the workload A
     )
     opt_state = tx.init(params)
-    updates, opt_state = jax.jit(tx.update)(summed_clipped_grads, opt_state)
+    updates, opt_state = checked(jax.jit(tx.update))(summed_clipped_grads, opt_state)
 
 The incoming updates must be the SUM of per-example clipped gradients (pass ``batch_size`` if they
 are the mean over a fixed batch). The noise is the artifact's **gradient** noise, row t of C^-1 Z
 (C^^-1 Z compressed), never the iterate noise B Z.
 
-How it runs: the noise row Z[t] is drawn on the host by numpy's Philox from (seed, t) through
-``jax.pure_callback`` (a pure function of t, so it is safe under ``jit``); the banded-low-rank
-recurrence (module :mod:`mfcli.noise`) runs in JAX on the optimizer state, which holds the W most
-recent noise rows and the R running sums: checkpoint the optax state as usual and the stream
+How it runs: entirely inside ``jit``, with no host callback and no replay. The stream's recursion
+(the same :meth:`~mfcli.operators.StreamingMatrix.step` the numpy stream runs: banded-low-rank,
+banded inverse, Toeplitz recursion, BLT buffers, or the kept rows of Z for a dense C^-1) is traced
+with jax arrays, its state (``ring``: kept rows of Z; ``running``: carried rows) is part of the
+optax state, and Z[t] is ``jax.random.normal(jax.random.fold_in(key, t), (d,))`` with ``key``
+derived from the seed (:func:`jax_key`): the noise is a function of (seed, t) only, the same
+across processes and restarts on the same platform, but not the numpy stream's numbers
+(docs/noise-streams.md, "Reproducibility"). Checkpoint the optax state as usual and the stream
 resumes exactly; for an authenticated checkpoint (refused on load if edited) save
-``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``. Donate the optimizer
-state to ``jit`` (``donate_argnums``) to update those
-buffers in place. A dense artifact (method ``regenerate``) computes its whole row on the host,
-O(t d) per step: compress it first for large models.
+``state_dict(stream, noise_state)`` and restore with ``load_state_dict(stream, checkpoint)``, the
+format of every mfcli noise stream. Donate the optimizer state to ``jit`` (``donate_argnums``) to
+update the buffers in place.
 
 Step t >= n raises :class:`~mfcli.errors.NoiseStreamExhaustedError` when ``update`` runs eagerly.
-Under ``jit`` the refusal happens on the host, inside the compiled step, and JAX reports it as a
-runtime error (``jax.errors.JaxRuntimeError`` or ``ValueError``, by where JAX notices it)
-whose text begins ``INTERNAL: CpuCallback error``; wrap the jitted step in
-:func:`checked` to get the mfcli error back::
+Under ``jit`` nothing can raise without a host round trip, so the step's noise is NaN (the
+parameters become NaN, never trained with invented noise) and the state records why; wrap the
+jitted step in :func:`checked` to get the mfcli error instead::
 
     train_step = checked(jax.jit(train_step))   # raises NoiseStreamExhaustedError at step n
+
+The same holds for a state of another stream (another seed, artifact, d or dtype): ``MfcliError``.
 
 Formal guarantees: as for :mod:`mfcli.adapters.torch`: the mechanism is C G + Z, with
 sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
@@ -44,6 +48,7 @@ sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -57,21 +62,92 @@ from jax.flatten_util import ravel_pytree
 
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.noise import NoiseStream, noise_row
-from mfcli.operators import BandedLowRank
+from mfcli.noise import NoiseStream, cast_tables
+
+#: The ``generator`` field of checkpoints written here: Z[j] from jax's threefry PRNG.
+JAX_GENERATOR = "jax-threefry2x32"
+
+#: ``status`` values of the state: what :func:`checked` reports.
+OK, EXHAUSTED, FOREIGN = 0, 1, 2
 
 
 class CorrelatedNoiseState(NamedTuple):
-    """optax state: the next step, the ring of recent noise rows, the running sums, a stream tag."""
+    """optax state: the next step, the recursion's state (``ring``: kept rows of Z; ``running``:
+    carried rows), the stream tag, n and a status (0 ok, 1 a step at t >= n ran, 2 the state
+    was fed to another stream's transformation)."""
 
     step: jnp.ndarray
     ring: jnp.ndarray
     running: jnp.ndarray
     tag: jnp.ndarray
+    end: jnp.ndarray
+    status: jnp.ndarray
 
 
 def _tag_words(stream: NoiseStream) -> np.ndarray:
     return np.frombuffer(bytes.fromhex(stream.tag[:16]), dtype=">u4").astype(np.uint32)
+
+
+def jax_key(seed: int) -> jnp.ndarray:
+    """The jax PRNG key of a noise seed: a raw threefry key whose two uint32 words are the first 8
+    bytes (big-endian) of SHA-256 of ``b"mfcli-jax-noise|" + str(seed)``. Z[j] of the jax stream is
+    ``jax.random.normal(jax.random.fold_in(jax_key(seed), j), (d,), dtype)``."""
+    digest = hashlib.sha256(f"mfcli-jax-noise|{int(seed)}".encode()).digest()
+    return jnp.asarray(np.frombuffer(digest[:8], dtype=">u4").astype(np.uint32))
+
+
+class JaxOps:
+    """:class:`mfcli.operators.ArrayOps` on jax arrays: functional updates, loops as
+    ``lax.fori_loop`` (their bounds may be traced), matrix products at full precision."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = dtype
+
+    def zeros(self, rows: int, d: int) -> jnp.ndarray:
+        return jnp.zeros((rows, d), dtype=self.dtype)
+
+    def set_row(self, a: jnp.ndarray, i: Any, value: jnp.ndarray) -> jnp.ndarray:
+        return a.at[i].set(value)
+
+    def set_rows(self, a: jnp.ndarray, start: int, values: jnp.ndarray) -> jnp.ndarray:
+        return a.at[start:start + values.shape[0]].set(values)
+
+    def matvec(self, coef: jnp.ndarray, rows: jnp.ndarray) -> jnp.ndarray:
+        return jnp.matmul(coef, rows, precision=jax.lax.Precision.HIGHEST)
+
+    def prefix_matvec(self, coef: jnp.ndarray, rows: jnp.ndarray, k: Any) -> jnp.ndarray:
+        return jax.lax.fori_loop(0, k, lambda j, acc: acc + coef[j] * rows[j], jnp.zeros(rows.shape[1], self.dtype))
+
+    def fill_rows(self, a: jnp.ndarray, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> jnp.ndarray:
+        return jax.lax.fori_loop(lo, hi, lambda j, acc: acc.at[j].set(draw(j)), a)
+
+
+class JaxStream:
+    """The jax driver of a :class:`~mfcli.noise.NoiseStream`: its recursion's tables as jax
+    arrays, ``draw(j)`` from :func:`jax_key`, and ``step(t, ring, running)`` (jit-traceable)."""
+
+    def __init__(self, stream: NoiseStream) -> None:
+        dt = stream.dtype
+        if dt == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:  # x64 disabled
+            raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")
+        self.stream, self.dtype = stream, dt
+        self.ops = JaxOps(dt)
+        self.tables = cast_tables(stream.operator.tables(), jnp.asarray, dt, index=lambda a: jnp.asarray(a, jnp.int32))
+        self.key = jax_key(stream.seed)
+
+    def draw(self, j: Any) -> jnp.ndarray:
+        return jax.random.normal(jax.random.fold_in(self.key, j), (self.stream.d,), dtype=self.dtype)
+
+    def init(self) -> tuple[jnp.ndarray, jnp.ndarray]:
+        return self.ops.zeros(self.stream.width, self.stream.d), self.ops.zeros(self.stream.rank, self.stream.d)
+
+    def step(self, t: Any, ring: jnp.ndarray, running: jnp.ndarray) -> tuple[jnp.ndarray, tuple[Any, Any]]:
+        return self.stream.operator.step(t, self.draw, (ring, running), self.tables, self.ops)
+
+    def generator_check(self, t: int) -> str:
+        """Hash of 16 normals the jax generator draws for row max(t - 1, 0)'s key."""
+        head = jax.random.normal(jax.random.fold_in(self.key, max(t - 1, 0)), (16,), dtype=self.dtype)
+        return hashlib.sha256(np.asarray(head).tobytes()).hexdigest()
 
 
 def correlated_noise(
@@ -97,43 +173,19 @@ def correlated_noise(
     check_noise_options(
         noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
     )
-    dt = stream.dtype
-    if dt == np.float64 and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:  # x64 disabled
-        raise MfcliError("a float64 noise stream needs jax_enable_x64; use dtype='float32' or enable x64")
+    driver = JaxStream(stream)
     scale = float(noise_multiplier) * float(clip_norm) / (batch_size or 1)
     n, d = stream.n, stream.d
     tag = _tag_words(stream)
-    banded = stream.method == "banded-low-rank"
-    w, r = stream.width, stream.rank
-    if banded:
-        assert isinstance(stream.operator, BandedLowRank)
-        coef_table = jnp.asarray(stream.operator.coefficient_table().astype(dt))
-        v_table = jnp.asarray(np.asarray(stream.operator.v, dtype=dt))
-
-    def host_row(t: np.ndarray, got_tag: np.ndarray) -> np.ndarray:
-        step = int(t)
-        if not np.array_equal(np.asarray(got_tag, dtype=np.uint32), tag):
-            raise MfcliError("this optax state belongs to another noise stream (different seed, artifact, d or dtype)")
-        if not 0 <= step < n:
-            raise NoiseStreamExhaustedError(
-                f"noise stream exhausted: step {step} >= n = {n}; the artifact covers steps 0..{n - 1} "
-                "and running past the end would break the privacy guarantee"
-            )
-        if banded:
-            return noise_row(stream.seed, step, d, dt)
-        row, _ = stream.next(stream.state_at(step))
-        return row
 
     def init_fn(params: Any) -> CorrelatedNoiseState:
         flat, _ = ravel_pytree(params)
         if flat.size != d:
             raise MfcliError(f"the noise stream has d = {d} but the parameters have {flat.size} entries")
-        return CorrelatedNoiseState(
-            step=jnp.zeros((), dtype=jnp.int32),
-            ring=jnp.zeros((w, d), dtype=dt),
-            running=jnp.zeros((r, d), dtype=dt),
-            tag=jnp.asarray(tag),
-        )
+        ring, running = driver.init()
+        return CorrelatedNoiseState(step=jnp.zeros((), dtype=jnp.int32), ring=ring, running=running,
+                                    tag=jnp.asarray(tag), end=jnp.asarray(n, dtype=jnp.int32),
+                                    status=jnp.zeros((), dtype=jnp.int32))
 
     def update_fn(updates: Any, state: CorrelatedNoiseState, params: Any = None) -> tuple[Any, CorrelatedNoiseState]:
         del params
@@ -142,39 +194,51 @@ def correlated_noise(
             raise MfcliError(f"the noise stream has d = {d} but the updates have {flat.size} entries")
         t = state.step
         if not isinstance(t, jax.core.Tracer) and not isinstance(state.tag, jax.core.Tracer):
-            if not np.array_equal(np.asarray(state.tag, dtype=np.uint32), tag):
-                raise MfcliError(
-                    "this optax state belongs to another noise stream (different seed, artifact, d or dtype)"
-                )
-            host_step = int(t)
-            if host_step >= n:
-                raise NoiseStreamExhaustedError(
-                    f"noise stream exhausted: step {host_step} >= n = {n}; the artifact covers steps "
-                    f"0..{n - 1} and running past the end would break the privacy guarantee"
-                )
-        z = jax.pure_callback(host_row, jax.ShapeDtypeStruct((d,), dt), t, state.tag)
-        ring, running = state.ring, state.running
-        if banded:
-            m = t - w
-            slot_m = jnp.mod(m, w)
-            z_m = jax.lax.dynamic_index_in_dim(ring, slot_m, axis=0, keepdims=False)
-            v_m = v_table[jnp.maximum(m, 0)]
-            running = jnp.where(m >= 0, running + v_m[:, None] * z_m[None, :], running)
-            ring = jax.lax.dynamic_update_index_in_dim(ring, z, jnp.mod(t, w), axis=0)
-            c = coef_table[jnp.minimum(t, n - 1)]
-            noise = c[:w] @ ring + c[w:] @ running
-        else:
-            noise = z
-        noisy = flat + (scale * noise).astype(flat.dtype)
+            _raise_for(state, expected_tag=tag)   # eager: refuse before computing anything
+        foreign = jnp.any(state.tag != jnp.asarray(tag))
+        status = jnp.where(state.status != OK, state.status,
+                           jnp.where(foreign, FOREIGN, jnp.where(t >= n, EXHAUSTED, OK))).astype(jnp.int32)
+        # Tables are indexed at min(t, n - 1): past the end the row is discarded (NaN) anyway.
+        row, (ring, running) = driver.step(jnp.minimum(t, n - 1), state.ring, state.running)
+        noise = jnp.where(status == OK, scale * row, jnp.nan)
+        noisy = flat + noise.astype(flat.dtype)
         if postprocess is not None:
             out = postprocess(noisy)
             if getattr(out, "shape", None) != noisy.shape:
                 raise MfcliError(f"postprocess must return an array of shape {noisy.shape}")
             noisy = out
-        new_state = CorrelatedNoiseState(step=t + 1, ring=ring, running=running, tag=state.tag)
+        keep = status == OK   # a refused step leaves the recursion's state as it was
+        new_state = CorrelatedNoiseState(
+            step=jnp.where(keep, t + 1, t).astype(jnp.int32), ring=jnp.where(keep, ring, state.ring), running=jnp.where(keep, running, state.running),
+            tag=state.tag, end=state.end, status=status,
+        )
         return unravel(noisy), new_state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _exhausted(step: int, n: int) -> NoiseStreamExhaustedError:
+    return NoiseStreamExhaustedError(
+        f"noise stream exhausted: step {step} >= n = {n}; the artifact covers steps 0..{n - 1} "
+        "and running past the end would break the privacy guarantee"
+    )
+
+
+_FOREIGN_TEXT = "this optax state belongs to another noise stream (different seed, artifact, d or dtype)"
+
+
+def _raise_for(state: CorrelatedNoiseState, *, expected_tag: np.ndarray | None = None) -> None:
+    """Raise the mfcli error a (host) state records or will cause: another stream's state, or a
+    step at or past n."""
+    status = int(state.status)
+    if status == FOREIGN or (expected_tag is not None
+                             and not np.array_equal(np.asarray(state.tag, dtype=np.uint32), expected_tag)):
+        raise MfcliError(_FOREIGN_TEXT)
+    n = int(state.end)
+    if status == EXHAUSTED:
+        raise _exhausted(int(state.step), n)
+    if expected_tag is not None and int(state.step) >= n:
+        raise _exhausted(int(state.step), n)
 
 
 #: mfcli errors a host callback can raise inside compiled code, by the name JAX's text shows.
@@ -206,12 +270,13 @@ def mfcli_error_from(exc: BaseException) -> MfcliError | None:
 def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (typically a jitted training step) that raises mfcli's own errors.
 
-    Calls ``fn``, waits for its outputs (``jax.block_until_ready``: a compiled step reports a
-    host-side refusal only when its outputs are ready) and turns a JAX runtime error that
-    carries an mfcli error (:func:`mfcli_error_from`) back into that error, e.g.
-    :class:`~mfcli.errors.NoiseStreamExhaustedError` when the step passes n. Waiting costs the
-    overlap of one step's dispatch with the next one's Python work, nothing when the loop reads
-    the loss every step anyway.
+    Calls ``fn``, waits for its outputs (``jax.block_until_ready``) and reads the status of every
+    :class:`CorrelatedNoiseState` among them: a step at t >= n raises
+    :class:`~mfcli.errors.NoiseStreamExhaustedError`, a state of another stream
+    :class:`~mfcli.errors.MfcliError` (the noise of that step is NaN either way). A JAX runtime
+    error that carries an mfcli error (:func:`mfcli_error_from`) is raised as that error. Waiting
+    costs the overlap of one step's dispatch with the next one's Python work, nothing when the
+    loop reads the loss every step anyway.
     """
 
     @functools.wraps(fn)
@@ -219,7 +284,7 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
         log = logging.getLogger("jax._src.callback")
         log.addFilter(_drop_mfcli_tracebacks)
         try:
-            return jax.block_until_ready(fn(*args, **kwargs))
+            out = jax.block_until_ready(fn(*args, **kwargs))
         except MfcliError:
             raise
         except Exception as exc:
@@ -229,6 +294,10 @@ def checked(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise err from None
         finally:
             log.removeFilter(_drop_mfcli_tracebacks)
+        for leaf in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, CorrelatedNoiseState)):
+            if isinstance(leaf, CorrelatedNoiseState):
+                _raise_for(leaf)
+        return out
 
     return wrapper
 
@@ -241,46 +310,43 @@ def _drop_mfcli_tracebacks(record: logging.LogRecord) -> bool:
 
 
 def state_dict(stream: NoiseStream, state: CorrelatedNoiseState) -> dict:
-    """An authenticated checkpoint of the optax noise state: :meth:`NoiseStream.state_dict`'s
-    format (step, running sums, HMAC-SHA256 tag keyed from the seed), host numpy values only.
+    """An authenticated checkpoint of the optax noise state, in the one format of every mfcli
+    noise stream (:meth:`mfcli.noise.NoiseStream.checkpoint`: step, carried rows, HMAC-SHA256 tag
+    keyed from the seed, generator ``jax-threefry2x32``), host numpy values only.
 
     Save this, not the raw ``CorrelatedNoiseState`` pytree: :func:`load_state_dict` refuses an
     edited checkpoint (running sums zeroed, step changed), a raw pytree cannot be authenticated.
     """
-    from mfcli.noise import NoiseState, _Workspace
-
     if not isinstance(state, CorrelatedNoiseState):
         raise MfcliError(f"expected a CorrelatedNoiseState, got {type(state).__name__}")
+    _raise_for(state, expected_tag=None)
     if not np.array_equal(np.asarray(state.tag, dtype=np.uint32), _tag_words(stream)):
-        raise MfcliError("this optax state belongs to another noise stream (different seed, artifact, d or dtype)")
+        raise MfcliError(_FOREIGN_TEXT)
     t = int(state.step)
-    work = None
-    if stream.method == "banded-low-rank":
-        buf = np.concatenate([np.asarray(state.ring, dtype=stream.dtype), np.asarray(state.running, dtype=stream.dtype)])
-        work = _Workspace(buf=buf, position=t)
-    return stream.state_dict(NoiseState(t=t, stream_tag=stream.tag, _work=work))
+    return stream.checkpoint(t, np.asarray(state.running), generator=JAX_GENERATOR,
+                             generator_check=JaxStream(stream).generator_check(t))
 
 
 def load_state_dict(stream: NoiseStream, checkpoint: Any) -> CorrelatedNoiseState:
     """The optax noise state a :func:`state_dict` checkpoint describes, after
-    :meth:`NoiseStream.load_state_dict` has checked its tag and that it fits ``stream``; the ring
-    of recent noise rows is regenerated from the seed."""
-    noise_state = stream.load_state_dict(checkpoint)
-    w, r, d = stream.width, stream.rank, stream.d
-    work = noise_state._work
-    if work is None:
-        ring = np.zeros((w, d), dtype=stream.dtype)
-        running = np.zeros((r, d), dtype=stream.dtype)
-    else:
-        ring, running = work.buf[:w], work.buf[w:]
+    :meth:`NoiseStream.restore` has checked its tag and that it fits ``stream`` and the jax
+    generator; the kept rows of Z are redrawn from the seed."""
+    driver = JaxStream(stream)
+    t, running = stream.restore(checkpoint, generator=JAX_GENERATOR, generator_check=driver.generator_check)
+    ring, _ = driver.init()
+    for slot, j in stream.operator.kept_rows(t):
+        ring = ring.at[slot].set(driver.draw(j))
     return CorrelatedNoiseState(
-        step=jnp.asarray(noise_state.t, dtype=jnp.int32),
-        ring=jnp.asarray(ring),
+        step=jnp.asarray(t, dtype=jnp.int32),
+        ring=ring,
         running=jnp.asarray(running),
         tag=jnp.asarray(_tag_words(stream)),
+        end=jnp.asarray(stream.n, dtype=jnp.int32),
+        status=jnp.zeros((), dtype=jnp.int32),
     )
 
 
 __all__ = [
-    "CorrelatedNoiseState", "checked", "correlated_noise", "load_state_dict", "mfcli_error_from", "state_dict",
+    "CorrelatedNoiseState", "JaxOps", "JaxStream", "checked", "correlated_noise", "jax_key", "load_state_dict",
+    "mfcli_error_from", "state_dict",
 ]

@@ -23,6 +23,14 @@ It is a ``torch.optim.Optimizer``: LR schedulers, step hooks, ``zero_grad(set_to
 ``state_dict`` behave as in torch (docs/frameworks.md). With Opacus, use
 :func:`mfcli.adapters.opacus.make_private`; wrapping an Opacus optimizer here is refused.
 
+Where the noise is drawn: on the parameters' device (``generator="torch"``, the default for
+parameters on an accelerator): a ``torch.Generator`` on that device seeded per (seed, step)
+(:func:`torch_seed`) draws Z[t], and the stream's recursion (the same
+:meth:`~mfcli.operators.StreamingMatrix.step` as the numpy stream) runs on device tensors: no
+host round trip and no copy. For CPU parameters the default is the numpy reference stream
+(``generator="numpy"``), whose rows reach torch without a copy. The two generators draw different
+Z (each is reproducible per seed: docs/noise-streams.md, "Reproducibility").
+
 Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (sigma clip)^2) entry-wise,
 so its privacy is that of a Gaussian mechanism with sensitivity :attr:`sensitivity` x clip and
 noise sigma x clip (single participation; see the accounting docs). The optimizer is
@@ -30,6 +38,7 @@ post-processing; a mismatch between it and A costs accuracy, not privacy, and on
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections import OrderedDict
@@ -41,7 +50,11 @@ import torch
 
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
-from mfcli.noise import NoiseState, NoiseStream, noise_stream
+from mfcli.noise import NoiseState, NoiseStream, cast_tables, check_step, noise_stream
+
+#: Generators of the noise rows: ``numpy`` (the reference stream, drawn on the host), ``torch``
+#: (drawn on the parameters' device), ``auto`` (numpy for CPU parameters, torch elsewhere).
+GENERATORS = ("auto", "numpy", "torch")
 
 
 def _numpy_dtype_for(params: list[torch.Tensor]) -> str:
@@ -79,21 +92,147 @@ def noise_state_dict(stream: NoiseStream, state: NoiseState) -> dict:
 def load_noise_state_dict(stream: NoiseStream, sd: Mapping[str, Any]) -> NoiseState:
     """Inverse of :func:`noise_state_dict`; the stream refuses another seed, artifact, d, dtype
     or an edited checkpoint (HMAC tag)."""
-    noise_sd = dict(sd)
-    running = noise_sd.get("running")
-    if isinstance(running, torch.Tensor):
-        noise_sd["running"] = running.detach().cpu().numpy()
-    return stream.load_state_dict(noise_sd)
+    return stream.load_state_dict(_host_checkpoint(sd))
+
+
+def _host_checkpoint(sd: Mapping[str, Any]) -> dict:
+    out = dict(sd) if isinstance(sd, Mapping) else sd
+    if isinstance(out, dict) and isinstance(out.get("running"), torch.Tensor):
+        out["running"] = out["running"].detach().cpu().numpy()
+    return out
 
 
 def split_row(row: np.ndarray, params: list[torch.Tensor]) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """(parameter, its slice of a flat noise row shaped, typed and placed like it), in order."""
-    noise = torch.from_numpy(row)
+    yield from split_tensor(torch.from_numpy(row), params)
+
+
+def split_tensor(noise: torch.Tensor, params: list[torch.Tensor]) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, its slice of a flat noise tensor shaped, typed and placed like it), in order."""
     offset = 0
     for p in params:
         k = p.numel()
         yield p, noise[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype)
         offset += k
+
+
+def torch_seed(seed: int, j: int) -> int:
+    """The torch.Generator seed of noise row j: the first 8 bytes (big-endian, top bit cleared) of
+    SHA-256 of ``"mfcli-torch-noise|<seed>|<j>"``; Z[j] = ``torch.randn(d, generator=g)`` on the
+    device after ``g.manual_seed(torch_seed(seed, j))``."""
+    digest = hashlib.sha256(f"mfcli-torch-noise|{int(seed)}|{int(j)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+class TorchOps:
+    """:class:`mfcli.operators.ArrayOps` on torch tensors of one device, updating in place."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+
+    def zeros(self, rows: int, d: int) -> torch.Tensor:
+        return torch.zeros((rows, d), device=self.device, dtype=self.dtype)
+
+    def set_row(self, a: torch.Tensor, i: Any, value: torch.Tensor) -> torch.Tensor:
+        a[i] = value
+        return a
+
+    def set_rows(self, a: torch.Tensor, start: int, values: torch.Tensor) -> torch.Tensor:
+        a[start:start + values.shape[0]] = values
+        return a
+
+    def matvec(self, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return coef @ rows
+
+    def prefix_matvec(self, coef: torch.Tensor, rows: torch.Tensor, k: Any) -> torch.Tensor:
+        k = int(k)
+        return coef[:k] @ rows[:k]
+
+    def fill_rows(self, a: torch.Tensor, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> torch.Tensor:
+        for j in range(int(lo), int(hi)):
+            a[j] = draw(j)
+        return a
+
+
+class TorchStream:
+    """A :class:`~mfcli.noise.NoiseStream` run on a torch device: Z[j] from a ``torch.Generator``
+    on the device (:func:`torch_seed`), the stream's recursion on device tensors, its state on the
+    device, checkpoints in the one mfcli format (generator ``torch-<device type>``).
+
+    ``next()`` returns row t as a (d,) tensor on the device and advances; step n is refused.
+    """
+
+    def __init__(self, stream: NoiseStream, device: Any = "cpu") -> None:
+        self.stream = stream
+        self.device = torch.device(device)
+        self.dtype = torch.float64 if stream.dtype == np.float64 else torch.float32
+        self.ops = TorchOps(self.device, self.dtype)
+        self.tables = cast_tables(stream.operator.tables(), lambda a: torch.as_tensor(a, device=self.device),
+                                  stream.dtype)
+        self.generator = torch.Generator(device=self.device)
+        self.ring, self.running = self.ops.zeros(stream.width, stream.d), self.ops.zeros(stream.rank, stream.d)
+        self.t = 0
+
+    @property
+    def generator_name(self) -> str:
+        return f"torch-{self.device.type}"
+
+    def draw(self, j: Any) -> torch.Tensor:
+        self.generator.manual_seed(torch_seed(self.stream.seed, int(j)))
+        return torch.randn(self.stream.d, generator=self.generator, device=self.device, dtype=self.dtype)
+
+    @torch.no_grad()
+    def next(self) -> torch.Tensor:
+        t = check_step(self.t, self.stream.n)
+        row, (self.ring, self.running) = self.stream.operator.step(t, self.draw, (self.ring, self.running),
+                                                                  self.tables, self.ops)
+        self.t = t + 1
+        return row
+
+    def generator_check(self, t: int) -> str:
+        """Hash of the first entries of row max(t - 1, 0) as this device's generator draws it."""
+        head = self.draw(max(t - 1, 0))[:16].cpu().numpy()
+        return hashlib.sha256(head.tobytes()).hexdigest()
+
+    def state_dict(self) -> dict:
+        """The one mfcli checkpoint format, ``running`` as a CPU tensor (``weights_only`` loads)."""
+        sd = self.stream.checkpoint(self.t, self.running.cpu().numpy(), generator=self.generator_name,
+                                    generator_check=self.generator_check(self.t))
+        sd["running"] = torch.from_numpy(np.ascontiguousarray(sd["running"]))
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (checked: tag, identity, generator); the kept rows of
+        Z are redrawn on the device."""
+        t, running = self.stream.restore(_host_checkpoint(sd), generator=self.generator_name,
+                                         generator_check=self.generator_check)
+        ring = self.ops.zeros(self.stream.width, self.stream.d)
+        for slot, j in self.stream.operator.kept_rows(t):
+            ring[slot] = self.draw(j)
+        self.ring, self.running, self.t = ring, torch.as_tensor(running, device=self.device), t
+
+
+class _NumpyRows:
+    """The numpy reference stream behind the same interface as :class:`TorchStream`."""
+
+    def __init__(self, stream: NoiseStream) -> None:
+        self.stream = stream
+        self.state = stream.init()
+
+    @property
+    def t(self) -> int:
+        return self.state.t
+
+    def next(self) -> torch.Tensor:
+        row, self.state = self.stream.next(self.state)
+        return torch.from_numpy(row)
+
+    def state_dict(self) -> dict:
+        return noise_state_dict(self.stream, self.state)
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        self.state = load_noise_state_dict(self.stream, sd)
 
 
 class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
@@ -122,6 +261,8 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
             gradient (length d, parameter order) before the inner step; e.g. Laplacian smoothing.
         check_workload: warn if a ``torch.optim.SGD`` inner optimizer does not match the
             artifact's prefix/momentum workload.
+        generator: ``auto`` (default: the numpy reference stream for CPU parameters, the torch
+            generator on the device otherwise), ``numpy`` or ``torch`` (module docstring).
 
     Parameters are flattened in ``optimizer.param_groups`` order; parameter k takes entries
     [offset_k, offset_k + numel_k) of each noise row. A parameter whose ``.grad`` is None at a
@@ -142,6 +283,7 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         dtype: str | None = None,
         postprocess: Callable[[torch.Tensor], torch.Tensor] | None = None,
         check_workload: bool = True,
+        generator: str = "auto",
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise MfcliError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -165,6 +307,13 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         check_gradient_stream(stream, "this optimizer")
         if stream.d != d:
             raise MfcliError(f"the noise stream has d = {stream.d} but the optimizer has {d} trainable parameters")
+        if generator not in GENERATORS:
+            raise MfcliError(f"generator must be one of {', '.join(GENERATORS)}, got {generator!r}")
+        device = params[0].device
+        if generator == "torch" or (generator == "auto" and device.type != "cpu"):
+            self._noise: TorchStream | _NumpyRows = TorchStream(stream, device)
+        else:
+            self._noise = _NumpyRows(stream)
         self.optimizer = optimizer
         self.stream = stream
         self.noise_multiplier = float(noise_multiplier)
@@ -173,7 +322,6 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         self.postprocess = postprocess
         self._params = params
         self._param_ids = tuple(id(p) for p in params)
-        self._state: NoiseState = stream.init()
         # What torch.optim.Optimizer.__init__ sets up, minus the parameter groups (shared with the
         # inner optimizer): the hook tables and the step wrapper that runs them.
         self._optimizer_step_pre_hooks: OrderedDict[int, Any] = OrderedDict()
@@ -196,7 +344,12 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
     @property
     def steps_taken(self) -> int:
         """Noisy steps taken so far (the next step is this index)."""
-        return self._state.t
+        return self._noise.t
+
+    @property
+    def generator(self) -> str:
+        """Where Z is drawn: ``numpy-philox`` (the host reference) or ``torch-<device type>``."""
+        return self._noise.generator_name if isinstance(self._noise, TorchStream) else "numpy-philox"
 
     @property
     def sensitivity(self) -> float:
@@ -268,17 +421,15 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
                 "the inner optimizer's trainable parameters changed since the CorrelatedNoiseOptimizer was built; "
                 "its noise rows no longer cover them"
             )
-        if self._state.t >= self.stream.n:
-            self.stream.next(self._state)   # raises the stream's own "exhausted" error
+        check_step(self._noise.t, self.stream.n)   # refuse step n before the closure or any gradient
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        row, new_state = self.stream.next(self._state)
-        noise = torch.from_numpy(row)
+        noise = self._noise.next()
         scale = self.noise_scale
         if self.postprocess is None:
-            for p, part in split_row(row, self._params):
+            for p, part in split_tensor(noise, self._params):
                 if p.grad is None:
                     p.grad = part.mul(scale)
                 else:
@@ -286,7 +437,7 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         else:
             flat = torch.cat(
                 [
-                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(noise.dtype).cpu()
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(noise.dtype).to(noise.device)
                     for p in self._params
                 ]
             )
@@ -299,22 +450,20 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
                 k = p.numel()
                 p.grad = out[offset : offset + k].view_as(p).to(device=p.device, dtype=p.dtype).clone()
                 offset += k
-        self._state = new_state
         self.optimizer.step()
         return loss
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus the noise stream's checkpoint (tensors and plain
         values only, so ``torch.load(weights_only=True)`` reads it). Keep it secret, like the seed."""
-        return {"optimizer": self.optimizer.state_dict(), "noise": noise_state_dict(self.stream, self._state)}
+        return {"optimizer": self.optimizer.state_dict(), "noise": self._noise.state_dict()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore both; refuses a noise checkpoint of another seed, artifact, d or dtype."""
         if not isinstance(state_dict, Mapping) or "noise" not in state_dict or "optimizer" not in state_dict:
             raise MfcliError("not a CorrelatedNoiseOptimizer state dict (needs 'optimizer' and 'noise')")
-        state = load_noise_state_dict(self.stream, state_dict["noise"])
+        self._noise.load_state_dict(state_dict["noise"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
-        self._state = state
 
     # ------------------------------------------------------------------ internals
 
@@ -348,4 +497,4 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
                 return
 
 
-__all__ = ["CorrelatedNoiseOptimizer", "refuse_noising_optimizer"]
+__all__ = ["CorrelatedNoiseOptimizer", "TorchOps", "TorchStream", "refuse_noising_optimizer", "torch_seed"]
