@@ -306,6 +306,9 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             skip.append(Skipped(c.key, c.sampler, why_not))
 
     offer(Candidate("dp-sgd", "dp-sgd", "poisson"))
+    offer(Candidate("dp-sgd (balls-in-bins)", "dp-sgd", "balls-in-bins"),
+          None if _pow2(s) else f"the balls-in-bins DP-SGD bound is for 2^L steps per epoch; {s} steps per epoch is "
+                                "not a power of 2")
     offer(Candidate("dp-sgd (shuffle)", "dp-sgd", "shuffle"),
           "the shuffled DP-SGD bound (Feldman-McMillan-Talwar) covers one epoch of batch size 1 with "
           f"replace-one neighbours; this setup has batch {setup.batch} and {e} epoch{'s' if e != 1 else ''}, and the "
@@ -439,6 +442,17 @@ def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
     n, e = setup.n, setup.epochs
     assert e is not None
     tw = toeplitz_of(setup)
+    if cand.kind == "dp-sgd" and cand.sampler == "balls-in-bins":
+        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+        a = tw.coefs(n)
+        s = setup.steps_per_epoch
+        return _Built("DP-SGD", "identity (C = I)", SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
+                      "balls-in-bins-dp-sgd", np.cumsum(a * a), 0, 1.0,
+                      eps_of_sigma=lambda sg: dpsgd_balls_in_bins(n=s, sigma=sg, delta=setup.delta, epochs=e).epsilon,
+                      adaptive=False,
+                      note="the balls-in-bins DP-SGD bound assumes non-adaptive contributions (docs/accounting.md); "
+                           "not recommended for training")
     if cand.kind == "dp-sgd":
         a = tw.coefs(n)
         return _Built("DP-SGD", "identity (C = I)", MinSeparation(separation=1), "dp-sgd", np.cumsum(a * a), 0, 1.0,
@@ -680,6 +694,8 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     at ``n`` steps (None: whatever n): dense at n <= DENSE_ARTIFACT_MAX_N, else structured, which
     the accounting session accounts from its parameters (DP-SGD's Poisson accounting needs no C,
     so C = I is written and re-accounted at any n)."""
+    if r.sampler == "balls-in-bins" and r.kind == "dp-sgd":
+        return False, "the balls-in-bins DP-SGD bound assumes non-adaptive contributions"
     if r.kind in ("tree", "honaker"):
         if not isinstance(r.participation, SingleParticipation):
             return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
@@ -855,7 +871,26 @@ class Plan:
             "candidates": [r.as_dict(n) for r in self.ranked],
             "skipped": [s.as_dict() for s in self.skipped],
             "seconds": self.seconds,
+            "report": self.report(),
         }
+
+    def report(self) -> dict[str, Any]:
+        """The number to report for the recommended candidate: its epsilon, accounting, batch
+        sampler, participation and neighbouring relation (epsilon None without a recommendation).
+        The rows ranked above it and not recommended are listed with the reason."""
+        r = self.recommended
+        n = self.setup.n
+        passed = []
+        for x in self.ranked:
+            if r is not None and x.key == r.key:
+                break
+            passed.append({"candidate": x.key, "epsilon": x.epsilon, "reason": not_recommended(x, n)})
+        if r is None:
+            return {"epsilon": None, "candidate": None, "accounting": None, "batch_sampler": None, "sampling": None,
+                    "participation": None, "neighbouring": None, "delta": self.setup.delta, "passed_over": passed}
+        return {"epsilon": r.epsilon, "candidate": r.key, "accounting": r.accounting, "batch_sampler": r.sampler,
+                "sampling": r.sampling, "participation": r.participation_text(n), "neighbouring": r.neighbouring(),
+                "delta": self.setup.delta, "passed_over": passed}
 
 
 def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, workers: int | None = None,

@@ -90,7 +90,7 @@ def test_no_candidate_under_a_sampler_not_allowed(allowed: tuple[str, ...]) -> N
         assert all(c.size <= setup.max_groups for c in cands if c.kind == "bandmf")
         assert any("bands need" in s.reason for s in skipped)
     if "balls-in-bins" in allowed:
-        assert {c.kind for c in cands if c.sampler == "balls-in-bins"} == {"tree", "honaker"}
+        assert {c.kind for c in cands if c.sampler == "balls-in-bins"} == {"tree", "honaker", "dp-sgd"}
 
 
 def test_balls_in_bins_needs_a_power_of_two_epoch() -> None:

@@ -117,7 +117,22 @@ def render_text(plan: Any, saved: dict | None) -> str:
     if saved is not None:
         lines.append(f"wrote {saved['artifact']} with accounting record {saved['record']} "
                      f"(epsilon {pessimistic(saved['epsilon'])} re-accounted on the artifact)")
+    lines.append(plan_report_line(plan.report()))
     return "\n".join(lines) + "\n"
+
+
+def plan_report_line(rep: dict) -> str:
+    """``report: epsilon <= X (delta, candidate and accounting, batch sampler, participation,
+    neighbouring relation)`` for the recommended candidate, epsilon rounded up."""
+    from mfcli.cli.render import NEIGHBOURING_WORDS
+
+    if rep.get("epsilon") is None:
+        return "report: none (no candidate is recommended)"
+    rate = "" if rep.get("sampling") is None else f" at rate {rep['sampling']:g}"
+    rel = NEIGHBOURING_WORDS.get(str(rep["neighbouring"]), str(rep["neighbouring"]))
+    return (f"report: epsilon <= {pessimistic(float(rep['epsilon']))} (delta = {float(rep['delta']):g}, "
+            f"{rep['candidate']} with {rep['accounting']} accounting, batch sampler {rep['batch_sampler']}{rate}, "
+            f"{rep['participation']}, {rel})")
 
 
 def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
@@ -228,6 +243,8 @@ def plan(
         payload: dict[str, Any] = result.as_dict()
         if saved is not None:
             payload["saved"] = saved
+        rep = payload.pop("report")  # the number to report comes last, with the line the table ends with
+        payload["report"] = {**rep, "line": plan_report_line(rep)}
         sys.stdout.write(json.dumps(envelope("plan", **payload), indent=2) + "\n")
         sys.stdout.flush()
         return
