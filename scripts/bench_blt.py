@@ -12,7 +12,14 @@ Sections:
    n = 10^6 (5 buffers, gate 1.05), the bounds jax_privacy's own tests enforce;
 3. optimisation wall time (median of repeats) at n = 10^5 (4 buffers, gate 10 s) and 10^6
    (5 buffers, gate 60 s), single participation, max error;
-4. the gradient noise stream at d = 10^6 with 4 buffers (gate 50 steps/s).
+4. the gradient noise stream at d = 10^6 with 4 buffers (gate 50 steps/s);
+5. optimisation CPU time by objective: max error, mean error with the closed forms (O(d^2) per
+   evaluation; O(epochs d^2) under fixed epochs), and mean error with the O(n d) evaluator the
+   optimiser used before (``--direct``-style switch ``mfcli.blt._FORCE_DIRECT_OBJECTIVE``), side by
+   side in one run, with the losses reached (gate: mean at most 2x max).
+
+Section 5 alone: ``python scripts/bench_blt.py --objective-only [--direct-max-n N]`` (the O(n d)
+mean-error run at n = 10^6 takes about ten minutes; by default it runs up to n = 10^5).
 
 Run with jax_privacy (its venv has numpy, scipy, h5py and threadpoolctl; mfcli comes from the path):
     PYTHONPATH=$PWD /work/jpvenv/bin/python scripts/bench_blt.py
@@ -77,15 +84,60 @@ def main() -> None:
     parser.add_argument("--jp-repeats", type=int, default=1, help="timed runs of jax_privacy (slow on CPU)")
     parser.add_argument("--quick", action="store_true", help="skip n = 10^6 and the dense n = 2048 solve")
     parser.add_argument("--stream-only", action="store_true", help="section 4 only")
+    parser.add_argument("--objective-only", action="store_true", help="section 5 only")
+    parser.add_argument("--direct-max-n", type=int, default=10**5,
+                        help="largest n at which section 5 also times the O(n d) objective")
     args = parser.parse_args()
     bt = _jax_privacy()
     pools = sorted({(i["internal_api"], i["num_threads"]) for i in threadpool_info()})
     print(f"load {_load()}, {os.cpu_count()} CPUs, BLAS (threadpoolctl) {pools}, "
           f"jax_privacy {'installed' if bt else 'not installed'}\n")
 
+    if args.objective_only:
+        objective_section(args)
+        return
     if not args.stream_only:
         optimisation(args, bt)
     stream_section()
+    if not args.stream_only:
+        objective_section(args)
+
+
+def objective_section(args: argparse.Namespace) -> None:
+    import mfcli.blt as blt_module
+    from mfcli.participation import FixedEpoch
+
+    print(f"\n## 5. Optimisation CPU time by objective (median of {args.repeats}; O(n d) objective once)\n")
+    print("| n | buffers | schema | workload | max error (s) | mean, closed form (s) | mean / max | "
+          "mean, O(n d) objective (s) | speed-up | mean loss closed | mean loss O(n d) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    cases = [(10**4, 4, None, "prefix"), (10**5, 4, None, "prefix"), (10**5, 4, None, "momentum"),
+             (10**5, 4, 10, "prefix"), (10**5, 4, 10, "momentum")]
+    if not args.quick:
+        cases.append((10**6, 5, None, "prefix"))
+    for n, buffers, epochs, workload in cases:
+        schema = FixedEpoch(epochs=epochs) if epochs else None
+        kw = dict(n=n, buffers=buffers, schema=schema, workload=workload)
+
+        def run(error: str, kw: dict = kw) -> float:
+            return optimize_blt(error=error, **kw).loss
+
+        t_max = statistics.median(_cpu(lambda: run("max")) for _ in range(args.repeats))
+        t_mean = statistics.median(_cpu(lambda: run("mean")) for _ in range(args.repeats))
+        loss = run("mean")
+        if n <= args.direct_max_n:
+            blt_module._FORCE_DIRECT_OBJECTIVE = True
+            try:
+                got: list[float] = []
+                t_direct = _cpu(lambda got=got: got.append(run("mean")))
+            finally:
+                blt_module._FORCE_DIRECT_OBJECTIVE = False
+            dcols = f"{t_direct:.2f} | {t_direct / t_mean:.0f}x | {loss:.9g} | {got[0]:.9g}"
+        else:
+            dcols = f"not run (n > {args.direct_max_n}) | | {loss:.9g} | "
+        where = f"{epochs} epochs" if epochs else "single"
+        print(f"| {n} | {buffers} | {where} | {workload} | {t_max:.2f} | {t_mean:.2f} | {t_mean / t_max:.2f} | {dcols} |")
+    print(f"\nload at the end: {_load()}")
 
 
 def optimisation(args: argparse.Namespace, bt) -> None:

@@ -49,12 +49,13 @@ sanity bound (a Gaussian with sensitivity ||C 1||_2).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from scipy import special, stats
@@ -91,6 +92,37 @@ ROW_WORK_BUDGET = 1e9
 DEFAULT_TAIL_UNIFORM_SHARE = 1.0
 #: Keys of the tail step per batch (memory: batch x cap doubles).
 _TAIL_BATCH = 1024
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """BLAS limited to one thread (threadpoolctl) while MMCC runs: its matrix products are small
+    (about 10^3 x 20 by 20 x 10^2, and matrix-vector products inside the PLD builder), where a
+    second thread adds CPU time (it spins, and stalls under load: the headline account took 17 s
+    of CPU with two threads and 12 s with one, on 2 cores under load ~8) and saves little wall
+    time. Each product's entries are summed in the same order either way: the numbers are those
+    of the default."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        ctx: Any = threadpool_limits(limits=1, user_api="blas")
+    except Exception:  # threadpoolctl unable to act: run as is
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield
+
+
+def _single_blas_thread(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` inside :func:`_one_blas_thread`."""
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with _one_blas_thread():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,8 +348,11 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             gdiag = g[pj, pj]
             gq = np.ceil(gdiag / G_QUANTUM).astype(np.int64)
             kidx = np.empty(pj.size, dtype=np.int64)
-            for i in range(pj.size):
-                kb = gq[i].tobytes() + hist[i].astype(np.int32).tobytes()
+            # every pair's key (its g index, then its histogram as int32) as one bytes object,
+            # formed for the whole row at once
+            raw = np.concatenate([gq[:, None].view(np.uint8), hist.astype(np.int32).view(np.uint8)], axis=1)
+            row_keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel().tolist()
+            for i, kb in enumerate(row_keys):
                 u = keys.get(kb)
                 if u is None:
                     u = len(counts_list)
@@ -493,7 +528,8 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
             ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
         ratio = np.where(np.isfinite(ratio), ratio, np.inf)
         np.multiply(z, ratio[:, None], out=z, where=neg)
-    f = special.ndtr(-z)
+    np.negative(z, out=z)  # -z in place (the slope below squares it)
+    f = special.ndtr(z)
     t = np.einsum("bx,bx->b", pmf, f) + extra
     if err_l2:
         t += err_l2 * np.sqrt(np.einsum("bx,bx->b", f, f))
@@ -950,6 +986,7 @@ def check_tail_fraction(f: Any) -> float:
     return v
 
 
+@_single_blas_thread
 def mmcc(
     strategy: np.ndarray | PreparedStrategy,
     *,
@@ -1127,6 +1164,7 @@ class LowerBoundResult:
         }
 
 
+@_single_blas_thread
 def lower_bound(
     strategy: np.ndarray | PreparedStrategy,
     *,

@@ -87,9 +87,10 @@ class _Loss:
         self.cache: dict[tuple, Any] = {}
 
     def value_and_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a = self.const[None, :] + x[:, None] * self.slope[None, :]
-        amax = a.max(axis=1, keepdims=True)
-        w = np.exp(a - amax)
+        w = self.const[None, :] + x[:, None] * self.slope[None, :]
+        amax = w.max(axis=1, keepdims=True)
+        np.subtract(w, amax, out=w)  # in place: the same values as exp(a - amax), fewer passes
+        np.exp(w, out=w)
         tot = w.sum(axis=1)
         lse = np.log(tot) + amax[:, 0]
         dlse = (w @ self.slope) / tot
@@ -100,9 +101,10 @@ class _Loss:
     def value(self, x: np.ndarray) -> np.ndarray:
         """L(x): the value of :meth:`value_and_slope` (the same arithmetic) without the slope."""
         x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-        a = self.const[None, :] + x[:, None] * self.slope[None, :]
-        amax = a.max(axis=1, keepdims=True)
-        w = np.exp(a - amax)
+        w = self.const[None, :] + x[:, None] * self.slope[None, :]
+        amax = w.max(axis=1, keepdims=True)
+        np.subtract(w, amax, out=w)
+        np.exp(w, out=w)
         tot = w.sum(axis=1)
         lse = np.log(tot) + amax[:, 0]
         return lse if self.remove else -lse
@@ -124,8 +126,21 @@ def _truncation(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
     (computed once per loss and bound)."""
     key = ("truncation", log_mass_bound)
     if key not in loss.cache:
-        loss.cache[key] = _truncation_points(loss, log_mass_bound)
+        # the same mixture is truncated again by another instance (mixture_pld after loss_range)
+        shared = (loss.sigma, loss.s.tobytes(), loss.q.tobytes(), loss.remove, log_mass_bound)
+        got = _TRUNCATIONS.get(shared)
+        if got is None:
+            got = _truncation_points(loss, log_mass_bound)
+            if len(_TRUNCATIONS) >= 4096:
+                _TRUNCATIONS.clear()
+            _TRUNCATIONS[shared] = got
+        loss.cache[key] = got
     return loss.cache[key]
+
+
+#: Truncation points by (sigma, support, probabilities, direction, bound): a pure function of
+#: those, memoised (bounded) across :class:`_Loss` instances.
+_TRUNCATIONS: dict[tuple, tuple[float, float]] = {}
 
 
 def _truncation_points(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
