@@ -26,6 +26,7 @@ given for the whole run only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -374,4 +375,41 @@ def check_declared(rec: TrainingRecord, *, examples: int, noise_multiplier: floa
                              f"batches per pass, but {where} accounts {rec.period} ({rec.sampler})")
 
 
-__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "training_record", "verify"]
+def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: float, delta: float, workload: str,
+                   beta: float | None, params: int, artifact: str | Path, batching: Sequence[str] | None = None,
+                   bands: Sequence[int] | None = None, workers: int | None = 0, force: bool = False,
+                   candidate: str | None = None, command: str = "",
+                   progress: Callable[[str], None] | None = None) -> tuple[Any, str]:
+    """``mfcli plan``'s library path: plan the setup (:func:`mfcli.plan.make_plan`), write the
+    recommended candidate (or the ranked one named ``candidate``, e.g. ``dp-sgd``) with its
+    accounting record (:func:`mfcli.plan.write_artifact`, which re-accounts it on the written
+    file). ``batching`` defaults to every sampler whose rows hold for adaptive training.
+
+    Returns:
+        (the :class:`mfcli.plan.Plan`, the written record's id).
+
+    Raises:
+        MfcliError: as ``mfcli plan``; no recommendation; no ranked candidate ``candidate``.
+    """
+    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+
+    allowed = tuple(batching) if batching is not None else tuple(s for s in SAMPLERS if s != "balls-in-bins")
+    setup = TrainingSetup(examples=examples, batch=batch_size, epsilon=epsilon, epochs=epochs, delta=delta,
+                          workload=workload, beta=0.9 if beta is None else beta, params=max(params, 1),
+                          batching=allowed, bands=tuple(bands) if bands is not None else None)
+    plan = make_plan(setup, workers=workers, progress=progress)
+    if candidate is None:
+        chosen = plan.recommended
+        if chosen is None:
+            raise MfcliError(f"mfcli plan recommends no candidate for this setup (none holds for adaptive training at "
+                             f"n = {setup.n}); allow other batch samplers")
+    else:
+        found = [r for r in plan.ranked if r.key == candidate]
+        if not found:
+            raise MfcliError(f"the plan has no candidate {candidate!r}; it ranked {', '.join(r.key for r in plan.ranked)}")
+        chosen = found[0]
+    written = write_artifact(setup, chosen, artifact, force=force, command=command)
+    return plan, str(written["record"]).rsplit("/", 1)[-1]
+
+
+__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "plan_and_write", "training_record", "verify"]
