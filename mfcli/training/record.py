@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mfcli.errors import MfcliError
 
 #: The records' epsilon attribute names and the settings they belong to, for a deterministic
@@ -119,6 +121,9 @@ class TrainingRecord:
         out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch) for j in range(1, e)]
         return [*out, self.epsilon]
 
+    def _accounted_input(self) -> Any:
+        return _accounted_input_of(self)
+
     def _prefix_epsilon(self, m: int) -> float | None:
         """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
         from mfcli.accounting import session
@@ -149,11 +154,9 @@ class TrainingRecord:
             if setting == "dp-sgd":
                 eps = _dpsgd_epsilon(self.sigma, float(self.sampling or 0.0), m, self.delta, disc)
             elif setting in ("deterministic", "cyclic-poisson"):
-                inp = session.resolve_strategy(self.artifact, operator="auto")
-                if not inp.dense:
+                inp = self._accounted_input()
+                if inp is None:
                     continue
-                import numpy as np
-
                 c = np.asarray(inp.strategy[:m, :m])
                 sub = session.StrategyInput(name=inp.name, strategy=c, release_steps=np.arange(m),
                                             source=f"the first {m} steps of {inp.source}", participation=prefix_schema)
@@ -167,6 +170,22 @@ class TrainingRecord:
                 continue
             best = eps if best is None else min(best, eps)
         return best
+
+
+def _accounted_input_of(rec: TrainingRecord) -> Any:
+    """The operator the record accounted, as a dense StrategyInput; None when it is not available
+    as a matrix (a structured artifact above the materialisation limit) or is not the record's
+    (its identity hash differs)."""
+    from mfcli.accounting import session
+
+    label = str(rec.attrs.get("operator", "dense"))
+    operator = "dense" if label == "dense" else ("compressed" if label.startswith("compressed") else "auto")
+    inp = session.resolve_strategy(rec.artifact, operator=operator)
+    if not inp.dense:
+        return None
+    if inp.operator_sha256 is not None and inp.operator_sha256 != rec.attrs.get("strategy_sha256"):
+        return None
+    return inp
 
 
 def _dpsgd_epsilon(sigma: float, sampling: float, steps: int, delta: float, discretization: float) -> float:
