@@ -14,7 +14,8 @@ pytest.importorskip("opacus")
 
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader
-from training_cases import Indexed, _model, _setup, make_arts
+from training_cases import make_arts
+from training_torch_cases import Indexed, _model, _setup
 
 from mfcli.adapters.opacus import make_private
 from mfcli.errors import MfcliError

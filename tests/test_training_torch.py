@@ -17,7 +17,8 @@ import pytest
 import torch
 from scipy.optimize import brentq
 from scipy.stats import binom, norm
-from training_cases import Indexed, _artifact, _model, _setup, make_arts
+from training_cases import _artifact, make_arts
+from training_torch_cases import Indexed, _model, _setup
 
 from mfcli.errors import MfcliError
 from mfcli.training.record import training_record

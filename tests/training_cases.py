@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from mfcli.accounting import session
 from mfcli.artifact import save_artifact
 from mfcli.factorization import Factorization
 from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.training.torch import make_private
-
-F = torch.nn.functional
 
 
 def _artifact(path: Path, c: np.ndarray, name: str) -> Path:
@@ -47,32 +42,3 @@ def make_arts(d: Path) -> dict[str, tuple[Path, str]]:
         "cyclic": (cyclic, _record(cyclic, sigma=2.0, sampling=0.5, settings=["cyclic-poisson"], batching="cyclic",
                                    schema=MinSeparation(separation=2))),
     }
-
-
-class Indexed(Dataset):
-    """Example i is (x_i, y_i, i), so a batch says which examples it holds."""
-
-    def __init__(self, n: int, features: int = 3, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, features, generator=g, dtype=torch.float64)
-        self.y = (self.x[:, 0] > 0).long()
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
-
-
-def _model(features: int = 3, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(features, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
-
-
-def _setup(arts, kind: str, examples: int = 40, **kw):
-    path, rid = arts[kind]
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    kw.setdefault("seed", 3)
-    kw.setdefault("clip_norm", 0.5)
-    return make_private(model, opt, Indexed(examples), artifact=path, record=rid, loss_fn=F.cross_entropy, **kw)

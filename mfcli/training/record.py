@@ -26,9 +26,12 @@ given for the whole run only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mfcli.errors import MfcliError
 
@@ -118,6 +121,9 @@ class TrainingRecord:
         out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch) for j in range(1, e)]
         return [*out, self.epsilon]
 
+    def _accounted_input(self) -> Any:
+        return _accounted_input_of(self)
+
     def _prefix_epsilon(self, m: int) -> float | None:
         """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
         from mfcli.accounting import session
@@ -148,11 +154,9 @@ class TrainingRecord:
             if setting == "dp-sgd":
                 eps = _dpsgd_epsilon(self.sigma, float(self.sampling or 0.0), m, self.delta, disc)
             elif setting in ("deterministic", "cyclic-poisson"):
-                inp = session.resolve_strategy(self.artifact, operator="auto")
-                if not inp.dense:
+                inp = self._accounted_input()
+                if inp is None:
                     continue
-                import numpy as np
-
                 c = np.asarray(inp.strategy[:m, :m])
                 sub = session.StrategyInput(name=inp.name, strategy=c, release_steps=np.arange(m),
                                             source=f"the first {m} steps of {inp.source}", participation=prefix_schema)
@@ -166,6 +170,22 @@ class TrainingRecord:
                 continue
             best = eps if best is None else min(best, eps)
         return best
+
+
+def _accounted_input_of(rec: TrainingRecord) -> Any:
+    """The operator the record accounted, as a dense StrategyInput; None when it is not available
+    as a matrix (a structured artifact above the materialisation limit) or is not the record's
+    (its identity hash differs)."""
+    from mfcli.accounting import session
+
+    label = str(rec.attrs.get("operator", "dense"))
+    operator = "dense" if label == "dense" else ("compressed" if label.startswith("compressed") else "auto")
+    inp = session.resolve_strategy(rec.artifact, operator=operator)
+    if not inp.dense:
+        return None
+    if inp.operator_sha256 is not None and inp.operator_sha256 != rec.attrs.get("strategy_sha256"):
+        return None
+    return inp
 
 
 def _dpsgd_epsilon(sigma: float, sampling: float, steps: int, delta: float, discretization: float) -> float:
@@ -374,4 +394,41 @@ def check_declared(rec: TrainingRecord, *, examples: int, noise_multiplier: floa
                              f"batches per pass, but {where} accounts {rec.period} ({rec.sampler})")
 
 
-__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "training_record", "verify"]
+def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: float, delta: float, workload: str,
+                   beta: float | None, params: int, artifact: str | Path, batching: Sequence[str] | None = None,
+                   bands: Sequence[int] | None = None, workers: int | None = 0, force: bool = False,
+                   candidate: str | None = None, command: str = "",
+                   progress: Callable[[str], None] | None = None) -> tuple[Any, str]:
+    """``mfcli plan``'s library path: plan the setup (:func:`mfcli.plan.make_plan`), write the
+    recommended candidate (or the ranked one named ``candidate``, e.g. ``dp-sgd``) with its
+    accounting record (:func:`mfcli.plan.write_artifact`, which re-accounts it on the written
+    file). ``batching`` defaults to every sampler whose rows hold for adaptive training.
+
+    Returns:
+        (the :class:`mfcli.plan.Plan`, the written record's id).
+
+    Raises:
+        MfcliError: as ``mfcli plan``; no recommendation; no ranked candidate ``candidate``.
+    """
+    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+
+    allowed = tuple(batching) if batching is not None else tuple(s for s in SAMPLERS if s != "balls-in-bins")
+    setup = TrainingSetup(examples=examples, batch=batch_size, epsilon=epsilon, epochs=epochs, delta=delta,
+                          workload=workload, beta=0.9 if beta is None else beta, params=max(params, 1),
+                          batching=allowed, bands=tuple(bands) if bands is not None else None)
+    plan = make_plan(setup, workers=workers, progress=progress)
+    if candidate is None:
+        chosen = plan.recommended
+        if chosen is None:
+            raise MfcliError(f"mfcli plan recommends no candidate for this setup (none holds for adaptive training at "
+                             f"n = {setup.n}); allow other batch samplers")
+    else:
+        found = [r for r in plan.ranked if r.key == candidate]
+        if not found:
+            raise MfcliError(f"the plan has no candidate {candidate!r}; it ranked {', '.join(r.key for r in plan.ranked)}")
+        chosen = found[0]
+    written = write_artifact(setup, chosen, artifact, force=force, command=command)
+    return plan, str(written["record"]).rsplit("/", 1)[-1]
+
+
+__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "plan_and_write", "training_record", "verify"]

