@@ -638,7 +638,7 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
                 problem = f"{s}: no stored dp-accounting event (dp_event_{s.replace('-', '_')})"
             else:
                 stored_event = _json_value(text)
-                diff = _event_difference(stored_event, json.loads(row["dp_event"]))
+                diff = None if stored_event is None else _event_difference(stored_event, json.loads(row["dp_event"]))
                 if stored_event is None or diff:
                     problem = (f"{s}: the stored dp-accounting event is not the one re-derived from the artifact "
                                f"({diff or 'not readable JSON'})")
