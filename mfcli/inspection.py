@@ -17,7 +17,11 @@ matrices actually imply, and exactly which parts disagree:
   does not trust the stored one;
 * the ``compressed`` group: B^ rebuilt from ``band``, ``u``, ``v``, sens(C^) with C^ = B^-1 A and
   the compressed loss recomputed next to the stored values;
-* accounting records (groups ``accounting/<id>``, written by ``mfcli account --write``);
+* accounting records (groups ``accounting/<id>``, written by ``mfcli account --write`` and
+  ``mfcli plan --out``), each re-derived from the operator it claims by the one verifier of every
+  kind (:func:`mfcli.accounting.records.verify_record`); MMCC rows above
+  :data:`~mfcli.accounting.records.MMCC_REDERIVE_MAX_N` steps only with ``deep``;
+* a root that declares a compressed decoder without a ``compressed`` group;
 * the SHA-256 of every dataset; a dataset that is unreadable, not numeric or has no checksum
   is a problem;
 * the file's structure (:func:`mfcli.artifact.structure_problems`): links are reported, never
@@ -107,7 +111,9 @@ class InspectionReport:
         certificate: the recomputed lower bound and certified gap (empty if not computed).
         compression: summary of the ``compressed`` group (empty if none).
         compression_numbers: its stored versus recomputed numbers.
-        accounting: one dict per ``accounting/<id>`` group: id, attrs, datasets.
+        accounting: one dict per ``accounting/<id>`` group: id, attrs, datasets, and its
+            verification (:meth:`mfcli.accounting.records.RecordCheck.as_dict`: status,
+            verified, problems, setting_checks).
         checksums: (dataset, OK) for every dataset; OK is None if it cannot be read.
         participation: the declared schema (None when the attribute is malformed).
         participation_declared: whether the attribute is present.
@@ -144,8 +150,17 @@ class InspectionReport:
 
     @property
     def ok(self) -> bool:
-        """True when every checksum and every stored number checks out."""
+        """True when every checksum and every stored number checks out (a record that was not
+        re-derived is not a problem, but it is not verified either: :attr:`not_rederived`)."""
         return not self.problems
+
+    @property
+    def not_rederived(self) -> tuple[str, ...]:
+        """Ids of the accounting records that were not re-derived (MMCC above the default limit:
+        ``inspect_artifact(..., deep=True)`` re-derives them)."""
+        from mfcli.accounting.records import NOT_REDERIVED
+
+        return tuple(str(a["id"]) for a in self.accounting if a.get("status") == NOT_REDERIVED)
 
     def to_dict(self) -> dict:
         """JSON-ready report (the matrices are left out)."""
@@ -173,6 +188,7 @@ class InspectionReport:
             "compression": dict(self.compression) if self.compression else None,
             "compression_numbers": nums(self.compression_numbers),
             "accounting": [dict(a) for a in self.accounting],
+            "accounting_not_rederived": list(self.not_rederived),
             "other_groups": list(self.other_groups),
             "checksums": {name: ok for name, ok in self.checksums},
         }
@@ -297,33 +313,50 @@ def _read_compression(fact: Factorization, group: Mapping[str, Any]) -> tuple[An
 
 def _check_accounting_records(
     records: list[dict[str, Any]], fact: Factorization | None, compressed: Any,
-    declared: Participation | None = None,
+    declared: Participation | None, *, path: Path, strategy_name: str = "artifact", deep: bool = False,
 ) -> list[str]:
-    """Each ``mfcli.accounting`` record against the operators this artifact really has (the dense
-    root, and the compressed operator when its group verifies): the strategy hash of the operator
-    it claims, and every stored epsilon against the one recomputed from its stored event
-    (:func:`mfcli.accounting.session.verify_record`), and its schema against the one the root
-    declares (``declared``). Groups of another format are listed only."""
-    problems: list[str] = []
+    """Each ``mfcli.accounting`` record re-derived from the operators this artifact really has (the
+    dense root, and the compressed operator when its group verifies) by the one verifier of every
+    kind of artifact (:func:`mfcli.accounting.records.verify_record`): ``status``, ``verified``,
+    ``problems`` and ``setting_checks`` are added to each record. ``deep`` re-derives MMCC rows at
+    every n. Groups of another format are listed only. Returns the problems."""
     if not records:
-        return problems  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
-    from mfcli.accounting.session import verify_record
+        return []  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
+    from mfcli.accounting.records import dense_subject, verify_records
+    from mfcli.operators import DenseOperator
 
-    for rec in records:
-        attrs = rec["attrs"]
-        if attrs.get("format") != "mfcli.accounting":
-            rec["verified"] = False
-            continue
-        if fact is None:
-            problems.append(f"accounting record {rec['id']!r} cannot be checked without readable root matrices")
-            continue
-        from mfcli.operators import DenseOperator
-
-        operators = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
-        found = verify_record(attrs, operators, declared=declared)
-        rec["verified"] = not found
-        problems.extend(f"accounting record {rec['id']!r}: {p}" for p in found)
+    subject = None
+    why = ""
+    if fact is None:
+        why = "cannot be checked without readable root matrices"
+    elif declared is None:
+        why = "cannot be checked: the artifact's participation attribute is malformed"
+    else:
+        ops = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
+        subject = dense_subject(path, ops, declared=declared, strategy_name=strategy_name)
+    checks = verify_records([(r["id"], r.pop("raw")) for r in records], subject, deep=deep, why_unchecked=why)
+    problems: list[str] = []
+    for rec, (rid, check) in zip(records, checks, strict=True):
+        rec.update(check.as_dict())
+        problems.extend(f"accounting record {rid!r}: {p}" for p in check.problems)
     return problems
+
+
+def _compression_declared_problem(attrs: Mapping[str, Any], comp_group: dict[str, Any] | None) -> str | None:
+    """A root that says the artifact is compressed (``compression_band``/``compression_rank``, a
+    strategy name ending in ``+compressed``) while it has no ``compressed`` group: the group was
+    renamed or deleted, and the operator that would run is no longer the one the file describes."""
+    from mfcli.operators import GROUP
+
+    if comp_group is not None:
+        return None
+    says = [k for k in ("compression_band", "compression_rank") if attrs.get(k) is not None]
+    if str(attrs.get("strategy_name", "")).endswith("+compressed"):
+        says.append(f"strategy_name {attrs.get('strategy_name')!r}")
+    if not says:
+        return None
+    return (f"the root declares a compressed decoder ({', '.join(says)}) but the file has no {GROUP!r} group "
+            "(renamed or deleted)")
 
 
 def dual_weights_problem(dual_weights: np.ndarray, n: int) -> str | None:
@@ -401,13 +434,16 @@ def _collect_groups(f: Any, comp_name: str) -> tuple[dict[str, Any] | None, list
 
 
 def _collect_accounting(obj: Any) -> list[dict[str, Any]]:
+    """Every group under ``accounting`` through the one record reader
+    (:func:`mfcli.accounting.records.records_in`): id, attributes decoded for display, the raw
+    attributes for the verifier (``raw``, removed once verified) and its dataset names."""
+    from mfcli.accounting.records import records_in
+
     accounting: list[dict[str, Any]] = []
-    for rid in obj:
+    for rid, raw in records_in(obj):
         rec = _group(obj, rid)
-        if rec is not None:
-            accounting.append({
-                "id": rid, "attrs": rec["attrs"], "datasets": sorted(rec["datasets"]),
-            })
+        accounting.append({"id": rid, "attrs": {k: _decode(v) for k, v in raw.items()}, "raw": raw,
+                           "datasets": sorted(rec["datasets"]) if rec is not None else []})
     return accounting
 
 
@@ -627,13 +663,16 @@ def _check_participation(
     return schema, numbers, []
 
 
-def inspect_artifact(path: str | Path, *, certificate: bool = True) -> InspectionReport:
+def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool = False) -> InspectionReport:
     """Read an artifact without trusting it and report every check.
 
     Args:
         path: the artifact.
         certificate: recompute the dual lower bound from stored dual weights (one n x n
             eigendecomposition; seconds at n = 2048).
+        deep: re-derive the MMCC rows of accounting records at every n (one MMCC run each);
+            without it, above :data:`mfcli.accounting.records.MMCC_REDERIVE_MAX_N` steps such a
+            record is "not re-derived" (never verified; not a problem either).
 
     Raises:
         ArtifactError: only when the file cannot be interpreted at all: missing, a directory,
@@ -671,7 +710,11 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True) -> Inspectio
     found = _check_compressed_schema(compression, comp_numbers, comp_group, comp_obj, schema)
     problems += found
 
-    problems.extend(_check_accounting_records(accounting, fact, comp_obj, declared=schema))
+    found_compression = _compression_declared_problem(attrs, comp_group)
+    if found_compression:
+        problems.append(found_compression)
+    problems.extend(_check_accounting_records(accounting, fact, comp_obj, schema, path=p, deep=deep,
+                                              strategy_name=str(attrs.get("strategy_name", "artifact"))))
 
     return InspectionReport(
         path=p,

@@ -172,7 +172,7 @@ class _Sampler(ABC):
     seed: int = field(repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "examples", positive_int(self.examples, "the number of examples"))
+        object.__setattr__(self, "examples", check_examples(self.examples))
         object.__setattr__(self, "steps", positive_int(self.steps, "the number of steps"))
         object.__setattr__(self, "seed", check_seed(self.seed, what="sampler seed"))
 
@@ -531,112 +531,90 @@ def fixed_order_period(schema: Any, n: int) -> int | None:
 # The sampler an accounting record names
 
 
-def _decode(v: Any) -> Any:
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.ndarray) and v.ndim == 0:
-        return v.item()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
 def accounting_records(artifact: str | Path) -> dict[str, dict[str, Any]]:
-    """The ``mfcli.accounting`` records of an artifact: {record id: its attributes}, oldest first
-    (ids start with the UTC time of writing). Raises MfcliError for an unreadable file."""
-    import h5py
+    """The ``mfcli.accounting`` records of an artifact as stored: {record id: its attributes},
+    oldest first (ids start with the UTC time of writing), read by the one record reader
+    (:func:`mfcli.accounting.records.read_records`). NOT verified: :func:`verified_record`
+    re-derives one from the artifact before anything here uses it.
+
+    Raises:
+        MfcliError: an unreadable file.
+    """
+    from mfcli.accounting.records import RECORD_FORMAT, read_records
+
+    return {rid: a for rid, a in read_records(artifact).items() if a.get("format") == RECORD_FORMAT}
+
+
+def _claimed_sampler(attrs: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(batch sampler, rate, schema) as a record states them, as text: only to pick a record (the
+    one picked is then verified before any of its numbers is used)."""
+    batching, sampling = attrs.get("batching"), attrs.get("sampling")
+    if "batching" not in attrs:
+        batching = None if sampling in (None, "null") else "poisson"
+    kind = "fixed-order" if batching in (None, "null") else str(batching)
+    return kind, repr(sampling), str(attrs.get("participation") or "")
+
+
+def verified_record(artifact: str | Path, record: str | None = None) -> tuple[str, Any, Any]:
+    """The accounting record that :func:`sampler_for` and :func:`held_epsilons` use, verified:
+    (id, :class:`mfcli.accounting.records.RecordCheck`, :class:`~mfcli.accounting.records.RecordSubject`).
+
+    ``record`` picks one by id; without it the artifact's records must all name the same batch
+    sampler, rate and schema (a record without a sampler names the fixed order), and the newest
+    is taken. The record is then re-derived from the artifact it sits in by the one verifier of
+    every kind (:func:`mfcli.accounting.records.verify_record`), DEEPLY: MMCC rows at every n (one
+    MMCC run: tens of seconds at n = 256, longer above), since a trainer takes its sigma, its
+    sampler and its epsilons from it. A record that does not verify, or cannot be re-derived, is
+    refused; nothing of it is used.
+
+    Raises:
+        MfcliError: no record; records that disagree; an unknown id or a group that is not an
+            mfcli.accounting record; a record that does not verify (one line with its first
+            problem; ``mfcli inspect`` lists all).
+    """
+    from mfcli.accounting.records import RECORD_FORMAT, read_records, subject_of, verify_record
+    from mfcli.structured import load_any_artifact
 
     path = Path(artifact)
-    try:
-        with h5py.File(path, "r") as f:
-            grp = f.get("accounting")
-            out: dict[str, dict[str, Any]] = {}
-            if grp is None or not isinstance(grp, h5py.Group):
-                return out
-            for rid in sorted(grp):
-                rec = grp[rid]
-                if not isinstance(rec, h5py.Group):
-                    continue
-                attrs = {k: _decode(v) for k, v in rec.attrs.items()}
-                if attrs.get("format") == "mfcli.accounting":
-                    out[rid] = attrs
-            return out
-    except (OSError, KeyError, ValueError) as exc:
-        raise MfcliError(f"{path}: cannot read its accounting records: {exc}") from None
-
-
-def _sampler_params(attrs: Mapping[str, Any]) -> tuple[str | None, float | None, str]:
-    batching = attrs.get("batching")
-    batching = None if batching in (None, "null") else str(batching)
-    stored = attrs.get("sampling")
-    try:
-        rate = None if stored in (None, "null") else float(stored)
-    except (TypeError, ValueError):
-        raise MfcliError(f"accounting record has a malformed sampling rate {stored!r}") from None
-    return batching, rate, str(attrs.get("participation") or "")
-
-
-def _settings(value: Any) -> list[str]:
-    """The record's ``settings`` attribute (stored as a JSON list, or an array of names)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return [value]
-        return [str(x) for x in parsed] if isinstance(parsed, list) else [str(parsed)]
-    return [str(_decode(x)) for x in np.atleast_1d(value)]
-
-
-def _fixed_hint(path: Path, attrs: Mapping[str, Any]) -> str:
-    """', e.g. FixedOrderSampler(period=b)' for a deterministic record, when its schema has one."""
-    try:
-        from mfcli.participation import participation_from_json
-        from mfcli.structured import load_any_artifact
-
-        period = fixed_order_period(participation_from_json(str(attrs.get("participation"))),
-                                    int(load_any_artifact(path).n))
-    except MfcliError:
-        return ""
-    return "" if period is None else f", e.g. FixedOrderSampler(period={period})"
+    every = read_records(path)
+    ours = {rid: a for rid, a in every.items() if a.get("format") == RECORD_FORMAT}
+    if record is not None:
+        if not isinstance(record, str):
+            raise MfcliError(f"record must be an accounting record id (a string), got {record!r}")
+        if record not in every:
+            raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(ours) or 'none'}")
+        if record not in ours:
+            raise MfcliError(f"accounting/{record} of {path} is not an mfcli.accounting record (its format "
+                             f"attribute is {every[record].get('format')!r}); it cannot be used")
+        rid = record
+    else:
+        if not ours:
+            raise MfcliError(f"{path} has no accounting record; write one with mfcli account --write (or plan --out)")
+        if len({_claimed_sampler(a) for a in ours.values()}) > 1:
+            raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
+                             f"{', '.join(ours)} by its id")
+        rid = list(ours)[-1]
+    subject = subject_of(load_any_artifact(path))
+    check = verify_record(ours[rid], subject, deep=True)
+    if not check.verified:
+        why = check.problems[0] if check.problems else check.status
+        raise MfcliError(f"accounting record {rid!r} of {path} does not verify against the artifact it sits in, so "
+                         f"it is not used: {why} (mfcli inspect lists every problem)")
+    return rid, check, subject
 
 
 def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, Any]]:
-    """The accounting record whose batch sampler :func:`sampler_for` uses: (id, attributes).
-
-    ``record`` picks one by id; without it the artifact's records that name a batch sampler must all
-    name the same one (same sampler, rate and schema), and the newest of them is returned. Its
-    ``sigma`` is the noise multiplier to train with (noise rows are per unit sigma and clip norm),
-    with the noise stream of the operator it accounted (``noise_stream(..., record=id)``); which of
-    its epsilons hold under its sampler: :func:`held_epsilons`.
+    """The verified accounting record whose batch sampler :func:`sampler_for` uses: (id, its
+    stored attributes), picked and verified by :func:`verified_record`. Its ``sigma`` is the noise
+    multiplier to train with (noise rows are per unit sigma and clip norm), with the noise stream
+    of the operator it accounted (``noise_stream(..., record=id)``); which of its epsilons hold
+    under its sampler: :func:`held_epsilons`.
 
     Raises:
-        MfcliError: no record; none naming a batch sampler (deterministic-participation records:
-            any order their schema allows); records that disagree; an unknown ``record``.
+        MfcliError: as :func:`verified_record`.
     """
-    path = Path(artifact)
-    records = accounting_records(path)
-    if not records:
-        raise MfcliError(f"{path} has no accounting record; write one with mfcli account --write (or plan --out)")
-    if record is not None:
-        if record not in records:
-            raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(records)}")
-        rid, attrs = record, records[record]
-        if _sampler_params(attrs)[0] is None:
-            raise MfcliError(f"accounting record {rid!r} of {path} names no batch sampler (it accounts "
-                             f"deterministic participation: any order its schema allows{_fixed_hint(path, attrs)})")
-        return rid, attrs
-    chosen = {rid: a for rid, a in records.items() if _sampler_params(a)[0] is not None}
-    if not chosen:
-        last = records[list(records)[-1]]
-        raise MfcliError(f"no accounting record of {path} names a batch sampler (they account deterministic "
-                         f"participation: any order its schema allows{_fixed_hint(path, last)})")
-    if len({_sampler_params(a) for a in chosen.values()}) > 1:
-        raise MfcliError(f"the accounting records of {path} name different batch samplers; pick one of "
-                         f"{', '.join(chosen)} by its id")
-    rid = list(chosen)[-1]
-    return rid, chosen[rid]
+    rid, _check, _subject = verified_record(artifact, record)
+    return rid, accounting_records(artifact)[rid]
 
 
 #: For each batch sampler of a record, the record's settings whose epsilon holds for training the
@@ -644,119 +622,138 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
 #: record do not: ``dp-sgd`` and ``shuffled-dp-sgd`` are references for C = I (the latter for
 #: N = n and replace-one neighbours), and under Poisson sampling ``single-pass`` assumes each
 #: example in at most one step, which Poisson sampling does not keep. One exception, checked on
-#: the operator itself by :func:`held_epsilons`: when the artifact's C is the identity (``mfcli
-#: plan``'s DP-SGD), the mechanism *is* DP-SGD and ``dp-sgd`` holds under Poisson sampling.
+#: the operator itself by :func:`held_epsilons`: when the record's operator is the identity
+#: (``mfcli plan``'s DP-SGD), the mechanism *is* DP-SGD and ``dp-sgd`` holds under Poisson
+#: sampling. ``fixed-order`` (a record without a batch sampler): every example takes part exactly
+#: in the steps its schema allows, so the single-pass (single participation) or deterministic
+#: (multi-participation) row holds.
 HELD_SETTINGS: dict[str, tuple[str, ...]] = {
     "poisson": ("mmcc",),
     "cyclic": ("cyclic-poisson",),
     "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
     "shuffle": ("single-pass", "shuffled-tree"),
+    "fixed-order": ("single-pass", "deterministic"),
 }
 
 
-def _identity_strategy(artifact: str | Path) -> bool:
-    """Whether the artifact's strategy C is exactly the identity (dense: C == I entry by entry;
-    structured: a banded Toeplitz C with the one coefficient 1), so that its mechanism is DP-SGD."""
-    from mfcli.structured import load_any_artifact
+def _identity_operator(op: Any, n: int) -> bool:
+    """Whether an operator's strategy C is exactly the identity (dense or compressed: C == I entry
+    by entry; structured: a banded Toeplitz C with the one coefficient 1), so that its mechanism
+    is DP-SGD."""
+    from mfcli.structured import StructuredOperator
     from mfcli.toeplitz import BandedToeplitz
 
-    art = load_any_artifact(Path(artifact))
-    strategy = getattr(art, "strategy", None)
-    if isinstance(strategy, BandedToeplitz):
-        return strategy.coefs.size == 1 and float(strategy.coefs[0]) == 1.0
-    fact = getattr(art, "factorization", None)
-    if fact is None:
-        return False
-    c = np.asarray(fact.strategy)
-    return c.shape == (art.n, art.n) and bool(np.array_equal(c, np.eye(art.n)))
+    if isinstance(op, StructuredOperator):
+        s = op.strategy
+        return isinstance(s, BandedToeplitz) and s.coefs.size == 1 and float(s.coefs[0]) == 1.0
+    c = np.asarray(op.factorization.strategy)
+    return c.shape == (n, n) and bool(np.array_equal(c, np.eye(n)))
 
 
 def held_epsilons(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, float]]:
-    """(record id, {setting: epsilon}) for the settings of the record :func:`sampler_record` picks
-    whose guarantee holds under the sampler :func:`sampler_for` builds from it
-    (:data:`HELD_SETTINGS`), at the record's ``sigma`` and ``delta``. Settings the record did not
-    compute, or whose epsilon it stores as null (not run), are left out; an empty dict means no
-    row of the record holds for this sampler. ``dp-sgd`` holds under Poisson sampling when the
-    artifact's C is the identity (checked on the stored operator). The neighbouring relation is the sampler's
-    ``neighbouring`` (add-remove, or zero-out for the shuffle)."""
-    rid, attrs = sampler_record(artifact, record)
-    batching = _sampler_params(attrs)[0]
-    out: dict[str, float] = {}
-    present = set(_settings(attrs.get("settings")))
-    names = HELD_SETTINGS.get(str(batching), ())
-    if batching == "poisson" and "dp-sgd" in present and _identity_strategy(artifact):
+    """(record id, {setting: epsilon}) for the settings of the record :func:`verified_record` picks
+    and verifies whose guarantee holds under the sampler :func:`sampler_for` builds from it
+    (:data:`HELD_SETTINGS`), at the record's ``sigma`` and ``delta``: the record's own epsilons,
+    each at least the one re-derived from the artifact. An empty dict means no row of the record
+    holds for this sampler. ``dp-sgd`` holds under Poisson sampling when the record's operator is
+    the identity. The neighbouring relation is the sampler's ``neighbouring`` (add-remove, or
+    zero-out for the shuffle).
+
+    Raises:
+        MfcliError: as :func:`verified_record` (a record that does not verify is refused).
+    """
+    rid, check, subject = verified_record(artifact, record)
+    claim = check.claim
+    names = HELD_SETTINGS.get(claim.sampler, ())
+    if claim.batching == "poisson" and "dp-sgd" in claim.settings \
+            and _identity_operator(subject.operators[claim.operator], subject.n):
         names = (*names, "dp-sgd")
-    for name in names:
-        v = attrs.get(f"epsilon_{name.replace('-', '_')}")
-        if name in present and v not in (None, "null"):
-            out[name] = float(v)
-    return rid, out
+    return rid, {name: float(claim.epsilons[name]) for name in names if name in claim.epsilons}
+
+
+#: The most examples a sampler takes: every sampler holds (or draws, per step) one 8-byte number
+#: per example, so above this one step needs more than 8 GB.
+MAX_EXAMPLES = 10**9
+
+
+def check_examples(examples: Any) -> int:
+    """A number of examples N: a positive integer up to :data:`MAX_EXAMPLES`."""
+    n = positive_int(examples, "the number of examples")
+    if n > MAX_EXAMPLES:
+        raise MfcliError(f"the number of examples must be at most {MAX_EXAMPLES:,} (every sampler draws one "
+                         f"8-byte number per example and step), got {n:,}")
+    return n
 
 
 def sampler_for(artifact: str | Path, *, examples: int, seed: int, record: str | None = None,
                 non_adaptive: bool = False) -> BatchSampler:
     """The batch sampler an artifact's accounting record assumes, for ``examples`` examples.
 
-    Reads the record (:func:`sampler_record`): its batch sampler (``batching``), sampling rate,
+    The record is picked and re-derived from the artifact by :func:`verified_record` (deeply:
+    MMCC rows too) and refused unless it verifies. Then its batch sampler, sampling rate and
     participation schema, and the artifact's n (the steps): ``poisson`` -> :class:`PoissonSampler`
     (n steps at the rate); ``cyclic`` -> :class:`CyclicPoissonSampler` with b groups, b the cycle
     length the accounting used (:func:`mfcli.accounting.multi.cycle_length`: the separation of a
     min-sep schema, n / k for k fixed epochs, n for one epoch); ``balls-in-bins`` ->
-    :class:`BallsInBinsSampler` and ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps.
+    :class:`BallsInBinsSampler` and ``shuffle`` -> :class:`ShuffleSampler`, one epoch of n steps;
+    no batch sampler (deterministic participation, ``mfcli plan``'s ``fixed-order``) ->
+    :class:`FixedOrderSampler` with the period its schema allows (:func:`fixed_order_period`).
 
     Which of the record's epsilons hold under the returned sampler: :func:`held_epsilons`. The
-    Poisson, cyclic and balls-in-bins samplers serve add-remove neighbours (any N); the shuffle
-    serves a fixed, public N with zero-out neighbours (its shuffled DP-SGD reference row, C = I:
-    N = n and replace-one), as its ``neighbouring`` says.
+    Poisson, cyclic, balls-in-bins and fixed-order samplers serve add-remove neighbours (any N);
+    the shuffle serves a fixed, public N with zero-out neighbours (its shuffled DP-SGD reference
+    row, C = I: N = n and replace-one), as its ``neighbouring`` says.
 
     The balls-in-bins tree row assumes contributions fixed in advance (non-adaptive), which a
     training loop's gradients are not: a balls-in-bins record is refused unless
     ``non_adaptive=True`` says the contributions are fixed in advance.
 
-    The record's numbers are read, not re-verified: ``mfcli inspect`` verifies them against the
-    operator.
-
     Raises:
-        MfcliError: as :func:`sampler_record`; a balls-in-bins record without ``non_adaptive``;
-            fewer examples than the n steps of a shuffle record.
+        MfcliError: as :func:`verified_record`; more than :data:`MAX_EXAMPLES` examples; a
+            balls-in-bins record without ``non_adaptive``; fewer examples than the n steps of a
+            shuffle record; a deterministic schema that no fixed order realises.
     """
-    from mfcli.participation import participation_from_json
-    from mfcli.structured import load_any_artifact
+    from mfcli.participation import MinSeparation
 
-    examples = positive_int(examples, "the number of examples")
-    path = Path(artifact)
-    rid, attrs = sampler_record(path, record)
-    batching, rate, participation = _sampler_params(attrs)
-    art = load_any_artifact(path)
-    n = int(art.n)
-    if batching in ("poisson", "cyclic") and rate is None:
-        raise MfcliError(f"accounting record {rid!r} names the {batching} batch sampler but stores no sampling rate")
-    if batching == "poisson":
-        assert rate is not None
-        return PoissonSampler(examples=examples, rate=rate, steps=n, seed=seed)
-    if batching == "cyclic":
+    examples = check_examples(examples)
+    seed = check_seed(seed, what="sampler seed")
+    rid, check, subject = verified_record(artifact, record)
+    claim = check.claim
+    n, kind = subject.n, claim.sampler
+    if kind == "poisson":
+        return PoissonSampler(examples=examples, rate=claim.sampling, steps=n, seed=seed)
+    if kind == "cyclic":
         from mfcli.accounting.multi import cycle_length
 
-        assert rate is not None
-        b = cycle_length(participation_from_json(participation), n)
-        return CyclicPoissonSampler(examples=examples, groups=b, rate=rate, steps=n, seed=seed)
-    if batching == "balls-in-bins":
+        b = cycle_length(claim.schema, n)
+        return CyclicPoissonSampler(examples=examples, groups=b, rate=claim.sampling, steps=n, seed=seed)
+    if kind == "balls-in-bins":
         if not non_adaptive:
             raise MfcliError(f"accounting record {rid!r} is for balls-in-bins batches, whose tree row assumes "
                              "contributions fixed in advance (non-adaptive), which training is not; pass "
                              "non_adaptive=True only if your contributions are fixed before the run")
         return BallsInBinsSampler(examples=examples, steps=n, seed=seed)
-    if batching == "shuffle":
+    if kind == "shuffle":
         if examples < n:
             raise MfcliError(f"accounting record {rid!r} assumes one shuffled epoch of {n} steps; {examples} "
                              "examples cannot fill them")
         return ShuffleSampler(examples=examples, steps=n, seed=seed)
-    raise MfcliError(f"accounting record {rid!r} names batch sampler {batching!r}, which mfcli has no sampler for")
+    if kind == "fixed-order":
+        period = fixed_order_period(claim.schema, n)
+        if period is None:
+            cap = claim.schema.max_participations if isinstance(claim.schema, MinSeparation) else None
+            raise MfcliError(f"accounting record {rid!r} accounts {claim.schema.describe(n)}, which no fixed order "
+                             "of period b realises over these n steps" + (
+                                 f" (period {claim.schema.separation} gives ceil(n / b) participations, more "
+                                 f"than the cap {cap})" if cap is not None else ""))
+        return FixedOrderSampler(examples=examples, period=period, steps=n, seed=seed)
+    raise MfcliError(f"accounting record {rid!r} names batch sampler {kind!r}, which mfcli has no sampler for")
 
 
 __all__ = [
     "HELD_SETTINGS",
     "KINDS",
+    "MAX_EXAMPLES",
     "TRAINING_STATE_FORMAT",
     "BallsInBinsSampler",
     "BatchSampler",
@@ -765,10 +762,12 @@ __all__ = [
     "PoissonSampler",
     "ShuffleSampler",
     "accounting_records",
+    "check_examples",
     "fixed_order_period",
     "held_epsilons",
     "load_training_state",
     "sampler_for",
     "sampler_record",
     "training_state_dict",
+    "verified_record",
 ]

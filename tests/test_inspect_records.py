@@ -1,5 +1,7 @@
-"""``mfcli inspect`` verifies ``accounting/<id>`` records: the strategy hash of the operator the
-record claims, and every stored epsilon against the one recomputed from its stored event."""
+"""``mfcli inspect`` verifies ``accounting/<id>`` records by re-deriving them from the operator the
+record claims (mfcli.accounting.records): the operator's identity hash, every stored event against
+the re-derived event, every stored epsilon against the re-derived epsilon. (The forgery table for
+every reader of records: tests/test_record_forgery.py.)"""
 from __future__ import annotations
 
 import json
@@ -10,7 +12,7 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting.session import account, record_to_artifact, resolve_strategy
+from mfcli.accounting.session import AccountingOptions, account, record_to_artifact, resolve_strategy
 from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
 from mfcli.compress import compress_artifact
@@ -38,7 +40,9 @@ def recorded(tmp_path_factory) -> dict[str, tuple[Path, str]]:
         path = base / f"{name}.h5"
         shutil.copy(src, path)
         inp = resolve_strategy(path, operator=operator)
-        group = record_to_artifact(account(inp, sigma=1.3, sampling=sampling))
+        # a coarse PLD grid keeps MMCC's re-derivation cheap (still a bound)
+        group = record_to_artifact(account(inp, sigma=1.3, sampling=sampling,
+                                           options=AccountingOptions(value_discretization=1e-2)))
         out[name] = (path, group)
     return out
 
@@ -58,6 +62,8 @@ def test_genuine_records_verify(recorded, name):
     rep = inspect_artifact(path)
     assert rep.ok, rep.problems
     assert [r["verified"] for r in rep.accounting] == [True]
+    assert [r["status"] for r in rep.accounting] == ["verified"]
+    assert all(c["status"] == "verified" for c in rep.accounting[0]["setting_checks"])
 
 
 def _scale(key: str, factor: float):
@@ -89,15 +95,16 @@ def _event_noise(factor: float):
         ("dense-all", _set("strategy_sha256", "0" * 64), "strategy_sha256 is not the hash of the dense"),
         ("dense-all", _scale("epsilon_dp_sgd", 0.5), "dp-sgd: stored epsilon"),
         ("dense-all", _scale("epsilon_mmcc", 0.9), "mmcc: stored epsilon"),
-        ("dense-all", _scale("sigma", 2.0), "noise multiplier"),
+        ("dense-all", _scale("sigma", 2.0), "noise_multiplier"),
         ("compressed", _scale("epsilon_single_pass", 0.999), "single-pass: stored epsilon"),
         # a record of C^ relabelled as dense: its hash is not the dense C's
         ("compressed", _set("operator", "dense"), "strategy_sha256 is not the hash of the dense"),
         # the dense record relabelled as compressed: hash and noise multiplier both fail
         ("compressed-as-dense", _set("operator", "compressed (band 3, rank 1)"), "strategy_sha256 is not the hash"),
         ("dense-all", _set("operator", "compressed (band 3, rank 1)"), "which this artifact does not have"),
-        ("compressed", _event_noise(1.5), "noise multiplier"),
-        ("compressed", _set("dp_event_single_pass", "{}"), "cannot recompute"),
+        ("compressed", _event_noise(1.5), "noise_multiplier"),
+        ("compressed", _set("dp_event_single_pass", "{}"), "stored dp-accounting event is not the one re-derived"),
+        ("compressed", _set("dp_event_single_pass", "not json"), "not readable JSON"),
     ],
 )
 def test_forged_records_fail(recorded, tmp_path, name, edit, needle):
@@ -106,8 +113,9 @@ def test_forged_records_fail(recorded, tmp_path, name, edit, needle):
     assert not rep.ok
     assert any(needle in p for p in rep.problems), rep.problems
     assert [r["verified"] for r in rep.accounting] == [False]
+    assert [r["status"] for r in rep.accounting] == ["unverified"]
     r = runner.invoke(app, ["inspect", str(path)])
-    assert r.exit_code != 0
+    assert r.exit_code == 1 and "error:" in r.stderr and "UNVERIFIED" in r.stdout
 
 
 def test_a_record_above_the_recomputed_epsilon_is_accepted(recorded, tmp_path):

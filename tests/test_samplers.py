@@ -427,19 +427,27 @@ def test_dpsgd_row_holds_for_an_identity_strategy_only(tmp_path: Path) -> None:
     assert set(held_epsilons(near)[1]) == {"mmcc"}
 
 
-def test_record_without_sampler_is_refused(tmp_path: Path) -> None:
+def test_record_without_sampler_is_the_fixed_order(tmp_path: Path) -> None:
+    """A record of deterministic participation (no batch sampler: mfcli plan's fixed-order row)
+    gives the fixed-order sampler with the period its schema allows, and its deterministic row
+    holds under it."""
     path = _artifact(tmp_path / "id4.h5", np.eye(4), "identity")
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
         sampler_for(path, examples=10, seed=1)
     with pytest.raises(MfcliError, match="cannot read its accounting records"):
         sampler_for(tmp_path / "missing.h5", examples=10, seed=1)
     _account(str(path), "--sigma", "2", "--epochs", "2")
-    with pytest.raises(MfcliError, match=r"names a batch sampler .*deterministic participation.*"
-                                         r"FixedOrderSampler\(period=2\)"):
-        sampler_for(path, examples=10, seed=1)
+    s = sampler_for(path, examples=10, seed=1)
+    assert isinstance(s, FixedOrderSampler) and s.describe() == {"kind": "fixed-order", "examples": 10, "steps": 4,
+                                                                 "period": 2}
     rid = next(iter(accounting_records(path)))
-    with pytest.raises(MfcliError, match=f"record {rid!r} .* names no batch sampler"):
-        sampler_for(path, examples=10, seed=1, record=rid)
+    assert sampler_for(path, examples=10, seed=1, record=rid).period == 2
+    got, held = held_epsilons(path, rid)
+    assert got == rid and held == {"deterministic": accounting_records(path)[rid]["epsilon_deterministic"]}
+    # a deterministic record next to a sampled one: ambiguous without an id
+    _account(str(path), "--sigma", "2", "--sampling", "0.5", "--batching", "cyclic", "--epochs", "2")
+    with pytest.raises(MfcliError, match="name different batch samplers; pick one of"):
+        sampler_for(path, examples=10, seed=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ from mfcli.accounting.multi import (
     deterministic,
     schema_dict,
 )
+from mfcli.accounting.records import RECORD_RTOL
 from mfcli.accounting.reduction import ReductionResult, reduction
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
 from mfcli.accounting.shuffling import ShuffledDpSgdResult, shuffled_dpsgd
@@ -83,7 +84,6 @@ from mfcli.progress import ProgressCallback
 
 if TYPE_CHECKING:
     from mfcli.accounting.cost import CalibrationEstimate
-    from mfcli.operators import NoiseOperator
 
 #: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
 ATTR_CHUNK = 60_000
@@ -1014,269 +1014,8 @@ def event_of(result: Any) -> str | None:
     return event_to_json(ev()) if callable(ev) else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Verifying a stored record (mfcli inspect)
-
-#: Relative slack when comparing a stored epsilon or parameter with its recomputation (float noise).
-RECORD_RTOL = 1e-9
-
-
-def _as_json(value: Any) -> Any:
-    """An attribute that holds JSON, decoded or not."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return None
-    v = float(value)
-    return v if np.isfinite(v) else None
-
-
-def _close_rel(a: float, b: float) -> bool:
-    return abs(a - b) <= RECORD_RTOL * max(abs(a), abs(b))
-
-
-def dpsgd_epsilon_of_event(event: Any, *, sigma: float, sampling: float | None, steps: int, delta: float,
-                           value_discretization: float) -> float:
-    """Epsilon of a stored DP-SGD event by dp-accounting's PLD, after checking that it is ``steps``
-    self-composed Poisson-sampled Gaussians at noise multiplier ``sigma`` and rate ``sampling``
-    (DP-SGD needs no C: the check is the same for a dense and a structured record, at any n).
-
-    Raises:
-        MfcliError: an event of another shape or with other parameters.
-    """
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    ok = (isinstance(event, dp_event.SelfComposedDpEvent)
-          and isinstance(event.event, dp_event.PoissonSampledDpEvent)
-          and isinstance(event.event.event, dp_event.GaussianDpEvent))
-    if not ok:
-        raise MfcliError("the dp-sgd event is not n self-composed Poisson-sampled Gaussians")
-    if (not _close_rel(float(event.event.event.noise_multiplier), sigma) or sampling is None
-            or not _close_rel(float(event.event.sampling_probability), sampling) or event.count != steps):
-        raise MfcliError("the dp-sgd event's sigma, sampling rate or step count differs from the record's")
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
-
-
-def _epsilon_of_event(setting: str, event: Any, *, sigma: float, sens: float, sampling: float | None,
-                      delta: float, row: Mapping[str, Any], strategy: np.ndarray,
-                      schema: Participation | None = None) -> float:
-    """Epsilon recomputed from a stored dp-accounting event, after checking that the event is
-    the one the record's parameters and the claimed operator's sensitivity imply.
-
-    Raises:
-        MfcliError: an event of the wrong shape or whose parameters do not match.
-    """
-    from dp_accounting import dp_event
-
-    from mfcli.accounting.single_pass import gaussian_epsilon
-
-    nm = sigma / sens
-    if setting == "single-pass":
-        if not isinstance(event, dp_event.GaussianDpEvent):
-            raise MfcliError("the single-pass event is not a GaussianDpEvent")
-        if not _close_rel(float(event.noise_multiplier), nm):
-            raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens(C) = {nm!r}")
-        return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
-    if setting == "deterministic":
-        if schema is None or isinstance(schema, SingleParticipation):
-            raise MfcliError("a deterministic record needs a multi-participation schema in attribute participation")
-        bound = schema_sensitivity(strategy, schema).value
-        if not isinstance(event, dp_event.GaussianDpEvent):
-            raise MfcliError("the deterministic event is not a GaussianDpEvent")
-        if not _close_rel(float(event.noise_multiplier), sigma / bound):
-            raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens = "
-                             f"{sigma / bound!r} under {schema.describe(strategy.shape[1])}")
-        return gaussian_epsilon(delta, 1.0 / float(event.noise_multiplier))
-    if setting == "cyclic-poisson":
-        if schema is None or sampling is None:
-            raise MfcliError("a cyclic-poisson record needs its schema and sampling rate")
-        # recomputed from C and the record's parameters; the stored event must be that one
-        expect = cyclic_poisson(strategy, schema=schema, sigma=sigma, sampling=sampling, delta=delta,
-                                value_discretization=float(row["value_discretization"]))
-        if event_to_json(event) != event_to_json(expect.dp_event()):
-            ok = (isinstance(event, dp_event.SelfComposedDpEvent)
-                  and isinstance(event.event, dp_event.PoissonSampledDpEvent)
-                  and isinstance(event.event.event, dp_event.GaussianDpEvent)
-                  and event.count == expect.steps
-                  and _close_rel(float(event.event.sampling_probability), sampling)
-                  and _close_rel(float(event.event.event.noise_multiplier), expect.noise_multiplier))
-            if not ok:
-                raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
-                                 "sigma / max column norm and the record's rate")
-        return expect.epsilon
-    if setting == "dp-sgd":
-        return dpsgd_epsilon_of_event(event, sigma=sigma, sampling=sampling, steps=int(strategy.shape[1]),
-                                      delta=delta, value_discretization=float(row["value_discretization"]))
-    if setting == "mmcc":
-        from mfcli.accounting import mog_pld
-
-        if not isinstance(event, dp_event.ComposedDpEvent):
-            raise MfcliError("the mmcc event is not a ComposedDpEvent")
-        parts = []
-        for sc in event.events:
-            if not (isinstance(sc, dp_event.SelfComposedDpEvent) and isinstance(sc.event, dp_event.MixtureOfGaussiansDpEvent)):
-                raise MfcliError("the mmcc event is not a composition of self-composed Gaussian mixtures")
-            if not _close_rel(float(sc.event.standard_deviation), nm):
-                raise MfcliError(f"an mmcc mixture has noise {sc.event.standard_deviation!r}, not sigma / sens(C) = {nm!r}")
-            parts.append(sc)
-        if sum(int(sc.count) for sc in parts) != strategy.shape[0]:
-            raise MfcliError(f"the mmcc event composes {sum(int(sc.count) for sc in parts)} rows; C has {strategy.shape[0]}")
-        split = [_num(row.get(k)) for k in ("delta_pld", "delta_tail", "delta_trunc")]
-        if any(x is None or x < 0 for x in split) or sum(x or 0.0 for x in split) > delta * (1 + RECORD_RTOL):
-            raise MfcliError("the mmcc delta split does not add up to at most the record's delta")
-        d = float(row["value_discretization"])
-        plds = []
-        for sc in parts:
-            pld = mog_pld.mixture_pld(float(sc.event.standard_deviation), list(sc.event.sensitivities),
-                                      list(sc.event.sampling_probs), value_discretization_interval=d)
-            plds.append(pld.self_compose(int(sc.count)) if sc.count > 1 else pld)
-        while len(plds) > 1:
-            plds = [mog_pld.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
-                    for i in range(0, len(plds), 2)]
-        return float(plds[0].get_epsilon_for_delta(split[0]))
-    raise MfcliError(f"no recomputation for setting {setting!r}")
-
-
-@dataclass(frozen=True)
-class StoredSetting:
-    """One setting of a stored ``accounting/<id>`` record, as :func:`verify_stored_record` hands
-    it to the recompute callback: the record's parameters (already checked: sigma > 0, delta in
-    (0, 1)), its participation schema, the setting's stored result row, and its stored event."""
-
-    setting: Any
-    sigma: float
-    delta: float
-    sampling: float | None
-    schema: Participation
-    row: Mapping[str, Any]
-    attrs: Mapping[str, Any]
-
-    def event(self) -> Any:
-        """The setting's stored dp-accounting event (attribute ``dp_event_<setting>``).
-
-        Raises:
-            MfcliError: the record stores none.
-        """
-        from mfcli.accounting.events import event_from_json
-
-        text = read_chunked(self.attrs, f"dp_event_{str(self.setting).replace('-', '_')}")
-        if text is None:
-            raise MfcliError("no stored dp-accounting event")
-        return event_from_json(text)
-
-
-def verify_stored_record(attrs: Mapping[str, Any], *, label: str, identity_sha256: str,
-                         recompute: Callable[[StoredSetting], float],
-                         declared: Participation | None = None) -> list[str]:
-    """Problems with one stored ``accounting/<id>`` record of the operator ``label`` (empty when it
-    verifies): the one verification loop behind :func:`verify_record` (dense and compressed
-    operators) and :func:`mfcli.accounting.structured.verify_parameters_record` (parameters).
-
-    Checks ``strategy_sha256`` against the operator's ``identity_sha256``; reads sigma, delta,
-    sampling, the settings list, the results and the participation schema; then, per setting,
-    that ``epsilon_<setting>`` is a number at least ``recompute(setting)`` (relative tolerance
-    :data:`RECORD_RTOL`). ``recompute`` derives the epsilon from what the operator really is (and
-    checks the stored event against it), raising MfcliError, KeyError, TypeError or ValueError when
-    it cannot; that becomes the setting's problem.
-
-    With ``declared`` (the schema the artifact's root declares), the record's schema must be one
-    ``account`` would have accounted it under (:func:`mfcli.participation.declared_or_requested`):
-    an edited root ``participation`` attribute then contradicts the records made before the edit."""
-    problems: list[str] = []
-    if attrs.get("strategy_sha256") != identity_sha256:
-        problems.append(f"strategy_sha256 is not the hash of the {label} operator (its identity_sha256)")
-    sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
-    sampling = _num(attrs.get("sampling"))
-    if sigma is None or sigma <= 0 or delta is None or not 0 < delta < 1:
-        return [*problems, "sigma or delta is missing or out of range"]
-    settings = _as_json(attrs.get("settings"))
-    results = _as_json(read_chunked(attrs, "results") or "{}")
-    if not isinstance(settings, list) or not isinstance(results, dict):
-        return [*problems, "the settings list or the results are missing"]
-    schema: Participation = SingleParticipation()
-    if "participation" in attrs:
-        from mfcli.participation import participation_from_json
-
-        try:
-            raw = attrs["participation"]
-            schema = participation_from_json(raw if isinstance(raw, (str, bytes)) else json.dumps(raw))
-        except MfcliError as exc:
-            return [*problems, f"its participation attribute is not readable: {exc}"]
-    if declared is not None:
-        from mfcli.participation import declared_or_requested
-
-        try:
-            declared_or_requested(declared, schema, "the artifact")
-        except MfcliError:
-            problems.append(f"it accounted {schema.describe()}, but the artifact declares {declared.describe()} "
-                            "(account refuses that combination: the root participation attribute or the record was "
-                            "changed)")
-    for setting in settings:
-        key = str(setting).replace("-", "_")
-        stored = _num(attrs.get(f"epsilon_{key}"))
-        found = results.get(setting)
-        row: Mapping[str, Any] = found if isinstance(found, dict) else {}
-        if stored is None:
-            problems.append(f"epsilon_{key} is missing or not a number")
-            continue
-        try:
-            recomputed = recompute(StoredSetting(setting=setting, sigma=sigma, delta=delta, sampling=sampling,
-                                                 schema=schema, row=row, attrs=attrs))
-        except (MfcliError, KeyError, TypeError, ValueError) as exc:
-            problems.append(f"{setting}: cannot recompute epsilon: {exc}")
-            continue
-        if stored < recomputed * (1 - RECORD_RTOL):
-            problems.append(f"{setting}: stored epsilon {stored!r} is below the {recomputed!r} recomputed from its event")
-    return problems
-
-
-def verify_record(attrs: Mapping[str, Any], operators: Sequence[NoiseOperator],
-                  declared: Participation | None = None) -> list[str]:
-    """Problems with one stored ``accounting/<id>`` record (empty when it verifies).
-
-    ``operators`` are the operators the artifact really has (the dense root, and the compressed
-    operator when its compressed group verifies). Checks: the record's operator is one of them
-    by label (records without an ``operator`` attribute predate it and accounted the dense C);
-    ``strategy_sha256`` is that operator's ``identity_sha256``; every ``epsilon_<setting>`` is at
-    least the epsilon recomputed from the stored dp-accounting event (single-pass: exact analytic
-    Gaussian; dp-sgd: dp-accounting's PLD; mmcc: mfcli's mixture PLD at the stored delta split),
-    and each event's noise multiplier is sigma / sens(C) of that operator (shuffled-tree: recomputed from sigma, n and delta).
-    Not checked: that the MMCC mixtures were derived correctly from C (that needs the full MMCC
-    run, ``mfcli account``). The loop is :func:`verify_stored_record` (``declared``: the schema the
-    artifact declares, which the record's schema must not contradict).
-    """
-    label = attrs.get("operator", "dense")
-    by_label = {op.label: op for op in operators}
-    if label not in by_label:
-        return [f"it claims operator {label!r}, which this artifact does not have (has: {', '.join(by_label)})"]
-    op = by_label[label]
-    c = np.asarray(op.factorization.strategy, dtype=np.float64)
-    sens = float(_sensitivity(c))
-
-    def recompute(s: StoredSetting) -> float:
-        n = c.shape[1]
-        if s.setting == "shuffled-tree":
-            return shuffled_tree(n=n, sigma=s.sigma * _tree_unit(c), delta=s.delta).epsilon
-        if s.setting == "balls-in-bins-tree":
-            return tree_balls_in_bins(n=n, sigma=s.sigma * _tree_unit(c), delta=s.delta,
-                                      epochs=int(s.row.get("epochs", 1)), grid=float(s.row["grid"])).epsilon
-        if s.setting == "shuffled-dp-sgd":
-            return shuffled_dpsgd(n=n, sigma=s.sigma, delta=s.delta).epsilon
-        return _epsilon_of_event(str(s.setting), s.event(), sigma=s.sigma, sens=sens, sampling=s.sampling,
-                                 delta=s.delta, row=s.row, strategy=c, schema=s.schema)
-
-    return verify_stored_record(attrs, label=label, identity_sha256=op.identity_sha256, recompute=recompute,
-                                declared=declared)
+# Verifying a stored record: the one verifier of every kind of artifact is
+# mfcli.accounting.records.verify_record (it re-derives each record with account above).
 
 
 __all__ = [
@@ -1289,7 +1028,6 @@ __all__ = [
     "AccountingOptions",
     "AccountingReport",
     "MMCCBracket",
-    "StoredSetting",
     "StrategyInput",
     "account",
     "calibrate",
@@ -1303,6 +1041,4 @@ __all__ = [
     "record_to_artifact",
     "resolve_schema",
     "resolve_strategy",
-    "verify_record",
-    "verify_stored_record",
 ]

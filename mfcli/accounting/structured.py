@@ -20,7 +20,7 @@ dense artifact of the same n.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,100 +244,8 @@ def epsilon_function_parameters(
     return epsilon_function(_without_parameters(inp), setting, sampling=sampling, options=opts, participation=schema)
 
 
-# ---------------------------------------------------------------------------------------------
-# Records (account --write) of a structured artifact, re-verified by inspect
-
-
-def verify_parameters_record(attrs: Mapping[str, Any], op: Any, declared: Participation | None = None) -> list[str]:
-    """Problems with one ``accounting/<id>`` record of a structured artifact (empty when it
-    verifies), by the loop of :func:`mfcli.accounting.session.verify_stored_record` that also
-    checks a dense one: the operator's label and ``identity_sha256``; every stored epsilon at least
-    the one recomputed from its stored dp-accounting event, whose noise multiplier must be sigma /
-    the sensitivity recomputed from the parameters (single-pass: single participation;
-    deterministic: the record's schema; cyclic-poisson: the event must be ceil(n / b)
-    Poisson-sampled Gaussians at sigma / ||c||_2 and the record's rate); DP-SGD events at any n
-    (they need no C: n Poisson-sampled Gaussians at sigma and the record's rate) and MMCC events
-    (n <= the limit) against the materialised C by the dense recomputation."""
-    from mfcli.accounting.events import event_to_json
-    from mfcli.accounting.multi import reduced_dpsgd
-    from mfcli.accounting.session import StoredSetting, _close_rel, verify_stored_record
-    from mfcli.accounting.single_pass import gaussian_epsilon
-
-    label = attrs.get("operator")
-    if label != op.label:
-        return [f"it claims operator {label!r}, which this artifact does not have (has: {op.label})"]
-    strategy, n = op.strategy, op.n
-    dense: list[np.ndarray] = []  # the materialised C, built once and only for dp-sgd and mmcc
-
-    def recompute(s: StoredSetting) -> float:
-        setting, sigma, schema = s.setting, s.sigma, s.schema
-        event = s.event()
-        if setting in ("single-pass", "deterministic"):
-            from dp_accounting import dp_event
-
-            if setting == "deterministic" and isinstance(schema, SingleParticipation):
-                raise MfcliError("a deterministic record needs a multi-participation schema")
-            sens = strategy.sensitivity(n, SingleParticipation() if setting == "single-pass" else schema).value
-            if not isinstance(event, dp_event.GaussianDpEvent):
-                raise MfcliError(f"the {setting} event is not a GaussianDpEvent")
-            if not _close_rel(float(event.noise_multiplier), sigma / sens):
-                raise MfcliError(f"the event's noise multiplier {event.noise_multiplier!r} is not sigma / sens = "
-                                 f"{sigma / sens!r} recomputed from the parameters")
-            return gaussian_epsilon(s.delta, 1.0 / float(event.noise_multiplier))
-        if setting == "cyclic-poisson":
-            if s.sampling is None:
-                raise MfcliError("a cyclic-poisson record needs its sampling rate")
-            bands, col = banded_numbers(strategy, n)
-            expect = reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=schema, sigma=sigma,
-                                   sampling=s.sampling, delta=s.delta,
-                                   value_discretization=float(s.row["value_discretization"]))
-            if event_to_json(event) != event_to_json(expect.dp_event()):
-                raise MfcliError("the cyclic-poisson event is not ceil(n / b) Poisson-sampled Gaussians at "
-                                 "sigma / max column norm and the record's rate")
-            return expect.epsilon
-        if setting == "shuffled-dp-sgd":
-            from mfcli.accounting.shuffling import shuffled_dpsgd
-
-            return shuffled_dpsgd(n=n, sigma=sigma, delta=s.delta).epsilon
-        if setting == "dp-sgd":
-            from mfcli.accounting.session import dpsgd_epsilon_of_event
-
-            return dpsgd_epsilon_of_event(event, sigma=sigma, sampling=s.sampling, steps=n, delta=s.delta,
-                                          value_discretization=float(s.row["value_discretization"]))
-        if n <= STRUCTURED_DENSE_MAX_N:  # mmcc: from the materialised C, as for a dense record
-            from mfcli.accounting.session import _epsilon_of_event
-
-            if not dense:
-                dense.append(materialize(strategy.strategy_coefs(n), n))
-            dense_c = dense[0]
-            sens_c = float(np.sqrt(np.max(np.sum(dense_c * dense_c, axis=0))))
-            return _epsilon_of_event(str(setting), event, sigma=sigma, sens=sens_c, sampling=s.sampling,
-                                     delta=s.delta, row=s.row, strategy=dense_c, schema=schema)
-        raise MfcliError(f"no recomputation for setting {setting!r} without a dense C")
-
-    return verify_stored_record(attrs, label=str(label), identity_sha256=op.identity_sha256, recompute=recompute,
-                                declared=declared)
-
-
-def verify_structured_records(path: str | Path, art: Any) -> list[dict[str, Any]]:
-    """Every ``accounting/<id>`` record of a structured artifact with its problems: ``id``,
-    ``attrs``, ``verified`` and ``problems`` (:func:`verify_parameters_record`)."""
-    import h5py
-
-    from mfcli.inspection import _collect_accounting
-
-    with h5py.File(path, "r") as f:
-        records = _collect_accounting(f["accounting"]) if "accounting" in f else []
-    op = art.operator()
-    out = []
-    for rec in records:
-        attrs = rec["attrs"]
-        if attrs.get("format") != "mfcli.accounting":
-            out.append({"id": rec["id"], "attrs": attrs, "verified": False, "problems": []})
-            continue
-        found = verify_parameters_record(attrs, op, declared=art.participation)
-        out.append({"id": rec["id"], "attrs": attrs, "verified": not found, "problems": found})
-    return out
+# Records (account --write) of a structured artifact are verified by the one verifier of every
+# kind, mfcli.accounting.records.verify_record (its subject: records.structured_subject).
 
 
 __all__ = [
@@ -348,6 +256,4 @@ __all__ = [
     "epsilon_function_parameters",
     "needs_dense",
     "structured_input",
-    "verify_parameters_record",
-    "verify_structured_records",
 ]

@@ -1,12 +1,14 @@
 """``mfcli inspect``: what an artifact claims next to what its matrices imply, and its checksums."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
+from mfcli.accounting.records import DEEP_HINT, MMCC_REDERIVE_MAX_N, NOT_REDERIVED, UNVERIFIED, VERIFIED
 from mfcli.cli.common import (
     EpochsOpt,
     MaxParticipationsOpt,
@@ -138,8 +140,9 @@ def _render(report: InspectionReport) -> None:
         if report.compression_numbers:
             out.print(_numbers_table("compressed mechanism C^ = B^-1 A", report.compression_numbers))
     if report.accounting:
-        t = Table(title="accounting records (accounting/<id>)", title_justify="left")
+        t = Table(title="accounting records (accounting/<id>), re-derived from the artifact", title_justify="left")
         t.add_column("id")
+        t.add_column("verification")
         t.add_column("fields")
         for rec in report.accounting:
             # Scalars in full; nested records (full detail in --json) by their keys only.
@@ -149,7 +152,7 @@ def _render(report: InspectionReport) -> None:
                 else f"{k}={fmt(v)}"
                 for k, v in sorted(rec["attrs"].items())
             )
-            t.add_row(safe_markup(rec["id"]), safe_markup(fields))
+            t.add_row(safe_markup(rec["id"]), _record_status(rec), safe_markup(fields))
         out.print(t)
     if report.other_groups:
         out.print(safe_markup(f"other groups: {', '.join(report.other_groups)}"))
@@ -159,12 +162,28 @@ def _render(report: InspectionReport) -> None:
     for name, ok in report.checksums:
         t.add_row(safe_markup(name), "ok" if ok else ("[bold red]UNREADABLE[/]" if ok is None else "[bold red]MISMATCH[/]"))
     out.print(t)
-    if report.ok:
+    if report.ok and report.not_rederived:
+        out.print(f"[bold yellow]all checks passed, but {len(report.not_rederived)} accounting record(s) were not "
+                  f"re-derived (MMCC above n = {MMCC_REDERIVE_MAX_N}) and are NOT verified: run mfcli inspect --deep[/]")
+    elif report.ok:
         out.print("[bold green]all checks passed[/]")
     else:
         out.print(f"[bold red]{len(report.problems)} check(s) failed[/]")
         for p in report.problems:
             out.print(f"  - {safe_markup(p)}")
+
+
+def _record_status(rec: Mapping[str, Any]) -> str:
+    """A record's verification in the table: verified, not re-derived (with the --deep hint),
+    UNVERIFIED (its problems are listed below the tables), or not an mfcli record."""
+    status = rec.get("status")
+    if status == VERIFIED:
+        return "[green]verified (re-derived)[/]"
+    if status == NOT_REDERIVED:
+        return f"[yellow]{DEEP_HINT}[/]"
+    if status == UNVERIFIED:
+        return "[bold red]UNVERIFIED[/]"
+    return "not an mfcli.accounting record"
 
 
 def _under_requested(artifact: Path, report: InspectionReport, requested: Any) -> dict[str, Any]:
@@ -215,13 +234,19 @@ def inspect(
     force: bool = typer.Option(False, "--force", help="With --plot: overwrite an existing plot file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON report object on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Nothing on stderr but errors (the --plot 'wrote' line)."),
+    deep: bool = typer.Option(
+        False, "--deep",
+        help="Re-derive the MMCC rows of accounting records at every n (one MMCC run each: minutes at n in the "
+             "thousands). Without it, MMCC rows above n = 256 are shown as not re-derived (not verified).",
+    ),
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
     max_participations: MaxParticipationsOpt = None,
 ) -> None:
     """Show an artifact's format, provenance, workload and strategy, and every stored number next
     to its recomputation from the matrices (sensitivity, losses, solver certificate, compression),
-    accounting records and checksums. Exits 1 if any check fails. With --epochs or --min-sep: also
+    accounting records (each re-derived from the artifact; --deep for MMCC rows above n = 256) and
+    checksums. Exits 1 if any check fails. With --epochs or --min-sep: also
     the sensitivity and losses of the operator that runs under that schema (refused when the
     artifact declares another multi-participation schema)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
@@ -232,12 +257,12 @@ def inspect(
         from mfcli.cli.structured import inspect_structured
 
         refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
-        inspect_structured(artifact, as_json=as_json)
+        inspect_structured(artifact, as_json=as_json, deep=deep)
         return
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
-    report = inspect_artifact(artifact, certificate=certificate)
+    report = inspect_artifact(artifact, certificate=certificate, deep=deep)
     under = _under_requested(artifact, report, requested) if requested is not None else None
     written = None
     if plot is not None:
@@ -257,3 +282,6 @@ def inspect(
             log(f"wrote {written}")
     if not report.ok:
         raise fail(f"{artifact}: {len(report.problems)} check(s) failed: {report.problems[0]}")
+    if report.not_rederived and not quiet:
+        log(f"accounting record(s) {', '.join(report.not_rederived)}: {DEEP_HINT} (MMCC above n = "
+            f"{MMCC_REDERIVE_MAX_N}); they are not verified")

@@ -145,59 +145,66 @@ def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, com
     stdout().print(key_value_table(title, rows))
 
 
-def inspect_structured(path: Path, *, as_json: bool) -> None:
+def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None:
     """``mfcli inspect`` of a structured artifact: the loader checks every checksum and stored
-    number against its recomputation from the parameters and refuses in one line otherwise."""
+    number against its recomputation from the parameters and refuses in one line otherwise; every
+    accounting record is re-derived from the parameters by the one verifier of every kind
+    (:func:`mfcli.accounting.records.verify_record`; ``deep``: MMCC rows at every n) and a record
+    that does not verify fails the inspection in one line."""
+    from mfcli.accounting.records import NOT_REDERIVED, UNVERIFIED, read_records, structured_subject, verify_records
     from mfcli.artifact import file_sha256
+    from mfcli.errors import ArtifactError
 
     art = load_structured_artifact(path)
-    records = []
-    if _has_accounting(path):
-        from mfcli.accounting.structured import verify_structured_records
-        from mfcli.errors import ArtifactError
+    stored = read_records(path)
+    checks = verify_records(stored.items(), structured_subject(art), deep=deep) if stored else []
+    for rid, check in checks:
+        if check.status == UNVERIFIED:  # a record that does not verify fails the inspection, in one line
+            raise ArtifactError(f"{path}: accounting record {rid!r}: {check.problems[0]}")
+    shallow = [rid for rid, check in checks if check.status == NOT_REDERIVED]
+    note = ""
+    if checks:
+        note = f"; {len(checks) - len(shallow)} accounting record(s) re-derived from the parameters"
+    if shallow:
+        from mfcli.accounting.records import DEEP_HINT, MMCC_REDERIVE_MAX_N
 
-        records = verify_structured_records(path, art)
-        for rec in records:
-            if rec["problems"]:  # a record that does not verify fails the inspection, in one line
-                raise ArtifactError(f"{path}: accounting record {rec['id']!r}: {rec['problems'][0]}")
+        note += (f"; {len(shallow)} {DEEP_HINT}, NOT verified (MMCC above n = {MMCC_REDERIVE_MAX_N}): "
+                 f"{', '.join(shallow)}")
     extra: dict[str, Any] = {
         "file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
-        "created_with": art.attrs.get("command"), "checks": "checksums and stored numbers match their recomputation"
-        + (f"; {len(records)} accounting record(s) re-verified" if records else "")}
-    if records:
-        extra["accounting_records"] = [_record_summary(r) for r in records]
+        "created_with": art.attrs.get("command"),
+        "checks": "checksums and stored numbers match their recomputation" + note}
+    if checks:
+        extra["accounting_records"] = [_record_summary(rid, check) for rid, check in checks]
     render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
+    if shallow:
+        log(f"accounting record(s) {', '.join(shallow)}: not re-derived (MMCC above n = 256); run mfcli inspect "
+            "--deep to verify them")
 
 
 def _record_line(r: dict[str, Any]) -> str:
-    eps = ", ".join(f"{k} epsilon {'not run' if v is None else pessimistic(v)}" for k, v in r["epsilon"].items())
+    from mfcli.accounting.records import DEEP_HINT, NOT_REDERIVED, VERIFIED
+
+    status = {VERIFIED: "verified (re-derived from the parameters)", NOT_REDERIVED: DEEP_HINT}.get(
+        r["status"], "not an mfcli.accounting record")
+    eps = ", ".join(f"{k} epsilon {pessimistic(v)}" for k, v in r["epsilon"].items())
     sampler = (f"batch sampler {r['batching']}, sampling rate {r['sampling']!r}" if r["batching"]
-               else "deterministic participation (no sampler)")
-    return (f"{eps}; sigma {r['sigma']!r}, delta {r['delta']!r}; {sampler}: "
-            + ("verified" if r["verified"] else "not an mfcli.accounting record"))
+               else "deterministic participation (fixed order, no sampler)")
+    return f"{eps}; sigma {r['sigma']!r}, delta {r['delta']!r}; {sampler}: {status}"
 
 
-def _record_summary(rec: dict[str, Any]) -> dict[str, Any]:
+def _record_summary(rid: str, check: Any) -> dict[str, Any]:
     """What a trainer re-accounting or building a sampler needs from a record: its settings and
     their epsilons, sigma, delta, the batch sampler and sampling rate (null: deterministic
-    participation), and the verification result."""
-    attrs = rec["attrs"]
-    settings = [str(x) for x in (attrs.get("settings") or [])]
-
-    def number(v: Any) -> float | None:
-        return None if v is None or v == "null" else float(v)
-
-    return {"id": rec["id"], "verified": rec["verified"], "settings": settings, "sigma": number(attrs.get("sigma")),
-            "delta": number(attrs.get("delta")), "batching": attrs.get("batching") or None,
-            "sampling": number(attrs.get("sampling")),
-            "epsilon": {s: number(attrs.get(f"epsilon_{s.replace('-', '_')}")) for s in settings}}
-
-
-def _has_accounting(path: Path) -> bool:
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return "accounting" in f
+    participation), and the verification (``verified``, ``status``). Numbers come from the
+    strictly read claim (:class:`mfcli.accounting.records.RecordClaim`), never converted from text."""
+    c = check.claim
+    base = {"id": rid, "verified": check.verified, "status": check.status}
+    if c is None:
+        return {**base, "settings": [], "sigma": None, "delta": None, "batching": None, "sampling": None,
+                "epsilon": {}}
+    return {**base, "settings": list(c.settings), "sigma": c.sigma, "delta": c.delta, "batching": c.batching,
+            "sampling": c.sampling, "epsilon": dict(c.epsilons)}
 
 
 def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
