@@ -501,7 +501,14 @@ class BufferedToeplitz:
         terms is computed alike; the bound below has a factor 2 to spare. With mixed-sign scales
         the coefficients cancel and e_t can exceed |c_t|: a sensitivity built on |c| + e is still
         an upper bound."""
+        return self._coefs_and_error(n)[1]
+
+    def _coefs_and_error(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(strategy_coefs(n), coefficient_error_bounds(n)) from one power per buffer; the
+        coefficients are computed by the same operations as :meth:`strategy_coefs` (same bits)."""
         n = _check_n(n)
+        c = np.zeros(n)
+        c[0] = 1.0
         e = np.zeros(n)
         if n > 1:
             u = 2.0**-53
@@ -509,11 +516,14 @@ class BufferedToeplitz:
             d = int(np.count_nonzero(act))
             powers = np.arange(n - 1, dtype=np.float64)
             with np.errstate(under="ignore"):
-                for th, om in zip(self.theta[act], self.omega[act], strict=True):
-                    e[1:] += abs(float(om)) * np.power(abs(float(th)), powers)
+                for th, om in zip(self.theta, self.omega, strict=True):
+                    p = np.power(th, powers)
+                    c[1:] += om * p
+                    if om != 0:
+                        e[1:] += abs(float(om)) * np.abs(p)
             e *= 2 * (d + 3) * u / (1 - (d + 3) * u)
             e[1:] += (d + 1) * 2.0**-1074 * (float(np.max(np.abs(self.omega))) if d else 0.0)
-        return e
+        return c, e
 
     def sensitivity(self, n: int, schema: Participation | None = None) -> Sensitivity:
         """L2 sensitivity of C over n steps under ``schema`` (default single participation), never
@@ -534,8 +544,8 @@ class BufferedToeplitz:
             return Sensitivity(value=value, exact=lower >= value * (1 - EXACT_RTOL), lower=lower,
                                method="BLT: closed-form column norm, certified by exact interval arithmetic",
                                schema=schema)
-        return _toeplitz.toeplitz_sensitivity(self.strategy_coefs(n), n, schema,
-                                              coef_error=self.coefficient_error_bounds(n))
+        coefs, err = self._coefs_and_error(n)
+        return _toeplitz.toeplitz_sensitivity(coefs, n, schema, coef_error=err)
 
     # -- error ----------------------------------------------------------------------------
 

@@ -270,15 +270,33 @@ _U = 2.0**-53  # unit roundoff of float64
 _SUM_BLOCK = 256
 
 
+#: Up to this many terms :func:`sum_squares_bounds` sums the squares exactly (then rounds once).
+_EXACT_SUM_MAX = 16384
+
+
 def sum_squares_bounds(a: np.ndarray) -> tuple[float, float]:
-    """(lower, upper) floats around sum_t a_t^2, proven: blocks of :data:`_SUM_BLOCK` squares
-    are summed in float64 (relative error <= gamma_B = B u / (1 - B u) whatever the order, u =
-    2^-53, for non-negative terms), the block sums by math.fsum (correctly rounded: one more u),
-    so the true sum lies within a factor 1 +- 2 (B + 2) u of the result, each end then rounded
-    outwards. O(len(a)) time; relative width about 1e-13."""
+    """(lower, upper) floats around sum_t a_t^2, proven.
+
+    Up to :data:`_EXACT_SUM_MAX` terms: each square is split exactly into two floats (Veltkamp /
+    Dekker: a^2 = p + e with p = fl(a^2)), and math.fsum returns the correctly rounded sum of all
+    of them, so the two neighbouring floats bound the exact value (an absolute 4 x 2^-1074 per term
+    covers underflow of the splitting for |a| < 1e-145). Above: blocks of :data:`_SUM_BLOCK`
+    squares are summed in float64 (relative error <= gamma_B = B u / (1 - B u) whatever the
+    order, u = 2^-53, for non-negative terms), the block sums by math.fsum (one more u), so the
+    true sum lies within a factor 1 +- 2 (B + 2) u of the result, each end then rounded outwards.
+    O(len(a)) time; relative width one unit of rounding, or about 1e-13 above the cut."""
     a = np.asarray(a, dtype=np.float64).ravel()
     if a.size == 0:
         return 0.0, 0.0
+    if a.size <= _EXACT_SUM_MAX and np.all(np.abs(a) < 1e150):
+        split = a * 134217729.0  # 2^27 + 1
+        hi = split - (split - a)
+        lo = a - hi
+        p = a * a
+        e = ((hi * hi - p) + 2 * hi * lo) + lo * lo
+        s = math.fsum(np.concatenate([p, e]).tolist())
+        tiny = 4 * a.size * 2.0**-1074
+        return max(math.nextafter(s - tiny, -math.inf), 0.0), math.nextafter(s + tiny, math.inf)
     pad = (-a.size) % _SUM_BLOCK
     blocks = np.concatenate([a, np.zeros(pad)]).reshape(-1, _SUM_BLOCK)
     s = math.fsum(np.einsum("ij,ij->i", blocks, blocks).tolist())

@@ -20,8 +20,6 @@ Tested against the dense tree's B to 1e-9 relative (n = 64 .. 1024, powers of tw
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from mfcli.errors import MfcliError
@@ -37,8 +35,11 @@ def tree_height(n: int) -> int:
 
 
 def tree_sensitivity(n: int) -> float:
-    """Single-participation sensitivity of the tree encoder: sqrt(K + 1)."""
-    return math.sqrt(tree_height(n) + 1)
+    """Single-participation sensitivity of the tree encoder: sqrt(K + 1) (each column has K + 1
+    ones), rounded up so that the float is never below the true value."""
+    from mfcli.toeplitz import sqrt_up
+
+    return sqrt_up(float(tree_height(n) + 1))
 
 
 def tree_rows(n: int) -> int:

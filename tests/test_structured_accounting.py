@@ -85,7 +85,10 @@ def test_structured_account_equals_the_dense_twin(tmp_path, make, schema, args):
     save_structured_artifact(s, make(), workload=TOEPLITZ_PREFIX, n=n, participation=schema)
     dense_twin(d, make(), n, participation=schema)
     js, jd = account_json(s, *args), account_json(d, *args)
-    assert epsilons(js) and epsilons(js) == pytest.approx(epsilons(jd), rel=1e-12, abs=0)
+    # The structured column norm is certified (rounded up by a unit or so of rounding), the dense
+    # twin's is a plain float: never below it, and equal to what PLD discretization lets through.
+    assert epsilons(js) and epsilons(js) == pytest.approx(epsilons(jd), rel=1e-10, abs=0)
+    assert all(js_eps >= epsilons(jd)[k] * (1 - 1e-12) for k, js_eps in epsilons(js).items())
     assert js["sigma"] == pytest.approx(jd["sigma"], rel=1e-12)
     assert js["sensitivity"] == pytest.approx(jd["sensitivity"], rel=1e-12)
     assert js["operator"].startswith(make().kind)

@@ -89,7 +89,8 @@ def banded_numbers(strategy: Any, n: int) -> tuple[int, float]:
     nz = np.nonzero(c)[0]
     if nz.size == 0:
         raise MfcliError("the strategy is all zeros")
-    return int(nz[-1]) + 1, float(np.sqrt(np.sum(c * c)))
+    # the certified single-participation sensitivity (never below ||c||; issue 26 item 1)
+    return int(nz[-1]) + 1, float(strategy.sensitivity(n, SingleParticipation()).value)
 
 
 def _schema_sensitivity(inp: StrategyInput, schema: Participation) -> Any:
