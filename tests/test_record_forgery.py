@@ -287,7 +287,7 @@ def test_a_group_of_another_format_is_listed_never_used(made, tmp_path):
         f.create_group("accounting/zz-mine").attrs["epsilon_mmcc"] = 0.001
     rep = inspect_artifact(path)
     assert rep.ok and sorted(a["status"] for a in rep.accounting) == sorted([VERIFIED, records.FOREIGN])
-    with pytest.raises(MfcliError, match="accounting/zz-mine of .* is not an mfcli.accounting record"):
+    with pytest.raises(MfcliError, match=r"accounting/zz-mine of .* is not an mfcli\.accounting record"):
         held_epsilons(path, "zz-mine")
     assert held_epsilons(path)[0] == rid  # without an id, only mfcli records are candidates
 
@@ -334,7 +334,7 @@ def test_mmcc_not_rederived_without_deep(made, tmp_path, monkeypatch):
 
 def test_structured_inspect_shows_not_rederived(made, tmp_path, monkeypatch):
     monkeypatch.setattr(records, "MMCC_REDERIVE_MAX_N", N - 1)
-    path, rid = copy_of(made, "structured", tmp_path)
+    path, _rid = copy_of(made, "structured", tmp_path)
     r = cli("inspect", path, "--json")
     assert r.exit_code == 0, r.output
     (rec,) = json.loads(r.stdout)["accounting_records"]
@@ -354,7 +354,7 @@ def test_plan_fixed_order_record_gives_the_fixed_order_sampler(tmp_path):
     assert r.exit_code == 0, r.output
     s = sampler_for(out, examples=200, seed=5)
     assert isinstance(s, FixedOrderSampler) and s.steps == 20 and s.period == 10  # 2 epochs of 10 steps
-    rid, held = held_epsilons(out)
+    _rid, held = held_epsilons(out)
     (only,) = read_records(out).values()
     assert set(held) == {"deterministic"} and held["deterministic"] == only["epsilon_deterministic"] <= 4
     # the plan's record verifies in inspect too
@@ -362,14 +362,14 @@ def test_plan_fixed_order_record_gives_the_fixed_order_sampler(tmp_path):
 
 
 def test_single_pass_record_is_one_epoch_of_fixed_order(made):
-    path, rid = made["single"]
+    path, _rid = made["single"]
     s = sampler_for(path, examples=40, seed=2)
     assert isinstance(s, FixedOrderSampler) and s.period == N
     assert set(held_epsilons(path)[1]) == {"single-pass"}
 
 
 def test_examples_are_bounded(made):
-    path, rid = made["poisson"]
+    path, _rid = made["poisson"]
     with pytest.raises(MfcliError, match="at most 1,000,000,000"):
         sampler_for(path, examples=10**12, seed=1)
     with pytest.raises(MfcliError, match="at most"):

@@ -500,8 +500,8 @@ def _event_difference(stored: Any, derived: Any, where: str = "event") -> str | 
         return None
     if isinstance(derived, list):
         if not isinstance(stored, list) or len(stored) != len(derived):
-            got = len(stored) if isinstance(stored, list) else type(stored).__name__
-            return f"{where} has {got} entries, the re-derived one {len(derived)}"
+            count = len(stored) if isinstance(stored, list) else type(stored).__name__
+            return f"{where} has {count} entries, the re-derived one {len(derived)}"
         for i, (a, b) in enumerate(zip(stored, derived, strict=True)):
             found = _event_difference(a, b, f"{where}[{i}]")
             if found:
