@@ -27,6 +27,7 @@ from mfcli.factorization import Factorization
 from mfcli.inspection import inspect_artifact
 from mfcli.participation import FixedEpoch
 from mfcli.samplers import FixedOrderSampler, PoissonSampler, held_epsilons, sampler_for
+from mfcli.schemas import load_schema, validate
 from mfcli.structured import load_any_artifact, save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
@@ -75,6 +76,9 @@ def made(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     # single pass, no sampler (the fixed order)
     s = dense(base / "single.h5", banded(N, 0.5), "banded")
     out["single"] = (s, write_record(s, "--sigma", 2))
+    # calibrated to a target (account --epsilon): the record claims its sigma meets it
+    k = dense(base / "calibrated.h5", banded(N, 0.5), "banded")
+    out["calibrated"] = (k, write_record(k, "--epsilon", 2))
     # a structured BLT with a Poisson record (its MMCC on the materialised C)
     from mfcli.blt import BufferedToeplitz
 
@@ -114,7 +118,8 @@ def copy_of(made, name: str, tmp_path: Path) -> tuple[Path, str]:
 # the untouched records verify, and agree with dp-accounting
 
 
-@pytest.mark.parametrize("name", ["poisson", "single", "structured", "cyclic", "compressed", "identity"])
+@pytest.mark.parametrize("name", ["poisson", "single", "calibrated", "structured", "cyclic", "compressed",
+                                  "identity"])
 def test_untouched_records_verify_everywhere(made, name):
     path, rid = made[name]
     check = verify_record(read_records(path)[rid], subject_of(load_any_artifact(path)))
@@ -123,6 +128,8 @@ def test_untouched_records_verify_everywhere(made, name):
                for c in check.settings)
     r = cli("inspect", path)
     assert r.exit_code == 0, r.output
+    js = cli("inspect", path, "--json")
+    assert js.exit_code == 0 and validate(json.loads(js.stdout), load_schema("inspect")) == []
     assert held_epsilons(path, rid)[0] == rid
     assert sampler_for(path, examples=50, seed=3, record=rid).steps == load_any_artifact(path).n
 
@@ -215,6 +222,14 @@ def _hand_made(g, f, made):
                     "epsilon_mmcc": 0.001, "operator": "dense"})
 
 
+def _calibration(key: str, value: float):
+    def edit(g, f, made):
+        cal = json.loads(g.attrs["calibration"])
+        cal[key] = value
+        g.attrs["calibration"] = json.dumps(cal)
+    return edit
+
+
 def _drop(key: str):
     def edit(g, f, made):
         del g.attrs[key]
@@ -244,6 +259,8 @@ FORGERIES = [
     ("cyclic schema edited", "cyclic", _set("participation", FixedEpoch(epochs=4).to_json()), "declares"),
     ("compressed record relabelled dense", "compressed", _set("operator", "dense"), "strategy_sha256 is not the hash"),
     ("delta x10, epsilon kept", "poisson", _scale("delta", 10.0), "mmcc"),
+    ("calibration target lowered", "calibrated", _calibration("target_epsilon", 0.5), "target was not met"),
+    ("calibration sigma edited", "calibrated", _calibration("sigma", 9.0), "calibration's sigma"),
 ]
 
 
@@ -319,6 +336,8 @@ def test_mmcc_not_rederived_without_deep(made, tmp_path, monkeypatch):
     assert rep.accounting[0]["verified"] is False
     r = cli("inspect", path)
     assert r.exit_code == 0 and "not re-derived" in r.stdout and "--deep" in r.stdout
+    js = json.loads(cli("inspect", path, "--json").stdout)
+    assert js["accounting_not_rederived"] == [rid] and validate(js, load_schema("inspect")) == []
     assert "are NOT verified" in " ".join(r.stdout.split())
     assert cli("inspect", path, "--deep").exit_code == 0
     assert inspect_artifact(path, deep=True).accounting[0]["status"] == VERIFIED

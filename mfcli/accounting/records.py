@@ -550,6 +550,26 @@ def _rederive_mmcc(inp: StrategyInput, claim: RecordClaim, opts: AccountingOptio
     return result.as_dict()
 
 
+def _calibration_problem(attrs: Mapping[str, Any], claim: RecordClaim, checks: Mapping[str, SettingCheck]) -> str | None:
+    """A record made by calibration (``calibration``, ``calibrated_setting``) claims its sigma meets
+    a target: the setting must be one of the record's, its sigma the record's, and the target at
+    least the re-derived epsilon of that setting."""
+    if "calibration" not in attrs:
+        return None
+    cal = _json_value(attrs.get("calibration"))
+    setting = attrs.get("calibrated_setting")
+    if not isinstance(cal, dict) or setting not in claim.settings:
+        return f"its calibration (for setting {setting!r}) is not readable or names no setting of the record"
+    sigma, target = _number(cal.get("sigma")), _number(cal.get("target_epsilon"))
+    if sigma is None or not math.isclose(sigma, claim.sigma, rel_tol=RECORD_RTOL):
+        return f"its calibration's sigma {cal.get('sigma')!r} is not the record's sigma {claim.sigma!r}"
+    derived = checks[setting].rederived if setting in checks else None
+    if target is None or (derived is not None and target < derived * (1 - RECORD_RTOL)):
+        return (f"its calibration's target epsilon {cal.get('target_epsilon')!r} is below the {derived!r} "
+                f"re-derived for {setting}: the target was not met")
+    return None
+
+
 def _reason(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -645,6 +665,9 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
         checks[s] = SettingCheck(s, UNVERIFIED if problem else VERIFIED, stored, derived, problem)
     ordered = tuple(checks[s] for s in claim.settings)
     problems += [c.problem for c in ordered if c.problem]
+    found = _calibration_problem(attrs, claim, checks)
+    if found:
+        problems.append(found)
     if problems:
         return RecordCheck(status=UNVERIFIED, problems=tuple(problems), settings=ordered, claim=claim)
     status = NOT_REDERIVED if any(c.status == NOT_REDERIVED for c in ordered) else VERIFIED
