@@ -103,7 +103,7 @@ def made(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     out["compressed"] = (cpath, write_record(cpath, "--sigma", 1.5))
     # the identity under Poisson sampling: DP-SGD, for the dp-accounting cross-check
     i = dense(base / "identity.h5", np.eye(N), "identity")
-    out["identity"] = (i, write_record(i, "--sigma", 1.0, "--sampling", 0.1))
+    out["identity"] = (i, write_record(i, "--sigma", 1.0, "--sampling", 0.1, *COARSE))
     return out
 
 
@@ -142,7 +142,7 @@ def test_rederived_epsilons_agree_with_dp_accounting(made):
     got = {c.setting: c.rederived for c in check.settings}
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), N)
-    truth = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4).compose(event).get_epsilon(1e-6)
+    truth = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-2).compose(event).get_epsilon(1e-6)
     # an independent upper bound of another kind: dp-accounting's RDP accountant
     rdp = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-6)
     assert got["dp-sgd"] == pytest.approx(truth, rel=1e-9)
@@ -230,6 +230,14 @@ def _calibration(key: str, value: float):
     return edit
 
 
+def _row(setting: str, key: str, value: float):
+    def edit(g, f, made):
+        rows = json.loads(g.attrs["results"])
+        rows[setting][key] = value
+        g.attrs["results"] = json.dumps(rows)
+    return edit
+
+
 def _drop(key: str):
     def edit(g, f, made):
         del g.attrs[key]
@@ -259,6 +267,8 @@ FORGERIES = [
     ("cyclic schema edited", "cyclic", _set("participation", FixedEpoch(epochs=4).to_json()), "declares"),
     ("compressed record relabelled dense", "compressed", _set("operator", "dense"), "strategy_sha256 is not the hash"),
     ("delta x10, epsilon kept", "poisson", _scale("delta", 10.0), "mmcc"),
+    ("PLD grid 1e-12 (a work bomb)", "poisson", _row("dp-sgd", "value_discretization", 1e-12), "finer than"),
+    ("mixture grid 1e-9 (a memory bomb)", "poisson", _row("mmcc", "mixture_grid", 1e-9), "finer than"),
     ("calibration target lowered", "calibrated", _calibration("target_epsilon", 0.5), "target was not met"),
     ("calibration sigma edited", "calibrated", _calibration("sigma", 9.0), "calibration's sigma"),
 ]

@@ -71,6 +71,13 @@ EVENT_RTOL = 1e-9
 #: tens of seconds at n = 256 on a loaded 2-core machine and grows about as n^2 to n^3.
 MMCC_REDERIVE_MAX_N = 256
 
+#: The finest numerical options a record is re-derived with: a forged record must not turn a
+#: small file into hours of work or gigabytes of memory (a PLD grid of 1e-12, a mixture grid of
+#: 1e-9). Both are 100x finer than the defaults (1e-4 and 1/50); a record made with finer options
+#: is reported unverified with the limit.
+MIN_REDERIVE_DISCRETIZATION = 1e-6
+MAX_REDERIVE_MIXTURE_RESOLUTION = 5000
+
 #: Status of a record (and of each of its settings).
 VERIFIED = "verified"
 UNVERIFIED = "unverified"
@@ -320,6 +327,9 @@ def accounting_options(claim: RecordClaim) -> AccountingOptions:
             if v is None:
                 raise MfcliError(f"the {s} row's {key} {claim.rows[s].get(key)!r} is not a number")
             grids[s] = check_discretization(v)
+            if grids[s] < MIN_REDERIVE_DISCRETIZATION:
+                raise MfcliError(f"the {s} row's PLD grid {v!r} is finer than {MIN_REDERIVE_DISCRETIZATION:g}, the "
+                                 "finest a record is re-derived on")
     if len(set(grids.values())) > 1:
         raise MfcliError(f"its rows were computed on different PLD grids ({grids}): not one account run")
     grid = next(iter(grids.values()), DEFAULT_DISCRETIZATION)
@@ -335,6 +345,9 @@ def accounting_options(claim: RecordClaim) -> AccountingOptions:
         g = _number(row.get("mixture_grid"))
         if g is None or not 0 < g <= 1:
             raise MfcliError(f"the mmcc row's mixture_grid {row.get('mixture_grid')!r} is not a number in (0, 1]")
+        if g < 1.0 / MAX_REDERIVE_MIXTURE_RESOLUTION:
+            raise MfcliError(f"the mmcc row's mixture_grid {g!r} is finer than 1/{MAX_REDERIVE_MIXTURE_RESOLUTION}, "
+                             "the finest a record is re-derived on")
         resolution = round(1.0 / g)
         if resolution < 1 or abs(1.0 / resolution - g) > 1e-12 * g:
             raise MfcliError(f"the mmcc row's mixture_grid {g!r} is not 1/M for an integer M")
@@ -704,6 +717,8 @@ __all__ = [
     "DEEP_HINT",
     "EVENT_RTOL",
     "FOREIGN",
+    "MAX_REDERIVE_MIXTURE_RESOLUTION",
+    "MIN_REDERIVE_DISCRETIZATION",
     "MMCC_REDERIVE_MAX_N",
     "NOT_REDERIVED",
     "RECORD_FORMAT",
