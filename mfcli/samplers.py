@@ -50,7 +50,8 @@ fits this sampler and returns that step. A step t >= n is refused: drawing batch
 means training past what was accounted.
 
 :func:`sampler_for` builds the sampler that an artifact's accounting record (``mfcli account
---write``, ``mfcli plan --out``) names, with its rate, groups and step count.
+--write``, ``mfcli plan --out``) names, with its rate, groups and step count, after re-deriving
+the record from the artifact (:func:`verified_record`; a record that does not verify is refused).
 
 Example:
     >>> s = PoissonSampler(examples=1000, rate=0.01, steps=4, seed=7)

@@ -71,6 +71,13 @@ EVENT_RTOL = 1e-9
 #: tens of seconds at n = 256 on a loaded 2-core machine and grows about as n^2 to n^3.
 MMCC_REDERIVE_MAX_N = 256
 
+#: The finest numerical options a record is re-derived with: a forged record must not turn a
+#: small file into hours of work or gigabytes of memory (a PLD grid of 1e-12, a mixture grid of
+#: 1e-9). Both are 100x finer than the defaults (1e-4 and 1/50); a record made with finer options
+#: is reported unverified with the limit.
+MIN_REDERIVE_DISCRETIZATION = 1e-6
+MAX_REDERIVE_MIXTURE_RESOLUTION = 5000
+
 #: Status of a record (and of each of its settings).
 VERIFIED = "verified"
 UNVERIFIED = "unverified"
@@ -320,6 +327,9 @@ def accounting_options(claim: RecordClaim) -> AccountingOptions:
             if v is None:
                 raise MfcliError(f"the {s} row's {key} {claim.rows[s].get(key)!r} is not a number")
             grids[s] = check_discretization(v)
+            if grids[s] < MIN_REDERIVE_DISCRETIZATION:
+                raise MfcliError(f"the {s} row's PLD grid {v!r} is finer than {MIN_REDERIVE_DISCRETIZATION:g}, the "
+                                 "finest a record is re-derived on")
     if len(set(grids.values())) > 1:
         raise MfcliError(f"its rows were computed on different PLD grids ({grids}): not one account run")
     grid = next(iter(grids.values()), DEFAULT_DISCRETIZATION)
@@ -335,6 +345,9 @@ def accounting_options(claim: RecordClaim) -> AccountingOptions:
         g = _number(row.get("mixture_grid"))
         if g is None or not 0 < g <= 1:
             raise MfcliError(f"the mmcc row's mixture_grid {row.get('mixture_grid')!r} is not a number in (0, 1]")
+        if g < 1.0 / MAX_REDERIVE_MIXTURE_RESOLUTION:
+            raise MfcliError(f"the mmcc row's mixture_grid {g!r} is finer than 1/{MAX_REDERIVE_MIXTURE_RESOLUTION}, "
+                             "the finest a record is re-derived on")
         resolution = round(1.0 / g)
         if resolution < 1 or abs(1.0 / resolution - g) > 1e-12 * g:
             raise MfcliError(f"the mmcc row's mixture_grid {g!r} is not 1/M for an integer M")
@@ -500,8 +513,8 @@ def _event_difference(stored: Any, derived: Any, where: str = "event") -> str | 
         return None
     if isinstance(derived, list):
         if not isinstance(stored, list) or len(stored) != len(derived):
-            got = len(stored) if isinstance(stored, list) else type(stored).__name__
-            return f"{where} has {got} entries, the re-derived one {len(derived)}"
+            count = len(stored) if isinstance(stored, list) else type(stored).__name__
+            return f"{where} has {count} entries, the re-derived one {len(derived)}"
         for i, (a, b) in enumerate(zip(stored, derived, strict=True)):
             found = _event_difference(a, b, f"{where}[{i}]")
             if found:
@@ -548,6 +561,26 @@ def _rederive_mmcc(inp: StrategyInput, claim: RecordClaim, opts: AccountingOptio
                   delta=opts.delta, tail_fractions=opts.tail_fractions,
                   value_discretization=opts.value_discretization, mixture_resolution=opts.mixture_resolution)
     return result.as_dict()
+
+
+def _calibration_problem(attrs: Mapping[str, Any], claim: RecordClaim, checks: Mapping[str, SettingCheck]) -> str | None:
+    """A record made by calibration (``calibration``, ``calibrated_setting``) claims its sigma meets
+    a target: the setting must be one of the record's, its sigma the record's, and the target at
+    least the re-derived epsilon of that setting."""
+    if "calibration" not in attrs:
+        return None
+    cal = _json_value(attrs.get("calibration"))
+    setting = attrs.get("calibrated_setting")
+    if not isinstance(cal, dict) or setting not in claim.settings:
+        return f"its calibration (for setting {setting!r}) is not readable or names no setting of the record"
+    sigma, target = _number(cal.get("sigma")), _number(cal.get("target_epsilon"))
+    if sigma is None or not math.isclose(sigma, claim.sigma, rel_tol=RECORD_RTOL):
+        return f"its calibration's sigma {cal.get('sigma')!r} is not the record's sigma {claim.sigma!r}"
+    derived = checks[setting].rederived if setting in checks else None
+    if target is None or (derived is not None and target < derived * (1 - RECORD_RTOL)):
+        return (f"its calibration's target epsilon {cal.get('target_epsilon')!r} is below the {derived!r} "
+                f"re-derived for {setting}: the target was not met")
+    return None
 
 
 def _reason(exc: BaseException) -> str:
@@ -645,6 +678,9 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
         checks[s] = SettingCheck(s, UNVERIFIED if problem else VERIFIED, stored, derived, problem)
     ordered = tuple(checks[s] for s in claim.settings)
     problems += [c.problem for c in ordered if c.problem]
+    found = _calibration_problem(attrs, claim, checks)
+    if found:
+        problems.append(found)
     if problems:
         return RecordCheck(status=UNVERIFIED, problems=tuple(problems), settings=ordered, claim=claim)
     status = NOT_REDERIVED if any(c.status == NOT_REDERIVED for c in ordered) else VERIFIED
@@ -681,6 +717,8 @@ __all__ = [
     "DEEP_HINT",
     "EVENT_RTOL",
     "FOREIGN",
+    "MAX_REDERIVE_MIXTURE_RESOLUTION",
+    "MIN_REDERIVE_DISCRETIZATION",
     "MMCC_REDERIVE_MAX_N",
     "NOT_REDERIVED",
     "RECORD_FORMAT",

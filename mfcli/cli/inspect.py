@@ -236,8 +236,9 @@ def inspect(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Nothing on stderr but errors (the --plot 'wrote' line)."),
     deep: bool = typer.Option(
         False, "--deep",
-        help="Re-derive the MMCC rows of accounting records at every n (one MMCC run each: minutes at n in the "
-             "thousands). Without it, MMCC rows above n = 256 are shown as not re-derived (not verified).",
+        help="Re-derive the MMCC rows of accounting records at every n (one MMCC run each: tens of seconds at "
+             "n = 256, growing with n). Without it, MMCC rows above n = 256 are shown as not re-derived (not "
+             "verified).",
     ),
     epochs: EpochsOpt = None,
     min_sep: MinSepOpt = None,
