@@ -836,7 +836,7 @@ def _is_dask_handshake(body: bytes) -> bool:
     if start + sum(sizes) != len(body):
         return False
     try:
-        import msgpack
+        import msgpack  # type: ignore[import-untyped]
 
         info = msgpack.unpackb(body[start:start + sizes[0]], raw=False)
     except Exception:  # any decoding failure means "not a handshake"

@@ -56,9 +56,10 @@ def step_count(n: Any, *, name: str = "n", minimum: int = 1, too_few: str | None
     if isinstance(n, bool) or not isinstance(n, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
     # an int is checked as an int: float() of one past 10^308 raises OverflowError
-    if not isinstance(n, numbers.Integral) and (not math.isfinite(float(n)) or int(n) != n):
+    value: Any = n  # a numbers.Real: int() and float() apply (typeshed's Real has no __int__)
+    if not isinstance(value, numbers.Integral) and (not math.isfinite(float(value)) or int(value) != value):
         raise MfcliError(f"{name} must be an integer, got {n!r}")
-    count = check_count_size(int(n), name)
+    count = check_count_size(int(value), name)
     if count < minimum:
         raise MfcliError(f"{too_few}, got {name} = {count}" if too_few else f"{name} must be at least {minimum}, got {count}")
     return count
