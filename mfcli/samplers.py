@@ -80,7 +80,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.noise import check_seed
-from mfcli.validation import positive_int
+from mfcli.validation import positive_int, regular_file
 
 STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
@@ -548,7 +548,7 @@ def accounting_records(artifact: str | Path) -> dict[str, dict[str, Any]]:
 
     path = Path(artifact)
     try:
-        with h5py.File(path, "r") as f:
+        with h5py.File(regular_file(path, "artifact"), "r") as f:  # a FIFO would block
             grp = f.get("accounting")
             out: dict[str, dict[str, Any]] = {}
             if grp is None or not isinstance(grp, h5py.Group):

@@ -126,5 +126,39 @@ def model_dimension(d: Any, *, floats_per_parameter: int = 1, itemsize: int = 8,
     return count
 
 
+def regular_file(path: Any, what: str = "file") -> Any:
+    """``path`` as a :class:`pathlib.Path` if it names a regular file (a symbolic link to one
+    resolves as usual); else :class:`~mfcli.errors.ArtifactError` saying what it is instead.
+
+    Why: opening a FIFO blocks until some writer opens it (every reader hung on one), and a
+    character device such as /dev/zero or /dev/urandom never ends. The check is an ``os.stat``,
+    which neither opens nor blocks. Every reader of a file named by a user calls this before
+    opening it (the artifact readers, the checkpoint and matrix readers).
+
+    Raises:
+        ArtifactError: the path does not exist, is a directory, or is not a regular file.
+    """
+    import os
+    import stat
+    from pathlib import Path
+
+    from mfcli.errors import ArtifactError
+
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise ArtifactError(f"{what} {p} does not exist") from None
+    except OSError as exc:
+        raise ArtifactError(f"{what} {p} cannot be examined: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return p
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "not a regular file")
+    raise ArtifactError(f"{what} {p} is {kind}; give a regular file")
+
+
+
 __all__ = ["MAX_COUNT", "check_count_size", "model_dimension", "one_of", "positive_int", "positive_number",
-           "shown_integer", "step_count"]
+           "regular_file", "shown_integer", "step_count"]
