@@ -420,8 +420,10 @@ def save_artifact(
 
 
 def file_sha256(path: str | Path) -> str:
+    from mfcli.validation import regular_file
+
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(regular_file(path), "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -445,15 +447,69 @@ def check_datasets(path: str | Path) -> list[tuple[str, bool]]:
     import h5py
 
     out: list[tuple[str, bool]] = []
-    with h5py.File(path, "r") as f:
+    with open_artifact_file(path) as f:
         def visit(name: str, obj: Any) -> None:
             if isinstance(obj, h5py.Dataset):
+                if dataset_problem(obj) is not None:
+                    out.append((name, False))  # not read: its header already says it is no mfcli dataset
+                    return
                 stored = obj.attrs.get("sha256")
                 stored = stored.decode() if isinstance(stored, bytes) else stored
                 out.append((name, stored == dataset_sha256(obj[...])))
 
         f.visititems(visit)
     return out
+
+
+# The largest dataset a reader reads: a quarter of physical memory (half the default memory
+# limit), so reading it and the copy a checksum or a cast makes still fit. None: memory unknown.
+def dataset_read_limit() -> int | None:
+    """Bytes above which a dataset is not read (:func:`dataset_problem`)."""
+    from mfcli.memory import default_max_memory
+
+    limit = default_max_memory()
+    return None if limit is None else limit // 2
+
+
+def dataset_problem(obj: Any, *, max_size: int | None = None) -> str | None:
+    """Why the HDF5 dataset ``obj`` must not be read, judged from its header alone (nothing of
+    its data is read), or None when it may be.
+
+    An mfcli writer stores every dataset as plain float64 values, contiguous and uncompressed
+    (:func:`_write_dataset`), so a dataset read by a reader must be: real numbers of at most 8
+    bytes (no strings, compounds or variable-length data); at most ``max_size`` elements when
+    given (the kind's limit, e.g. a structured strategy's parameter count); stored in full in the
+    file (its storage holds at least its declared bytes: a dataset declaring 10^8 values in an
+    8 KB file, unallocated, sparse or compressed, would be conjured into gigabytes of fill
+    values); and no larger than :func:`dataset_read_limit`.
+
+    Why here: reading first and checking afterwards let an 8 KB file drive ``inspect`` to 1.6 GB.
+    """
+    from mfcli.memory import format_size
+
+    try:
+        dtype = obj.dtype
+        shape = tuple(int(x) for x in obj.shape) if obj.shape is not None else None
+        stored = int(obj.id.get_storage_size())
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+        return f"has an unreadable header (corrupt?): {exc}"
+    if shape is None:
+        return "has no data space (an empty dataset)"
+    if dtype.kind not in "fiu" or dtype.itemsize > 8:
+        return f"has dtype {dtype}; an artifact stores real numbers (float64)"
+    count = 1
+    for x in shape:
+        count *= x
+    declared = count * dtype.itemsize
+    if max_size is not None and count > max_size:
+        return f"declares {count} values (shape {shape}), more than the {max_size} this kind allows"
+    if stored < declared:
+        return (f"declares {format_size(declared)} (shape {shape}, {dtype}) but the file stores {stored} bytes of it "
+                "(unallocated, sparse or compressed); an artifact stores every dataset in full")
+    limit = dataset_read_limit()
+    if limit is not None and declared > limit:
+        return f"is {format_size(declared)}, more than the {format_size(limit)} a dataset may take in memory here"
+    return None
 
 
 def structure_problems(f: Any) -> list[str]:
@@ -521,15 +577,35 @@ def open_artifact_file(path: str | Path) -> Any:
     (missing, a directory, not HDF5: truncated or corrupt). The caller closes it."""
     import h5py
 
-    p = Path(path)
-    if not p.exists():
-        raise ArtifactError(f"artifact {p} does not exist")
-    if p.is_dir():
-        raise ArtifactError(f"artifact {p} is a directory")
+    from mfcli.validation import regular_file
+
+    p = regular_file(path, "artifact")  # a FIFO or a device would block or never end
     try:
         return h5py.File(p, "r")
     except OSError as exc:
         raise ArtifactError(f"{p} is not a readable HDF5 artifact (truncated or corrupt?): {exc}") from None
+
+
+def root_shape_problem(name: str, obj: Any, n: Any) -> str | None:
+    """Why the root dataset ``name`` (workload, strategy or decoder) does not fit the declared
+    ``n`` steps, from its header alone: the workload is n x n, the strategy m x n, the decoder
+    n x m (m the strategy's rows). None when it fits, or when ``n`` is not an integer (the
+    loaders report the attribute itself)."""
+    try:
+        shape = tuple(int(x) for x in obj.shape) if obj.shape is not None else ()
+    except (OSError, ValueError, RuntimeError, TypeError, AttributeError):
+        return f"dataset {name!r} has an unreadable shape (corrupt?)"
+    if len(shape) != 2:
+        return f"dataset {name!r} must be a 2-D matrix, got shape {shape}"
+    if isinstance(n, bool) or not isinstance(n, int):
+        return None
+    if name == "workload" and shape != (n, n):
+        return f"dataset 'workload' has shape {shape}, but the artifact declares n = {n} (an n x n workload)"
+    if name == "strategy" and shape[1] != n:
+        return f"dataset 'strategy' has shape {shape}, but the artifact declares n = {n} (an m x n strategy)"
+    if name == "decoder" and shape[0] != n:
+        return f"dataset 'decoder' has shape {shape}, but the artifact declares n = {n} (an n x m decoder)"
+    return None
 
 
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
@@ -565,8 +641,17 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
             datasets: dict[str, np.ndarray] = {}
             groups: dict[str, dict[str, Any]] = {}
 
+            n_attr = _decode(f.attrs.get("n"))
+            for name in ROOT_DATASETS:
+                problem = root_shape_problem(name, f[name], n_attr)
+                if problem is not None:
+                    raise ArtifactError(f"{p}: {problem}")
+
             def visit(name: str, obj: Any) -> None:
                 if isinstance(obj, h5py.Dataset):
+                    problem = dataset_problem(obj)
+                    if problem is not None:
+                        raise ArtifactError(f"{p}: dataset {name!r} {problem}")
                     data = obj[...]
                     if verify:
                         stored = _decode(obj.attrs.get("sha256"))
@@ -721,7 +806,7 @@ def append_group(
         # group another writer added while this one waited.
         from mfcli.structured import load_any_artifact
 
-        load_any_artifact(p)  # dense or structured (a structured one has no n x n datasets)
+        load_any_artifact(p)  # dense or structured (a structured one has no n x n datasets); a regular file
         base = p.read_bytes()
 
         def build(f: Any) -> None:

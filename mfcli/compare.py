@@ -140,11 +140,12 @@ def comparison_schema(artifacts: Sequence[str | Path], requested: Participation 
     import h5py
 
     from mfcli.artifact import PARTICIPATION_ATTR, read_participation
+    from mfcli.validation import regular_file
 
     schema = requested
     for path in artifacts:
         try:
-            with h5py.File(path, "r") as f:
+            with h5py.File(regular_file(path, "artifact"), "r") as f:  # a FIFO would block
                 raw = f.attrs.get(PARTICIPATION_ATTR)
                 shape = getattr(f.get("workload"), "shape", None)
         except OSError as exc:

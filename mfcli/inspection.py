@@ -45,10 +45,12 @@ from mfcli.artifact import (
     FORMAT,
     FORMAT_VERSION,
     PARTICIPATION_ATTR,
+    dataset_problem,
     dataset_sha256,
     file_sha256,
     open_artifact_file,
     read_participation,
+    root_shape_problem,
     structure_problems,
 )
 from mfcli.errors import ArtifactError, MfcliError
@@ -234,6 +236,14 @@ def _check_datasets(f: Any) -> tuple[list[tuple[str, bool | None]], list[str]]:
     problems: list[str] = []
     for name in names:
         try:
+            problem = dataset_problem(f[name])
+        except (OSError, KeyError, ValueError, RuntimeError, TypeError):
+            problem = None  # the read below reports it
+        if problem is not None:  # judged from its header: the data is not read
+            out.append((name, None))
+            problems.append(f"dataset {name!r} {problem}")
+            continue
+        try:
             data = f[name][...]
             stored = _decode(f[name].attrs.get("sha256"))
         except (OSError, KeyError, ValueError, RuntimeError, TypeError):
@@ -255,7 +265,7 @@ def _check_datasets(f: Any) -> tuple[list[tuple[str, bool | None]], list[str]]:
 
 def _read(f: Any, name: str) -> np.ndarray | None:
     obj = _plain(f, name)
-    if obj is None:
+    if obj is None or dataset_problem(obj) is not None:  # not read: _check_datasets reports why
         return None
     try:
         data = obj[...]
@@ -395,9 +405,21 @@ def _read_root(f: Any) -> tuple[dict[str, np.ndarray | None], np.ndarray | None,
     """The three root matrices (None where unreadable) and the raw dual weights."""
     problems: list[str] = []
     mats: dict[str, np.ndarray | None] = {}
+    try:
+        n_attr = _decode(f.attrs.get("n"))
+    except (OSError, KeyError, ValueError, RuntimeError):
+        n_attr = None
     for name in ("workload", "strategy", "decoder"):
         if name not in f:
             problems.append(f"no {name!r} dataset")
+            continue
+        import h5py
+
+        obj = _plain(f, name)
+        shape_problem = root_shape_problem(name, obj, n_attr) if isinstance(obj, h5py.Dataset) else None
+        if shape_problem is not None:  # checked against the declared n before reading
+            mats[name] = None
+            problems.append(shape_problem)
         else:
             mats[name] = _read(f, name)
             if mats[name] is None:

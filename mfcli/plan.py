@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from mfcli.accounting.calibrate import SIGMA_MAX, Calibration, calibrate_sigma
+from mfcli.accounting.calibrate import SIGMA_MAX, SIGMA_MIN, Calibration, calibrate_sigma
 from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.validation import positive_int
@@ -87,6 +87,11 @@ REL_TOL = 1e-3
 PLD_DISCRETIZATION = 1e-3
 #: Relative error difference below which two candidates tie (the cheaper stream ranks first).
 TIE_RTOL = 1e-9
+#: Largest number of steps n = epochs x steps per epoch that plan evaluates. The cost grows faster
+#: than n: at n = 10^5 (momentum, 1000 examples, batch 100) one BLT candidate's optimisation took
+#: 128 s of CPU and BandMF's Poisson accounting 9 s and 0.7 GB (docs/plan.md, "Limits"), so n =
+#: 10^6 already takes hours and n = 10^7 would not finish; a larger setup is refused up front.
+PLAN_MAX_N = 10**6
 
 
 
@@ -140,6 +145,11 @@ class TrainingSetup:
                 raise MfcliError(f"{steps} steps is not a whole number of epochs of {s} steps; give a multiple of {s} "
                                  f"(e.g. {max(1, round(steps / s)) * s}) or a number of epochs")
             epochs = steps // s
+        if epochs * s > PLAN_MAX_N:
+            raise MfcliError(f"{epochs} epochs of {s} steps is n = {epochs * s} steps, over plan's limit of "
+                             f"{PLAN_MAX_N} (its evaluation grows faster than n: minutes per candidate at n = 10^5); "
+                             + (f"train at most {PLAN_MAX_N // s} epochs of {s} steps, or use larger batches"
+                                if s <= PLAN_MAX_N else f"use batches of at least {math.ceil(ex / PLAN_MAX_N)}"))
         object.__setattr__(self, "epochs", epochs)
         object.__setattr__(self, "steps", None)
         object.__setattr__(self, "epsilon", positive_number(self.epsilon, "the target epsilon"))
@@ -630,10 +640,18 @@ def run_plan(
         except ImportError:
             raise MfcliError("a Dask scheduler needs the dask extra: pip install 'mfcli[dask]'") from None
         own = not isinstance(scheduler, Client)
+        left = SCHEDULER_TIMEOUT_S
+        if own:
+            t_connect = time.monotonic()
+            probe_scheduler(str(scheduler))
+            left = max(1.0, SCHEDULER_TIMEOUT_S - (time.monotonic() - t_connect))
         try:
-            client: Any = Client(scheduler, timeout="10s") if own else scheduler
+            client: Any = Client(scheduler, timeout=f"{left:.1f}s") if own else scheduler
         except (OSError, TimeoutError, ValueError) as exc:  # ValueError: a malformed address
             raise MfcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        except MemoryError:  # a peer that passed the probe and then declared an absurd message size
+            raise MfcliError(f"the peer at {scheduler} is not a Dask scheduler (it sent a message Dask "
+                             "could not hold in memory)") from None
         try:
             futures = client.map(evaluate, [setup] * total, list(candidates), pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
@@ -651,11 +669,193 @@ def run_plan(
     import concurrent.futures as cf
     import multiprocessing
 
-    with cf.ProcessPoolExecutor(max_workers=min(n_workers, total), mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = cf.ProcessPoolExecutor(max_workers=min(n_workers, total), mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_worker_init, initargs=(os.getpid(),))
+    try:
         futs = {pool.submit(evaluate, setup, c): i for i, c in enumerate(candidates)}
         for fut in cf.as_completed(futs):
             done(futs[fut], fut.result())
+    except BaseException:
+        # A signal (KeyboardInterrupt, the CLI's Terminated), an error or a broken pool: the
+        # running evaluations are not waited for (one can take many minutes); the workers are
+        # stopped and reaped before the exception goes on.
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
     return [r for r in results if r is not None]
+
+
+#: Seconds between a pool worker's checks that the process that started it is still alive.
+WATCHDOG_S = 1.0
+
+
+def _worker_init(parent: int) -> None:
+    """Initializer of every pool worker: it must never outlive the plan that started it.
+
+    * SIGINT is ignored: a Ctrl-C at the terminal reaches the whole process group, and the parent
+      alone answers it (it stops the workers and prints the one error line);
+    * on Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``), even when
+      the parent is killed with SIGKILL and runs no cleanup;
+    * everywhere, a daemon thread checks every :data:`WATCHDOG_S` seconds that the parent is still
+      its parent and ends the worker at once when it is not (an orphan is re-parented)."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no libc symbol: the watchdog below still applies
+            pass
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(WATCHDOG_S)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, name="mfcli-plan-watchdog", daemon=True).start()
+
+
+def _stop_pool(pool: Any) -> None:
+    """Stop a process pool now: cancel what has not started, terminate the running workers
+    (SIGTERM, then SIGKILL for one still alive after 2 s) and reap them."""
+    # ProcessPoolExecutor has no public way to stop running tasks before Python 3.14
+    # (terminate_workers); its worker table is _processes, read before shutdown() clears it.
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 2.0
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+    # The pool's manager thread, seeing its workers gone, closes the pool's queues; once it has
+    # ended they are garbage, and collecting them releases their named semaphores now (the CLI
+    # ends with os._exit, after which the resource tracker would warn of "leaked" semaphores).
+    if manager is not None:
+        manager.join(2.0)
+    del manager, procs
+    import gc
+
+    gc.collect()
+
+
+#: Seconds that connecting to a Dask scheduler may take in all: the TCP connection, the scheduler's
+#: handshake (:func:`probe_scheduler`) and the client's own connection.
+SCHEDULER_TIMEOUT_S = 10.0
+#: Largest handshake a Dask scheduler sends (distributed 2026.8 sends 58 bytes).
+HANDSHAKE_MAX_BYTES = 1 << 16
+
+
+def probe_scheduler(address: str, timeout: float | None = None) -> None:
+    """Check, within ``timeout`` seconds in all (default :data:`SCHEDULER_TIMEOUT_S`), that a Dask
+    scheduler answers at ``address``, before a ``distributed.Client`` is pointed at it.
+
+    Why: Dask's client waits for the peer's handshake without a bound, and sizes its read buffer
+    from the peer's first 8 bytes; an HTTP server kept ``plan`` waiting for minutes, and another
+    peer's first bytes made Dask allocate exabytes. A Dask scheduler sends its handshake as soon as
+    a connection is accepted: an 8-byte little-endian length, a frame prelude (frame count, frame
+    sizes) and a msgpack map naming ``python`` and ``pickle-protocol``. The probe reads at most
+    :data:`HANDSHAKE_MAX_BYTES` of it over a plain socket with a deadline. For ``tls://`` only the
+    TCP connection is checked (the handshake is encrypted); other schemes are left to Dask.
+
+    Raises:
+        MfcliError: nothing accepts the connection in time, or the peer is not a Dask scheduler.
+    """
+    import socket
+    import struct
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    budget = SCHEDULER_TIMEOUT_S if timeout is None else timeout
+    deadline = time.monotonic() + budget
+    try:
+        scheme, loc = parse_address(address)
+        host, port = parse_host_port(loc)
+    except (ValueError, TypeError) as exc:
+        if "://" in address and not address.startswith(("tcp://", "tls://")):
+            return  # inproc://, ucx://: no TCP socket to probe
+        raise MfcliError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    if scheme not in ("tcp", "tls"):
+        return
+
+    def left() -> float:
+        rest = deadline - time.monotonic()
+        if rest <= 0:
+            raise TimeoutError
+        return rest
+
+    def not_dask(why: str) -> MfcliError:
+        return MfcliError(f"the peer at {address} is not a Dask scheduler ({why}); give the address of a Dask "
+                          "scheduler (tcp://HOST:8786)")
+
+    try:
+        sock = socket.create_connection((host, port), timeout=left())
+    except TimeoutError:
+        raise MfcliError(f"cannot reach the Dask scheduler at {address}: no connection within {budget:g} s") from None
+    except OSError as exc:
+        raise MfcliError(f"cannot reach the Dask scheduler at {address}: {exc.strerror or exc}") from None
+    if scheme == "tls":
+        sock.close()
+        return
+
+    def read(count: int) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            sock.settimeout(left())
+            chunk = sock.recv(count - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return bytes(data)
+
+    try:
+        with sock:
+            (total,) = struct.unpack("<Q", read(8))
+            if not 16 <= total <= HANDSHAKE_MAX_BYTES:
+                raise not_dask(f"its first message declares {total} bytes; a Dask handshake is a short message")
+            body = read(total)
+    except TimeoutError:
+        raise not_dask(f"it sent no Dask handshake within {budget:g} s of the connection") from None
+    except EOFError:
+        raise not_dask("it closed the connection without a Dask handshake") from None
+    except OSError as exc:
+        raise not_dask(f"the connection failed while reading its handshake: {exc.strerror or exc}") from None
+    if not _is_dask_handshake(body):
+        raise not_dask("its first message is not a Dask handshake")
+
+
+def _is_dask_handshake(body: bytes) -> bool:
+    """Whether ``body`` is Dask's handshake: a frame prelude whose sizes add up, then a msgpack
+    map with the keys ``python`` and ``pickle-protocol``."""
+    import struct
+
+    (frames,) = struct.unpack_from("<Q", body)
+    if not 1 <= frames <= 16 or len(body) < 8 * (1 + frames):
+        return False
+    sizes = struct.unpack_from(f"<{frames}Q", body, 8)
+    start = 8 * (1 + frames)
+    if start + sum(sizes) != len(body):
+        return False
+    try:
+        import msgpack  # type: ignore[import-untyped]
+
+        info = msgpack.unpackb(body[start:start + sizes[0]], raw=False)
+    except Exception:  # any decoding failure means "not a handshake"
+        return False
+    return isinstance(info, dict) and "python" in info and "pickle-protocol" in info
 
 
 def rank(results: Sequence[CandidateResult]) -> list[CandidateResult]:
@@ -907,6 +1107,12 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
     done = [r for r in results if isinstance(r, CandidateResult)]
     failed = [r for r in results if isinstance(r, Skipped)]
     if not done:
+        loose = [f for f in failed if "no calibration needed" in f.reason]  # calibrate_sigma's "stays below"
+        if loose and len(loose) == len(failed):
+            raise MfcliError(f"epsilon {setup.epsilon:g} is met by every candidate even with almost no noise (the "
+                             f"calibration's smallest sigma is {SIGMA_MIN:g}; {loose[0].key}: {loose[0].reason}); "
+                             "such a target promises no meaningful privacy: give a smaller epsilon (DP training "
+                             "targets are typically 1 to 10)")
         raise MfcliError(f"no candidate reaches epsilon {setup.epsilon:g} at delta {setup.delta:g} with sigma up to "
                          f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
                          "train fewer epochs")

@@ -35,6 +35,7 @@ from mfcli.operators import BufferRecursion, IirRecursion
 from mfcli.participation import Participation, Sensitivity, SingleParticipation
 from mfcli.toeplitz import (
     DENSE_MAX_N,
+    MAX_BANDS,
     BandedToeplitz,
     Loss,
     ToeplitzWorkload,
@@ -43,6 +44,11 @@ from mfcli.toeplitz import (
     materialize,
     toeplitz_workload,
 )
+
+#: The most values a parameter dataset of any structured kind holds (a banded Toeplitz strategy's
+#: MAX_BANDS coefficients; a BLT has at most 32 buffers): the loader refuses a larger declaration
+#: before reading it.
+MAX_PARAMETER_VALUES = MAX_BANDS
 
 GROUP = "structured"
 ATTR_RTOL = 1e-9
@@ -348,9 +354,11 @@ def is_structured_file(path: str | Path) -> bool:
     try:
         import h5py
 
-        with h5py.File(path, "r") as f:
+        from mfcli.validation import regular_file
+
+        with h5py.File(regular_file(path), "r") as f:  # a FIFO would block: refused unopened
             return GROUP in f and "strategy" not in f
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ArtifactError is a ValueError
         return False
 
 
@@ -370,6 +378,7 @@ def load_structured_artifact(path: str | Path) -> StructuredArtifact:
         PARTICIPATION_ATTR,
         _decode,
         check_structure,
+        dataset_problem,
         dataset_sha256,
         open_artifact_file,
         read_participation,
@@ -391,6 +400,21 @@ def load_structured_artifact(path: str | Path) -> StructuredArtifact:
                 if name != GROUP and isinstance(f[name], h5py.Dataset):
                     raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
             g = f[GROUP]
+            # the declared size first, before any dataset is read: n within the structured
+            # limit, and every parameter dataset stored in full and within the largest
+            # parameter count any structured kind has (MAX_BANDS coefficients)
+            n_attr = _decode(f.attrs.get("n"))
+            if isinstance(n_attr, int) and not isinstance(n_attr, bool):  # else reported below, by name
+                try:
+                    check_n(n_attr)
+                except MfcliError as exc:
+                    raise ArtifactError(f"{p}: {exc}") from None
+            for name in g:
+                obj = g[name]
+                if isinstance(obj, h5py.Dataset):
+                    problem = dataset_problem(obj, max_size=MAX_PARAMETER_VALUES)
+                    if problem is not None:
+                        raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' {problem}")
             params: dict[str, np.ndarray] = {}
             for name in g:
                 obj = g[name]

@@ -6,15 +6,42 @@ Messages name the parameter as the library knows it (``n``, ``sigma``, ``delta``
 parameter to its flag where the user needs that. Wrong types (a string, None, a bool for a count)
 are ``TypeError``; a value of the right type out of range is :class:`~mfcli.errors.MfcliError`
 (a ``ValueError``).
+
+numpy scalars are numbers (``numbers.Integral``, ``numbers.Real``), so this module needs no numpy
+and the CLI's option parsing can use it without loading numpy.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
-import numpy as np
-
 from mfcli.errors import MfcliError
+
+#: The largest count (steps, epochs, bands, examples, parameters) mfcli accepts: 2^53, the largest
+#: integer up to which every integer is a float. Counts enter float arithmetic (n / b, q = batch /
+#: examples, sqrt(k)); past 2^53 that arithmetic is inexact and past about 10^308 it raises
+#: OverflowError, so a larger count is refused here, by one rule, before any arithmetic.
+MAX_COUNT = 2**53
+
+
+def shown_integer(value: int) -> str:
+    """``value`` for a message: in full up to 20 digits, else its first and last digits and its
+    length (a 400-digit number must not fill the terminal)."""
+    digits = str(abs(value))
+    sign = "-" if value < 0 else ""
+    return sign + (digits if len(digits) <= 20 else f"{digits[:8]}...{digits[-4:]} ({len(digits)} digits)")
+
+
+def _shown(value: Any) -> str:
+    return shown_integer(int(value)) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else repr(value)
+
+
+def check_count_size(value: int, what: str) -> int:
+    """``value`` if its magnitude is at most :data:`MAX_COUNT`; else MfcliError naming ``what``."""
+    if abs(int(value)) > MAX_COUNT:
+        raise MfcliError(f"{what} = {shown_integer(int(value))} is too large; counts are at most 2^53 = {MAX_COUNT}")
+    return int(value)
 
 
 def step_count(n: Any, *, name: str = "n", minimum: int = 1, too_few: str | None = None) -> int:
@@ -24,23 +51,26 @@ def step_count(n: Any, *, name: str = "n", minimum: int = 1, too_few: str | None
 
     Raises:
         TypeError: a bool or a non-number.
-        MfcliError: not integral (2.5, NaN, inf) or below ``minimum``.
+        MfcliError: not integral (2.5, NaN, inf), below ``minimum`` or above :data:`MAX_COUNT`.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
-    if not math.isfinite(float(n)) or int(n) != n:
+    # an int is checked as an int: float() of one past 10^308 raises OverflowError
+    value: Any = n  # a numbers.Real: int() and float() apply (typeshed's Real has no __int__)
+    if not isinstance(value, numbers.Integral) and (not math.isfinite(float(value)) or int(value) != value):
         raise MfcliError(f"{name} must be an integer, got {n!r}")
-    count = int(n)
+    count = check_count_size(int(value), name)
     if count < minimum:
         raise MfcliError(f"{too_few}, got {name} = {count}" if too_few else f"{name} must be at least {minimum}, got {count}")
     return count
 
 
 def positive_int(value: Any, what: str) -> int:
-    """``value`` as an int if it is a positive integer (a bool is not); else MfcliError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise MfcliError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
+    """``value`` as an int if it is a positive integer (a bool is not) of at most :data:`MAX_COUNT`;
+    else MfcliError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise MfcliError(f"{what} must be a positive integer, got {_shown(value)}")
+    return check_count_size(int(value), what)
 
 
 def positive_number(value: Any, what: str, *, upper: float = math.inf, upper_closed: bool = False) -> float:
@@ -51,17 +81,18 @@ def positive_number(value: Any, what: str, *, upper: float = math.inf, upper_clo
     """
     try:
         x = float(value)
+    except OverflowError:  # an int past float range (10**400)
+        x = math.inf
     except (TypeError, ValueError):
         raise MfcliError(f"{what} must be a number, got {value!r}") from None
     inside = x > 0 and math.isfinite(x) and (x <= upper if upper_closed else x < upper)
     if not inside:
         if math.isinf(upper):
-            raise MfcliError(f"{what} must be positive and finite, got {value!r}")
-        raise MfcliError(f"{what} must be in (0, {upper:g}{']' if upper_closed else ')'}, got {value!r}")
+            raise MfcliError(f"{what} must be positive and finite, got {_shown(value)}")
+        raise MfcliError(f"{what} must be in (0, {upper:g}{']' if upper_closed else ')'}, got {_shown(value)}")
     return x
 
 
-__all__ = ["positive_number", "step_count"]
 
 
 def one_of(value: Any, choices: tuple[str, ...], what: str) -> str:
@@ -69,3 +100,65 @@ def one_of(value: Any, choices: tuple[str, ...], what: str) -> str:
     if value not in choices:
         raise MfcliError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
     return str(value)
+
+
+def model_dimension(d: Any, *, floats_per_parameter: int = 1, itemsize: int = 8, max_bytes: int | None = None,
+                    what: str = "a noise stream") -> int:
+    """A number of model parameters ``d`` for a computation that keeps ``floats_per_parameter``
+    floats of ``itemsize`` bytes per parameter (a noise stream: one noise row, plus its band and
+    low-rank buffers): a positive integer whose state fits in ``max_bytes`` (default: the memory
+    limit of :func:`mfcli.memory.default_max_memory`, half the physical memory).
+
+    Why: ``d`` sizes every row the computation allocates; ``d = 10**13`` would ask for 80 TB at the
+    first step, so it is refused here, with the estimate, before anything is allocated.
+
+    Raises:
+        MfcliError: ``d`` is not a positive integer (or is past :data:`MAX_COUNT`).
+        mfcli.memory.MemoryLimitError: the state would not fit in ``max_bytes``.
+    """
+    from mfcli.memory import check_memory, default_max_memory
+
+    count = positive_int(d, "d (the number of model parameters)")
+    per = positive_int(floats_per_parameter, "floats_per_parameter") * positive_int(itemsize, "itemsize")
+    limit = default_max_memory() if max_bytes is None else max_bytes
+    check_memory(float(count) * per, limit, what=f"{what} for d = {count} parameters",
+                 way_forward="give the number of parameters of the model (or a smaller d per stream)")
+    return count
+
+
+def regular_file(path: Any, what: str = "file") -> Any:
+    """``path`` as a :class:`pathlib.Path` if it names a regular file (a symbolic link to one
+    resolves as usual); else :class:`~mfcli.errors.ArtifactError` saying what it is instead.
+
+    Why: opening a FIFO blocks until some writer opens it (every reader hung on one), and a
+    character device such as /dev/zero or /dev/urandom never ends. The check is an ``os.stat``,
+    which neither opens nor blocks. Every reader of a file named by a user calls this before
+    opening it (the artifact readers, the checkpoint and matrix readers).
+
+    Raises:
+        ArtifactError: the path does not exist, is a directory, or is not a regular file.
+    """
+    import os
+    import stat
+    from pathlib import Path
+
+    from mfcli.errors import ArtifactError
+
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise ArtifactError(f"{what} {p} does not exist") from None
+    except OSError as exc:
+        raise ArtifactError(f"{what} {p} cannot be examined: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return p
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "not a regular file")
+    raise ArtifactError(f"{what} {p} is {kind}; give a regular file")
+
+
+
+__all__ = ["MAX_COUNT", "check_count_size", "model_dimension", "one_of", "positive_int", "positive_number",
+           "regular_file", "shown_integer", "step_count"]

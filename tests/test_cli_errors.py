@@ -38,6 +38,10 @@ def _app(exc: BaseException) -> typer.Typer:
     (FloatingPointError("overflow"), 1,
      "error: numerical failure (FloatingPointError: overflow); the input is out of the range mfcli can handle"),
     (FileNotFoundError(2, "No such file or directory", "in.npy"), 1, "error: I/O error in.npy: No such file or directory"),
+    (MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000,) and data type float64"), 1,
+     "error: out of memory: unable to allocate 7.45 GiB for an array with shape (1000000000,) and data type float64; "
+     "the computation this input asks for does not fit in this machine's memory"),
+    (MemoryError(), 1, "error: out of memory; the computation this input asks for does not fit in this machine's memory"),
     (KeyboardInterrupt(), 130, "error: interrupted (SIGINT); no partial file was left"),
     (Terminated(), 143, "error: terminated (SIGTERM); no partial file was left"),
 ])

@@ -163,3 +163,100 @@ def test_signals_at_many_delays(tmp_path, sig):
                 assert load_artifact(target).n == 160
         outcomes.add(proc.returncode)
     assert EXIT[sig] in outcomes
+
+
+# --- plan's worker processes: a signal stops them, and they never outlive plan ----------------------
+
+# A setup whose BLT candidates run for minutes at n = 10^5 (about 2 min of CPU each, measured), so
+# the workers are busy when the signal comes; the banded one finishes in a fraction of a second.
+PLAN_BUSY = ["plan", "--examples", "1000", "--batch", "100", "--epochs", "10000", "--epsilon", "8", "-w", "momentum",
+             "--batching", "fixed-order", "--bands", "2", "--buffers", "2", "--buffers", "3", "--workers", "2", "-q"]
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from /proc; zombies are not alive)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _alive(pids: list[int]) -> list[int]:
+    live = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.append(pid)
+    return live
+
+
+def _busy_plan(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """plan started with 2 pool workers (and the pool's resource tracker) running; its children."""
+    proc = _start(PLAN_BUSY, tmp_path)
+    deadline = time.monotonic() + 120
+    while len(kids := _children(proc.pid)) < 3:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"plan's workers never started: {proc.communicate()[1]}")
+        time.sleep(0.05)
+    time.sleep(1.0)  # the workers import mfcli and take their first candidates
+    return proc, kids
+
+
+def _gone(pids: list[int], timeout: float = 30) -> list[int]:
+    """The processes of ``pids`` still alive after up to ``timeout`` s (a bound for a loaded
+    machine, not a speed claim: a leftover worker would run for minutes)."""
+    deadline = time.monotonic() + timeout
+    while (live := _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return live
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_plan_signal_stops_its_running_workers(tmp_path, sig):
+    proc, kids = _busy_plan(tmp_path)
+    proc.send_signal(sig)
+    # Before the fix plan waited for the running candidates (minutes here, hours at n = 10^7);
+    # the bound only keeps a regression from hanging the suite.
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT[sig], err
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(LINE[sig]), err  # no worker traceback
+    assert _gone(kids) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_plan_workers_die_with_a_killed_plan(tmp_path):
+    # SIGKILL runs no cleanup in plan: the workers end by themselves (the death signal the
+    # kernel sends them, or their watchdog seeing their parent gone), not as orphans.
+    proc, kids = _busy_plan(tmp_path)
+    workers = [k for k in kids if "resource_tracker" not in Path(f"/proc/{k}/cmdline").read_text()]
+    assert len(workers) == 2
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(workers) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_plan_worker_watchdog_ends_an_orphan(tmp_path):
+    """The watchdog alone (the death signal is not armed: the worker believes it is not on
+    Linux): a worker whose parent exits is re-parented, sees it and ends, instead of running on."""
+    worker = (f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r}); sys.platform = 'other'; "
+              "from mfcli.plan import _worker_init; _worker_init(os.getppid()); print('ready', flush=True); "
+              "time.sleep(600)")
+    parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, "
+              "text=True); p.stdout.readline(); print(p.pid)")
+    res = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    orphan = int(res.stdout.split()[-1])
+    assert _gone([orphan]) == []

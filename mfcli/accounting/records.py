@@ -136,9 +136,11 @@ def read_records(path: str | Path) -> dict[str, dict[str, Any]]:
     """
     import h5py
 
+    from mfcli.validation import regular_file
+
     p = Path(path)
     try:
-        with h5py.File(p, "r") as f:
+        with h5py.File(regular_file(p, "artifact"), "r") as f:  # a FIFO would block the open
             link = f.get("accounting", getlink=True)
             if link is None or not isinstance(link, h5py.HardLink) or not isinstance(f["accounting"], h5py.Group):
                 return {}

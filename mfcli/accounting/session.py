@@ -214,6 +214,9 @@ def resolve_strategy(
     p = Path(path)
     if not p.exists():
         raise MfcliError(f"{p} does not exist")
+    from mfcli.validation import regular_file
+
+    regular_file(p, "strategy file")  # a FIFO would block np.load and h5py
     if p.suffix.lower() == ".npy":
         try:
             c = np.load(p, allow_pickle=False)

@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from mfcli import __version__
-from mfcli.cli.common import fail, run_cli
+from mfcli.cli.common import bound_integer_options, fail, run_cli
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -66,7 +66,7 @@ class LazyGroup(TyperGroup):
         fn = getattr(importlib.import_module(f"mfcli.cli.{module}"), attr)
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
         single.command(cmd_name, short_help=short)(fn)
-        return typer.main.get_command(single)
+        return bound_integer_options(typer.main.get_command(single))
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True

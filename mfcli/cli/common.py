@@ -146,8 +146,8 @@ def guarded(fn: F) -> F:
             raise fail(_SIGINT_LINE, code=EXIT_SIGINT) from None
         except Terminated:
             raise fail(_SIGTERM_LINE, code=EXIT_SIGTERM) from None
-        except MemoryError:
-            raise fail("out of memory; try a smaller n") from None
+        except MemoryError as exc:
+            raise fail(out_of_memory_line(exc)) from None
         except EOFError:
             raise fail("unexpected end of file: an input file is empty or truncated") from None
         except (_linalg_error(), FloatingPointError) as exc:
@@ -165,6 +165,15 @@ def guarded(fn: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def out_of_memory_line(exc: MemoryError) -> str:
+    """The error line for a MemoryError: what could not be allocated, as the allocator said it
+    (numpy: "Unable to allocate 7.45 GiB for an array with shape ... and data type float64"),
+    without guessing which input caused it (it is not always n)."""
+    what = str(exc).strip()
+    return (f"out of memory: {what[:1].lower() + what[1:]}" if what else "out of memory") + (
+        "; the computation this input asks for does not fit in this machine's memory")
 
 
 def _late_signal(signum: int, frame: Any) -> None:
@@ -334,6 +343,37 @@ def library_check(module: str, function: str, /, *args: Any, **kwargs: Any) -> C
         getattr(importlib.import_module(module), function)(value, *args, **kwargs)
 
     return check
+
+
+def _flag(param: Any) -> str:
+    opts = list(getattr(param, "opts", ()) or ())
+    longs = [o for o in opts if o.startswith("--")]
+    return (longs or opts or [str(getattr(param, "name", "value"))])[0]
+
+
+def bound_integer_options(command: Any) -> Any:
+    """The one parse-time rule for every integer option and argument of ``command`` (a Click
+    command): a value whose magnitude exceeds :data:`mfcli.validation.MAX_COUNT` (2^53) is a usage
+    error (exit 2, one line naming the flag, the number abbreviated), checked before the option's
+    own callback and before any command code, so no later float(n) can overflow. Applied to every
+    subcommand by :class:`mfcli.cli.app.LazyGroup`, so an option added later is covered too."""
+    for param in getattr(command, "params", ()):
+        param.callback = _bounded_callback(param.callback)
+    return command
+
+
+def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]:
+    def callback(ctx: Any, param: Any, value: Any) -> Any:
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 53:
+                from mfcli.validation import MAX_COUNT, shown_integer  # no numpy: parsing stays light
+
+                if abs(v) > MAX_COUNT:
+                    raise usage_error(f"{_flag(param)}: {shown_integer(v)} is too {'large' if v > 0 else 'small'}; "
+                                      f"an integer option takes values of magnitude at most 2^53 = {MAX_COUNT}")
+        return value if original is None else original(ctx, param, value)
+
+    return callback
 
 
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).

@@ -25,6 +25,7 @@ from mfcli.cli.common import (
     library_check,
     log,
     refuse_unless,
+    safe,
 )
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
@@ -115,7 +116,7 @@ def render_text(plan: Any, saved: dict | None) -> str:
     else:
         lines.append("recommended: none (no candidate's guarantee covers adaptive training with an artifact)")
     if saved is not None:
-        lines.append(f"wrote {saved['artifact']} with accounting record {saved['record']} "
+        lines.append(f"wrote {safe(saved['artifact'])} with accounting record {saved['record']} "
                      f"(epsilon {pessimistic(saved['epsilon'])} re-accounted on the artifact)")
     lines.append(plan_report_line(plan.report()))
     return "\n".join(lines) + "\n"
@@ -220,6 +221,12 @@ def plan(
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
     )
+    if delta >= 1 / examples:
+        # (epsilon, delta)-DP with delta >= 1/examples allows publishing one whole random example:
+        # a loud warning, not a refusal (DP libraries warn; a researcher may want the row anyway)
+        log(f"warning: delta = {delta:g} is at least 1/examples = {1 / examples:.3g}: at such a delta a mechanism "
+            "that publishes a random training example outright is (0, delta)-DP, so the guarantee is void; choose "
+            "delta well below 1/examples (commonly below 1/examples^1.1)")
     if out is not None:
         check_output_path(out, force=force)
     if plot is not None:
