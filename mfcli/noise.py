@@ -247,11 +247,25 @@ class NumpyOps:
         return a
 
     def set_rows(self, a: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
-        a[start:start + values.shape[0]] = values
+        target = a[start:start + values.shape[0]]
+        if target.__array_interface__["data"][0] != values.__array_interface__["data"][0]:  # updated in place already
+            target[...] = values
         return a
 
     def matvec(self, coef: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return coef @ rows
+
+    def add_outer(self, a: np.ndarray, coef: np.ndarray, row: np.ndarray) -> np.ndarray:
+        scratch = np.empty_like(row)
+        for r in range(a.shape[0]):
+            np.multiply(row, coef[r], out=scratch)
+            np.add(a[r], scratch, out=a[r])
+        return a
+
+    def scale_add(self, a: np.ndarray, scale: np.ndarray, row: np.ndarray) -> np.ndarray:
+        np.multiply(a, scale[:, None], out=a)
+        np.add(a, row[None, :], out=a)
+        return a
 
     def prefix_matvec(self, coef: np.ndarray, rows: np.ndarray, k: Any) -> np.ndarray:
         k = int(k)

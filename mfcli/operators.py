@@ -87,6 +87,14 @@ class ArrayOps(Protocol):
         """``coef`` (k,) times ``rows`` (k, d): a (d,) row."""
         ...
 
+    def add_outer(self, a: Any, coef: Any, row: Any) -> Any:
+        """``a + coef[:, None] * row[None, :]`` (a: k x d), in place where the arrays allow."""
+        ...
+
+    def scale_add(self, a: Any, scale: Any, row: Any) -> Any:
+        """``scale[:, None] * a + row[None, :]`` (a: k x d), in place where the arrays allow."""
+        ...
+
     def prefix_matvec(self, coef: Any, rows: Any, k: Any) -> Any:
         """``sum_{j < k} coef[j] rows[j]``: k multiply-adds of a row."""
         ...
@@ -254,7 +262,7 @@ class BufferRecursion:
         z = draw(t)
         s = carry[:nb]
         x = z - xp.matvec(tab["omega"], s)
-        carry = xp.set_rows(carry, 0, tab["theta"][:, None] * s + x[None, :])
+        carry = xp.set_rows(carry, 0, xp.scale_add(s, tab["theta"], x))
         if p:
             x = (x - xp.matvec(tab["postrot"][t % p], carry[nb:])) / tab["post0"][0]
             carry = xp.set_row(carry, nb + t % p, x)
@@ -373,7 +381,7 @@ class BandedLowRank:
         ring, sums = state
         slot = t % w
         if r:   # ring slot t mod W still holds Z[t - W] (zeros before step W)
-            sums = sums + tab["vpad"][t][:, None] * ring[slot][None, :]
+            sums = xp.add_outer(sums, tab["vpad"][t], ring[slot])
         ring = xp.set_row(ring, slot, draw(t))
         c = tab["coef"][t]
         row = xp.matvec(c[:w], ring)

@@ -12,7 +12,10 @@ Side by side in one run (docs/performance.md, "Noise streams: cost per step flat
   compressed kind: BLT-4, banded Toeplitz 8, BandMF (a dense artifact with a banded C, 8 bands),
   compressed (band 4 + rank 4), in torch and optax (and numpy);
 * dense C^-1 (kept rows of Z, n = 64): step n - 1 against t + 1 plain multiply-adds of d floats
-  plus one raw Gaussian row of the same framework.
+  plus one raw Gaussian row of the same framework;
+* with ``--baseline DIR`` (a checkout of the previous mfcli, e.g. /work/main), the previous numpy
+  streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same run: the CPU
+  reference path must not get slower.
 
 Wall-clock medians (``time.perf_counter``), BLAS threads pinned with threadpoolctl and reported,
 load average printed before and after (the machine is shared: read the numbers against it).
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -151,6 +155,30 @@ def per_step(step, jump, start: int, count: int) -> float:
     return statistics.median(times)
 
 
+BASELINE = """
+import statistics, sys, time
+from mfcli.noise import noise_stream
+path, d, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+stream = noise_stream(path, kind="gradient", d=d, seed=1, dtype="float32", threads=threads)
+state = stream.init()
+for _ in range(11):
+    _, state = stream.next(state)
+times = []
+for _ in range(reps):
+    t0 = time.perf_counter()
+    _, state = stream.next(state)
+    times.append(time.perf_counter() - t0)
+print(statistics.median(times))
+"""
+
+
+def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps)], env=env,
+                         capture_output=True, text=True, check=True, cwd=checkout)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def raw_gaussians(d: int, reps: int) -> dict[str, float]:
     out = {"numpy Philox row, 1 thread": median_time(lambda: noise_row(SEED, 3, d, "float32"), reps),
            "numpy Philox row, 2 threads": median_time(lambda: noise_row(SEED, 3, d, "float32", threads=2), reps)}
@@ -179,11 +207,19 @@ def main() -> None:
     ap.add_argument("--n-dense", type=int, default=64)
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--baseline", type=Path, help="a checkout of the previous mfcli to time its numpy streams")
     args = ap.parse_args()
     d, reps = args.d, args.reps
     load0 = os.getloadavg()
     blas = threadpool_limits(1, "blas")
     info = [(i["internal_api"], i["num_threads"]) for i in threadpool_info()]
+    try:
+        import torch
+
+        torch.set_num_threads(1)   # two intra-op threads on a loaded 2-core machine spin-wait (100x slower)
+        info.append(("torch intra-op", torch.get_num_threads()))
+    except ImportError:
+        pass
     print(f"d = {d}, float32; BLAS threads {info}; load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{os.cpu_count()} CPUs")
     res: dict = {"d": d, "blas": info, "load_before": load0}
@@ -204,6 +240,12 @@ def main() -> None:
                 label = f"{kind} {fw}" + (f" threads={threads}" if fw == "numpy" else "")
                 res["throughput"][label] = s
                 print(f"  {label:36s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+            if args.baseline:
+                for threads in (1, 2):
+                    s = baseline(args.baseline, arts[kind], d, threads, reps)
+                    label = f"{kind} numpy threads={threads} (previous)"
+                    res["throughput"][label] = s
+                    print(f"  {label:36s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
 
         print("\nper-step time at step 10 vs step n - 1 (median of %d steps each):" % reps)
         res["flat"] = {}
@@ -238,7 +280,7 @@ def main() -> None:
             print(f"  {fw:6s} step 10 {early * 1e3:8.2f} ms  step n-1 {late * 1e3:8.2f} ms  "
                   f"{n} multiply-adds + 1 row {ref * 1e3:8.2f} ms  ratio {late / ref:5.2f}")
             del step, jump, stream
-    blas.unregister() if hasattr(blas, "unregister") else None
+    blas.restore_original_limits()
     load1 = os.getloadavg()
     res["load_after"] = load1
     print(f"\nload average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")

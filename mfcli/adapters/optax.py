@@ -115,8 +115,27 @@ class JaxOps:
     def matvec(self, coef: jnp.ndarray, rows: jnp.ndarray) -> jnp.ndarray:
         return jnp.matmul(coef, rows, precision=jax.lax.Precision.HIGHEST)
 
+    def add_outer(self, a: jnp.ndarray, coef: jnp.ndarray, row: jnp.ndarray) -> jnp.ndarray:
+        return a + coef[:, None] * row[None, :]
+
+    def scale_add(self, a: jnp.ndarray, scale: jnp.ndarray, row: jnp.ndarray) -> jnp.ndarray:
+        return scale[:, None] * a + row[None, :]
+
+    #: Rows per iteration of :meth:`prefix_matvec`: fewer loop iterations, at most CHUNK - 1 wasted rows.
+    CHUNK = 8
+
     def prefix_matvec(self, coef: jnp.ndarray, rows: jnp.ndarray, k: Any) -> jnp.ndarray:
-        return jax.lax.fori_loop(0, k, lambda j, acc: acc + coef[j] * rows[j], jnp.zeros(rows.shape[1], self.dtype))
+        m, d = rows.shape
+        size = min(self.CHUNK, m)
+        offsets = jnp.arange(size)
+
+        def body(i: Any, acc: jnp.ndarray) -> jnp.ndarray:
+            start = jnp.minimum(i * size, m - size)   # the last chunk is shifted back to stay inside
+            idx = start + offsets
+            c = jnp.where((idx >= i * size) & (idx < k), jax.lax.dynamic_slice(coef, (start,), (size,)), 0)
+            return acc + self.matvec(c, jax.lax.dynamic_slice(rows, (start, 0), (size, d)))
+
+        return jax.lax.fori_loop(0, (k + size - 1) // size, body, jnp.zeros(d, self.dtype))
 
     def fill_rows(self, a: jnp.ndarray, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> jnp.ndarray:
         return jax.lax.fori_loop(lo, hi, lambda j, acc: acc.at[j].set(draw(j)), a)
