@@ -226,9 +226,11 @@ def correlated_noise(
             if getattr(out, "shape", None) != noisy.shape:
                 raise MfcliError(f"postprocess must return an array of shape {noisy.shape}")
             noisy = out
-        keep = status == OK   # a refused step leaves the recursion's state as it was
+        # A refused step keeps its step number (for the message) and a sticky status: every later
+        # row is NaN too, and state_dict refuses the state, so its buffers no longer matter (not
+        # selecting them back saves a pass over the state, n x d for a dense stream).
         new_state = CorrelatedNoiseState(
-            step=jnp.where(keep, t + 1, t).astype(jnp.int32), ring=jnp.where(keep, ring, state.ring), running=jnp.where(keep, running, state.running),
+            step=jnp.where(status == OK, t + 1, t).astype(jnp.int32), ring=ring, running=running,
             tag=state.tag, end=state.end, status=status,
         )
         return unravel(noisy), new_state
