@@ -17,8 +17,11 @@ Side by side in one run (docs/performance.md, "Noise streams: cost per step flat
   streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same run: the CPU
   reference path must not get slower.
 
-Wall-clock medians (``time.perf_counter``), BLAS threads pinned with threadpoolctl and reported,
-load average printed before and after (the machine is shared: read the numbers against it).
+Medians of process CPU time per step (what one dedicated core takes: on a shared machine
+wall-clock also counts waiting for a core; with 2 threads CPU time adds both up), BLAS threads
+pinned to 1 with threadpoolctl and torch's intra-op threads to 1, both reported; load average
+printed before and after. The previous numpy streams (``--baseline``) are timed twice, before and
+after the current ones, so that a change in the machine's load shows.
 
 Usage:
     python scripts/bench_streams.py                  # d = 10^6 (a few minutes)
@@ -51,12 +54,13 @@ SEED = 0x5EED_2024
 
 
 def median_time(fn, reps: int) -> float:
-    fn()   # warm-up (allocations, jit)
+    """Median process CPU seconds of ``fn`` (after a warm-up call: allocations, jit)."""
+    fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -144,14 +148,16 @@ DRIVERS = {"numpy": numpy_driver, "torch": torch_driver, "optax": optax_driver}
 
 
 def per_step(step, jump, start: int, count: int) -> float:
-    """Median seconds of ``count`` steps from ``start`` (after one warm-up step before it)."""
+    """Median process CPU seconds of ``count`` steps from ``start`` (after one warm-up step before
+    it). CPU time, not wall-clock: on this shared machine a step also waits for a core, which
+    wall-clock counts and CPU time does not (with threads > 1, CPU time adds the threads up)."""
     jump(max(start - 1, 0))
     step()
     times = []
     for _ in range(count):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         step()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -165,9 +171,9 @@ for _ in range(11):
     _, state = stream.next(state)
 times = []
 for _ in range(reps):
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     _, state = stream.next(state)
-    times.append(time.perf_counter() - t0)
+    times.append(time.process_time() - t0)
 print(statistics.median(times))
 """
 
@@ -226,26 +232,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         arts = build(Path(tmpdir), args.n_struct, args.n_dense)
         res["raw"] = raw = raw_gaussians(d, reps)
-        print("\nraw Gaussian row (median s, rows/s):")
+        print("\nraw Gaussian row (median CPU time, rows per CPU second):")
         for k, v in raw.items():
             print(f"  {k:32s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
 
         print(f"\nsteps/s at d = {d} (median over {reps} steps after step 10):")
         res["throughput"] = {}
         for kind in ("blt-4", "banded-toeplitz-8"):
+            if args.baseline:
+                for threads in (1, 2):
+                    s = baseline(args.baseline, arts[kind], d, threads, reps)
+                    label = f"{kind} numpy threads={threads} (previous, before)"
+                    res["throughput"][label] = s
+                    print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             for fw, threads in (("numpy", 1), ("numpy", 2), ("torch", 1), ("optax", 1)):
                 stream = noise_stream(arts[kind], kind="gradient", d=d, seed=SEED, dtype="float32", threads=threads)
                 step, jump = DRIVERS[fw](stream)
                 s = per_step(step, jump, 10, reps)
                 label = f"{kind} {fw}" + (f" threads={threads}" if fw == "numpy" else "")
                 res["throughput"][label] = s
-                print(f"  {label:36s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+                print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             if args.baseline:
                 for threads in (1, 2):
                     s = baseline(args.baseline, arts[kind], d, threads, reps)
-                    label = f"{kind} numpy threads={threads} (previous)"
+                    label = f"{kind} numpy threads={threads} (previous, after)"
                     res["throughput"][label] = s
-                    print(f"  {label:36s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+                    print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
 
         print(f"\nper-step time at step 10 vs step n - 1 (median of {reps} steps each):")
         res["flat"] = {}
