@@ -12,52 +12,54 @@ confuse them, so every stream says which one it carries:
 
 Noise comes per unit noise multiplier and clip norm: the trainer multiplies it by
 ``sigma * clip``. Z is an n x d (m x d for a non-square strategy) matrix of independent standard
-normals whose row j is regenerated on demand from ``(seed, j)`` with numpy's counter-based Philox
-generator (key = seed; entries in blocks of 65,536, block c from counter (0, c, j, 0)), so no
-noise history is stored and a row can be drawn block-parallel (``threads``) with the same result.
+normals whose row j is drawn from ``(seed, j)`` with numpy's counter-based Philox generator
+(key = seed; entries in blocks of 65,536, block c from counter (0, c, j, 0)), so a row can be
+drawn block-parallel (``threads``) with the same result. This numpy stream is the reference; the
+torch and optax adapters run the same recursions with their own generators
+(docs/noise-streams.md, "Reproducibility contract").
 
-How a step is computed (the *method* of a stream):
+How a step is computed: one recursion per kind, :meth:`mfcli.operators.StreamingMatrix.step`,
+whose state is ``width`` kept rows of Z and ``rank`` carried rows (the stream's ``method`` names
+it):
 
-* ``banded-low-rank``: the operator M has rows ``M[t, t-i] = band[t, i]`` for i < W and
-  ``M[t, j] = U[t] . V[j]`` for j <= t - W. Then
-  ``(M Z)[t] = sum_{i<W} band[t, i] Z[t-i] + U[t] . S_{t-W}``, ``S_m = sum_{j<=m} V[j]^T Z[j]``
-  (an R x d running sum). Each step draws one new noise row and touches W + R rows of d floats:
-  O((W + R) d) time and (W + R + 1) d floats of memory (W recent noise rows, R running sums and
-  the returned row, which doubles as scratch). Compressed artifacts stream this way: iterate
-  noise has W = K; gradient noise has W = K + p when A^-1 is banded with p sub-diagonals (p = 1
-  for prefix sums, p = 2 for heavy-ball momentum, with any learning-rate schedule), since then
-  ``C^^-1 = band_p(A^-1) B^`` is again banded (K + p) plus masked rank R with U' = band_p(A^-1) U.
-* ``recursion``: a structured (Toeplitz) artifact, whose operator is the rational filter
-  num(z) / den(z) (:class:`mfcli.structured.RationalToeplitz`):
-  ``den_0 x_t = sum_{k<=W} num_k Z[t-k] - sum_{1<=k<=R} den_k x_{t-k}``. W recent noise rows
-  (regenerated on resume) and R recent outputs (kept in checkpoints in place of running sums):
-  O((W + R) d) time and (W + R + 1) d floats, whatever n. A BLT runs in its buffer form
-  (:class:`mfcli.structured.BltRecursion`: W = 0, R = buffers (+ 2 for momentum iterate
-  noise, + 1 for prefix)), which keeps each decay exact where the polynomial form would not.
-* ``regenerate``: any other causal operator (a dense optimal C^-1, a tree decoder, a compressed
-  gradient stream whose A^-1 is not banded): ``(M Z)[t] = sum_j M[t, j] Z[j]`` over the non-zero
-  entries of row t, regenerating each Z[j]. Memory 2 d floats, time O(nnz(M[t]) d) per step, i.e.
-  O(t d) for a dense lower-triangular operator: at d = 10^6 that is seconds per step late in a
-  run (see docs/noise-streams.md for measurements); compress the artifact to stream fast.
+* ``banded-low-rank`` (compressed artifacts): ``M[t, t-i] = band[t, i]`` for i < W and
+  ``M[t, j] = U[t] . V[j]`` for j <= t - W, so
+  ``(M Z)[t] = sum_{i<W} band[t, i] Z[t-i] + U[t] . S_{t-W}`` with the running sums
+  ``S_m = sum_{j<=m} V[j]^T Z[j]``: W kept rows, R carried. Iterate noise has W = K; gradient
+  noise W = K + p when A^-1 is banded with p sub-diagonals, since then
+  ``C^^-1 = band_p(A^-1) B^`` is again banded (K + p) plus masked rank R.
+* ``banded-inverse`` (dense artifacts whose C is banded, e.g. BandMF):
+  ``x_t = (z_t - sum_{k<=p} M[t, t-k] x_{t-k}) / M[t, t]`` with M = C (gradient) or B^-1 = C A^-1
+  (iterate) when banded: p carried outputs.
+* ``recursion`` (structured artifacts): a banded Toeplitz C^-1 = num(z) / den(z) as the filter
+  ``den_0 x_t = sum_{k<=W} num_k Z[t-k] - sum_{1<=k<=R} den_k x_{t-k}``; a BLT in its buffer form
+  (:class:`mfcli.operators.BufferRecursion`), which keeps each decay exact.
+* ``history`` (any other dense operator: a dense optimal C^-1, a tree decoder): the rows of Z
+  drawn so far are kept (m x d floats, checked against ``max_memory`` up front) and row t costs
+  t multiply-adds of d floats; nothing is redrawn.
+
+All but ``history`` cost O((width + rank) d) per step and (width + rank + 1) d floats, whatever
+t and n.
 
 The state is an immutable :class:`NoiseState`; :meth:`NoiseStream.next` is pure in effect: calling
-it twice on the same state returns the same noise. To keep memory at (W + R + 1) d the latest state
-lends its working buffers to the next one; using an older state again is still correct (its
-buffers are rebuilt from (seed, t) in O(t d), with a :class:`StaleNoiseStateWarning`) but slow.
-:meth:`NoiseStream.state_dict` / :meth:`NoiseStream.load_state_dict` checkpoint and resume a stream
-exactly without that rebuild: the running sums are updated element-wise (no BLAS, no fused
-multiply-add) and are bit-reproducible, and each returned row is one matrix-vector product over
-them, identical under the same BLAS thread setting.
+it twice on the same state returns the same noise. To keep memory at (width + rank + 1) d the
+latest state lends its working buffers to the next one; using an older state again is still
+correct (its buffers are rebuilt by running the recursion from step 0, O(t d), with a
+:class:`StaleNoiseStateWarning`) but slow. :meth:`NoiseStream.state_dict` /
+:meth:`NoiseStream.load_state_dict` checkpoint and resume a stream exactly: the one checkpoint
+format of every stream and adapter (:meth:`NoiseStream.checkpoint`) holds the carried rows, and
+the kept rows of Z are redrawn on load.
 
 Formal guarantees: the noise a stream returns at step t equals row t of ``M Z`` with M the
 operator named by ``kind`` (C^-1 or B, or their compressed versions), computed in the stream's
-dtype; a banded-low-rank representation is used only after it reproduces M (computed
-independently by a dense triangular solve) to a relative max-entry error of 1e-10. Step t >= n
-is refused: reusing or inventing noise rows past the end breaks the privacy analysis. The
-privacy of training with a stream is set by :attr:`NoiseStream.sensitivity` (sens(C), or sens(C^)
-recomputed for a compressed artifact) and the noise multiplier, not by the stream itself. The
-seed is a secret: anyone who knows it can regenerate Z and remove the noise; so can anyone who
-reads a checkpoint of the running sums together with the seed.
+dtype; a banded representation (banded-low-rank or banded-inverse) is used only after it
+reproduces M (computed independently by a dense triangular solve) to a relative max-entry error
+of 1e-10. Step t >= n is refused: reusing or inventing noise rows past the end breaks the privacy
+analysis; so is an operator whose rows could overflow the dtype, and a state over the memory
+budget. The privacy of training with a stream is set by :attr:`NoiseStream.sensitivity` (sens(C),
+or sens(C^) recomputed for a compressed artifact) and the noise multiplier, not by the stream
+itself. The seed is a secret: anyone who knows it can regenerate Z and remove the noise; so can
+anyone who reads a checkpoint of the carried rows together with the seed.
 """
 from __future__ import annotations
 
@@ -247,11 +249,25 @@ class NumpyOps:
         return a
 
     def set_rows(self, a: np.ndarray, start: int, values: np.ndarray) -> np.ndarray:
-        a[start:start + values.shape[0]] = values
+        target = a[start:start + values.shape[0]]
+        if target.__array_interface__["data"][0] != values.__array_interface__["data"][0]:  # updated in place already
+            target[...] = values
         return a
 
     def matvec(self, coef: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return coef @ rows
+
+    def add_outer(self, a: np.ndarray, coef: np.ndarray, row: np.ndarray) -> np.ndarray:
+        scratch = np.empty_like(row)
+        for r in range(a.shape[0]):
+            np.multiply(row, coef[r], out=scratch)
+            np.add(a[r], scratch, out=a[r])
+        return a
+
+    def scale_add(self, a: np.ndarray, scale: np.ndarray, row: np.ndarray) -> np.ndarray:
+        np.multiply(a, scale[:, None], out=a)
+        np.add(a, row[None, :], out=a)
+        return a
 
     def prefix_matvec(self, coef: np.ndarray, rows: np.ndarray, k: Any) -> np.ndarray:
         k = int(k)
@@ -830,8 +846,8 @@ def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: 
 __all__ = [
     "NUMPY_GENERATOR",
     "NoiseState",
-    "NumpyOps",
     "NoiseStream",
+    "NumpyOps",
     "StaleNoiseStateWarning",
     "check_finite_rows",
     "check_seed",

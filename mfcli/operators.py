@@ -10,10 +10,13 @@ B^ = band_K(B) + mask(U V^T) with C^ = B^-1 A. Which one a noise stream streams 
 
 Two layers:
 
-* :class:`StreamingMatrix` (protocol): a lower-triangular matrix M streamed against Z row by row:
+* :class:`StreamingMatrix` (protocol): a lower-triangular matrix M streamed against Z row by row
+  by one recursion (``step``) that numpy, torch and jax drivers all run:
   :class:`BandedLowRank` (``M[t, t-i] = band[t, i]`` for i < W, ``M[t, j] = u[t] . v[j]`` for
-  j <= t - W; row t in O(W + R) coefficients) or :class:`DenseLowerTriangular` (row t regenerated
-  from its non-zero entries).
+  j <= t - W; W kept rows and R running sums), :class:`BandedInverse` (M^-1 of a banded M: a
+  BandMF C), :class:`IirRecursion` and :class:`BufferRecursion` (mixins of the structured banded
+  Toeplitz and BLT operators), or :class:`DenseLowerTriangular` (the rows of Z kept, t
+  multiply-adds at step t).
 * :class:`NoiseOperator` (protocol): a mechanism: the accounted strategy and its recomputed
   sensitivity, the decoder (``dense()``), the streaming matrix for each noise kind, and its HDF5
   group. :class:`DenseOperator` (the root B, C) and :class:`CompressedOperator` (B^, C^) implement
@@ -85,6 +88,14 @@ class ArrayOps(Protocol):
 
     def matvec(self, coef: Any, rows: Any) -> Any:
         """``coef`` (k,) times ``rows`` (k, d): a (d,) row."""
+        ...
+
+    def add_outer(self, a: Any, coef: Any, row: Any) -> Any:
+        """``a + coef[:, None] * row[None, :]`` (a: k x d), in place where the arrays allow."""
+        ...
+
+    def scale_add(self, a: Any, scale: Any, row: Any) -> Any:
+        """``scale[:, None] * a + row[None, :]`` (a: k x d), in place where the arrays allow."""
         ...
 
     def prefix_matvec(self, coef: Any, rows: Any, k: Any) -> Any:
@@ -205,13 +216,13 @@ class IirRecursion:
         w, r = self.width, self.rank  # type: ignore[attr-defined]
         ring, outs = state
         z = draw(t)
-        acc = z * tab["num0"][0]
+        acc = z if float(self.numerator[0]) == 1.0 else z * tab["num0"][0]   # static: skip a pass when 1
         if w:
             acc = acc + xp.matvec(tab["numrot"][t % w], ring)
             ring = xp.set_row(ring, t % w, z)
         if r:
             acc = acc - xp.matvec(tab["denrot"][t % r], outs)
-        x = acc / tab["den0"][0]
+        x = acc if float(self.denominator[0]) == 1.0 else acc / tab["den0"][0]
         if r:
             outs = xp.set_row(outs, t % r, x)
         return x, (ring, outs)
@@ -254,7 +265,7 @@ class BufferRecursion:
         z = draw(t)
         s = carry[:nb]
         x = z - xp.matvec(tab["omega"], s)
-        carry = xp.set_rows(carry, 0, tab["theta"][:, None] * s + x[None, :])
+        carry = xp.set_rows(carry, 0, xp.scale_add(s, tab["theta"], x))
         if p:
             x = (x - xp.matvec(tab["postrot"][t % p], carry[nb:])) / tab["post0"][0]
             carry = xp.set_row(carry, nb + t % p, x)
@@ -373,7 +384,7 @@ class BandedLowRank:
         ring, sums = state
         slot = t % w
         if r:   # ring slot t mod W still holds Z[t - W] (zeros before step W)
-            sums = sums + tab["vpad"][t][:, None] * ring[slot][None, :]
+            sums = xp.add_outer(sums, tab["vpad"][t], ring[slot])
         ring = xp.set_row(ring, slot, draw(t))
         c = tab["coef"][t]
         row = xp.matvec(c[:w], ring)
@@ -591,7 +602,8 @@ def compressed_gradient_operator(
     Returns ``(structured or None, dense C^^-1, p)``: with ``L = band_p(A^-1)`` the operator is
     band_(K+p)(L B^) plus masked rank R with U' = L U and the same V; it is returned only if it
     reproduces the dense ``solve_triangular(A, B^)`` to :data:`OPERATOR_RTOL`. Otherwise (a custom
-    workload whose inverse is not banded) the first element is None and the stream regenerates.
+    workload whose inverse is not banded) the first element is None and the stream keeps the rows
+    of Z (:class:`DenseLowerTriangular`).
     """
     a = np.asarray(workload, dtype=np.float64)
     n = a.shape[0]
@@ -1096,28 +1108,28 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
 __all__ = [
     "CHOICES",
     "GROUP",
+    "ArrayOps",
+    "BandedInverse",
     "BandedLowRank",
+    "BufferRecursion",
     "CompressedOperator",
     "CompressedReading",
     "DenseLowerTriangular",
     "DenseOperator",
-    "ArrayOps",
-    "BandedInverse",
-    "BufferRecursion",
     "IirRecursion",
-    "StreamState",
-    "banded_inverse_of",
-    "init_state",
     "NoiseOperator",
     "NumberCheck",
+    "StreamState",
     "Streaming",
     "StreamingMatrix",
     "band_values",
+    "banded_inverse_of",
     "check_band_rank",
     "check_compressed",
     "check_operator_choice",
     "compressed_gradient_operator",
     "compressed_identity_sha256",
+    "init_state",
     "mechanism_for_decoder",
     "read_compressed",
     "select_operator",

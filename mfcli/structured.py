@@ -553,14 +553,14 @@ class StructuredOperator:
             if tuple(self.workload.numerator) != (1.0,):
                 raise MfcliError(f"a BLT iterate stream needs an all-pole workload filter, got {self.workload.name}")
             post = np.asarray(self.workload.denominator if kind == "iterate" else (1.0,), dtype=np.float64)
-            return Streaming(BltRecursion(np.array(self.strategy.theta), np.array(self.strategy.omega), post,  # type: ignore[arg-type]
+            return Streaming(BltRecursion(np.array(self.strategy.theta), np.array(self.strategy.omega), post,
                                           self.size), None)
         num, den = rational(self.strategy)
         if kind == "iterate":
             num, den = np.convolve(num, self.workload.numerator), np.convolve(den, self.workload.denominator)
         elif kind != "gradient":
             raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
-        return Streaming(RationalToeplitz(np.asarray(num, float), np.asarray(den, float), self.size), None)  # type: ignore[arg-type]
+        return Streaming(RationalToeplitz(np.asarray(num, float), np.asarray(den, float), self.size), None)
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}

@@ -12,10 +12,16 @@ Side by side in one run (docs/performance.md, "Noise streams: cost per step flat
   compressed kind: BLT-4, banded Toeplitz 8, BandMF (a dense artifact with a banded C, 8 bands),
   compressed (band 4 + rank 4), in torch and optax (and numpy);
 * dense C^-1 (kept rows of Z, n = 64): step n - 1 against t + 1 plain multiply-adds of d floats
-  plus one raw Gaussian row of the same framework.
+  plus one raw Gaussian row of the same framework;
+* with ``--baseline DIR`` (a checkout of the previous mfcli, e.g. /work/main), the previous numpy
+  streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same run: the CPU
+  reference path must not get slower.
 
-Wall-clock medians (``time.perf_counter``), BLAS threads pinned with threadpoolctl and reported,
-load average printed before and after (the machine is shared: read the numbers against it).
+Medians of process CPU time per step (what one dedicated core takes: on a shared machine
+wall-clock also counts waiting for a core; with 2 threads CPU time adds both up), BLAS threads
+pinned to 1 with threadpoolctl and torch's intra-op threads to 1, both reported; load average
+printed before and after. The previous numpy streams (``--baseline``) are timed twice, before and
+after the current ones, so that a change in the machine's load shows.
 
 Usage:
     python scripts/bench_streams.py                  # d = 10^6 (a few minutes)
@@ -27,6 +33,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,12 +54,13 @@ SEED = 0x5EED_2024
 
 
 def median_time(fn, reps: int) -> float:
-    fn()   # warm-up (allocations, jit)
+    """Median process CPU seconds of ``fn`` (after a warm-up call: allocations, jit)."""
+    fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -140,15 +148,41 @@ DRIVERS = {"numpy": numpy_driver, "torch": torch_driver, "optax": optax_driver}
 
 
 def per_step(step, jump, start: int, count: int) -> float:
-    """Median seconds of ``count`` steps from ``start`` (after one warm-up step before it)."""
+    """Median process CPU seconds of ``count`` steps from ``start`` (after one warm-up step before
+    it). CPU time, not wall-clock: on this shared machine a step also waits for a core, which
+    wall-clock counts and CPU time does not (with threads > 1, CPU time adds the threads up)."""
     jump(max(start - 1, 0))
     step()
     times = []
     for _ in range(count):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         step()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
+
+
+BASELINE = """
+import statistics, sys, time
+from mfcli.noise import noise_stream
+path, d, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+stream = noise_stream(path, kind="gradient", d=d, seed=1, dtype="float32", threads=threads)
+state = stream.init()
+for _ in range(11):
+    _, state = stream.next(state)
+times = []
+for _ in range(reps):
+    t0 = time.process_time()
+    _, state = stream.next(state)
+    times.append(time.process_time() - t0)
+print(statistics.median(times))
+"""
+
+
+def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps)], env=env,
+                         capture_output=True, text=True, check=True, cwd=checkout)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def raw_gaussians(d: int, reps: int) -> dict[str, float]:
@@ -179,33 +213,53 @@ def main() -> None:
     ap.add_argument("--n-dense", type=int, default=64)
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--baseline", type=Path, help="a checkout of the previous mfcli to time its numpy streams")
     args = ap.parse_args()
     d, reps = args.d, args.reps
     load0 = os.getloadavg()
     blas = threadpool_limits(1, "blas")
     info = [(i["internal_api"], i["num_threads"]) for i in threadpool_info()]
+    try:
+        import torch
+
+        torch.set_num_threads(1)   # two intra-op threads on a loaded 2-core machine spin-wait (100x slower)
+        info.append(("torch intra-op", torch.get_num_threads()))
+    except ImportError:
+        pass
     print(f"d = {d}, float32; BLAS threads {info}; load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{os.cpu_count()} CPUs")
     res: dict = {"d": d, "blas": info, "load_before": load0}
     with tempfile.TemporaryDirectory() as tmpdir:
         arts = build(Path(tmpdir), args.n_struct, args.n_dense)
         res["raw"] = raw = raw_gaussians(d, reps)
-        print("\nraw Gaussian row (median s, rows/s):")
+        print("\nraw Gaussian row (median CPU time, rows per CPU second):")
         for k, v in raw.items():
             print(f"  {k:32s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
 
-        print("\nsteps/s at d = %d (median over %d steps after step 10):" % (d, reps))
+        print(f"\nsteps/s at d = {d} (median over {reps} steps after step 10):")
         res["throughput"] = {}
         for kind in ("blt-4", "banded-toeplitz-8"):
+            if args.baseline:
+                for threads in (1, 2):
+                    s = baseline(args.baseline, arts[kind], d, threads, reps)
+                    label = f"{kind} numpy threads={threads} (previous, before)"
+                    res["throughput"][label] = s
+                    print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             for fw, threads in (("numpy", 1), ("numpy", 2), ("torch", 1), ("optax", 1)):
                 stream = noise_stream(arts[kind], kind="gradient", d=d, seed=SEED, dtype="float32", threads=threads)
                 step, jump = DRIVERS[fw](stream)
                 s = per_step(step, jump, 10, reps)
                 label = f"{kind} {fw}" + (f" threads={threads}" if fw == "numpy" else "")
                 res["throughput"][label] = s
-                print(f"  {label:36s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+                print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+            if args.baseline:
+                for threads in (1, 2):
+                    s = baseline(args.baseline, arts[kind], d, threads, reps)
+                    label = f"{kind} numpy threads={threads} (previous, after)"
+                    res["throughput"][label] = s
+                    print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
 
-        print("\nper-step time at step 10 vs step n - 1 (median of %d steps each):" % reps)
+        print(f"\nper-step time at step 10 vs step n - 1 (median of {reps} steps each):")
         res["flat"] = {}
         for kind in ("blt-4", "banded-toeplitz-8", "bandmf-8", "compressed-4+4"):
             for fw in ("numpy", "torch", "optax"):
@@ -224,7 +278,7 @@ def main() -> None:
         rows = np.random.default_rng(0).standard_normal((n, d), dtype=np.float32)
         coef = np.random.default_rng(1).standard_normal(n).astype(np.float32)
         plain_np = median_time(lambda: coef @ rows, 5)   # n multiply-adds of d floats (BLAS, 1 thread)
-        del rows
+        rows = np.empty((0, d), np.float32)   # free the 64 x d block before the streams allocate theirs
         raw_np = raw["numpy Philox row, 1 thread"]
         for fw in ("numpy", "torch", "optax"):
             stream = noise_stream(arts["dense"], kind="gradient", d=d, seed=SEED, dtype="float32")
@@ -238,7 +292,7 @@ def main() -> None:
             print(f"  {fw:6s} step 10 {early * 1e3:8.2f} ms  step n-1 {late * 1e3:8.2f} ms  "
                   f"{n} multiply-adds + 1 row {ref * 1e3:8.2f} ms  ratio {late / ref:5.2f}")
             del step, jump, stream
-    blas.unregister() if hasattr(blas, "unregister") else None
+    blas.restore_original_limits()
     load1 = os.getloadavg()
     res["load_after"] = load1
     print(f"\nload average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")

@@ -256,7 +256,7 @@ def test_jax_arrays_and_optax_hook(tmp_path):
     params = jnp.zeros(d, dtype=jnp.float32)
     grad = jnp.asarray(np.linspace(0.0, 1.0, d), dtype=jnp.float32)
     updates, _ = jax.jit(tx.update)(grad, tx.init(params))
-    from noise_oracles import jax_z   # the jax stream draws Z with jax.random: row 0 is C^-1[0, 0] Z[0]
+    from noise_oracles import jax_z  # the jax stream draws Z with jax.random: row 0 is C^-1[0, 0] Z[0]
 
     row = stream.operator_matrix()[0, 0] * jax_z(seed, 1, d, "float32")[0].astype(np.float64)
     expected = np.linalg.solve(dense_a_s(d, s), np.asarray(grad, dtype=np.float64) + sigma * row)

@@ -29,6 +29,7 @@ from mfcli.noise import noise_stream
 from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
 from mfcli.workloads import prefix_workload
+
 from noise_oracles import jax_z, philox_z, save_truncated_svd_compression, torch_z
 
 N = 12

@@ -171,6 +171,7 @@ def test_optax_adapter_streams_blt_noise(saved):
     import jax.numpy as jnp
 
     from mfcli.adapters.optax import correlated_noise
+
     from noise_oracles import jax_z
 
     path, blt, _w, _ = saved

@@ -115,8 +115,29 @@ class JaxOps:
     def matvec(self, coef: jnp.ndarray, rows: jnp.ndarray) -> jnp.ndarray:
         return jnp.matmul(coef, rows, precision=jax.lax.Precision.HIGHEST)
 
+    def add_outer(self, a: jnp.ndarray, coef: jnp.ndarray, row: jnp.ndarray) -> jnp.ndarray:
+        return a + coef[:, None] * row[None, :]
+
+    def scale_add(self, a: jnp.ndarray, scale: jnp.ndarray, row: jnp.ndarray) -> jnp.ndarray:
+        return scale[:, None] * a + row[None, :]
+
+    #: Rows per iteration of :meth:`prefix_matvec`: the accumulator is read and written once per
+    #: UNROLL rows (4: 0.7 ms a row at d = 10^6 on this machine, against 1.8 for one row per
+    #: iteration and 4.8 for slicing blocks of 8 rows; measured, docs/performance.md).
+    UNROLL = 4
+
     def prefix_matvec(self, coef: jnp.ndarray, rows: jnp.ndarray, k: Any) -> jnp.ndarray:
-        return jax.lax.fori_loop(0, k, lambda j, acc: acc + coef[j] * rows[j], jnp.zeros(rows.shape[1], self.dtype))
+        m, d = rows.shape
+        u = self.UNROLL
+
+        def body(i: Any, acc: jnp.ndarray) -> jnp.ndarray:
+            for q in range(u):
+                j = i * u + q
+                jj = jnp.minimum(j, m - 1)   # past k: a clamped row times a zero coefficient
+                acc = acc + jnp.where(j < k, coef[jj], 0) * rows[jj]
+            return acc
+
+        return jax.lax.fori_loop(0, (k + u - 1) // u, body, jnp.zeros(d, self.dtype))
 
     def fill_rows(self, a: jnp.ndarray, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> jnp.ndarray:
         return jax.lax.fori_loop(lo, hi, lambda j, acc: acc.at[j].set(draw(j)), a)
@@ -207,9 +228,11 @@ def correlated_noise(
             if getattr(out, "shape", None) != noisy.shape:
                 raise MfcliError(f"postprocess must return an array of shape {noisy.shape}")
             noisy = out
-        keep = status == OK   # a refused step leaves the recursion's state as it was
+        # A refused step keeps its step number (for the message) and a sticky status: every later
+        # row is NaN too, and state_dict refuses the state, so its buffers no longer matter (not
+        # selecting them back saves a pass over the state, n x d for a dense stream).
         new_state = CorrelatedNoiseState(
-            step=jnp.where(keep, t + 1, t).astype(jnp.int32), ring=jnp.where(keep, ring, state.ring), running=jnp.where(keep, running, state.running),
+            step=jnp.where(status == OK, t + 1, t).astype(jnp.int32), ring=ring, running=running,
             tag=state.tag, end=state.end, status=status,
         )
         return unravel(noisy), new_state

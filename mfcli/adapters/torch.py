@@ -138,11 +138,19 @@ class TorchOps:
         return a
 
     def set_rows(self, a: torch.Tensor, start: int, values: torch.Tensor) -> torch.Tensor:
-        a[start:start + values.shape[0]] = values
+        target = a[start:start + values.shape[0]]
+        if target.data_ptr() != values.data_ptr():   # not updated in place already
+            target.copy_(values)
         return a
 
     def matvec(self, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return coef @ rows
+
+    def add_outer(self, a: torch.Tensor, coef: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return a.addcmul_(coef[:, None], row[None, :])
+
+    def scale_add(self, a: torch.Tensor, scale: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return a.mul_(scale[:, None]).add_(row[None, :])
 
     def prefix_matvec(self, coef: torch.Tensor, rows: torch.Tensor, k: Any) -> torch.Tensor:
         k = int(k)
