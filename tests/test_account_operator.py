@@ -249,7 +249,7 @@ def _details_number(text: str, label: str) -> float:
 def test_printed_zcdp_gdp_and_bracket_are_on_the_safe_side(artifacts, sigma):
     path = str(artifacts["dense"])
     exact = _json(path, "--sigma", sigma)["settings"]["single-pass"]
-    r = runner.invoke(app, ["account", path, "--sigma", sigma, "-q"], env={"COLUMNS": "400"})
+    r = runner.invoke(app, ["account", path, "--sigma", sigma, "--details", "-q"], env={"COLUMNS": "400"})
     assert r.exit_code == 0, r.output
     assert _details_number(r.stdout, "rho-zCDP") >= exact["rho_zcdp"]
     assert _details_number(r.stdout, "mu-GDP") >= exact["mu_gdp"]

@@ -217,3 +217,19 @@ def test_write_refuses_shipped_artifact_by_path():
     r = CliRunner().invoke(app, ["account", str(shipped_artifact("momentum-n256")), "--sigma", "4", "--write"])
     assert r.exit_code == 1 and "shipped artifact" in r.stderr
     assert shipped_artifact("momentum-n256").read_bytes() == before
+
+
+def test_default_table_is_short_and_details_add_the_method() -> None:
+    """The default table: setting, epsilon, what it assumes; --details adds each row's numbers (the
+    JSON always has them); both end with the number to report."""
+    base = ["--strategy", "identity", "--n", "16", "--sigma", "4", "--sampling", "0.01", "--value-discretization",
+            "1e-3", "-q"]
+    short = runner.invoke(app, ["account", *base], env={"COLUMNS": "300"})
+    full = runner.invoke(app, ["account", *base, "--details"], env={"COLUMNS": "300"})
+    assert short.exit_code == 0 and full.exit_code == 0, short.output + full.output
+    assert "details" not in short.stdout.split("assumptions:")[0] and "details" in full.stdout
+    assert "sanity bound" in full.stdout and "sanity bound" not in short.stdout
+    for out in (short.stdout, full.stdout):
+        last = out.strip().splitlines()[-1]
+        assert last.startswith("report: epsilon <= ") and "Poisson sampling at rate 0.01" in last
+        assert "references, another mechanism" in out  # the DP-SGD row is labelled as a reference

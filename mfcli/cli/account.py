@@ -76,7 +76,9 @@ def _is_identity(inp: Any) -> bool:
     return bool(inp.dense and c.shape[0] == c.shape[1] and np.array_equal(c, np.eye(c.shape[0])))
 
 
-def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
+def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table, list[str]]:
+    """The rows table (setting, epsilon, what it assumes; with ``details`` each row's method and
+    numbers) and the assumption lines printed after it."""
     from mfcli.accounting.session import ESTIMATE_NOT_REQUESTED
 
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
@@ -89,8 +91,13 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
     t.add_column("participation; batch sampler")
-    t.add_column("details")
+    if details:
+        t.add_column("details")
     notes: list[str] = []
+    add_row = t.add_row
+
+    def row(*cells: str) -> None:  # the details cell only with --details (the JSON always has them)
+        add_row(*(cells if details else cells[:3]))
     rows = report.rows  # the assumptions as the JSON states them (neighbouring relation included)
 
     def assumes(name: str) -> str:
@@ -99,21 +106,21 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
 
     sp = report.single_pass
     if sp is not None:
-        t.add_row("single pass", pessimistic(sp.epsilon), assumes("single-pass"),
+        row("single pass", pessimistic(sp.epsilon), assumes("single-pass"),
                   f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
                   f"({safe_markup(report.strategy.operator)} operator), "
                   f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
         notes.append(f"single pass: {rows['single-pass']['assumptions']}")
     dp = report.dp_sgd
     if dp is not None:
-        t.add_row("DP-SGD (reference)", pessimistic(dp.epsilon), assumes("dp-sgd"),
+        row("DP-SGD (reference)", pessimistic(dp.epsilon), assumes("dp-sgd"),
                   f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
                   f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
         notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
     br = report.mmcc
     if br is not None:
         u = br.upper
-        t.add_row(
+        row(
             "MMCC (Poisson) [lower, upper]",
             f"[{pessimistic(br.lower_epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
             f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
@@ -130,7 +137,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                      + (", or of the rows with disjoint windows (banded C)" if br.lower_rows is not None else ""))
         est = br.estimate
         if est is not None:
-            t.add_row(
+            row(
                 "MMCC pair (Poisson) ESTIMATE, not a bound",
                 f"~{est.epsilon:.4g} [{pessimistic(est.low, down=True)}, {pessimistic(est.high)}]", assumes("mmcc"),
                 f"Monte Carlo estimate of the exact pair's epsilon (banded C, b = {est.band}): exact likelihood "
@@ -144,7 +151,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         elif br.banded_note is not None:
             notes.append(f"MMCC estimate: {br.banded_note}")
     if "mmcc" in report.refused:
-        t.add_row("MMCC (Poisson)", "not run", assumes("mmcc"),
+        row("MMCC (Poisson)", "not run", assumes("mmcc"),
                   "its assumptions fail for this C (see below); no amplified bound is claimed")
     # The library says which bound holds; the flag that asks for it is the CLI's to name.
     hint = "mmcc" in report.refused and report.deterministic is None
@@ -152,7 +159,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
                  for line in report.notes)
     st = report.shuffled_tree
     if st is not None:
-        t.add_row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
+        row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
                   f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
                   f"amplified bound {st.amplified_note}")
         notes.append(f"shuffled tree: {rows['shuffled-tree']['assumptions']}")
@@ -167,13 +174,13 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
             eps_text = f"{pessimistic(det.epsilon)} (true in [{low}, {pessimistic(det.epsilon)}])"
             sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
                          f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
-        t.add_row("deterministic participation", eps_text, assumes("deterministic"),
+        row("deterministic participation", eps_text, assumes("deterministic"),
                   f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
                   f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")
         notes.append(f"deterministic: {_text(det, 'assumptions')}")
     cyc = report.cyclic_poisson
     if cyc is not None:
-        t.add_row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
+        row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
                   f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
                   f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
                   f"of the examples), noise multiplier sigma / max column norm "
@@ -182,7 +189,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
         notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
     bib = report.balls_in_bins_tree
     if bib is not None:
-        t.add_row("binary tree, balls-in-bins: guarantee [lower, upper]",
+        row("binary tree, balls-in-bins: guarantee [lower, upper]",
                   f"{pessimistic(bib.epsilon)} [{pessimistic(bib.lower, down=True)}, {pessimistic(bib.epsilon)}]",
                   assumes("balls-in-bins-tree"),
                   f"batch sampler: balls-in-bins (every example in one uniformly random step); "
@@ -192,14 +199,14 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     red = report.reduction
     if red is not None:
         sn = red.spectral
-        t.add_row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
+        row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
                   f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
                   f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
                   f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
         notes.append(f"DP-SGD reduction: {_text(red, 'assumptions')}")
     bdp = report.balls_in_bins_dp_sgd
     if bdp is not None:
-        t.add_row("DP-SGD, balls-in-bins (reference)",
+        row("DP-SGD, balls-in-bins (reference)",
                   f"{pessimistic(bdp.epsilon)} [{pessimistic(bdp.lower, down=True)}, {pessimistic(bdp.epsilon)}]",
                   assumes("balls-in-bins-dp-sgd"),
                   f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
@@ -208,7 +215,7 @@ def _rows_table(report: AccountingReport) -> tuple[Table, list[str]]:
     sdp = report.shuffled_dp_sgd
     if sdp is not None:
         amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
-        t.add_row("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon), assumes("shuffled-dp-sgd"),
+        row("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon), assumes("shuffled-dp-sgd"),
                   f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
                   f"FMT amplified {amp}"
                   + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
@@ -324,6 +331,9 @@ def account(
         "importance-sampled ESTIMATE of the exact Poisson pair's epsilon, with its interval (Monte Carlo, seconds of "
         "CPU even at small n; never a bound, never used to calibrate).",
     ),
+    details: bool = typer.Option(
+        False, "--details", help="Add each row's method and numbers (delta split, grids, sensitivities, noise "
+        "multipliers) to the table; the JSON always has them."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     events: bool = typer.Option(
         False, "--events",
@@ -524,7 +534,7 @@ def account(
                         "(relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))
-    table, notes = _rows_table(report)
+    table, notes = _rows_table(report, details=details)
     out.print(table)
     out.print("assumptions:")
     for line in notes:
