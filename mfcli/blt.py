@@ -14,8 +14,8 @@ The maths, with proofs, is in docs/structured.md, section "BLT".
   sensitivity under every participation schema, per-step error and max / mean loss for the prefix
   and (constant learning-rate) momentum workloads in O(n d), closed forms in O(d^2).
 * :func:`optimize_blt`: the parameters minimising max or mean loss (scipy L-BFGS-B with analytic
-  gradients, several starts including a quadrature of the arcsine representation of the square
-  root factorization).
+  gradients of closed forms that do not grow with n, several starts including a quadrature of
+  the arcsine representation of the square root factorization).
 * :class:`BltNoiseStream`: rows of C^-1 Z for d-dimensional Z in O(buffers x d) memory, a front
   end to the one BLT recursion and checkpoint format of :mod:`mfcli.noise` (bit-identical to
   ``noise_stream`` on a BLT artifact, refusing step n and beyond).
@@ -1011,9 +1011,11 @@ def optimize_blt(
     """The BLT with ``buffers`` buffers minimising max or mean loss over n steps.
 
     L-BFGS-B on theta = sigmoid(x), omega = exp(y) (so theta in (0, 1), omega > 0, and C^-1
-    is a real BLT), minimising log(loss) with analytic gradients: for single participation and
-    max error the O(d^2) closed form (n-independent), otherwise the O(n d) form; both
-    differentiate through the inverse BLT by implicit differentiation of its secular equation.
+    is a real BLT), minimising log(loss) with analytic gradients: max and mean error in closed
+    form (O(d^2), n-independent), times the sensitivity in closed form (O(d^2) for single
+    participation, O(Q d^2) under fixed-epoch or min-sep whose earliest pattern spans Q blocks);
+    beyond :data:`MAX_CLOSED_BLOCKS` blocks the O(n d) form. All differentiate through the
+    inverse BLT by implicit differentiation of its secular equation.
     Buffers are added one at a time, each level warm-started from the previous level's optimum
     plus one new small buffer. At the requested level also: the quadrature start
     (:func:`quadrature_start`) at two horizons, seeded random perturbations of it, and decays

@@ -13,15 +13,26 @@ no grid budget, and dp-accounting's own MixtureOfGaussians PLD builder.
 
 Run:  OPENBLAS_NUM_THREADS=1 python scripts/bench_account.py [--quick]
 The machine is shared with other jobs: the load average is printed with the tables.
+
+``--headline [--before TREE]``: instead, the README's headline ``mfcli account --sigma 4 --sampling
+0.01`` (table and ``--json``) as a subprocess, CPU seconds (user + system, getrusage of the
+children) per run, median of ``--repeats``; with ``--before``, the same command from another
+checkout (e.g. the main one before the speed work) in the same run, runs alternating, and its
+stdout compared with this tree's (JSON with the ``seconds`` fields dropped): the numbers must be
+identical.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -65,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single-above", type=float, default=20.0)
     ap.add_argument("--max-seconds", type=float, default=600.0)
     ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--headline", action="store_true", help="time the README's headline command only")
+    ap.add_argument("--before", type=Path, default=None, help="with --headline: another checkout to compare with")
     args = ap.parse_args(argv)
+    if args.headline:
+        return headline(args)
 
     import mfcli.accounting.mmcc as M
     from mfcli.accounting.single_pass import dpsgd
@@ -126,6 +141,62 @@ def main(argv: list[str] | None = None) -> int:
             t, r = timed(lambda kw=kw: M.mmcc(c, sigma=sigma, sampling=p, delta=delta, **kw), 1)
             print(f"| {label} | {t:.2f} | {r.epsilon:.6g} |")
             sys.stdout.flush()
+    print()
+    print(header())
+    return 0
+
+
+HEADLINE = ["account", "--sigma", "4", "--sampling", "0.01"]
+
+
+def _strip_seconds(obj: object) -> object:
+    if isinstance(obj, dict):
+        return {k: _strip_seconds(v) for k, v in obj.items() if k != "seconds"}
+    if isinstance(obj, list):
+        return [_strip_seconds(v) for v in obj]
+    return obj
+
+
+def _run_cli(tree: Path, extra: list[str]) -> tuple[float, float, str]:
+    """(CPU seconds of the child, wall seconds, stdout) of ``mfcli`` + HEADLINE + extra from ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "mfcli", *HEADLINE, *extra], env=env, cwd=tree,
+                         capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, out
+
+
+def headline(args: argparse.Namespace) -> int:
+    here = Path(__file__).resolve().parent.parent
+    trees = [("this tree", here)] + ([("before", args.before.resolve())] if args.before else [])
+    print(header())
+    print()
+    cpu: dict[str, list[float]] = {label: [] for label, _ in trees}
+    wall: dict[str, list[float]] = {label: [] for label, _ in trees}
+    outputs: dict[str, tuple[str, object]] = {}
+    for _ in range(args.repeats):
+        for label, tree in trees:  # alternating, so both see the same load
+            c, w, table = _run_cli(tree, [])
+            cpu[label].append(c)
+            wall[label].append(w)
+            _, _, js = _run_cli(tree, ["--json"])
+            outputs[label] = (table, _strip_seconds(json.loads(js)))
+    print(f"`mfcli {' '.join(HEADLINE)}`: CPU seconds (user + system) per run, {args.repeats} runs each, alternating")
+    print()
+    print("| code | CPU s (median) | CPU s (all runs) | wall s (median) |")
+    print("|---|---|---|---|")
+    for label, tree in trees:
+        runs = ", ".join(f"{v:.2f}" for v in cpu[label])
+        print(f"| {label} ({tree}) | {statistics.median(cpu[label]):.2f} | {runs} | {statistics.median(wall[label]):.1f} |")
+    if args.before:
+        same_table = outputs["this tree"][0] == outputs["before"][0]
+        same_json = outputs["this tree"][1] == outputs["before"][1]
+        print()
+        print(f"table output identical: {same_table}; --json identical (seconds fields dropped): {same_json}")
     print()
     print(header())
     return 0
