@@ -81,7 +81,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.noise import check_seed
-from mfcli.validation import positive_int, regular_file
+from mfcli.validation import positive_int
 
 STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
