@@ -370,7 +370,7 @@ def _make_private_from_record(
     if not isinstance(data_loader, DataLoader):
         raise MfcliError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
     dataset = data_loader.dataset
-    examples = len(dataset)  # type: ignore[arg-type]
+    examples = len(dataset)
     declared_rate = sampling
     declared_batch = None
     if isinstance(data_loader, DPDataLoader):

@@ -219,39 +219,17 @@ def _settings(attrs: dict[str, Any]) -> list[str]:
 
 
 def verify(artifact: str | Path, record: str) -> None:
-    """Re-verify one record of an artifact against its operator (``mfcli inspect``'s check of the
-    record: operator hash, and every stored epsilon at least the one recomputed from its event).
+    """Re-derive one record of an artifact from the artifact it sits in, by the one verifier of
+    every kind (:func:`mfcli.samplers.verified_record`: operator hash, schema, sampler, and every
+    event and epsilon recomputed), deeply (MMCC at every n), since training takes its sigma and
+    sampler from it.
 
     Raises:
         MfcliError: the record does not verify (naming the first problem), or is missing.
     """
-    from mfcli.structured import is_structured_file
+    from mfcli.samplers import verified_record
 
-    path = Path(artifact)
-    if is_structured_file(path):
-        from mfcli.accounting.structured import verify_structured_records
-        from mfcli.structured import load_any_artifact
-
-        found = {r["id"]: r for r in verify_structured_records(path, load_any_artifact(path))}
-        rec = found.get(record)
-        if rec is None:
-            raise MfcliError(f"{path} has no accounting record {record!r}")
-        if not rec["verified"]:
-            why = rec["problems"][0] if rec["problems"] else "it is not an mfcli.accounting record"
-            raise MfcliError(f"accounting record {record!r} of {path} does not verify: {why}")
-        return
-    from mfcli.inspection import inspect_artifact
-
-    rep = inspect_artifact(path, certificate=False)
-    recs = {a["id"]: a for a in rep.accounting}
-    if record not in recs:
-        raise MfcliError(f"{path} has no accounting record {record!r}")
-    if not recs[record].get("verified"):
-        mine = [p for p in rep.problems if p.startswith(f"accounting record {record!r}")]
-        raise MfcliError(f"{path} does not verify: {(mine or list(rep.problems) or ['unknown problem'])[0]}")
-    broken = [p for p in rep.problems if not p.startswith("accounting record ")]
-    if broken:   # a checksum or a stored number of the operator itself
-        raise MfcliError(f"{path} does not verify: {broken[0]}")
+    verified_record(artifact, record)
 
 
 def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any]]:

@@ -330,7 +330,7 @@ def make_private(
         raise MfcliError(f"max_physical_batch_size must be a positive integer, got {max_physical_batch_size!r}")
     seed = check_seed(seed)
     try:
-        examples = len(dataset)  # type: ignore[arg-type]
+        examples = len(dataset)
     except TypeError:
         raise MfcliError("dataset must be a map-style dataset with a length (the sampler draws indices)") from None
     if examples < 1:
@@ -410,7 +410,7 @@ def make_private_with_epsilon(
         workload, found_beta = workload_of(optimizer)
         beta = found_beta if beta is None else beta
     try:
-        examples = len(dataset)  # type: ignore[arg-type]
+        examples = len(dataset)
     except TypeError:
         raise MfcliError("dataset must be a map-style dataset with a length") from None
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -423,7 +423,7 @@ def make_private_with_epsilon(
     kwargs.setdefault("batch_size", batch_size)
     model, opt, loader = make_private(module, optimizer, dataset, artifact=artifact, record=rid, seed=seed,
                                       clip_norm=clip_norm, loss_fn=loss_fn, **kwargs)
-    opt.plan = plan  # type: ignore[attr-defined]
+    opt.plan = plan
     return model, opt, loader
 
 
