@@ -283,8 +283,9 @@ def save_structured_artifact(
 
     Raises:
         ArtifactError: the numbers the loader recomputes (:func:`evaluate`) are not finite or
-            cannot be computed (e.g. a sensitivity that cannot be certified): nothing is written,
-            so the writer never leaves a file its own loader refuses.
+            cannot be computed (e.g. a sensitivity that cannot be certified), or the file's
+            image does not pass :func:`load_structured_artifact`: nothing is written, so the
+            writer never leaves a file its own loader refuses.
     """
     from mfcli.artifact import (
         FORMAT,
@@ -342,10 +343,36 @@ def save_structured_artifact(
         for name, data in strategy.parameters().items():
             _write_dataset(g, name, data)
 
+    # The writer never writes what its own loader refuses: the file's image is read back by
+    # load_structured_artifact (every check a reader makes) before the target is touched.
+    _verify_image(hdf5_image(build), Path(path))
     with atomic_path(path, force=force) as tmp:
         image = hdf5_image(build)
         write_bytes_to(tmp, image, target=Path(path))
     return hashlib.sha256(image).hexdigest()
+
+
+def _verify_image(image: bytes, target: Path) -> None:
+    """Load the HDF5 ``image`` of a structured artifact as a reader would, from a private
+    temporary file (removed after); :class:`ArtifactError` naming ``target`` if it does not load."""
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="mfcli-verify-", suffix=".h5")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(image)
+        load_structured_artifact(name)
+    except ArtifactError as exc:
+        raise ArtifactError(f"refusing to write {target}: the file would not verify on reading: "
+                            f"{str(exc).replace(name + ': ', '')}") from None
+    except OSError as exc:
+        raise MfcliError(f"cannot verify {target} before writing it: {exc.strerror or exc}") from None
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
 
 
 def is_structured_file(path: str | Path) -> bool:

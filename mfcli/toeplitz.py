@@ -306,32 +306,43 @@ def sum_squares_bounds(a: np.ndarray) -> tuple[float, float]:
 
 def window_sums(b: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
     """v_t = sum_{m<k, m sep <= t} b_{t - m sep} for t < n (b zero beyond its length): the pattern
-    vector C(b) 1_{P_0} of :func:`pattern_vector`, in O(n) whatever k, without subtraction.
+    vector C(b) 1_{P_0} of :func:`pattern_vector`, without FFT and without subtraction.
 
-    The n entries are laid out as J = ceil(n / sep) rows of sep; entry row j sums rows j - k + 1..j
-    (a sliding window over rows). With k - 1 zero rows in front and the rows cut into chunks of k,
-    every window is a chunk's suffix plus the next chunk's prefix (two running sums), so each v_t
-    is a sum of at most k of the b's in floating point: for b >= 0 its relative error is at most
+    Up to :data:`FFT_THRESHOLD` multiply-adds the k shifted copies are added in turn (O(n)
+    memory). Beyond, in O(n) time whatever k: the n entries are laid out as J = ceil(n / sep)
+    rows of sep, and entry row j sums rows j - k + 1..j (a sliding window over rows); with k - 1
+    zero rows in front and the rows cut into chunks of k, every window is a chunk's suffix plus
+    the next chunk's prefix (two running sums; a few n floats of memory). Either way each v_t is a
+    sum of at most k of the b's in floating point: for b >= 0 its relative error is at most
     gamma_k = k u / (1 - k u) (u = 2^-53), the bound :func:`toeplitz_sensitivity` rounds up by."""
     b = np.asarray(b, dtype=np.float64)[:n]
     rows = -(-n // sep)
     k = max(1, min(k, rows))
+    if k * b.size <= FFT_THRESHOLD:
+        # few shifts: add them in turn (each entry a sequential sum of at most k terms), O(n) memory
+        v = np.zeros(n)
+        for m in range(k):
+            start = m * sep
+            length = min(b.size, n - start)
+            v[start:start + length] += b[:length]
+        return v
     x = np.zeros(rows * sep)
     x[: b.size] = b
-    if k == 1:
-        return x[:n]
     mat = x.reshape(rows, sep)
     if k >= rows:
         return np.cumsum(mat, axis=0).reshape(-1)[:n]
     chunks = -(-(rows + k - 1) // k)
-    y = np.zeros((chunks * k, sep))
-    y[k - 1: k - 1 + rows] = mat
-    yc = y.reshape(chunks, k, sep)
-    prefix = np.cumsum(yc, axis=1).reshape(-1, sep)
-    suffix = np.cumsum(yc[:, ::-1], axis=1)[:, ::-1].reshape(-1, sep)
+    y = np.zeros((chunks, k, sep))
+    y.reshape(-1, sep)[k - 1: k - 1 + rows] = mat
+    del x, mat
+    prefix = np.cumsum(y, axis=1)              # prefix[ch, i] = rows ch k .. ch k + i
+    suffix = np.cumsum(y[:, ::-1], axis=1)     # suffix[ch, k - 1 - i] = rows ch k + i .. ch k + k - 1
+    del y
     j = np.arange(rows)
     end = j + k - 1
-    out = np.where((j % k == 0)[:, None], prefix[end], suffix[j] + prefix[end])
+    out = prefix[end // k, end % k]
+    inner = j % k != 0                         # the window starts inside a chunk: add its suffix
+    out[inner] += suffix[j[inner] // k, k - 1 - j[inner] % k]
     return out.reshape(-1)[:n]
 
 

@@ -406,3 +406,37 @@ def test_objective_is_the_dense_loss(params, error, schema):
     gamma = toeplitz_workload("momentum", beta=beta)
     got = _loss_and_grad_general(theta, omega, n, gamma, error, schema)[0]
     assert got == pytest.approx(dense_loss(theta, omega, n, beta, error, schema), rel=1e-8)
+
+
+def test_writer_reads_its_file_back_before_writing(tmp_path, monkeypatch):
+    """save_structured_artifact runs the reader on the file's image before touching the target:
+    whatever the reader would refuse (here: a stand-in reader rule) is never written."""
+    import mfcli.structured as structured
+
+    def refuse(path):
+        raise ArtifactError(f"{path}: a rule only the reader knows")
+
+    monkeypatch.setattr(structured, "load_structured_artifact", refuse)
+    path = tmp_path / "x.h5"
+    with pytest.raises(ArtifactError, match=r"refusing to write .*x\.h5: the file would not verify.*only the reader"):
+        save_structured_artifact(path, BandedToeplitz(np.array([1.0, 0.5])), workload=TOEPLITZ_PREFIX, n=8)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_20414_point_is_the_dense_loss():
+    """The point behind 'objective 20414 against 20680' (momentum beta 0.9, 20 epochs, n = 200,
+    mean error): decays sorted as the optimiser's _canonical sorts them, one scale 4.25e-18
+    (~e^-40, the log-scale box's lower end). Before 3bd43e9 the O(n d) objective gave 20414.5056
+    there: C^-1's secular root for that buffer lies within rounding of its decay, theta_i -
+    lambda_k computed from the rounded root had no correct digit, so the residue omega'_k and
+    the noising matrix were wrong. Now the objective is the dense loss, 20679.6055."""
+    theta = np.array([0.14559884317476382, 0.5580002091955772, 0.9057140593983108])
+    omega = np.array([0.059937580546443756, 4.24835425541647e-18, 1.2505382234065985])
+    schema = FixedEpoch(epochs=20)
+    want = dense_loss(theta, omega, 200, 0.9, "mean", schema)
+    assert want == pytest.approx(20679.6055, rel=1e-8)
+    got = _loss_and_grad_general(theta, omega, 200, toeplitz_workload("momentum", beta=0.9), "mean", schema)[0]
+    assert got == pytest.approx(want, rel=1e-10)
+    reported = BufferedToeplitz(theta=theta, omega=omega).loss(200, workload="momentum", beta=0.9, error="mean",
+                                                              schema=schema)
+    assert reported == pytest.approx(want, rel=1e-10) and reported >= want * (1 - 1e-12)

@@ -133,10 +133,15 @@ def test_sensitivity_refuses_schema_that_does_not_fit():
 
 @pytest.mark.parametrize("n,sep,k", [(3000, 7, 429), (3000, 7, 5), (1000, 1, 1000), (1000, 1, 37), (97, 10, 3),
                                       (10, 3, 4), (10, 10, 1), (50, 7, 8)])
-def test_window_sums_is_the_shifted_sum(n, sep, k):
-    """The O(n) sliding-window pattern vector (the sensitivity's) against the definition: the sum
-    of k copies of c shifted by multiples of sep, cut at n, and against the FFT form."""
+@pytest.mark.parametrize("threshold", [None, 0], ids=["direct", "sliding-window"])
+def test_window_sums_is_the_shifted_sum(n, sep, k, threshold, monkeypatch):
+    """The pattern vector of the sensitivity (shifted copies added in turn, or the O(n) sliding
+    window above FFT_THRESHOLD) against the definition: the sum of k copies of c shifted by
+    multiples of sep, cut at n, and against the FFT form."""
     import mfcli.toeplitz as tp
+
+    if threshold is not None:
+        monkeypatch.setattr(tp, "FFT_THRESHOLD", threshold)
 
     rng = np.random.default_rng(n + sep + k)
     c = rng.uniform(0, 1, size=min(n, 40))
@@ -144,9 +149,9 @@ def test_window_sums_is_the_shifted_sum(n, sep, k):
     for m in range(min(k, -(-n // sep))):
         seg = c[: max(0, n - m * sep)]
         want[m * sep: m * sep + seg.size] += seg
-    np.testing.assert_allclose(tp.window_sums(c, n, sep, k), want, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(tp.window_sums(c, n, sep, k), want, rtol=1e-13, atol=0)
     fft, _ = tp.pattern_vector(c, n, sep, k)
-    np.testing.assert_allclose(fft, want, rtol=1e-12)
+    np.testing.assert_allclose(fft, want, rtol=1e-12, atol=1e-12)
 
 
 def test_sensitivity_does_not_depend_on_the_fft_threshold(monkeypatch):
