@@ -496,7 +496,7 @@ def dataset_problem(obj: Any, *, max_size: int | None = None) -> str | None:
     if shape is None:
         return "has no data space (an empty dataset)"
     if dtype.kind not in "fiu" or dtype.itemsize > 8:
-        return f"has dtype {dtype}; an artifact stores real numbers (float64)"
+        return f"is not numeric (dtype {dtype}); an artifact stores real numbers (float64)"
     count = 1
     for x in shape:
         count *= x
@@ -596,7 +596,7 @@ def root_shape_problem(name: str, obj: Any, n: Any) -> str | None:
     except (OSError, ValueError, RuntimeError, TypeError, AttributeError):
         return f"dataset {name!r} has an unreadable shape (corrupt?)"
     if len(shape) != 2:
-        return f"dataset {name!r} must be a 2-D matrix, got shape {shape}"
+        return f"dataset {name!r} must be a 2-D real matrix, got shape {shape}"
     if isinstance(n, bool) or not isinstance(n, int):
         return None
     if name == "workload" and shape != (n, n):

@@ -50,7 +50,6 @@ from mfcli.artifact import (
     file_sha256,
     open_artifact_file,
     read_participation,
-    root_shape_problem,
     structure_problems,
 )
 from mfcli.errors import ArtifactError, MfcliError
@@ -405,21 +404,12 @@ def _read_root(f: Any) -> tuple[dict[str, np.ndarray | None], np.ndarray | None,
     """The three root matrices (None where unreadable) and the raw dual weights."""
     problems: list[str] = []
     mats: dict[str, np.ndarray | None] = {}
-    try:
-        n_attr = _decode(f.attrs.get("n"))
-    except (OSError, KeyError, ValueError, RuntimeError):
-        n_attr = None
+    # Each matrix is judged from its header before it is read (_read: dtype, stored in full,
+    # memory); its shape against the attribute n is one of the reported checks (_check_root), so
+    # a forged n is reported as such rather than hiding the matrices.
     for name in ("workload", "strategy", "decoder"):
         if name not in f:
             problems.append(f"no {name!r} dataset")
-            continue
-        import h5py
-
-        obj = _plain(f, name)
-        shape_problem = root_shape_problem(name, obj, n_attr) if isinstance(obj, h5py.Dataset) else None
-        if shape_problem is not None:  # checked against the declared n before reading
-            mats[name] = None
-            problems.append(shape_problem)
         else:
             mats[name] = _read(f, name)
             if mats[name] is None:
