@@ -156,7 +156,7 @@ def _fill_block(seed: int, j: int, block: int, out: np.ndarray) -> None:
 
     Equivalent to ``Generator(Philox(key=seed, counter=[0, block, j, 0])).standard_normal(...)``;
     a per-thread generator is reset to that fresh state instead of being constructed (30x faster,
-    which matters when a dense row regenerates thousands of small rows).
+    which matters when a row of a small d is drawn at every step).
     """
     gen = getattr(_LOCAL, "generator", None)
     if gen is None:

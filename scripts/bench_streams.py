@@ -185,6 +185,23 @@ def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int) -> flo
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
+    """Median CPU seconds of steps from ``early`` and from ``late``, on two streams stepped in
+    alternation, so that a change in the machine's load during the measurement hits both alike."""
+    (step_a, jump_a), (step_b, jump_b) = make(), make()
+    jump_a(max(early - 1, 0))
+    jump_b(max(late - 1, 0))
+    step_a()
+    step_b()
+    ta, tb = [], []
+    for _ in range(count):
+        for step, times in ((step_a, ta), (step_b, tb)):
+            t0 = time.process_time()
+            step()
+            times.append(time.process_time() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def raw_gaussians(d: int, reps: int) -> dict[str, float]:
     out = {"numpy Philox row, 1 thread": median_time(lambda: noise_row(SEED, 3, d, "float32"), reps),
            "numpy Philox row, 2 threads": median_time(lambda: noise_row(SEED, 3, d, "float32", threads=2), reps)}
@@ -214,8 +231,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--baseline", type=Path, help="a checkout of the previous mfcli to time its numpy streams")
+    ap.add_argument("--sections", default="raw,throughput,flat,dense", help="comma-separated parts to run")
     args = ap.parse_args()
     d, reps = args.d, args.reps
+    want = set(args.sections.split(","))
     load0 = os.getloadavg()
     blas = threadpool_limits(1, "blas")
     info = [(i["internal_api"], i["num_threads"]) for i in threadpool_info()]
@@ -238,7 +257,7 @@ def main() -> None:
 
         print(f"\nsteps/s at d = {d} (median over {reps} steps after step 10):")
         res["throughput"] = {}
-        for kind in ("blt-4", "banded-toeplitz-8"):
+        for kind in ("blt-4", "banded-toeplitz-8") if "throughput" in want else ():
             if args.baseline:
                 for threads in (1, 2):
                     s = baseline(args.baseline, arts[kind], d, threads, reps)
@@ -261,16 +280,14 @@ def main() -> None:
 
         print(f"\nper-step time at step 10 vs step n - 1 (median of {reps} steps each):")
         res["flat"] = {}
-        for kind in ("blt-4", "banded-toeplitz-8", "bandmf-8", "compressed-4+4"):
+        for kind in ("blt-4", "banded-toeplitz-8", "bandmf-8", "compressed-4+4") if "flat" in want else ():
             for fw in ("numpy", "torch", "optax"):
                 stream = noise_stream(arts[kind], kind="gradient", d=d, seed=SEED, dtype="float32")
-                step, jump = DRIVERS[fw](stream)
-                early = per_step(step, jump, 10, reps)
-                late = per_step(step, jump, stream.n - reps, reps)
+                early, late = early_late(lambda s=stream, fw=fw: DRIVERS[fw](s), 10, stream.n - reps, reps)
                 res["flat"][f"{kind} {fw}"] = (early, late)
                 print(f"  {kind:18s} {fw:6s} n={stream.n:<7d} step 10 {early * 1e3:8.2f} ms   step n-1 "
                       f"{late * 1e3:8.2f} ms   ratio {late / early:5.2f}")
-                del step, jump, stream
+                del stream
 
         print(f"\ndense C^-1 (history of Z, n = {args.n_dense}): step n - 1 vs n plain multiply-adds + one raw row")
         res["dense"] = {}
@@ -280,18 +297,16 @@ def main() -> None:
         plain_np = median_time(lambda: coef @ rows, 5)   # n multiply-adds of d floats (BLAS, 1 thread)
         rows = np.empty((0, d), np.float32)   # free the 64 x d block before the streams allocate theirs
         raw_np = raw["numpy Philox row, 1 thread"]
-        for fw in ("numpy", "torch", "optax"):
+        for fw in ("numpy", "torch", "optax") if "dense" in want else ():
             stream = noise_stream(arts["dense"], kind="gradient", d=d, seed=SEED, dtype="float32")
-            step, jump = DRIVERS[fw](stream)
-            early = per_step(step, jump, 10, 5)
-            late = per_step(step, jump, n - 5, 5)
+            early, late = early_late(lambda s=stream, fw=fw: DRIVERS[fw](s), 10, n - 5, 5)
             raw_fw = {"numpy": raw_np, "torch": raw.get("torch.randn (CPU)", raw_np),
                       "optax": raw.get("jax.random.normal (CPU, jit)", raw_np)}[fw]
             ref = plain_np + raw_fw
             res["dense"][fw] = (early, late, ref)
             print(f"  {fw:6s} step 10 {early * 1e3:8.2f} ms  step n-1 {late * 1e3:8.2f} ms  "
                   f"{n} multiply-adds + 1 row {ref * 1e3:8.2f} ms  ratio {late / ref:5.2f}")
-            del step, jump, stream
+            del stream
     blas.restore_original_limits()
     load1 = os.getloadavg()
     res["load_after"] = load1

@@ -21,7 +21,7 @@ from mfcli.errors import MfcliError  # noqa: E402
 from mfcli.noise import noise_stream  # noqa: E402
 from mfcli.smoothing import LaplacianSmoother, smoothing_matrix  # noqa: E402
 
-from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
+from noise_oracles import philox_z, save_truncated_svd_compression, torch_z  # noqa: E402
 
 SEED = 424242
 BETA = 0.9
@@ -74,6 +74,53 @@ def test_momentum_sgd_releases_decoder_noise(artifact, variant, dtype, tol):
     with pytest.raises(MfcliError, match="exhausted"):
         opt.step()
     np.testing.assert_array_equal(flat_params(net), before)   # nothing applied past the end
+
+
+@pytest.mark.parametrize("variant", ["dense", "compressed"])
+def test_torch_generator_on_the_device_releases_decoder_noise(artifact, variant):
+    """generator="torch": Z from a torch.Generator on the parameters' device (the default on an
+    accelerator), the recursion on device tensors; the oracle draws that Z by the documented
+    contract. Checkpoint/resume through state_dict continues bit-identically."""
+    path, _a, fact, b_hat = artifact
+    net = model(torch.float64)
+    theta0 = flat_params(net)
+    lr = 0.05
+    make = lambda m: CorrelatedNoiseOptimizer(  # noqa: E731
+        torch.optim.SGD(m.parameters(), lr=lr, momentum=BETA), artifact=path, seed=SEED, noise_multiplier=1.0,
+        clip_norm=1.0, variant=variant, generator="torch")
+    opt = make(net)
+    assert opt.generator == "torch-cpu"
+    decoder = fact.decoder if variant == "dense" else b_hat
+    want = theta0[None, :] - lr * (decoder @ torch_z(SEED, N, 11, "float64"))
+    saved = None
+    for t in range(N):
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        np.testing.assert_allclose(flat_params(net), want[t], rtol=0, atol=1e-10 * np.max(np.abs(want)))
+        if t == 6:
+            saved = (io.BytesIO(), [p.detach().clone() for p in net.parameters()])
+            torch.save(opt.state_dict(), saved[0])
+    net2 = model(torch.float64)
+    with torch.no_grad():
+        for p, q in zip(net2.parameters(), saved[1], strict=True):
+            p.copy_(q)
+    opt2 = make(net2)
+    saved[0].seek(0)
+    opt2.load_state_dict(torch.load(saved[0], weights_only=True))
+    for _ in range(7, N):
+        for p in net2.parameters():
+            p.grad = torch.zeros_like(p)
+        opt2.step()
+    np.testing.assert_array_equal(flat_params(net2), flat_params(net))
+    numpy_opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model(torch.float64).parameters(), lr=lr), artifact=path,
+                                         seed=SEED, noise_multiplier=1.0, clip_norm=1.0, variant=variant,
+                                         generator="numpy")
+    with pytest.raises(MfcliError, match="generator"):   # a torch-generator checkpoint is not a numpy one
+        numpy_opt.load_state_dict({"optimizer": numpy_opt.optimizer.state_dict(), "noise": opt.state_dict()["noise"]})
+    with pytest.raises(MfcliError, match="generator must be one of"):
+        CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=lr), artifact=path, seed=SEED,
+                                 noise_multiplier=1.0, clip_norm=1.0, generator="cuda")
 
 
 def test_noise_is_added_to_the_gradient(artifact):

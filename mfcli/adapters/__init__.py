@@ -10,7 +10,11 @@
 * anything else: use :func:`mfcli.noise.noise_stream` directly; its rows are plain numpy arrays.
 
 Both adapters carry gradient noise, rows of C^-1 Z (C^^-1 Z for a compressed artifact), never the
-iterate noise B Z. Each accepts ``postprocess``, a callable applied to the flattened noisy
+iterate noise B Z. Both run the stream's one recursion (:meth:`mfcli.operators.StreamingMatrix.step`,
+the same as the numpy stream's) where the noise is used: torch on the parameters' device with a
+``torch.Generator`` there, optax inside ``jit`` with ``jax.random``; each draws its own Z from the
+seed (docs/noise-streams.md, "Reproducibility contract") and checkpoints in the one format of
+:meth:`mfcli.noise.NoiseStream.checkpoint`. Each accepts ``postprocess``, a callable applied to the flattened noisy
 gradient (d,) before the optimizer sees it: the hook for post-processing such as Laplacian
 smoothing, which costs no privacy.
 
