@@ -392,6 +392,9 @@ def account(
         refuse_unless(setting is None or setting in BATCHING_SETTINGS[batching],
                       f"--setting {setting} does not assume --batching {batching} "
                       f"(choose from {', '.join(BATCHING_SETTINGS[batching])})")
+    refuse_unless(setting not in ("dp-sgd-reduction", "balls-in-bins-dp-sgd"),
+                  f"--setting {setting} cannot be calibrated yet: calibrate the strategy's own setting (the "
+                  "reduction's epsilon is shown, and reported when smaller, at any sigma)")
     refuse_unless(setting not in ("balls-in-bins-tree", "shuffled-dp-sgd") or batching in BATCHING_SETTINGS,
                   f"--setting {setting} needs the matching --batching")
     # shuffle: single-pass is the strategy's guarantee for any order (the shuffled tree's row is the same number)
