@@ -757,16 +757,15 @@ def _with_reduction(rep: AccountingReport, inp: StrategyInput, *, settings: Sequ
                     options: AccountingOptions, on_progress: ProgressCallback | None) -> AccountingReport:
     """A structured artifact's report with the DP-SGD reduction row added, as a dense C's has it,
     when its C is materialised (n <= STRUCTURED_DENSE_MAX_N) and a batch sampler is named; above
-    that limit the row is not run (a note says so)."""
+    that limit the row is not run."""
     import dataclasses
 
     b = rep.batching
     if b is None or "dp-sgd-reduction" not in settings or (b in BATCHING_SETTINGS
                                                            and "dp-sgd-reduction" not in BATCHING_SETTINGS[b]):
         return rep
-    if not inp.dense:
-        return dataclasses.replace(rep, notes=(*rep.notes, "DP-SGD reduction: not run; it needs the materialised C "
-                                                           "(a structured artifact above the dense limit)"))
+    if not inp.dense:  # the row is not shown there (docs/accounting.md, "The DP-SGD reduction bound")
+        return rep
     try:
         red = reduction(inp.strategy, sigma=rep.sigma, sampler=b, sampling=rep.sampling, delta=rep.delta,
                         schema=rep.participation, value_discretization=options.value_discretization,

@@ -186,7 +186,11 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
                   f"of the examples), noise multiplier sigma / max column norm "
                   f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
                   f"discretization {cyc.value_discretization:g}")
-        notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
+        # the rate's meaning stays in the default output (it is easy to pass batch / examples instead)
+        notes.append(f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
+                     f"sampled with probability p at its group's steps; expected batch p / b = "
+                     f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
+                     f"{_text(cyc, 'method')}")
     bib = report.balls_in_bins_tree
     if bib is not None:
         row("binary tree, balls-in-bins: guarantee [lower, upper]",
