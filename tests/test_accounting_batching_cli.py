@@ -115,6 +115,8 @@ BAD = [
     (["--strategy", "tree", "--n", "8", "--epsilon", "1", "--batching", "shuffle", "--setting", "mmcc"],
      "does not assume --batching shuffle"),
     (["--strategy", "tree", "--n", "8", "--epsilon", "1", "--setting", "balls-in-bins-tree"], "needs the matching --batching"),
+    (["--strategy", "sqrt", "--n", "8", "--epsilon", "1", "--batching", "balls-in-bins", "--setting", "dp-sgd-reduction"],
+     "cannot be calibrated yet"),
     (["--strategy", "identity", "--n", "8", "--epsilon", "1", "--batching", "shuffle", "--setting", "shuffled-tree"],
      "needs the binary-tree strategy"),
 ]

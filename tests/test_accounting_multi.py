@@ -132,7 +132,9 @@ def test_cyclic_poisson_is_dp_accountings_dpsgd(tmp_path, n, bands, options, b):
     c = banded(n, bands, seed=n + bands)
     sigma, p = 1.3, 0.2
     out = run(npy(tmp_path, c), "--sigma", str(sigma), "--sampling", str(p), "--batching", "cyclic", *options)
-    assert set(out["settings"]) == {"deterministic" if options else "single-pass", "cyclic-poisson"}
+    assert set(out["settings"]) == {"deterministic" if options else "single-pass", "cyclic-poisson", "dp-sgd-reduction"}
+    # the reduction (sigma / ||C||_2, same steps) is never below the banded theorem (sigma / max column norm)
+    assert out["settings"]["dp-sgd-reduction"]["epsilon"] >= out["settings"]["cyclic-poisson"]["epsilon"] * (1 - 1e-9)
     row = out["settings"]["cyclic-poisson"]
     col = float(np.linalg.norm(c, axis=0).max())
     steps = -(-n // b)
@@ -164,11 +166,22 @@ def test_cyclic_beats_deterministic_and_dpsgd_at_small_rate(tmp_path):
     assert s["cyclic-poisson"]["epsilon"] < s["deterministic"]["epsilon"]
 
 
+@pytest.mark.parametrize("options", [["--min-sep", "4"], ["--epochs", "2"]])
+def test_cyclic_with_more_bands_than_groups_is_accounted_by_the_reduction(options):
+    """More bands than groups: the banded theorem does not apply (its row is refused, with the
+    reason); the DP-SGD reduction accounts the C under the same cyclic sampler: DP-SGD with
+    ceil(n / b) Poisson steps at sigma / ||C||_2, composed here with dp-accounting."""
+    out = run("--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", *options)
+    assert "cyclic-poisson" not in out["settings"] and "at most b = 4 bands" in out["refused"]["cyclic-poisson"]
+    red = out["settings"]["dp-sgd-reduction"]
+    from mfcli.strategies import sqrt_strategy_matrix
+
+    norm = float(np.linalg.svd(sqrt_strategy_matrix(8), compute_uv=False)[0])
+    assert red["epsilon"] == pytest.approx(dpsgd_epsilon(1.0 / norm, 0.1, 2), rel=1e-6)
+    assert out["report"]["setting"] == "dp-sgd-reduction"
+
+
 @pytest.mark.parametrize("args, needles", [
-    (["--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", "--min-sep", "4"],
-     ["at most b = 4 bands", "has 8"]),
-    (["--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", "--epochs", "2"],
-     ["at most b = 4 bands", "has 8"]),
     (["--strategy", "identity", "--n", "8", "--sigma", "1", "--batching", "cyclic", "--min-sep", "4"],
      ["--batching", "--sampling"]),
     (["--strategy", "identity", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "uniform"],
@@ -268,8 +281,8 @@ def test_declared_schema_is_the_default_and_an_option_may_not_contradict_it(tmp_
 def test_poisson_rows_name_their_sampler_under_a_schema(tmp_path):
     out = run("--strategy", "identity", "--n", "8", "--sigma", "2", "--sampling", "0.1", "--epochs", "2")
     s = out["settings"]
-    assert set(s) == {"deterministic", "dp-sgd", "mmcc"}
-    for name in ("dp-sgd", "mmcc"):
+    assert set(s) == {"deterministic", "dp-sgd", "mmcc", "dp-sgd-reduction"}
+    for name in ("dp-sgd", "mmcc", "dp-sgd-reduction"):
         assert s[name]["participation"]["kind"] == "poisson" and s[name]["batch_sampler"].startswith("Poisson")
     assert s["deterministic"]["participation"]["kind"] == "fixed-epoch"
 

@@ -186,7 +186,11 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
                   f"of the examples), noise multiplier sigma / max column norm "
                   f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
                   f"discretization {cyc.value_discretization:g}")
-        notes.append(f"cyclic Poisson: {_text(cyc, 'assumptions')}. {_text(cyc, 'method')}")
+        # the rate's meaning stays in the default output (it is easy to pass batch / examples instead)
+        notes.append(f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
+                     f"sampled with probability p at its group's steps; expected batch p / b = "
+                     f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
+                     f"{_text(cyc, 'method')}")
     bib = report.balls_in_bins_tree
     if bib is not None:
         row("binary tree, balls-in-bins: guarantee [lower, upper]",
@@ -392,6 +396,9 @@ def account(
         refuse_unless(setting is None or setting in BATCHING_SETTINGS[batching],
                       f"--setting {setting} does not assume --batching {batching} "
                       f"(choose from {', '.join(BATCHING_SETTINGS[batching])})")
+    refuse_unless(setting not in ("dp-sgd-reduction", "balls-in-bins-dp-sgd"),
+                  f"--setting {setting} cannot be calibrated yet: calibrate the strategy's own setting (the "
+                  "reduction's epsilon is shown, and reported when smaller, at any sigma)")
     refuse_unless(setting not in ("balls-in-bins-tree", "shuffled-dp-sgd") or batching in BATCHING_SETTINGS,
                   f"--setting {setting} needs the matching --batching")
     # shuffle: single-pass is the strategy's guarantee for any order (the shuffled tree's row is the same number)

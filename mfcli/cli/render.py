@@ -245,8 +245,10 @@ def report_notes(report: dict) -> list[str]:
         out.append("  smallest of the guarantees for this sampler: "
                    + ", ".join(f"{k} {pessimistic(float(v))}" for k, v in cands.items()))
     for o in report.get("other_samplers") or []:
+        sampler = ("no sampling, each example in at most one step" if o["batch_sampler"] == "deterministic"
+                   else o["batch_sampler"])
         out.append(f"  another batch sampler would certify less for this strategy: {o['setting']} "
-                   f"({o['batch_sampler']}): epsilon <= {pessimistic(float(o['epsilon']))}")
+                   f"({sampler}): epsilon <= {pessimistic(float(o['epsilon']))}")
     refs = report.get("references") or {}
     if refs:
         out.append("  references, another mechanism (DP-SGD, C = I, at the same sigma), not this strategy's privacy: "
