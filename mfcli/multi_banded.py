@@ -28,7 +28,7 @@ instead of X = I: the L-BFGS phase then takes tens of iterations instead of hund
 
 The Frobenius inner product of two symmetric band matrices counts each off-diagonal entry twice,
 so the iterates are those of the dense L-BFGS (up to round-off). The dual certificate is the dense
-one, unchanged (:func:`mfcli.multi_solver._certify`: W = P(X^-1 A^T A X^-1) from the full product
+one, unchanged (:func:`mfcli.multi_structure.certify`: W = P(X^-1 A^T A X^-1) from the full product
 Z Z^T, the singular values of A R), and it is computed only when the primal's own estimate (the
 Newton decrement; in the L-BFGS phase a stall) says the gap is below the tolerance, because it
 costs O(n^3) -- tens of iterations' worth at n = 2048, b = 64.
@@ -39,16 +39,16 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.lbfgs import Certificates, Memory, backtrack
+from mfcli.multi_structure import Structure, certify
+from mfcli.participation import MinSeparation
 from mfcli.pcg import pcg
 from mfcli.solver import Progress
-
-if TYPE_CHECKING:
-    from mfcli.multi_solver import _Structure
 
 #: Iterations over which the decrease of f is compared with the tolerance before a certificate.
 STALL_WINDOW = 10
@@ -305,9 +305,8 @@ class _Banded:
 
 
 def solve_banded(
-    a: np.ndarray, st: _Structure, *, tol: float, max_iter: int,
-    callback: Callable[[Progress], None] | None, x0: np.ndarray | None, memory: int,
-    certify: Callable[[np.ndarray, _Structure, np.ndarray], float], armijo: float, fast: bool = True,
+    a: np.ndarray, st: Structure, *, tol: float, max_iter: int,
+    callback: Callable[[Progress], None] | None, x0: np.ndarray | None, memory: int, fast: bool = True,
     start_band: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float, int, list[Progress]]:
     """L-BFGS, then truncated Newton, over the band of X (BandMF, k > 1). Returns (X dense, best
@@ -317,7 +316,7 @@ def solve_banded(
     ``start_band``: a starting X in band storage (:func:`coarse_start`) when no ``x0`` is given;
     it is rescaled to diag(X) = 1 and used only if it is positive definite with f below the
     diagonal start's (else the diagonal start); speed only."""
-    bands = bandwidth(st)
+    bands = st.bands
     prob = _Banded(a, bands)
     ops = _operators(a, prob, fast)
     x = to_band(st.normalize(np.array(x0, dtype=np.float64)), bands) if x0 is not None else to_band(st.start(), bands)
@@ -332,10 +331,8 @@ def solve_banded(
             x, f, factors = warm, f_warm, warm_factors
     g = ops.gradient(factors)
     g[0] = 0.0  # tangent: each diagonal entry is its own class (fixed at 1)
-    ss: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    best_dual = -math.inf
-    history: list[Progress] = []
+    pairs = Memory(memory, prob.dot)
+    certs = Certificates(st.scale, callback, start)
     values = [f]
     last_cert = 0
     last_gap = math.inf
@@ -359,59 +356,37 @@ def solve_banded(
             spacing = 1 if last_gap <= NEWTON_CERT_NEAR * tol else NEWTON_CERT_SPACING
             due = -prob.dot(g, d) <= 2 * STALL_FRACTION * tol * f and it - last_cert >= spacing
         else:
-            d = _two_loop(prob, g, ss, ys, xs)
+            d = _lbfgs_direction(prob, pairs, g, xs)
             stalled = len(values) > STALL_WINDOW and values[-1 - STALL_WINDOW] - f <= STALL_FRACTION * tol * f
             due = stalled and it - last_cert >= max(STALL_WINDOW, it // 4)
         if due or it - last_cert >= CERTIFY_EVERY:
             last_cert = it
-            best_dual = max(best_dual, certify(a, st, ops.gram(x, factors)))
-            gap = (f - best_dual) / f
-            last_gap = gap
             method = "newton-band-storage" if newton else "lbfgs-band-storage"
-            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
-            history.append(prog)
-            if callback is not None:
-                callback(prog)
-            if gap <= tol:
+            last_gap = certs.record(it, f, certify(a, st, ops.gram(x, factors)), method)
+            if last_gap <= tol:
                 break
         slope = prob.dot(g, d)
         if slope >= 0:
-            ss.clear()
-            ys.clear()
+            pairs.clear()
             d = -g * (0.1 / max(float(np.abs(g).max()), 1e-300))
             slope = prob.dot(g, d)
-        step = 1.0
-        for _ in range(60):
-            x_new = x + step * d
-            f_new, new_factors = ops.value(x_new)
-            if new_factors is not None and f_new <= f + armijo * step * slope:
-                break
-            step *= 0.5
-        else:
+        found = backtrack(ops.value, x, d, f, slope)
+        if found is None:
             break  # the round-off floor
-        assert new_factors is not None
+        x_new, f_new, new_factors = found
         g_new = ops.gradient(new_factors)
         g_new[0] = 0.0
-        s_vec, y_vec = x_new - x, g_new - g
-        if prob.dot(s_vec, y_vec) > 1e-300:
-            ss.append(s_vec)
-            ys.append(y_vec)
-            if len(ss) > memory:
-                ss.pop(0)
-                ys.pop(0)
+        pairs.push(x_new - x, g_new - g)
         x, f, g, factors = x_new, f_new, g_new, new_factors
         values.append(f)
-    if last_cert != it or not history:
-        best_dual = max(best_dual, certify(a, st, ops.gram(x, factors)))
+    if last_cert != it or not certs.history:
         method = "newton-band-storage" if newton else "lbfgs-band-storage"
-        history.append(Progress(it, f * st.scale, best_dual * st.scale, (f - best_dual) / f,
-                                time.perf_counter() - start, method))
-    return from_band(x), best_dual, it, history
+        certs.record(it, f, certify(a, st, ops.gram(x, factors)), method, report=False)
+    return from_band(x), certs.best, it, certs.history
 
 
 def coarse_start(
-    a: np.ndarray, st: _Structure, *, memory: int, certify: Callable[[np.ndarray, _Structure, np.ndarray], float],
-    armijo: float, fast: bool = True,
+    a: np.ndarray, st: Structure, *, memory: int, fast: bool = True,
 ) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
     """A starting band for the n-step problem from the (m = n // 2)-step one, and (m, iterations)
     per coarse level solved, coarsest first; (None, []) when m < COARSE_MIN_N or m < COARSE_MIN_RATIO * b.
@@ -424,18 +399,15 @@ def coarse_start(
     iterations finding this shape (prefix n = 2048 took 164 iterations in all).
     The result is only a start: :func:`solve_banded` checks it (positive definite, f below the
     diagonal start's) and certifies the n-step problem as before."""
-    from mfcli.multi_solver import _Structure
-    from mfcli.participation import MinSeparation
-
-    n, bands = st.n, bandwidth(st)
+    n, bands = st.n, st.bands
     m = n // 2
     if m < COARSE_MIN_N or m < COARSE_MIN_RATIO * bands:
         return None, []
-    sub = _Structure(m, MinSeparation(separation=bands))  # m > b: more than one participation
+    sub = Structure(m, MinSeparation(separation=bands))  # m > b: more than one participation
     lead = a[:m, :m]
-    inner, levels = coarse_start(lead, sub, memory=memory, certify=certify, armijo=armijo, fast=fast)
+    inner, levels = coarse_start(lead, sub, memory=memory, fast=fast)
     x, _, it, _ = solve_banded(lead, sub, tol=COARSE_TOL, max_iter=10_000, callback=None, x0=None, memory=memory,
-                               certify=certify, armijo=armijo, fast=fast, start_band=inner)
+                               fast=fast, start_band=inner)
     return extend_band(to_band(x, bands), n), [*levels, (m, it)]
 
 
@@ -462,15 +434,6 @@ def unit_diagonal(band: np.ndarray) -> np.ndarray:
     return out
 
 
-def bandwidth(st: _Structure) -> int:
-    """b: the number of bands of the feasible X (the first masked offset)."""
-    n = st.n
-    for d in range(1, n):
-        if st.mask[d, 0]:
-            return d
-    return n
-
-
 def _newton(
     prob: _Banded, hessian: Callable[[np.ndarray], np.ndarray], g: np.ndarray, eta: float, lr: _LowRankInverse,
 ) -> np.ndarray:
@@ -491,34 +454,17 @@ def _newton(
     return pcg(hess, precond, -g, rtol=eta, max_steps=NEWTON_CG, dot=prob.dot).solution
 
 
-def _two_loop(
-    prob: _Banded, g: np.ndarray, ss: list[np.ndarray], ys: list[np.ndarray], xs: tuple[np.ndarray, np.ndarray]
-) -> np.ndarray:
-    """The L-BFGS direction of :func:`mfcli.multi_solver._two_loop`, in band storage."""
+def _lbfgs_direction(prob: _Banded, pairs: Memory, g: np.ndarray, xs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The L-BFGS direction of the dense solver (:func:`mfcli.multi_solver._lbfgs_direction`: the
+    metric D -> P(X D X) as initial inverse Hessian), in band storage."""
 
     def h0(q: np.ndarray) -> np.ndarray:
         r = prob.metric(xs, q)
         r[0] = 0.0
         return r
 
-    q = g.copy()
-    alphas = []
-    for s, y in zip(reversed(ss), reversed(ys), strict=True):
-        rho = 1.0 / prob.dot(y, s)
-        alpha = rho * prob.dot(s, q)
-        q -= alpha * y
-        alphas.append((rho, alpha, s, y))
-    r = h0(q)
-    if ss:
-        # <y, P(X y X)> = tr(Y X Y X) for the tangent y.
-        gamma = prob.dot(ss[-1], ys[-1]) / prob.dot(ys[-1], h0(ys[-1]))
-    else:
-        gamma = 0.1 / max(float(np.abs(r).max()), 1e-300)
-    q = r * gamma
-    for rho, alpha, s, y in reversed(alphas):
-        beta = rho * prob.dot(y, q)
-        q += (alpha - beta) * s
-    return -q
+    # gamma's denominator <y, P(X y X)> = tr(Y X Y X) for the tangent y: h0 itself in band storage.
+    return pairs.direction(g, h0, lambda y: prob.dot(y, h0(y)), lambda r: 0.1 / max(float(np.abs(r).max()), 1e-300))
 
 
 def _rank(n: int) -> int:

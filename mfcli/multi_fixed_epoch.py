@@ -14,7 +14,7 @@ Cholesky factor) and H = R^T M R = Q diag(s^2) Q^T,
   infeasibility of X(W);
 * minus the Hessian (Daleckii-Krein, as in :mod:`mfcli.solver`) is the quadratic form
   E -> sum_ij w_ij (v_i^T E v_j)^2 with w_ij = 1 / (1/s_i + 1/s_j). With the exponential sum
-  w_ij ~ sum_r c_r exp(-tau_r / s_i) exp(-tau_r / s_j) of :func:`mfcli.solver._exp_sum` it is
+  w_ij ~ sum_r c_r exp(-tau_r / s_i) exp(-tau_r / s_j) of :func:`mfcli.solver.kernel_sum` it is
   E -> sum_r <E, P_r E P_r>, P_r = V diag(c_r^1/2 exp(-tau_r / s)) V^T: one float32 SYRK per term,
   then every Hessian-vector product costs O(n^2 k) (only the class blocks of P_r E P_r are needed,
   and E is block-diagonal). The kernel is positive and its relative error e a few per cent, so the
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mfcli.pcg import pcg
-from mfcli.solver import Progress, _exp_sum
+from mfcli.solver import Progress, kernel_sum
 
 #: Largest epoch count k handled here (the per-class preconditioner blocks have k(k-1)/2 + 1 rows;
 #: b of them are kept). Larger k goes to the primal solver of :mod:`mfcli.multi_solver`.
@@ -192,13 +192,7 @@ class _Hessian:
         s, v = ev.s, ev.v
         b, k, _ = ev.w.shape
         self.b, self.k = b, k
-        s_max = float(s.max())
-        s_lo = max(float(s.min()), s_max * 1e-14)
-        x_min = 2.0 / s_max
-        log_range = math.ceil(math.log(s_max / s_lo) * 4.0) / 4.0
-        nterms = terms if terms is not None else _terms(log_range)
-        coef, rates = _exp_sum(log_range, nterms)[:2]
-        s_safe = np.maximum(s, s_lo)
+        coef, rates, x_min, s_safe = kernel_sum(s, terms, _terms)
         v32 = v.astype(np.float32)
         self.ps: list[np.ndarray] = []  # P_r, class-major rows as (b, k, n)
         blocks = []

@@ -52,21 +52,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mfcli import multi_banded
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
+from mfcli.lbfgs import Certificates, Memory, backtrack, memory_size
 from mfcli.multi_fixed_epoch import DUAL_METHOD
 from mfcli.multi_fixed_epoch import MAX_EPOCHS as FE_MAX_EPOCHS
 from mfcli.multi_fixed_epoch import applicable as fixed_epoch_applicable
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
+from mfcli.multi_structure import Structure, certify
+from mfcli.participation import Participation, sensitivity
 from mfcli.pcg import pcg
-from mfcli.solver import Progress, _blas_threads, auto_threads, decoder_for
+from mfcli.solver import Progress, auto_threads, blas_threads, certificate_record, decoder_for
 
-#: L-BFGS history length (pairs of n x n matrices), capped by MEMORY_BYTES. Measured at n = 256
-#: (prefix, 16 epochs / 16 bands): 30 pairs took 220 / 140 iterations, 10 pairs 320 / 170.
-MEMORY = 30
-MEMORY_BYTES = 1.5e9
-#: Armijo sufficient-decrease constant.
-ARMIJO = 1e-4
 #: Certified gap below which the solver switches from L-BFGS to truncated Newton steps
 #: (:func:`_newton_direction`). Far from the optimum the Newton steps are heavily damped, so the
 #: cheaper L-BFGS iterations get there first.
@@ -139,83 +136,10 @@ class MultiSolveResult:
             + ("-band-storage" if any(p.method.endswith("band-storage") for p in self.history) else "")
         if dual:  # the dual Newton method of mfcli.multi_fixed_epoch, then maybe the primal solver
             method = DUAL_METHOD + ("" if len(dual) == len(self.history) else f"+{method}")
-        cert = {
-            "method": method,
-            "structure": self.structure,
-            "tol": self.tol,
-            "gap": self.gap,
-            "primal": self.loss_total,
-            "dual": self.dual,
-            "sensitivity": self.sensitivity,
-            "iterations": self.iterations,
-            "seconds": self.seconds,
-            "converged": self.converged,
-        }
-        if self.coarse_iterations:
-            cert["coarse_iterations"] = [list(level) for level in self.coarse_iterations]
-        if self.threads is not None:
-            cert["blas_threads"] = self.threads
-        return cert
-
-
-class _Structure:
-    """The feasible set of one problem: its mask, its diagonal constraints, and the matching
-    dual support. ``classes[i]`` is the diagonal constraint that index i belongs to."""
-
-    def __init__(self, n: int, schema: Participation) -> None:
-        self.n = n
-        idx = np.arange(n)
-        if isinstance(schema, FixedEpoch):
-            k = schema.participations(n)
-            b = n // k
-            self.name = "fixed-epoch"
-            self.classes = idx % b
-            self.scale = 1.0  # sens^2 = max class sum of diag X = 1
-            mask = (idx[:, None] % b == idx[None, :] % b) & (idx[:, None] != idx[None, :])
-        elif isinstance(schema, MinSeparation):
-            k = schema.participations(n)
-            b = schema.separation
-            self.name = "banded"
-            self.classes = idx
-            self.scale = float(k)  # sens^2 = k max diag X = k
-            # k = 1: one participation, no cross terms: the dense problem (bands would only restrict).
-            mask = np.abs(idx[:, None] - idx[None, :]) >= b if k > 1 else np.zeros((n, n), dtype=bool)
-        else:
-            raise MfcliError(f"no multi-participation solver for {schema.describe()}; use the single-participation solver")
-        self.mask = mask  # X is zero here; the dual Z lives here
-        self.free = ~mask
-        np.fill_diagonal(self.free, False)  # free off-diagonal primal entries
-        self.count = np.bincount(self.classes).astype(float)
-
-    def class_mean(self, d: np.ndarray) -> np.ndarray:
-        return (np.bincount(self.classes, weights=d) / self.count)[self.classes]
-
-    def tangent(self, g: np.ndarray) -> np.ndarray:
-        """Project a symmetric matrix onto the directions that keep X feasible (in place)."""
-        g[self.mask] = 0.0
-        d = np.diag(g).copy()
-        np.fill_diagonal(g, d - self.class_mean(d))
-        return g
-
-    def dual(self, m: np.ndarray) -> tuple[np.ndarray, float]:
-        """Dual candidate W from X^-1 A^T A X^-1 and its mass (sum of diagonal multipliers)."""
-        w = np.where(self.mask, m, 0.0)
-        mu = self.class_mean(np.diag(m).copy())
-        np.fill_diagonal(w, mu)
-        mass = float(np.sum(np.bincount(self.classes, weights=mu) / self.count))
-        return w, mass
-
-    def normalize(self, x: np.ndarray) -> np.ndarray:
-        """Rescale rows and columns so that every diagonal constraint is tight (feasible)."""
-        d = np.diag(x)
-        sums = np.bincount(self.classes, weights=d)[self.classes]
-        s = 1.0 / np.sqrt(sums)
-        x = x * s[:, None] * s[None, :]
-        x[self.mask] = 0.0
-        return x
-
-    def start(self) -> np.ndarray:
-        return np.diag(1.0 / self.count[self.classes])
+        return certificate_record(
+            method=method, structure=self.structure, tol=self.tol, gap=self.gap, primal=self.loss_total,
+            dual=self.dual, sensitivity=self.sensitivity, iterations=self.iterations, seconds=self.seconds,
+            converged=self.converged, coarse_iterations=self.coarse_iterations, threads=self.threads)
 
 
 def _value(a: np.ndarray, x: np.ndarray) -> tuple[float, tuple[np.ndarray, np.ndarray] | None]:
@@ -256,38 +180,6 @@ def _objective(a: np.ndarray, x: np.ndarray, *, gradient: bool = True) -> tuple[
     if factors is None:
         return math.inf, None
     return val, (_gradient(factors) if gradient else None)
-
-
-def dual_bound(workload: np.ndarray, w: np.ndarray, mass: float) -> float:
-    """||A W^1/2||_*^2 / mass for W > 0 (-inf when W is not numerically positive definite).
-
-    Valid as a lower bound for any W of the dual form (module docstring), computed from the
-    singular values of A R with W = R R^T (LAPACK gesdd, ~n eps s_max absolute)."""
-    import scipy.linalg
-
-    try:
-        r = scipy.linalg.cholesky(w, lower=True, check_finite=False)
-    except np.linalg.LinAlgError:
-        return -math.inf
-    sigma = scipy.linalg.svdvals(workload @ r, overwrite_a=True, check_finite=False)
-    return float(sigma.sum() ** 2 / mass)
-
-
-def _certify(a: np.ndarray, st: _Structure, m: np.ndarray) -> float:
-    """The best dual bound from the candidate P(m), shifted by t I until positive definite."""
-    w, mass = st.dual(m)
-    bound = dual_bound(a, w, mass)
-    if bound > -math.inf:
-        return bound
-    shift = 1e-10 * float(np.trace(w)) / st.n
-    for _ in range(12):
-        w2 = w + shift * np.eye(st.n)
-        # A diagonal shift raises every multiplier of a class by the same amount.
-        bound = dual_bound(a, w2, mass + shift * len(st.count))
-        if bound > -math.inf:
-            return bound
-        shift *= 10.0
-    return 0.0
 
 
 def multi_participation_factorization(
@@ -348,7 +240,7 @@ def multi_participation_factorization(
     a = np.asarray(workload, dtype=np.float64)
     n = a.shape[0]
     participation.check(n)
-    st = _Structure(n, participation)
+    st = Structure(n, participation)
     limit = auto_threads() if threads == "auto" else threads
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
@@ -364,13 +256,13 @@ def multi_participation_factorization(
         raise MfcliError(f"the dual method needs a fixed-epoch schema with at most {FE_MAX_EPOCHS} epochs")
     use_dual = method == "dual" or (method == "auto" and dual_ok and x0 is None)
     use_band = storage == "banded" or (
-        storage == "auto" and band_ok and n >= BANDED_MIN_N and BANDED_MIN_RATIO * _bands(st) <= n)
+        storage == "auto" and band_ok and n >= BANDED_MIN_N and BANDED_MIN_RATIO * st.bands <= n)
     if threads == "auto" and use_band:
         # The band path is hundreds of sequential (b + 2p)-sized block products, which OpenBLAS
         # splits across threads at a loss: at n = 2048, 64 bands, on 2 idle cores, one thread
         # took 15.5 s (prefix) and 30.2 s (momentum) wall, two threads 25.9 s and 48.2 s.
         limit = 1
-    with _blas_threads(limit):
+    with blas_threads(limit):
         if use_dual:
             res = _solve_fixed_epoch_dual(a, st, participation, tol=tol, max_iter=max_iter, callback=callback,
                                           fallback=dict(dual_every=max(1, dual_every), precondition=precondition,
@@ -385,7 +277,7 @@ def multi_participation_factorization(
 
 
 def _solve_fixed_epoch_dual(
-    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
+    a: np.ndarray, st: Structure, schema: Participation, *, tol: float, max_iter: int,
     callback: Callable[[Progress], None] | None, fallback: dict,
 ) -> MultiSolveResult:
     """Newton on the fixed-epoch dual (:mod:`mfcli.multi_fixed_epoch`); if its certified gap (from
@@ -412,32 +304,27 @@ def _solve_fixed_epoch_dual(
                                seconds=time.perf_counter() - start, history=sol.history + more.history)
 
 
-def _bands(st: _Structure) -> int:
-    """The number of bands of a banded structure (its first masked offset)."""
-    from mfcli.multi_banded import bandwidth
-
-    return bandwidth(st)
-
-
 def _solve_in_band(
-    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int,
+    a: np.ndarray, st: Structure, schema: Participation, *, tol: float, max_iter: int,
     callback: Callable[[Progress], None] | None, x0: np.ndarray | None,
 ) -> MultiSolveResult:
-    from mfcli.multi_banded import coarse_start, solve_banded
-
     start = time.perf_counter()
-    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * a.size))))
-    band0, levels = (None, []) if x0 is not None else coarse_start(a, st, memory=memory, certify=_certify,
-                                                                   armijo=ARMIJO)
-    x, best_dual, it, history = solve_banded(
-        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0, memory=memory, certify=_certify, armijo=ARMIJO,
-        start_band=band0)
+    memory = memory_size(a.size)
+    band0, levels = (None, []) if x0 is not None else multi_banded.coarse_start(a, st, memory=memory)
+    # Through the module, not a name bound at import: tests substitute mfcli.multi_banded.solve_banded.
+    x, best_dual, it, history = multi_banded.solve_banded(
+        a, st, tol=tol, max_iter=max_iter, callback=callback, x0=x0, memory=memory, start_band=band0)
     res = _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
     return dataclasses.replace(res, coarse_iterations=tuple(levels))
 
 
+def _dot(p: np.ndarray, q: np.ndarray) -> float:
+    """The Frobenius inner product of two n x n iterates."""
+    return float(np.vdot(p, q))
+
+
 def _solve(
-    a: np.ndarray, st: _Structure, schema: Participation, *, tol: float, max_iter: int, dual_every: int,
+    a: np.ndarray, st: Structure, schema: Participation, *, tol: float, max_iter: int, dual_every: int,
     callback: Callable[[Progress], None] | None, x0: np.ndarray | None, precondition: bool, newton_gap: float,
 ) -> MultiSolveResult:
     start = time.perf_counter()
@@ -447,64 +334,59 @@ def _solve(
         raise MfcliError("the starting X is not positive definite")
     m = _gradient(factors)
     g = st.tangent(-m)
-    memory = max(5, min(MEMORY, int(MEMORY_BYTES / (16 * x.size))))
-    ss: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    best_dual = -math.inf
-    history: list[Progress] = []
+    pairs = Memory(memory_size(x.size), _dot)
+    certs = Certificates(st.scale, callback, start)
+    history = certs.history
     it = 0
     for it in range(1, max_iter + 1):
         newton = newton_gap > 0 and bool(history) and history[-1].gap <= newton_gap
         if it == 1 or it % dual_every == 0 or newton:
-            best_dual = max(best_dual, _certify(a, st, m))
-            gap = (f - best_dual) / f
-            method = ("newton-" if newton else "lbfgs-") + st.name
-            prog = Progress(it, f * st.scale, best_dual * st.scale, gap, time.perf_counter() - start, method)
-            history.append(prog)
-            if callback is not None:
-                callback(prog)
+            gap = certs.record(it, f, certify(a, st, m), ("newton-" if newton else "lbfgs-") + st.name)
             if gap <= tol:
                 break
         if newton:
             d = _newton_direction(x, m, g, factors[0], st, history[-1].gap)
         else:
-            d = _two_loop(g, ss, ys, x if precondition else None, st)
-        slope = float(np.vdot(g, d))
+            d = _lbfgs_direction(pairs, g, x if precondition else None, st)
+        slope = _dot(g, d)
         if slope >= 0:  # not a descent direction: restart from the gradient
-            ss.clear()
-            ys.clear()
+            pairs.clear()
             d = -g * (1.0 / max(float(np.abs(g).max()), 1e-300)) * 0.1
-            slope = float(np.vdot(g, d))
-        step = 1.0
-        for _ in range(60):
-            x_new = x + step * d
-            f_new, new_factors = _value(a, x_new)
-            if new_factors is not None and f_new <= f + ARMIJO * step * slope:
-                break
-            step *= 0.5
-        else:
+            slope = _dot(g, d)
+        found = backtrack(lambda trial: _value(a, trial), x, d, f, slope)
+        if found is None:
             break  # no decrease possible at this precision: the round-off floor
-        assert new_factors is not None
+        x_new, f_new, new_factors = found
         m_new = _gradient(new_factors)
         g_new = st.tangent(-m_new)
-        s_vec, y_vec = x_new - x, g_new - g
-        if float(np.vdot(s_vec, y_vec)) > 1e-300:
-            ss.append(s_vec)
-            ys.append(y_vec)
-            if len(ss) > memory:
-                ss.pop(0)
-                ys.pop(0)
+        pairs.push(x_new - x, g_new - g)
         x, f, m, g = x_new, f_new, m_new, g_new
         factors = new_factors
     else:
-        best_dual = max(best_dual, _certify(a, st, m))
+        certs.add(certify(a, st, m))
     if not history or history[-1].iteration != it:
-        best_dual = max(best_dual, _certify(a, st, m))
-    return _result(a, st, schema, x, best_dual * st.scale, start=start, iterations=it, tol=tol, history=history)
+        certs.add(certify(a, st, m))
+    return _result(a, st, schema, x, certs.best * st.scale, start=start, iterations=it, tol=tol, history=history)
+
+
+def _lbfgs_direction(pairs: Memory, g: np.ndarray, x: np.ndarray | None, st: Structure) -> np.ndarray:
+    """The L-BFGS direction -H g with the initial inverse Hessian D -> P(X D X) (identity when x
+    is None), scaled by the usual gamma."""
+
+    def h0(q: np.ndarray) -> np.ndarray:
+        return q if x is None else st.tangent(x @ q @ x)
+
+    def curvature(y: np.ndarray) -> float:
+        # <y, P(X y X)> = <y, X y X> = tr(Y X Y X) for the tangent y (P is an orthogonal
+        # projection): one product instead of two.
+        yx = y @ x if x is not None else y
+        return float(np.vdot(yx, yx.T))
+
+    return pairs.direction(g, h0, curvature, lambda r: 1.0 / max(float(np.abs(r).max()), 1e-300) * 0.1)
 
 
 def _newton_direction(
-    x: np.ndarray, m: np.ndarray, g: np.ndarray, lower: np.ndarray, st: _Structure, gap: float
+    x: np.ndarray, m: np.ndarray, g: np.ndarray, lower: np.ndarray, st: Structure, gap: float
 ) -> np.ndarray:
     """A truncated Newton direction: preconditioned conjugate gradients on H d = -g over the
     feasible directions (P the projection onto them).
@@ -535,37 +417,6 @@ def _newton_direction(
     return pcg(hess, precond, -g, rtol=min(0.5, math.sqrt(max(gap, 0.0))), max_steps=NEWTON_CG).solution
 
 
-def _two_loop(
-    g: np.ndarray, ss: list[np.ndarray], ys: list[np.ndarray], x: np.ndarray | None, st: _Structure
-) -> np.ndarray:
-    """The L-BFGS direction -H g (two-loop recursion, Frobenius inner product) with the initial
-    inverse Hessian D -> P(X D X) (identity when x is None), scaled by the usual gamma."""
-
-    def h0(q: np.ndarray) -> np.ndarray:
-        return q if x is None else st.tangent(x @ q @ x)
-
-    q = g.copy()
-    alphas = []
-    for s, y in zip(reversed(ss), reversed(ys), strict=True):
-        rho = 1.0 / float(np.vdot(y, s))
-        alpha = rho * float(np.vdot(s, q))
-        q -= alpha * y
-        alphas.append((rho, alpha, s, y))
-    r = h0(q)
-    if ss:
-        # <y, P(X y X)> = <y, X y X> = tr(Y X Y X) for the tangent y (P is an orthogonal
-        # projection): one product instead of two.
-        yx = ys[-1] @ x if x is not None else ys[-1]
-        gamma = float(np.vdot(ss[-1], ys[-1]) / np.vdot(yx, yx.T))
-    else:
-        gamma = 1.0 / max(float(np.abs(r).max()), 1e-300) * 0.1
-    q = r * gamma
-    for rho, alpha, s, y in reversed(alphas):
-        beta = rho * float(np.vdot(y, q))
-        q += (alpha - beta) * s
-    return -q
-
-
 def strategy_from_gram(x: np.ndarray) -> np.ndarray:
     """Lower-triangular C with C^T C = X (reversed Cholesky: J X J = L L^T gives C = J L^T J)."""
     import scipy.linalg
@@ -578,7 +429,7 @@ def strategy_from_gram(x: np.ndarray) -> np.ndarray:
 
 
 def _result(
-    a: np.ndarray, st: _Structure, schema: Participation, x: np.ndarray, dual: float, *, start: float,
+    a: np.ndarray, st: Structure, schema: Participation, x: np.ndarray, dual: float, *, start: float,
     iterations: int, tol: float, history: list[Progress],
 ) -> MultiSolveResult:
     """The answer from the final X: feasible by rescaling, its loss and schema sensitivity

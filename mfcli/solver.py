@@ -99,7 +99,7 @@ COARSE_MAX_ITER = 40
 
 
 @contextmanager
-def _blas_threads(limit: int | None) -> Iterator[None]:
+def blas_threads(limit: int | None) -> Iterator[None]:
     """Limit the BLAS thread pools (threadpoolctl) for the duration of a solve."""
     if limit is None:
         yield
@@ -188,21 +188,34 @@ class SolveResult:
 
     def certificate(self) -> dict:
         """JSON-ready solver record (stored in artifacts as the ``solver`` attribute)."""
-        cert = {
-            "method": self.method,
-            "tol": self.tol,
-            "gap": self.gap,
-            "primal": self.primal,
-            "dual": self.dual,
-            "iterations": self.iterations,
-            "seconds": self.seconds,
-            "converged": self.converged,
-        }
-        if self.coarse_iterations:
-            cert["coarse_iterations"] = [list(level) for level in self.coarse_iterations]
-        if self.threads is not None:
-            cert["blas_threads"] = self.threads
-        return cert
+        return certificate_record(
+            method=self.method, tol=self.tol, gap=self.gap, primal=self.primal, dual=self.dual,
+            iterations=self.iterations, seconds=self.seconds, converged=self.converged,
+            coarse_iterations=self.coarse_iterations, threads=self.threads)
+
+
+def certificate_record(
+    *, method: str, tol: float, gap: float, primal: float, dual: float, iterations: int, seconds: float,
+    converged: bool, coarse_iterations: tuple[tuple[int, int], ...] = (), threads: int | None = None,
+    structure: str | None = None, sensitivity: float | None = None,
+) -> dict:
+    """The JSON-ready solver record of a certified solve (an artifact's ``solver`` attribute), one
+    layout for the single-participation solver and the multi-participation ones (which add the
+    ``structure`` of the feasible set and the schema ``sensitivity``). Optional keys are omitted,
+    not null: ``coarse_iterations`` when no coarse start ran, ``blas_threads`` when the BLAS
+    default was used."""
+    cert: dict = {"method": method}
+    if structure is not None:
+        cert["structure"] = structure
+    cert.update(tol=tol, gap=gap, primal=primal, dual=dual)
+    if sensitivity is not None:
+        cert["sensitivity"] = sensitivity
+    cert.update(iterations=iterations, seconds=seconds, converged=converged)
+    if coarse_iterations:
+        cert["coarse_iterations"] = [list(level) for level in coarse_iterations]
+    if threads is not None:
+        cert["blas_threads"] = threads
+    return cert
 
 
 def evaluate(gram: np.ndarray, v: np.ndarray, *, primal: bool = True) -> Bounds:
@@ -289,7 +302,7 @@ def _rescaled(b: Bounds, v: np.ndarray) -> tuple[np.ndarray, Bounds]:
 
 
 @lru_cache(maxsize=128)
-def _exp_sum(log_range: float, terms: int) -> tuple[np.ndarray, np.ndarray, float]:
+def exp_sum(log_range: float, terms: int) -> tuple[np.ndarray, np.ndarray, float]:
     """Weights c >= 0 and rates t with sum_r c_r exp(-t_r y) ~ 1/y on [1, e^log_range].
 
     Rates are geometric; their span is chosen among a few offsets and the weights are the
@@ -316,6 +329,30 @@ def _kernel_terms(log_range: float) -> int:
     return int(min(16, max(4, round(0.75 * log_range + 1.0))))
 
 
+class KernelSum(NamedTuple):
+    """sum_r c_r exp(-t_r x / x_min) ~ 1/x on the kernel's range x = 1/s_i + 1/s_j >= x_min (what
+    :func:`dual_hessian` and the fixed-epoch dual's Hessian expand w_ij = 1 / (1/s_i + 1/s_j) in)."""
+
+    coef: np.ndarray  # c
+    rates: np.ndarray  # t
+    x_min: float  # 2 / max(s), the smallest x
+    s_safe: np.ndarray  # s with its tiny entries raised to max(s) 1e-14 (the range the fit covers)
+
+
+def kernel_sum(s: np.ndarray, terms: int | None, default_terms: Callable[[float], int]) -> KernelSum:
+    """The exponential sum of the kernel 1 / (1/s_i + 1/s_j) for the spectrum ``s``: its range
+    (log of max(s) / min(s), in quarters, min(s) floored at 1e-14 max(s)) fitted by
+    :func:`exp_sum` with ``terms`` terms, or ``default_terms(log_range)`` (each solver sets its
+    own accuracy)."""
+    s_max = float(s.max())
+    s_lo = max(float(s.min()), s_max * 1e-14)
+    x_min = 2.0 / s_max
+    log_range = math.ceil(math.log(s_max / s_lo) * 4.0) / 4.0
+    k = terms if terms is not None else default_terms(log_range)
+    c, t, _ = exp_sum(log_range, k)
+    return KernelSum(c, t, x_min, np.maximum(s, s_lo))
+
+
 def dual_hessian(q: np.ndarray, s: np.ndarray, *, terms: int | None = None) -> np.ndarray:
     """Approximate T (minus the Hessian of the dual in u = dv/v), upper triangle, float32.
 
@@ -325,13 +362,7 @@ def dual_hessian(q: np.ndarray, s: np.ndarray, *, terms: int | None = None) -> n
     """
     import scipy.linalg
 
-    s_max = float(s.max())
-    s_lo = max(float(s.min()), s_max * 1e-14)
-    x_min = 2.0 / s_max
-    log_range = math.ceil(math.log(s_max / s_lo) * 4.0) / 4.0
-    k = terms if terms is not None else _kernel_terms(log_range)
-    c, t, _ = _exp_sum(log_range, k)
-    s_safe = np.maximum(s, s_lo)
+    c, t, x_min, s_safe = kernel_sum(s, terms, _kernel_terms)
     n = q.shape[0]
     q32 = q.astype(np.float32)
     acc = np.zeros((n, n), dtype=np.float32)
@@ -614,7 +645,7 @@ def optimal_factorization(
         limit = int(threads)
     else:
         raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
-    with _blas_threads(limit):
+    with blas_threads(limit):
         res = _solve(workload, tol=tol, max_iter=max_iter, method=method, v0=v0, memory=memory,
                      callback=callback, multilevel=multilevel, hessian_terms=hessian_terms)
     return dataclasses.replace(res, threads=limit)

@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.solver._blas_threads)
+import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.solver.blas_threads)
 
 import mfcli.multi_banded as mb
 from mfcli.multi_solver import multi_participation_factorization

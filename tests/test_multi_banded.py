@@ -15,7 +15,8 @@ import pytest
 import mfcli.multi_solver as ms
 from mfcli.errors import MfcliError
 from mfcli.multi_banded import _Banded, from_band, to_band
-from mfcli.multi_solver import _Structure, multi_participation_factorization
+from mfcli.multi_solver import multi_participation_factorization
+from mfcli.multi_structure import Structure
 from mfcli.participation import FixedEpoch, MinSeparation
 from mfcli.workloads import momentum_workload, prefix_workload
 
@@ -75,7 +76,7 @@ def test_banded_path_equals_dense_path(workload, n, schema):
     assert band.dual <= dense.loss_total * (1 + 1e-12) and dense.dual <= band.loss_total * (1 + 1e-12)
     c = band.factorization.strategy
     assert np.allclose(np.triu(np.tril(c, -schema.separation)), 0.0)  # C has b bands
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     rng = np.random.default_rng(n)
     for _ in range(10):  # every feasible X costs at least the dual bound
         x = _band_matrix(n, schema.separation, rng)

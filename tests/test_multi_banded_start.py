@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import mfcli.multi_banded as mb
-import mfcli.multi_solver as ms
 from mfcli.multi_banded import coarse_start, extend_band, from_band, to_band, unit_diagonal
-from mfcli.multi_solver import _Structure, multi_participation_factorization
+from mfcli.multi_solver import multi_participation_factorization
+from mfcli.multi_structure import Structure
 from mfcli.participation import MinSeparation
 from tests.banded_cases import random_band_x, workload_matrix
 
@@ -29,8 +29,8 @@ def _f(a: np.ndarray, x: np.ndarray) -> float:
 
 
 def _start(a: np.ndarray, schema: MinSeparation) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
-    st = _Structure(a.shape[0], schema)
-    return coarse_start(a, st, memory=30, certify=ms._certify, armijo=ms.ARMIJO)
+    st = Structure(a.shape[0], schema)
+    return coarse_start(a, st, memory=30)
 
 
 CASES = [  # coarse levels m (coarsest first) with COARSE_MIN_N = 16: m = n // 2 recursively, m >= 16, m >= 4 b
@@ -108,14 +108,14 @@ def test_a_start_band_that_is_indefinite_or_worse_falls_back_to_the_diagonal(bad
     n, b = 48, 6
     a = workload_matrix("prefix", n)
     schema = MinSeparation(separation=b)
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     band = to_band(np.eye(n), b)
     band[1] = 0.9 if bad == "indefinite" else -0.3  # -0.3: positive definite, f above the diagonal's
     x = from_band(band)
     assert (np.linalg.eigvalsh(x).min() < 0) == (bad == "indefinite")
     if bad == "worse":
         assert _f(a, x) > _f(a, np.eye(n))
-    kw = dict(tol=1e-8, max_iter=1000, callback=None, x0=None, memory=30, certify=ms._certify, armijo=ms.ARMIJO)
+    kw = dict(tol=1e-8, max_iter=1000, callback=None, x0=None, memory=30)
     cold = mb.solve_banded(a, st, **kw)
     given = mb.solve_banded(a, st, **kw, start_band=band)
     assert given[2] == cold[2]  # the same iterations: the same (diagonal) start

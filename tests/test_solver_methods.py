@@ -20,11 +20,11 @@ from mfcli.solver import (
     COARSE_MIN_N,
     DEFAULT_METHOD,
     METHODS,
-    _exp_sum,
     certified_dual,
     coarsen_gram,
     dual_hessian,
     evaluate,
+    exp_sum,
     newton_direction,
     optimal_factorization,
 )
@@ -153,7 +153,7 @@ def test_approximate_hessian_is_within_the_kernel_error(workload, terms):
     approx = np.triu(upper) + np.triu(upper, 1).T
     s = b.sqrt_eigvals
     log_range = math.ceil(math.log(s.max() / s.min()) * 4) / 4
-    err = _exp_sum(log_range, terms)[2]
+    err = exp_sum(log_range, terms)[2]
     # (1 - err) T <= T~ <= (1 + err) T: the generalised eigenvalues lie in [1 - err, 1 + err].
     ev = scipy.linalg.eigvalsh(approx, exact)
     tol32 = 1e-4  # float32 accumulation and column truncation
@@ -163,7 +163,7 @@ def test_approximate_hessian_is_within_the_kernel_error(workload, terms):
 
 @pytest.mark.parametrize("log_range, terms", [(2.0, 4), (9.0, 8), (14.0, 12), (20.0, 16)])
 def test_exponential_sum_error_is_what_it_reports(log_range, terms):
-    c, t, err = _exp_sum(log_range, terms)
+    c, t, err = exp_sum(log_range, terms)
     y = np.exp(np.linspace(0.0, log_range, 20011))  # a grid 50x finer than the fit's
     rel = np.abs(y * (np.exp(-np.outer(y, t)) @ c) - 1.0)
     assert np.all(c >= 0)

@@ -31,10 +31,9 @@ from mfcli.inspection import inspect_artifact
 from mfcli.multi_solver import (
     NEWTON_GAP,
     _newton_direction,
-    _Structure,
-    dual_bound,
     multi_participation_factorization,
 )
+from mfcli.multi_structure import Structure, dual_bound
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import momentum_workload, prefix_workload
@@ -58,7 +57,7 @@ def loss_of(a: np.ndarray, x: np.ndarray) -> float:
 
 def random_feasible(n: int, schema: Participation, rng: np.random.Generator) -> np.ndarray:
     """A random X in the feasible set: masked entries zero, diagonal constraints tight."""
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     r = rng.standard_normal((n, n))
     x = r @ r.T / n
     x[st.mask] = 0.0
@@ -77,7 +76,7 @@ def test_certificate_is_sound_and_tight(n, schema, workload, newton_gap):
     assert ("newton" in methods) == (newton_gap > 0)
     assert res.certificate()["method"] == ("lbfgs-newton-" if newton_gap > 0 else "lbfgs-") + res.structure
     assert res.dual <= res.loss_total * (1 + 1e-12)
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     rng = np.random.default_rng(n)
     for _ in range(20):  # every feasible X costs at least the dual bound
         x = random_feasible(n, schema, rng)
@@ -101,7 +100,7 @@ def test_newton_direction_solves_the_projected_newton_system(n, schema):
     import scipy.linalg
 
     a = momentum_workload(n, beta=0.9).matrix
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     x = random_feasible(n, schema, np.random.default_rng(7 + n))
 
     def grad(y: np.ndarray) -> np.ndarray:
@@ -131,7 +130,7 @@ def test_sensitivity_exact_against_brute_force(n, schema):
     assert res.sensitivity == pytest.approx(math.sqrt(expected2), rel=1e-9)
     # The structure the schema's exactness rests on holds in the returned C.
     x = c.T @ c
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     assert np.max(np.abs(x[st.mask])) <= 1e-12 * np.max(np.abs(x))
     # The loss convention: sens^2 ||B||_F^2 of the returned matrices, and A = B C.
     b = res.factorization.decoder
@@ -159,7 +158,7 @@ def test_independent_optimiser_agrees(schema):
 
     n = 8
     a = prefix_workload(n).matrix
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     iu = [(i, j) for i in range(n) for j in range(i, n) if not st.mask[i, j]]
 
     def build(theta: np.ndarray) -> np.ndarray:
@@ -195,7 +194,7 @@ def test_random_workloads_dual_below_every_feasible(seed, k, banded):
     schema: Participation = MinSeparation(separation=n // k) if banded else FixedEpoch(epochs=k)
     res = multi_participation_factorization(a, schema, tol=1e-7, max_iter=3000)
     assert res.dual <= res.loss_total * (1 + 1e-12)  # equal to round-off when the optimum is reached exactly
-    st = _Structure(n, schema)
+    st = Structure(n, schema)
     for _ in range(5):
         assert st.scale * loss_of(a, random_feasible(n, schema, rng)) >= res.dual * (1 - 1e-12)
 

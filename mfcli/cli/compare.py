@@ -57,7 +57,7 @@ from mfcli.compare import (
     run_comparison,
 )
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, Participation
+from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.strategies import STRATEGY_NAMES, save_strategy
 from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 
@@ -181,9 +181,8 @@ def compare(
             delta=check_delta(DEFAULT_DELTA if delta is None else delta),
             sampling=None if sampling is None else check_sampling(sampling),
         )
+    refuse_unless(fmt is None or fmt in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if n is not None and n > MAX_N:
-        from mfcli.cli.structured import compare_structured
-
         refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
                       f"n = {n} > {MAX_N}: only identity, tree (closed form) and --bands/--buffers rows are compared; "
                       "dense options do not apply")
@@ -192,7 +191,6 @@ def compare(
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
                            privacy=privacy)
         return
-    refuse_unless(fmt is None or fmt in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     refuse_unless(max_participations is None or sampling is None,
                   "--max-participations does not apply with --sampling: cyclic Poisson sampling cannot cap the "
                   "number of participations")
@@ -244,7 +242,7 @@ def compare(
         privacy=privacy,
     )
     if bands or buffers:
-        from mfcli.cli.structured import check_buffers
+        from mfcli.cli.structured_render import check_buffers
         from mfcli.structured import extend_comparison, structured_rows
         from mfcli.toeplitz import toeplitz_workload
 
@@ -368,3 +366,36 @@ def emit_table(
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
+                       schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool,
+                       buffers: tuple[int, ...] = (), privacy: PrivacyTarget | None = None) -> None:
+    """``mfcli compare`` above the dense limit: identity, tree (single participation), banded
+    Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``. ``fmt``: one of
+    :data:`FORMATS`, checked by :func:`compare`."""
+    from mfcli.cli.structured_render import check_buffers
+    from mfcli.structured import structured_comparison
+    from mfcli.toeplitz import DENSE_MAX_N, check_bands, toeplitz_workload
+
+    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+    w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
+    for b in bands:
+        check_bands(b, n)
+    for k in buffers:
+        check_buffers(k, n)
+    if privacy is not None and privacy.sampling is not None:
+        from mfcli.accounting.multi import cycle_length
+
+        cycle_length(schema, n)  # refuse a schema cyclic sampling cannot run before any work
+    if out is not None:
+        check_output_path(out, force=force)
+    if not quiet:
+        single = isinstance(schema, SingleParticipation)
+        parts = ["identity", "tree (closed form)"] if single else ["identity"]
+        parts += [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
+        parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
+        log(f"building {', '.join(parts)} for n = {n}"
+            + ("" if single else f" (the tree row is built for single participation only above n = {DENSE_MAX_N})"))
+    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy)
+    emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)

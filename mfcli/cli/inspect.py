@@ -255,8 +255,6 @@ def inspect(
     from mfcli.structured import is_structured_file
 
     if is_structured_file(artifact):
-        from mfcli.cli.structured import inspect_structured
-
         refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
         inspect_structured(artifact, as_json=as_json, deep=deep)
         return
@@ -286,3 +284,54 @@ def inspect(
     if report.not_rederived and not quiet:
         log(f"accounting record(s) {', '.join(report.not_rederived)}: {DEEP_HINT} (MMCC above n = "
             f"{MMCC_REDERIVE_MAX_N}); they are not verified")
+
+
+def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None:
+    """``mfcli inspect`` of a structured artifact: the loader checks every checksum and stored
+    number against its recomputation from the parameters and refuses in one line otherwise; every
+    accounting record is re-derived from the parameters by the one verifier of every kind
+    (:func:`mfcli.accounting.records.verify_record`; ``deep``: MMCC rows at every n) and a record
+    that does not verify fails the inspection in one line."""
+    from mfcli.accounting.records import read_records, structured_subject, verify_records
+    from mfcli.artifact import file_sha256
+    from mfcli.cli.structured_render import render_structured
+    from mfcli.errors import ArtifactError
+    from mfcli.structured import load_structured_artifact
+
+    art = load_structured_artifact(path)
+    stored = read_records(path)
+    checks = verify_records(stored.items(), structured_subject(art), deep=deep) if stored else []
+    for rid, check in checks:
+        if check.status == UNVERIFIED:  # a record that does not verify fails the inspection, in one line
+            raise ArtifactError(f"{path}: accounting record {rid!r}: {check.problems[0]}")
+    shallow = [rid for rid, check in checks if check.status == NOT_REDERIVED]
+    note = ""
+    if checks:
+        note = f"; {len(checks) - len(shallow)} accounting record(s) re-derived from the parameters"
+    if shallow:
+        note += (f"; {len(shallow)} {DEEP_HINT}, NOT verified (MMCC above n = {MMCC_REDERIVE_MAX_N}): "
+                 f"{', '.join(shallow)}")
+    extra: dict[str, Any] = {
+        "file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
+        "created_with": art.attrs.get("command"),
+        "checks": "checksums and stored numbers match their recomputation" + note}
+    if checks:
+        extra["accounting_records"] = [_record_summary(rid, check) for rid, check in checks]
+    render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
+    if shallow:
+        log(f"accounting record(s) {', '.join(shallow)}: not re-derived (MMCC above n = 256); run mfcli inspect "
+            "--deep to verify them")
+
+
+def _record_summary(rid: str, check: Any) -> dict[str, Any]:
+    """What a trainer re-accounting or building a sampler needs from a record: its settings and
+    their epsilons, sigma, delta, the batch sampler and sampling rate (null: deterministic
+    participation), and the verification (``verified``, ``status``). Numbers come from the
+    strictly read claim (:class:`mfcli.accounting.records.RecordClaim`), never converted from text."""
+    c = check.claim
+    base = {"id": rid, "verified": check.verified, "status": check.status}
+    if c is None:
+        return {**base, "settings": [], "sigma": None, "delta": None, "batching": None, "sampling": None,
+                "epsilon": {}}
+    return {**base, "settings": list(c.settings), "sigma": c.sigma, "delta": c.delta, "batching": c.batching,
+            "sampling": c.sampling, "epsilon": dict(c.epsilons)}

@@ -1,6 +1,7 @@
 """``mfcli optimize``: solve for the optimal factorization and write it as an artifact."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,6 @@ from mfcli.cli.common import (
     workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
-from mfcli.cli.structured import STRUCTURED_STRATEGIES, optimize_structured
 from mfcli.multi_solver import multi_participation_factorization
 from mfcli.participation import Participation, SingleParticipation, schema_dict
 from mfcli.solver import (
@@ -255,3 +255,85 @@ def _optimize_multi(
             title=f"optimal factorization: {w.name}, n = {w.n}, {described}",
             rows=[("structure", structure), ("loss total (sens^2 ||B||_F^2)", f"{res.loss_total:.10g}")],
             sensitivity_label="sensitivity (exact, this schema)", extra={"structure": res.structure})
+
+
+#: ``--strategy`` values of ``mfcli optimize`` besides ``optimal`` (the dense certified solver).
+STRUCTURED_STRATEGIES = ("banded-toeplitz", "blt")
+
+
+def structured_path(workload: str, kind: str, size: int, n: int) -> Path:
+    """The default artifact path of a structured strategy."""
+    return Path("artifacts") / f"{workload}-{kind}-{size}-n{n}.h5"
+
+
+def optimize_structured(
+    *,
+    strategy: str,
+    workload: str,
+    n: int | None,
+    beta: float | None,
+    lr: str | None,
+    bands: int | None,
+    error: str,
+    schema: Participation,
+    out: Path | None,
+    force: bool,
+    quiet: bool,
+    as_json: bool,
+    buffers: int | None = None,
+    max_iter: int | None = None,
+) -> None:
+    """Optimise a structured strategy, write its artifact, print the recomputed numbers.
+    ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
+    from mfcli.artifact import check_output_path
+    from mfcli.cli.structured_render import check_buffers, render_structured
+    from mfcli.structured import load_structured_artifact, save_structured_artifact
+    from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
+
+    refuse_unless(n is not None, f"--strategy {strategy} needs --n")
+    if strategy == "blt":
+        refuse_unless(buffers is not None, "--strategy blt needs --buffers")
+        refuse_unless(bands is None, "--bands applies to --strategy banded-toeplitz, not blt (give --buffers)")
+    else:
+        refuse_unless(bands is not None, f"--strategy {strategy} needs --bands")
+        refuse_unless(buffers is None, f"--buffers applies to --strategy blt, not {strategy} (give --bands)")
+    assert n is not None
+    refuse_unless(max_iter is None or max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
+    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+    w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
+    n = check_n(n)
+    if strategy == "blt":
+        size, what = check_buffers(buffers, n), "buffers"
+    else:
+        size, what = check_bands(bands, n), "bands"
+    schema.check(n)
+    if out is None:
+        out = with_schema_suffix(structured_path(workload, strategy, size, n), schema, n)
+    check_output_path(out, force=force)
+    if not quiet and not as_json:
+        shape = f"{size}-buffer BLT" if strategy == "blt" else f"{size}-band Toeplitz"
+        log(f"optimising a {shape} strategy for the {w.describe()}, n = {n}, {error} error, {schema.describe(n)}")
+    start = time.perf_counter()
+    if strategy == "blt":
+        from mfcli.blt import optimize_blt
+
+        opt = optimize_blt(n=n, buffers=size, workload=w.name, beta=w.beta if w.name == "momentum" else None,
+                           error=error, schema=schema, **({} if max_iter is None else {"max_iter": max_iter}))
+        strat: Any = opt.blt
+        stats: dict[str, Any] = {"starts": len(opt.start_losses)}
+    else:
+        cap: dict[str, Any] = {} if max_iter is None else {"max_iterations": max_iter}
+        res = optimize_banded_toeplitz(n, size, workload=w, schema=schema, error=error, **cap)
+        strat = res.strategy
+        stats = {"iterations": res.iterations, "converged": res.converged}
+    seconds = time.perf_counter() - start
+    participation = None if isinstance(schema, SingleParticipation) else schema
+    digest = save_structured_artifact(
+        out, strat, workload=w, n=n, participation=participation, command=command_line(), force=force,
+        solver={"method": "L-BFGS-B", "error": error, **stats, "seconds": seconds},
+    )
+    art = load_structured_artifact(out)  # the numbers printed are the ones a reader recomputes
+    if not quiet and not as_json:
+        log(f"wrote {out}")
+    render_structured(art, title=f"{strategy}: {w.name}, n = {n}, {size} {what}", as_json=as_json, command="optimize",
+                      extra={**stats, "seconds": round(seconds, 3), "artifact": str(out), "artifact_sha256": digest})
