@@ -163,12 +163,15 @@ def test_optax_adapter_streams_structured_noise(saved):
 
     from mfcli.adapters.optax import correlated_noise
 
+    from noise_oracles import jax_z
+
     path, strat, _w, _ = saved
     stream = noise_stream(path, kind="gradient", d=4, seed=SEED, dtype="float32")
     tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
     params = {"w": jnp.zeros(4, dtype=jnp.float32)}
     state = tx.init(params)
-    expected = np.linalg.inv(materialize(strat.coefs, N)) @ philox_z(SEED, N, 4, "float32").astype(np.float64)
+    # the jax stream draws Z with jax.random (docs/noise-streams.md, "Reproducibility contract")
+    expected = np.linalg.inv(materialize(strat.coefs, N)) @ jax_z(SEED, N, 4, "float32").astype(np.float64)
     for t in range(3):
         updates, state = tx.update({"w": jnp.zeros(4, dtype=jnp.float32)}, state, params)
         assert np.allclose(np.asarray(updates["w"], dtype=np.float64), expected[t], atol=1e-5)
