@@ -178,6 +178,8 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
                   f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
                   f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")
         notes.append(f"deterministic: {_text(det, 'assumptions')}")
+        if not s.exact:  # shown without --details too: the row's sensitivity is only bounded
+            notes.append(f"deterministic: {sens_text}")
     cyc = report.cyclic_poisson
     if cyc is not None:
         row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
