@@ -178,6 +178,8 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
                   f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
                   f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")
         notes.append(f"deterministic: {_text(det, 'assumptions')}")
+        if not s.exact:  # shown without --details too: the row's sensitivity is only bounded
+            notes.append(f"deterministic: {sens_text}")
     cyc = report.cyclic_poisson
     if cyc is not None:
         row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
@@ -346,8 +348,10 @@ def account(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr."),
 ) -> None:
-    """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling) and the
-    shuffled binary tree -- or, with --epsilon, the smallest sigma that meets a target.
+    """Epsilon of a strategy under single-pass, DP-SGD (reference), MMCC (Poisson sampling), the
+    shuffled binary tree and the DP-SGD reduction (any causal C, every batch sampler) -- or, with
+    --epsilon, the smallest sigma that meets a target. The output ends with the number to report:
+    the smallest guarantee for the stated batch sampler.
 
     A structured artifact (banded Toeplitz, BLT) is accounted like a dense one up to n = 8192 (C is
     materialised); above, from its parameters: without sampling, with --batching cyclic for a
