@@ -137,6 +137,31 @@ def test_cyclic_batches_stay_in_their_group(arts) -> None:
         assert set(groups[members].tolist()) <= {t % 2}
 
 
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(arts, tmp_path: Path) -> None:
+    """The loader starts at the optimizer's next step, so after load_state_dict the batches and
+    the noise rows resume together."""
+    def run(stop: int | None, state: dict | None = None) -> tuple[list, dict]:
+        model, opt, loader = _setup(arts, "fixed-order", examples=30, seed=5)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+        assert len(loader) == 6 - opt.steps_taken
+        for x, y in loader:
+            if stop is not None and opt.steps_taken == stop:
+                break
+            opt.zero_grad()
+            opt.clipped_backward(x, y)
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()], {"model": model.state_dict(), "opt": opt.state_dict()}
+
+    whole, _ = run(None)
+    _, half = run(3)
+    torch.save(half, tmp_path / "ckpt.pt")
+    resumed, _ = run(None, torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    for a, b in zip(whole, resumed, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # refusals
 

@@ -395,7 +395,8 @@ def _make_private_from_record(
     check_gradient_stream(stream, "the Opacus bridge")
     # a loader without batching (batch_size=None) converts examples one by one; batches need collating
     collate = data_loader.collate_fn if data_loader.batch_sampler is not None else default_collate
-    loader = DataLoader(dataset, batch_sampler=RecordBatchSampler(batches),
+    record_batches = RecordBatchSampler(batches)
+    loader = DataLoader(dataset, batch_sampler=record_batches,
                         collate_fn=_EmptySafeCollate(dataset, collate),
                         num_workers=data_loader.num_workers)
     gs_module = module if isinstance(module, GradSampleModule) else GradSampleModule(module)
@@ -404,6 +405,7 @@ def _make_private_from_record(
         noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip_norm),
         expected_batch_size=expected_batch_size, loss_reduction=loss_reduction, record=rec,
     )
+    record_batches.follow = dp_opt   # iteration starts at the optimizer's next noise step
     return gs_module, dp_opt, loader
 
 

@@ -79,20 +79,27 @@ class RecordBatchSampler(Sampler[list[int]]):
     empty batch is yielded as an empty list and still takes its step and its noise row).
     """
 
-    def __init__(self, sampler: Any, *, start: int = 0, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, sampler: Any, *, start: int = 0, rank: int = 0, world_size: int = 1,
+                 follow: Any = None) -> None:
         if not 0 <= rank < world_size:
             raise MfcliError(f"rank must be in [0, {world_size - 1}], got {rank}")
         self.sampler = sampler
         self.start = int(start)
         self.rank = rank
         self.world_size = world_size
+        #: an optimizer with ``steps_taken``: iteration then starts at its next step, so batch t
+        #: always meets noise row t (after ``load_state_dict`` too) and no batch is replayed
+        self.follow = follow
+
+    def _first(self) -> int:
+        return int(self.follow.steps_taken) if self.follow is not None else self.start
 
     def __iter__(self) -> Iterator[list[int]]:
-        for b in self.sampler.batches(self.start):
+        for b in self.sampler.batches(self._first()):
             yield b[self.rank :: self.world_size].tolist()
 
     def __len__(self) -> int:
-        return int(self.sampler.steps) - self.start
+        return int(self.sampler.steps) - self._first()
 
 
 class _EmptySafeCollate:
@@ -309,8 +316,10 @@ def make_private(
         verify: re-verify the record against the operator first (default; seconds for n ~ 10^3).
 
     Returns:
-        (module, optimizer, loader): ``loader`` yields the record's n batches (this rank's share
-        under torch.distributed), one per step.
+        (module, optimizer, loader): ``loader`` yields the record's batches (this rank's share
+        under torch.distributed), one per step, from the optimizer's next step: after
+        ``optimizer.load_state_dict`` (inner state and noise position) iterating it resumes
+        where the noise resumes.
 
     Raises:
         MfcliError: a record that is missing or does not verify, a declaration that disagrees with
@@ -345,7 +354,8 @@ def make_private(
                            max_physical_batch_size=max_physical_batch_size, dtype=dtype)
     from torch.utils.data import default_collate
 
-    loader = DataLoader(dataset, batch_sampler=RecordBatchSampler(batches, rank=opt.rank, world_size=opt.world_size),
+    loader = DataLoader(dataset, batch_sampler=RecordBatchSampler(batches, rank=opt.rank, world_size=opt.world_size,
+                                                                  follow=opt),
                         collate_fn=_EmptySafeCollate(dataset, collate_fn or default_collate), num_workers=num_workers)
     return module, opt, loader
 
