@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mfcli import multi_banded
+import mfcli.multi_banded as multi_banded
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
 from mfcli.lbfgs import Certificates, Memory, backtrack, memory_size
