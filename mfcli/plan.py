@@ -20,9 +20,14 @@ root mean square of that over the n steps, sqrt(mean_t sigma^2 ||B[t, :]||^2), a
 its largest value; both are computed from the operator that runs (the dense B, or the Toeplitz
 decoder's first column for the structured strategies).
 
-Stream memory: the floats a noise stream keeps between steps per model parameter (identity 0,
-b-banded Toeplitz b - 1, BLT one per buffer, the tree one per level, a dense C^-1 all n - 1 past
-noise vectors); ``memory_bytes`` is that times ``params`` in float32.
+Training cost, of the noise stream the written artifact actually runs (mfcli.noise; the same
+recursion in numpy, torch and optax): ``memory_floats`` is the floats it keeps between steps per
+model parameter (identity 0, b-banded Toeplitz b - 1, BLT one per buffer, and every artifact
+written dense, the dense optimum and the tree, all n noise rows, since row t of a general C^-1 Z
+needs every earlier row of Z); ``memory_bytes`` is that times ``params`` in float32.
+``noise_madds`` is the multiply-adds of d floats per step, averaged over the n steps (identity 0,
+b-banded b - 1, BLT 2 per buffer: one to read each buffer, one to update it; dense (n - 1) / 2),
+on top of the one Gaussian row every mechanism draws.
 
 Results are a pure function of the setup and the candidate (seeded optimisers, BLAS pinned to
 one thread), so every executor returns the same numbers; only ``seconds`` differs.
@@ -73,8 +78,13 @@ WORKLOADS = ("prefix", "momentum")
 DENSE_MAX_N = 512
 #: Largest n for which the tree and Honaker rows (dense decoders, O(n^2) memory) are built.
 TREE_MAX_N = 8192
-#: Largest n for which ``--out`` writes a dense artifact (above: a structured one).
+#: Largest n for which ``--out`` writes a dense artifact, for the candidates that have no
+#: structured form (the dense optimum, the tree, Honaker) and for DP-SGD's identity; a candidate
+#: with a structured form (BandMF, banded Toeplitz, BLT) is written structured at every n, so that
+#: its noise stream runs its recursion (O(b d) per step) rather than a dense history (O(t d)).
 DENSE_ARTIFACT_MAX_N = 1024
+#: Candidate kinds that are written as dense artifacts (no structured form).
+DENSE_ONLY_KINDS = ("dense", "tree", "honaker")
 #: Default band counts (kept where they fit the setup) and BLT buffer counts.
 DEFAULT_BANDS = (2, 4, 8, 16, 32, 64)
 DEFAULT_BUFFERS = (2, 4)
@@ -85,8 +95,10 @@ REL_TOL = 1e-3
 #: one evaluation at n = 4700 steps about 50 times faster for an epsilon about 0.2 % larger. The
 #: record stores it, so ``mfcli account --value-discretization 1e-3`` re-accounts the same way.
 PLD_DISCRETIZATION = 1e-3
-#: Relative error difference below which two candidates tie (the cheaper stream ranks first).
-TIE_RTOL = 1e-9
+#: Relative difference of mean RMSE within which two candidates are a near-tie: the cheaper noise
+#: stream (fewer multiply-adds per step, then less memory) ranks first, since a 0.5 % error
+#: difference is below what seed noise shows in training while a dense stream costs O(n d) per step.
+TIE_RTOL = 5e-3
 #: Largest number of steps n = epochs x steps per epoch that plan evaluates. The cost grows faster
 #: than n: at n = 10^5 (momentum, 1000 examples, batch 100) one BLT candidate's optimisation took
 #: 128 s of CPU and BandMF's Poisson accounting 9 s and 0.7 GB (docs/plan.md, "Limits"), so n =
@@ -124,6 +136,7 @@ class TrainingSetup:
     bands: tuple[int, ...] | None = None
     buffers: tuple[int, ...] = DEFAULT_BUFFERS
     curve: tuple[float, ...] = ()
+    max_stream_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from mfcli.accounting.single_pass import check_delta
@@ -168,6 +181,8 @@ class TrainingSetup:
             object.__setattr__(self, "bands", tuple(sorted({positive_int(k, "a band count") for k in self.bands})))
         object.__setattr__(self, "buffers", tuple(sorted({positive_int(k, "a buffer count") for k in self.buffers})))
         object.__setattr__(self, "curve", tuple(positive_number(e, "a plot epsilon") for e in self.curve))
+        if self.max_stream_bytes is not None:
+            object.__setattr__(self, "max_stream_bytes", positive_int(self.max_stream_bytes, "the stream memory budget"))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -199,7 +214,7 @@ class TrainingSetup:
                 "steps_per_epoch": self.steps_per_epoch, "n": self.n, "sampling_rate": self.sampling,
                 "epsilon": self.epsilon, "delta": self.delta, "workload": self.workload,
                 "beta": self.beta if self.workload == "momentum" else None, "params": self.params,
-                "batching": list(self.batching)}
+                "batching": list(self.batching), "max_stream_bytes": self.max_stream_bytes}
 
 
 @dataclass(frozen=True)
@@ -250,6 +265,7 @@ class CandidateResult:
     adaptive: bool = True
     note: str = ""
     curve: tuple[tuple[float, float | None], ...] = ()
+    noise_madds: float = 0.0
 
     def participation_text(self, n: int) -> str:
         """The participation the accounting assumes, in words."""
@@ -281,6 +297,7 @@ class CandidateResult:
             "sigma": self.sigma, "epsilon": self.epsilon, "sampling": self.sampling,
             "sensitivity": self.sensitivity, "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,
             "stream_floats_per_param": self.memory_floats, "stream_bytes": self.memory_bytes,
+            "noise_madds_per_step": self.noise_madds,
             "seconds": self.seconds, "adaptive": self.adaptive,
             "calibration": self.calibration.as_dict(),
         }
@@ -542,14 +559,29 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
                 curve.append((eps, None))
     sigma = cal.sigma
     rows = np.sqrt(b.row_sq) * sigma
+    floats, madds = stream_cost(cand.kind, b.memory_floats, setup.n)
     return CandidateResult(
         key=cand.key, kind=cand.kind, size=cand.size, mechanism=b.mechanism, strategy=b.strategy,
         participation=b.participation, sampler=cand.sampler, accounting=b.accounting, sigma=sigma, epsilon=cal.epsilon,
         sensitivity=b.sensitivity, sampling=b.sampling,
         rmse_mean=float(sigma * math.sqrt(float(np.mean(b.row_sq)))), rmse_max=float(np.max(rows)),
-        memory_floats=b.memory_floats, memory_bytes=4 * b.memory_floats * setup.params, calibration=cal,
-        seconds=time.perf_counter() - t0, adaptive=b.adaptive, note=b.note, curve=tuple(curve),
+        memory_floats=floats, memory_bytes=4 * floats * setup.params, calibration=cal,
+        seconds=time.perf_counter() - t0, adaptive=b.adaptive, note=b.note, curve=tuple(curve), noise_madds=madds,
     )
+
+
+def stream_cost(kind: str, kept_floats: int, n: int) -> tuple[int, float]:
+    """(floats kept per parameter, multiply-adds of d floats per step averaged over n steps) of
+    the noise stream that runs the candidate's artifact (module docstring, "Training cost").
+
+    >>> stream_cost("blt", 4, 1000), stream_cost("bandmf", 31, 1000), stream_cost("dense", 999, 1000)
+    ((4, 8.0), (31, 31.0), (1000, 499.5))
+    """
+    if kind in DENSE_ONLY_KINDS:
+        return n, (n - 1) / 2
+    if kind == "blt":
+        return kept_floats, 2.0 * kept_floats
+    return kept_floats, float(kept_floats)
 
 
 def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> Calibration:
@@ -858,42 +890,51 @@ def _is_dask_handshake(body: bytes) -> bool:
     return isinstance(info, dict) and "python" in info and "pickle-protocol" in info
 
 
+def _cost_key(r: CandidateResult) -> tuple[float, int, str]:
+    return (r.noise_madds, r.memory_floats, r.key)
+
+
 def rank(results: Sequence[CandidateResult]) -> list[CandidateResult]:
-    """Lowest mean RMSE first; errors within a relative 1e-9 tie and the cheaper stream (fewer
-    floats kept) ranks first; then the name."""
-    ordered = sorted(results, key=lambda r: (r.rmse_mean, r.memory_floats, r.key))
+    """Lowest mean RMSE first; errors within a relative :data:`TIE_RTOL` (0.5 %) of a group's
+    best are a near-tie, in which the cheaper noise stream (fewer multiply-adds per step, then
+    fewer floats kept) ranks first; then the name."""
+    ordered = sorted(results, key=lambda r: (r.rmse_mean, r.noise_madds, r.memory_floats, r.key))
     groups: list[list[CandidateResult]] = []
     for r in ordered:
         if groups and abs(r.rmse_mean - groups[-1][0].rmse_mean) <= TIE_RTOL * groups[-1][0].rmse_mean:
             groups[-1].append(r)
         else:
             groups.append([r])
-    return [r for g in groups for r in sorted(g, key=lambda x: (x.memory_floats, x.key))]
+    return [r for g in groups for r in sorted(g, key=_cost_key)]
 
 
-def recommend(ranked: Sequence[CandidateResult], n: int | None = None) -> CandidateResult | None:
+def recommend(ranked: Sequence[CandidateResult], n: int | None = None, *,
+              max_stream_bytes: int | None = None) -> CandidateResult | None:
     """The first ranked candidate whose guarantee holds for adaptive training (the balls-in-bins
     tree's bound assumes non-adaptive contributions) and that has an artifact form at ``n``
     steps (:func:`writable`)."""
     for r in ranked:
-        if not not_recommended(r, n):
+        if not not_recommended(r, n, max_stream_bytes=max_stream_bytes):
             return r
     return None
 
 
-def not_recommended(r: CandidateResult, n: int | None = None) -> str:
+def not_recommended(r: CandidateResult, n: int | None = None, *, max_stream_bytes: int | None = None) -> str:
     """Why :func:`recommend` passes over ``r`` (empty when it does not): its guarantee assumes
     non-adaptive contributions, or it has no artifact form at ``n`` steps (:func:`writable`)."""
     if not r.adaptive:
         return "its bound assumes non-adaptive contributions"
+    if max_stream_bytes is not None and r.memory_bytes > max_stream_bytes:
+        return f"its noise stream keeps {r.memory_bytes} bytes, over the stream memory budget of {max_stream_bytes}"
     return writable(r, n)[1]
 
 
 def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts
-    at ``n`` steps (None: whatever n): dense at n <= DENSE_ARTIFACT_MAX_N, else structured, which
-    the accounting session accounts from its parameters (DP-SGD's Poisson accounting needs no C,
-    so C = I is written and re-accounted at any n)."""
+    at ``n`` steps (None: whatever n): structured (BandMF, banded Toeplitz, BLT) at every n, which
+    the accounting session accounts from its parameters; the dense optimum, the tree and Honaker
+    dense at n <= DENSE_ARTIFACT_MAX_N (DP-SGD's Poisson accounting needs no C, so C = I is
+    written and re-accounted at any n)."""
     if r.sampler == "balls-in-bins" and r.kind == "dp-sgd":
         return False, "the balls-in-bins DP-SGD bound assumes non-adaptive contributions"
     if r.kind in ("tree", "honaker"):
@@ -961,11 +1002,11 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
                    force: bool = False) -> dict[str, Any]:
     """Write candidate ``r`` as an artifact at ``path`` with its accounting record inside (the
     ``account --write`` group ``accounting/<id>``): the strategy, the schema it was accounted
-    under, sigma, the sampler and epsilon. The artifact is dense for n <= DENSE_ARTIFACT_MAX_N and
-    structured (Toeplitz or BLT parameters) above; either way the record is what the accounting
-    session computes on the written file, as ``mfcli account`` would (a structured one from its
-    parameters, :mod:`mfcli.accounting.structured`), and it must meet the target, or nothing is
-    left behind.
+    under, sigma, the sampler and epsilon. The artifact is structured (Toeplitz or BLT parameters)
+    for every candidate that has that form, at any n, and dense only for the dense optimum, the
+    tree and Honaker (and DP-SGD's identity at n <= DENSE_ARTIFACT_MAX_N); either way the record
+    is what the accounting session computes on the written file, as ``mfcli account`` would (a
+    structured one from its parameters), and it must meet the target, or nothing is left behind.
 
     Returns what was written (path, setting, sigma, sampling, epsilon, record group).
 
@@ -1014,7 +1055,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
 
     from mfcli.accounting import session
 
-    if setup.n <= DENSE_ARTIFACT_MAX_N:
+    if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= DENSE_ARTIFACT_MAX_N):
         from mfcli.strategies import Strategy, save_strategy
 
         st = _dense_strategy(setup, r)
@@ -1084,7 +1125,8 @@ class Plan:
         for x in self.ranked:
             if r is not None and x.key == r.key:
                 break
-            passed.append({"candidate": x.key, "epsilon": x.epsilon, "reason": not_recommended(x, n)})
+            passed.append({"candidate": x.key, "epsilon": x.epsilon,
+                           "reason": not_recommended(x, n, max_stream_bytes=self.setup.max_stream_bytes)})
         if r is None:
             return {"epsilon": None, "candidate": None, "accounting": None, "batch_sampler": None, "sampling": None,
                     "participation": None, "neighbouring": None, "delta": self.setup.delta, "passed_over": passed}
@@ -1117,7 +1159,8 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
                          f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
                          "train fewer epochs")
     ranked = rank(done)
-    return Plan(setup, tuple(ranked), tuple(skipped + failed), recommend(ranked, setup.n), time.perf_counter() - t0)
+    best = recommend(ranked, setup.n, max_stream_bytes=setup.max_stream_bytes)
+    return Plan(setup, tuple(ranked), tuple(skipped + failed), best, time.perf_counter() - t0)
 
 
 __all__ = [

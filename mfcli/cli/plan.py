@@ -82,16 +82,19 @@ def rich_plan(plan: Any) -> Table:
     neighbours = (f"epsilon for {relations[0]} neighbours" if len(relations) == 1
                   else f"epsilon for each row's neighbouring relation ({', '.join(relations)}; --json names it)")
     t = Table(title=title, caption="RMSE: noise std of the released iterates per coordinate, clip norm 1 (mean = root "
-              "mean square over steps); memory: float32 stream state for "
-              f"{s.params} parameter{'s' if s.params != 1 else ''}; {neighbours}; * = recommended")
+              "mean square over steps); stream memory: float32 state of the noise stream the artifact runs, for "
+              f"{s.params} parameter{'s' if s.params != 1 else ''}; noise cost: multiply-adds per parameter and step "
+              f"(mean over the run) beside one Gaussian draw; {neighbours}; * = recommended")
     for col in ("#", "candidate", "mechanism", "batch sampler", "accounting", "sigma", "epsilon", "RMSE mean",
-                "RMSE max", "stream memory", "seconds"):
-        t.add_column(col, justify="right" if col in ("#", "sigma", "epsilon", "RMSE mean", "RMSE max", "seconds") else "left")
+                "RMSE max", "stream memory", "noise cost", "seconds"):
+        t.add_column(col, justify="right" if col in ("#", "sigma", "epsilon", "RMSE mean", "RMSE max", "noise cost", "seconds")
+                     else "left")
     for i, r in enumerate(plan.ranked, 1):
         mark = "*" if plan.recommended is not None and r.key == plan.recommended.key else ""
         t.add_row(f"{i}{mark}", r.key + (" (non-adaptive)" if not r.adaptive else ""), r.mechanism, r.sampler,
                   r.accounting, pessimistic(r.sigma, digits=5), pessimistic(r.epsilon, digits=5),
-                  f"{r.rmse_mean:.4g}", f"{r.rmse_max:.4g}", _bytes(r.memory_bytes), f"{r.seconds:.1f}")
+                  f"{r.rmse_mean:.4g}", f"{r.rmse_max:.4g}", _bytes(r.memory_bytes), f"{r.noise_madds:.4g}",
+                  f"{r.seconds:.1f}")
     return t
 
 
@@ -106,7 +109,8 @@ def render_text(plan: Any, saved: dict | None) -> str:
     for r in plan.ranked:
         if plan.recommended is not None and r.key == plan.recommended.key:
             break
-        lines.append(f"not recommended: {r.key} ({r.sampler}): {not_recommended(r, plan.setup.n)}")
+        why = not_recommended(r, plan.setup.n, max_stream_bytes=plan.setup.max_stream_bytes)
+        lines.append(f"not recommended: {r.key} ({r.sampler}): {why}")
     if plan.recommended is not None:
         r = plan.recommended
         rate = "" if r.sampling is None else f" at sampling rate {r.sampling!r}"
@@ -168,6 +172,7 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 EPOCH_COUNT = in_range("--epochs", library_check("mfcli.plan", "check_epochs"))
+MAX_STREAM_MEMORY_CHECK = in_range("--max-stream-memory", library_check("mfcli.memory", "parse_size"))
 
 
 @guarded
@@ -183,6 +188,10 @@ def plan(
     beta: float | None = typer.Option(
         None, "--beta", callback=BETA_RANGE, help="momentum only: the momentum parameter (default 0.9)."),
     params: int = typer.Option(1, "--params", callback=PARAMS_CHECK, help="Model parameters D (for the stream memory column)."),
+    max_stream_memory: str | None = typer.Option(
+        None, "--max-stream-memory", metavar="<size>", callback=MAX_STREAM_MEMORY_CHECK,
+        help="Recommend only a mechanism whose noise stream keeps at most this much state for --params "
+        "parameters, e.g. 2G (a dense stream keeps n x params floats)."),
     batching: list[str] | None = typer.Option(
         None, "--batching", callback=BATCHING_NAMES,
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
@@ -205,9 +214,10 @@ def plan(
     Every candidate (DP-SGD, BandMF under cyclic Poisson, the dense multi-epoch optimum, banded
     Toeplitz and BLT under a fixed order, the tree and Honaker) is calibrated under the
     accounting valid for its batch sampler; the table is ranked by mean RMSE of the released
-    iterates (ties: the smaller stream). --out writes the recommended one with its accounting
+    iterates (near-ties within 0.5%: the cheaper noise stream). --out writes the recommended one with its accounting
     record (the account --write format)."""
     from mfcli.artifact import check_output_path
+    from mfcli.memory import parse_size
     from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
 
     refuse_unless((epochs is None) != (steps is None), "give --epochs or --steps (one of them)")
@@ -220,6 +230,7 @@ def plan(
         beta=0.9 if beta is None else beta, params=params, batching=SAMPLERS if batching is None else (_split(batching) or ()),
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
+        max_stream_bytes=None if max_stream_memory is None else parse_size(max_stream_memory),
     )
     if delta >= 1 / examples:
         # (epsilon, delta)-DP with delta >= 1/examples allows publishing one whole random example:
