@@ -87,9 +87,12 @@ if barrier:
 
     art.directory_lock = directory_lock
 
-if os.environ.get("DRIVER_SIGINT"):
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-if os.environ.get("DRIVER_READY"):
-    Path(os.environ["DRIVER_READY"]).touch()
-sys.argv[0] = "mfcli"
-main()
+# Guarded: a command that starts worker processes (plan's pool, spawn start method) re-imports
+# this script in each worker as __mp_main__, which must not run the command again.
+if __name__ == "__main__":
+    if os.environ.get("DRIVER_SIGINT"):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("DRIVER_READY"):
+        Path(os.environ["DRIVER_READY"]).touch()
+    sys.argv[0] = "mfcli"
+    main()
