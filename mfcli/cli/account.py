@@ -47,7 +47,6 @@ from mfcli.cli.common import (
     stdout,
 )
 from mfcli.cli.display import ProgressDisplay, describe_estimate
-from mfcli.cli.render import report_line, report_notes
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
@@ -521,7 +520,10 @@ def account(
                                       "for_accounted_strategy": chosen != "dp-sgd" or _is_identity(inp)}
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
-        # the number to report comes last, with its line as the table prints it
+        # the number to report comes last, with its line as the table prints it (cli.render loads
+        # mfcli.compare and numpy: imported here so that account --help stays light)
+        from mfcli.cli.render import report_line
+
         rep = payload.pop("report")
         payload["report"] = {**rep, "line": report_line(rep)}
         emit_json(envelope("account", **payload))
@@ -552,6 +554,8 @@ def account(
         out.print(f"  - {line}")
     if group is not None:
         out.print(f"recorded: {safe_markup(inp.artifact)} group {safe_markup(group)}")
+    from mfcli.cli.render import report_line, report_notes
+
     rep = report.report().as_dict()
     for line in report_notes(rep):
         out.print(safe_markup(line))
