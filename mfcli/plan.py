@@ -882,7 +882,7 @@ def _is_dask_handshake(body: bytes) -> bool:
     if start + sum(sizes) != len(body):
         return False
     try:
-        import msgpack  # type: ignore[import-untyped]
+        import msgpack
 
         info = msgpack.unpackb(body[start:start + sizes[0]], raw=False)
     except Exception:  # any decoding failure means "not a handshake"

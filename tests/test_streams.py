@@ -248,10 +248,16 @@ def test_numpy_torch_and_jax_draw_different_z_each_its_own(cases):
     ([1e-300, 1.0], 10, "float32", 0),
 ])
 def test_a_stream_that_would_overflow_is_refused(tmp_path, coefs, n, dtype, step):
-    path = tmp_path / "bad.h5"
-    with np.errstate(all="ignore"):
-        save_structured_artifact(path, BandedToeplitz(np.array(coefs)), workload=toeplitz_workload("prefix"), n=n)
-    # the bound: row t of C^-1 has absolute sum sum_k |h_k|; refused where 12 x that exceeds the dtype's max
+    from mfcli.errors import ArtifactError
+    from mfcli.noise import check_finite_rows
+    from mfcli.structured import RationalToeplitz, rational
+
+    # such a strategy never reaches a file (its loss is not finite: the writer refuses it) ...
+    with np.errstate(all="ignore"), pytest.raises(ArtifactError, match="not a finite number"):
+        save_structured_artifact(tmp_path / "bad.h5", BandedToeplitz(np.array(coefs)),
+                                 workload=toeplitz_workload("prefix"), n=n)
+    # ... and the stream's own guard refuses its operator, from the step the bound names:
+    # row t of C^-1 has absolute sum sum_k |h_k|; refused where 12 x that exceeds the dtype's max
     h = np.zeros(n)
     with np.errstate(all="ignore"):
         h[0] = 1 / coefs[0]
@@ -259,8 +265,10 @@ def test_a_stream_that_would_overflow_is_refused(tmp_path, coefs, n, dtype, step
             h[t] = -coefs[1] * h[t - 1] / coefs[0]
         sums = np.cumsum(np.abs(h))
     assert int(np.argmax(~(sums <= np.finfo(dtype).max / 12))) == step
-    with pytest.raises(MfcliError, match=f"overflow to inf from step {step};"):
-        noise_stream(path, kind="gradient", d=3, seed=1, dtype=dtype)
+    num, den = rational(BandedToeplitz(np.array(coefs)))
+    operator = RationalToeplitz(np.asarray(num, float), np.asarray(den, float), n)
+    with np.errstate(all="ignore"), pytest.raises(MfcliError, match=f"overflow to inf from step {step};"):
+        check_finite_rows(operator, np.dtype(dtype), where="test")
 
 
 def test_memory_is_computed_up_front_and_bounded(cases):

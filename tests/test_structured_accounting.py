@@ -194,7 +194,11 @@ def test_parameters_path_equals_dense_path_at_small_n(tmp_path):
         a = account(inp, sigma=2.0, **kw).as_dict(include_events=False)
         b = account(params, sigma=2.0, **kw).as_dict(include_events=False)
         ea, eb = epsilons(a), epsilons(b)
-        assert ea and ea == pytest.approx(eb, rel=1e-12)
+        # the DP-SGD reduction needs C's spectral norm, so it is a row of the dense path only
+        # (this twin has its C removed; a structured artifact of this n materialises C for it)
+        assert set(ea) - set(eb) <= {"dp-sgd-reduction"} and set(eb) <= set(ea)
+        common = {k: ea[k] for k in eb}
+        assert eb and common == pytest.approx(eb, rel=1e-12)
 
 
 # keep toeplitz_workload imported for the compare tests below

@@ -219,7 +219,7 @@ def test_a_tampered_record_is_refused(arts, tmp_path: Path) -> None:
     shutil.copy(src, path)
     with h5py.File(path, "r+") as f:
         f[f"accounting/{rid}"].attrs["epsilon_dp_sgd"] = 0.5
-    with pytest.raises(MfcliError, match=r"does not verify: .*dp-sgd: stored epsilon 0.5 is below"):
+    with pytest.raises(MfcliError, match=r"does not verify against the artifact it sits in.*dp-sgd: stored epsilon 0.5 is below"):
         make_private(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), Indexed(10), artifact=path,
                      seed=1, clip_norm=1.0, loss_fn=F.cross_entropy)
 
