@@ -988,7 +988,7 @@ def record_to_artifact(
     stored checksums of workload, band, u and v for the compressed one), ``created_utc``,
     ``created_by``, ``command``.
     """
-    from mfcli import __version__
+    from mfcli.version import __version__
     from mfcli.artifact import append_group
 
     if report is None or report.strategy.artifact is None or report.strategy.operator_sha256 is None:

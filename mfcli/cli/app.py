@@ -19,7 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from mfcli import __version__
+from mfcli.version import __version__
 from mfcli.cli.common import bound_integer_options, fail, run_cli
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
