@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from mfcli.version import __version__ as __version__  # re-exported: mfcli.__version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
     from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact

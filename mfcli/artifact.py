@@ -63,7 +63,7 @@ def dataset_sha256(arr: np.ndarray) -> str:
 
 
 def _version() -> str:
-    from mfcli import __version__
+    from mfcli.version import __version__
 
     return __version__
 

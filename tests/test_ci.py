@@ -93,3 +93,14 @@ def test_mypy_verdict_cannot_depend_on_installed_extras() -> None:
     optional = _third_party_imports() - CORE_MODULES
     assert optional, "expected the adapters to import optional extras"
     assert optional <= skipped, f"optional extras that mypy would follow: {sorted(optional - skipped)}"
+
+
+def test_one_version_and_a_changelog_entry_for_it() -> None:
+    """pyproject's version is the package's (mfcli --version, artifacts, --json) and CHANGELOG.md
+    has a section for it (issue 23, item 7: the version moves with the public API)."""
+    tomllib = pytest.importorskip("tomllib")
+    from mfcli.version import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["version"] == __version__
+    assert f"## {__version__}" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")

@@ -19,8 +19,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from mfcli import __version__
 from mfcli.cli.common import bound_integer_options, fail, run_cli
+from mfcli.version import __version__
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
 COMMANDS: dict[str, tuple[str, str, str]] = {

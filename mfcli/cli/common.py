@@ -260,7 +260,7 @@ def envelope(command: str, **payload: Any) -> dict:
     ``schema_version`` versions the layout that ``mfcli/schemas/<command>.json`` describes (a
     consumer checks it before reading fields); ``mfcli_version`` says which release computed the
     numbers, which a stored result needs to be reproduced."""
-    from mfcli import __version__
+    from mfcli.version import __version__
 
     return {"schema_version": JSON_SCHEMA_VERSION, "command": command, "mfcli_version": __version__,
             **_jsonable(payload)}
