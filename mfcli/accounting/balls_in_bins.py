@@ -34,6 +34,7 @@ summation of non-negative terms, covered by ``FLOAT_SLACK`` added to delta.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,18 +268,10 @@ def _plds(laws: _RootLaws, h: float) -> tuple[Any, Any]:
 
 
 @dataclass(frozen=True)
-class BallsInBinsTreeResult:
-    """Binary tree under balls-in-bins batching.
-
-    Attributes:
-        epsilon: the guarantee (upper end of the bracket) at ``delta``.
-        lower: lower end of the bracket (never above the true epsilon of the pair).
-        delta: delta.
-        sigma: noise standard deviation per node, in units of the tree's 0/1 entries.
-        steps: n = 2^L steps per epoch.
-        epochs: epochs composed (fresh allocation per epoch).
-        grid: the grid h of the log-likelihood ratio.
-    """
+class _Bracket:
+    """An epsilon bracket of a balls-in-bins pair at ``delta``: ``epsilon`` the guarantee (upper
+    end), ``lower`` never above the pair's true epsilon; ``steps`` n = 2^L per epoch, ``epochs``
+    composed (fresh allocation per epoch), ``grid`` the grid h of the log-likelihood ratio."""
 
     epsilon: float
     lower: float
@@ -292,6 +285,12 @@ class BallsInBinsTreeResult:
     def ratio(self) -> float:
         """upper / lower (inf when the lower end is 0)."""
         return self.epsilon / self.lower if self.lower > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class BallsInBinsTreeResult(_Bracket):
+    """Binary tree under balls-in-bins batching (fields: :class:`_Bracket`; ``sigma`` the noise
+    standard deviation per node, in units of the tree's 0/1 entries)."""
 
     def as_dict(self) -> dict:
         return {
@@ -355,18 +354,27 @@ def tree_balls_in_bins(
     """
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
+    eps_u, eps_l, h = _refined_bracket(
+        lambda h: tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid)
+    return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
+                                 epochs=epochs, grid=h)
+
+
+def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
+                     grid: float | None) -> tuple[float, float, float]:
+    """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
+    at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, AUTO_FINEST
+    is reached or the upper end is not finite."""
     h = AUTO_START if grid is None else grid
     while True:
-        upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress)
+        upper, lower = plds_at(h)
         eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
         eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
-            break
+            return eps_u, eps_l, float(h)
         # the bracket's width is about proportional to the grid
         h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
-    return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
-                                 epochs=epochs, grid=float(h))
 
 
 def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
@@ -378,21 +386,9 @@ def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
 
 
 @dataclass(frozen=True)
-class BallsInBinsDpSgdResult:
-    """DP-SGD (C = I) under balls-in-bins batching: guarantee and lower end of its bracket.
-
-    Attributes:
-        epsilon: the guarantee (upper end) at ``delta``; lower: the lower end (never above the
-            pair's true epsilon); delta, sigma (noise multiplier), steps (n = 2^L), epochs, grid.
-    """
-
-    epsilon: float
-    lower: float
-    delta: float
-    sigma: float
-    steps: int
-    epochs: int
-    grid: float
+class BallsInBinsDpSgdResult(_Bracket):
+    """DP-SGD (C = I) under balls-in-bins batching: guarantee and lower end of its bracket
+    (fields: :class:`_Bracket`; ``sigma`` the noise multiplier)."""
 
     def as_dict(self) -> dict:
         return {
@@ -459,17 +455,10 @@ def dpsgd_balls_in_bins(
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
     _dpsgd_height(n)
-    h = AUTO_START if grid is None else grid
-    while True:
-        upper, lower = dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress)
-        eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
-        eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
-        ratio = eps_u / eps_l if eps_l > 0 else math.inf
-        if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
-            break
-        h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
+    eps_u, eps_l, h = _refined_bracket(
+        lambda h: dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid)
     return BallsInBinsDpSgdResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
-                                  epochs=epochs, grid=float(h))
+                                  epochs=epochs, grid=h)
 
 
 __all__ = [
