@@ -383,24 +383,6 @@ class RecordSubject:
     make_input: Callable[[Any, bool], StrategyInput]
 
 
-def _operator_input(path: Path, op: Any, *, name: str, declared: Participation, source: str) -> StrategyInput:
-    """The accounting input of a dense or compressed operator (C = the operator's strategy), as
-    :func:`mfcli.accounting.session.resolve_strategy` builds it."""
-    from mfcli.accounting.session import StrategyInput, _tree_release
-
-    c = np.asarray(op.factorization.strategy, dtype=np.float64)
-    tree = _tree_release(c)
-    if tree is not None:
-        release = tree
-    elif c.shape[0] == c.shape[1]:
-        release = np.arange(c.shape[0])
-    else:
-        raise MfcliError(f"a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
-    return StrategyInput(name=name, strategy=c, release_steps=release, source=source, artifact=path,
-                         is_tree=tree is not None, operator=op.label, operator_sha256=op.identity_sha256,
-                         participation=declared)
-
-
 def dense_subject(path: str | Path, operators: Sequence[Any], *, declared: Participation,
                   strategy_name: str = "artifact") -> RecordSubject:
     """The subject of a dense artifact: its dense root operator and, when its ``compressed`` group
@@ -410,8 +392,10 @@ def dense_subject(path: str | Path, operators: Sequence[Any], *, declared: Parti
     ops = {op.label: op for op in operators}
 
     def make(op: Any, dense: bool) -> StrategyInput:
-        return _operator_input(p, op, name=strategy_name, declared=declared,
-                               source=f"artifact {p}: the {op.label} operator, n = {op.n}")
+        from mfcli.accounting.session import operator_input
+
+        return operator_input(p, op, name=strategy_name, participation=declared,
+                              source=f"artifact {p}: the {op.label} operator, n = {op.n}")
 
     return RecordSubject(path=p, n=int(operators[0].n), declared=declared, operators=ops, make_input=make)
 

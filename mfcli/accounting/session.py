@@ -250,21 +250,30 @@ def resolve_strategy(
         return structured_input(p, operator=operator)
     art = load_artifact(p)
     chosen = select_operator(art, operator)
-    c = np.asarray(chosen.factorization.strategy, dtype=np.float64)
+    what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
+    return operator_input(p, chosen, name=art.strategy_name, participation=art.participation,
+                          source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}")
+
+
+def operator_input(path: Path, op: Any, *, name: str, participation: Participation, source: str) -> StrategyInput:
+    """The accounting input of a dense or compressed operator of the artifact at ``path`` (C = the
+    operator's strategy, released row by row, or the binary tree's nodes as they close), as
+    ``mfcli account`` and the record verifier (:mod:`mfcli.accounting.records`) both account it.
+
+    Raises:
+        MfcliError: a non-square strategy that is not the binary tree.
+    """
+    c = np.asarray(op.factorization.strategy, dtype=np.float64)
     tr = _tree_release(c)
     if tr is not None:
         release = tr
     elif c.shape[0] == c.shape[1]:
         release = np.arange(c.shape[0])
     else:
-        raise MfcliError(f"{p}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
-    what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
-    return StrategyInput(
-        name=art.strategy_name, strategy=c, release_steps=release,
-        source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}",
-        artifact=p, is_tree=tr is not None, operator=chosen.label, operator_sha256=chosen.identity_sha256,
-        participation=art.participation,
-    )
+        raise MfcliError(f"{path}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
+    return StrategyInput(name=name, strategy=c, release_steps=release, source=source, artifact=path,
+                         is_tree=tr is not None, operator=op.label, operator_sha256=op.identity_sha256,
+                         participation=participation)
 
 
 def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Participation:
