@@ -241,17 +241,23 @@ def schema_shape(n: int, schema: Participation) -> tuple[int, int]:
     raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
 
 
+def _add_shifts(x: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
+    """sum_{m<k} shift_{m sep}(x) cut at n, adding the shifted copies in turn (each entry a
+    sequential sum of at most k terms, the order the rounding bounds below assume)."""
+    v = np.zeros(n)
+    for m in range(k):
+        start = m * sep
+        length = min(x.size, n - start)
+        v[start:start + length] += x[:length]
+    return v
+
+
 def pattern_vector(c: np.ndarray, n: int, sep: int, k: int) -> tuple[np.ndarray, bool]:
     """v = sum_{m<k} shift_{m sep}(c) cut at n, and whether it was formed by FFT (then rounded)."""
     c = np.asarray(c, dtype=np.float64)[:n]
     k = min(k, -(-n // sep))
     if k * c.size <= FFT_THRESHOLD:
-        v = np.zeros(n)
-        for m in range(k):
-            start = m * sep
-            length = min(c.size, n - start)
-            v[start:start + length] += c[:length]
-        return v, False
+        return _add_shifts(c, n, sep, k), False
     import scipy.signal
 
     comb = np.zeros(n)
@@ -320,12 +326,7 @@ def window_sums(b: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:
     k = max(1, min(k, rows))
     if k * b.size <= FFT_THRESHOLD:
         # few shifts: add them in turn (each entry a sequential sum of at most k terms), O(n) memory
-        v = np.zeros(n)
-        for m in range(k):
-            start = m * sep
-            length = min(b.size, n - start)
-            v[start:start + length] += b[:length]
-        return v
+        return _add_shifts(b, n, sep, k)
     x = np.zeros(rows * sep)
     x[: b.size] = b
     mat = x.reshape(rows, sep)
