@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
+from training_cases import prefix_artifact
 from typer.testing import CliRunner
 
 from mfcli.artifact import save_artifact
@@ -328,19 +329,11 @@ def _account(*args: str) -> None:
     assert r.exit_code == 0, r.output
 
 
-def _artifact(path: Path, c: np.ndarray, name: str) -> Path:
-    n = c.shape[0]
-    a = np.tril(np.ones((n, n)))
-    save_artifact(path, Factorization(workload=a, strategy=c, decoder=a @ np.linalg.inv(c), causal=True),
-                  workload_name="prefix", strategy_name=name)
-    return path
-
-
 @pytest.fixture(scope="module")
 def banded6(tmp_path_factory) -> Path:
     """A 2-banded C at n = 6 with a cyclic record (3 groups, rate 0.25) and a Poisson one (0.1)."""
     c = np.eye(6) + 0.5 * np.eye(6, k=-1)
-    path = _artifact(tmp_path_factory.mktemp("samplers") / "banded6.h5", c, "banded2")
+    path = prefix_artifact(tmp_path_factory.mktemp("samplers") / "banded6.h5", c, "banded2")
     _account(str(path), "--sigma", "2", "--sampling", "0.25", "--batching", "cyclic", "--min-sep", "3")
     _account(str(path), "--sigma", "2", "--sampling", "0.1", "--value-discretization", "1e-2")  # coarse: fast, still a bound
     return path
@@ -413,8 +406,8 @@ def test_dpsgd_row_holds_for_an_identity_strategy_only(tmp_path: Path) -> None:
     import dp_accounting
 
     n, sigma, q, delta = 6, 2.0, 0.1, 1e-6
-    ident = _artifact(tmp_path / "id6.h5", np.eye(n), "identity")
-    near = _artifact(tmp_path / "near6.h5", np.eye(n) + 1e-9 * np.eye(n, k=-1), "near-identity")
+    ident = prefix_artifact(tmp_path / "id6.h5", np.eye(n), "identity")
+    near = prefix_artifact(tmp_path / "near6.h5", np.eye(n) + 1e-9 * np.eye(n, k=-1), "near-identity")
     for path in (ident, near):
         _account(str(path), "--sigma", str(sigma), "--sampling", str(q), "--delta", str(delta),
                  "--value-discretization", "1e-2")  # coarse MMCC: fast, still a bound
@@ -431,7 +424,7 @@ def test_record_without_sampler_is_the_fixed_order(tmp_path: Path) -> None:
     """A record of deterministic participation (no batch sampler: mfcli plan's fixed-order row)
     gives the fixed-order sampler with the period its schema allows, and its deterministic row
     holds under it."""
-    path = _artifact(tmp_path / "id4.h5", np.eye(4), "identity")
+    path = prefix_artifact(tmp_path / "id4.h5", np.eye(4), "identity")
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
         sampler_for(path, examples=10, seed=1)
     with pytest.raises(MfcliError, match="cannot read its accounting records"):
@@ -497,7 +490,7 @@ def test_the_documented_training_loop_runs_and_resumes_exactly(tmp_path: Path, m
                      re.S)
     assert code is not None
     c = np.eye(8) + 0.5 * np.eye(8, k=-1)
-    path = _artifact(tmp_path / "run.h5", c, "banded2")
+    path = prefix_artifact(tmp_path / "run.h5", c, "banded2")
     _account(str(path), "--sigma", "2", "--sampling", "0.25", "--batching", "cyclic", "--min-sep", "2")
     monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "samplers_md"}

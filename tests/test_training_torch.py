@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.optimize import brentq
 from scipy.stats import binom, norm
-from training_cases import _artifact, make_arts
+from training_cases import make_arts, prefix_artifact
 from training_torch_cases import Indexed, _model, _setup
 
 from mfcli.errors import MfcliError
@@ -204,7 +204,7 @@ def test_wiring_refusals(arts, tmp_path: Path) -> None:
     with pytest.raises(MfcliError, match="has no accounting record 'nope'"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), Indexed(10), artifact=path, record="nope",
                      seed=1, clip_norm=1.0, loss_fn=F.cross_entropy)
-    bare = _artifact(tmp_path / "bare.h5", np.eye(4), "identity")
+    bare = prefix_artifact(tmp_path / "bare.h5", np.eye(4), "identity")
     with pytest.raises(MfcliError, match="has no accounting record; write one"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), Indexed(10), artifact=bare, seed=1,
                      clip_norm=1.0, loss_fn=F.cross_entropy)

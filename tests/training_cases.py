@@ -12,7 +12,8 @@ from mfcli.factorization import Factorization
 from mfcli.participation import FixedEpoch, MinSeparation
 
 
-def _artifact(path: Path, c: np.ndarray, name: str) -> Path:
+def prefix_artifact(path: Path, c: np.ndarray, name: str) -> Path:
+    """A dense prefix-sum artifact of strategy C (decoder A C^-1), written by the real writer."""
     n = c.shape[0]
     a = np.tril(np.ones((n, n)))
     save_artifact(path, Factorization(workload=a, strategy=c, decoder=a @ np.linalg.inv(c), causal=True),
@@ -33,9 +34,9 @@ def make_arts(d: Path) -> dict[str, tuple[Path, str]]:
     an epoch, 3 epochs); C = I with a deterministic 3-epoch record (fixed order, period 2); a
     2-banded C with a cyclic-Poisson record (2 groups, rate 0.5)."""
     n = 6
-    poisson = _artifact(d / "id6p.h5", np.eye(n), "identity")
-    fixed = _artifact(d / "id6f.h5", np.eye(n), "identity")
-    cyclic = _artifact(d / "band6.h5", np.eye(n) + 0.5 * np.eye(n, k=-1), "banded2")
+    poisson = prefix_artifact(d / "id6p.h5", np.eye(n), "identity")
+    fixed = prefix_artifact(d / "id6f.h5", np.eye(n), "identity")
+    cyclic = prefix_artifact(d / "band6.h5", np.eye(n) + 0.5 * np.eye(n, k=-1), "banded2")
     return {
         "poisson": (poisson, _record(poisson, sigma=2.0, sampling=0.5, settings=["dp-sgd"], batching="poisson")),
         "fixed-order": (fixed, _record(fixed, sigma=2.0, settings=["deterministic"], schema=FixedEpoch(epochs=3))),
