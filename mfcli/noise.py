@@ -78,6 +78,7 @@ import numpy as np
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
 from mfcli.memory import check_memory, default_max_memory
 from mfcli.operators import CHOICES, KINDS, DenseLowerTriangular, StreamingMatrix, select_operator
+from mfcli.validation import positive_int
 
 VARIANTS = CHOICES
 DTYPES = ("float32", "float64")
@@ -145,10 +146,9 @@ def check_dtype(dtype: Any) -> np.dtype:
 
 
 def check_dimension(d: Any) -> int:
-    """The number of model parameters d: a positive integer."""
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
-        raise MfcliError(f"d (the number of model parameters) must be a positive integer, got {d!r}")
-    return int(d)
+    """The number of model parameters d: a positive integer of at most
+    :data:`mfcli.validation.MAX_COUNT` (a larger one cannot be sized in floats)."""
+    return positive_int(d, "d (the number of model parameters)")
 
 
 def _fill_block(seed: int, j: int, block: int, out: np.ndarray) -> None:

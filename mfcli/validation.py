@@ -102,30 +102,6 @@ def one_of(value: Any, choices: tuple[str, ...], what: str) -> str:
     return str(value)
 
 
-def model_dimension(d: Any, *, floats_per_parameter: int = 1, itemsize: int = 8, max_bytes: int | None = None,
-                    what: str = "a noise stream") -> int:
-    """A number of model parameters ``d`` for a computation that keeps ``floats_per_parameter``
-    floats of ``itemsize`` bytes per parameter (a noise stream: one noise row, plus its band and
-    low-rank buffers): a positive integer whose state fits in ``max_bytes`` (default: the memory
-    limit of :func:`mfcli.memory.default_max_memory`, half the physical memory).
-
-    Why: ``d`` sizes every row the computation allocates; ``d = 10**13`` would ask for 80 TB at the
-    first step, so it is refused here, with the estimate, before anything is allocated.
-
-    Raises:
-        MfcliError: ``d`` is not a positive integer (or is past :data:`MAX_COUNT`).
-        mfcli.memory.MemoryLimitError: the state would not fit in ``max_bytes``.
-    """
-    from mfcli.memory import check_memory, default_max_memory
-
-    count = positive_int(d, "d (the number of model parameters)")
-    per = positive_int(floats_per_parameter, "floats_per_parameter") * positive_int(itemsize, "itemsize")
-    limit = default_max_memory() if max_bytes is None else max_bytes
-    check_memory(float(count) * per, limit, what=f"{what} for d = {count} parameters",
-                 way_forward="give the number of parameters of the model (or a smaller d per stream)")
-    return count
-
-
 def regular_file(path: Any, what: str = "file") -> Any:
     """``path`` as a :class:`pathlib.Path` if it names a regular file (a symbolic link to one
     resolves as usual); else :class:`~mfcli.errors.ArtifactError` saying what it is instead.
@@ -160,5 +136,5 @@ def regular_file(path: Any, what: str = "file") -> Any:
 
 
 
-__all__ = ["MAX_COUNT", "check_count_size", "model_dimension", "one_of", "positive_int", "positive_number",
+__all__ = ["MAX_COUNT", "check_count_size", "one_of", "positive_int", "positive_number",
            "regular_file", "shown_integer", "step_count"]

@@ -18,7 +18,6 @@ from mfcli.cli.app import app
 from mfcli.errors import MfcliError
 from mfcli.memory import MemoryLimitError
 from mfcli.plan import PLAN_MAX_N, TrainingSetup, probe_scheduler
-from mfcli.validation import model_dimension
 
 runner = CliRunner()
 TINY = ["plan", "--examples", "100", "--batch", "10", "--epochs", "1", "--workers", "0", "-q"]
@@ -177,24 +176,27 @@ def test_out_path_with_terminal_controls_is_shown_escaped(tmp_path, monkeypatch)
     assert "wrote run\\x1b[2J\\u202eevil.h5 with accounting record" in res.stdout
 
 
-# --- a noise stream's model dimension (validation.model_dimension) ----------------------------------
+# --- a noise stream's model dimension (noise.check_dimension, then the stream's memory budget) -------
 
 
-@pytest.mark.parametrize("d, floats, limit, ok", [
-    (10**13, 1, None, False),          # 80 TB of noise per row
-    (1000, 3, 24_000, True),           # exactly at the limit
-    (1000, 3, 23_999, False),
-    (10**6, 1, None, True),
+@pytest.mark.parametrize("d, ok", [
+    (10**13, False),          # the state alone: about 110 TiB
+    (10**6, True),
 ])
-def test_model_dimension_bound(d, floats, limit, ok):
+def test_model_dimension_bound(d, ok):
+    from mfcli.artifact import shipped_artifact
+    from mfcli.noise import noise_stream
+
     if ok:
-        assert model_dimension(d, floats_per_parameter=floats, max_bytes=limit) == d
+        assert noise_stream(shipped_artifact("prefix-n256"), kind="gradient", d=d, seed=1).d == d
     else:
-        with pytest.raises(MemoryLimitError, match=f"d = {d} parameters needs about"):
-            model_dimension(d, floats_per_parameter=floats, max_bytes=limit)
+        with pytest.raises(MemoryLimitError, match="needs about"):
+            noise_stream(shipped_artifact("prefix-n256"), kind="gradient", d=d, seed=1)
 
 
 @pytest.mark.parametrize("d", [0, -1, 2.5, "7", True, 10**400])
 def test_model_dimension_type_and_range(d):
-    with pytest.raises(MfcliError):
-        model_dimension(d)
+    from mfcli.noise import check_dimension
+
+    with pytest.raises(MfcliError, match=r"d \(the number of model parameters\)"):
+        check_dimension(d)
