@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from mfcli.accounting.calibrate import SIGMA_MAX, SIGMA_MIN, Calibration, calibrate_sigma
+from mfcli.accounting.calibrate import SIGMA_MAX, SIGMA_MIN, Calibration, TargetMetWithoutNoiseError, calibrate_sigma
 from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.validation import positive_int
@@ -235,6 +235,8 @@ class Skipped:
     key: str
     sampler: str
     reason: str
+    #: the calibration found the target met even at the smallest sigma searched
+    met_without_noise: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.key, "batch_sampler": self.sampler, "reason": self.reason}
@@ -548,7 +550,7 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
             b = _build_any(setup, cand)
             cal = _calibrate(setup, b, setup.epsilon)
         except MfcliError as exc:
-            return Skipped(cand.key, cand.sampler, str(exc))
+            return Skipped(cand.key, cand.sampler, str(exc), met_without_noise=isinstance(exc, TargetMetWithoutNoiseError))
         curve: list[tuple[float, float | None]] = []
         for eps in setup.curve:
             try:
@@ -1149,7 +1151,7 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
     done = [r for r in results if isinstance(r, CandidateResult)]
     failed = [r for r in results if isinstance(r, Skipped)]
     if not done:
-        loose = [f for f in failed if "no calibration needed" in f.reason]  # calibrate_sigma's "stays below"
+        loose = [f for f in failed if f.met_without_noise]
         if loose and len(loose) == len(failed):
             raise MfcliError(f"epsilon {setup.epsilon:g} is met by every candidate even with almost no noise (the "
                              f"calibration's smallest sigma is {SIGMA_MIN:g}; {loose[0].key}: {loose[0].reason}); "

@@ -20,6 +20,13 @@ from mfcli.errors import MfcliError
 from mfcli.progress import ProgressCallback, ProgressEvent
 from mfcli.validation import positive_number
 
+
+class TargetMetWithoutNoiseError(MfcliError):
+    """The target epsilon holds even at the smallest sigma searched: there is nothing to calibrate
+    (the target promises no meaningful privacy). A type of its own so that callers can tell it from
+    a target that cannot be met, without reading the message."""
+
+
 SIGMA_MIN = 1e-3
 SIGMA_MAX = 1e4
 
@@ -143,7 +150,7 @@ def calibrate_sigma(
         while eps(lo) <= target:
             hi, lo = lo, lo / 2
             if lo < SIGMA_MIN:
-                raise MfcliError(
+                raise TargetMetWithoutNoiseError(
                     f"epsilon stays below {target:g} even at sigma = {hi:.3g}; no calibration needed "
                     "(any sigma >= that works)"
                 )
