@@ -664,12 +664,18 @@ def held_epsilons(artifact: str | Path, record: str | None = None) -> tuple[str,
         MfcliError: as :func:`verified_record` (a record that does not verify is refused).
     """
     rid, check, subject = verified_record(artifact, record)
+    return rid, held_epsilons_of(check, subject)
+
+
+def held_epsilons_of(check: Any, subject: Any) -> dict[str, float]:
+    """:func:`held_epsilons` of a record :func:`verified_record` has already verified (its check
+    and subject), so that a caller holding them does not verify the record again."""
     claim = check.claim
     names = HELD_SETTINGS.get(claim.sampler, ())
     if claim.batching == "poisson" and "dp-sgd" in claim.settings \
             and _identity_operator(subject.operators[claim.operator], subject.n):
         names = (*names, "dp-sgd")
-    return rid, {name: float(claim.epsilons[name]) for name in names if name in claim.epsilons}
+    return {name: float(claim.epsilons[name]) for name in names if name in claim.epsilons}
 
 
 #: The most examples a sampler takes: every sampler holds (or draws, per step) one 8-byte number
@@ -766,6 +772,7 @@ __all__ = [
     "check_examples",
     "fixed_order_period",
     "held_epsilons",
+    "held_epsilons_of",
     "load_training_state",
     "sampler_for",
     "sampler_record",

@@ -218,25 +218,12 @@ def _settings(attrs: dict[str, Any]) -> list[str]:
     return [str(x) for x in (parsed if isinstance(parsed, list) else [parsed])]
 
 
-def verify(artifact: str | Path, record: str) -> None:
-    """Re-derive one record of an artifact from the artifact it sits in, by the one verifier of
-    every kind (:func:`mfcli.samplers.verified_record`: operator hash, schema, sampler, and every
-    event and epsilon recomputed), deeply (MMCC at every n), since training takes its sigma and
-    sampler from it.
-
-    Raises:
-        MfcliError: the record does not verify (naming the first problem), or is missing.
-    """
-    from mfcli.samplers import verified_record
-
-    verified_record(artifact, record)
-
-
-def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any]]:
-    """The record to train under: ``record`` by id; else the newest record that names a batch
-    sampler when the records that do all agree (:func:`mfcli.samplers.sampler_record`), else the
+def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any], tuple[Any, Any] | None]:
+    """The record to train under, its attributes and, when picking it verified it, the verifier's
+    (check, subject): ``record`` by id; else the newest record that names a batch sampler when the
+    records that do all agree (:func:`mfcli.samplers.verified_record`, which verifies it), else the
     newest record (deterministic participation)."""
-    from mfcli.samplers import accounting_records, sampler_record
+    from mfcli.samplers import accounting_records, verified_record
 
     records = accounting_records(path)
     if not records:
@@ -244,11 +231,12 @@ def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any]]:
     if record is not None:
         if record not in records:
             raise MfcliError(f"{path} has no accounting record {record!r}; it has {', '.join(records)}")
-        return record, records[record]
+        return record, records[record], None
     if any(a.get("batching") not in (None, "null") for a in records.values()):
-        return sampler_record(path)
+        rid, check, subject = verified_record(path)
+        return rid, records[rid], (check, subject)
     rid = list(records)[-1]
-    return rid, records[rid]
+    return rid, records[rid], None
 
 
 def training_record(artifact: str | Path, record: str | None = None, *, verify_record: bool = True) -> TrainingRecord:
@@ -259,13 +247,15 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
             schema has no fixed order (deterministic records).
     """
     from mfcli.participation import SingleParticipation, participation_from_json
-    from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons
+    from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
     from mfcli.structured import load_any_artifact
 
     path = Path(artifact)
-    rid, attrs = _pick(path, record)
-    if verify_record:
-        verify(path, rid)
+    # the record is re-derived once (deeply: MMCC too) and what it gave is reused below
+    rid, attrs, verified = _pick(path, record)
+    if verify_record and verified is None:
+        _, check, subject = verified_record(path, rid)
+        verified = (check, subject)
     n = int(load_any_artifact(path).n)
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     if sigma is None or delta is None:
@@ -289,7 +279,8 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
         sampler = str(batching)
         if sampler not in HELD_SETTINGS:
             raise MfcliError(f"accounting record {rid!r} names batch sampler {sampler!r}, which mfcli has no sampler for")
-        _, epsilons = held_epsilons(path, rid)
+        # held_epsilons verifies the record itself when it has not been verified above
+        epsilons = held_epsilons_of(*verified) if verified is not None else held_epsilons(path, rid)[1]
         period = _period(sampler, schema, n)
     if not epsilons:
         raise MfcliError(f"no row of accounting record {rid!r} of {path} holds under its {sampler} batch sampler; "
@@ -409,4 +400,4 @@ def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: floa
     return plan, str(written["record"]).rsplit("/", 1)[-1]
 
 
-__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "plan_and_write", "training_record", "verify"]
+__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "plan_and_write", "training_record"]
