@@ -12,8 +12,12 @@ local cores, or a Dask cluster) and :func:`rank` orders them.
 Setup: n = epochs * s steps, s = ceil(examples / batch) steps per epoch, sampling rate
 q = batch / examples.
 
-Units. sigma is the standard deviation of the Gaussian noise Z added to C G (G the clipped
-gradients, clip norm 1), for C as built; for DP-SGD (C = I) it is the noise multiplier. The
+Units. sigma (``noise_std``) is the standard deviation of the Gaussian noise Z added to C G (G the
+clipped gradients, clip norm 1), for C as built. The noise multiplier (the primary number, as
+Opacus and jax_privacy use it) is sigma / sensitivity, the sensitivity of that C under the
+participation the row's accounting assumes: the largest column norm (one participation) for the
+sampled rows (DP-SGD, BandMF under cyclic Poisson, the balls-in-bins rows), the fixed-epoch schema
+sensitivity for the fixed-order rows; for DP-SGD (C = I) both are sigma. The
 released iterates are A G + B Z with B = A C^-1 (the tree: its decoder), so the noise of the
 iterate at step t has standard deviation sigma ||B[t, :]|| per coordinate. ``rmse_mean`` is the
 root mean square of that over the n steps, sqrt(mean_t sigma^2 ||B[t, :]||^2), and ``rmse_max``
@@ -34,6 +38,7 @@ one thread), so every executor returns the same numbers; only ``seconds`` differ
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -72,16 +77,22 @@ SAMPLER_TEXT = {
 POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
 #: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
 WORKLOADS = ("prefix", "momentum")
-#: Largest n for which the dense multi-epoch optimum is solved. The solver's cost grows as n^3
-#: per iteration (docs/performance.md; n = 256 took 4.7 s here, 8x that per doubling), so larger
-#: setups use the structured strategies.
-DENSE_MAX_N = 512
-#: Largest n for which the tree and Honaker rows (dense decoders, O(n^2) memory) are built.
-TREE_MAX_N = 8192
+#: Largest n for which plan solves the dense multi-epoch optimum (the ``dense`` candidate). Not
+#: a memory limit (toeplitz.DENSE_MAX_N = 8192 is the largest n materialised as a dense matrix):
+#: a time limit. The solver's cost grows as n^3 per iteration (docs/performance.md; n = 256 took
+#: 4.7 s here, 8x that per doubling, so n = 512 about 40 s), so larger setups use the structured
+#: strategies, whose optimisers cost O(n b) per evaluation.
+DENSE_SOLVE_MAX_N = 512
+#: Largest n for which the tree and Honaker rows are built: their error is one n x s product and
+#: the written artifact a dense decoder, O(n^2) floats (8192^2 float64 = 512 MiB, the same bound
+#: as the dense matrices the accounting materialises, toeplitz.DENSE_MAX_N).
+TREE_DECODER_MAX_N = 8192
 #: Largest n for which ``--out`` writes a dense artifact, for the candidates that have no
 #: structured form (the dense optimum, the tree, Honaker) and for DP-SGD's identity; a candidate
 #: with a structured form (BandMF, banded Toeplitz, BLT) is written structured at every n, so that
 #: its noise stream runs its recursion (O(b d) per step) rather than a dense history (O(t d)).
+#: Why 1024: a dense artifact's stream keeps every row of Z, n floats per parameter (4 GiB for
+#: 10^6 parameters at n = 1024), and costs (n - 1) / 2 multiply-adds of d floats per step.
 DENSE_ARTIFACT_MAX_N = 1024
 #: Candidate kinds that are written as dense artifacts (no structured form).
 DENSE_ONLY_KINDS = ("dense", "tree", "honaker")
@@ -268,6 +279,24 @@ class CandidateResult:
     note: str = ""
     curve: tuple[tuple[float, float | None], ...] = ()
     noise_madds: float = 0.0
+    #: every guarantee computed for this row at ``sigma``, (accounting, epsilon); ``accounting`` is the
+    #: smallest (the balls-in-bins tree has two: its own bound and the DP-SGD reduction)
+    guarantees: tuple[tuple[str, float], ...] = ()
+    #: a certified upper bound on ||C||_2 of the C that runs (the DP-SGD reduction divides sigma by it)
+    spectral_norm: float | None = None
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma / sensitivity: the noise multiplier as Opacus and jax_privacy use it (the noise std
+        per unit of the C's sensitivity under the participation the row's accounting assumes)."""
+        return self.sigma / self.sensitivity
+
+    @property
+    def reduction_row(self) -> bool:
+        """A strategy other than DP-SGD and the tree accounted under balls-in-bins through the DP-SGD
+        reduction only (hidden from the default table: it never beats DP-SGD's own balls-in-bins row
+        at equal epsilon, docs/plan.md)."""
+        return self.sampler == "balls-in-bins" and self.kind not in ("dp-sgd", "tree", "honaker")
 
     def participation_text(self, n: int) -> str:
         """The participation the accounting assumes, in words."""
@@ -280,6 +309,11 @@ class CandidateResult:
 
         shuffled_dpsgd = (self.accounting, self.sampler) == ("dp-sgd", "shuffle")
         return neighbouring_of("shuffled-dp-sgd" if shuffled_dpsgd else self.accounting, self.sampler)
+
+    def reduced_noise_multiplier(self) -> float | None:
+        """sigma / ||C||_2 (certified upper bound): the noise multiplier of the DP-SGD the reduction
+        accounts (None without a spectral bound)."""
+        return None if self.spectral_norm is None else self.sigma / self.spectral_norm
 
     def numbers(self) -> tuple:
         """Everything but the wall time (what must agree between executors)."""
@@ -296,8 +330,11 @@ class CandidateResult:
             "participation": part, "batch_sampler": self.sampler,
             "batch_sampler_text": SAMPLER_TEXT[self.sampler], "accounting": self.accounting,
             "neighbouring": self.neighbouring(),
-            "sigma": self.sigma, "epsilon": self.epsilon, "sampling": self.sampling,
-            "sensitivity": self.sensitivity, "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,
+            "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon, "noise_std": self.sigma,
+            "sensitivity": self.sensitivity, "sampling": self.sampling,
+            "guarantees": [{"accounting": a, "epsilon": e} for a, e in self.guarantees],
+            "spectral_norm_upper": self.spectral_norm, "reduced_noise_multiplier": self.reduced_noise_multiplier(),
+            "rmse_mean": self.rmse_mean, "rmse_max": self.rmse_max,
             "stream_floats_per_param": self.memory_floats, "stream_bytes": self.memory_bytes,
             "noise_madds_per_step": self.noise_madds,
             "seconds": self.seconds, "adaptive": self.adaptive,
@@ -349,7 +386,7 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
                    f"{s} steps per epoch; at most {setup.max_groups} bands")
         offer(Candidate(f"bandmf-{k}", "bandmf", "cyclic", k), why)
     offer(Candidate("dense", "dense", "fixed-order"),
-          None if n <= DENSE_MAX_N else f"n = {n} > {DENSE_MAX_N}: the dense multi-epoch solve is too slow "
+          None if n <= DENSE_SOLVE_MAX_N else f"n = {n} > {DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow "
           "(n^3 per iteration); the banded Toeplitz and BLT rows stand in for it")
     for k in setup.band_counts():
         offer(Candidate(f"banded-{k}", "banded", "fixed-order", k))
@@ -361,11 +398,26 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             for smp in ("balls-in-bins", "fixed-order"):
                 offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
             continue
-        big = None if n <= TREE_MAX_N else f"n = {n} > {TREE_MAX_N}: the tree's dense decoder is not built"
+        big = None if n <= TREE_DECODER_MAX_N else f"n = {n} > {TREE_DECODER_MAX_N}: the tree's dense decoder is not built"
         offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
               big or (None if _pow2(s) else f"the balls-in-bins bound is for a tree on 2^L leaves; {s} steps per epoch "
                                             "is not a power of 2"))
         offer(Candidate(kind, kind, "fixed-order"), big)
+    if "balls-in-bins" in allowed:
+        # every other strategy under balls-in-bins, by the DP-SGD reduction: its C as built for its own
+        # sampler (BandMF for min-sep b, the others for the fixed-epoch schema)
+        if not _pow2(s):
+            skip.append(Skipped("every strategy (balls-in-bins)", "balls-in-bins",
+                                f"the balls-in-bins DP-SGD bound (and so the DP-SGD reduction under balls-in-bins) is "
+                                f"for 2^L steps per epoch; {s} steps per epoch is not a power of 2"))
+        else:
+            bib = [Candidate(f"bandmf-{k} (balls-in-bins)", "bandmf", "balls-in-bins", k) for k in setup.band_counts()]
+            bib.append(Candidate("dense (balls-in-bins)", "dense", "balls-in-bins"))
+            bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]
+            bib += [Candidate(f"blt-{k} (balls-in-bins)", "blt", "balls-in-bins", k) for k in setup.buffers]
+            for c in bib:
+                offer(c, None if c.kind != "dense" or n <= DENSE_SOLVE_MAX_N
+                      else f"n = {n} > {DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
@@ -432,6 +484,11 @@ class _Built:
     adaptive: bool = True
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: set when DP-SGD under balls-in-bins at noise multiplier sigma / bib_norm is a guarantee of this
+    #: row (1 for DP-SGD itself; the certified ||C||_2 for the DP-SGD reduction)
+    bib_norm: float | None = None
+    #: a certified upper bound on ||C||_2 (:func:`spectral_upper`)
+    spectral: float | None = None
 
 
 def banded_coefs(setup: TrainingSetup, k: int, schema: Participation) -> np.ndarray:
@@ -472,20 +529,16 @@ def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
     assert e is not None
     tw = toeplitz_of(setup)
     if cand.kind == "dp-sgd" and cand.sampler == "balls-in-bins":
-        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
-
         a = tw.coefs(n)
-        s = setup.steps_per_epoch
         return _Built("DP-SGD", "identity (C = I)", SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
-                      "balls-in-bins-dp-sgd", np.cumsum(a * a), 0, 1.0,
-                      eps_of_sigma=lambda sg: dpsgd_balls_in_bins(n=s, sigma=sg, delta=setup.delta, epochs=e).epsilon,
+                      "balls-in-bins-dp-sgd", np.cumsum(a * a), 0, 1.0, bib_norm=1.0, spectral=1.0,
                       adaptive=False,
                       note="the balls-in-bins DP-SGD bound assumes non-adaptive contributions (docs/accounting.md); "
                            "not recommended for training")
     if cand.kind == "dp-sgd":
         a = tw.coefs(n)
         return _Built("DP-SGD", "identity (C = I)", MinSeparation(separation=1), "dp-sgd", np.cumsum(a * a), 0, 1.0,
-                      sampling=setup.sampling, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
+                      sampling=setup.sampling, spectral=1.0, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
     if cand.kind == "bandmf":
         from mfcli.accounting.multi import reduced_dpsgd
         from mfcli.accounting.structured import banded_numbers
@@ -548,14 +601,18 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
     with threadpool_limits(1):
         try:
             b = _build_any(setup, cand)
-            cal = _calibrate(setup, b, setup.epsilon)
+            accounting, cal = _calibrate(setup, b, setup.epsilon)
+            guarantees = [(accounting, cal.epsilon)]
+            if b.bib_norm is not None and b.eps_of_sigma is not None:  # two guarantees: the other one at sigma
+                other = b.accounting if accounting == "dp-sgd-reduction" else "dp-sgd-reduction"
+                guarantees.append((other, _guarantee_at(setup, b, other, cal.sigma)))
         except MfcliError as exc:
             return Skipped(cand.key, cand.sampler, str(exc), met_without_noise=isinstance(exc, TargetMetWithoutNoiseError))
         curve: list[tuple[float, float | None]] = []
         for eps in setup.curve:
             try:
                 # epsilon falls roughly as 1 / sigma: start the search near the answer
-                c2 = cal if eps == setup.epsilon else _calibrate(setup, b, eps, start=cal.sigma * setup.epsilon / eps)
+                c2 = cal if eps == setup.epsilon else _calibrate(setup, b, eps, start=cal.sigma * setup.epsilon / eps)[1]
                 curve.append((eps, c2.sigma * math.sqrt(float(np.mean(b.row_sq)))))
             except MfcliError:
                 curve.append((eps, None))
@@ -564,11 +621,12 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
     floats, madds = stream_cost(cand.kind, b.memory_floats, setup.n)
     return CandidateResult(
         key=cand.key, kind=cand.kind, size=cand.size, mechanism=b.mechanism, strategy=b.strategy,
-        participation=b.participation, sampler=cand.sampler, accounting=b.accounting, sigma=sigma, epsilon=cal.epsilon,
+        participation=b.participation, sampler=cand.sampler, accounting=accounting, sigma=sigma, epsilon=cal.epsilon,
         sensitivity=b.sensitivity, sampling=b.sampling,
         rmse_mean=float(sigma * math.sqrt(float(np.mean(b.row_sq)))), rmse_max=float(np.max(rows)),
         memory_floats=floats, memory_bytes=4 * floats * setup.params, calibration=cal,
         seconds=time.perf_counter() - t0, adaptive=b.adaptive, note=b.note, curve=tuple(curve), noise_madds=madds,
+        guarantees=tuple(guarantees), spectral_norm=b.spectral,
     )
 
 
@@ -586,17 +644,65 @@ def stream_cost(kind: str, kept_floats: int, n: int) -> tuple[int, float]:
     return kept_floats, float(kept_floats)
 
 
-def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> Calibration:
+def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> tuple[str, Calibration]:
+    """(accounting, calibration): the smallest sigma at which one of the row's guarantees meets
+    ``target``. With several guarantees (the balls-in-bins tree: its own bound and the DP-SGD
+    reduction) each is calibrated on its own: each epsilon(sigma) is non-increasing, so the
+    smallest sigma where their minimum meets the target is the smallest of their calibrated
+    sigmas. Only guarantees (upper bounds) are calibrated on, never a bracket's lower end."""
+    cals: list[tuple[str, Calibration]] = []
+    errors: list[MfcliError] = []
     if b.gaussian:
-        return _scaled(_gaussian_unit(setup, target), b.sensitivity)
+        cals.append((b.accounting, _scaled(_gaussian_unit(setup, target), b.sensitivity)))
+    elif b.eps_of_sigma is not None:
+        try:
+            cals.append((b.accounting, calibrate_sigma(b.eps_of_sigma, target_epsilon=target, rel_tol=REL_TOL,
+                                                       sigma_start=start)))
+        except MfcliError as exc:
+            errors.append(exc)
+    if b.bib_norm is not None:
+        name = "dp-sgd-reduction" if b.accounting != "balls-in-bins-dp-sgd" else b.accounting
+        try:
+            cals.append((name, _scaled(bib_dpsgd_calibration(setup.steps_per_epoch, int(setup.epochs or 1),
+                                                             setup.delta, target), b.bib_norm)))
+        except MfcliError as exc:
+            errors.append(exc)
+    if not cals:
+        raise errors[0]
+    return min(cals, key=lambda x: x[1].sigma)
+
+
+@functools.lru_cache(maxsize=32)
+def bib_dpsgd_calibration(steps: int, epochs: int, delta: float, target: float) -> Calibration:
+    """The noise multiplier of DP-SGD under balls-in-bins (``steps`` = 2^L per epoch, ``epochs``
+    composed) that meets ``target``, calibrated on the guarantee of
+    :func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins` (the upper end of its bracket).
+    The DP-SGD reduction's epsilon depends on sigma / ||C||_2 only, so every strategy's
+    balls-in-bins row is this calibration scaled by its ||C||_2 bound: cached per process, so a
+    worker calibrates it once per target."""
+    from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+    return calibrate_sigma(lambda nm: dpsgd_balls_in_bins(n=steps, sigma=nm, delta=delta, epochs=epochs).epsilon,
+                           target_epsilon=target, rel_tol=REL_TOL)
+
+
+def _guarantee_at(setup: TrainingSetup, b: _Built, name: str, sigma: float) -> float:
+    """The epsilon of the row's guarantee ``name`` at ``sigma`` (for the JSON's ``guarantees``)."""
+    if name in ("dp-sgd-reduction", "balls-in-bins-dp-sgd"):
+        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+        assert b.bib_norm is not None
+        return float(dpsgd_balls_in_bins(n=setup.steps_per_epoch, sigma=sigma / b.bib_norm, delta=setup.delta,
+                                         epochs=int(setup.epochs or 1)).epsilon)
     assert b.eps_of_sigma is not None
-    return calibrate_sigma(b.eps_of_sigma, target_epsilon=target, rel_tol=REL_TOL, sigma_start=start)
+    return float(b.eps_of_sigma(sigma))
 
 
 def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
     """The tree or Honaker (online decoder) on s leaves, restarted every epoch. Honaker post-
     processes the same noisy nodes, so its privacy is the tree's; only the error differs."""
     from mfcli.accounting.balls_in_bins import tree_balls_in_bins
+    from mfcli.accounting.reduction import spectral_norm_bound
 
     n, e, s = setup.n, setup.epochs, setup.steps_per_epoch
     assert e is not None
@@ -617,19 +723,71 @@ def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
         return _Built(mech, what, SingleParticipation() if e == 1 else FixedEpoch(epochs=e), "balls-in-bins-tree",
                       row_sq, levels, math.sqrt(levels),
                       eps_of_sigma=lambda sg: tree_balls_in_bins(n=s, sigma=sg, delta=setup.delta, epochs=e).epsilon,
-                      adaptive=False,
+                      adaptive=False, bib_norm=spectral_norm_bound(c).upper, extra={"tree_encoder": c},
                       note="the balls-in-bins bound assumes non-adaptive contributions (docs/accounting.md); not "
                            "recommended for training")
     # fixed order: epoch blocks have disjoint rows, so the schema sensitivity is sqrt(e) times the column norm
     schema = fixed_schema(setup)
     return _Built(mech, what, schema, "single-pass" if e == 1 else "deterministic", row_sq, levels,
-                  math.sqrt(e * levels), gaussian=True)
+                  math.sqrt(e * levels), gaussian=True, extra={"tree_encoder": c})
 
 
 def _build_any(setup: TrainingSetup, cand: Candidate) -> _Built:
     if cand.kind in ("tree", "honaker"):
-        return _tree_built(setup, cand)
-    return _build(setup, cand)
+        b = _tree_built(setup, cand)
+    elif cand.sampler == "balls-in-bins" and cand.kind != "dp-sgd":
+        return _reduction_built(setup, cand)
+    else:
+        b = _build(setup, cand)
+    if b.spectral is None:
+        b.spectral = spectral_upper(setup, b)
+    return b
+
+
+def spectral_upper(setup: TrainingSetup, b: _Built) -> float:
+    """A certified upper bound on ||C||_2 of the candidate's C (:mod:`mfcli.accounting.reduction`):
+    a Toeplitz C (banded, BLT) by its symbol, or at n <= TOEPLITZ_CERTIFY_N the smallest of the
+    symbol and the eigenvalue certificate on the materialised C; the dense optimum and the tree's
+    per-epoch encoder (C = blockdiag of it, same norm) by ``spectral_norm_bound``."""
+    from mfcli.accounting.reduction import TOEPLITZ_CERTIFY_N, spectral_norm_bound, toeplitz_symbol_bound
+    from mfcli.toeplitz import materialize
+
+    n = setup.n
+    if "coefs" in b.extra or "blt" in b.extra:
+        coefs = np.asarray(b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(n))[:n]
+        if n <= TOEPLITZ_CERTIFY_N:
+            return float(spectral_norm_bound(materialize(coefs, n)).upper)
+        return float(toeplitz_symbol_bound(coefs))
+    if "factorization" in b.extra:
+        return float(spectral_norm_bound(np.asarray(b.extra["factorization"].strategy)).upper)
+    if "tree_encoder" in b.extra:
+        return float(spectral_norm_bound(b.extra["tree_encoder"]).upper)
+    raise MfcliError("no spectral bound for this candidate")  # pragma: no cover
+
+
+def column_norm(setup: TrainingSetup, b: _Built) -> float:
+    """The largest column norm of the candidate's C: its sensitivity for one participation."""
+    n = setup.n
+    if "coefs" in b.extra or "blt" in b.extra:
+        coefs = np.asarray(b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(n))[:n]
+        return float(np.linalg.norm(coefs))  # column j holds coefs[:n - j]: the first is the largest
+    c = np.asarray(b.extra["factorization"].strategy)
+    return float(np.linalg.norm(c, axis=0).max())
+
+
+def _reduction_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    """A strategy under balls-in-bins, by the DP-SGD reduction: its C built as for its own sampler
+    (BandMF under cyclic Poisson, the others under a fixed order), accounted as DP-SGD under
+    balls-in-bins at noise multiplier sigma / ||C||_2 (:mod:`mfcli.accounting.reduction`)."""
+    e = int(setup.epochs or 1)
+    home = _build(setup, replace(cand, sampler="cyclic" if cand.kind == "bandmf" else "fixed-order"))
+    norm = spectral_upper(setup, home)
+    return _Built(home.mechanism, home.strategy, SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
+                  "dp-sgd-reduction", home.row_sq, home.memory_floats, column_norm(setup, home), bib_norm=norm,
+                  spectral=norm, adaptive=False, extra=home.extra,
+                  note="the DP-SGD reduction under balls-in-bins: DP-SGD's balls-in-bins bound at sigma / ||C||_2, "
+                       "which assumes non-adaptive contributions; never more accurate than DP-SGD at equal epsilon "
+                       "(docs/plan.md); not recommended for training")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,8 +1095,9 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     the accounting session accounts from its parameters; the dense optimum, the tree and Honaker
     dense at n <= DENSE_ARTIFACT_MAX_N (DP-SGD's Poisson accounting needs no C, so C = I is
     written and re-accounted at any n)."""
-    if r.sampler == "balls-in-bins" and r.kind == "dp-sgd":
-        return False, "the balls-in-bins DP-SGD bound assumes non-adaptive contributions"
+    if r.sampler == "balls-in-bins" and r.kind not in ("tree", "honaker"):
+        return False, ("the balls-in-bins DP-SGD bound assumes non-adaptive contributions" if r.kind == "dp-sgd" else
+                       "its balls-in-bins guarantee (the DP-SGD reduction) assumes non-adaptive contributions")
     if r.kind in ("tree", "honaker"):
         if not isinstance(r.participation, SingleParticipation):
             return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
@@ -1010,7 +1169,8 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     is what the accounting session computes on the written file, as ``mfcli account`` would (a
     structured one from its parameters), and it must meet the target, or nothing is left behind.
 
-    Returns what was written (path, setting, sigma, sampling, epsilon, record group).
+    Returns what was written (path, setting, noise multiplier, noise std (the record's sigma), sampling,
+    epsilon, record group).
 
     Raises:
         MfcliError: the candidate has no artifact form, or re-accounting misses the target.
@@ -1089,27 +1249,115 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
     # directory lock (a concurrent writer of the same new file fails), fsync, then rename
     with atomic_path(target, force=force) as final:
         os.replace(tmp, final)
-    return {"artifact": str(target), "candidate": r.key, "setting": setting, "sigma": r.sigma, "sampling": sampling,
-            "batching": batching, "epsilon": eps, "record": group}
+    return {"artifact": str(target), "candidate": r.key, "setting": setting, "noise_multiplier": r.noise_multiplier,
+            "noise_std": r.sigma, "sampling": sampling, "batching": batching, "epsilon": eps, "record": group}
+
+
+def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[dict[str, Any]]:
+    """The epsilon that the other allowed batch samplers certify for ``r``'s artifact at the same
+    noise std (``r.sigma`` on C G as built), each a guarantee, with ``smaller`` when it is below
+    ``r.epsilon``:
+
+    * ``fixed-order`` (no sampling; each example once per epoch in its slot): the analytic Gaussian
+      at the C's fixed-epoch schema sensitivity (C = I: sqrt(epochs); BandMF's banded Toeplitz C:
+      ``toeplitz_sensitivity``);
+    * ``poisson``: the DP-SGD reduction, DP-SGD at sigma / ||C||_2 (certified) with Poisson rate q
+      for n steps;
+    * ``balls-in-bins`` (2^L steps per epoch): the DP-SGD reduction under balls-in-bins (and for the
+      tree its own balls-in-bins bound, the smaller); non-adaptive contributions only;
+    * ``cyclic``: a banded C with b <= the groups the setup allows, 2306.08153 Thm. 3 at b groups.
+
+    The shuffle sampler is not accounted here (its bounds need batch size 1). Computed for the
+    recommended row only (one accounting each)."""
+    from mfcli.accounting.single_pass import dpsgd, gaussian_epsilon
+
+    e, s, n = int(setup.epochs or 1), setup.steps_per_epoch, setup.n
+    out: list[dict[str, Any]] = []
+    built: list[_Built] = []
+
+    def operator() -> _Built:  # rebuilt as evaluate built it (only when a sampler needs the coefficients)
+        if not built:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(1):
+                built.append(_build_any(setup, Candidate(r.key, r.kind, r.sampler, r.size)))
+        return built[0]
+
+    def add(sampler: str, accounting: str, eps: float, participation: str, adaptive: bool = True) -> None:
+        from mfcli.accounting.session import neighbouring_of
+
+        out.append({"batch_sampler": sampler, "accounting": accounting, "epsilon": float(eps),
+                    "participation": participation, "neighbouring": neighbouring_of(accounting, sampler),
+                    "adaptive": adaptive, "smaller": bool(eps < r.epsilon)})
+
+    for sampler in setup.batching:
+        if sampler in (r.sampler, "shuffle"):
+            continue
+        try:
+            if sampler == "fixed-order" and r.kind in ("dp-sgd", "bandmf"):
+                schema = fixed_schema(setup)
+                if r.kind == "dp-sgd":
+                    sens = math.sqrt(e)  # C = I: one unit column per epoch, orthogonal
+                else:
+                    from mfcli.toeplitz import toeplitz_sensitivity
+
+                    sens = toeplitz_sensitivity(operator().extra["coefs"], n, schema).value
+                add(sampler, "single-pass" if e == 1 else "deterministic", gaussian_epsilon(setup.delta, sens / r.sigma),
+                    schema.describe(n))
+            elif sampler == "poisson" and r.spectral_norm is not None:
+                res = dpsgd(sigma=r.sigma / r.spectral_norm, sampling=setup.sampling, steps=n, delta=setup.delta,
+                            value_discretization=PLD_DISCRETIZATION)
+                add(sampler, "dp-sgd-reduction", res.epsilon, POISSON_PARTICIPATION["description"])
+            elif sampler == "balls-in-bins" and r.spectral_norm is not None and _pow2(s):
+                from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins, tree_balls_in_bins
+
+                words = SingleParticipation().describe(n) if e == 1 else FixedEpoch(epochs=e).describe(n)
+                eps = dpsgd_balls_in_bins(n=s, sigma=r.sigma / r.spectral_norm, delta=setup.delta, epochs=e).epsilon
+                name = "dp-sgd-reduction" if r.kind != "dp-sgd" else "balls-in-bins-dp-sgd"
+                if r.kind in ("tree", "honaker"):
+                    tree = tree_balls_in_bins(n=s, sigma=r.sigma, delta=setup.delta, epochs=e).epsilon
+                    if tree < eps:
+                        eps, name = tree, "balls-in-bins-tree"
+                add(sampler, name, eps, words, adaptive=False)
+            elif sampler == "cyclic" and r.kind == "banded" and (r.size or 1) <= setup.max_groups:
+                from mfcli.accounting.multi import reduced_dpsgd
+                from mfcli.accounting.structured import banded_numbers
+                from mfcli.toeplitz import BandedToeplitz
+
+                k = int(r.size or 1)
+                bands, col = banded_numbers(BandedToeplitz(operator().extra["coefs"]), n)
+                cyc = reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=MinSeparation(separation=k),
+                                    sigma=r.sigma, sampling=k * setup.sampling, delta=setup.delta,
+                                    value_discretization=PLD_DISCRETIZATION)
+                add(sampler, "cyclic-poisson", cyc.epsilon, MinSeparation(separation=k).describe(n))
+        except MfcliError:
+            continue  # that sampler's accounting does not apply to this artifact: no entry
+    return out
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The evaluated setup: ranked results, skipped candidates and the recommendation."""
+    """The evaluated setup: ranked results, skipped candidates and the recommendation;
+    ``other_samplers``: :func:`other_sampler_guarantees` of the recommendation."""
 
     setup: TrainingSetup
     ranked: tuple[CandidateResult, ...]
     skipped: tuple[Skipped, ...]
     recommended: CandidateResult | None
     seconds: float
+    other_samplers: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         n = self.setup.n
         return {
             "setup": self.setup.as_dict(),
-            "units": "sigma: noise std on C G for C as built (DP-SGD: the noise multiplier), clip norm 1; rmse_mean: "
-                     "sqrt(mean over steps of sigma^2 ||B[t,:]||^2), rmse_max: max over steps of sigma ||B[t,:]||, "
-                     "the noise of the released iterates per coordinate; stream_bytes: float32 floats kept x params",
+            "units": "noise_multiplier: noise_std / sensitivity (the noise multiplier of Opacus and jax_privacy); "
+                     "noise_std (sigma): the standard deviation of the noise on C G for C as built, clip norm 1 "
+                     "(calibration.sigma is the same number); sensitivity: of that C under the participation the "
+                     "row's accounting assumes (one participation for the sampled rows, the schema's for the "
+                     "fixed-order rows); rmse_mean: sqrt(mean over steps of sigma^2 ||B[t,:]||^2), rmse_max: max over "
+                     "steps of sigma ||B[t,:]||, the noise of the released iterates per coordinate; stream_bytes: "
+                     "float32 floats kept x params",
             "recommended": None if self.recommended is None else self.recommended.key,
             "candidates": [r.as_dict(n) for r in self.ranked],
             "skipped": [s.as_dict() for s in self.skipped],
@@ -1131,10 +1379,12 @@ class Plan:
                            "reason": not_recommended(x, n, max_stream_bytes=self.setup.max_stream_bytes)})
         if r is None:
             return {"epsilon": None, "candidate": None, "accounting": None, "batch_sampler": None, "sampling": None,
-                    "participation": None, "neighbouring": None, "delta": self.setup.delta, "passed_over": passed}
+                    "participation": None, "neighbouring": None, "noise_multiplier": None, "noise_std": None,
+                    "delta": self.setup.delta, "passed_over": passed, "other_samplers": []}
         return {"epsilon": r.epsilon, "candidate": r.key, "accounting": r.accounting, "batch_sampler": r.sampler,
                 "sampling": r.sampling, "participation": r.participation_text(n), "neighbouring": r.neighbouring(),
-                "delta": self.setup.delta, "passed_over": passed}
+                "noise_multiplier": r.noise_multiplier, "noise_std": r.sigma,
+                "delta": self.setup.delta, "passed_over": passed, "other_samplers": list(self.other_samplers)}
 
 
 def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, workers: int | None = None,
@@ -1162,12 +1412,14 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
                          "train fewer epochs")
     ranked = rank(done)
     best = recommend(ranked, setup.n, max_stream_bytes=setup.max_stream_bytes)
-    return Plan(setup, tuple(ranked), tuple(skipped + failed), best, time.perf_counter() - t0)
+    others = () if best is None else tuple(other_sampler_guarantees(setup, best))
+    return Plan(setup, tuple(ranked), tuple(skipped + failed), best, time.perf_counter() - t0, others)
 
 
 __all__ = [
-    "DENSE_MAX_N",
+    "DENSE_SOLVE_MAX_N",
     "SAMPLERS",
+    "TREE_DECODER_MAX_N",
     "Candidate",
     "CandidateResult",
     "Plan",
@@ -1177,6 +1429,7 @@ __all__ = [
     "evaluate",
     "make_plan",
     "not_recommended",
+    "other_sampler_guarantees",
     "rank",
     "recommend",
     "run_plan",

@@ -90,7 +90,9 @@ def test_no_candidate_under_a_sampler_not_allowed(allowed: tuple[str, ...]) -> N
         assert all(c.size <= setup.max_groups for c in cands if c.kind == "bandmf")
         assert any("bands need" in s.reason for s in skipped)
     if "balls-in-bins" in allowed:
-        assert {c.kind for c in cands if c.sampler == "balls-in-bins"} == {"tree", "honaker", "dp-sgd"}
+        # DP-SGD, the tree and Honaker by their own bounds, every other strategy by the DP-SGD reduction
+        assert {c.kind for c in cands if c.sampler == "balls-in-bins"} == {"tree", "honaker", "dp-sgd", "bandmf",
+                                                                          "dense", "banded", "blt"}
 
 
 def test_balls_in_bins_needs_a_power_of_two_epoch() -> None:
@@ -228,7 +230,8 @@ def test_cli_end_to_end_writes_the_recommended_artifact_and_account_reaccounts_i
     obj = json.loads(p.stdout)
     assert validate(obj, load_schema("plan")) == []
     bad = json.loads(p.stdout)
-    bad["candidates"][0]["sigma"] = "big"
+    assert obj["schema_version"] == 3  # plan's layout 3: noise_multiplier primary, noise_std secondary
+    bad["candidates"][0]["noise_multiplier"] = "big"
     assert validate(bad, load_schema("plan")) != []
     rmse = [c["rmse_mean"] for c in obj["candidates"]]
     assert rmse == sorted(rmse)
@@ -237,8 +240,8 @@ def test_cli_end_to_end_writes_the_recommended_artifact_and_account_reaccounts_i
     if plot is not None:
         assert plot.read_bytes()[:4] == b"\x89PNG"
     c, b, record = _read(out)
-    assert record["calibrated_setting"] == "deterministic" and float(record["sigma"]) == rec["sigma"]
-    q = subprocess.run([*CLI, "account", str(out), "--sigma", repr(rec["sigma"]),
+    assert record["calibrated_setting"] == "deterministic" and float(record["sigma"]) == rec["noise_std"]
+    q = subprocess.run([*CLI, "account", str(out), "--sigma", repr(rec["noise_std"]),
                         "--delta", repr(float(record["delta"])), "--json", "-q"],
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert q.returncode == 0, q.stderr
@@ -248,8 +251,9 @@ def test_cli_end_to_end_writes_the_recommended_artifact_and_account_reaccounts_i
     # the plan row names the relation its epsilon holds for, as account does for the same setting
     assert rec["neighbouring"] == acc["neighbouring"] == "add-remove"
     sens = brute_sensitivity(c, FixedEpoch(epochs=2))
-    assert gaussian_delta(2.0, sens, rec["sigma"]) <= 1e-6 * (1 + 1e-9)
-    assert rec["rmse_mean"] == pytest.approx(rec["sigma"] * math.sqrt(float(np.mean(np.sum(b * b, axis=1)))), rel=1e-6)
+    assert gaussian_delta(2.0, sens, rec["noise_std"]) <= 1e-6 * (1 + 1e-9)
+    assert rec["noise_multiplier"] == pytest.approx(rec["noise_std"] / sens, rel=1e-9)  # the schema sensitivity of C
+    assert rec["rmse_mean"] == pytest.approx(rec["noise_std"] * math.sqrt(float(np.mean(np.sum(b * b, axis=1)))), rel=1e-6)
 
 
 def test_cli_cyclic_artifact_reaccounted_by_account(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_structured_recommendation_is_reaccounted_by_account_and_verified_by_ins
         (rec_id,) = list(f["accounting"])
         rec = dict(f["accounting"][rec_id].attrs)
     sigma, delta = float(rec["sigma"]), float(rec["delta"])
-    assert sigma == plan["saved"]["sigma"] and delta == DELTA
+    assert sigma == plan["saved"]["noise_std"] and delta == DELTA
     # `mfcli account ART --sigma S <the recorded options>`
     opts = ["--sigma", repr(sigma), "--delta", repr(delta)]
     if batching == "cyclic":

@@ -71,9 +71,24 @@ def _bytes(b: int) -> str:
     return f"{b} B"  # pragma: no cover
 
 
-def rich_plan(plan: Any) -> Table:
-    """The ranked table: sigma and epsilon rounded up (a larger sigma and a larger epsilon are
-    the safe side), errors to 4 significant digits."""
+#: Layout version of ``plan --json`` (mfcli/schemas/plan.json). 3: each candidate's ``sigma`` became
+#: ``noise_std`` beside the new primary ``noise_multiplier`` (as in ``saved`` and ``report``); rows
+#: gained ``guarantees``, ``spectral_norm_upper`` and ``reduced_noise_multiplier``; the report
+#: gained ``other_samplers``; the accountings ``balls-in-bins-dp-sgd`` and ``dp-sgd-reduction``.
+PLAN_JSON_SCHEMA_VERSION = 3
+
+
+def shown_rows(plan: Any, all_rows: bool) -> list[tuple[int, Any]]:
+    """(rank, row) of the rows the table shows: every row with ``all_rows``, else all but the
+    strategies accounted under balls-in-bins by the DP-SGD reduction only (none of them can beat
+    DP-SGD's own balls-in-bins row at equal epsilon; docs/plan.md)."""
+    return [(i, r) for i, r in enumerate(plan.ranked, 1) if all_rows or not r.reduction_row]
+
+
+def rich_plan(plan: Any, all_rows: bool = False) -> Table:
+    """The ranked table: the noise multiplier and epsilon rounded up (more noise and a larger
+    epsilon are the safe side), errors to 4 significant digits; ``all_rows`` adds the hidden
+    balls-in-bins reduction rows and the noise std column."""
     s = plan.setup
     title = (f"mfcli plan: {s.examples} examples, batch {s.batch}, {s.epochs} epoch{'s' if s.epochs != 1 else ''} "
              f"(n = {s.n}, {s.steps_per_epoch} steps/epoch, q = {s.sampling:.4g}), {s.workload}"
@@ -84,24 +99,35 @@ def rich_plan(plan: Any) -> Table:
     t = Table(title=title, caption="RMSE: noise std of the released iterates per coordinate, clip norm 1 (mean = root "
               "mean square over steps); stream memory: float32 state of the noise stream the artifact runs, for "
               f"{s.params} parameter{'s' if s.params != 1 else ''}; noise cost: multiply-adds per parameter and step "
-              f"(mean over the run) beside one Gaussian draw; {neighbours}; * = recommended")
-    for col in ("#", "candidate", "mechanism", "batch sampler", "accounting", "sigma", "epsilon", "RMSE mean",
-                "RMSE max", "stream memory", "noise cost", "seconds"):
-        t.add_column(col, justify="right" if col in ("#", "sigma", "epsilon", "RMSE mean", "RMSE max", "noise cost", "seconds")
-                     else "left")
-    for i, r in enumerate(plan.ranked, 1):
+              f"(mean over the run) beside one Gaussian draw; {neighbours}; noise mult.: noise std on C G / "
+              "the C's sensitivity (the noise multiplier of Opacus and jax_privacy)"
+              + ("; noise std: on C G for C as built" if all_rows else "") + "; * = recommended")
+    cols = ["#", "candidate", "mechanism", "batch sampler", "accounting", "noise mult."] + (
+        ["noise std"] if all_rows else []) + ["epsilon", "RMSE mean", "RMSE max", "stream memory", "noise cost", "seconds"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("candidate", "mechanism", "batch sampler", "accounting",
+                                                    "stream memory") else "right")
+    for i, r in shown_rows(plan, all_rows):
         mark = "*" if plan.recommended is not None and r.key == plan.recommended.key else ""
+        std = [pessimistic(r.sigma, digits=5)] if all_rows else []
         t.add_row(f"{i}{mark}", r.key + (" (non-adaptive)" if not r.adaptive else ""), r.mechanism, r.sampler,
-                  r.accounting, pessimistic(r.sigma, digits=5), pessimistic(r.epsilon, digits=5),
+                  r.accounting, pessimistic(r.noise_multiplier, digits=5), *std, pessimistic(r.epsilon, digits=5),
                   f"{r.rmse_mean:.4g}", f"{r.rmse_max:.4g}", _bytes(r.memory_bytes), f"{r.noise_madds:.4g}",
                   f"{r.seconds:.1f}")
     return t
 
 
-def render_text(plan: Any, saved: dict | None) -> str:
+def render_text(plan: Any, saved: dict | None, all_rows: bool = False) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=200, color_system=None, soft_wrap=True).print(rich_plan(plan))
+    Console(file=buf, width=200, color_system=None, soft_wrap=True).print(rich_plan(plan, all_rows))
     lines = [buf.getvalue().rstrip("\n")]
+    hidden = [r for r in plan.ranked if r.reduction_row]
+    if hidden and not all_rows:
+        best = hidden[0]
+        lines.append(f"hidden: {len(hidden)} balls-in-bins row{'s' if len(hidden) != 1 else ''} of the other strategies "
+                     f"by the DP-SGD reduction (best: {best.key}, RMSE mean {best.rmse_mean:.4g}); at equal epsilon the "
+                     "reduction never beats DP-SGD's own balls-in-bins row (docs/plan.md); --all-rows shows them, "
+                     "--json lists every row")
     for sk in plan.skipped:
         lines.append(f"skipped {sk.key} ({sk.sampler}): {sk.reason}")
     from mfcli.plan import not_recommended
@@ -115,15 +141,30 @@ def render_text(plan: Any, saved: dict | None) -> str:
         r = plan.recommended
         rate = "" if r.sampling is None else f" at sampling rate {r.sampling!r}"
         lines.append(f"recommended: {r.key} ({r.strategy}); batch sampler {r.sampler}{rate}; {r.accounting} accounting "
-                     f"under {r.participation_text(plan.setup.n)}; sigma {pessimistic(r.sigma)} "
-                     f"(epsilon {pessimistic(r.epsilon)} <= {plan.setup.epsilon:g})")
+                     f"under {r.participation_text(plan.setup.n)}; noise multiplier {pessimistic(r.noise_multiplier)} "
+                     f"(noise std {pessimistic(r.sigma)} on C G, sensitivity {r.sensitivity:.6g}; epsilon "
+                     f"{pessimistic(r.epsilon)} <= {plan.setup.epsilon:g})")
     else:
         lines.append("recommended: none (no candidate's guarantee covers adaptive training with an artifact)")
     if saved is not None:
         lines.append(f"wrote {safe(saved['artifact'])} with accounting record {saved['record']} "
                      f"(epsilon {pessimistic(saved['epsilon'])} re-accounted on the artifact)")
-    lines.append(plan_report_line(plan.report()))
+    rep = plan.report()
+    lines += other_sampler_lines(rep)
+    lines.append(plan_report_line(rep))
     return "\n".join(lines) + "\n"
+
+
+def other_sampler_lines(rep: dict) -> list[str]:
+    """One line per other allowed batch sampler that certifies a smaller epsilon for the
+    recommended artifact at the same noise (``report.other_samplers``), epsilon rounded up."""
+    lines = []
+    for o in rep.get("other_samplers", []):
+        if o["smaller"]:
+            caveat = "" if o["adaptive"] else ", non-adaptive contributions only"
+            lines.append(f"another batch sampler certifies less for this artifact at the same noise: {o['batch_sampler']} "
+                         f"({o['accounting']}, {o['participation']}{caveat}): epsilon <= {pessimistic(float(o['epsilon']))}")
+    return lines
 
 
 def plan_report_line(rep: dict) -> str:
@@ -137,7 +178,7 @@ def plan_report_line(rep: dict) -> str:
     rel = NEIGHBOURING_WORDS.get(str(rep["neighbouring"]), str(rep["neighbouring"]))
     return (f"report: epsilon <= {pessimistic(float(rep['epsilon']))} (delta = {float(rep['delta']):g}, "
             f"{rep['candidate']} with {rep['accounting']} accounting, batch sampler {rep['batch_sampler']}{rate}, "
-            f"{rep['participation']}, {rel})")
+            f"{rep['participation']}, {rel}, noise multiplier {pessimistic(float(rep['noise_multiplier']))})")
 
 
 def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
@@ -202,6 +243,9 @@ def plan(
         None, "--buffers", callback=BUFFERS_RANGE, help="BLT buffer counts to try (repeat; default 2 and 4)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the recommended artifact here, with its accounting record."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (mfcli/schemas/plan.json)."),
+    all_rows: bool = typer.Option(
+        False, "--all-rows", help="Show every row: also the balls-in-bins rows of the strategies accounted by the "
+        "DP-SGD reduction, and the noise std column."),
     plot: Path | None = typer.Option(None, "--plot", help="Write RMSE against epsilon for every candidate to this PNG."),
     scheduler: str | None = typer.Option(
         None, "--scheduler", help="Run the calibrations on this Dask scheduler (needs the dask extra)."),
@@ -262,9 +306,11 @@ def plan(
         if saved is not None:
             payload["saved"] = saved
         rep = payload.pop("report")  # the number to report comes last, with the line the table ends with
-        payload["report"] = {**rep, "line": plan_report_line(rep)}
-        sys.stdout.write(json.dumps(envelope("plan", **payload), indent=2) + "\n")
+        payload["report"] = {**rep, "other_lines": other_sampler_lines(rep), "line": plan_report_line(rep)}
+        obj = envelope("plan", **payload)
+        obj["schema_version"] = PLAN_JSON_SCHEMA_VERSION
+        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
         sys.stdout.flush()
         return
-    sys.stdout.write(render_text(result, saved))
+    sys.stdout.write(render_text(result, saved, all_rows))
     sys.stdout.flush()
