@@ -363,8 +363,16 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
     out: list[Candidate] = []
     skip: list[Skipped] = []
 
+    # every balls-in-bins bound here (DP-SGD's, the tree's, and so the DP-SGD reduction of every
+    # other strategy) is for 2^L steps per epoch: otherwise one line says so for all of them
+    bib_ok = _pow2(s)
+    if "balls-in-bins" in allowed and not bib_ok:
+        skip.append(Skipped("every candidate (balls-in-bins)", "balls-in-bins",
+                            "the balls-in-bins bounds (DP-SGD's, the tree's, and so the DP-SGD reduction of every other "
+                            f"strategy) are for 2^L steps per epoch; {s} steps per epoch is not a power of 2"))
+
     def offer(c: Candidate, why_not: str | None = None) -> None:
-        if c.sampler not in allowed:
+        if c.sampler not in allowed or (c.sampler == "balls-in-bins" and not bib_ok):
             return
         if why_not is None:
             out.append(c)
@@ -372,9 +380,7 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             skip.append(Skipped(c.key, c.sampler, why_not))
 
     offer(Candidate("dp-sgd", "dp-sgd", "poisson"))
-    offer(Candidate("dp-sgd (balls-in-bins)", "dp-sgd", "balls-in-bins"),
-          None if _pow2(s) else f"the balls-in-bins DP-SGD bound is for 2^L steps per epoch; {s} steps per epoch is "
-                                "not a power of 2")
+    offer(Candidate("dp-sgd (balls-in-bins)", "dp-sgd", "balls-in-bins"))
     offer(Candidate("dp-sgd (shuffle)", "dp-sgd", "shuffle"),
           "the shuffled DP-SGD bound (Feldman-McMillan-Talwar) covers one epoch of batch size 1 with "
           f"replace-one neighbours; this setup has batch {setup.batch} and {e} epoch{'s' if e != 1 else ''}, and the "
@@ -399,18 +405,12 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
                 offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
             continue
         big = None if n <= TREE_DECODER_MAX_N else f"n = {n} > {TREE_DECODER_MAX_N}: the tree's dense decoder is not built"
-        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
-              big or (None if _pow2(s) else f"the balls-in-bins bound is for a tree on 2^L leaves; {s} steps per epoch "
-                                            "is not a power of 2"))
+        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"), big)
         offer(Candidate(kind, kind, "fixed-order"), big)
     if "balls-in-bins" in allowed:
         # every other strategy under balls-in-bins, by the DP-SGD reduction: its C as built for its own
         # sampler (BandMF for min-sep b, the others for the fixed-epoch schema)
-        if not _pow2(s):
-            skip.append(Skipped("every strategy (balls-in-bins)", "balls-in-bins",
-                                f"the balls-in-bins DP-SGD bound (and so the DP-SGD reduction under balls-in-bins) is "
-                                f"for 2^L steps per epoch; {s} steps per epoch is not a power of 2"))
-        else:
+        if bib_ok:
             bib = [Candidate(f"bandmf-{k} (balls-in-bins)", "bandmf", "balls-in-bins", k) for k in setup.band_counts()]
             bib.append(Candidate("dense (balls-in-bins)", "dense", "balls-in-bins"))
             bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]

@@ -194,7 +194,8 @@ def test_not_a_power_of_two_skips_the_reduction_rows_in_one_line() -> None:
     setup = TrainingSetup(**{**SMALL, "batching": ("balls-in-bins", "fixed-order")})
     cands, skipped = enumerate_candidates(setup)
     assert all(c.sampler == "fixed-order" for c in cands)
-    assert [s.key for s in skipped if s.key == "every strategy (balls-in-bins)"] == ["every strategy (balls-in-bins)"]
+    assert [s.key for s in skipped if s.sampler == "balls-in-bins"] == ["every candidate (balls-in-bins)"]
+    assert "10 steps per epoch is not a power of 2" in skipped[0].reason
 
 
 # ---------------------------------------------------------------------------------------------

@@ -256,10 +256,12 @@ def plan(
     """Rank the mechanisms valid for a training setup at one privacy target and write the best.
 
     Every candidate (DP-SGD, BandMF under cyclic Poisson, the dense multi-epoch optimum, banded
-    Toeplitz and BLT under a fixed order, the tree and Honaker) is calibrated under the
-    accounting valid for its batch sampler; the table is ranked by mean RMSE of the released
-    iterates (near-ties within 0.5%: the cheaper noise stream). --out writes the recommended one with its accounting
-    record (the account --write format)."""
+    Toeplitz and BLT under a fixed order, the tree and Honaker; under balls-in-bins every one of
+    them, by the DP-SGD reduction) is calibrated under the accounting valid for its batch sampler;
+    the table shows its noise multiplier (noise std / the C's sensitivity) and is ranked by mean
+    RMSE of the released iterates (near-ties within 0.5%: the cheaper noise stream). --out writes
+    the recommended one with its accounting record (the account --write format). The output ends
+    with the epsilon to report."""
     from mfcli.artifact import check_output_path
     from mfcli.memory import parse_size
     from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
