@@ -51,6 +51,7 @@ import numpy as np
 
 from mfcli import toeplitz as _toeplitz
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.limits import BLT_MAX_N
 from mfcli.participation import (
     FixedEpoch,
     MinSeparation,
@@ -62,8 +63,8 @@ from mfcli.validation import step_count
 
 #: The most buffers a BLT may have (near-optimality needs O(log n); 2404.16706 Conj. 9.1).
 MAX_BUFFERS = 32
-#: The largest n the O(n d) routines accept (memory: a few float64 vectors of length n).
-MAX_STEPS = 10**8
+#: The largest n the BLT routines accept (:data:`mfcli.limits.BLT_MAX_N`, with its reason).
+MAX_STEPS = BLT_MAX_N
 #: Relative tolerance within which a sensitivity witness is taken to attain the bound.
 EXACT_RTOL = 1e-10
 ERRORS = ("max", "mean")
@@ -346,6 +347,18 @@ def _check_n(n: Any) -> int:
     if n > MAX_STEPS:
         raise MfcliError(f"n must be at most {MAX_STEPS}, got {n}")
     return n
+
+
+def check_buffers(buffers: Any, n: int | None = None) -> int:
+    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and (given n) buffers < n. The one
+    validator of a buffer count (:func:`optimize_blt`, ``--buffers`` of the CLI): messages name
+    the parameter, not a flag."""
+    k = step_count(buffers, name="buffers")
+    if k > MAX_BUFFERS:
+        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {k}")
+    if n is not None and k >= n:
+        raise MfcliError(f"buffers = {k} must be below the number of steps n = {n}")
+    return k
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -1036,9 +1049,7 @@ def optimize_blt(
     n = _check_n(n)
     if n < 2:
         raise MfcliError(f"n must be at least 2 to optimise a BLT, got {n}")
-    buffers = step_count(buffers, name="buffers")
-    if buffers > MAX_BUFFERS:
-        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {buffers}")
+    buffers = check_buffers(buffers)
     if error not in ERRORS:
         raise MfcliError(f"error must be one of {', '.join(ERRORS)}, got {error!r}")
     starts = step_count(starts, name="starts")
@@ -1300,6 +1311,7 @@ __all__ = [
     "BltNoiseStream",
     "BltOptimum",
     "BufferedToeplitz",
+    "check_buffers",
     "optimize_blt",
     "quadrature_start",
     "toeplitz_workload",

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.limits import STRUCTURED_DENSE_MAX_N, STRUCTURED_MAX_N
 from mfcli.participation import (
     EXACT_RTOL,
     FixedEpoch,
@@ -62,14 +63,14 @@ from mfcli.participation import (
 )
 from mfcli.validation import step_count
 
-#: The most steps a structured strategy is evaluated or optimised for (O(n) memory per vector).
-MAX_STRUCTURED_N = 10_000_000
+#: The most steps a structured strategy is evaluated or optimised for (:mod:`mfcli.limits`).
+MAX_STRUCTURED_N = STRUCTURED_MAX_N
 
 #: The most bands a banded Toeplitz strategy may have.
 MAX_BANDS = 4096
 
-#: Above this n, a structured strategy refuses to build its dense n x n matrix.
-DENSE_MAX_N = 8192
+#: Above this n, a structured strategy refuses to build its dense n x n matrix (:mod:`mfcli.limits`).
+DENSE_MAX_N = STRUCTURED_DENSE_MAX_N
 
 #: Above k x len(c) multiply-adds, the pattern vector v is formed by FFT convolution; its result
 #: is then raised by this relative slack so that the printed upper bound stays an upper bound.

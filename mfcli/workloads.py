@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.limits import DENSE_MAX_N
 from mfcli.validation import step_count
 
-#: Largest n mfcli accepts. The dense solver keeps about eight n x n float64 matrices alive
-#: (n = 8192: about 4 GiB), which is what a 24 GiB machine can hold next to other work.
-MAX_N = 8192
+#: Largest n of a dense workload (:data:`mfcli.limits.DENSE_MAX_N`, with its reason).
+MAX_N = DENSE_MAX_N
 
 WORKLOAD_NAMES = ("prefix", "momentum", "custom")
 SCHEDULE_NAMES = ("constant", "step-decay", "cooldown")

@@ -341,3 +341,25 @@ def test_against_jax_privacy_when_installed():
     jp = bt.optimize(n=n, error="max", min_buffers=3, max_buffers=3)
     jp_loss = BufferedToeplitz(theta=np.asarray(jp.buf_decay), omega=np.asarray(jp.output_scale)).loss(n)
     assert optimize_blt(n=n, buffers=3).loss <= jp_loss * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(("buffers", "n", "message"), [
+    (0, None, "buffers must be at least 1"),
+    (33, None, "at most 32"),
+    (3, 3, "below the number of steps n = 3"),
+])
+def test_check_buffers_is_the_one_validator(buffers, n, message):
+    """blt.check_buffers refuses what optimize_blt and --buffers refuse, naming the parameter."""
+    from mfcli.blt import check_buffers
+
+    with pytest.raises(MfcliError, match=message):
+        check_buffers(buffers, n)
+    if n is None:
+        with pytest.raises(MfcliError, match=message):
+            optimize_blt(n=50, buffers=buffers)
+
+
+def test_check_buffers_accepts_the_range():
+    from mfcli.blt import MAX_BUFFERS, check_buffers
+
+    assert [check_buffers(k, 40) for k in (1, MAX_BUFFERS)] == [1, MAX_BUFFERS]

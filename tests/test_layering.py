@@ -38,7 +38,6 @@ ALLOWED_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     ("mfcli.accounting.session", "mfcli.accounting.structured"),  # structured inputs handed over
     ("mfcli.accounting.session", "mfcli.accounting.records"),  # the record writer beside the verifier
     ("mfcli.accounting.session", "mfcli.accounting.cost"),  # the calibration estimate
-    ("mfcli.cli.common", "mfcli.cli.structured_render"),  # the --buffers check named by string
 })
 
 

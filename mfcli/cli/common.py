@@ -379,7 +379,7 @@ def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).
 BETA_RANGE = in_range("--beta", library_check("mfcli.workloads", "check_beta"))
 BANDS_RANGE = in_range("--bands", library_check("mfcli.toeplitz", "check_bands"))
-BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.cli.structured_render", "check_buffers"))
+BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.blt", "check_buffers"))
 SIGMA_RANGE = in_range("--sigma", library_check("mfcli.accounting.single_pass", "check_sigma"))
 DELTA_RANGE = in_range("--delta", library_check("mfcli.accounting.single_pass", "check_delta"))
 SAMPLING_RANGE = in_range("--sampling", library_check("mfcli.accounting.single_pass", "check_sampling"))

@@ -286,7 +286,8 @@ def optimize_structured(
     """Optimise a structured strategy, write its artifact, print the recomputed numbers.
     ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
     from mfcli.artifact import check_output_path
-    from mfcli.cli.structured_render import check_buffers, render_structured
+    from mfcli.blt import check_buffers
+    from mfcli.cli.structured_render import render_structured
     from mfcli.structured import load_structured_artifact, save_structured_artifact
     from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
