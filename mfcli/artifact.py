@@ -838,3 +838,84 @@ def is_shipped_artifact(path: str | Path) -> bool:
         except (OSError, MfcliError):
             continue
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the optimisers and workloads are read from or written to (they open none themselves)
+
+
+def load_workload_matrix(path: str | Path) -> np.ndarray:
+    """The workload matrix A stored in a dense mfcli artifact (``--matrix file.h5`` of a custom
+    workload), read and verified by :func:`load_artifact`."""
+    return np.array(load_artifact(Path(path)).factorization.workload)
+
+
+def strategy_from_artifact(path: str | Path, workload: Any) -> Any:
+    """A stored factorization (``mfcli optimize`` or ``mfcli compare --save-strategy``), checked
+    against ``workload`` (a :class:`~mfcli.workloads.Workload` or its matrix): same n and the
+    same A (relative difference <= 1e-9). Returns a :class:`mfcli.strategies.Strategy`."""
+    from mfcli.strategies import Strategy, is_causal_in_release_order
+    from mfcli.workloads import Workload
+
+    art = load_artifact(path)
+    a = workload.matrix if isinstance(workload, Workload) else np.asarray(workload, dtype=np.float64)
+    n = a.shape[0]
+    if art.n != n:
+        raise MfcliError(f"artifact {path} has n = {art.n}, the table's workload has n = {n}")
+    stored = art.factorization.workload
+    diff = float(np.max(np.abs(stored - a)))
+    scale = float(np.max(np.abs(a)))
+    if not diff <= 1e-9 * scale:
+        raise MfcliError(
+            f"artifact {path} was made for a different workload ({art.workload_name} "
+            f"{art.attrs.get('workload_params', {})}); max |A difference| = {diff:.3g}"
+        )
+    fact = art.factorization
+    release = None
+    info = art.groups.get("baseline", {}).get("datasets", {})
+    if "release_steps" in info:
+        release = np.asarray(info["release_steps"], dtype=np.int64)
+    if fact.m != fact.n and release is None:
+        raise MfcliError(f"artifact {path} has a non-square strategy but no baseline/release_steps")
+    if fact.causal:
+        r = np.arange(n) if release is None else release
+        if not is_causal_in_release_order(strategy=fact.strategy, decoder=fact.decoder, release_steps=r):
+            raise MfcliError(f"artifact {path} is marked causal but is not lower-triangular in release order")
+    solver = art.attrs.get("solver") or None
+    desc = f"{art.strategy_name} from {Path(path).name}"
+    if isinstance(solver, dict) and "gap" in solver:
+        desc += f" (gap {solver['gap']:.1e})"
+    return Strategy(
+        art.strategy_name, fact, bool(fact.causal), desc, release_steps=release, source=str(path),
+        solver=solver if isinstance(solver, dict) else None,
+    )
+
+
+def save_strategy(
+    path: str | Path,
+    strategy: Any,
+    *,
+    workload_name: str,
+    workload_params: Mapping[str, Any] | None = None,
+    command: str = "",
+    force: bool = False,
+    participation: Participation | None = None,
+) -> str:
+    """Write a strategy as a format-v1 artifact (atomically), so a baseline can be trained with
+    and accounted like the optimum. The release order goes into group ``baseline`` (dataset
+    ``release_steps``, checksummed); ``participation`` (a schema other than None) is stored as the
+    artifact's ``participation`` attribute. Returns the file's SHA-256."""
+    groups = {
+        "baseline": {
+            "datasets": {"release_steps": np.asarray(strategy.release_steps, dtype=np.float64)},
+            "attrs": {
+                "description": strategy.description,
+                "release_order": "row i of C is released at step release_steps[i]; leaf first, then ancestors bottom-up",
+            },
+        }
+    }
+    return save_artifact(
+        path, strategy.factorization, workload_name=workload_name, workload_params=workload_params,
+        strategy_name=strategy.name, solver=strategy.solver, command=command, groups=groups, force=force,
+        participation=participation,
+    )

@@ -1058,7 +1058,8 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
     from mfcli.accounting import session
 
     if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= DENSE_ARTIFACT_MAX_N):
-        from mfcli.strategies import Strategy, save_strategy
+        from mfcli.artifact import save_strategy
+        from mfcli.strategies import Strategy
 
         st = _dense_strategy(setup, r)
         if isinstance(st, tuple):

@@ -23,9 +23,6 @@ ALLOWED_UPWARD: frozenset[tuple[str, str]] = frozenset({
     ("mfcli.toeplitz", "mfcli.noise"),
     ("mfcli.toeplitz", "mfcli.structured"),
     ("mfcli.noise", "mfcli.samplers"),
-    ("mfcli.solver", "mfcli.artifact"),
-    ("mfcli.strategies", "mfcli.artifact"),
-    ("mfcli.workloads", "mfcli.artifact"),
     ("mfcli.structured", "mfcli.accounting.structured"),
     ("mfcli.structured", "mfcli.compare"),
 })

@@ -459,6 +459,12 @@ def workload_kwargs(
         f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
     )
     given = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last, "matrix_file": matrix}
+    if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
+            and matrix.stat().st_size > 0:
+        # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
+        from mfcli.artifact import load_workload_matrix
+
+        given["matrix"] = load_workload_matrix(matrix)
     return {k: v for k, v in given.items() if v is not None}
 
 
