@@ -290,6 +290,17 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
                           participation=participation, epsilons=epsilons, attrs=dict(attrs))
 
 
+def record_stream(rec: TrainingRecord, *, d: int, seed: int, dtype: Any = "float32") -> Any:
+    """The gradient noise stream of the operator ``rec`` accounted (:func:`mfcli.noise.noise_stream`
+    with ``accounted=``): its ``sigma`` scales these rows. ``rec`` comes from
+    :func:`training_record`, which verified the record (unless told not to)."""
+    from mfcli.noise import noise_stream
+    from mfcli.samplers import accounted_operator
+
+    return noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype,
+                        accounted=accounted_operator(rec.record, rec.attrs))
+
+
 def _steps_per_epoch(sampler: str, period: int | None, sampling: float | None) -> int | None:
     if sampler in ("poisson", "cyclic"):
         if not sampling:
