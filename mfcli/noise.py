@@ -793,8 +793,7 @@ def noise_stream(
         MemoryLimitError: the state would exceed ``max_memory`` (the message names the estimate
             and the structured or compressed alternative).
     """
-    from mfcli.artifact import Artifact
-    from mfcli.structured import StructuredArtifact, load_any_artifact
+    from mfcli.artifact import Artifact, StructuredArtifact, load_any_artifact
 
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
     if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, (int, np.integer))

@@ -1067,7 +1067,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
         save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
                       command=command, force=True, participation=schema)
     else:
-        from mfcli.structured import save_structured_artifact
+        from mfcli.artifact import save_structured_artifact
 
         save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
                                  participation=schema, command=command, force=True)

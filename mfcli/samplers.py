@@ -574,7 +574,7 @@ def verified_record(artifact: str | Path, record: str | None = None) -> tuple[st
             problem; ``mfcli inspect`` lists all).
     """
     from mfcli.accounting.records import RECORD_FORMAT, read_records, subject_of, verify_record
-    from mfcli.structured import load_any_artifact
+    from mfcli.artifact import load_any_artifact
 
     path = Path(artifact)
     every = read_records(path)

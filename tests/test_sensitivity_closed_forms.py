@@ -32,13 +32,12 @@ from structured_oracles import blt_dense, dense_workload
 from typer.testing import CliRunner
 
 import mfcli.blt as blt_mod
-from mfcli.artifact import dataset_sha256
+from mfcli.artifact import dataset_sha256, load_structured_artifact, save_structured_artifact
 from mfcli.blt import BufferedToeplitz, _loss_and_grad_general, toeplitz_workload
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
 from mfcli.participation import sensitivity as dense_sensitivity
-from mfcli.structured import load_structured_artifact, save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, toeplitz_sensitivity
 from mfcli.toeplitz import toeplitz_workload as tp_workload
 

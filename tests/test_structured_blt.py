@@ -16,18 +16,18 @@ import pytest
 from structured_oracles import blt_coefs, blt_dense, dense_workload
 from typer.testing import CliRunner
 
-from mfcli.artifact import dataset_sha256
+from mfcli.artifact import (
+    StructuredArtifact,
+    dataset_sha256,
+    load_any_artifact,
+    load_structured_artifact,
+    save_structured_artifact,
+)
 from mfcli.blt import optimize_blt
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.noise import noise_stream
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.structured import (
-    StructuredArtifact,
-    load_any_artifact,
-    load_structured_artifact,
-    save_structured_artifact,
-)
 from mfcli.toeplitz import toeplitz_workload
 
 from noise_oracles import philox_z

@@ -482,7 +482,7 @@ def artifact_argument(path: _Path) -> _Path:
 def refuse_structured(path: _Path, use: str) -> None:
     """Refuse, in CLI terms, a structured artifact (banded Toeplitz, BLT: no n x n matrices) where
     ``use`` needs a dense one; the library's own refusal names a Python reader instead."""
-    from mfcli.structured import is_structured_file
+    from mfcli.artifact import is_structured_file
 
     if is_structured_file(path):
         raise MfcliError(f"{path} holds a structured strategy (banded Toeplitz or BLT, no dense matrices); {use} "

@@ -285,10 +285,9 @@ def optimize_structured(
 ) -> None:
     """Optimise a structured strategy, write its artifact, print the recomputed numbers.
     ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
-    from mfcli.artifact import check_output_path
+    from mfcli.artifact import check_output_path, load_structured_artifact, save_structured_artifact
     from mfcli.blt import check_buffers
     from mfcli.cli.structured_render import render_structured
-    from mfcli.structured import load_structured_artifact, save_structured_artifact
     from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
     refuse_unless(n is not None, f"--strategy {strategy} needs --n")

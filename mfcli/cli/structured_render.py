@@ -13,7 +13,7 @@ from mfcli.cli.rounding import pessimistic
 from mfcli.participation import schema_dict
 
 if TYPE_CHECKING:
-    from mfcli.structured import StructuredArtifact
+    from mfcli.artifact import StructuredArtifact
 
 
 def check_buffers(buffers: Any, n: int | None = None) -> int:

@@ -246,9 +246,9 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
         MfcliError: no such record; it does not verify; it holds no epsilon for its sampler; its
             schema has no fixed order (deterministic records).
     """
+    from mfcli.artifact import load_any_artifact
     from mfcli.participation import SingleParticipation, participation_from_json
     from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
-    from mfcli.structured import load_any_artifact
 
     path = Path(artifact)
     # the record is re-derived once (deeply: MMCC too) and what it gave is reused below
