@@ -714,3 +714,32 @@ def test_doc_example_compressed(tmp_path, capsys):
     assert (stream.method, stream.width, stream.rank) == ("banded-low-rank", 10, 4)
     assert ns["noise"].shape == (1_000_000,) and ns["noise"].dtype == np.float32
     assert "banded-low-rank 10 4" in capsys.readouterr().out
+
+
+def test_strategy_stream_is_the_artifact_stream_of_that_strategy(tmp_path):
+    """noise.strategy_stream (a structured strategy in memory) and noise_stream (its artifact) are
+    one stream: same fingerprint, sensitivity and rows for gradient and iterate noise; the
+    iterate rows are B Z with B = A C^-1 formed densely here (an independent solve)."""
+    from mfcli.artifact import save_structured_artifact
+    from mfcli.noise import strategy_stream
+    from mfcli.toeplitz import BandedToeplitz, materialize, toeplitz_workload
+
+    n, d = 12, 3
+    w = toeplitz_workload("momentum", beta=0.8)
+    bt = BandedToeplitz(np.array([1.0, 0.4, 0.1]))
+    path = tmp_path / "s.h5"
+    save_structured_artifact(path, bt, workload=w, n=n)
+    z = noise_matrix(4, n, d, "float64")
+    b = materialize(w.coefs(n), n) @ np.linalg.inv(bt.dense(n))
+    for kind, expect in (("gradient", np.linalg.solve(bt.dense(n), z)), ("iterate", b @ z)):
+        mine = strategy_stream(bt, n=n, d=d, seed=4, kind=kind, workload=w)
+        theirs = noise_stream(path, kind=kind, d=d, seed=4, dtype="float64")
+        assert (mine.fingerprint, mine.sensitivity, dict(mine.workload_params)) == \
+            (theirs.fingerprint, theirs.sensitivity, dict(theirs.workload_params))
+        s1, s2, rows = mine.init(), theirs.init(), []
+        for _ in range(n):
+            r1, s1 = mine.next(s1)
+            r2, s2 = theirs.next(s2)
+            assert np.array_equal(r1, r2)
+            rows.append(r1)
+        np.testing.assert_allclose(np.array(rows), expect, rtol=0, atol=1e-12 * np.abs(expect).max())
