@@ -458,7 +458,8 @@ def workload_kwargs(
         lr_last is None or schedule in ("step-decay", "cooldown"),
         f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
     )
-    given = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last, "matrix_file": matrix}
+    given: dict[str, Any] = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last,
+                             "matrix_file": matrix}
     if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
             and matrix.stat().st_size > 0:
         # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
