@@ -617,6 +617,21 @@ def verified_data(obj: Any, p: Path, name: str, *, verify: bool = True) -> np.nd
     return data
 
 
+@contextmanager
+def reading(p: Path) -> Iterator[Any]:
+    """The one opening of an artifact file of any kind: the open HDF5 file, its header checked
+    (:func:`check_header`); a failure to read it becomes one :class:`ArtifactError` naming the file."""
+    f = open_artifact_file(p)
+    try:
+        with f:
+            check_header(f, p)
+            yield f
+    except ArtifactError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+
+
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     """Read an artifact and verify it.
 
@@ -630,45 +645,33 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     import h5py
 
     p = Path(path)
-    f = open_artifact_file(p)
-    try:
-        with f:
-            check_header(f, p)
-            for name in ROOT_DATASETS:
-                if name not in f or not isinstance(f[name], h5py.Dataset):
-                    structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
-                        if "structured" in f else ""
-                    raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
-            datasets: dict[str, np.ndarray] = {}
-            groups: dict[str, dict[str, Any]] = {}
+    with reading(p) as f:
+        for name in ROOT_DATASETS:
+            if name not in f or not isinstance(f[name], h5py.Dataset):
+                structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
+                    if "structured" in f else ""
+                raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
+        datasets: dict[str, np.ndarray] = {}
+        groups: dict[str, dict[str, Any]] = {}
 
-            n_attr = _decode(f.attrs.get("n"))
-            for name in ROOT_DATASETS:
-                problem = root_shape_problem(name, f[name], n_attr)
+        n_attr = _decode(f.attrs.get("n"))
+        for name in ROOT_DATASETS:
+            problem = root_shape_problem(name, f[name], n_attr)
+            if problem is not None:
+                raise ArtifactError(f"{p}: {problem}")
+
+        def visit(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                problem = dataset_problem(obj)
                 if problem is not None:
-                    raise ArtifactError(f"{p}: {problem}")
+                    raise ArtifactError(f"{p}: dataset {name!r} {problem}")
+                datasets[name] = verified_data(obj, p, name, verify=verify)
+            elif isinstance(obj, h5py.Group):
+                groups[name] = {"attrs": {k: _decode(v) for k, v in obj.attrs.items()}, "datasets": {}}
 
-            def visit(name: str, obj: Any) -> None:
-                if isinstance(obj, h5py.Dataset):
-                    problem = dataset_problem(obj)
-                    if problem is not None:
-                        raise ArtifactError(f"{p}: dataset {name!r} {problem}")
-                    datasets[name] = verified_data(obj, p, name, verify=verify)
-                elif isinstance(obj, h5py.Group):
-                    groups[name] = {"attrs": {k: _decode(v) for k, v in obj.attrs.items()}, "datasets": {}}
-
-            try:
-                f.visititems(visit)
-            except ArtifactError:
-                raise
-            except (OSError, KeyError, ValueError, RuntimeError) as exc:
-                raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
-    except ArtifactError:
-        raise
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+        f.visititems(visit)   # a read failure inside becomes reading()'s one ArtifactError
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        raw_participation = f.attrs.get(PARTICIPATION_ATTR)
 
     for name in ROOT_DATASETS:
         data = datasets[name]
@@ -1085,44 +1088,37 @@ def load_structured_artifact(path: str | Path) -> StructuredArtifact:
     from mfcli.toeplitz import check_n, toeplitz_workload
 
     p = Path(path)
-    f = open_artifact_file(p)
-    try:
-        with f:
-            check_header(f, p)
-            if GROUP not in f or not isinstance(f[GROUP], h5py.Group):
-                raise ArtifactError(f"{p} has no {GROUP!r} group")
-            for name in f:
-                if name != GROUP and isinstance(f[name], h5py.Dataset):
-                    raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
-            g = f[GROUP]
-            # the declared size first, before any dataset is read: n within the structured
-            # limit, and every parameter dataset stored in full and within the largest
-            # parameter count any structured kind has (MAX_BANDS coefficients)
-            n_attr = _decode(f.attrs.get("n"))
-            if isinstance(n_attr, int) and not isinstance(n_attr, bool):  # else reported below, by name
-                try:
-                    check_n(n_attr)
-                except MfcliError as exc:
-                    raise ArtifactError(f"{p}: {exc}") from None
-            for name in g:
-                obj = g[name]
-                if isinstance(obj, h5py.Dataset):
-                    problem = dataset_problem(obj, max_size=MAX_PARAMETER_VALUES)
-                    if problem is not None:
-                        raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' {problem}")
-            params: dict[str, np.ndarray] = {}
-            for name in g:
-                obj = g[name]
-                if not isinstance(obj, h5py.Dataset):
-                    raise ArtifactError(f"{p}: {GROUP}/{name} is not a dataset")
-                params[name] = verified_data(obj, p, f"{GROUP}/{name}")
-            gattrs = {k: _decode(v) for k, v in g.attrs.items()}
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
-    except ArtifactError:
-        raise
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+    with reading(p) as f:
+        if GROUP not in f or not isinstance(f[GROUP], h5py.Group):
+            raise ArtifactError(f"{p} has no {GROUP!r} group")
+        for name in f:
+            if name != GROUP and isinstance(f[name], h5py.Dataset):
+                raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
+        g = f[GROUP]
+        # the declared size first, before any dataset is read: n within the structured
+        # limit, and every parameter dataset stored in full and within the largest
+        # parameter count any structured kind has (MAX_BANDS coefficients)
+        n_attr = _decode(f.attrs.get("n"))
+        if isinstance(n_attr, int) and not isinstance(n_attr, bool):  # else reported below, by name
+            try:
+                check_n(n_attr)
+            except MfcliError as exc:
+                raise ArtifactError(f"{p}: {exc}") from None
+        for name in g:
+            obj = g[name]
+            if isinstance(obj, h5py.Dataset):
+                problem = dataset_problem(obj, max_size=MAX_PARAMETER_VALUES)
+                if problem is not None:
+                    raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' {problem}")
+        params: dict[str, np.ndarray] = {}
+        for name in g:
+            obj = g[name]
+            if not isinstance(obj, h5py.Dataset):
+                raise ArtifactError(f"{p}: {GROUP}/{name} is not a dataset")
+            params[name] = verified_data(obj, p, f"{GROUP}/{name}")
+        gattrs = {k: _decode(v) for k, v in g.attrs.items()}
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        raw_participation = f.attrs.get(PARTICIPATION_ATTR)
     try:
         cls = strategy_class(str(gattrs.get("kind")))
         strategy = cls.from_parameters(params)
