@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mfcli.version import __version__ as __version__  # re-exported: mfcli.__version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
-    from mfcli.artifact import Artifact, load_artifact, save_artifact, shipped_artifact
+    from mfcli.artifact import Artifact, StructuredArtifact, load_any_artifact, load_artifact, save_artifact, shipped_artifact
     from mfcli.blt import BufferedToeplitz
     from mfcli.errors import ArtifactError, MfcliError
     from mfcli.factorization import Factorization, sensitivity, total_loss
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
     )
     from mfcli.samplers import CyclicPoissonSampler, PoissonSampler, sampler_for
     from mfcli.solver import SolveResult, optimal_factorization
-    from mfcli.structured import StructuredArtifact, load_any_artifact
     from mfcli.toeplitz import BandedToeplitz
     from mfcli.workloads import (
         Workload,
@@ -45,8 +44,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
 _EXPORTS = {
     "Artifact": "mfcli.artifact",
     "load_artifact": "mfcli.artifact",
-    "load_any_artifact": "mfcli.structured",
-    "StructuredArtifact": "mfcli.structured",
+    "load_any_artifact": "mfcli.artifact",
+    "StructuredArtifact": "mfcli.artifact",
     "save_artifact": "mfcli.artifact",
     "shipped_artifact": "mfcli.artifact",
     "BufferedToeplitz": "mfcli.blt",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import fcntl
@@ -36,12 +36,15 @@ except ImportError:  # Windows: writers are not locked against each other
 
 import numpy as np
 
+from mfcli.artifact_format import FORMAT, FORMAT_VERSION, dataset_sha256, decode_attr
 from mfcli.errors import ArtifactError, MfcliError, OutputExistsError
 from mfcli.factorization import Factorization, sensitivity
-from mfcli.participation import Participation, SingleParticipation, participation_from_json
+from mfcli.participation import Participation, Sensitivity, SingleParticipation, participation_from_json
 
-FORMAT = "mfcli.factorization"
-FORMAT_VERSION = 1
+if TYPE_CHECKING:
+    from mfcli.structured import StructuredOperator
+    from mfcli.toeplitz import Loss, ToeplitzWorkload
+
 #: Relative tolerance for stored numbers against their recomputation.
 ATTR_RTOL = 1e-9
 
@@ -49,17 +52,6 @@ ROOT_DATASETS = ("workload", "strategy", "decoder")
 
 #: Root attribute holding the participation schema as JSON (absent: single participation).
 PARTICIPATION_ATTR = "participation"
-
-
-def dataset_sha256(arr: np.ndarray) -> str:
-    """SHA-256 of an array's little-endian C-order bytes, prefixed by its dtype and shape."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    h = hashlib.sha256()
-    h.update(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def _version() -> str:
@@ -429,17 +421,8 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _decode(value: Any) -> Any:
-    if isinstance(value, bytes):
-        value = value.decode()
-    if (isinstance(value, str) and value[:1] in "{[") or value == "null":
-        try:
-            return json.loads(value)
-        except (ValueError, TypeError):
-            return value
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+#: The one HDF5 attribute decoder (:func:`mfcli.artifact_format.decode_attr`).
+_decode = decode_attr
 
 
 def check_datasets(path: str | Path) -> list[tuple[str, bool]]:
@@ -608,6 +591,47 @@ def root_shape_problem(name: str, obj: Any, n: Any) -> str | None:
     return None
 
 
+def check_header(f: Any, p: Path) -> None:
+    """The one header check of every kind of artifact: ``format`` and ``format_version``, then a
+    plain HDF5 structure (:func:`check_structure`). ArtifactError naming the first problem."""
+    fmt = _decode(f.attrs.get("format"))
+    if fmt != FORMAT:
+        raise ArtifactError(f"{p} is not an mfcli artifact (format attribute is {fmt!r})")
+    version = _decode(f.attrs.get("format_version"))
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{p} has format_version {version!r}; this mfcli reads version {FORMAT_VERSION}")
+    check_structure(f, p)
+
+
+def verified_data(obj: Any, p: Path, name: str, *, verify: bool = True) -> np.ndarray:
+    """The one checksum-verifying read of a dataset (its size already checked by
+    :func:`dataset_problem`): its data, after its stored ``sha256`` is compared with
+    :func:`~mfcli.artifact_format.dataset_sha256` of what was read (unless ``verify`` is False)."""
+    data = obj[...]
+    if verify:
+        stored = _decode(obj.attrs.get("sha256"))
+        if stored is None:
+            raise ArtifactError(f"{p}: dataset {name!r} has no sha256 checksum")
+        if stored != dataset_sha256(data):
+            raise ArtifactError(f"{p}: checksum mismatch in dataset {name!r} (file modified or corrupt)")
+    return data
+
+
+@contextmanager
+def reading(p: Path) -> Iterator[Any]:
+    """The one opening of an artifact file of any kind: the open HDF5 file, its header checked
+    (:func:`check_header`); a failure to read it becomes one :class:`ArtifactError` naming the file."""
+    f = open_artifact_file(p)
+    try:
+        with f:
+            check_header(f, p)
+            yield f
+    except ArtifactError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+
+
 def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     """Read an artifact and verify it.
 
@@ -621,60 +645,33 @@ def load_artifact(path: str | Path, *, verify: bool = True) -> Artifact:
     import h5py
 
     p = Path(path)
-    f = open_artifact_file(p)
-    try:
-        with f:
-            fmt = _decode(f.attrs.get("format"))
-            if fmt != FORMAT:
-                raise ArtifactError(f"{p} is not an mfcli artifact (format attribute is {fmt!r})")
-            version = _decode(f.attrs.get("format_version"))
-            if version != FORMAT_VERSION:
-                raise ArtifactError(
-                    f"{p} has format_version {version!r}; this mfcli reads version {FORMAT_VERSION}"
-                )
-            check_structure(f, p)
-            for name in ROOT_DATASETS:
-                if name not in f or not isinstance(f[name], h5py.Dataset):
-                    structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
-                        if "structured" in f else ""
-                    raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
-            datasets: dict[str, np.ndarray] = {}
-            groups: dict[str, dict[str, Any]] = {}
+    with reading(p) as f:
+        for name in ROOT_DATASETS:
+            if name not in f or not isinstance(f[name], h5py.Dataset):
+                structured = " (a structured strategy: read it with mfcli.load_any_artifact)" \
+                    if "structured" in f else ""
+                raise ArtifactError(f"{p} has no {name!r} dataset{structured}")
+        datasets: dict[str, np.ndarray] = {}
+        groups: dict[str, dict[str, Any]] = {}
 
-            n_attr = _decode(f.attrs.get("n"))
-            for name in ROOT_DATASETS:
-                problem = root_shape_problem(name, f[name], n_attr)
+        n_attr = _decode(f.attrs.get("n"))
+        for name in ROOT_DATASETS:
+            problem = root_shape_problem(name, f[name], n_attr)
+            if problem is not None:
+                raise ArtifactError(f"{p}: {problem}")
+
+        def visit(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                problem = dataset_problem(obj)
                 if problem is not None:
-                    raise ArtifactError(f"{p}: {problem}")
+                    raise ArtifactError(f"{p}: dataset {name!r} {problem}")
+                datasets[name] = verified_data(obj, p, name, verify=verify)
+            elif isinstance(obj, h5py.Group):
+                groups[name] = {"attrs": {k: _decode(v) for k, v in obj.attrs.items()}, "datasets": {}}
 
-            def visit(name: str, obj: Any) -> None:
-                if isinstance(obj, h5py.Dataset):
-                    problem = dataset_problem(obj)
-                    if problem is not None:
-                        raise ArtifactError(f"{p}: dataset {name!r} {problem}")
-                    data = obj[...]
-                    if verify:
-                        stored = _decode(obj.attrs.get("sha256"))
-                        if stored is None:
-                            raise ArtifactError(f"{p}: dataset {name!r} has no sha256 checksum")
-                        if stored != dataset_sha256(data):
-                            raise ArtifactError(f"{p}: checksum mismatch in dataset {name!r} (file modified or corrupt)")
-                    datasets[name] = data
-                elif isinstance(obj, h5py.Group):
-                    groups[name] = {"attrs": {k: _decode(v) for k, v in obj.attrs.items()}, "datasets": {}}
-
-            try:
-                f.visititems(visit)
-            except ArtifactError:
-                raise
-            except (OSError, KeyError, ValueError, RuntimeError) as exc:
-                raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
-    except ArtifactError:
-        raise
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
+        f.visititems(visit)   # a read failure inside becomes reading()'s one ArtifactError
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        raw_participation = f.attrs.get(PARTICIPATION_ATTR)
 
     for name in ROOT_DATASETS:
         data = datasets[name]
@@ -804,8 +801,6 @@ def append_group(
     with atomic_path(p, force=True) as tmp:
         # Verified under the lock: this is the version the group is added to, including any
         # group another writer added while this one waited.
-        from mfcli.structured import load_any_artifact
-
         load_any_artifact(p)  # dense or structured (a structured one has no n x n datasets); a regular file
         base = p.read_bytes()
 
@@ -838,3 +833,325 @@ def is_shipped_artifact(path: str | Path) -> bool:
         except (OSError, MfcliError):
             continue
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the optimisers and workloads are read from or written to (they open none themselves)
+
+
+def load_workload_matrix(path: str | Path) -> np.ndarray:
+    """The workload matrix A stored in a dense mfcli artifact (``--matrix file.h5`` of a custom
+    workload), read and verified by :func:`load_artifact`."""
+    return np.array(load_artifact(Path(path)).factorization.workload)
+
+
+def strategy_from_artifact(path: str | Path, workload: Any) -> Any:
+    """A stored factorization (``mfcli optimize`` or ``mfcli compare --save-strategy``), checked
+    against ``workload`` (a :class:`~mfcli.workloads.Workload` or its matrix): same n and the
+    same A (relative difference <= 1e-9). Returns a :class:`mfcli.strategies.Strategy`."""
+    from mfcli.strategies import Strategy, is_causal_in_release_order
+    from mfcli.workloads import Workload
+
+    art = load_artifact(path)
+    a = workload.matrix if isinstance(workload, Workload) else np.asarray(workload, dtype=np.float64)
+    n = a.shape[0]
+    if art.n != n:
+        raise MfcliError(f"artifact {path} has n = {art.n}, the table's workload has n = {n}")
+    stored = art.factorization.workload
+    diff = float(np.max(np.abs(stored - a)))
+    scale = float(np.max(np.abs(a)))
+    if not diff <= 1e-9 * scale:
+        raise MfcliError(
+            f"artifact {path} was made for a different workload ({art.workload_name} "
+            f"{art.attrs.get('workload_params', {})}); max |A difference| = {diff:.3g}"
+        )
+    fact = art.factorization
+    release = None
+    info = art.groups.get("baseline", {}).get("datasets", {})
+    if "release_steps" in info:
+        release = np.asarray(info["release_steps"], dtype=np.int64)
+    if fact.m != fact.n and release is None:
+        raise MfcliError(f"artifact {path} has a non-square strategy but no baseline/release_steps")
+    if fact.causal:
+        r = np.arange(n) if release is None else release
+        if not is_causal_in_release_order(strategy=fact.strategy, decoder=fact.decoder, release_steps=r):
+            raise MfcliError(f"artifact {path} is marked causal but is not lower-triangular in release order")
+    solver = art.attrs.get("solver") or None
+    desc = f"{art.strategy_name} from {Path(path).name}"
+    if isinstance(solver, dict) and "gap" in solver:
+        desc += f" (gap {solver['gap']:.1e})"
+    return Strategy(
+        art.strategy_name, fact, bool(fact.causal), desc, release_steps=release, source=str(path),
+        solver=solver if isinstance(solver, dict) else None,
+    )
+
+
+def save_strategy(
+    path: str | Path,
+    strategy: Any,
+    *,
+    workload_name: str,
+    workload_params: Mapping[str, Any] | None = None,
+    command: str = "",
+    force: bool = False,
+    participation: Participation | None = None,
+) -> str:
+    """Write a strategy as a format-v1 artifact (atomically), so a baseline can be trained with
+    and accounted like the optimum. The release order goes into group ``baseline`` (dataset
+    ``release_steps``, checksummed); ``participation`` (a schema other than None) is stored as the
+    artifact's ``participation`` attribute. Returns the file's SHA-256."""
+    groups = {
+        "baseline": {
+            "datasets": {"release_steps": np.asarray(strategy.release_steps, dtype=np.float64)},
+            "attrs": {
+                "description": strategy.description,
+                "release_order": "row i of C is released at step release_steps[i]; leaf first, then ancestors bottom-up",
+            },
+        }
+    }
+    return save_artifact(
+        path, strategy.factorization, workload_name=workload_name, workload_params=workload_params,
+        strategy_name=strategy.name, solver=strategy.solver, command=command, groups=groups, force=force,
+        participation=participation,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured artifacts (banded Toeplitz, BLT): the same format, header check and checksum-verifying
+# read path, with the strategy's parameters in group ``structured`` instead of n x n matrices. The
+# kinds (``mfcli.structured``: each kind's class, its recomputed numbers and its operator) sit
+# above this module's file handling and below its readers, so they are imported where used.
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredArtifact:
+    """A loaded, verified structured artifact: the strategy, the workload and recomputed numbers.
+
+    Attributes:
+        sensitivity: single participation (the root attribute ``sensitivity``).
+        schema_sensitivity: under the declared participation schema.
+        loss: at single participation; schema_loss: at the schema's sensitivity.
+    """
+
+    path: Path
+    strategy: Any
+    workload: ToeplitzWorkload
+    n: int
+    attrs: Mapping[str, Any]
+    participation: Participation
+    sensitivity: Sensitivity
+    schema_sensitivity: Sensitivity
+    loss: Loss
+    schema_loss: Loss
+    groups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        return self.workload.name
+
+    @property
+    def strategy_name(self) -> str:
+        return str(self.strategy.kind)
+
+    @property
+    def kind(self) -> str:
+        return str(self.strategy.kind)
+
+    def operator(self) -> StructuredOperator:
+        from mfcli.structured import StructuredOperator
+
+        return StructuredOperator(self.strategy, self.workload, self.n)
+
+
+def save_structured_artifact(
+    path: str | Path,
+    strategy: Any,
+    *,
+    workload: ToeplitzWorkload,
+    n: int,
+    participation: Participation | None = None,
+    command: str = "",
+    solver: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> str:
+    """Write a structured strategy as a format-v1 artifact (no n x n datasets), atomically.
+    Returns the SHA-256 of the written file.
+
+    Raises:
+        ArtifactError: the numbers the loader recomputes (:func:`mfcli.structured.evaluate`) are
+            not finite or cannot be computed (e.g. a sensitivity that cannot be certified), or the
+            file's image does not pass :func:`load_structured_artifact`: nothing is written, so the
+            writer never leaves a file its own loader refuses.
+    """
+    from mfcli.structured import GROUP, evaluate, workload_params
+    from mfcli.toeplitz import check_n
+
+    n = check_n(n)
+    schema = participation or SingleParticipation()
+    schema.check(n)
+    try:
+        # the loader's own recomputation: what it would refuse is not written
+        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    except ArtifactError:
+        raise
+    except MfcliError as exc:
+        raise ArtifactError(f"cannot write a structured artifact of this strategy: {exc}") from None
+    attrs: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "n": n,
+        "m": n,
+        "workload_name": workload.name,
+        "workload_params": workload_params(workload),
+        "strategy_name": strategy.kind,
+        "sensitivity": single.value,
+        "loss_total": loss.total,
+        "loss_mean": loss.mean,
+        "loss_max": loss.max,
+        "causal": True,
+        "noise_operator": "C^-1 (gradient noise) and B (iterate noise), streamed by recursion",
+        "solver": dict(solver or {}),
+        "created_by": f"mfcli {_version()}",
+        "created_utc": utc_now(),
+        "command": command,
+    }
+    if participation is not None:
+        attrs[PARTICIPATION_ATTR] = participation.to_json()
+    gattrs = {"kind": strategy.kind, "schema_sensitivity": sens.value, "schema_sensitivity_exact": sens.exact,
+              "schema_loss_mean": sloss.mean, "schema_loss_max": sloss.max}
+
+    def build(f: Any) -> None:
+        for k, val in attrs.items():
+            f.attrs[k] = _to_attr(val)
+        g = f.create_group(GROUP)
+        for k, val in gattrs.items():
+            g.attrs[k] = _to_attr(val)
+        for name, data in strategy.parameters().items():
+            _write_dataset(g, name, data)
+
+    # The writer never writes what its own loader refuses: the file's image is read back by
+    # load_structured_artifact (every check a reader makes) before the target is touched.
+    _verify_image(hdf5_image(build), Path(path))
+    with atomic_path(path, force=force) as tmp:
+        image = hdf5_image(build)
+        write_bytes_to(tmp, image, target=Path(path))
+    return hashlib.sha256(image).hexdigest()
+
+
+def _verify_image(image: bytes, target: Path) -> None:
+    """Load the HDF5 ``image`` of a structured artifact as a reader would, from a private
+    temporary file (removed after); :class:`ArtifactError` naming ``target`` if it does not load."""
+    fd, name = tempfile.mkstemp(prefix="mfcli-verify-", suffix=".h5")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(image)
+        load_structured_artifact(name)
+    except ArtifactError as exc:
+        raise ArtifactError(f"refusing to write {target}: the file would not verify on reading: "
+                            f"{str(exc).replace(name + ': ', '')}") from None
+    except OSError as exc:
+        raise MfcliError(f"cannot verify {target} before writing it: {exc.strerror or exc}") from None
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def is_structured_file(path: str | Path) -> bool:
+    """Whether the file at ``path`` holds a structured strategy (group ``structured``); False for
+    anything unreadable (the regular loader then reports why)."""
+    try:
+        import h5py
+
+        from mfcli.structured import GROUP
+        from mfcli.validation import regular_file
+
+        with h5py.File(regular_file(path), "r") as f:  # a FIFO would block: refused unopened
+            return GROUP in f and "strategy" not in f
+    except (OSError, ValueError):  # ArtifactError is a ValueError
+        return False
+
+
+def load_structured_artifact(path: str | Path) -> StructuredArtifact:
+    """Read and verify a structured artifact: format, plain structure, every dataset's checksum,
+    the parameters (strict ``from_parameters``), the workload and schema, and every stored number
+    against its recomputation from the parameters.
+
+    Raises:
+        ArtifactError: naming the first check that fails.
+    """
+    import h5py
+
+    from mfcli.structured import ATTR_RTOL as STRUCTURED_ATTR_RTOL
+    from mfcli.structured import GROUP, MAX_PARAMETER_VALUES, evaluate, strategy_class
+    from mfcli.toeplitz import check_n, toeplitz_workload
+
+    p = Path(path)
+    with reading(p) as f:
+        if GROUP not in f or not isinstance(f[GROUP], h5py.Group):
+            raise ArtifactError(f"{p} has no {GROUP!r} group")
+        for name in f:
+            if name != GROUP and isinstance(f[name], h5py.Dataset):
+                raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
+        g = f[GROUP]
+        # the declared size first, before any dataset is read: n within the structured
+        # limit, and every parameter dataset stored in full and within the largest
+        # parameter count any structured kind has (MAX_BANDS coefficients)
+        n_attr = _decode(f.attrs.get("n"))
+        if isinstance(n_attr, int) and not isinstance(n_attr, bool):  # else reported below, by name
+            try:
+                check_n(n_attr)
+            except MfcliError as exc:
+                raise ArtifactError(f"{p}: {exc}") from None
+        for name in g:
+            obj = g[name]
+            if isinstance(obj, h5py.Dataset):
+                problem = dataset_problem(obj, max_size=MAX_PARAMETER_VALUES)
+                if problem is not None:
+                    raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' {problem}")
+        params: dict[str, np.ndarray] = {}
+        for name in g:
+            obj = g[name]
+            if not isinstance(obj, h5py.Dataset):
+                raise ArtifactError(f"{p}: {GROUP}/{name} is not a dataset")
+            params[name] = verified_data(obj, p, f"{GROUP}/{name}")
+        gattrs = {k: _decode(v) for k, v in g.attrs.items()}
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        raw_participation = f.attrs.get(PARTICIPATION_ATTR)
+    try:
+        cls = strategy_class(str(gattrs.get("kind")))
+        strategy = cls.from_parameters(params)
+        n = attrs.get("n")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise MfcliError(f"attribute n must be an integer, got {n!r}")
+        n = check_n(n)
+        wparams = attrs.get("workload_params") or {}
+        if not isinstance(wparams, dict):
+            raise MfcliError(f"attribute workload_params must be a JSON object, got {wparams!r}")
+        workload = toeplitz_workload(str(attrs.get("workload_name")), beta=wparams.get("beta", 0.9),
+                                     lr=wparams.get("lr", "constant"))
+        schema = read_participation(raw_participation, n)
+        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{p}: {exc}") from None
+    except MfcliError as exc:
+        raise ArtifactError(f"{p}: {exc}") from None
+    checks = [(attrs, "sensitivity", single.value), (attrs, "loss_total", loss.total), (attrs, "loss_mean", loss.mean),
+              (attrs, "loss_max", loss.max), (gattrs, "schema_sensitivity", sens.value),
+              (gattrs, "schema_loss_mean", sloss.mean), (gattrs, "schema_loss_max", sloss.max)]
+    for where, key, recomputed in checks:
+        stored = where.get(key)
+        if isinstance(stored, bool) or not isinstance(stored, (int, float)) \
+                or not np.isclose(stored, recomputed, rtol=STRUCTURED_ATTR_RTOL, atol=0):
+            raise ArtifactError(f"{p}: stored {key} {stored!r} does not match the value recomputed from the "
+                                f"parameters ({recomputed!r})")
+    return StructuredArtifact(path=p, strategy=strategy, workload=workload, n=n, attrs=attrs, participation=schema,
+                              sensitivity=single, schema_sensitivity=sens, loss=loss, schema_loss=sloss,
+                              groups={GROUP: {"attrs": gattrs, "datasets": params}})
+
+
+def load_any_artifact(path: str | Path) -> Artifact | StructuredArtifact:
+    """The one reader of every kind: :func:`load_structured_artifact` for a structured file,
+    else :func:`load_artifact`."""
+    return load_structured_artifact(path) if is_structured_file(path) else load_artifact(path)

@@ -16,9 +16,9 @@ The maths, with proofs, is in docs/structured.md, section "BLT".
 * :func:`optimize_blt`: the parameters minimising max or mean loss (scipy L-BFGS-B with analytic
   gradients of closed forms that do not grow with n, several starts including a quadrature of
   the arcsine representation of the square root factorization).
-* :class:`BltNoiseStream`: rows of C^-1 Z for d-dimensional Z in O(buffers x d) memory, a front
-  end to the one BLT recursion and checkpoint format of :mod:`mfcli.noise` (bit-identical to
-  ``noise_stream`` on a BLT artifact, refusing step n and beyond).
+* Its noise (rows of C^-1 Z in O(buffers x d) memory) is the one noise stream of
+  :mod:`mfcli.noise`: :func:`mfcli.noise.strategy_stream` for a BLT in memory,
+  :func:`mfcli.noise.noise_stream` for its artifact (the same rows and checkpoint format).
 
 Loss convention (as in :mod:`mfcli.factorization`): per-step error err_t = sens(C)^2 ||B[t, :]||^2
 with B = A C^-1, max loss = max_t err_t, mean loss = sum_t err_t / n; noise multiplier 1, clip 1.
@@ -51,6 +51,7 @@ import numpy as np
 
 from mfcli import toeplitz as _toeplitz
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.limits import BLT_MAX_N
 from mfcli.participation import (
     FixedEpoch,
     MinSeparation,
@@ -62,8 +63,8 @@ from mfcli.validation import step_count
 
 #: The most buffers a BLT may have (near-optimality needs O(log n); 2404.16706 Conj. 9.1).
 MAX_BUFFERS = 32
-#: The largest n the O(n d) routines accept (memory: a few float64 vectors of length n).
-MAX_STEPS = 10**8
+#: The largest n the BLT routines accept (:data:`mfcli.limits.BLT_MAX_N`, with its reason).
+MAX_STEPS = BLT_MAX_N
 #: Relative tolerance within which a sensitivity witness is taken to attain the bound.
 EXACT_RTOL = 1e-10
 ERRORS = ("max", "mean")
@@ -348,6 +349,18 @@ def _check_n(n: Any) -> int:
     return n
 
 
+def check_buffers(buffers: Any, n: int | None = None) -> int:
+    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and (given n) buffers < n. The one
+    validator of a buffer count (:func:`optimize_blt`, ``--buffers`` of the CLI): messages name
+    the parameter, not a flag."""
+    k = step_count(buffers, name="buffers")
+    if k > MAX_BUFFERS:
+        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {k}")
+    if n is not None and k >= n:
+        raise MfcliError(f"buffers = {k} must be below the number of steps n = {n}")
+    return k
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class BufferedToeplitz:
     """The BLT strategy C with c_0 = 1, c_t = sum_i omega_i theta_i^(t-1) (t >= 1).
@@ -449,10 +462,6 @@ class BufferedToeplitz:
         for i in range(self.buffers):
             den[1:] += self.omega[i] * np.atleast_1d(np.poly(np.delete(self.theta, i)))
         return num, den
-
-    def gradient_stream(self, *, n: int, seed: int, d: int, dtype: Any = "float64", threads: int = 1) -> BltNoiseStream:
-        """The gradient noise stream (rows of C^-1 Z) of this strategy: :class:`BltNoiseStream`."""
-        return BltNoiseStream(self, n=n, seed=seed, d=d, dtype=dtype, threads=threads)
 
     # -- artifact parameters --------------------------------------------------------------
 
@@ -1036,9 +1045,7 @@ def optimize_blt(
     n = _check_n(n)
     if n < 2:
         raise MfcliError(f"n must be at least 2 to optimise a BLT, got {n}")
-    buffers = step_count(buffers, name="buffers")
-    if buffers > MAX_BUFFERS:
-        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {buffers}")
+    buffers = check_buffers(buffers)
     if error not in ERRORS:
         raise MfcliError(f"error must be one of {', '.join(ERRORS)}, got {error!r}")
     starts = step_count(starts, name="starts")
@@ -1221,85 +1228,10 @@ def _canonical(theta: np.ndarray, omega: np.ndarray) -> BufferedToeplitz:
     return BufferedToeplitz(theta=np.array(keep_t), omega=np.array(keep_o))
 
 
-# ---------------------------------------------------------------------------------------------
-# The gradient noise stream
-
-
-class BltNoiseStream:
-    """Rows of C^-1 Z for a BLT C without an artifact: a stateful front end to the one BLT
-    recursion (:class:`mfcli.operators.BufferRecursion`) and the one numpy stream and checkpoint
-    format of :class:`mfcli.noise.NoiseStream`, which it wraps (``stream``).
-
-    Z's rows come from :func:`mfcli.noise.noise_row` (seed, t), so the rows are bit-identical to
-    those of ``noise_stream`` on a BLT artifact with the same parameters. Memory: the buffers,
-    the returned row and per-block scratch, at most (buffers + 2) d floats; time O(buffers d)
-    per step. :meth:`state_dict` is :meth:`mfcli.noise.NoiseStream.state_dict`'s authenticated
-    checkpoint. Step n and beyond is refused: noise past the end breaks the privacy analysis.
-    """
-
-    def __init__(self, blt: BufferedToeplitz, *, n: int, seed: int, d: int, dtype: Any = "float64",
-                 threads: int = 1) -> None:
-        from mfcli.noise import NoiseStream, _fingerprint, check_dimension, check_dtype, check_seed
-        from mfcli.participation import SingleParticipation
-        from mfcli.structured import BltRecursion
-
-        if not isinstance(blt, BufferedToeplitz):
-            raise TypeError(f"blt must be a BufferedToeplitz, got {type(blt).__name__}")
-        self.blt = blt
-        self.n = _check_n(n)
-        rec = BltRecursion(np.array(blt.theta), np.array(blt.omega), np.array([1.0]), self.n)
-        self.stream = NoiseStream(
-            kind="gradient", variant="structured", n=self.n, d=check_dimension(d), dtype=check_dtype(dtype),
-            seed=check_seed(seed), method=rec.method, operator=rec,
-            sensitivity=float(blt.sensitivity(self.n, SingleParticipation()).value),
-            fingerprint=_fingerprint("gradient", "structured", rec), threads=step_count(threads, name="threads"),
-            accounted_operator=f"blt (theta {blt.buffers}, omega {blt.buffers})",
-        )
-        self._state = self.stream.init()
-
-    @property
-    def d(self) -> int:
-        return self.stream.d
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.stream.dtype
-
-    @property
-    def t(self) -> int:
-        """The next step."""
-        return self._state.t
-
-    @property
-    def memory_floats(self) -> int:
-        """Floats held, at most: the buffers, the returned row and one row of scratch."""
-        return (self.blt.buffers + 2) * self.d
-
-    def next(self) -> np.ndarray:
-        """Row t of C^-1 Z (a new array), advancing to step t + 1."""
-        if self._state.t >= self.n:
-            raise MfcliError(f"the noise stream has ended: all n = {self.n} steps were drawn")
-        row, self._state = self.stream.next(self._state)
-        return row
-
-    def state_dict(self) -> dict[str, Any]:
-        """The authenticated checkpoint of :meth:`mfcli.noise.NoiseStream.state_dict` (with the
-        seed, it reveals the noise)."""
-        return self.stream.state_dict(self._state)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict` of a stream with the same BLT, n, d, dtype and seed."""
-        if not isinstance(state, Mapping) or "fingerprint" not in state:
-            raise MfcliError("not a BLT noise-stream checkpoint (no mfcli noise checkpoint fields)")
-        if state.get("fingerprint") != self.stream.fingerprint:
-            raise MfcliError("the checkpoint belongs to a different BLT noise stream (parameters or n differ)")
-        self._state = self.stream.load_state_dict(state)
-
-
 __all__ = [
-    "BltNoiseStream",
     "BltOptimum",
     "BufferedToeplitz",
+    "check_buffers",
     "optimize_blt",
     "quadrature_start",
     "toeplitz_workload",

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mfcli.artifact import strategy_from_artifact
 from mfcli.errors import MfcliError
 from mfcli.participation import Participation, SingleParticipation, declared_or_requested, schema_dict
 from mfcli.participation import sensitivity as schema_sensitivity
@@ -636,11 +637,11 @@ def run_comparison(
             for path in artifacts:
                 if progress:
                     progress(f"loading {path}")
-                s = build_strategy("optimal", workload, artifact=path)
+                s = strategy_from_artifact(path, workload)
                 rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema, privacy=privacy,
                                     on_progress=on_progress))
             if keep == "optimal":
-                kept = build_strategy("optimal", workload, artifact=artifacts[0])
+                kept = strategy_from_artifact(artifacts[0], workload)
             continue
         if progress:
             progress(f"building {name}" + (" (solving)" if name == "optimal" else ""))

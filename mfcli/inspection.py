@@ -352,20 +352,11 @@ def _check_accounting_records(
 
 
 def _compression_declared_problem(attrs: Mapping[str, Any], comp_group: dict[str, Any] | None) -> str | None:
-    """A root that says the artifact is compressed (``compression_band``/``compression_rank``, a
-    strategy name ending in ``+compressed``) while it has no ``compressed`` group: the group was
-    renamed or deleted, and the operator that would run is no longer the one the file describes."""
-    from mfcli.operators import GROUP
+    """:func:`mfcli.artifact_format.compression_declared_problem` (the one rule, which
+    ``select_operator`` also enforces)."""
+    from mfcli.artifact_format import compression_declared_problem
 
-    if comp_group is not None:
-        return None
-    says = [k for k in ("compression_band", "compression_rank") if attrs.get(k) is not None]
-    if str(attrs.get("strategy_name", "")).endswith("+compressed"):
-        says.append(f"strategy_name {attrs.get('strategy_name')!r}")
-    if not says:
-        return None
-    return (f"the root declares a compressed decoder ({', '.join(says)}) but the file has no {GROUP!r} group "
-            "(renamed or deleted)")
+    return compression_declared_problem(attrs, comp_group is not None)
 
 
 def dual_weights_problem(dual_weights: np.ndarray, n: int) -> str | None:

@@ -71,7 +71,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -714,31 +714,34 @@ def _check_stream_options(
     return dims, key, dt, int(threads)
 
 
-def _record_variant(art: Any, record: Any, variant: str) -> str:
-    """The variant (``dense``, ``compressed`` or a structured artifact's own) of the operator that
-    accounting record ``record`` of ``art`` accounted, checked against its stored identity hash
-    and against an explicit ``variant``."""
-    from mfcli.operators import select_operator
-    from mfcli.samplers import accounting_records
+class AccountedOperator(NamedTuple):
+    """The operator a verified accounting record accounted: its ``operator`` label and
+    ``strategy_sha256`` attributes, and the record's id (for messages)."""
 
-    if not isinstance(record, str):
-        raise MfcliError(f"record must be an accounting record id (a string), got {record!r}")
-    records = accounting_records(art.path)
-    if record not in records:
-        have = ", ".join(records) or "none"
-        raise MfcliError(f"{art.path} has no accounting record {record!r} (it has: {have})")
-    attrs = records[record]
-    label = str(attrs.get("operator") or "dense")   # records without the attribute accounted the dense C
+    label: str
+    strategy_sha256: str
+    record: str = ""
+
+
+def _accounted_variant(art: Any, accounted: Any, variant: str) -> str:
+    """The variant (``dense``, ``compressed`` or a structured artifact's own) of the operator
+    ``accounted`` names, checked against the artifact's operator of that variant (label and
+    identity hash) and against an explicit ``variant``. The record itself is read and verified in
+    the training layer (:func:`mfcli.samplers.record_noise_stream`): this module reads none."""
+    if not isinstance(accounted, AccountedOperator):
+        raise MfcliError(f"accounted must be an AccountedOperator (of a verified accounting record), got {accounted!r}")
+    label, sha = accounted.label, accounted.strategy_sha256
+    who = f"accounting record {accounted.record!r}" if accounted.record else "the accounting record"
     structured = hasattr(art, "schema_sensitivity")
     wanted = "auto" if structured else ("compressed" if label.startswith("compressed") else "dense")
     if variant != "auto" and variant != wanted and not (structured and variant == "dense"):
-        raise MfcliError(f"accounting record {record!r} accounted the {label} operator; a {variant} noise stream "
+        raise MfcliError(f"{who} accounted the {label} operator; a {variant} noise stream "
                          f"is not what it accounted (use variant={wanted!r} or leave it auto)")
     op = select_operator(art, wanted)
-    if op.label != label or op.identity_sha256 != attrs.get("strategy_sha256"):
-        raise MfcliError(f"accounting record {record!r} accounted operator {label!r} (sha256 "
-                         f"{str(attrs.get('strategy_sha256'))[:12]}...), which is not this artifact's {op.label!r} "
-                         f"(sha256 {op.identity_sha256[:12]}...): the record is not for this noise")
+    if op.label != label or op.identity_sha256 != sha:
+        raise MfcliError(f"{who} accounted operator {label!r} (sha256 {str(sha)[:12]}...), which is not this "
+                         f"artifact's {op.label!r} (sha256 {op.identity_sha256[:12]}...): the record is not for "
+                         "this noise")
     return wanted
 
 
@@ -751,7 +754,7 @@ def noise_stream(
     dtype: Any = "float32",
     variant: str = "auto",
     threads: int = 1,
-    record: str | None = None,
+    accounted: AccountedOperator | None = None,
     max_memory: int | None = DEFAULT_MAX_MEMORY,
 ) -> NoiseStream:
     """A noise stream for a model of ``d`` parameters from an artifact (path or loaded Artifact).
@@ -769,11 +772,12 @@ def noise_stream(
         threads: threads a step uses, over blocks of 65,536 coordinates (numpy's generators and
             ufuncs release the GIL). The noise does not depend on it. With threads > 1, keep BLAS
             single-threaded (OPENBLAS_NUM_THREADS=1) to avoid oversubscription.
-        record: the id of the artifact's accounting record whose ``sigma`` you train with
-            (``mfcli inspect`` lists them; :func:`mfcli.samplers.sampler_record` picks one). The
-            stream is then built for the operator that record accounted (its ``operator`` and
-            ``strategy_sha256``), whatever ``auto`` would pick. An explicit ``variant`` that names
-            another operator is refused.
+        accounted: the :class:`AccountedOperator` of a VERIFIED accounting record (its
+            ``operator`` and ``strategy_sha256`` attributes). The stream is then
+            built for that operator, whatever ``auto`` would pick; an explicit ``variant`` that
+            names another operator, or an artifact whose operator has another checksum, is
+            refused. To stream by record id, with the record verified first, use
+            :func:`mfcli.samplers.record_noise_stream` (this module reads no records).
         max_memory: bytes the stream's state may take ((width + rank + 1) d floats, computed up
             front; n x d for a dense strategy that is neither banded nor compressed); default
             half the physical memory, None for no limit.
@@ -784,13 +788,12 @@ def noise_stream(
 
     Raises:
         MfcliError / ArtifactError: a bad option, a non-causal artifact, gradient noise for a
-            non-square strategy, an inconsistent compressed group, a ``record`` that is missing
-            or accounted another operator, or an operator whose rows would overflow ``dtype``.
+            non-square strategy, an inconsistent compressed group, an ``accounted`` operator
+            that is not this artifact's, or an operator whose rows would overflow ``dtype``.
         MemoryLimitError: the state would exceed ``max_memory`` (the message names the estimate
             and the structured or compressed alternative).
     """
-    from mfcli.artifact import Artifact
-    from mfcli.structured import StructuredArtifact, load_any_artifact
+    from mfcli.artifact import Artifact, StructuredArtifact, load_any_artifact
 
     d, seed, dt, threads = _check_stream_options(kind=kind, variant=variant, d=d, seed=seed, dtype=dtype, threads=threads)
     if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, (int, np.integer))
@@ -798,21 +801,31 @@ def noise_stream(
         raise MfcliError(f"max_memory must be a positive number of bytes or None, got {max_memory!r}")
     art = artifact if isinstance(artifact, (Artifact, StructuredArtifact)) else load_any_artifact(Path(artifact))
     where = str(art.path)
-    if record is not None:
-        variant = _record_variant(art, record, variant)
+    if accounted is not None:
+        variant = _accounted_variant(art, accounted, variant)
     if not isinstance(art, StructuredArtifact) and not art.factorization.causal:
         raise MfcliError(f"{where} is not causal (an offline-only strategy): it cannot be streamed")
     # The same choice as mfcli.accounting: the operator streamed is the operator accounted.
     chosen = select_operator(art, variant)
+    return _stream_of(chosen, kind=kind, d=d, seed=seed, dtype=dt, threads=threads, max_memory=max_memory,
+                      where=where, workload_name=art.workload_name,
+                      workload_params=dict(art.attrs.get("workload_params") or {}))
+
+
+def _stream_of(chosen: Any, *, kind: str, d: int, seed: int, dtype: np.dtype, threads: int,
+               max_memory: int | None, where: str, workload_name: str,
+               workload_params: Mapping[str, Any]) -> NoiseStream:
+    """The stream of operator ``chosen`` (a :class:`~mfcli.operators.NoiseOperator`): its
+    recursion, checked against the memory budget and for rows that overflow ``dtype``."""
     matrix, inverse_bandwidth = chosen.streaming(kind, where=where)
-    _check_budget(matrix, d, dt, max_memory, where=where, kind=kind)
-    check_finite_rows(matrix, dt, where=where)
+    _check_budget(matrix, d, dtype, max_memory, where=where, kind=kind)
+    check_finite_rows(matrix, dtype, where=where)
     return NoiseStream(
         kind=kind,
         variant=chosen.variant,
         n=chosen.n,
         d=d,
-        dtype=dt,
+        dtype=dtype,
         seed=seed,
         method=matrix.method,
         operator=matrix,
@@ -820,11 +833,63 @@ def noise_stream(
         fingerprint=_fingerprint(kind, chosen.variant, matrix),
         source=where,
         inverse_bandwidth=inverse_bandwidth,
-        workload_name=art.workload_name,
-        workload_params=dict(art.attrs.get("workload_params") or {}),
+        workload_name=workload_name,
+        workload_params=dict(workload_params),
         threads=threads,
         accounted_operator=chosen.label,
     )
+
+
+def strategy_stream(
+    strategy: Any,
+    *,
+    n: int,
+    d: int,
+    seed: int,
+    kind: str = "gradient",
+    workload: Any = None,
+    dtype: Any = "float64",
+    threads: int = 1,
+    max_memory: int | None = DEFAULT_MAX_MEMORY,
+) -> NoiseStream:
+    """The noise stream of a structured strategy held in memory (a
+    :class:`~mfcli.toeplitz.BandedToeplitz` or :class:`~mfcli.blt.BufferedToeplitz`), without an
+    artifact: the same :class:`NoiseStream`, recursion, rows and checkpoint format as
+    :func:`noise_stream` on the artifact of that strategy (bit-identical rows, tested).
+
+    Args:
+        strategy: the structured strategy C.
+        n: steps covered; step n and beyond is refused.
+        d, seed, dtype, threads, max_memory: as :func:`noise_stream` (dtype defaults to float64).
+        kind: ``gradient`` (rows of C^-1 Z) or ``iterate`` (rows of B Z, which needs ``workload``).
+        workload: the :class:`~mfcli.toeplitz.ToeplitzWorkload` A (iterate noise B = A C^-1 only;
+            default prefix sums).
+
+    Memory: the recursion's state, (width + rank + 1) d floats (a BLT: buffers + 1 rows besides
+    the returned one); time O((width + rank) d) per step.
+
+    Raises:
+        MfcliError: a bad option or n; MemoryLimitError: over ``max_memory``.
+    """
+    from mfcli.structured import StructuredOperator, strategy_class, workload_params
+    from mfcli.toeplitz import toeplitz_workload
+
+    d, seed, dt, threads = _check_stream_options(kind=kind, variant="auto", d=d, seed=seed, dtype=dtype,
+                                                 threads=threads)
+    kind_name = getattr(strategy, "kind", None)
+    try:
+        cls = strategy_class(str(kind_name))
+    except MfcliError:
+        cls = None
+    if cls is None or not isinstance(strategy, cls):
+        raise TypeError(f"strategy must be a structured strategy (BandedToeplitz or BufferedToeplitz), "
+                        f"got {type(strategy).__name__}")
+    w = toeplitz_workload("prefix") if workload is None else workload
+    # n is checked by the strategy's own sensitivity (each kind's limit, mfcli.limits)
+    op = StructuredOperator(strategy, w, positive_int(n, "n"))
+    where = f"the {kind_name} strategy"
+    return _stream_of(op, kind=kind, d=d, seed=seed, dtype=dt, threads=threads, max_memory=max_memory,
+                      where=where, workload_name=w.name, workload_params=workload_params(w))
 
 
 def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: int | None, *, where: str,
@@ -845,6 +910,7 @@ def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: 
 
 __all__ = [
     "NUMPY_GENERATOR",
+    "AccountedOperator",
     "NoiseState",
     "NoiseStream",
     "NumpyOps",
@@ -855,5 +921,6 @@ __all__ = [
     "noise_matrix",
     "noise_row",
     "noise_stream",
+    "strategy_stream",
     "stream_floats",
 ]

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from mfcli.artifact import dataset_sha256
+from mfcli.artifact_format import compression_declared_problem, dataset_sha256
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization, is_lower_triangular
 
@@ -1098,6 +1098,10 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
             raise MfcliError(f"{artifact.path} has no compressed decoder (it is a structured {artifact.kind} strategy)")
         return artifact.operator()
     has = GROUP in artifact.groups
+    declared = compression_declared_problem(getattr(artifact, "attrs", {}), has)
+    if declared is not None and choice == "auto":  # never a silent fall-back to the dense operator
+        raise ArtifactError(f"{getattr(artifact, 'path', 'artifact')}: {declared}; refusing to pick an operator "
+                            "(choose dense explicitly to use the root decoder)")
     if choice == "compressed" and not has:
         raise MfcliError(f"{getattr(artifact, 'path', 'artifact')} has no compressed decoder (run mfcli compress first)")
     if choice == "compressed" or (choice == "auto" and has):

@@ -1218,7 +1218,8 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
     from mfcli.accounting import session
 
     if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= DENSE_ARTIFACT_MAX_N):
-        from mfcli.strategies import Strategy, save_strategy
+        from mfcli.artifact import save_strategy
+        from mfcli.strategies import Strategy
 
         st = _dense_strategy(setup, r)
         if isinstance(st, tuple):
@@ -1226,7 +1227,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
         save_strategy(tmp, st, workload_name=setup.workload, workload_params=dict(dense_workload(setup).params),
                       command=command, force=True, participation=schema)
     else:
-        from mfcli.structured import save_structured_artifact
+        from mfcli.artifact import save_structured_artifact
 
         save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
                                  participation=schema, command=command, force=True)

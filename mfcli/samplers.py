@@ -80,7 +80,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.noise import check_seed
+from mfcli.noise import DEFAULT_MAX_MEMORY, AccountedOperator, NoiseStream, check_seed, noise_stream
 from mfcli.validation import positive_int
 
 STATE_FORMAT = "mfcli.sampler_state"
@@ -574,7 +574,7 @@ def verified_record(artifact: str | Path, record: str | None = None) -> tuple[st
             problem; ``mfcli inspect`` lists all).
     """
     from mfcli.accounting.records import RECORD_FORMAT, read_records, subject_of, verify_record
-    from mfcli.structured import load_any_artifact
+    from mfcli.artifact import load_any_artifact
 
     path = Path(artifact)
     every = read_records(path)
@@ -616,6 +616,44 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
     """
     rid, _check, _subject = verified_record(artifact, record)
     return rid, accounting_records(artifact)[rid]
+
+
+def accounted_operator(record: str, attrs: Mapping[str, Any]) -> AccountedOperator:
+    """The :class:`mfcli.noise.AccountedOperator` of accounting record ``record`` (attributes
+    ``attrs``, which its caller has verified): the operator whose noise training with it must add."""
+    # records without the attribute accounted the dense C
+    return AccountedOperator(label=str(attrs.get("operator") or "dense"),
+                             strategy_sha256=str(attrs.get("strategy_sha256")), record=record)
+
+
+def record_noise_stream(
+    artifact: str | Path,
+    record: str | None = None,
+    *,
+    kind: str,
+    d: int,
+    seed: int,
+    dtype: Any = "float32",
+    variant: str = "auto",
+    threads: int = 1,
+    max_memory: int | None = DEFAULT_MAX_MEMORY,
+) -> NoiseStream:
+    """The noise stream of the operator an accounting record accounted, after the record is
+    verified: :func:`verified_record` re-derives it from the artifact (deeply) and refuses it
+    unless it verifies, so its ``sigma`` may be used with this stream; the stream
+    (:func:`mfcli.noise.noise_stream` with ``accounted=``) is then the operator the record names
+    (``operator`` and ``strategy_sha256``), whatever ``auto`` would pick. An explicit ``variant``
+    naming another operator is refused. ``record`` picks the record by id (else as
+    :func:`verified_record` picks one); the other arguments are :func:`~mfcli.noise.noise_stream`'s.
+
+    Raises:
+        MfcliError: as :func:`verified_record` and :func:`~mfcli.noise.noise_stream`.
+    """
+    rid, _check, _subject = verified_record(artifact, record)
+    attrs = accounting_records(artifact)[rid]
+    return noise_stream(artifact, kind=kind, d=d, seed=seed, dtype=dtype, variant=variant, threads=threads,
+                        accounted=accounted_operator(rid, attrs),
+                        max_memory=max_memory)
 
 
 #: For each batch sampler of a record, the record's settings whose epsilon holds for training the
@@ -768,12 +806,14 @@ __all__ = [
     "FixedOrderSampler",
     "PoissonSampler",
     "ShuffleSampler",
+    "accounted_operator",
     "accounting_records",
     "check_examples",
     "fixed_order_period",
     "held_epsilons",
     "held_epsilons_of",
     "load_training_state",
+    "record_noise_stream",
     "sampler_for",
     "sampler_record",
     "training_state_dict",

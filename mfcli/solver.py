@@ -476,7 +476,9 @@ def dual_weights_from_strategy(workload: np.ndarray, strategy: np.ndarray) -> np
 
 
 def warm_start_weights(artifact: Any, workload: np.ndarray) -> np.ndarray:
-    """Dual weights to start a solve for ``workload`` from an earlier artifact (path or Artifact).
+    """Dual weights to start a solve for ``workload`` from an earlier artifact, already read by the
+    caller (an :class:`~mfcli.artifact.Artifact`: ``warm_start_weights(load_artifact(path), A)``;
+    the optimisers never open files).
 
     The artifact's stored solver dual weights if it has them (any n: the solver resamples them
     to the workload's size), else weights recovered from its strategy by
@@ -484,19 +486,13 @@ def warm_start_weights(artifact: Any, workload: np.ndarray) -> np.ndarray:
     the iteration begins; the result is certified by its own duality gap either way.
 
     Raises:
-        MfcliError: the artifact cannot be read, or it has no dual weights and another n.
-        TypeError: ``artifact`` is neither a path nor an :class:`~mfcli.artifact.Artifact`.
+        MfcliError: it has no dual weights and another n.
+        TypeError: ``artifact`` is not a loaded dense artifact (no dual weights, n and factorization).
     """
-    from pathlib import Path
-
-    from mfcli.artifact import Artifact, load_artifact
-
-    if isinstance(artifact, Artifact):
-        art = artifact
-    elif isinstance(artifact, (str, os.PathLike)):
-        art = load_artifact(Path(artifact))
-    else:
-        raise TypeError(f"artifact must be a path or an Artifact, got {type(artifact).__name__}")
+    if not all(hasattr(artifact, name) for name in ("dual_weights", "n", "factorization")):
+        raise TypeError(f"artifact must be a loaded Artifact (mfcli.artifact.load_artifact), "
+                        f"got {type(artifact).__name__}")
+    art = artifact
     if art.dual_weights is not None:
         return np.array(art.dual_weights, dtype=np.float64)
     a = np.asarray(workload, dtype=np.float64)

@@ -39,15 +39,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 if TYPE_CHECKING:
     import scipy.sparse
-
-    from mfcli.participation import Participation
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
@@ -388,7 +385,6 @@ def build_strategy(
     name: str,
     workload: Workload | np.ndarray,
     *,
-    artifact: str | Path | None = None,
     tol: float = 1e-6,
     max_iter: int = 1000,
     callback: Callable[[Any], None] | None = None,
@@ -398,8 +394,6 @@ def build_strategy(
     Args:
         name: one of :data:`STRATEGY_NAMES`.
         workload: a :class:`~mfcli.workloads.Workload` or an n x n lower-triangular matrix.
-        artifact: for ``optimal`` only: read the factorization from this artifact instead of
-            solving; its n and workload matrix must match ``workload``.
         tol, max_iter, callback: passed to the solver for ``optimal``.
 
     Formal guarantees: A = B C to relative Frobenius error 1e-8 (checked here), and a strategy
@@ -407,18 +401,15 @@ def build_strategy(
     recomputed from B and C by :class:`~mfcli.factorization.Factorization`.
 
     Raises:
-        MfcliError: unknown name, a tree strategy for n < 2, an artifact that does not match.
+        MfcliError: unknown name, a tree strategy for n < 2. (A stored optimum is read by
+            :func:`mfcli.artifact.strategy_from_artifact`.)
     """
     if name not in STRATEGY_NAMES:
         raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    if artifact is not None and name != "optimal":
-        raise MfcliError(f"an artifact can only stand for the optimal strategy, not {name!r}")
     a = _as_workload(workload)
     n = a.shape[0]
 
     if name == "optimal":
-        if artifact is not None:
-            return strategy_from_artifact(artifact, a)
         from mfcli.solver import optimal_factorization
 
         res = optimal_factorization(a, tol=tol, max_iter=max_iter, callback=callback)
@@ -460,74 +451,3 @@ def build_strategy(
     fact = Factorization(workload=a, strategy=c, decoder=b, causal=causal)
     desc = DESCRIPTIONS[name] + ("" if post is None else "; post-processed B = A S^-1 B_S")
     return Strategy(name, fact, causal, desc, release_steps=release)
-
-
-def strategy_from_artifact(path: str | Path, workload: np.ndarray) -> Strategy:
-    """A stored factorization (``mfcli optimize`` or ``mfcli compare --save-strategy``), checked
-    against ``workload``: same n and the same A (relative difference <= 1e-9)."""
-    from mfcli.artifact import load_artifact
-
-    art = load_artifact(path)
-    a = np.asarray(workload, dtype=np.float64)
-    n = a.shape[0]
-    if art.n != n:
-        raise MfcliError(f"artifact {path} has n = {art.n}, the table's workload has n = {n}")
-    stored = art.factorization.workload
-    diff = float(np.max(np.abs(stored - a)))
-    scale = float(np.max(np.abs(a)))
-    if not diff <= 1e-9 * scale:
-        raise MfcliError(
-            f"artifact {path} was made for a different workload ({art.workload_name} "
-            f"{art.attrs.get('workload_params', {})}); max |A difference| = {diff:.3g}"
-        )
-    fact = art.factorization
-    release = None
-    info = art.groups.get("baseline", {}).get("datasets", {})
-    if "release_steps" in info:
-        release = np.asarray(info["release_steps"], dtype=np.int64)
-    if fact.m != fact.n and release is None:
-        raise MfcliError(f"artifact {path} has a non-square strategy but no baseline/release_steps")
-    if fact.causal:
-        r = np.arange(n) if release is None else release
-        if not is_causal_in_release_order(strategy=fact.strategy, decoder=fact.decoder, release_steps=r):
-            raise MfcliError(f"artifact {path} is marked causal but is not lower-triangular in release order")
-    solver = art.attrs.get("solver") or None
-    desc = f"{art.strategy_name} from {Path(path).name}"
-    if isinstance(solver, dict) and "gap" in solver:
-        desc += f" (gap {solver['gap']:.1e})"
-    return Strategy(
-        art.strategy_name, fact, bool(fact.causal), desc, release_steps=release, source=str(path),
-        solver=solver if isinstance(solver, dict) else None,
-    )
-
-
-def save_strategy(
-    path: str | Path,
-    strategy: Strategy,
-    *,
-    workload_name: str,
-    workload_params: Mapping[str, Any] | None = None,
-    command: str = "",
-    force: bool = False,
-    participation: Participation | None = None,
-) -> str:
-    """Write a strategy as a format-v1 artifact (atomically), so a baseline can be trained with
-    and accounted like the optimum. The release order goes into group ``baseline`` (dataset
-    ``release_steps``, checksummed); ``participation`` (a schema other than None) is stored as the
-    artifact's ``participation`` attribute. Returns the file's SHA-256."""
-    from mfcli.artifact import save_artifact
-
-    groups = {
-        "baseline": {
-            "datasets": {"release_steps": np.asarray(strategy.release_steps, dtype=np.float64)},
-            "attrs": {
-                "description": strategy.description,
-                "release_order": "row i of C is released at step release_steps[i]; leaf first, then ancestors bottom-up",
-            },
-        }
-    }
-    return save_artifact(
-        path, strategy.factorization, workload_name=workload_name, workload_params=workload_params,
-        strategy_name=strategy.name, solver=strategy.solver, command=command, groups=groups, force=force,
-        participation=participation,
-    )

@@ -13,7 +13,9 @@ An artifact of a structured strategy has the root attributes of every artifact (
 ``n``, ``workload_name``, ``sensitivity``, ``loss_*`` at single participation, ``participation``)
 and no root datasets; group ``structured`` has attribute ``kind``, one checksummed dataset per
 parameter, and the schema's sensitivity and losses (``schema_sensitivity``, ``schema_loss_mean``,
-``schema_loss_max``), all recomputed from the parameters on load and compared.
+``schema_loss_max``), all recomputed from the parameters on load and compared. The reader and
+writer of that file are the artifact module's (:func:`mfcli.artifact.load_structured_artifact`,
+:func:`mfcli.artifact.save_structured_artifact`, :func:`mfcli.artifact.load_any_artifact`).
 
 Noise: with C^-1 = num(z) / den(z) (banded Toeplitz: num = 1, den = c), gradient noise x = C^-1 Z
 and iterate noise B Z = A C^-1 Z (den multiplied by the workload's denominator) are the IIR
@@ -24,8 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,6 @@ from mfcli.toeplitz import (
     check_n,
     loss_from_decoder,
     materialize,
-    toeplitz_workload,
 )
 
 #: The most values a parameter dataset of any structured kind holds (a banded Toeplitz strategy's
@@ -136,7 +136,7 @@ class RationalToeplitz(IirRecursion):
 class BltRecursion(BufferRecursion):
     """The noise operator of a BLT strategy, streamed in its parallel (buffer) form rather than
     as a polynomial ratio: x = C^-1 z by C's own buffers, x_t = z_t - sum_i omega_i s_i, then
-    s_i <- theta_i s_i + x_t (as :class:`mfcli.blt.BltNoiseStream`); for iterate noise the
+    s_i <- theta_i s_i + x_t (as :func:`mfcli.noise.strategy_stream`); for iterate noise the
     output then runs through the workload's filter 1 / post_den (y_t = x_t - sum_k post_den_k
     y_{t-k}). The polynomial form of C^-1 moves poles that cluster near 1: in float32 an
     optimised 4-buffer BLT at n = 10^5 gets a different operator (coefficients off by 5e-4);
@@ -184,45 +184,7 @@ class BltRecursion(BufferRecursion):
 
 
 # ---------------------------------------------------------------------------------------------
-# Artifact
-
-
-@dataclass(frozen=True, eq=False)
-class StructuredArtifact:
-    """A loaded, verified structured artifact: the strategy, the workload and recomputed numbers.
-
-    Attributes:
-        sensitivity: single participation (the root attribute ``sensitivity``).
-        schema_sensitivity: under the declared participation schema.
-        loss: at single participation; schema_loss: at the schema's sensitivity.
-    """
-
-    path: Path
-    strategy: Any
-    workload: ToeplitzWorkload
-    n: int
-    attrs: Mapping[str, Any]
-    participation: Participation
-    sensitivity: Sensitivity
-    schema_sensitivity: Sensitivity
-    loss: Loss
-    schema_loss: Loss
-    groups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    @property
-    def workload_name(self) -> str:
-        return self.workload.name
-
-    @property
-    def strategy_name(self) -> str:
-        return str(self.strategy.kind)
-
-    @property
-    def kind(self) -> str:
-        return str(self.strategy.kind)
-
-    def operator(self) -> StructuredOperator:
-        return StructuredOperator(self.strategy, self.workload, self.n)
+# The numbers an artifact stores (recomputed by mfcli.artifact's reader and writer)
 
 
 def workload_params(workload: ToeplitzWorkload) -> dict[str, Any]:
@@ -267,240 +229,7 @@ def check_finite_numbers(single: Sensitivity, sens: Sensitivity, loss: Loss, slo
                                 "(its noise C^-1 Z or decoder B = A C^-1 overflows): refused")
 
 
-def save_structured_artifact(
-    path: str | Path,
-    strategy: Any,
-    *,
-    workload: ToeplitzWorkload,
-    n: int,
-    participation: Participation | None = None,
-    command: str = "",
-    solver: Mapping[str, Any] | None = None,
-    force: bool = False,
-) -> str:
-    """Write a structured strategy as a format-v1 artifact (no n x n datasets), atomically.
-    Returns the SHA-256 of the written file.
-
-    Raises:
-        ArtifactError: the numbers the loader recomputes (:func:`evaluate`) are not finite or
-            cannot be computed (e.g. a sensitivity that cannot be certified), or the file's
-            image does not pass :func:`load_structured_artifact`: nothing is written, so the
-            writer never leaves a file its own loader refuses.
-    """
-    from mfcli.artifact import (
-        FORMAT,
-        FORMAT_VERSION,
-        PARTICIPATION_ATTR,
-        _to_attr,
-        _version,
-        _write_dataset,
-        atomic_path,
-        hdf5_image,
-        utc_now,
-        write_bytes_to,
-    )
-
-    n = check_n(n)
-    schema = participation or SingleParticipation()
-    schema.check(n)
-    try:
-        # the loader's own recomputation: what it would refuse is not written
-        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
-    except ArtifactError:
-        raise
-    except MfcliError as exc:
-        raise ArtifactError(f"cannot write a structured artifact of this strategy: {exc}") from None
-    attrs: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "n": n,
-        "m": n,
-        "workload_name": workload.name,
-        "workload_params": workload_params(workload),
-        "strategy_name": strategy.kind,
-        "sensitivity": single.value,
-        "loss_total": loss.total,
-        "loss_mean": loss.mean,
-        "loss_max": loss.max,
-        "causal": True,
-        "noise_operator": "C^-1 (gradient noise) and B (iterate noise), streamed by recursion",
-        "solver": dict(solver or {}),
-        "created_by": f"mfcli {_version()}",
-        "created_utc": utc_now(),
-        "command": command,
-    }
-    if participation is not None:
-        attrs[PARTICIPATION_ATTR] = participation.to_json()
-    gattrs = {"kind": strategy.kind, "schema_sensitivity": sens.value, "schema_sensitivity_exact": sens.exact,
-              "schema_loss_mean": sloss.mean, "schema_loss_max": sloss.max}
-
-    def build(f: Any) -> None:
-        for k, val in attrs.items():
-            f.attrs[k] = _to_attr(val)
-        g = f.create_group(GROUP)
-        for k, val in gattrs.items():
-            g.attrs[k] = _to_attr(val)
-        for name, data in strategy.parameters().items():
-            _write_dataset(g, name, data)
-
-    # The writer never writes what its own loader refuses: the file's image is read back by
-    # load_structured_artifact (every check a reader makes) before the target is touched.
-    _verify_image(hdf5_image(build), Path(path))
-    with atomic_path(path, force=force) as tmp:
-        image = hdf5_image(build)
-        write_bytes_to(tmp, image, target=Path(path))
-    return hashlib.sha256(image).hexdigest()
-
-
-def _verify_image(image: bytes, target: Path) -> None:
-    """Load the HDF5 ``image`` of a structured artifact as a reader would, from a private
-    temporary file (removed after); :class:`ArtifactError` naming ``target`` if it does not load."""
-    import os
-    import tempfile
-
-    fd, name = tempfile.mkstemp(prefix="mfcli-verify-", suffix=".h5")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(image)
-        load_structured_artifact(name)
-    except ArtifactError as exc:
-        raise ArtifactError(f"refusing to write {target}: the file would not verify on reading: "
-                            f"{str(exc).replace(name + ': ', '')}") from None
-    except OSError as exc:
-        raise MfcliError(f"cannot verify {target} before writing it: {exc.strerror or exc}") from None
-    finally:
-        try:
-            os.unlink(name)
-        except OSError:
-            pass
-
-
-def is_structured_file(path: str | Path) -> bool:
-    """Whether the file at ``path`` holds a structured strategy (group ``structured``); False for
-    anything unreadable (the regular loader then reports why)."""
-    try:
-        import h5py
-
-        from mfcli.validation import regular_file
-
-        with h5py.File(regular_file(path), "r") as f:  # a FIFO would block: refused unopened
-            return GROUP in f and "strategy" not in f
-    except (OSError, ValueError):  # ArtifactError is a ValueError
-        return False
-
-
-def load_structured_artifact(path: str | Path) -> StructuredArtifact:
-    """Read and verify a structured artifact: format, plain structure, every dataset's checksum,
-    the parameters (strict ``from_parameters``), the workload and schema, and every stored number
-    against its recomputation from the parameters.
-
-    Raises:
-        ArtifactError: naming the first check that fails.
-    """
-    import h5py
-
-    from mfcli.artifact import (
-        FORMAT,
-        FORMAT_VERSION,
-        PARTICIPATION_ATTR,
-        _decode,
-        check_structure,
-        dataset_problem,
-        dataset_sha256,
-        open_artifact_file,
-        read_participation,
-    )
-
-    p = Path(path)
-    f = open_artifact_file(p)
-    try:
-        with f:
-            if _decode(f.attrs.get("format")) != FORMAT:
-                raise ArtifactError(f"{p} is not an mfcli artifact (format attribute is {_decode(f.attrs.get('format'))!r})")
-            if _decode(f.attrs.get("format_version")) != FORMAT_VERSION:
-                raise ArtifactError(f"{p} has format_version {_decode(f.attrs.get('format_version'))!r}; "
-                                    f"this mfcli reads version {FORMAT_VERSION}")
-            check_structure(f, p)
-            if GROUP not in f or not isinstance(f[GROUP], h5py.Group):
-                raise ArtifactError(f"{p} has no {GROUP!r} group")
-            for name in f:
-                if name != GROUP and isinstance(f[name], h5py.Dataset):
-                    raise ArtifactError(f"{p}: a structured artifact has no root datasets, found {name!r}")
-            g = f[GROUP]
-            # the declared size first, before any dataset is read: n within the structured
-            # limit, and every parameter dataset stored in full and within the largest
-            # parameter count any structured kind has (MAX_BANDS coefficients)
-            n_attr = _decode(f.attrs.get("n"))
-            if isinstance(n_attr, int) and not isinstance(n_attr, bool):  # else reported below, by name
-                try:
-                    check_n(n_attr)
-                except MfcliError as exc:
-                    raise ArtifactError(f"{p}: {exc}") from None
-            for name in g:
-                obj = g[name]
-                if isinstance(obj, h5py.Dataset):
-                    problem = dataset_problem(obj, max_size=MAX_PARAMETER_VALUES)
-                    if problem is not None:
-                        raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' {problem}")
-            params: dict[str, np.ndarray] = {}
-            for name in g:
-                obj = g[name]
-                if not isinstance(obj, h5py.Dataset):
-                    raise ArtifactError(f"{p}: {GROUP}/{name} is not a dataset")
-                data = obj[...]
-                stored = _decode(obj.attrs.get("sha256"))
-                if stored is None:
-                    raise ArtifactError(f"{p}: dataset '{GROUP}/{name}' has no sha256 checksum")
-                if stored != dataset_sha256(data):
-                    raise ArtifactError(f"{p}: checksum mismatch in dataset '{GROUP}/{name}' (file modified or corrupt)")
-                params[name] = data
-            gattrs = {k: _decode(v) for k, v in g.attrs.items()}
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            raw_participation = f.attrs.get(PARTICIPATION_ATTR)
-    except ArtifactError:
-        raise
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        raise ArtifactError(f"{p} cannot be read (truncated or corrupt?): {exc}") from None
-    try:
-        cls = strategy_class(str(gattrs.get("kind")))
-        strategy = cls.from_parameters(params)
-        n = attrs.get("n")
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise MfcliError(f"attribute n must be an integer, got {n!r}")
-        n = check_n(n)
-        wparams = attrs.get("workload_params") or {}
-        if not isinstance(wparams, dict):
-            raise MfcliError(f"attribute workload_params must be a JSON object, got {wparams!r}")
-        workload = toeplitz_workload(str(attrs.get("workload_name")), beta=wparams.get("beta", 0.9),
-                                     lr=wparams.get("lr", "constant"))
-        schema = read_participation(raw_participation, n)
-        single, sens, loss, sloss = evaluate(strategy, workload, n, schema)
-    except ArtifactError as exc:
-        raise ArtifactError(f"{p}: {exc}") from None
-    except MfcliError as exc:
-        raise ArtifactError(f"{p}: {exc}") from None
-    checks = [(attrs, "sensitivity", single.value), (attrs, "loss_total", loss.total), (attrs, "loss_mean", loss.mean),
-              (attrs, "loss_max", loss.max), (gattrs, "schema_sensitivity", sens.value),
-              (gattrs, "schema_loss_mean", sloss.mean), (gattrs, "schema_loss_max", sloss.max)]
-    for where, key, recomputed in checks:
-        stored = where.get(key)
-        if isinstance(stored, bool) or not isinstance(stored, (int, float)) \
-                or not np.isclose(stored, recomputed, rtol=ATTR_RTOL, atol=0):
-            raise ArtifactError(f"{p}: stored {key} {stored!r} does not match the value recomputed from the "
-                                f"parameters ({recomputed!r})")
-    return StructuredArtifact(path=p, strategy=strategy, workload=workload, n=n, attrs=attrs, participation=schema,
-                              sensitivity=single, schema_sensitivity=sens, loss=loss, schema_loss=sloss,
-                              groups={GROUP: {"attrs": gattrs, "datasets": params}})
-
-
-def load_any_artifact(path: str | Path) -> Any:
-    """:func:`load_structured_artifact` for a structured file, else :func:`mfcli.artifact.load_artifact`."""
-    from mfcli.artifact import load_artifact
-
-    return load_structured_artifact(path) if is_structured_file(path) else load_artifact(path)
-
-
-def single_pass_epsilon(art: StructuredArtifact, *, sigma: float, delta: float) -> Any:
+def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
     """The deterministic-participation guarantee of a structured artifact: C G + sigma Z is a
     Gaussian mechanism with L2 sensitivity S, the schema sensitivity (an upper bound over every
     pair of adjacent inputs the schema allows, for any gradient dimension), so it is mu-GDP with
@@ -543,7 +272,7 @@ class StructuredOperator:
     @property
     def identity_sha256(self) -> str:
         """SHA-256 over the tag, the kind, n, the workload and each parameter's dataset_sha256."""
-        from mfcli.artifact import dataset_sha256
+        from mfcli.artifact_format import dataset_sha256
 
         h = hashlib.sha256()
         h.update(f"{IDENTITY_TAG}|{self.strategy.kind}|{self.size}|{self.workload.name}|{self.workload.beta!r}".encode())
@@ -736,16 +465,11 @@ __all__ = [
     "GROUP",
     "BltRecursion",
     "RationalToeplitz",
-    "StructuredArtifact",
     "StructuredOperator",
     "check_finite_numbers",
     "decoder_coefs",
     "evaluate",
     "extend_comparison",
-    "is_structured_file",
-    "load_any_artifact",
-    "load_structured_artifact",
-    "save_structured_artifact",
     "single_pass_epsilon",
     "strategy_class",
     "structured_comparison",

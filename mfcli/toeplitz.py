@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.limits import STRUCTURED_DENSE_MAX_N, STRUCTURED_MAX_N
 from mfcli.participation import (
     EXACT_RTOL,
     FixedEpoch,
@@ -62,14 +63,14 @@ from mfcli.participation import (
 )
 from mfcli.validation import step_count
 
-#: The most steps a structured strategy is evaluated or optimised for (O(n) memory per vector).
-MAX_STRUCTURED_N = 10_000_000
+#: The most steps a structured strategy is evaluated or optimised for (:mod:`mfcli.limits`).
+MAX_STRUCTURED_N = STRUCTURED_MAX_N
 
 #: The most bands a banded Toeplitz strategy may have.
 MAX_BANDS = 4096
 
-#: Above this n, a structured strategy refuses to build its dense n x n matrix.
-DENSE_MAX_N = 8192
+#: Above this n, a structured strategy refuses to build its dense n x n matrix (:mod:`mfcli.limits`).
+DENSE_MAX_N = STRUCTURED_DENSE_MAX_N
 
 #: Above k x len(c) multiply-adds, the pattern vector v is formed by FFT convolution; its result
 #: is then raised by this relative slack so that the printed upper bound stays an upper bound.
@@ -529,57 +530,6 @@ class BandedToeplitz:
         """C as a dense matrix (n <= DENSE_MAX_N)."""
         return materialize(self.coefs, n)
 
-    def gradient_stream(self, d: int) -> BandedToeplitzStream:
-        """A stream of the rows of C^-1 Z for d-dimensional Z, O(b d) memory."""
-        return BandedToeplitzStream(self.coefs, d)
-
-
-class BandedToeplitzStream:
-    """Rows x_t of C^-1 Z for a banded Toeplitz C, fed one z_t at a time (O(b d) memory): a
-    filter over rows the caller draws, running the one banded-Toeplitz recursion
-    (:class:`mfcli.operators.IirRecursion` with num = 1, den = c). For a seeded, checkpointed noise
-    stream use :func:`mfcli.noise.noise_stream` on a banded-Toeplitz artifact.
-
-    x_t = (z_t - sum_{k=1}^{b-1} c_k x_{t-k}) / c_0. ``state()`` / ``load_state()`` copy the
-    last b - 1 outputs out and back for bit-identical resume.
-    """
-
-    def __init__(self, coefs: np.ndarray, d: int, dtype: Any = np.float64) -> None:
-        from mfcli.noise import NumpyOps, cast_tables
-        from mfcli.structured import RationalToeplitz
-
-        self.coefs = np.asarray(coefs, dtype=np.float64)
-        self.d = step_count(d, name="d")
-        self.dtype = np.dtype(dtype)
-        self._rec = RationalToeplitz(np.array([1.0]), self.coefs, 0)
-        self._tab = cast_tables(self._rec.tables(), lambda a: a, self.dtype)
-        self._ops = NumpyOps(self.dtype)
-        self.history = np.zeros((self._rec.rank, self.d), dtype=self.dtype)
-        self.t = 0
-
-    def step(self, z: np.ndarray) -> np.ndarray:
-        """x_t from z_t (shape (d,)); advances t."""
-        z = np.asarray(z)
-        if z.shape != (self.d,):
-            raise MfcliError(f"z must have shape ({self.d},), got {z.shape}")
-        zt = np.array(z, dtype=self.dtype)
-        ring = np.zeros((0, self.d), dtype=self.dtype)
-        x, (_, self.history) = self._rec.step(self.t, lambda j: zt, (ring, self.history), self._tab, self._ops)
-        self.t += 1
-        return np.asarray(x, dtype=self.dtype)
-
-    def state(self) -> dict[str, Any]:
-        """A copy of the stream's state (step and the last b - 1 outputs)."""
-        return {"t": self.t, "history": self.history.copy()}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state`."""
-        hist = np.asarray(state["history"])
-        if hist.shape != self.history.shape:
-            raise MfcliError(f"stream state has history shape {hist.shape}, expected {self.history.shape}")
-        self.history = hist.astype(self.dtype, copy=True)
-        self.t = step_count(state["t"], name="t", minimum=0)
-
 
 # ---------------------------------------------------------------------------------------------
 # Optimisation
@@ -699,7 +649,6 @@ __all__ = [
     "MAX_BANDS",
     "TOEPLITZ_PREFIX",
     "BandedToeplitz",
-    "BandedToeplitzStream",
     "Loss",
     "ToeplitzWorkload",
     "decoder_coefs",

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.limits import DENSE_MAX_N
 from mfcli.validation import step_count
 
-#: Largest n mfcli accepts. The dense solver keeps about eight n x n float64 matrices alive
-#: (n = 8192: about 4 GiB), which is what a 24 GiB machine can hold next to other work.
-MAX_N = 8192
+#: Largest n of a dense workload (:data:`mfcli.limits.DENSE_MAX_N`, with its reason).
+MAX_N = DENSE_MAX_N
 
 WORKLOAD_NAMES = ("prefix", "momentum", "custom")
 SCHEDULE_NAMES = ("constant", "step-decay", "cooldown")
@@ -212,9 +212,11 @@ def momentum_workload(
     return Workload("momentum", a, {"beta": float(beta), "lr": lr_name})
 
 
-def custom_workload(path: str | Path) -> Workload:
-    """A workload read from .npy, .csv or an mfcli artifact (its ``workload`` dataset)."""
-    arr = _read_array(path, what="custom workload file")
+def custom_workload(path: str | Path, *, matrix: np.ndarray | None = None) -> Workload:
+    """A workload read from .npy or .csv, or the ``matrix`` its caller already read from ``path``
+    (an mfcli artifact's ``workload`` dataset: :func:`mfcli.artifact.load_workload_matrix`; this
+    layer opens no artifact)."""
+    arr = _read_array(path, what="custom workload file") if matrix is None else np.asarray(matrix, dtype=np.float64)
     a = check_workload_matrix(arr, what=f"custom workload {Path(path).name}")
     return Workload("custom", a, {"source": str(path)})
 
@@ -229,13 +231,16 @@ def build_workload(
     lr_final: float = 0.05,
     lr_last: int | None = None,
     matrix_file: str | Path | None = None,
+    matrix: np.ndarray | None = None,
 ) -> Workload:
     """Build a named workload: ``prefix`` or ``momentum`` with n steps, or ``custom`` from a file.
 
     ``lr`` is a schedule name (``constant``, ``step-decay``, ``cooldown``) or a path to a file
     with n per-step learning rates; ``lr_factor``, ``lr_final`` and ``lr_last`` shape the named
-    schedules (:func:`learning_rates`). ``matrix_file`` is the custom workload's matrix (.npy,
-    .csv or an mfcli artifact); for it ``n`` is optional and, if given, must match.
+    schedules (:func:`learning_rates`). ``matrix_file`` is the custom workload's matrix (.npy or
+    .csv; for an mfcli artifact its caller reads the matrix, :func:`mfcli.artifact.load_workload_matrix`,
+    and passes it as ``matrix``, ``matrix_file`` naming its source); for it ``n`` is optional and,
+    if given, must match.
 
     Raises:
         MfcliError: naming the parameter that is wrong or missing.
@@ -245,11 +250,11 @@ def build_workload(
     if name == "custom":
         if matrix_file is None:
             raise MfcliError("the custom workload needs a matrix file (matrix_file)")
-        w = custom_workload(matrix_file)
+        w = custom_workload(matrix_file, matrix=matrix)
         if n is not None and n != w.n:
             raise MfcliError(f"n = {n} does not match the custom matrix, which has n = {w.n}")
         return w
-    if matrix_file is not None:
+    if matrix_file is not None or matrix is not None:
         raise MfcliError(f"a matrix file (matrix_file) applies to the custom workload only, not {name}")
     if n is None:
         raise MfcliError(f"the {name} workload needs n (the number of steps)")
@@ -312,9 +317,8 @@ def _read_array(path: str | Path, *, what: str) -> np.ndarray:
                 raise MfcliError(f"{what} {p} holds complex numbers; a real matrix is needed")
             return np.asarray(raw, dtype=np.float64)
         if suffix in (".h5", ".hdf5"):
-            from mfcli.artifact import load_artifact
-
-            return np.array(load_artifact(p).factorization.workload)
+            raise MfcliError(f"{what} {p} is an HDF5 file: read an mfcli artifact's workload with "
+                             "mfcli.artifact.load_workload_matrix and pass it as matrix")
         # CSV or whitespace-separated text.
         with open(p, encoding="utf-8") as fh:
             text = fh.read()

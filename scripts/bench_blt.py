@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from mfcli.blt import BltNoiseStream, BufferedToeplitz, optimize_blt
+from mfcli.blt import BufferedToeplitz, optimize_blt
 
 
 def _load() -> str:
@@ -190,22 +190,22 @@ def optimisation(args: argparse.Namespace, bt) -> None:
 
 
 def stream_section() -> None:
-    from mfcli.noise import noise_row
+    from mfcli.noise import noise_row, strategy_stream
 
     print("\n## 4. Gradient noise stream C^-1 Z, d = 10^6, 4 buffers\n")
     blt = optimize_blt(n=10**4, buffers=4).blt
     rates = []
     for dtype, threads in (("float64", 1), ("float64", 2), ("float32", 1), ("float32", 2)):
-        stream = BltNoiseStream(blt, n=10**4, seed=1, d=10**6, threads=threads, dtype=dtype)
-        stream.next()
+        stream = strategy_stream(blt, n=10**4, seed=1, d=10**6, threads=threads, dtype=dtype)
+        _, state = stream.next(stream.init())
         walls, cpus = [], []
         for _ in range(30):
             t0, c0 = time.perf_counter(), time.process_time()
-            stream.next()
+            _, state = stream.next(state)
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         rates.append((dtype, threads, 1 / statistics.median(walls), 1 / statistics.median(cpus),
-                      stream.memory_floats * np.dtype(dtype).itemsize / 2**20))
+                      stream.memory_floats() * np.dtype(dtype).itemsize / 2**20))
     # On a shared machine wall time measures the load; CPU seconds (all threads of this process)
     # are what one step costs.
     for dtype in ("float64", "float32"):  # the ceiling: drawing Z's row alone (Philox normals)

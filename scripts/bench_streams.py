@@ -42,11 +42,10 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from mfcli.artifact import save_artifact
+from mfcli.artifact import save_artifact, save_structured_artifact
 from mfcli.blt import BufferedToeplitz
 from mfcli.factorization import Factorization
 from mfcli.noise import NUMPY_GENERATOR, noise_row, noise_stream
-from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
 from mfcli.workloads import prefix_workload
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mfcli.artifact import save_structured_artifact
 from mfcli.noise import noise_stream
-from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, optimize_banded_toeplitz
 
 

@@ -243,3 +243,89 @@ def test_library_message_names_no_cli_flag(artifact, solved):
     with pytest.raises(OutputExistsError) as err:
         save_artifact(artifact, res.factorization, workload_name="m", strategy_name="optimal")
     assert "--" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# One reader for every kind (issue 23) and no silent fall-back to the dense operator (issue 26)
+
+
+def test_renamed_compressed_group_is_refused_not_streamed_dense(tmp_path, artifact):
+    """A file whose root declares a compressed decoder (compress wrote compression_band/rank and a
+    '+compressed' strategy name) but whose 'compressed' group was renamed: select_operator('auto'),
+    and with it every noise stream and accounting that picks the operator, refuses in one line
+    instead of running the dense root (another operator, another sensitivity); 'dense' given
+    explicitly still runs the root, and the intact file picks the compressed operator."""
+    from mfcli.compress import compress_artifact
+    from mfcli.noise import noise_stream
+    from mfcli.operators import select_operator
+
+    out = tmp_path / "k.h5"
+    compress_artifact(artifact, band=3, rank=2, out=out)
+    assert select_operator(load_artifact(out), "auto").variant == "compressed"
+    with h5py.File(out, "r+") as f:
+        f.move("compressed", "compressed_old")
+    art = load_artifact(out)   # the file itself still verifies: checksums, numbers, A = B C
+    for call in (lambda: select_operator(art, "auto"), lambda: noise_stream(out, kind="gradient", d=2, seed=1)):
+        with pytest.raises(ArtifactError, match=r"declares a compressed decoder \(compression_band, compression_rank, "
+                                                r"strategy_name 'optimal\+compressed'\) but the file has no 'compressed' group"):
+            call()
+    assert select_operator(art, "dense").variant == "dense"
+    with pytest.raises(MfcliError, match="has no compressed decoder"):
+        select_operator(art, "compressed")
+
+
+def _structured_file(tmp_path):
+    from mfcli.artifact import save_structured_artifact
+    from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+
+    path = tmp_path / "s.h5"
+    save_structured_artifact(path, BandedToeplitz(np.array([1.0, 0.5, 0.25])), workload=TOEPLITZ_PREFIX, n=16)
+    return path, "structured/coefs"
+
+
+def _dense_file(tmp_path, artifact):
+    return artifact, "strategy"
+
+
+@pytest.mark.parametrize("make", [_dense_file, _structured_file], ids=["dense", "structured"])
+def test_one_header_check_and_checksum_read_for_every_kind(tmp_path, artifact, make):
+    """load_any_artifact (mfcli.artifact) reads both kinds through the same header check and the
+    same checksum-verifying dataset read: the same messages, whichever kind the file is."""
+    from mfcli.artifact import load_any_artifact
+
+    path, dataset = make(tmp_path, artifact) if make is _dense_file else make(tmp_path)
+    assert load_any_artifact(path).n in (16, 24)
+    bad = tmp_path / "bad.h5"
+    shutil.copy(path, bad)
+    with h5py.File(bad, "r+") as f:
+        f.attrs["format_version"] = 7
+    with pytest.raises(ArtifactError, match="has format_version 7; this mfcli reads version 1"):
+        load_any_artifact(bad)
+    shutil.copy(path, bad)
+    with h5py.File(bad, "r+") as f:
+        f.attrs["format"] = "something.else"
+    with pytest.raises(ArtifactError, match=r"is not an mfcli artifact \(format attribute is 'something.else'\)"):
+        load_any_artifact(bad)
+    shutil.copy(path, bad)
+    with h5py.File(bad, "r+") as f:
+        f[dataset].attrs["sha256"] = "0" * 64
+    with pytest.raises(ArtifactError, match=f"checksum mismatch in dataset '{dataset}' \\(file modified or corrupt\\)"):
+        load_any_artifact(bad)
+    shutil.copy(path, bad)
+    with h5py.File(bad, "r+") as f:
+        del f[dataset].attrs["sha256"]
+    with pytest.raises(ArtifactError, match=f"dataset '{dataset}' has no sha256 checksum"):
+        load_any_artifact(bad)
+
+
+def test_one_attribute_decoder():
+    """artifact_format.decode_attr is the decoder the readers share (artifact._decode is it)."""
+    from mfcli import artifact
+    from mfcli.artifact_format import decode_attr
+
+    assert artifact._decode is decode_attr
+    cases = [(b"abc", "abc"), ('{"a": [1, 2]}', {"a": [1, 2]}), ("[1]", [1]), ("null", None), (np.float64(2.5), 2.5),
+             (np.int64(3), 3), ("{not json", "{not json"), ("plain", "plain")]
+    for stored, value in cases:
+        got = decode_attr(stored)
+        assert got == value and type(got) is type(value)

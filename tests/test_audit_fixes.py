@@ -146,7 +146,7 @@ def test_inspect_catches_an_edited_root_participation(tmp_path, kind):
         fact = build_strategy("sqrt", prefix_workload(8)).factorization
         save_artifact(path, fact, workload_name="prefix", strategy_name="sqrt", participation=MinSeparation(separation=2))
     else:
-        from mfcli.structured import save_structured_artifact
+        from mfcli.artifact import save_structured_artifact
         from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
         save_structured_artifact(path, BandedToeplitz.sqrt_init(2), workload=TOEPLITZ_PREFIX, n=8,
@@ -158,7 +158,7 @@ def test_inspect_catches_an_edited_root_participation(tmp_path, kind):
     if kind == "structured":  # a careful edit also fixes the numbers derived from the schema
         import h5py
 
-        from mfcli.structured import load_structured_artifact
+        from mfcli.artifact import load_structured_artifact
 
         with h5py.File(path, "r") as f:
             derived = {k: f["structured"].attrs[k] for k in f["structured"].attrs if k.startswith("schema_")}

@@ -13,7 +13,6 @@ from sensitivity_oracle import brute_sensitivity
 from structured_oracles import blt_dense, toeplitz_dense
 
 from mfcli.blt import (
-    BltNoiseStream,
     BufferedToeplitz,
     _inverse_parameters,
     _loss_and_grad_closed,
@@ -23,7 +22,7 @@ from mfcli.blt import (
     toeplitz_workload,
 )
 from mfcli.errors import ArtifactError, MfcliError
-from mfcli.noise import noise_matrix
+from mfcli.noise import noise_matrix, strategy_stream
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
 from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
 
@@ -296,35 +295,53 @@ def test_optimize_under_min_sep_is_evaluated_honestly():
 @pytest.mark.parametrize(("theta", "omega"), BLTS)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_stream_matches_dense_noise(theta, omega, dtype):
+    """The one noise stream on a BLT in memory (noise.strategy_stream) is C^-1 Z, with C built
+    densely from its defining formula (structured_oracles.blt_dense) and Z the stream's rows."""
     n, d = 20, 7
     blt = BufferedToeplitz(theta=theta, omega=omega)
-    stream = blt.gradient_stream(n=n, seed=3, d=d, dtype=dtype)
-    rows = np.stack([stream.next() for _ in range(n)])
+    stream = strategy_stream(blt, n=n, seed=3, d=d, dtype=dtype)
+    state, rows = stream.init(), []
+    for _ in range(n):
+        row, state = stream.next(state)
+        rows.append(row)
     z = noise_matrix(3, n, d, dtype).astype(np.float64)
     expect = np.linalg.solve(blt_dense(blt.theta, blt.omega, n), z)
     tol = 1e-12 if dtype == "float64" else 1e-5
-    np.testing.assert_allclose(rows, expect, rtol=0, atol=tol * np.abs(expect).max())
-    assert stream.memory_floats == (blt.buffers + 2) * d
-    with pytest.raises(MfcliError, match="ended"):
-        stream.next()
+    np.testing.assert_allclose(np.stack(rows), expect, rtol=0, atol=tol * np.abs(expect).max())
+    assert stream.memory_floats() == (blt.buffers + 1) * d   # the buffers and the returned row
+    assert stream.sensitivity == blt.sensitivity(n, SingleParticipation()).value
+    with pytest.raises(MfcliError, match="exhausted"):
+        stream.next(state)
 
 
 def test_stream_resume_is_bit_identical():
     blt = BufferedToeplitz(theta=[0.3, 0.9, 0.99], omega=[0.2, 0.1, 0.05])
-    a = BltNoiseStream(blt, n=30, seed=11, d=100_000, threads=2)
-    first = [a.next() for _ in range(10)]
-    ckpt = a.state_dict()
-    rest = [a.next() for _ in range(20)]
-    b = BltNoiseStream(blt, n=30, seed=11, d=100_000)
-    b.load_state_dict(ckpt)
-    assert all(np.array_equal(x, b.next()) for x in rest)
-    c = BltNoiseStream(blt, n=30, seed=11, d=100_000)
-    assert all(np.array_equal(x, c.next()) for x in first)  # threads never change the noise
-    other = BltNoiseStream(BufferedToeplitz(theta=[0.3], omega=[0.2]), n=30, seed=11, d=100_000)
-    with pytest.raises(MfcliError, match="different BLT"):
+    a = strategy_stream(blt, n=30, seed=11, d=100_000, threads=2)
+    state, first = a.init(), []
+    for _ in range(10):
+        row, state = a.next(state)
+        first.append(row)
+    ckpt = a.state_dict(state)
+    rest = []
+    for _ in range(20):
+        row, state = a.next(state)
+        rest.append(row)
+    b = strategy_stream(blt, n=30, seed=11, d=100_000)
+    state = b.load_state_dict(ckpt)
+    for x in rest:
+        row, state = b.next(state)
+        assert np.array_equal(x, row)
+    state = b.init()
+    for x in first:  # threads never change the noise
+        row, state = b.next(state)
+        assert np.array_equal(x, row)
+    other = strategy_stream(BufferedToeplitz(theta=[0.3], omega=[0.2]), n=30, seed=11, d=100_000)
+    with pytest.raises(MfcliError, match="does not fit this stream"):
         other.load_state_dict(ckpt)
     with pytest.raises(MfcliError, match="checkpoint"):
         b.load_state_dict({"t": 1})
+    with pytest.raises(TypeError, match="structured strategy"):
+        strategy_stream(blt.strategy_coefs(4), n=4, seed=1, d=2)
 
 
 def test_against_jax_privacy_when_installed():
@@ -341,3 +358,25 @@ def test_against_jax_privacy_when_installed():
     jp = bt.optimize(n=n, error="max", min_buffers=3, max_buffers=3)
     jp_loss = BufferedToeplitz(theta=np.asarray(jp.buf_decay), omega=np.asarray(jp.output_scale)).loss(n)
     assert optimize_blt(n=n, buffers=3).loss <= jp_loss * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(("buffers", "n", "message"), [
+    (0, None, "buffers must be at least 1"),
+    (33, None, "at most 32"),
+    (3, 3, "below the number of steps n = 3"),
+])
+def test_check_buffers_is_the_one_validator(buffers, n, message):
+    """blt.check_buffers refuses what optimize_blt and --buffers refuse, naming the parameter."""
+    from mfcli.blt import check_buffers
+
+    with pytest.raises(MfcliError, match=message):
+        check_buffers(buffers, n)
+    if n is None:
+        with pytest.raises(MfcliError, match=message):
+            optimize_blt(n=50, buffers=buffers)
+
+
+def test_check_buffers_accepts_the_range():
+    from mfcli.blt import MAX_BUFFERS, check_buffers
+
+    assert [check_buffers(k, 40) for k in (1, MAX_BUFFERS)] == [1, MAX_BUFFERS]

@@ -24,12 +24,14 @@ from mfcli.artifact import save_artifact
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization
 from mfcli.noise import (
+    AccountedOperator,
     NoiseState,
     StaleNoiseStateWarning,
     noise_matrix,
     noise_row,
     noise_stream,
 )
+from mfcli.samplers import record_noise_stream
 from mfcli.solver import optimal_factorization
 from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
 
@@ -325,23 +327,24 @@ def test_stream_of_a_record_is_the_operator_it_accounted(tmp_path, artifacts):
     assert noise_stream(path, kind="gradient", d=2, seed=1).variant == "compressed"   # auto, no record
     for rid, variant, label in ((dense_rid, "dense", "dense"), (comp_rid, "compressed", "compressed")):
         for kind in ("gradient", "iterate"):
-            s = noise_stream(path, kind=kind, d=2, seed=1, record=rid)
+            s = record_noise_stream(path, rid, kind=kind, d=2, seed=1)
             assert s.variant == variant and s.accounted_operator.startswith(label)
             assert s.fingerprint == noise_stream(path, kind=kind, d=2, seed=1, variant=variant).fingerprint
-        assert noise_stream(path, kind="gradient", d=2, seed=1, variant=variant, record=rid).variant == variant
-    dense = noise_stream(path, kind="gradient", d=2, seed=1, record=dense_rid)
+        assert record_noise_stream(path, rid, kind="gradient", d=2, seed=1, variant=variant).variant == variant
+    dense = record_noise_stream(path, dense_rid, kind="gradient", d=2, seed=1)
     assert dense.sensitivity == pytest.approx(np.sqrt(np.max(np.sum(fact.strategy**2, axis=0))), rel=1e-12)
     with pytest.raises(MfcliError, match=f"record {dense_rid!r} accounted the dense operator; a compressed noise"):
-        noise_stream(path, kind="gradient", d=2, seed=1, variant="compressed", record=dense_rid)
+        record_noise_stream(path, dense_rid, kind="gradient", d=2, seed=1, variant="compressed")
     with pytest.raises(MfcliError, match=r"accounted the compressed \(band 3, rank 2\) operator; a dense"):
-        noise_stream(path, kind="gradient", d=2, seed=1, variant="dense", record=comp_rid)
+        record_noise_stream(path, comp_rid, kind="gradient", d=2, seed=1, variant="dense")
     with pytest.raises(MfcliError, match="has no accounting record 'nope'"):
-        noise_stream(path, kind="gradient", d=2, seed=1, record="nope")
+        record_noise_stream(path, "nope", kind="gradient", d=2, seed=1)
 
 
 def test_record_of_another_strategy_is_refused(tmp_path, artifacts):
     """A record whose strategy checksum is not this artifact's operator's (copied from another
-    artifact, or the artifact's matrices replaced) names noise that is not this stream's."""
+    artifact, or the artifact's matrices replaced) names noise that is not this stream's: the
+    record does not verify, and the stream's own identity check refuses the operator too."""
     import shutil
 
     path = tmp_path / "p.h5"
@@ -349,8 +352,35 @@ def test_record_of_another_strategy_is_refused(tmp_path, artifacts):
     rid = _write_record(path, "--operator", "dense", "--sigma", "3")
     with h5py.File(path, "r+") as f:
         f[f"accounting/{rid}"].attrs["strategy_sha256"] = "0" * 64
+    with pytest.raises(MfcliError, match=f"record {rid!r} .*does not verify"):
+        record_noise_stream(path, rid, kind="gradient", d=2, seed=1)
     with pytest.raises(MfcliError, match=f"record {rid!r} accounted operator 'dense'.*is not for this noise"):
-        noise_stream(path, kind="gradient", d=2, seed=1, record=rid)
+        noise_stream(path, kind="gradient", d=2, seed=1, accounted=AccountedOperator("dense", "0" * 64, rid))
+    with pytest.raises(MfcliError, match="AccountedOperator"):
+        noise_stream(path, kind="gradient", d=2, seed=1, accounted=("dense", "0" * 64))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("attr", "value"), [("sigma", 30.0), ("epsilon_single_pass", 1e-3)])
+def test_a_record_is_fully_verified_before_its_stream(tmp_path, artifacts, attr, value):
+    """Issue 26: a record whose operator checksum is right but whose numbers were edited (a
+    larger sigma, a smaller epsilon) is refused before any noise is streamed for it; the operator
+    check alone would have let it through."""
+    import shutil
+
+    path = tmp_path / "q.h5"
+    shutil.copy(artifacts["prefix"][0], path)
+    rid = _write_record(path, "--operator", "dense", "--sigma", "3")
+    with h5py.File(path, "r") as f:
+        attrs = dict(f[f"accounting/{rid}"].attrs)
+    assert attr in attrs, sorted(attrs)
+    with h5py.File(path, "r+") as f:
+        f[f"accounting/{rid}"].attrs[attr] = value
+    # the operator it names is still this artifact's: the identity check alone passes
+    assert noise_stream(path, kind="gradient", d=2, seed=1,
+                        accounted=AccountedOperator(str(attrs.get("operator") or "dense"),
+                                                    str(attrs["strategy_sha256"]), rid)).variant == "dense"
+    with pytest.raises(MfcliError, match=f"record {rid!r} of .* does not verify"):
+        record_noise_stream(path, rid, kind="gradient", d=2, seed=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,3 +714,32 @@ def test_doc_example_compressed(tmp_path, capsys):
     assert (stream.method, stream.width, stream.rank) == ("banded-low-rank", 10, 4)
     assert ns["noise"].shape == (1_000_000,) and ns["noise"].dtype == np.float32
     assert "banded-low-rank 10 4" in capsys.readouterr().out
+
+
+def test_strategy_stream_is_the_artifact_stream_of_that_strategy(tmp_path):
+    """noise.strategy_stream (a structured strategy in memory) and noise_stream (its artifact) are
+    one stream: same fingerprint, sensitivity and rows for gradient and iterate noise; the
+    iterate rows are B Z with B = A C^-1 formed densely here (an independent solve)."""
+    from mfcli.artifact import save_structured_artifact
+    from mfcli.noise import strategy_stream
+    from mfcli.toeplitz import BandedToeplitz, materialize, toeplitz_workload
+
+    n, d = 12, 3
+    w = toeplitz_workload("momentum", beta=0.8)
+    bt = BandedToeplitz(np.array([1.0, 0.4, 0.1]))
+    path = tmp_path / "s.h5"
+    save_structured_artifact(path, bt, workload=w, n=n)
+    z = noise_matrix(4, n, d, "float64")
+    b = materialize(w.coefs(n), n) @ np.linalg.inv(bt.dense(n))
+    for kind, expect in (("gradient", np.linalg.solve(bt.dense(n), z)), ("iterate", b @ z)):
+        mine = strategy_stream(bt, n=n, d=d, seed=4, kind=kind, workload=w)
+        theirs = noise_stream(path, kind=kind, d=d, seed=4, dtype="float64")
+        assert (mine.fingerprint, mine.sensitivity, dict(mine.workload_params)) == \
+            (theirs.fingerprint, theirs.sensitivity, dict(theirs.workload_params))
+        s1, s2, rows = mine.init(), theirs.init(), []
+        for _ in range(n):
+            r1, s1 = mine.next(s1)
+            r2, s2 = theirs.next(s2)
+            assert np.array_equal(r1, r2)
+            rows.append(r1)
+        np.testing.assert_allclose(np.array(rows), expect, rtol=0, atol=1e-12 * np.abs(expect).max())

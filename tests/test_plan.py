@@ -262,7 +262,7 @@ def test_cli_cyclic_artifact_reaccounted_by_account(tmp_path: Path) -> None:
                                  "--batching", "cyclic", "--bands", "2", "--workers", "0", "--out", str(out), "-q"])
     assert r.exit_code == 0, r.stderr
     assert "recommended: bandmf-2" in r.stdout
-    from mfcli.structured import is_structured_file
+    from mfcli.artifact import is_structured_file
 
     assert is_structured_file(out)  # BandMF has a structured form: written as such at any n
     with h5py.File(out, "r") as f:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from mfcli.artifact import is_structured_file
 from mfcli.cli.app import app
 from mfcli.noise import noise_stream
 from mfcli.plan import TIE_RTOL, Candidate, TrainingSetup, evaluate, rank, recommend, write_artifact
-from mfcli.structured import is_structured_file
 
 # n = 4 epochs x 8 steps = 32: every kind is cheap to build and to stream
 SETUP = TrainingSetup(examples=800, batch=100, epsilon=4.0, epochs=4, delta=1e-5, workload="momentum", params=1000)

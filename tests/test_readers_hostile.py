@@ -19,12 +19,20 @@ import h5py
 import numpy as np
 import pytest
 
-from mfcli.artifact import check_datasets, file_sha256, load_artifact, save_artifact
+from mfcli.artifact import (
+    check_datasets,
+    file_sha256,
+    is_structured_file,
+    load_any_artifact,
+    load_artifact,
+    load_structured_artifact,
+    save_artifact,
+    save_structured_artifact,
+)
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.inspection import inspect_artifact
 from mfcli.samplers import accounting_records
 from mfcli.solver import optimal_factorization
-from mfcli.structured import is_structured_file, load_any_artifact, load_structured_artifact, save_structured_artifact
 from mfcli.toeplitz import MAX_BANDS, BandedToeplitz, toeplitz_workload
 from mfcli.validation import regular_file
 from mfcli.workloads import prefix_workload

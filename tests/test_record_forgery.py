@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from mfcli.accounting import records
 from mfcli.accounting.records import NOT_REDERIVED, UNVERIFIED, VERIFIED, read_records, subject_of, verify_record
-from mfcli.artifact import save_artifact
+from mfcli.artifact import load_any_artifact, save_artifact, save_structured_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
@@ -28,7 +28,6 @@ from mfcli.inspection import inspect_artifact
 from mfcli.participation import FixedEpoch
 from mfcli.samplers import FixedOrderSampler, PoissonSampler, held_epsilons, sampler_for
 from mfcli.schemas import load_schema, validate
-from mfcli.structured import load_any_artifact, save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
 dp_accounting = pytest.importorskip("dp_accounting")

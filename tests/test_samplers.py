@@ -448,11 +448,11 @@ def test_record_without_sampler_is_the_fixed_order(tmp_path: Path) -> None:
 
 
 def test_training_checkpoint_pairs_sampler_and_noise_steps(banded6: Path) -> None:
-    from mfcli.noise import noise_stream
+    from mfcli.samplers import record_noise_stream
 
     rid = _record_of(banded6, "cyclic")
     sampler = sampler_for(banded6, examples=40, seed=5, record=rid)
-    stream = noise_stream(banded6, kind="gradient", d=3, seed=6, dtype="float64", record=rid)
+    stream = record_noise_stream(banded6, rid, kind="gradient", d=3, seed=6, dtype="float64")
     state = stream.init()
     rows = []
     for t, _ in enumerate(sampler):

@@ -32,13 +32,12 @@ from structured_oracles import blt_dense, dense_workload
 from typer.testing import CliRunner
 
 import mfcli.blt as blt_mod
-from mfcli.artifact import dataset_sha256
+from mfcli.artifact import dataset_sha256, load_structured_artifact, save_structured_artifact
 from mfcli.blt import BufferedToeplitz, _loss_and_grad_general, toeplitz_workload
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
 from mfcli.participation import sensitivity as dense_sensitivity
-from mfcli.structured import load_structured_artifact, save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, toeplitz_sensitivity
 from mfcli.toeplitz import toeplitz_workload as tp_workload
 
@@ -411,12 +410,12 @@ def test_objective_is_the_dense_loss(params, error, schema):
 def test_writer_reads_its_file_back_before_writing(tmp_path, monkeypatch):
     """save_structured_artifact runs the reader on the file's image before touching the target:
     whatever the reader would refuse (here: a stand-in reader rule) is never written."""
-    import mfcli.structured as structured
+    import mfcli.artifact as artifact
 
     def refuse(path):
         raise ArtifactError(f"{path}: a rule only the reader knows")
 
-    monkeypatch.setattr(structured, "load_structured_artifact", refuse)
+    monkeypatch.setattr(artifact, "load_structured_artifact", refuse)
     path = tmp_path / "x.h5"
     with pytest.raises(ArtifactError, match=r"refusing to write .*x\.h5: the file would not verify.*only the reader"):
         save_structured_artifact(path, BandedToeplitz(np.array([1.0, 0.5])), workload=TOEPLITZ_PREFIX, n=8)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mfcli.artifact import load_artifact
+from mfcli.artifact import load_artifact, save_strategy, strategy_from_artifact
 from mfcli.errors import MfcliError
 from mfcli.strategies import (
     STRATEGY_NAMES,
@@ -18,10 +18,8 @@ from mfcli.strategies import (
     honaker_full_decoder,
     honaker_online_decoder,
     is_causal_in_release_order,
-    save_strategy,
     sqrt_coefficients,
     sqrt_strategy_matrix,
-    strategy_from_artifact,
     tree_decoder,
     tree_release_steps,
     tree_strategy_matrix,
@@ -254,11 +252,9 @@ def test_is_causal_in_release_order_detects_violations() -> None:
     assert not is_causal_in_release_order(strategy=c, decoder=tree_decoder(4), release_steps=early)
 
 
-def test_bad_names_and_artifact_misuse() -> None:
+def test_bad_names() -> None:
     with pytest.raises(MfcliError, match="unknown strategy 'trie'"):
         build_strategy("trie", prefix_workload(4))
-    with pytest.raises(MfcliError, match="only stand for the optimal"):
-        build_strategy("tree", prefix_workload(4), artifact="x.h5")
 
 
 # --- artifacts -----------------------------------------------------------------------------------
@@ -273,6 +269,7 @@ def test_save_and_reload_tree_baseline(tmp_path) -> None:
     assert art.strategy_name == "honaker-online"
     assert art.factorization.loss_total == pytest.approx(s.factorization.loss_total, rel=1e-12)
     back = strategy_from_artifact(path, w.matrix)
+    assert strategy_from_artifact(path, w).release_steps.tolist() == back.release_steps.tolist()  # a Workload too
     np.testing.assert_array_equal(back.release_steps, tree_release_steps(12))
     assert back.causal
 

@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 from structured_oracles import blt_dense, toeplitz_dense
 
-from mfcli.artifact import save_artifact
+from mfcli.artifact import save_artifact, save_structured_artifact
 from mfcli.blt import BufferedToeplitz
 from mfcli.errors import MfcliError
 from mfcli.factorization import Factorization
 from mfcli.memory import MemoryLimitError
 from mfcli.noise import noise_stream
-from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
 from mfcli.workloads import prefix_workload
 

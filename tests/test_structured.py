@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 from structured_oracles import dense_workload
 
-from mfcli.artifact import load_artifact
+from mfcli.artifact import (
+    StructuredArtifact,
+    load_any_artifact,
+    load_artifact,
+    load_structured_artifact,
+    save_structured_artifact,
+)
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.noise import noise_stream
 from mfcli.operators import select_operator
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.structured import (
-    StructuredArtifact,
-    load_any_artifact,
-    load_structured_artifact,
-    save_structured_artifact,
-)
 from mfcli.toeplitz import BandedToeplitz, materialize, optimize_banded_toeplitz, toeplitz_workload
 
 from noise_oracles import philox_z

@@ -15,9 +15,9 @@ import pytest
 from accounting_oracles import gaussian_delta, gaussian_epsilon
 from typer.testing import CliRunner
 
+from mfcli.artifact import save_structured_artifact
 from mfcli.cli.app import app
 from mfcli.participation import MinSeparation
-from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, materialize, toeplitz_workload
 
 runner = CliRunner()

@@ -16,18 +16,18 @@ import pytest
 from structured_oracles import blt_coefs, blt_dense, dense_workload
 from typer.testing import CliRunner
 
-from mfcli.artifact import dataset_sha256
+from mfcli.artifact import (
+    StructuredArtifact,
+    dataset_sha256,
+    load_any_artifact,
+    load_structured_artifact,
+    save_structured_artifact,
+)
 from mfcli.blt import optimize_blt
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.noise import noise_stream
 from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.structured import (
-    StructuredArtifact,
-    load_any_artifact,
-    load_structured_artifact,
-    save_structured_artifact,
-)
 from mfcli.toeplitz import toeplitz_workload
 
 from noise_oracles import philox_z
@@ -316,12 +316,17 @@ def test_subprocess_n_1e5_optimize_inspect_account(tmp_path):
 
 
 def test_blt_noise_stream_and_artifact_stream_are_bit_identical(saved):
-    from mfcli.blt import BltNoiseStream
+    """A BLT in memory and its artifact give the same stream: rows, fingerprint, checkpoints."""
+    from mfcli.noise import strategy_stream
 
     path, blt, _w, _ = saved
-    own = BltNoiseStream(blt, n=N, seed=SEED, d=70_000, dtype="float32", threads=2)  # two Philox blocks
+    own = strategy_stream(blt, n=N, seed=SEED, d=70_000, dtype="float32", threads=2)  # two Philox blocks
     stream = noise_stream(path, kind="gradient", d=70_000, seed=SEED, dtype="float32")
-    state = stream.init()
-    for _ in range(N):
+    assert own.fingerprint == stream.fingerprint and own.accounted_operator == stream.accounted_operator
+    state, mine = stream.init(), own.init()
+    for t in range(N):
         row, state = stream.next(state)
-        assert np.array_equal(row, own.next())
+        other, mine = own.next(mine)
+        assert np.array_equal(row, other)
+        if t == N // 2:  # one checkpoint format: either stream resumes the other's
+            assert own.load_state_dict(stream.state_dict(state)).t == t + 1

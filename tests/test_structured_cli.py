@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from mfcli.artifact import load_structured_artifact
 from mfcli.cli.app import app
 from mfcli.participation import MinSeparation, sensitivity
-from mfcli.structured import load_structured_artifact
 from mfcli.toeplitz import materialize
 
 runner = CliRunner()
@@ -83,7 +83,7 @@ def test_inspect_and_account_refuse_tampered_structured_artifact(tmp_path):
 
 def test_account_refuses_what_needs_dense_c(tmp_path):
     # above the materialisation limit (tests/test_structured_accounting.py covers the rest)
-    from mfcli.structured import save_structured_artifact
+    from mfcli.artifact import save_structured_artifact
     from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
     out = tmp_path / "p.h5"

@@ -14,9 +14,9 @@ from accounting_oracles import dpsgd_epsilon
 from typer.testing import CliRunner
 
 from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
+from mfcli.artifact import save_structured_artifact
 from mfcli.cli.app import app
 from mfcli.schemas import load_schema, validate
-from mfcli.structured import save_structured_artifact
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
 dp_accounting = pytest.importorskip("dp_accounting")

@@ -237,22 +237,29 @@ def test_parameters_round_trip():
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_gradient_stream_matches_dense_noising_and_resumes_bit_identically(dtype):
+    """The one noise stream on a banded Toeplitz C in memory (noise.strategy_stream) is C^-1 Z
+    (a dense solve here, Z the stream's own rows) and resumes bit-identically from a checkpoint."""
+    from mfcli.noise import noise_matrix, strategy_stream
+
     n, d = 40, 7
     bt = BandedToeplitz(np.array([1.3, 0.6, 0.3, 0.1]))
-    z = np.random.default_rng(0).standard_normal((n, d)).astype(dtype)
-    expected = np.linalg.solve(bt.dense(n), z.astype(np.float64))
-    stream = bt.gradient_stream(d) if dtype == "float64" else type(bt.gradient_stream(d))(bt.coefs, d, np.float32)
-    rows = [stream.step(z[t]) for t in range(n)]
+    z = noise_matrix(5, n, d, dtype).astype(np.float64)
+    expected = np.linalg.solve(bt.dense(n), z)
+    stream = strategy_stream(bt, n=n, seed=5, d=d, dtype=dtype)
+    state, rows = stream.init(), []
+    for _ in range(n):
+        row, state = stream.next(state)
+        rows.append(row)
     tol = 1e-12 if dtype == "float64" else 1e-5
     assert np.allclose(np.array(rows), expected, rtol=0, atol=tol * np.abs(expected).max())
-    again = type(stream)(bt.coefs, d, np.dtype(dtype))
-    for t in range(15):
-        again.step(z[t])
-    saved = again.state()
-    resumed = type(stream)(bt.coefs, d, np.dtype(dtype))
-    resumed.load_state(saved)
+    state = stream.init()
+    for _ in range(15):
+        _, state = stream.next(state)
+    resumed = strategy_stream(bt, n=n, seed=5, d=d, dtype=dtype)
+    state = resumed.load_state_dict(stream.state_dict(state))
     for t in range(15, n):
-        assert np.array_equal(resumed.step(z[t]), rows[t])
+        row, state = resumed.next(state)
+        assert np.array_equal(row, rows[t])
 
 
 def test_momentum_optimum_beats_sqrt_start_and_the_identity():

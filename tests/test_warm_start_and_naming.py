@@ -36,17 +36,16 @@ def _save(path: Path, w, res, *, with_dual: bool) -> Path:
 def test_stored_dual_weights_are_returned_as_is(tmp_path, solved):
     w, res = solved
     p = _save(tmp_path / "a.h5", w, res, with_dual=True)
-    np.testing.assert_array_equal(warm_start_weights(p, w.matrix), res.dual_weights)
-    # any n: the solver resamples stored weights, so a 20-step workload takes them too
-    np.testing.assert_array_equal(warm_start_weights(str(p), momentum_workload(20, beta=0.5).matrix),
-                                  res.dual_weights)
     np.testing.assert_array_equal(warm_start_weights(load_artifact(p), w.matrix), res.dual_weights)
+    # any n: the solver resamples stored weights, so a 20-step workload takes them too
+    np.testing.assert_array_equal(warm_start_weights(load_artifact(str(p)), momentum_workload(20, beta=0.5).matrix),
+                                  res.dual_weights)
 
 
 def test_weights_are_recovered_from_the_strategy_without_stored_ones(tmp_path, solved):
     w, res = solved
     p = _save(tmp_path / "b.h5", w, res, with_dual=False)
-    got = warm_start_weights(p, w.matrix)
+    got = warm_start_weights(load_artifact(p), w.matrix)
     # the recovered weights are the solver's, up to the common scale it normalises (the dual weights
     # are determined less sharply than the loss: 3e-4 relative here at a gap of 1e-10)
     ref = res.dual_weights
@@ -59,9 +58,11 @@ def test_warm_start_refusals(tmp_path, solved):
     w, res = solved
     p = _save(tmp_path / "c.h5", w, res, with_dual=False)
     with pytest.raises(MfcliError, match=r"needs the same n .*n = 12.* n = 8"):
-        warm_start_weights(p, prefix_workload(8).matrix)
-    with pytest.raises(TypeError, match="artifact must be a path or an Artifact"):
-        warm_start_weights(res.factorization, w.matrix)
+        warm_start_weights(load_artifact(p), prefix_workload(8).matrix)
+    # a path is opened by the caller, not by the solver
+    for not_loaded in (res.factorization, p, str(p)):
+        with pytest.raises(TypeError, match="artifact must be a loaded Artifact"):
+            warm_start_weights(not_loaded, w.matrix)
 
 
 @pytest.mark.parametrize("kwargs, strategy, stem", [

@@ -123,3 +123,26 @@ def test_unknown_workload_and_schedule():
         build_workload("adam", 4)
     with pytest.raises(MfcliError, match="neither a schedule"):
         build_workload("prefix", 4, lr="exponential")
+
+
+def test_an_artifacts_workload_is_read_by_the_artifact_layer(tmp_path):
+    """The workload layer opens no artifact: an .h5 matrix file is read by
+    artifact.load_workload_matrix (checksums verified) and passed in as ``matrix``; the workload
+    is the stored A, and its source is still the file."""
+    from mfcli.artifact import load_workload_matrix, save_artifact
+    from mfcli.solver import optimal_factorization
+    from mfcli.workloads import build_workload, momentum_workload
+
+    w = momentum_workload(6, beta=0.5)
+    path = tmp_path / "m.h5"
+    save_artifact(path, optimal_factorization(w.matrix, tol=1e-6).factorization, workload_name=w.name,
+                  strategy_name="optimal")
+    a = load_workload_matrix(path)
+    np.testing.assert_array_equal(a, w.matrix)
+    custom = build_workload("custom", matrix_file=path, matrix=a)
+    np.testing.assert_array_equal(custom.matrix, w.matrix)
+    assert custom.params == {"source": str(path)}
+    with pytest.raises(MfcliError, match="load_workload_matrix"):
+        build_workload("custom", matrix_file=path)
+    with pytest.raises(MfcliError, match="custom workload only"):
+        build_workload("prefix", 6, matrix=a)

@@ -242,7 +242,7 @@ def resolve_strategy(
                 f"{p}: C is {c.shape[0]} x {c.shape[1]}; a .npy strategy must be square (row t released at step t)"
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
-    from mfcli.structured import is_structured_file
+    from mfcli.artifact import is_structured_file
 
     if is_structured_file(p):
         from mfcli.accounting.structured import structured_input

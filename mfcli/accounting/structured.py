@@ -58,7 +58,7 @@ def structured_input(path: str | Path, *, operator: str = "auto") -> StrategyInp
         MfcliError: the artifact does not verify, or ``operator`` is ``compressed``.
     """
     from mfcli.accounting.session import StrategyInput
-    from mfcli.structured import load_structured_artifact
+    from mfcli.artifact import load_structured_artifact
 
     if operator not in ("auto", "dense"):
         raise MfcliError(f"a structured artifact has one operator (its parameters); operator {operator!r} does not apply")

@@ -355,7 +355,7 @@ def _make_private_from_record(
     from torch.utils.data import default_collate
 
     from mfcli.noise import check_seed
-    from mfcli.training.record import build_sampler, check_declared, training_record
+    from mfcli.training.record import build_sampler, check_declared, record_stream, training_record
     from mfcli.training.torch import RecordBatchSampler, _EmptySafeCollate
 
     if not isinstance(artifact, (str, Path)):
@@ -390,8 +390,7 @@ def _make_private_from_record(
     inner = _plain_optimizer(optimizer, clip_norm=clip_norm, loss_reduction=loss_reduction,
                              expected_batch_size=expected_batch_size)
     params = _check_module(module, inner)
-    stream = noise_stream(artifact, kind="gradient", d=sum(p.numel() for p in params), seed=seed,
-                          dtype=dtype or _numpy_dtype_for(params), record=rec.record)
+    stream = record_stream(rec, d=sum(p.numel() for p in params), seed=seed, dtype=dtype or _numpy_dtype_for(params))
     check_gradient_stream(stream, "the Opacus bridge")
     # a loader without batching (batch_size=None) converts examples one by one; batches need collating
     collate = data_loader.collate_fn if data_loader.batch_sampler is not None else default_collate

@@ -379,7 +379,7 @@ def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).
 BETA_RANGE = in_range("--beta", library_check("mfcli.workloads", "check_beta"))
 BANDS_RANGE = in_range("--bands", library_check("mfcli.toeplitz", "check_bands"))
-BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.cli.structured_render", "check_buffers"))
+BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.blt", "check_buffers"))
 SIGMA_RANGE = in_range("--sigma", library_check("mfcli.accounting.single_pass", "check_sigma"))
 DELTA_RANGE = in_range("--delta", library_check("mfcli.accounting.single_pass", "check_delta"))
 SAMPLING_RANGE = in_range("--sampling", library_check("mfcli.accounting.single_pass", "check_sampling"))
@@ -458,7 +458,14 @@ def workload_kwargs(
         lr_last is None or schedule in ("step-decay", "cooldown"),
         f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
     )
-    given = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last, "matrix_file": matrix}
+    given: dict[str, Any] = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last,
+                             "matrix_file": matrix}
+    if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
+            and matrix.stat().st_size > 0:
+        # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
+        from mfcli.artifact import load_workload_matrix
+
+        given["matrix"] = load_workload_matrix(matrix)
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -476,7 +483,7 @@ def artifact_argument(path: _Path) -> _Path:
 def refuse_structured(path: _Path, use: str) -> None:
     """Refuse, in CLI terms, a structured artifact (banded Toeplitz, BLT: no n x n matrices) where
     ``use`` needs a dense one; the library's own refusal names a Python reader instead."""
-    from mfcli.structured import is_structured_file
+    from mfcli.artifact import is_structured_file
 
     if is_structured_file(path):
         raise MfcliError(f"{path} holds a structured strategy (banded Toeplitz or BLT, no dense matrices); {use} "

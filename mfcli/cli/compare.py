@@ -11,7 +11,7 @@ from typing import NamedTuple
 import typer
 from rich.console import Console
 
-from mfcli.artifact import atomic_path, check_output_path, default_artifact_path
+from mfcli.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
 from mfcli.cli.common import (
     BANDS_RANGE,
     BUFFERS_RANGE,
@@ -58,7 +58,7 @@ from mfcli.compare import (
 )
 from mfcli.errors import MfcliError
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
-from mfcli.strategies import STRATEGY_NAMES, save_strategy
+from mfcli.strategies import STRATEGY_NAMES
 from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 
 FORMATS = ("table", "markdown", "csv", "json")

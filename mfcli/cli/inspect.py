@@ -252,7 +252,7 @@ def inspect(
     artifact declares another multi-participation schema)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
-    from mfcli.structured import is_structured_file
+    from mfcli.artifact import is_structured_file
 
     if is_structured_file(artifact):
         refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
@@ -293,10 +293,9 @@ def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None
     (:func:`mfcli.accounting.records.verify_record`; ``deep``: MMCC rows at every n) and a record
     that does not verify fails the inspection in one line."""
     from mfcli.accounting.records import read_records, structured_subject, verify_records
-    from mfcli.artifact import file_sha256
+    from mfcli.artifact import file_sha256, load_structured_artifact
     from mfcli.cli.structured_render import render_structured
     from mfcli.errors import ArtifactError
-    from mfcli.structured import load_structured_artifact
 
     art = load_structured_artifact(path)
     stored = read_records(path)

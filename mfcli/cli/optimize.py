@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from mfcli.artifact import check_output_path, default_artifact_path, save_artifact
+from mfcli.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
 from mfcli.cli.common import (
     BANDS_RANGE,
     BUFFERS_RANGE,
@@ -151,7 +151,7 @@ def optimize(
     if warm_start is not None:
         warm_start = artifact_argument(warm_start)
         refuse_structured(warm_start, "--warm-start")
-    v0 = None if warm_start is None else warm_start_weights(warm_start, w.matrix)
+    v0 = None if warm_start is None else warm_start_weights(load_artifact(warm_start), w.matrix)
 
     if multi:
         _optimize_multi(w, schema, out=out, tol=tol, max_iter=max_iter, force=force, quiet=quiet, as_json=as_json)
@@ -285,9 +285,9 @@ def optimize_structured(
 ) -> None:
     """Optimise a structured strategy, write its artifact, print the recomputed numbers.
     ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
-    from mfcli.artifact import check_output_path
-    from mfcli.cli.structured_render import check_buffers, render_structured
-    from mfcli.structured import load_structured_artifact, save_structured_artifact
+    from mfcli.artifact import check_output_path, load_structured_artifact, save_structured_artifact
+    from mfcli.blt import check_buffers
+    from mfcli.cli.structured_render import render_structured
     from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
     refuse_unless(n is not None, f"--strategy {strategy} needs --n")

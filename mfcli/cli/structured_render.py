@@ -13,23 +13,15 @@ from mfcli.cli.rounding import pessimistic
 from mfcli.participation import schema_dict
 
 if TYPE_CHECKING:
-    from mfcli.structured import StructuredArtifact
+    from mfcli.artifact import StructuredArtifact
 
 
 def check_buffers(buffers: Any, n: int | None = None) -> int:
-    """A number of BLT buffers: 1 <= buffers <= MAX_BUFFERS and (given n) buffers < n. The library
-    validator of ``--buffers`` (:data:`mfcli.cli.common.BUFFERS_RANGE`): messages name the
-    parameter, not the flag."""
-    from mfcli.blt import MAX_BUFFERS
-    from mfcli.errors import MfcliError
-    from mfcli.validation import step_count
+    """:func:`mfcli.blt.check_buffers` (the one buffer-count validator), imported on call so
+    parsing loads no numpy."""
+    from mfcli.blt import check_buffers as check
 
-    k = step_count(buffers, name="buffers")
-    if k > MAX_BUFFERS:
-        raise MfcliError(f"buffers must be at most {MAX_BUFFERS}, got {k}")
-    if n is not None and k >= n:
-        raise MfcliError(f"buffers = {k} must be below the number of steps n = {n}")
-    return k
+    return check(buffers, n)
 
 
 def structured_summary(art: StructuredArtifact) -> dict[str, Any]:

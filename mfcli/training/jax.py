@@ -20,8 +20,8 @@ Example (``pip install mfcli[jax]``)::
 
 What runs is what the record accounts, as in :mod:`mfcli.training.torch`: the record's batch
 sampler (:func:`mfcli.training.record.build_sampler`), its sigma, the noise of the operator it
-accounted (:func:`mfcli.adapters.optax.correlated_noise` over ``noise_stream(..., record=id)``)
-and its n steps; declarations that disagree are refused in one line.
+accounted (:func:`mfcli.adapters.optax.correlated_noise` over
+:func:`mfcli.training.record.record_stream`) and its n steps; declarations that disagree are refused in one line.
 
 Fixed shapes. Poisson and cyclic batches vary in size, and ``jit`` compiles once per input shape.
 :meth:`PrivateTraining.batches` pads every batch to the smallest of a few sizes
@@ -47,8 +47,8 @@ import optax
 
 from mfcli.adapters.optax import correlated_noise
 from mfcli.errors import MfcliError
-from mfcli.noise import check_seed, noise_stream
-from mfcli.training.record import TrainingRecord, build_sampler, check_declared, training_record
+from mfcli.noise import check_seed
+from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
 
 #: Default padded sizes, as multiples of the expected batch size.
 SHAPE_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -197,7 +197,7 @@ def make_private(
         if sizes[-1] < examples:   # never truncate: a batch can hold up to N examples
             sizes = (*sizes, examples)
     d = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
-    stream = noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype, record=rec.record)
+    stream = record_stream(rec, d=d, seed=seed, dtype=dtype)
     tx = optax.chain(correlated_noise(stream, noise_multiplier=rec.sigma, clip_norm=float(clip_norm),
                                       batch_size=expected), optimizer)
     return PrivateTraining(tx=tx, record=rec, sampler=batches, expected_batch_size=expected, shapes=sizes,

@@ -246,9 +246,9 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
         MfcliError: no such record; it does not verify; it holds no epsilon for its sampler; its
             schema has no fixed order (deterministic records).
     """
+    from mfcli.artifact import load_any_artifact
     from mfcli.participation import SingleParticipation, participation_from_json
     from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
-    from mfcli.structured import load_any_artifact
 
     path = Path(artifact)
     # the record is re-derived once (deeply: MMCC too) and what it gave is reused below
@@ -288,6 +288,17 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, attrs=dict(attrs))
+
+
+def record_stream(rec: TrainingRecord, *, d: int, seed: int, dtype: Any = "float32") -> Any:
+    """The gradient noise stream of the operator ``rec`` accounted (:func:`mfcli.noise.noise_stream`
+    with ``accounted=``): its ``sigma`` scales these rows. ``rec`` comes from
+    :func:`training_record`, which verified the record (unless told not to)."""
+    from mfcli.noise import noise_stream
+    from mfcli.samplers import accounted_operator
+
+    return noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype,
+                        accounted=accounted_operator(rec.record, rec.attrs))
 
 
 def _steps_per_epoch(sampler: str, period: int | None, sampling: float | None) -> int | None:

@@ -21,7 +21,7 @@ What runs is what the record accounts: the DataLoader's batch sampler is the rec
 (:func:`mfcli.training.record.build_sampler`: Poisson, cyclic Poisson, fixed order,
 balls-in-bins, shuffle), the noise is the artifact's correlated noise at the record's sigma for
 the operator the record accounted (:class:`mfcli.adapters.torch.CorrelatedNoiseOptimizer` over
-``noise_stream(..., record=id)``), and training takes the artifact's n steps. Declared numbers
+:func:`mfcli.training.record.record_stream`), and training takes the artifact's n steps. Declared numbers
 (``noise_multiplier``, ``sampler``, ``sample_rate``, ``batch_size``) that disagree with the record
 are refused in one line. The record is re-verified against the operator before training
 (``mfcli inspect``'s check).
@@ -58,8 +58,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer, refuse_noising_optimizer
 from mfcli.errors import MfcliError
-from mfcli.noise import check_seed, noise_stream
-from mfcli.training.record import TrainingRecord, build_sampler, check_declared, training_record
+from mfcli.noise import check_seed
+from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
 
 
 def _world() -> tuple[int, int]:
@@ -157,8 +157,7 @@ class PrivateOptimizer(CorrelatedNoiseOptimizer):
             raise MfcliError("the optimizer's trainable parameters must be exactly the module's trainable parameters: "
                              "every parameter that trains is clipped and noised, and only those")
         dt = dtype or ("float64" if all(p.dtype == torch.float64 for p in params) else "float32")
-        stream = noise_stream(record.artifact, kind="gradient", d=sum(p.numel() for p in params), seed=seed,
-                              dtype=dt, record=record.record)
+        stream = record_stream(record, d=sum(p.numel() for p in params), seed=seed, dtype=dt)
         super().__init__(optimizer, stream=stream, noise_multiplier=record.sigma, clip_norm=clip_norm,
                          batch_size=expected_batch_size)
         self.module = module
