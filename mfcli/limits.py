@@ -26,32 +26,37 @@ STRUCTURED_MAX_N = 10_000_000
 #: vectors of length n, 800 MB each at this n; the closed forms need O(buffers) memory).
 BLT_MAX_N = 10**8
 
-#: Largest n for which ``mfcli plan`` solves the dense multi-epoch optimum: the solver's cost grows
-#: as n^3 per iteration (docs/performance.md; n = 256 took 4.7 s, 8x that per doubling), so larger
-#: setups use the structured strategies. (Today still ``plan.DENSE_MAX_N``.)
-PLAN_DENSE_OPTIMUM_MAX_N = 512
+#: Largest n for which ``mfcli plan`` solves the dense multi-epoch optimum (the ``dense``
+#: candidate). A time limit, not a memory limit: the solver's cost grows as n^3 per iteration
+#: (docs/performance.md; n = 256 took 4.7 s, 8x that per doubling, so n = 512 about 40 s), so larger
+#: setups use the structured strategies, whose optimisers cost O(n b) per evaluation.
+PLAN_DENSE_SOLVE_MAX_N = 512
 
-#: Largest n for which ``mfcli plan`` builds the tree and Honaker rows (dense decoders, O(n^2)
-#: memory): the dense limit. (Today still ``plan.TREE_MAX_N``.)
-PLAN_TREE_MAX_N = DENSE_MAX_N
+#: Largest n for which ``mfcli plan`` builds the tree and Honaker rows: their error is one n x s
+#: product and the written artifact a dense decoder, O(n^2) floats: the dense limit.
+PLAN_TREE_DECODER_MAX_N = DENSE_MAX_N
 
-#: Largest n for which ``mfcli plan --out`` writes a dense artifact (candidates without a
-#: structured form): above it the dense noise stream (O(t d) per step) is too slow to train with.
-#: (Today still ``plan.DENSE_ARTIFACT_MAX_N``.)
+#: Largest n for which ``mfcli plan --out`` writes a dense artifact, for the candidates that have
+#: no structured form (the dense optimum, the tree, Honaker) and for DP-SGD's identity; a candidate
+#: with a structured form (BandMF, banded Toeplitz, BLT) is written structured at every n, so that
+#: its noise stream runs its recursion (O(b d) per step) rather than a dense history (O(t d)).
+#: Why 1024: a dense artifact's stream keeps every row of Z, n floats per parameter (4 GiB for
+#: 10^6 parameters at n = 1024), and costs (n - 1) / 2 multiply-adds of d floats per step.
 PLAN_DENSE_ARTIFACT_MAX_N = 1024
 
-#: Largest n = epochs x steps per epoch that ``mfcli plan`` evaluates: at n = 10^5 one BLT
-#: candidate's optimisation took 128 s of CPU (docs/plan.md, "Limits"), so n = 10^6 already takes
-#: hours. (Today still ``plan.PLAN_MAX_N``.)
+#: Largest number of steps n = epochs x steps per epoch that ``mfcli plan`` evaluates. The cost
+#: grows faster than n: at n = 10^5 (momentum, 1000 examples, batch 100) one BLT candidate's
+#: optimisation took 128 s of CPU and BandMF's Poisson accounting 9 s and 0.7 GB (docs/plan.md,
+#: "Limits"), so n = 10^6 already takes hours; a larger setup is refused up front.
 PLAN_MAX_N = 10**6
 
 __all__ = [
     "BLT_MAX_N",
     "DENSE_MAX_N",
     "PLAN_DENSE_ARTIFACT_MAX_N",
-    "PLAN_DENSE_OPTIMUM_MAX_N",
+    "PLAN_DENSE_SOLVE_MAX_N",
     "PLAN_MAX_N",
-    "PLAN_TREE_MAX_N",
+    "PLAN_TREE_DECODER_MAX_N",
     "STRUCTURED_DENSE_MAX_N",
     "STRUCTURED_MAX_N",
 ]

@@ -49,6 +49,7 @@ import numpy as np
 
 from mfcli.accounting.calibrate import SIGMA_MAX, SIGMA_MIN, Calibration, TargetMetWithoutNoiseError, calibrate_sigma
 from mfcli.errors import MfcliError
+from mfcli.limits import PLAN_DENSE_ARTIFACT_MAX_N, PLAN_DENSE_SOLVE_MAX_N, PLAN_MAX_N, PLAN_TREE_DECODER_MAX_N
 from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.validation import positive_int
 
@@ -77,23 +78,6 @@ SAMPLER_TEXT = {
 POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
 #: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
 WORKLOADS = ("prefix", "momentum")
-#: Largest n for which plan solves the dense multi-epoch optimum (the ``dense`` candidate). Not
-#: a memory limit (toeplitz.DENSE_MAX_N = 8192 is the largest n materialised as a dense matrix):
-#: a time limit. The solver's cost grows as n^3 per iteration (docs/performance.md; n = 256 took
-#: 4.7 s here, 8x that per doubling, so n = 512 about 40 s), so larger setups use the structured
-#: strategies, whose optimisers cost O(n b) per evaluation.
-DENSE_SOLVE_MAX_N = 512
-#: Largest n for which the tree and Honaker rows are built: their error is one n x s product and
-#: the written artifact a dense decoder, O(n^2) floats (8192^2 float64 = 512 MiB, the same bound
-#: as the dense matrices the accounting materialises, toeplitz.DENSE_MAX_N).
-TREE_DECODER_MAX_N = 8192
-#: Largest n for which ``--out`` writes a dense artifact, for the candidates that have no
-#: structured form (the dense optimum, the tree, Honaker) and for DP-SGD's identity; a candidate
-#: with a structured form (BandMF, banded Toeplitz, BLT) is written structured at every n, so that
-#: its noise stream runs its recursion (O(b d) per step) rather than a dense history (O(t d)).
-#: Why 1024: a dense artifact's stream keeps every row of Z, n floats per parameter (4 GiB for
-#: 10^6 parameters at n = 1024), and costs (n - 1) / 2 multiply-adds of d floats per step.
-DENSE_ARTIFACT_MAX_N = 1024
 #: Candidate kinds that are written as dense artifacts (no structured form).
 DENSE_ONLY_KINDS = ("dense", "tree", "honaker")
 #: Default band counts (kept where they fit the setup) and BLT buffer counts.
@@ -110,11 +94,6 @@ PLD_DISCRETIZATION = 1e-3
 #: stream (fewer multiply-adds per step, then less memory) ranks first, since a 0.5 % error
 #: difference is below what seed noise shows in training while a dense stream costs O(n d) per step.
 TIE_RTOL = 5e-3
-#: Largest number of steps n = epochs x steps per epoch that plan evaluates. The cost grows faster
-#: than n: at n = 10^5 (momentum, 1000 examples, batch 100) one BLT candidate's optimisation took
-#: 128 s of CPU and BandMF's Poisson accounting 9 s and 0.7 GB (docs/plan.md, "Limits"), so n =
-#: 10^6 already takes hours and n = 10^7 would not finish; a larger setup is refused up front.
-PLAN_MAX_N = 10**6
 
 
 
@@ -392,7 +371,7 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
                    f"{s} steps per epoch; at most {setup.max_groups} bands")
         offer(Candidate(f"bandmf-{k}", "bandmf", "cyclic", k), why)
     offer(Candidate("dense", "dense", "fixed-order"),
-          None if n <= DENSE_SOLVE_MAX_N else f"n = {n} > {DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow "
+          None if n <= PLAN_DENSE_SOLVE_MAX_N else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow "
           "(n^3 per iteration); the banded Toeplitz and BLT rows stand in for it")
     for k in setup.band_counts():
         offer(Candidate(f"banded-{k}", "banded", "fixed-order", k))
@@ -404,7 +383,8 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             for smp in ("balls-in-bins", "fixed-order"):
                 offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
             continue
-        big = None if n <= TREE_DECODER_MAX_N else f"n = {n} > {TREE_DECODER_MAX_N}: the tree's dense decoder is not built"
+        big = (None if n <= PLAN_TREE_DECODER_MAX_N
+               else f"n = {n} > {PLAN_TREE_DECODER_MAX_N}: the tree's dense decoder is not built")
         offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"), big)
         offer(Candidate(kind, kind, "fixed-order"), big)
     if "balls-in-bins" in allowed:
@@ -416,8 +396,8 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]
             bib += [Candidate(f"blt-{k} (balls-in-bins)", "blt", "balls-in-bins", k) for k in setup.buffers]
             for c in bib:
-                offer(c, None if c.kind != "dense" or n <= DENSE_SOLVE_MAX_N
-                      else f"n = {n} > {DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
+                offer(c, None if c.kind != "dense" or n <= PLAN_DENSE_SOLVE_MAX_N
+                      else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
@@ -1093,7 +1073,7 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     """Whether the candidate can be written as one artifact that ``mfcli account`` re-accounts
     at ``n`` steps (None: whatever n): structured (BandMF, banded Toeplitz, BLT) at every n, which
     the accounting session accounts from its parameters; the dense optimum, the tree and Honaker
-    dense at n <= DENSE_ARTIFACT_MAX_N (DP-SGD's Poisson accounting needs no C, so C = I is
+    dense at n <= PLAN_DENSE_ARTIFACT_MAX_N (DP-SGD's Poisson accounting needs no C, so C = I is
     written and re-accounted at any n)."""
     if r.sampler == "balls-in-bins" and r.kind not in ("tree", "honaker"):
         return False, ("the balls-in-bins DP-SGD bound assumes non-adaptive contributions" if r.kind == "dp-sgd" else
@@ -1103,9 +1083,9 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
             return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
         if r.sampler != "fixed-order":
             return False, "the balls-in-bins tree's bound assumes non-adaptive contributions"
-        if n is not None and n > DENSE_ARTIFACT_MAX_N:
+        if n is not None and n > PLAN_DENSE_ARTIFACT_MAX_N:
             return False, (f"a tree has no structured form; it is written as a dense artifact for n <= "
-                           f"{DENSE_ARTIFACT_MAX_N} only (n = {n})")
+                           f"{PLAN_DENSE_ARTIFACT_MAX_N} only (n = {n})")
     return True, ""
 
 
@@ -1114,7 +1094,7 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
 
 
 def _dense_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
-    """The candidate as a dense :class:`mfcli.strategies.Strategy` (n <= DENSE_ARTIFACT_MAX_N)."""
+    """The candidate as a dense :class:`mfcli.strategies.Strategy` (n <= PLAN_DENSE_ARTIFACT_MAX_N)."""
     import scipy.linalg
 
     from mfcli.factorization import Factorization
@@ -1147,7 +1127,7 @@ def _structured_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
     if r.kind == "blt":
         return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["blt"]
     raise MfcliError(f"the {r.mechanism} candidate has no structured form at n = {setup.n}; "
-                     f"it is written for n <= {DENSE_ARTIFACT_MAX_N}")
+                     f"it is written for n <= {PLAN_DENSE_ARTIFACT_MAX_N}")
 
 
 def _setting_of(r: CandidateResult) -> tuple[str, float | None, str | None]:
@@ -1165,7 +1145,7 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     ``account --write`` group ``accounting/<id>``): the strategy, the schema it was accounted
     under, sigma, the sampler and epsilon. The artifact is structured (Toeplitz or BLT parameters)
     for every candidate that has that form, at any n, and dense only for the dense optimum, the
-    tree and Honaker (and DP-SGD's identity at n <= DENSE_ARTIFACT_MAX_N); either way the record
+    tree and Honaker (and DP-SGD's identity at n <= PLAN_DENSE_ARTIFACT_MAX_N); either way the record
     is what the accounting session computes on the written file, as ``mfcli account`` would (a
     structured one from its parameters), and it must meet the target, or nothing is left behind.
 
@@ -1217,7 +1197,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
 
     from mfcli.accounting import session
 
-    if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= DENSE_ARTIFACT_MAX_N):
+    if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= PLAN_DENSE_ARTIFACT_MAX_N):
         from mfcli.artifact import save_strategy
         from mfcli.strategies import Strategy
 
@@ -1418,9 +1398,7 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
 
 
 __all__ = [
-    "DENSE_SOLVE_MAX_N",
     "SAMPLERS",
-    "TREE_DECODER_MAX_N",
     "Candidate",
     "CandidateResult",
     "Plan",

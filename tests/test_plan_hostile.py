@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 import mfcli.plan as plan_module
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
+from mfcli.limits import PLAN_MAX_N
 from mfcli.memory import MemoryLimitError
-from mfcli.plan import PLAN_MAX_N, TrainingSetup, probe_scheduler
+from mfcli.plan import TrainingSetup, probe_scheduler
 
 runner = CliRunner()
 TINY = ["plan", "--examples", "100", "--batch", "10", "--epochs", "1", "--workers", "0", "-q"]

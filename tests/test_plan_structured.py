@@ -3,7 +3,7 @@ Toeplitz for BandMF, BLT); ``mfcli account`` with the options recorded in it re-
 epsilon <= target, ``mfcli inspect`` re-verifies the record, and an oracle computed here agrees:
 dp-accounting composed from the stored coefficients (cyclic Poisson), or the closed-form analytic
 Gaussian at the fixed-epoch sensitivity of the dense C materialised here (fixed order). Setups:
-n = 103 epochs x 10 steps = 1030 > DENSE_ARTIFACT_MAX_N, a few seconds each."""
+n = 103 epochs x 10 steps = 1030 > PLAN_DENSE_ARTIFACT_MAX_N, a few seconds each."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +21,9 @@ from scipy.stats import norm
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
+from mfcli.limits import PLAN_DENSE_ARTIFACT_MAX_N
 from mfcli.participation import FixedEpoch, SingleParticipation
-from mfcli.plan import DENSE_ARTIFACT_MAX_N, TrainingSetup, enumerate_candidates, evaluate, writable
+from mfcli.plan import TrainingSetup, enumerate_candidates, evaluate, writable
 
 CLI = [sys.executable, "-m", "mfcli"]
 SETUP = ["--examples", "10000", "--batch", "1000", "--epochs", "103", "--epsilon", "4", "--bands", "2",
@@ -67,7 +68,7 @@ def test_structured_recommendation_is_reaccounted_by_account_and_verified_by_ins
     res = CliRunner().invoke(app, ["plan", *SETUP, "--batching", batching, "--out", str(out), "--json", "-q"])
     assert res.exit_code == 0, res.stderr
     plan = json.loads(res.stdout)
-    assert plan["setup"]["n"] == N > DENSE_ARTIFACT_MAX_N and plan["saved"]["setting"] == setting
+    assert plan["setup"]["n"] == N > PLAN_DENSE_ARTIFACT_MAX_N and plan["saved"]["setting"] == setting
     with h5py.File(out, "r") as f:
         assert "strategy" not in f and "structured" in f  # parameters only, no dense C
         (rec_id,) = list(f["accounting"])
@@ -110,7 +111,7 @@ def test_structured_recommendation_is_reaccounted_by_account_and_verified_by_ins
 
 
 def test_writable_at_large_n() -> None:
-    """A tree has no structured form (dense artifact at n <= DENSE_ARTIFACT_MAX_N only), so above
+    """A tree has no structured form (dense artifact at n <= PLAN_DENSE_ARTIFACT_MAX_N only), so above
     that limit it is not offered for --out; DP-SGD (its Poisson accounting needs no C), the
     Toeplitz and BLT candidates are at any n."""
     from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
@@ -119,7 +120,7 @@ def test_writable_at_large_n() -> None:
     results = {c.key: evaluate(setup, c) for c in enumerate_candidates(setup)[0]
                if c.key in ("dp-sgd", "tree", "banded-2", "blt-2")}
     assert isinstance(results["tree"].participation, SingleParticipation)
-    table = [("tree", DENSE_ARTIFACT_MAX_N, True), ("tree", DENSE_ARTIFACT_MAX_N + 1, False),
+    table = [("tree", PLAN_DENSE_ARTIFACT_MAX_N, True), ("tree", PLAN_DENSE_ARTIFACT_MAX_N + 1, False),
              ("dp-sgd", STRUCTURED_DENSE_MAX_N, True), ("dp-sgd", STRUCTURED_DENSE_MAX_N + 1, True),
              ("banded-2", 10 ** 6, True), ("blt-2", 10 ** 6, True)]
     for key, n, ok in table:
