@@ -608,7 +608,7 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
     """The verified accounting record whose batch sampler :func:`sampler_for` uses: (id, its
     stored attributes), picked and verified by :func:`verified_record`. Its ``sigma`` is the noise
     multiplier to train with (noise rows are per unit sigma and clip norm), with the noise stream
-    of the operator it accounted (``noise_stream(..., record=id)``); which of its epsilons hold
+    of the operator it accounted (:func:`record_noise_stream`); which of its epsilons hold
     under its sampler: :func:`held_epsilons`.
 
     Raises:
@@ -649,11 +649,12 @@ def record_noise_stream(
     Raises:
         MfcliError: as :func:`verified_record` and :func:`~mfcli.noise.noise_stream`.
     """
-    rid, _check, _subject = verified_record(artifact, record)
-    attrs = accounting_records(artifact)[rid]
+    rid, check, _subject = verified_record(artifact, record)
+    # the operator named by the claim that was verified, not by a second read of the file
+    claim = check.claim
+    accounted = AccountedOperator(label=claim.operator, strategy_sha256=claim.strategy_sha256, record=rid)
     return noise_stream(artifact, kind=kind, d=d, seed=seed, dtype=dtype, variant=variant, threads=threads,
-                        accounted=accounted_operator(rid, attrs),
-                        max_memory=max_memory)
+                        accounted=accounted, max_memory=max_memory)
 
 
 #: For each batch sampler of a record, the record's settings whose epsilon holds for training the
