@@ -15,11 +15,14 @@ Run:  OPENBLAS_NUM_THREADS=1 python scripts/bench_account.py [--quick]
 The machine is shared with other jobs: the load average is printed with the tables.
 
 ``--headline [--before TREE]``: instead, the README's headline ``mfcli account --sigma 4 --sampling
-0.01`` (table and ``--json``) as a subprocess, CPU seconds (user + system, getrusage of the
-children) per run, median of ``--repeats``; with ``--before``, the same command from another
-checkout (e.g. the main one before the speed work) in the same run, runs alternating, and its
-stdout compared with this tree's (JSON with the ``seconds`` fields dropped): the numbers must be
-identical.
+0.01`` as a subprocess, CPU seconds (user + system, getrusage of the children) per run, median of
+``--repeats``, next to dp-accounting's own DP-SGD computation at the same settings (its
+PLDAccountant, sigma 4, p 0.01, 256 steps, delta 1e-6, grid 1e-4, in a subprocess that imports
+only dp-accounting) in the same run; with ``--before``, the same command from another checkout
+(e.g. the main one before the speed work), runs alternating so that all see the same load, and the
+outputs (table and ``--json``, once each, JSON with the ``seconds`` fields dropped) compared with
+this tree's: the numbers must be identical. The BLAS threads of the children are reported (read
+with threadpoolctl in a child with the same environment).
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def header() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="n = 64 and 256 only")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--single-above", type=float, default=20.0)
     ap.add_argument("--max-seconds", type=float, default=600.0)
     ap.add_argument("--no-ablation", action="store_true")
@@ -150,54 +153,90 @@ HEADLINE = ["account", "--sigma", "4", "--sampling", "0.01"]
 
 
 def _strip_seconds(obj: object) -> object:
+    """Timings dropped (``seconds``, ``seconds_per_run``, ...): everything else must be identical."""
     if isinstance(obj, dict):
-        return {k: _strip_seconds(v) for k, v in obj.items() if k != "seconds"}
+        return {k: _strip_seconds(v) for k, v in obj.items() if not str(k).startswith("seconds")}
     if isinstance(obj, list):
         return [_strip_seconds(v) for v in obj]
     return obj
 
 
-def _run_cli(tree: Path, extra: list[str]) -> tuple[float, float, str]:
-    """(CPU seconds of the child, wall seconds, stdout) of ``mfcli`` + HEADLINE + extra from ``tree``."""
+def _run_child(argv: list[str], tree: Path) -> tuple[float, float, str]:
+    """(CPU seconds of the child, wall seconds, stdout) of ``python argv`` run from ``tree``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "mfcli", *HEADLINE, *extra], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, *argv], env=env, cwd=tree, capture_output=True, text=True,
+                         check=True).stdout
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, out
+
+
+def _run_cli(tree: Path, extra: list[str]) -> tuple[float, float, str]:
+    """(CPU seconds of the child, wall seconds, stdout) of ``mfcli`` + HEADLINE + extra from ``tree``."""
+    cpu, wall, out = _run_child(["-m", "mfcli", *HEADLINE, *extra], tree)
     # the shipped artifact's path names the checkout: the one difference allowed
     return cpu, wall, out.replace(str(tree), "<tree>")
+
+
+#: dp-accounting alone on the headline's DP-SGD row: the cost of the reference computation.
+DPSGD_CHILD = (
+    "from dp_accounting import dp_event\n"
+    "from dp_accounting.pld import pld_privacy_accountant\n"
+    "acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)\n"
+    "acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.01, "
+    "dp_event.GaussianDpEvent(4.0)), 256))\n"
+    "print(repr(acc.get_epsilon(1e-6)))\n"
+)
+
+BLAS_CHILD = (
+    "import numpy\n"
+    "from threadpoolctl import threadpool_info\n"
+    "print(', '.join(f\"{i.get('internal_api')}={i.get('num_threads')}\" for i in threadpool_info()) or 'none')\n"
+)
 
 
 def headline(args: argparse.Namespace) -> int:
     here = Path(__file__).resolve().parent.parent
     trees = [("this tree", here)] + ([("before", args.before.resolve())] if args.before else [])
     print(header())
+    print(f"BLAS threads of the children: {_run_child(['-c', BLAS_CHILD], here)[2].strip()}")
     print()
-    cpu: dict[str, list[float]] = {label: [] for label, _ in trees}
-    wall: dict[str, list[float]] = {label: [] for label, _ in trees}
-    outputs: dict[str, tuple[str, object]] = {}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in [*trees, ("dp-accounting", here)]}
+    wall: dict[str, list[float]] = {label: [] for label in cpu}
+    dp_eps = ""
     for _ in range(args.repeats):
-        for label, tree in trees:  # alternating, so both see the same load
-            c, w, table = _run_cli(tree, [])
+        for label, tree in trees:  # alternating, so all see the same load
+            c, w, _ = _run_cli(tree, [])
             cpu[label].append(c)
             wall[label].append(w)
-            _, _, js = _run_cli(tree, ["--json"])
-            outputs[label] = (table, _strip_seconds(json.loads(js)))
-    print(f"`mfcli {' '.join(HEADLINE)}`: CPU seconds (user + system) per run, {args.repeats} runs each, alternating")
+        c, w, dp_eps = _run_child(["-c", DPSGD_CHILD], here)
+        cpu["dp-accounting"].append(c)
+        wall["dp-accounting"].append(w)
+    print(f"`mfcli {' '.join(HEADLINE)}` and dp-accounting's DP-SGD at the same settings: CPU seconds "
+          f"(user + system) per run, {args.repeats} runs each, alternating; load average after: "
+          f"{os.getloadavg()[0]:.1f}")
     print()
     print("| code | CPU s (median) | CPU s (all runs) | wall s (median) |")
     print("|---|---|---|---|")
-    for label, tree in trees:
+    rows = [*trees, ("dp-accounting", here)]
+    for label, tree in rows:
+        what = ("PLDAccountant, Poisson-sampled Gaussian x 256, epsilon " + dp_eps.strip()
+                if label == "dp-accounting" else f"{label} ({tree})")
         runs = ", ".join(f"{v:.2f}" for v in cpu[label])
-        print(f"| {label} ({tree}) | {statistics.median(cpu[label]):.2f} | {runs} | {statistics.median(wall[label]):.1f} |")
+        print(f"| {what} | {statistics.median(cpu[label]):.2f} | {runs} | {statistics.median(wall[label]):.1f} |")
     if args.before:
+        outputs = {}
+        for label, tree in trees:
+            table = _run_cli(tree, [])[2]
+            js = _strip_seconds(json.loads(_run_cli(tree, ["--json"])[2]))
+            outputs[label] = (table, js)
         same_table = outputs["this tree"][0] == outputs["before"][0]
         same_json = outputs["this tree"][1] == outputs["before"][1]
         print()
-        print(f"table output identical: {same_table}; --json identical (seconds fields dropped): {same_json} "
+        print(f"table output identical: {same_table}; --json identical (timing fields dropped): {same_json} "
               "(the checkout's path in the source line replaced by <tree>)")
         if not same_table:
             import difflib

@@ -336,3 +336,24 @@ def test_prepare_strategy_rejects(c, steps, msg) -> None:
 def test_mmcc_bad_parameters(kwargs) -> None:
     with pytest.raises(MfcliError):
         M.mmcc(np.eye(3), **kwargs)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tail_bracket_decisions_equal_the_full_evaluation(seed: int) -> None:
+    """``_tail_T_meets`` settles T(eps) * slack <= delta by certificates where it can (T exactly
+    ``extra`` when every f is 0; the x = 0 term alone above delta): the same decision as
+    evaluating T in full, at the bracket's ends and in between, for deltas around T's values."""
+    rng = np.random.default_rng(seed)
+    b, n, sigma, h = 300, 60, float(rng.uniform(0.5, 4)), 0.05
+    pmf = rng.dirichlet(np.ones(n) * 0.3, size=b)
+    extra = rng.uniform(0, 1e-9, b) * (rng.random(b) < 0.7)
+    g_hi = rng.uniform(0.05, 1.0, b)
+    g_lo = np.maximum(g_hi - M.G_QUANTUM, 0.0)
+    hi = (n * h + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
+    slack = 1 + 1e-12
+    for eps in (np.zeros(b), hi, hi * rng.uniform(0, 1, b)):
+        t = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+        for delta in (t * slack, np.nextafter(t * slack, 0), t * rng.uniform(0.5, 2, b), np.full(b, 1e-10)):
+            got = M._tail_T_meets(pmf, extra, M.FFT_ERROR_L2, eps, delta, slack, sigma=sigma, h=h,
+                                         g_lo=g_lo, g_hi=g_hi)
+            np.testing.assert_array_equal(got, t * slack <= delta)

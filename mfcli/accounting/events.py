@@ -17,9 +17,11 @@ def _to_plain(obj: Any) -> Any:
         d.pop("module_name", None)
         return {k: _to_plain(v) for k, v in d.items()}
     if isinstance(obj, (list, tuple)):
+        if all(type(v) is float or type(v) is int for v in obj):  # the bulk of a mixture's event
+            return list(obj)
         return [_to_plain(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return [_to_plain(v) for v in obj.tolist()]
+        return _to_plain(obj.tolist())
     if isinstance(obj, (np.floating, np.integer)):
         return obj.item()
     return obj

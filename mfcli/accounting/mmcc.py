@@ -513,22 +513,34 @@ def _fft_factors(nk: int, p: float, length: int) -> tuple[np.ndarray, np.ndarray
     return logmag, ang
 
 
+#: ndtr(-z) is exactly 0.0 for z >= this (scipy's erfc underflows to 0 beyond z = 37.68), and so
+#: is exp(-z^2 / 2): a row of :func:`_tail_T` whose every z is at least this adds exactly nothing.
+_F_ZERO_Z = 40.0
+
+
+def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
+    """-z of :func:`_tail_T` (rows: problems, columns: x = 0..n-1), i.e. -y / tau(y). Formed as
+    x h - (eps sigma^2 + g_lo/2) and scaled: the exact negatives of the values z would have
+    (IEEE rounding is symmetric), without a pass to negate them."""
+    x = np.arange(n) * h
+    nz = x[None, :] - (eps * sigma * sigma + g_lo / 2)[:, None]  # -y
+    neg = nz > 0  # y < 0
+    nz *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
+    if neg.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
+        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+        np.multiply(nz, ratio[:, None], out=nz, where=neg)
+    return nz
+
+
 def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
             g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False):
     """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
     f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
     it). With ``with_slope`` also returns dT/deps of the main term."""
-    x = np.arange(pmf.shape[1]) * h
-    z = (eps * sigma * sigma + g_lo / 2)[:, None] - x[None, :]  # y
-    neg = z < 0
-    z *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
-    if neg.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
-        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
-        np.multiply(z, ratio[:, None], out=z, where=neg)
-    np.negative(z, out=z)  # -z in place (the slope below squares it)
+    z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)  # -z
     f = special.ndtr(z)
     t = np.einsum("bx,bx->b", pmf, f) + extra
     if err_l2:
@@ -542,6 +554,36 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
     np.exp(z, out=z)
     scale = sigma * sigma / (sigma * np.sqrt(g_hi)) / math.sqrt(2 * math.pi)
     return t, -np.einsum("bx,bx->b", pmf, z) * scale
+
+
+def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
+                  slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
+    """``_tail_T(...) * slack <= delta`` per problem, the same decision, with T computed in full
+    only where a cheap certificate does not settle it (the bracket's ends are only compared with
+    delta, their values are not used):
+
+    * every z of the row >= :data:`_F_ZERO_Z` (z falls with x: the last column is checked): every
+      f_x is exactly 0, the two sums are exactly 0 and T is exactly ``extra``;
+    * the x = 0 term alone exceeds delta / slack by a relative 1e-9: T does too (its terms are
+      non-negative; the rounding of the sum of at most 10^8 of them loses less than 2^-53 x 10^8
+      of it, and adding the non-negative rest and multiplying by slack >= 1 cannot lower it).
+    """
+    b, n = pmf.shape
+    out = np.empty(b, dtype=bool)
+    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)[:, -1] if n else np.full(b, -np.inf)
+    zero = last <= -_F_ZERO_Z
+    out[zero] = extra[zero] * slack <= delta[zero]
+    first = np.zeros(b)
+    if n:
+        first = pmf[:, 0] * special.ndtr(_tail_z(eps, 1, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)[:, 0])
+    above = ~zero & (first * (1 - 1e-9) > delta)
+    out[above] = False
+    rest = np.flatnonzero(~zero & ~above)
+    if rest.size:
+        sub = pmf if rest.size == b else pmf[rest]
+        t = _tail_T(sub, extra[rest], err_l2, eps[rest], sigma=sigma, h=h, g_lo=g_lo[rest], g_hi=g_hi[rest])
+        out[rest] = t * slack <= delta[rest]
+    return out
 
 
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
@@ -560,11 +602,10 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)
-    t_lo = _tail_T(pmf, extra, err_l2, lo, g_lo=g_lo, g_hi=g_hi, **kw) * slack
-    t_hi = _tail_T(pmf, extra, err_l2, hi, g_lo=g_lo, g_hi=g_hi, **kw) * slack
-    zero = t_lo <= delta
+    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, **kw)
     out[zero] = 0.0
-    active = ~zero & (t_hi <= delta)  # where even hi fails, the tail cannot be met: +inf
+    # where even hi fails, the tail cannot be met: +inf
+    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, **kw)
     # start Newton from the W = 0 term's own solution (a lower bound on the answer)
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
@@ -575,7 +616,8 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
         if idx.size == 0:
             break
         xi = np.clip(x[idx], lo[idx], hi[idx])
-        t, dt = _tail_T(pmf[idx], extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
+        sub = pmf if idx.size == b else pmf[idx]  # every row: no copy (each row's T is its own)
+        t, dt = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
         t = t * slack
         meets = t <= delta[idx]
         lo[idx] = np.where(meets, lo[idx], xi)

@@ -86,13 +86,23 @@ class _Loss:
         #: per log-mass bound, and :func:`_invert`'s starting grid per truncation.
         self.cache: dict[tuple, Any] = {}
 
-    def value_and_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        w = self.const[None, :] + x[:, None] * self.slope[None, :]
-        amax = w.max(axis=1, keepdims=True)
-        np.subtract(w, amax, out=w)  # in place: the same values as exp(a - amax), fewer passes
+    def _shifted_exponents(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(w, amax): w[k, i] = exp(const_i + x_k slope_i - amax_k), amax_k the row's largest
+        exponent. One (len(x), support) array, updated in place: the same roundings as forming
+        const + x slope, subtracting the maximum and exponentiating in separate arrays, without
+        allocating (and faulting in) a fresh array at every step, which took as long as the
+        arithmetic."""
+        w = np.multiply.outer(x, self.slope)
+        w += self.const  # x slope + const: the same sum as const + x slope
+        amax = w.max(axis=1)
+        w -= amax[:, None]
         np.exp(w, out=w)
+        return w, amax
+
+    def value_and_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w, amax = self._shifted_exponents(x)
         tot = w.sum(axis=1)
-        lse = np.log(tot) + amax[:, 0]
+        lse = np.log(tot) + amax
         dlse = (w @ self.slope) / tot
         if self.remove:
             return lse, dlse
@@ -101,24 +111,24 @@ class _Loss:
     def value(self, x: np.ndarray) -> np.ndarray:
         """L(x): the value of :meth:`value_and_slope` (the same arithmetic) without the slope."""
         x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-        w = self.const[None, :] + x[:, None] * self.slope[None, :]
-        amax = w.max(axis=1, keepdims=True)
-        np.subtract(w, amax, out=w)
-        np.exp(w, out=w)
-        tot = w.sum(axis=1)
-        lse = np.log(tot) + amax[:, 0]
+        w, amax = self._shifted_exponents(x)
+        lse = np.log(w.sum(axis=1)) + amax
         return lse if self.remove else -lse
 
-    # distributions
+    # distributions (the (len(x), support) arrays formed and transformed in place, as above)
     def upper_cdf(self, x: np.ndarray) -> np.ndarray:
         if self.remove:
-            return special.ndtr((x[:, None] + self.s[None, :]) / self.sigma) @ self.q
+            w = np.add.outer(x, self.s)
+            w /= self.sigma
+            return special.ndtr(w, out=w) @ self.q
         return special.ndtr(x / self.sigma)
 
     def lower_cdf(self, x: np.ndarray) -> np.ndarray:
         if self.remove:
             return special.ndtr(x / self.sigma)
-        return special.ndtr((x[:, None] - self.s[None, :]) / self.sigma) @ self.q
+        w = np.subtract.outer(x, self.s)
+        w /= self.sigma
+        return special.ndtr(w, out=w) @ self.q
 
 
 def _truncation(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
