@@ -22,6 +22,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,6 +126,18 @@ def jax_privacy_plan(examples: int, batch: int, epochs: int, epsilon: float, del
     return config.plan, steps
 
 
+def padded_batches(index_batches: Iterator[np.ndarray], shapes: Sequence[int], *arrays: np.ndarray) -> Iterator[tuple]:
+    """Each batch of indices as its rows of ``arrays`` padded (with example 0) to the smallest of
+    ``shapes`` that holds it, then the mask (1 on the real examples)."""
+    from mfcli.training.jax import pad_to
+
+    for idx in index_batches:
+        size = pad_to(shapes, len(idx))
+        full = np.zeros(size, dtype=np.int64)
+        full[:len(idx)] = idx
+        yield (*(a[full] for a in arrays), (np.arange(size) < len(idx)).astype(np.float32))
+
+
 def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray | None = None) -> dict:
     """Train with jax_privacy's execution plan (:func:`jax_privacy_plan`): its batch selection,
     its clipped gradient (``clipping.clipped_grad``, padding masked out) and its noise
@@ -132,7 +145,7 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray 
     compiles a few times."""
     import dp_accounting
 
-    from mfcli.training.jax import pad_to, padded_shapes
+    from mfcli.training.jax import padded_shapes
 
     x, y, xt, yt = data
     plan, steps = jax_privacy_plan(len(y), args.batch, args.epochs, args.epsilon, args.delta, args.clip, args.seed,
@@ -153,14 +166,11 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray 
         updates, opt_state = sgd.update(noisy, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, noise_state
 
-    shapes = padded_shapes(args.batch, len(y))
+    batches = padded_batches(plan.batch_selection_strategy.batch_iterator(len(y), rng=args.seed),
+                             padded_shapes(args.batch, len(y)), x, y)
     t0, c0 = time.perf_counter(), time.process_time()
-    for idx in plan.batch_selection_strategy.batch_iterator(len(y), rng=args.seed):
-        size = pad_to(shapes, len(idx))
-        full = np.zeros(size, dtype=np.int64)
-        full[:len(idx)] = idx
-        mask = (np.arange(size) < len(idx)).astype(np.float32)
-        params, opt_state, noise_state = step(params, opt_state, noise_state, x[full], y[full], mask)
+    for xb, yb, mb in batches:
+        params, opt_state, noise_state = step(params, opt_state, noise_state, xb, yb, mb)
     jax.block_until_ready(params)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     acc = float(np.mean(np.asarray(jnp.argmax(logits(params, jnp.asarray(xt)), axis=1)) == yt))
