@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         lr, dpsgd_lr, scores = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr, None
         with tempfile.TemporaryDirectory() as tmp:
             if args.lr_grid:
+                if args.artifact:
+                    raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
+                                     "needs its own plan; it cannot be combined with --artifact")
                 if args.validation is None:
                     args.validation = max(1, len(train_set) // 8)
                 if not 1 <= args.validation < len(train_set):

@@ -52,3 +52,10 @@ def test_bad_input_is_one_error_line() -> None:
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == ["error: --examples must be in [1, 1497] for digits (at least 300 test "
                                              "examples)"]
+
+
+def test_tuning_needs_its_own_plan() -> None:
+    r = _run("--artifact", "missing.h5", "--lr-grid", "0.5,1")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["error: --lr-grid trains on the training split minus the validation "
+                                             "examples, which needs its own plan; it cannot be combined with --artifact"]
