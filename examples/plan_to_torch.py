@@ -57,24 +57,53 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(dim=1) == y).float().mean())
 
 
+#: The mechanism each planned artifact holds (plan's recommendation), by path.
+PLANNED: dict[str, str] = {}
+
+
+def split_off(train_set: TensorDataset, held: int) -> tuple[TensorDataset, TensorDataset]:
+    """(the first N - held training examples, the last held): the validation split the learning
+    rate is chosen on; the test set is never looked at before the final run."""
+    x, y = train_set.tensors
+    return TensorDataset(x[:-held], y[:-held]), TensorDataset(x[-held:], y[-held:])
+
+
+def tune(args: argparse.Namespace, train_set: TensorDataset, workdir: Path) -> tuple[float, float, dict]:
+    """The learning rate of each arm with the best validation accuracy over the same grid
+    (``--lr-grid``), each arm trained on the first N - V examples and scored on the last V
+    (``--validation``): the same tuning for both arms. Returns (mfcli lr, DP-SGD lr, the grid's scores)."""
+    fit, val = split_off(train_set, args.validation)
+    xv, yv = val.tensors
+    grid = [float(v) for v in args.lr_grid.split(",")]
+    scores: dict = {"mfcli": {}, "dpsgd": {}}
+    for lr in grid:
+        scores["mfcli"][lr] = train_mfcli(args, fit, xv, yv, args.hidden, workdir, lr)["accuracy"]
+        if not args.no_dpsgd:
+            scores["dpsgd"][lr] = train_dpsgd(args, fit, xv, yv, args.hidden, lr)["accuracy"]
+    best = {arm: max(grid, key=lambda r, a=arm: (scores[a].get(r, -1.0), -r)) for arm in scores}
+    return best["mfcli"], best["dpsgd"], scores
+
+
 def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torch.Tensor, y_test: torch.Tensor,
-                hidden: int, workdir: Path) -> dict:
+                hidden: int, workdir: Path, lr: float) -> dict:
     from mfcli.training.torch import make_private, make_private_with_epsilon
 
     model = mlp(train_set.tensors[0].shape[1], hidden, args.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     common = {"seed": args.seed, "clip_norm": args.clip, "loss_fn": torch.nn.functional.cross_entropy}
-    if args.artifact:
-        model, opt, loader = make_private(model, opt, train_set, artifact=args.artifact, batch_size=args.batch, **common)
-        mechanism = opt.stream.operator_name
+    planned = workdir / f"plan-{len(train_set)}.h5"   # one plan per training-set size, reused across rates
+    if args.artifact or planned.exists():
+        path = args.artifact or planned
+        model, opt, loader = make_private(model, opt, train_set, artifact=path, batch_size=args.batch, **common)
+        mechanism = PLANNED.get(str(path)) or opt.stream.operator_name
     else:
         batching = args.batching.split(",") if args.batching else (["fixed-order"] if args.quick else None)
+        bands = [int(b) for b in args.bands.split(",")] if args.bands else ([2, 4] if args.quick else None)
         model, opt, loader = make_private_with_epsilon(
             model, opt, train_set, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs, batch_size=args.batch,
-            artifact=workdir / "plan.h5", workers=args.workers, batching=batching,
-            bands=[2, 4] if args.quick else None, **common)
+            artifact=planned, workers=args.workers, batching=batching, bands=bands, **common)
         rec = opt.plan.recommended  # type: ignore[attr-defined]
-        mechanism = f"{rec.key} ({rec.mechanism}, {rec.sampler} batches, {rec.accounting} accounting)"
+        mechanism = PLANNED[str(planned)] = f"{rec.key} ({rec.mechanism}, {rec.sampler} batches, {rec.accounting} accounting)"
     t0, c0 = time.perf_counter(), time.process_time()
     for x, y in loader:
         opt.zero_grad()
@@ -90,11 +119,11 @@ def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
 
 
 def train_dpsgd(args: argparse.Namespace, train_set: TensorDataset, x_test: torch.Tensor, y_test: torch.Tensor,
-                hidden: int) -> dict:
+                hidden: int, lr: float) -> dict:
     from opacus import PrivacyEngine
 
     model = mlp(train_set.tensors[0].shape[1], hidden, args.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     loader = DataLoader(train_set, batch_size=args.batch, generator=torch.Generator().manual_seed(args.seed))
     engine = PrivacyEngine(accountant="prv")
     model, opt, loader = engine.make_private_with_epsilon(
@@ -122,7 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=4.0)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0, help="model, batch and noise seed (experiments only)")
-    ap.add_argument("--lr", type=float, default=0.5, help="learning rate of both arms")
+    ap.add_argument("--lr", type=float, default=0.5, help="learning rate of both arms (without --lr-grid)")
+    ap.add_argument("--dpsgd-lr", type=float, default=None, help="learning rate of the Opacus arm (default: --lr), "
+                                                                 "e.g. the one --lr-grid chose for it on another seed")
+    ap.add_argument("--lr-grid", default=None, help="learning rates to try, comma-separated: each arm takes the one "
+                                                    "with the best accuracy on the validation split")
+    ap.add_argument("--validation", type=int, default=None, help="examples held out of the training split to "
+                                                                 "choose the learning rate on (with --lr-grid; "
+                                                                 "default: an eighth of it, 500 for mnist5k)")
+    ap.add_argument("--bands", default=None, help="BandMF band counts plan may try, comma-separated (default: plan's)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of both arms (mfcli plans for it)")
     ap.add_argument("--clip", type=float, default=1.0, help="per-example clipping norm of both arms")
     ap.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
@@ -143,9 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha", category=UserWarning)
     try:
         train_set, x_test, y_test = load(args.dataset, args.examples)
+        lr, dpsgd_lr, scores = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr, None
         with tempfile.TemporaryDirectory() as tmp:
-            mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, Path(tmp))
-        ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden)
+            if args.lr_grid:
+                if args.artifact:
+                    raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
+                                     "needs its own plan; it cannot be combined with --artifact")
+                if args.validation is None:
+                    args.validation = max(1, len(train_set) // 8)
+                if not 1 <= args.validation < len(train_set):
+                    raise MfcliError(f"--validation must be in [1, {len(train_set) - 1}] (taken from the training split)")
+                lr, dpsgd_lr, scores = tune(args, train_set, Path(tmp))
+            mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, Path(tmp), lr)
+        ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden, dpsgd_lr)
     except MfcliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -157,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(train_set),
            "test_examples": len(y_test), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
-           "lr": args.lr, "seed": args.seed, "sigma": mine["sigma"], "steps": mine["steps"],
+           "lr": lr, "dpsgd_lr": dpsgd_lr, "momentum": args.momentum, "validation_accuracy": scores,
+           "validation": args.validation if args.lr_grid else None, "seed": args.seed, "sigma": mine["sigma"],
+           "steps": mine["steps"],
            "batch_sampler": mine["batch_sampler"], "epsilon_per_epoch": mine["epsilon_per_epoch"],
            "dpsgd_sigma": None if ref is None else ref["sigma"],
            "dpsgd_epsilon": None if ref is None else ref["epsilon"], "torch_threads": torch.get_num_threads()}

@@ -333,3 +333,95 @@ def test_exporters_stop_at_n_without_jax_privacy(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(bridge, "_guard", lambda t, n: t)
     out, _ = step(zero, state)
     assert all(bool(jnp.all(jnp.isnan(v))) for v in jax.tree.leaves(out))
+
+
+# --------------------------------------------------------------------------------------------
+# Every artifact kind out to jax_privacy's own types and back
+
+
+def _structured(tmp: Path, kind: str) -> tuple[Path, np.ndarray]:
+    """A structured artifact at n = N and its C, written out entry by entry from the parameters
+    (C[t, j] = c_{t-j}: the coefficients themselves, or 1 then sum_i omega_i theta_i^(k-1))."""
+    from mfcli.blt import BufferedToeplitz
+    from mfcli.structured import save_structured_artifact
+    from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
+
+    if kind == "banded-toeplitz":
+        coefs = np.array([1.0, 0.5, 0.25, 0.1])
+        strategy: object = BandedToeplitz(coefs)
+        col = np.concatenate([coefs, np.zeros(N - coefs.size)])
+    else:
+        theta, omega = np.array([0.9, 0.4]), np.array([0.3, 0.1])
+        strategy = BufferedToeplitz(theta=theta, omega=omega)
+        col = np.array([1.0] + [sum(w * th ** (k - 1) for th, w in zip(theta, omega, strict=True))
+                                for k in range(1, N)])
+    c = np.array([[col[t - j] if t >= j else 0.0 for j in range(N)] for t in range(N)])
+    path = tmp / f"{kind}.h5"
+    save_structured_artifact(path, strategy, workload=toeplitz_workload("prefix"), n=N)
+    return path, c
+
+
+@pytest.mark.parametrize("kind", ["banded-toeplitz", "blt", "dense", "compressed"])
+def test_every_artifact_kind_exports_natively_and_imports_back(jp, tmp_path: Path, kind: str) -> None:
+    """banded Toeplitz -> its coefficients, BLT -> jax_privacy's BufferedToeplitz, anything else
+    -> the dense C; jax_privacy's own materialisation of the export is C, the exported C^-1 stream
+    is C^-1 (so the noise covariance C^-1 C^-T is the operator's), and importing the export back
+    gives the same C."""
+    import jax
+    import jax.numpy as jnp
+    from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+
+    from mfcli.structured import load_any_artifact
+
+    if kind in ("banded-toeplitz", "blt"):
+        path, c = _structured(tmp_path, kind)
+        n, sources = N, [path, load_any_artifact(path)]   # a path or the loaded artifact
+    else:
+        path, _a, fact, b_hat = save_truncated_svd_compression(tmp_path / "m.h5", n=12, beta=0.9, band=2, rank=2)
+        n, sources = 12, [path, load_artifact(path)]
+        # C = B^-1 A of the operator that runs (A the workload of the artifact: momentum)
+        c = fact.strategy if kind == "dense" else scipy.linalg.solve_triangular(b_hat, _a, lower=True)
+    variant = kind if kind in ("dense", "compressed") else "auto"   # auto picks the compressed one when present
+    for source in sources:
+        native = bridge.native_strategy(source, variant=variant)
+        if kind == "banded-toeplitz":
+            assert isinstance(native, np.ndarray) and native.ndim == 1
+            theirs = toeplitz.materialize_lower_triangular(jnp.asarray(native), n)
+        elif kind == "blt":
+            assert isinstance(native, buffered_toeplitz.BufferedToeplitz)
+            theirs = native.materialize(n)
+        else:
+            assert isinstance(native, np.ndarray) and native.shape == (n, n)
+            theirs = native
+        np.testing.assert_allclose(np.asarray(theirs), c, rtol=0, atol=1e-12)
+        sm = bridge.streaming_matrix(source, variant=variant)
+        c_inv = scipy.linalg.solve_triangular(c, np.eye(n), lower=True)
+        got = np.asarray(jax.jit(lambda x, sm=sm: sm @ x)(jnp.eye(n)))
+        np.testing.assert_allclose(got, c_inv, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got @ got.T, c_inv @ c_inv.T, rtol=0, atol=1e-9)
+    w = build_workload("prefix", n)
+    back = bridge.import_strategy(native, w)
+    np.testing.assert_allclose(back.factorization.strategy, c, rtol=0, atol=1e-12)
+    bridge.save_imported_strategy(tmp_path / "back.h5", native, w)
+    np.testing.assert_allclose(load_artifact(tmp_path / "back.h5").factorization.strategy, c, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["banded-toeplitz", "blt"])
+def test_native_exports_stop_at_n(jp, tmp_path: Path, kind: str) -> None:
+    """jax_privacy's Toeplitz and BLT matrices never end; the export refuses step n (eagerly and
+    under jit through checked) and the swallowed-error row is NaN."""
+    import jax
+    import jax.numpy as jnp
+
+    from mfcli.adapters.optax import checked
+
+    path, _ = _structured(tmp_path, kind)
+    sm = bridge.streaming_matrix(path)
+    x = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
+    for step in (sm.multiply_next, checked(jax.jit(sm.multiply_next))):
+        state = sm.init_multiply(x)
+        for _ in range(N):
+            out, state = step(x, state)
+            assert all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree.leaves(out))
+        with pytest.raises(NoiseStreamExhaustedError, match=f"step {N} >= n = {N}"):
+            step(x, state)

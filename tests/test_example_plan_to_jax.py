@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("optax")
 pytest.importorskip("sklearn")
+pytest.importorskip("jax_privacy")   # the DP-SGD arm is jax_privacy's own
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch", "dpsgd_accuracy", "dpsgd_seconds_per_epoch"}
@@ -30,3 +31,11 @@ def test_quick_run_prints_one_json_line() -> None:
     assert 0 < out["epsilon"] <= 4.0 and 0 < out["dpsgd_epsilon"] <= 4.0
     assert out["steps"] == 20 and out["epsilon_per_epoch"][-1] == out["epsilon"]
     assert out["accuracy"] > 0.2 and out["dpsgd_accuracy"] > 0.2   # chance is 0.1
+    assert out["dpsgd_mechanism"] == "jax_privacy dp-sgd"
+    # jax_privacy's calibrated sigma, re-accounted by dp-accounting itself: 20 Poisson steps at 30 / 300
+    from dp_accounting import NeighboringRelation, dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(out["dpsgd_sigma"])), 20)
+    assert acc.get_epsilon(1e-5) <= 4.0 + 1e-6

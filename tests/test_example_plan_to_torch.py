@@ -24,7 +24,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_quick_run_prints_one_json_line() -> None:
-    r = _run("--quick", "--epsilon", "4", "--delta", "1e-5", "--seed", "1")
+    r = _run("--quick", "--epsilon", "4", "--delta", "1e-5", "--seed", "1", "--lr-grid", "0.5,2")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -38,6 +38,13 @@ def test_quick_run_prints_one_json_line() -> None:
     assert out["accuracy"] > 0.2   # better than chance (0.1) after 2 epochs, far from flaky
     assert out["seconds_per_epoch"] > 0 and out["dpsgd_seconds_per_epoch"] > 0
     assert out["steps"] == 20 and out["batch_sampler"] == "fixed-order"
+    # the same grid for both arms, each arm's rate the best on the validation split (ties: the smaller)
+    scores = out["validation_accuracy"]
+    assert out["validation"] == 300 // 8 and set(scores) == {"mfcli", "dpsgd"}
+    for arm, key in (("mfcli", "lr"), ("dpsgd", "dpsgd_lr")):
+        assert set(scores[arm]) == {"0.5", "2.0"}
+        best = max(scores[arm].values())
+        assert out[key] == min(float(r) for r, v in scores[arm].items() if v == best)
 
 
 def test_bad_input_is_one_error_line() -> None:
@@ -45,3 +52,10 @@ def test_bad_input_is_one_error_line() -> None:
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == ["error: --examples must be in [1, 1497] for digits (at least 300 test "
                                              "examples)"]
+
+
+def test_tuning_needs_its_own_plan() -> None:
+    r = _run("--artifact", "missing.h5", "--lr-grid", "0.5,1")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["error: --lr-grid trains on the training split minus the validation "
+                                             "examples, which needs its own plan; it cannot be combined with --artifact"]

@@ -12,7 +12,11 @@ Two directions:
       privatizer = noise_addition.matrix_factorization_privatizer(c_inv, stddev=sigma * clip, prng_key=key)
 
   jax_privacy then draws Z itself (from ``prng_key``); mfcli contributes the operator, not its
-  Philox noise. Unlike jax_privacy's own matrices, the export **stops at step n**: step t >= n
+  Philox noise. Structured artifacts export as jax_privacy's own types: a banded Toeplitz C as its
+  coefficients and C^-1 as ``toeplitz.inverse_as_streaming_matrix``, a BLT as a
+  ``BufferedToeplitz`` and C^-1 as its ``inverse_as_streaming_matrix``; every other artifact as
+  the dense C (:func:`native_strategy`). :func:`import_strategy` takes each of them back.
+  Unlike jax_privacy's own matrices, the export **stops at step n**: step t >= n
   raises :class:`~mfcli.errors.NoiseStreamExhaustedError` (eagerly; under ``jit`` wrap the step in
   :func:`mfcli.adapters.optax.checked`) and, should the error be swallowed, the row it returns is
   NaN, never a reused or invented row. jax_privacy 2.0.0's dense privatizer indexes its matrix
@@ -85,12 +89,13 @@ def _exhausted(step: int, n: int) -> NoiseStreamExhaustedError:
 
 
 def _operator(source: Any, variant: str) -> Any:
-    """The noise operator of ``source``: a path, a loaded artifact or an operator itself."""
+    """The noise operator of ``source``: a path (dense or structured artifact), a loaded artifact
+    or an operator itself."""
     if isinstance(source, (str, Path)):
-        from mfcli.artifact import load_artifact
+        from mfcli.structured import load_any_artifact
 
-        return select_operator(load_artifact(source), variant)
-    if hasattr(source, "factorization") and hasattr(source, "groups"):
+        return select_operator(load_any_artifact(source), variant)
+    if (hasattr(source, "factorization") or hasattr(source, "schema_sensitivity")) and hasattr(source, "groups"):
         return select_operator(source, variant)
     if hasattr(source, "streaming") and hasattr(source, "sensitivity"):
         return source
@@ -198,6 +203,68 @@ def _dense_exporter(matrix: Any) -> tuple[Callable, Callable]:
     return init, next_
 
 
+def _stopped(inner: Any, n: int) -> tuple[Callable, Callable]:
+    """init/next of a jax_privacy StreamingMatrix ``inner`` (unbounded, like its Toeplitz and BLT
+    matrices) with the hard stop at n: a step counter beside its state; step t >= n raises
+    :class:`~mfcli.errors.NoiseStreamExhaustedError` and yields NaN."""
+    import jax
+    import jax.numpy as jnp
+
+    def init(abstract: Any) -> Any:
+        return jnp.zeros((), jnp.int32), inner.init_multiply(abstract)
+
+    def next_(value: Any, state: Any) -> Any:
+        t, inner_state = state
+        safe = _guard(t, n)
+        out, inner_state = inner.multiply_next(value, inner_state)
+        return jax.tree.map(lambda x: _poison(x, safe, n), out), (t + 1, inner_state)
+
+    return init, next_
+
+
+def _native_gradient(op: Any) -> Any:
+    """jax_privacy's own StreamingMatrix for C^-1 of a structured operator (banded Toeplitz:
+    ``toeplitz.inverse_as_streaming_matrix`` of its coefficients; BLT: its ``BufferedToeplitz``'s
+    ``inverse_as_streaming_matrix``), None for any other operator."""
+    kind = getattr(getattr(op, "strategy", None), "kind", None)
+    if getattr(op, "variant", None) != "structured" or kind not in ("banded-toeplitz", "blt"):
+        return None
+    if kind == "banded-toeplitz":
+        toeplitz = _require("jax_privacy.matrix_factorization.toeplitz")
+        return toeplitz.inverse_as_streaming_matrix(np.asarray(op.strategy.coefs, dtype=np.float64))
+    return native_strategy(op).inverse_as_streaming_matrix()
+
+
+def native_strategy(source: Any, *, variant: str = "auto") -> Any:
+    """The strategy C of ``source`` in jax_privacy's own representation, for its
+    ``matrix_factorization`` functions (and back through :func:`import_strategy`):
+
+    * a banded Toeplitz artifact: its b coefficients, a 1-D float64 array (jax_privacy's
+      ``toeplitz`` module represents a banded Toeplitz C by them);
+    * a BLT artifact: a ``buffered_toeplitz.BufferedToeplitz`` with ``buf_decay`` = theta and
+      ``output_scale`` = omega (the same parameterisation: c_0 = 1, c_t = sum_i omega_i
+      theta_i^(t-1)); float64 when ``jax_enable_x64`` is on (jax_privacy's recommendation), float32 else;
+    * any other operator (dense root, compressed, a BandMF or other dense artifact): the n x n C
+      as a float64 array (jax_privacy's ``dense`` module).
+
+    Raises:
+        MfcliError: jax_privacy missing (BLT), an unusable artifact.
+    """
+    op = _operator(source, variant)
+    kind = getattr(getattr(op, "strategy", None), "kind", None)
+    if getattr(op, "variant", None) == "structured" and kind == "banded-toeplitz":
+        return np.array(op.strategy.coefs, dtype=np.float64)
+    if getattr(op, "variant", None) == "structured" and kind == "blt":
+        import jax
+        import jax.numpy as jnp
+
+        bt = _require("jax_privacy.matrix_factorization.buffered_toeplitz")
+        dtype = jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+        return bt.BufferedToeplitz.build(buf_decay=np.asarray(op.strategy.theta), output_scale=np.asarray(
+            op.strategy.omega), dtype=dtype)
+    return np.array(op.factorization.strategy, dtype=np.float64)
+
+
 #: Exporters by streaming-matrix type; anything else with ``dense()`` is exported densely.
 _EXPORTERS: dict[type, Callable[[Any], tuple[Callable, Callable]]] = {
     BandedLowRank: _banded_exporter,
@@ -229,8 +296,12 @@ def streaming_matrix(source: Any, *, kind: str = "gradient", variant: str = "aut
             ``iterate`` (B).
         variant: ``auto``, ``dense`` or ``compressed`` (:func:`mfcli.operators.select_operator`).
 
-    A compressed operator streams its banded-low-rank form (W + R rows of state per parameter);
-    a dense one keeps every noise row (n rows of state). Step t >= n raises
+    A banded Toeplitz or BLT artifact's gradient operator is jax_privacy's own streaming C^-1
+    (``toeplitz.inverse_as_streaming_matrix``, ``BufferedToeplitz.inverse_as_streaming_matrix``:
+    b - 1 rows or one buffer per buffer of state); a compressed operator streams its
+    banded-low-rank form (W + R rows of state per parameter); any other (a dense root, the
+    iterate operator of a structured artifact at n <= its dense limit) keeps every noise row
+    (n rows of state). Step t >= n raises
     :class:`~mfcli.errors.NoiseStreamExhaustedError` and yields NaN rather than noise.
 
     Raises:
@@ -238,6 +309,9 @@ def streaming_matrix(source: Any, *, kind: str = "gradient", variant: str = "aut
     """
     sm_mod = _require("jax_privacy.matrix_factorization.streaming_matrix")
     op = _operator(source, variant)
+    native = _native_gradient(op) if kind == "gradient" else None
+    if native is not None:
+        return sm_mod.StreamingMatrix(*_stopped(native, op.n))
     matrix = op.streaming(kind).matrix
     exporter = _EXPORTERS.get(type(matrix))
     if exporter is None:
@@ -448,6 +522,7 @@ __all__ = [
     "dense_privatizer",
     "guard_step",
     "import_strategy",
+    "native_strategy",
     "register_exporter",
     "save_imported_strategy",
     "strategy_matrix",
