@@ -68,6 +68,11 @@ CERTIFY_LIMIT = 4096
 ROUGH_ITERATIONS = 40
 ASCENT_ITERATIONS = 3000
 
+#: The weights lam of the row-wise bound beyond ENUMERATION_LIMIT (:func:`_row_bounds`): each pair
+#: of a pattern charged 2 lam to its later step and 2 (1 - lam) to its earlier one; every lam gives
+#: a valid bound and the smallest is kept.
+SPLIT_WEIGHTS = (0.0, 0.25, 0.75, 1.0)
+
 #: The ascent on the one pattern that the large-n dynamic program picks (a lower bound only:
 #: it needs no convergence, and large-n calls stay fast).
 WITNESS_ITERATIONS = 300
@@ -431,8 +436,10 @@ def _min_separation(x: np.ndarray, schema: MinSeparation, n: int, rows: int) -> 
             upper2 = _certify(x, groups, sums, rows, best)
             method = f"min-sep: semidefinite dual certificate per pattern ({count} patterns)"
         return _result(upper2, best, method, schema)
-    row_bounds = _row_bounds(absx, b, k)
-    upper2, chosen = _separated_max(row_bounds, b, k)
+    # each split is a valid bound: keep the smallest; the even split's pattern is the witness's start
+    upper2, chosen = _separated_max(_row_bounds(absx, b, k), b, k)
+    for lam in SPLIT_WEIGHTS:
+        upper2 = min(upper2, _separated_max(_row_bounds(absx, b, k, lam), b, k)[0])
     if chosen:
         block = x[np.ix_(chosen, chosen)]
         value2, signs = _sign_witness(block)
@@ -678,8 +685,15 @@ def _left_best(a: np.ndarray, b: int, slots: int | None) -> np.ndarray:
     return out
 
 
-def _row_bounds(absx: np.ndarray, b: int, k: int) -> np.ndarray:
-    """r_i = max over b-separated patterns T of at most k steps containing i of sum_{l in T} |X_il|."""
+def _row_bounds(absx: np.ndarray, b: int, k: int, lam: float = 0.5) -> np.ndarray:
+    """r_i = |X_ii| + max over b-separated patterns T of at most k steps containing i of
+    2 lam sum_{l in T, l < i} |X_il| + 2 (1 - lam) sum_{l in T, l > i} |X_il|.
+
+    For every pattern S, a(S) = sum_{i in S} (|X_ii| + 2 lam L_i(S) + 2 (1 - lam) R_i(S)) with
+    L_i, R_i the sums over S's steps left and right of i (each unordered pair {i, l} is counted
+    2 lam + 2 (1 - lam) = 2 times, once from each end), and S is one of the T containing i, so
+    a(S) <= sum_{i in S} r_i for every lam in [0, 1]; lam = 1/2 splits every pair evenly, lam = 1
+    charges it to the later step. (The left and right sums are computed once per lam; cheap.)"""
     n = absx.shape[0]
     unlimited = k >= -(-n // b)
     slots = None if unlimited else k  # 0..k-1 further participations on each side
@@ -687,9 +701,9 @@ def _row_bounds(absx: np.ndarray, b: int, k: int) -> np.ndarray:
     right = _left_best(absx[::-1, ::-1], b, slots)[::-1]
     diag = np.diag(absx)
     if unlimited:
-        return diag + left + right
+        return diag + 2 * lam * left + 2 * (1 - lam) * right
     # c further steps on the left and k - 1 - c on the right; "at most" makes the split complete
-    return diag + np.max(left + right[:, ::-1], axis=1)
+    return diag + np.max(2 * lam * left + 2 * (1 - lam) * right[:, ::-1], axis=1)
 
 
 def _count_separated(n: int, b: int, k: int) -> int:
