@@ -55,7 +55,7 @@ AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 5e-4, 1.02
 #: DP-SGD's pair has no convolution per level, so its automatic grid may go finer: at small epsilon
 #: (sigma 8, n = 1024, delta 1e-6) the bracket at 5e-4 is [0.0100, 0.0155], at 1e-4 [0.0117, 0.0128]
 #: (docs/accounting.md, the comparison with the random-allocation package).
-DPSGD_AUTO_FINEST = 1e-4
+DPSGD_AUTO_FINEST = 2.5e-4
 #: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
 TAIL_CUT = 1e-30
 #: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
