@@ -158,3 +158,21 @@ def test_reduction_under_balls_in_bins_at_any_n() -> None:
 def test_refuses_bad_n(n: object) -> None:
     with pytest.raises(MfcliError, match="positive integer"):
         dpsgd_balls_in_bins(n=n, sigma=1.0)  # type: ignore[arg-type]
+
+
+def test_cli_accounts_any_c_at_any_n_under_balls_in_bins() -> None:
+    """`account --batching balls-in-bins` on a non-tree C at n = 6 (no power of two): the reduction
+    row holds, equal to DP-SGD's bracket at sigma / ||C||_2, and is among the reported guarantees."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    r = CliRunner().invoke(app, ["account", "--strategy", "sqrt", "--n", "6", "--sigma", "3", "--batching",
+                                 "balls-in-bins", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    row = out["settings"]["dp-sgd-reduction"]
+    assert row["epsilon"] == dpsgd_balls_in_bins(n=6, sigma=row["noise_multiplier"], delta=row["delta"]).epsilon
+    assert "dp-sgd-reduction" in out["report"]["candidates"]

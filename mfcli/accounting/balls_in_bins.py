@@ -53,7 +53,7 @@ DEFAULT_GRID = 1e-3
 #: Automatic grid: start coarse, refine until upper / lower <= AUTO_RATIO or the grid reaches AUTO_FINEST.
 AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 5e-4, 1.02
 #: DP-SGD's pair has no convolution per level, so its automatic grid may go finer: at small epsilon
-#: (sigma 8, n = 1024, delta 1e-6) the bracket at 5e-4 is [0.0100, 0.0155], at 1e-4 [0.0117, 0.0128]
+#: (sigma 8, n = 1024, delta 1e-6) the bracket at 5e-4 is [0.0100, 0.0155], at 2.5e-4 [0.0111, 0.0138]
 #: (docs/accounting.md, the comparison with the random-allocation package).
 DPSGD_AUTO_FINEST = 2.5e-4
 #: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
