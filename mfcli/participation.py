@@ -57,7 +57,7 @@ JSON_VERSION = 1
 EXACT_RTOL = 1e-10
 
 #: At most this many min-separation patterns are enumerated to tighten the bound on small n.
-ENUMERATION_LIMIT = 20_000
+ENUMERATION_LIMIT = 200_000
 
 #: At most this many patterns get a semidefinite dual certificate (the ones with the largest
 #: cheap bounds first); the rest keep their cheap bound, so the result stays an upper bound.
@@ -67,6 +67,15 @@ CERTIFY_LIMIT = 4096
 #: pass over every candidate pattern, then a full one on those that may hold the maximum.
 ROUGH_ITERATIONS = 40
 ASCENT_ITERATIONS = 3000
+
+#: The weights lam of the row-wise bound beyond ENUMERATION_LIMIT (:func:`_row_bounds`): each pair
+#: of a pattern charged 2 lam to its later step and 2 (1 - lam) to its earlier one; every lam gives
+#: a valid bound and the smallest is kept.
+SPLIT_WEIGHTS = (0.0, 0.25, 0.75, 1.0)
+
+#: Patterns the branch and bound beyond ENUMERATION_LIMIT bounds before it stops (its bound is
+#: valid whenever it stops; about 10 microseconds each).
+BRANCH_NODES = 100_000
 
 #: The ascent on the one pattern that the large-n dynamic program picks (a lower bound only:
 #: it needs no convergence, and large-n calls stay fast).
@@ -431,23 +440,113 @@ def _min_separation(x: np.ndarray, schema: MinSeparation, n: int, rows: int) -> 
             upper2 = _certify(x, groups, sums, rows, best)
             method = f"min-sep: semidefinite dual certificate per pattern ({count} patterns)"
         return _result(upper2, best, method, schema)
-    row_bounds = _row_bounds(absx, b, k)
-    upper2, chosen = _separated_max(row_bounds, b, k)
+    # each split is a valid bound: keep the smallest; the even split's pattern is the witness's start
+    upper2, chosen = _separated_max(_row_bounds(absx, b, k), b, k)
+    for lam in SPLIT_WEIGHTS:
+        upper2 = min(upper2, _separated_max(_row_bounds(absx, b, k, lam), b, k)[0])
+    method = "min-sep: row-wise dynamic program over |C^T C|"
+    searched, complete, found = _branch_and_bound(absx, b, k, start=chosen)
+    if searched < upper2:
+        upper2 = searched
+        method = ("min-sep: branch and bound over the patterns on |C^T C|" if complete else
+                  f"min-sep: branch and bound over the patterns on |C^T C|, stopped after {BRANCH_NODES} patterns")
+    if found and found != chosen:
+        block = x[np.ix_(found, found)]
+        value2, signs = _sign_witness(block)
+        best.offer(value2, found, signs[:, None])
     if chosen:
         block = x[np.ix_(chosen, chosen)]
         value2, signs = _sign_witness(block)
         best.offer(value2, chosen, signs[:, None])
         values, vectors = _vector_ascent(block[None], WITNESS_ITERATIONS, start=signs[None])
         best.offer(float(values[0]) - _rounding_pad(block[None], rows, vectors.shape[2])[0], chosen, vectors[0])
-    return _result(upper2, best, "min-sep: row-wise dynamic program over |C^T C|", schema)
+    return _result(upper2, best, method, schema)
+
+
+def _branch_and_bound(absx: np.ndarray, b: int, k: int, start: list[int]) -> tuple[float, bool, list[int]]:
+    """An upper bound on max_S a(S) over b-separated patterns S of at most k steps, by a
+    depth-first search over the patterns in increasing order of their steps, and (complete) whether
+    the search finished, and the best pattern found.
+
+    A node is a pattern S (its last step j); its completions add T, a b-separated set of at most
+    k - |S| steps >= j + b. With c_S(l) = sum_{i in S} |X_il| and charging each pair of T to its
+    earlier step, a(S + T) = a(S) + sum_{l in T} (2 c_S(l) + |X_ll| + 2 sum_{l' in T, l' > l} |X_ll'|)
+    <= a(S) + B_rho(j + b, k - |S|) + 2 (sum of the k - |S| largest c_S(l), l >= j + b), where
+    rho_l = |X_ll| + 2 R_l (R_l the row-wise bound on the right, :func:`_left_best`) and
+    B_rho(t, c) the largest sum of at most c b-separated rho's at steps >= t (a dynamic program, once).
+    A node whose bound is at most the best a(S) found is not expanded. After ``BRANCH_NODES``
+    bounded patterns the search stops and the bound is the larger of the best found and every unexpanded node's
+    bound: a valid upper bound either way. Sums of non-negative terms, raised by a relative
+    (4 n + 16) eps for their rounding."""
+    n = absx.shape[0]
+    unlimited = k >= -(-n // b)
+    kk = -(-n // b) if unlimited else k
+    right = _left_best(absx[::-1, ::-1], b, None if unlimited else k)[::-1]
+    diag = np.diag(absx)
+    rho = diag + 2 * (right if unlimited else right[:, k - 1])
+    table = np.zeros((n + b + 1, kk + 1))  # table[t, c]: best sum of <= c separated rho's at steps >= t
+    for t in range(n - 1, -1, -1):
+        table[t, 1:] = np.maximum(table[t + 1, 1:], rho[t] + table[t + b, :-1])
+    best_val = float(absx[np.ix_(start, start)].sum()) if start else float(diag.max())
+    best_pat = list(start) if start else [int(np.argmax(diag))]
+    # stack entries: (bound, value a(S), c_S, pattern S)
+    stack: list[tuple[float, float, np.ndarray, list[int]]] = [(float(table[0, kk]), 0.0, np.zeros(n), [])]
+    nodes = 0
+    while stack:
+        bound, val, cs, pat = stack.pop()
+        if bound <= best_val:
+            continue
+        if nodes > BRANCH_NODES:
+            stack.append((bound, val, cs, pat))
+            rest = max(e[0] for e in stack)
+            return max(best_val, rest) * (1 + (4 * n + 16) * _EPS), False, best_pat
+        first = pat[-1] + b if pat else 0
+        left = kk - len(pat)
+        if first >= n or left <= 0:
+            continue
+        steps = np.arange(first, n)
+        vals = val + 2 * cs[first:] + diag[first:]  # a(S + {l}) for every next step l
+        i = int(np.argmax(vals))
+        if vals[i] > best_val:
+            best_val, best_pat = float(vals[i]), [*pat, int(steps[i])]
+        if left == 1:
+            continue
+        children = []
+        nodes += steps.size
+        for step, v in zip(steps.tolist(), vals.tolist(), strict=True):
+            t = step + b
+            if t >= n:
+                continue
+            c_new = cs + absx[step]
+            tail = c_new[t:]
+            m = min(left - 1, tail.size)
+            top = float(np.partition(tail, tail.size - m)[tail.size - m:].sum()) if m else 0.0
+            child_bound = v + float(table[t, left - 1]) + 2 * top
+            if child_bound > best_val:
+                children.append((child_bound, v, c_new, [*pat, step]))
+        children.sort(key=lambda e: e[0])  # the most promising popped first
+        stack.extend(children)
+    return best_val * (1 + (4 * n + 16) * _EPS), True, best_pat
 
 
 def _pattern_groups(n: int, b: int, k: int) -> list[np.ndarray]:
-    """Every b-separated pattern of at most k steps, as one integer array (count, size) per size."""
-    by_size: dict[int, list[tuple[int, ...]]] = {}
-    for pattern in _separated_sets(n, b, k):
-        by_size.setdefault(len(pattern), []).append(pattern)
-    return [np.array(by_size[size], dtype=np.intp).reshape(-1, size) for size in sorted(by_size)]
+    """Every b-separated pattern of at most k steps, as one integer array (count, size) per size,
+    each in lexicographic order: the patterns of size s + 1 extend each one of size s by every
+    step at least b after its last (vectorised, so that BOUND_ENUMERATION_LIMIT patterns take
+    a fraction of a second)."""
+    groups = []
+    cur = np.arange(n, dtype=np.intp)[:, None]
+    while cur.shape[0]:
+        groups.append(cur)
+        if cur.shape[1] >= k:
+            break
+        first = cur[:, -1] + b  # the first step each pattern may extend by
+        counts = np.maximum(n - first, 0)
+        total = int(counts.sum())
+        parent = np.repeat(np.arange(cur.shape[0]), counts)
+        offsets = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        cur = np.concatenate([cur[parent], (first[parent] + offsets)[:, None]], axis=1)
+    return groups
 
 
 def _rounding_pad(blocks: np.ndarray, rows: int, rank: int) -> np.ndarray:
@@ -678,8 +777,15 @@ def _left_best(a: np.ndarray, b: int, slots: int | None) -> np.ndarray:
     return out
 
 
-def _row_bounds(absx: np.ndarray, b: int, k: int) -> np.ndarray:
-    """r_i = max over b-separated patterns T of at most k steps containing i of sum_{l in T} |X_il|."""
+def _row_bounds(absx: np.ndarray, b: int, k: int, lam: float = 0.5) -> np.ndarray:
+    """r_i = |X_ii| + max over b-separated patterns T of at most k steps containing i of
+    2 lam sum_{l in T, l < i} |X_il| + 2 (1 - lam) sum_{l in T, l > i} |X_il|.
+
+    For every pattern S, a(S) = sum_{i in S} (|X_ii| + 2 lam L_i(S) + 2 (1 - lam) R_i(S)) with
+    L_i, R_i the sums over S's steps left and right of i (each unordered pair {i, l} is counted
+    2 lam + 2 (1 - lam) = 2 times, once from each end), and S is one of the T containing i, so
+    a(S) <= sum_{i in S} r_i for every lam in [0, 1]; lam = 1/2 splits every pair evenly, lam = 1
+    charges it to the later step. (The left and right sums are computed once per lam; cheap.)"""
     n = absx.shape[0]
     unlimited = k >= -(-n // b)
     slots = None if unlimited else k  # 0..k-1 further participations on each side
@@ -687,9 +793,9 @@ def _row_bounds(absx: np.ndarray, b: int, k: int) -> np.ndarray:
     right = _left_best(absx[::-1, ::-1], b, slots)[::-1]
     diag = np.diag(absx)
     if unlimited:
-        return diag + left + right
+        return diag + 2 * lam * left + 2 * (1 - lam) * right
     # c further steps on the left and k - 1 - c on the right; "at most" makes the split complete
-    return diag + np.max(left + right[:, ::-1], axis=1)
+    return diag + np.max(2 * lam * left + 2 * (1 - lam) * right[:, ::-1], axis=1)
 
 
 def _count_separated(n: int, b: int, k: int) -> int:

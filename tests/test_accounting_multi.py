@@ -100,7 +100,7 @@ def test_unit_case_min_sep_2_is_sqrt_41(tmp_path):
 def test_upper_bound_is_labelled_and_bracketed(tmp_path):
     """X = [[1, -1/2, -1/2], ...]: three unit vectors at 120 degrees beat every sign vector (4.5
     against 4), and the semidefinite certificate makes 4.5 exact. Beyond enumeration (every set
-    of 16 steps under min-sep 1, a C with negative entries) the schema's sensitivity is only
+    of 20 steps under min-sep 1, 2^20 patterns, a C with negative entries) the schema's sensitivity is only
     bounded; the table says so and prints the bracket."""
     x = np.array([[1, -0.5, -0.5], [-0.5, 1, -0.5], [-0.5, -0.5, 1]])
     # causal: C = P L^T P (P the reversal) is lower-triangular with C^T C = P X P = X (X is reversal-symmetric)
@@ -108,7 +108,7 @@ def test_upper_bound_is_labelled_and_bracketed(tmp_path):
     assert not np.any(np.triu(c, 1)) and np.allclose(c.T @ c, x, atol=1e-9)
     out = run(npy(tmp_path, c), "--sigma", "2", "--min-sep", "1")["settings"]["deterministic"]
     assert out["sensitivity_exact"] is True and out["sensitivity"] == pytest.approx(math.sqrt(4.5), rel=1e-9)
-    c = np.tril(np.random.default_rng(5).normal(size=(16, 16)))
+    c = np.tril(np.random.default_rng(5).normal(size=(20, 20)))
     r = runner.invoke(app, ["account", npy(tmp_path, c), "--sigma", "2", "--min-sep", "1"], env={"COLUMNS": "600"})
     assert r.exit_code == 0, r.stderr
     out = run(npy(tmp_path, c), "--sigma", "2", "--min-sep", "1")["settings"]["deterministic"]

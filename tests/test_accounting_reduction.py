@@ -271,7 +271,3 @@ def test_balls_in_bins_dpsgd_between_known_bounds() -> None:
     poisson = dpsgd_epsilon(sigma, 1.0 / n, n)
     assert 0.5 * poisson <= r.lower <= r.epsilon <= 1.2 * poisson
 
-
-def test_balls_in_bins_dpsgd_refuses_other_n() -> None:
-    with pytest.raises(MfcliError, match="power of two"):
-        dpsgd_balls_in_bins(n=6, sigma=1.0)

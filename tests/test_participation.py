@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sensitivity_oracle import brute_sensitivity_squared, brute_vector_bounds_squared, schema_patterns
 
@@ -416,3 +416,39 @@ def test_dual_certificate_bounds_one_pattern_for_any_vectors(seed: int) -> None:
     assert values[0] <= certified * (1 + 1e-12)
     dual = part._dual_bound(block, vectors)[0]
     assert attained * (1 - 1e-12) <= dual <= certified * (1 + 1e-9)
+
+
+# --- the row-wise bound beyond ENUMERATION_LIMIT, against enumeration on small n (issue 27) -----
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(4, 13), b=st.integers(1, 3),
+       k=st.sampled_from([None, 1, 2, 3, 4]), nonneg=st.booleans())
+def test_row_wise_bound_is_above_every_pattern(seed: int, n: int, b: int, k: int | None, nonneg: bool) -> None:
+    """The dynamic-program bound (every split weight) is at least max_P a(P) by brute force over
+    the patterns listed from the definition, and its witness at most the enumerated exact value."""
+    import itertools as _it
+
+    rng = np.random.default_rng(seed)
+    c = np.tril(rng.standard_normal((n, n)))
+    if nonneg:
+        c = np.abs(c)
+    schema = MinSeparation(separation=b, max_participations=k)
+    x = c.T @ c
+    cap = k or n
+    brute = max(float(np.abs(x[np.ix_(p, p)]).sum())
+                for r in range(1, cap + 1) for p in _it.combinations(range(n), r)
+                if all(q - p_ >= b for p_, q in _it.pairwise(p)))
+    exact = sensitivity(c, schema)
+    old = part.ENUMERATION_LIMIT
+    part.ENUMERATION_LIMIT = 0
+    try:
+        bound = sensitivity(c, schema)
+    finally:
+        part.ENUMERATION_LIMIT = old
+    assert bound.value**2 >= brute * (1 - 1e-12)
+    if "stopped" not in bound.method:  # a finished branch and bound is max_P a(P) itself
+        assert bound.value**2 <= brute * (1 + 1e-9)
+    assert bound.value >= exact.value * (1 - 1e-12)
+    assert bound.lower <= exact.value * (1 + 1e-9)
+    if nonneg:  # a(P) is attained (all-plus), so the enumerated value is exact
+        assert exact.value**2 == pytest.approx(brute, rel=1e-12)

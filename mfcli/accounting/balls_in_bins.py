@@ -52,6 +52,10 @@ from mfcli.validation import positive_number
 DEFAULT_GRID = 1e-3
 #: Automatic grid: start coarse, refine until upper / lower <= AUTO_RATIO or the grid reaches AUTO_FINEST.
 AUTO_START, AUTO_FINEST, AUTO_RATIO = 4e-3, 5e-4, 1.02
+#: DP-SGD's pair has no convolution per level, so its automatic grid may go finer: at small epsilon
+#: (sigma 8, n = 1024, delta 1e-6) the bracket at 5e-4 is [0.0100, 0.0155], at 2.5e-4 [0.0111, 0.0138]
+#: (docs/accounting.md, the comparison with the random-allocation package).
+DPSGD_AUTO_FINEST = 2.5e-4
 #: Tail mass below which a law's tail is cut (moved one-sidedly or dropped to an infinity atom).
 TAIL_CUT = 1e-30
 #: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
@@ -87,10 +91,12 @@ class _Law:
         return self.lo + self.p.size - 1
 
 
-def _phi_index(dmax: int, h: float, up: bool) -> np.ndarray:
-    """c_d = round(phi(d h) / h) for d = 0..dmax, phi(x) = log((1 + e^-x) / 2), rounded up or down."""
+def _phi_index(dmax: int, h: float, up: bool, alpha: float = 0.5) -> np.ndarray:
+    """c_d = round(phi(d h) / h) for d = 0..dmax, phi(x) = log(alpha + (1 - alpha) e^-x), rounded up
+    or down: log(alpha e^A + (1 - alpha) e^B) = A + phi(A - B) when A >= B (alpha = 1/2: the plain
+    average, phi(x) = log((1 + e^-x) / 2))."""
     d = np.arange(dmax + 1, dtype=np.float64)
-    phi = np.log1p(np.exp(-d * h)) - math.log(2.0)
+    phi = np.log1p((1.0 - alpha) / alpha * np.exp(-d * h)) + math.log(alpha)
     v = phi / h
     # the margin makes float error in phi round away from the truth (outward), never inward
     out = np.ceil(v + 1e-9) if up else np.floor(v - 1e-9)
@@ -98,13 +104,37 @@ def _phi_index(dmax: int, h: float, up: bool) -> np.ndarray:
     return out.astype(np.int64)
 
 
-def _pair(a: _Law, b: _Law, h: float, up: bool) -> _Law:
-    """Law of round(log((e^A + e^B) / 2)) for independent A ~ a, B ~ b on the grid.
+def _add_max_part(out: np.ndarray, px: np.ndarray, cy: np.ndarray, c: np.ndarray, d_start: int,
+                  shift_min: int) -> None:
+    """Add to ``out`` the mass of {X at grid index i is the max, Y at i - d, d >= d_start}, placed at
+    index i + c_d (entry k - shift_min holds index k). ``cy`` the prefix sums of Y's law (cy[k] =
+    sum py[:k]). c_d is constant on runs of d, so each run is one shifted product of X's law with
+    a window sum of Y's (from prefix sums: the window's absolute error is below 2^-51, so the error
+    of the result's mass is below 2^-51 per run, covered by FLOAT_SLACK)."""
+    size = px.size
+    change = np.flatnonzero(np.diff(c)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [size]))  # runs d in [start, end) of equal c_d
+    for d1, d2 in zip(starts.tolist(), ends.tolist(), strict=True):
+        d1 = max(d1, d_start)
+        if d1 >= d2:
+            continue
+        # for i = d1..size-1: the window sum of py over j in [max(i - d2 + 1, 0), i - d1]
+        w = cy[1:size - d1 + 1].copy()
+        cut = d2 - 1 - d1  # from here on the window's lower end is inside the grid
+        if cut < w.size:
+            w[cut:] -= cy[:size - d2 + 1]
+        term = px[d1:] * w
+        k0 = int(c[d1]) - shift_min + d1
+        out[k0:k0 + term.size] += term
 
-    log((e^x + e^y)/2) = max(x, y) + phi(|x - y|); with both on the grid, the index is
-    max(i, j) + c_{|i - j|}. c_d is constant on runs of d, so each run is one shifted product of
-    a law with a window sum of the other (from prefix sums: the window's absolute error is below
-    2^-51, so the error of the result's mass is below 2^-51 per run, covered by FLOAT_SLACK).
+
+def _pair(a: _Law, b: _Law, h: float, up: bool, alpha: float = 0.5) -> _Law:
+    """Law of round(log(alpha e^A + (1 - alpha) e^B)) for independent A ~ a, B ~ b on the grid.
+
+    log(alpha e^x + (1 - alpha) e^y) = max(x, y) + phi(|x - y|) with phi's weight alpha when x is
+    the max, 1 - alpha when y is; with both on the grid, the index is max(i, j) + c_{|i - j|}
+    (:func:`_phi_index`, rounded up or down). Ties (d = 0, phi = 0) are counted once, with A.
     """
     lo = min(a.lo, b.lo)
     hi = max(a.hi, b.hi)
@@ -115,31 +145,22 @@ def _pair(a: _Law, b: _Law, h: float, up: bool) -> _Law:
     pb[b.lo - lo:b.lo - lo + b.p.size] = b.p
     ca = np.concatenate(([0.0], np.cumsum(pa)))  # ca[k] = sum pa[:k]
     cb = np.concatenate(([0.0], np.cumsum(pb)))
-    c = _phi_index(size - 1, h, up)
-    shift_min = int(c.min())
+    c_a = _phi_index(size - 1, h, up, alpha)
+    c_b = c_a if alpha == 0.5 else _phi_index(size - 1, h, up, 1.0 - alpha)
+    shift_min = int(min(c_a.min(), c_b.min()))
     out = np.zeros(size - shift_min)  # entry k - shift_min holds index k
-    change = np.flatnonzero(np.diff(c)) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [size]))  # runs d in [start, end) of equal c_d
-    for d1, d2 in zip(starts.tolist(), ends.tolist(), strict=True):
-        if d1 >= size:
-            break
-        # for i = d1..size-1: window sums over j in [max(i - d2 + 1, 0), i - d1] (contiguous slices)
-        wb = cb[1:size - d1 + 1].copy()
-        cut = d2 - 1 - d1  # from here on the window's lower end is inside the grid
-        if cut < wb.size:
-            wb[cut:] -= cb[:size - d2 + 1]
-        # A at i is the max, B at distance d in [d1, d2) below it (d = 0 counted here, once)
-        term = pa[d1:] * wb
-        d1s = max(d1, 1)
-        if d1s < d2:  # B at i strictly the max, A at distance d in [d1s, d2) below
-            wa = ca[1 - (d1s - d1):size - d1s + 1].copy() if d1s > d1 else ca[1:size - d1 + 1].copy()
-            if cut < wa.size:
-                wa[cut:] -= ca[:size - d2 + 1]
-            term += pb[d1:] * wa
-        k0 = int(c[d1]) - shift_min + d1
-        out[k0:k0 + term.size] += term
+    _add_max_part(out, pa, cb, c_a, 0, shift_min)  # A the max (ties here)
+    _add_max_part(out, pb, ca, c_b, 1, shift_min)  # B strictly the max
     return _Law(lo + shift_min, np.maximum(out, 0.0))
+
+
+def _mix(a: _Law, wa: float, b: _Law, wb: float) -> _Law:
+    """The law wa a + wb b (non-negative weights; sums of non-negative terms)."""
+    lo = min(a.lo, b.lo)
+    out = np.zeros(max(a.hi, b.hi) - lo + 1)
+    out[a.lo - lo:a.lo - lo + a.p.size] += wa * a.p
+    out[b.lo - lo:b.lo - lo + b.p.size] += wb * b.p
+    return _Law(lo, out)
 
 
 def _interval_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -207,19 +228,14 @@ class _RootLaws:
     q_down: _Law
 
 
-def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallback | None = None,
-               internal: bool = True) -> _RootLaws:
+def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallback | None = None) -> _RootLaws:
     """The four grid laws of the root's log-ratio (U and D, under P and Q); ``on_progress``
-    receives the tree levels propagated (two passes: rounded up and down).
-
-    ``internal`` False: no noisy output at the internal nodes, only at the n leaves: the ratio is
-    then (1/n) sum_i w_i, DP-SGD's pair under balls-in-bins (C = I; the binary grouping of the
-    average is only how the law is computed)."""
+    receives the tree levels propagated (two passes: rounded up and down). DP-SGD's pair (no
+    noisy output at the internal nodes) is :func:`_allocation_laws`."""
     sd = 1.0 / sigma
     m = 0.5 / sigma**2
     laws = {}
-    what = "balls-in-bins tree" if internal else "balls-in-bins DP-SGD"
-    tick = Ticker(on_progress, f"{what} (grid {h:.3g})", 2 * height, unit="levels")
+    tick = Ticker(on_progress, f"balls-in-bins tree (grid {h:.3g})", 2 * height, unit="levels")
     for up in (True, False):
         kq = _g_kernel(-m, sd, h, up)
         kp = _g_kernel(m, sd, h, up)
@@ -231,13 +247,55 @@ def _root_laws(height: int, sigma: float, h: float, on_progress: ProgressCallbac
                 raise MfcliError(f"the grid {h:g} needs more than {MAX_POINTS} points; use a coarser grid")
             pq = _pair(p, q, h, up)
             qq = _pair(q, q, h, up)
-            if internal:
-                p = _trim(_convolve(pq, kp), up, TAIL_CUT)
-                q = _trim(_convolve(qq, kq), up, TAIL_CUT)
-            else:
-                p = _trim(pq, up, TAIL_CUT)
-                q = _trim(qq, up, TAIL_CUT)
+            p = _trim(_convolve(pq, kp), up, TAIL_CUT)
+            q = _trim(_convolve(qq, kq), up, TAIL_CUT)
         laws[up] = (p, q)
+    tick.finish()
+    return _RootLaws(p_up=laws[True][0], q_up=laws[True][1], p_down=laws[False][0], q_down=laws[False][1])
+
+
+def _allocation_laws(n: int, sigma: float, h: float, on_progress: ProgressCallback | None = None) -> _RootLaws:
+    """The four grid laws of log R, R = (1/n) sum_i w_i the likelihood ratio of DP-SGD's
+    balls-in-bins pair at any n (U and D, under P and Q).
+
+    R over m steps is split into its first ceil(m/2) and last floor(m/2) steps, R = alpha R_l +
+    (1 - alpha) R_r with alpha = ceil(m/2) / m, the halves independent under Q. Under P the example
+    is in the left half with probability alpha (there R_l has its P-law, R_r its Q-law) and in the
+    right one otherwise, so the P-law is the alpha-mixture of the two pairs; for equal halves the
+    two pairs have the same law (exchange the halves) and one is computed. Every size occurs at
+    most twice per level (m -> ceil, floor), so a level costs at most four pairs; n = 2^L gives
+    the balanced tree of pairwise averages, level by level, as before."""
+    sd = 1.0 / sigma
+    m0 = 0.5 / sigma**2
+    sizes: set[int] = set()
+    todo = [n]
+    while todo:
+        m = todo.pop()
+        if m > 1 and m not in sizes:
+            sizes.add(m)
+            todo.extend(((m + 1) // 2, m // 2))
+    tick = Ticker(on_progress, f"balls-in-bins DP-SGD (grid {h:.3g})", 2 * len(sizes), unit="levels")
+    laws = {}
+    done = 0
+    for up in (True, False):
+        memo: dict[int, tuple[_Law, _Law]] = {
+            1: (_trim(_g_kernel(m0, sd, h, up), up, TAIL_CUT), _trim(_g_kernel(-m0, sd, h, up), up, TAIL_CUT))}
+        for m in sorted(sizes):
+            tick(done)
+            done += 1
+            ml, mr = (m + 1) // 2, m // 2
+            (pl, ql), (pr, qr) = memo[ml], memo[mr]
+            if max(pl.p.size, ql.p.size, pr.p.size, qr.p.size) * 2 > MAX_POINTS:
+                raise MfcliError(f"the grid {h:g} needs more than {MAX_POINTS} points; use a coarser grid")
+            alpha = ml / m
+            q = _trim(_pair(ql, qr, h, up, alpha), up, TAIL_CUT)
+            if ml == mr:
+                p = _trim(_pair(pl, qr, h, up), up, TAIL_CUT)
+            else:
+                p = _trim(_mix(_pair(pl, qr, h, up, alpha), alpha, _pair(ql, pr, h, up, alpha), mr / m),
+                          up, TAIL_CUT)
+            memo[m] = (p, q)
+        laws[up] = memo[n]
     tick.finish()
     return _RootLaws(p_up=laws[True][0], q_up=laws[True][1], p_down=laws[False][0], q_down=laws[False][1])
 
@@ -270,7 +328,7 @@ def _plds(laws: _RootLaws, h: float) -> tuple[Any, Any]:
 @dataclass(frozen=True)
 class _Bracket:
     """An epsilon bracket of a balls-in-bins pair at ``delta``: ``epsilon`` the guarantee (upper
-    end), ``lower`` never above the pair's true epsilon; ``steps`` n = 2^L per epoch, ``epochs``
+    end), ``lower`` never above the pair's true epsilon; ``steps`` n per epoch, ``epochs``
     composed (fresh allocation per epoch), ``grid`` the grid h of the log-likelihood ratio."""
 
     epsilon: float
@@ -361,9 +419,9 @@ def tree_balls_in_bins(
 
 
 def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
-                     grid: float | None) -> tuple[float, float, float]:
+                     grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
-    at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, AUTO_FINEST
+    at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
     is reached or the upper end is not finite."""
     h = AUTO_START if grid is None else grid
     while True:
@@ -371,10 +429,10 @@ def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
         eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
         eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
-        if grid is not None or ratio <= AUTO_RATIO or h <= AUTO_FINEST or not math.isfinite(eps_u):
+        if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
             return eps_u, eps_l, float(h)
         # the bracket's width is about proportional to the grid
-        h = max(AUTO_FINEST, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
+        h = max(finest, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
 
 
 def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
@@ -406,29 +464,26 @@ class BallsInBinsDpSgdResult(_Bracket):
                       "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
                       "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
             "assumptions": "DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
-                           "step of each epoch, independently of the others; n = 2^L steps; an example's contribution "
+                           "step of each epoch, independently of the others; an example's contribution "
                            "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
                            "add or remove one example",
         }
 
 
-def _dpsgd_height(n: int) -> int:
+def _check_steps(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
-    n = int(n)
-    if n & (n - 1):
-        raise MfcliError(f"balls-in-bins accounting of DP-SGD needs n a power of two, got n = {n}")
-    return n.bit_length() - 1
+    return int(n)
 
 
 def dpsgd_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
                on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
     """(pessimistic, optimistic) PLDs of DP-SGD's balls-in-bins pair (see :func:`dpsgd_balls_in_bins`)."""
-    height = _dpsgd_height(n)
+    n = _check_steps(n)
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
-    upper, lower = _plds(_root_laws(height, sigma, h, on_progress, internal=False), h)
+    upper, lower = _plds(_allocation_laws(n, sigma, h, on_progress), h)
     if epochs > 1:
         upper = upper.self_compose(epochs)
         lower = lower.self_compose(epochs)
@@ -439,24 +494,26 @@ def dpsgd_balls_in_bins(
     *, n: int, sigma: float, delta: float = DEFAULT_DELTA, epochs: int = 1, grid: float | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> BallsInBinsDpSgdResult:
-    """Epsilon bracket of DP-SGD (noise multiplier sigma, n = 2^L steps) under balls-in-bins batching.
+    """Epsilon bracket of DP-SGD (noise multiplier sigma, any n steps) under balls-in-bins batching.
 
     The pair P = (1/n) sum_i N(e_i, sigma^2 I) vs Q = N(0, sigma^2 I) (random allocation of one
     Gaussian step among n; Feldman and Shenfeld, arXiv 2502.08202, whose exact PLD this computes on
-    a grid). Its likelihood ratio is the average of the n leaf ratios w_i, computed as a balanced
-    tree of pairwise averages: the recursion of :func:`tree_balls_in_bins` without noise at the
-    internal nodes, with the same one-sided rounding, so the same proof gives: ``epsilon`` is a
-    valid bound for the pair in both directions (the example's contribution fixed in advance,
-    docs/accounting.md), ``lower`` at most its true epsilon. ``grid=None`` refines as the tree does.
+    a grid). Its likelihood ratio is the average of the n leaf ratios w_i, computed as a tree of
+    weighted pairwise averages (halves of ceil(m/2) and floor(m/2) steps, :func:`_allocation_laws`):
+    the recursion of :func:`tree_balls_in_bins` without noise at the internal nodes, with the same
+    one-sided rounding, so the same proof gives: ``epsilon`` is a valid bound for the pair in both
+    directions (the example's contribution fixed in advance, docs/accounting.md), ``lower`` at most
+    its true epsilon. ``grid=None`` refines as the tree does, down to DPSGD_AUTO_FINEST.
 
     Raises:
-        MfcliError: n not a power of two, or a parameter out of range.
+        MfcliError: a parameter out of range.
     """
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
-    _dpsgd_height(n)
+    _check_steps(n)
     eps_u, eps_l, h = _refined_bracket(
-        lambda h: dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid)
+        lambda h: dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid,
+        finest=DPSGD_AUTO_FINEST)
     return BallsInBinsDpSgdResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                   epochs=epochs, grid=h)
 

@@ -281,8 +281,8 @@ _ASSUMPTIONS = {
               "Poisson-sampled at step i; adaptive gradients; add or remove one example",
     "balls-in-bins": "C causal (lower-triangular, any signs); balls-in-bins: every example in exactly one uniformly "
                      "random step of the epoch; an example's contribution is the same vector whichever step it lands "
-                     "in, fixed in advance (non-adaptive, as the balls-in-bins DP-SGD bound assumes); n a power of "
-                     "two; add or remove one example",
+                     "in, fixed in advance (non-adaptive, as the balls-in-bins DP-SGD bound assumes); add or remove "
+                     "one example",
     "shuffle": "C causal (lower-triangular, any signs); one epoch of n steps of batch size 1 in a uniformly random "
                "order (n examples); adaptive gradients; replace-one neighbours (covers zeroing an example out)",
 }
@@ -294,7 +294,7 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
     """DP-SGD under ``sampler`` at ``noise_multiplier``: the result object of that sampler's accountant.
 
     Raises:
-        MfcliError: an unknown sampler, a missing rate or schema (cyclic), n not a power of two under balls-in-bins.
+        MfcliError: an unknown sampler, a missing rate or schema (cyclic).
     """
     if sampler == "poisson":
         from mfcli.accounting.single_pass import dpsgd

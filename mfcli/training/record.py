@@ -131,15 +131,10 @@ class TrainingRecord:
 
         schema = participation_from_json(self.participation)
         if isinstance(schema, FixedEpoch):
-            per = schema.steps_per_epoch(self.n)
-            if m % per:
+            if m % schema.steps_per_epoch(self.n):
                 return None
-            prefix_schema: Any = FixedEpoch(epochs=m // per)
-        elif isinstance(schema, MinSeparation):
-            prefix_schema = schema
-        elif isinstance(schema, SingleParticipation) and self.sampler == "poisson":
-            prefix_schema = schema
-        else:
+        elif not isinstance(schema, MinSeparation) and not (
+                isinstance(schema, SingleParticipation) and self.sampler == "poisson"):
             return None
         import json
 
@@ -154,18 +149,15 @@ class TrainingRecord:
             if setting == "dp-sgd":
                 eps = _dpsgd_epsilon(self.sigma, float(self.sampling or 0.0), m, self.delta, disc)
             elif setting in ("deterministic", "cyclic-poisson"):
+                from mfcli.accounting.prefix import prefix_epsilon
+
                 inp = self._accounted_input()
                 if inp is None:
                     continue
-                c = np.asarray(inp.strategy[:m, :m])
-                sub = session.StrategyInput(name=inp.name, strategy=c, release_steps=np.arange(m),
-                                            source=f"the first {m} steps of {inp.source}", participation=prefix_schema)
-                batching = "cyclic" if setting == "cyclic-poisson" else None
-                opts = session.AccountingOptions(delta=self.delta, value_discretization=disc)
-                rep = session.account(sub, sigma=self.sigma, sampling=self.sampling if batching else None,
-                                      options=opts, settings=[setting], participation=prefix_schema,
-                                      batching=batching)
-                eps = float(rep.rows[setting]["epsilon"])
+                # the prefix's own sensitivity under the schema cut to m steps (docs/accounting.md)
+                eps = prefix_epsilon(np.asarray(inp.strategy), m=m, setting=setting, sigma=self.sigma, schema=schema,
+                                     delta=self.delta, sampling=self.sampling, release_steps=inp.release_steps,
+                                     value_discretization=disc).epsilon
             else:
                 continue
             best = eps if best is None else min(best, eps)
