@@ -1,4 +1,4 @@
-"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (mfcli/accounting/structured.py):
+"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (one accounting path of every kind, mfcli/accounting/session.py):
 it is n Poisson-subsampled Gaussian steps at sigma and needs no C, so account, --epsilon
 calibration, --write and inspect's re-verification run at any n, checked against dp-accounting's
 PLD accountant called directly; MMCC (which needs C) is left out with a note, or refused in one
@@ -13,7 +13,7 @@ import pytest
 from accounting_oracles import dpsgd_epsilon
 from typer.testing import CliRunner
 
-from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
+from mfcli.toeplitz import DENSE_MAX_N as STRUCTURED_DENSE_MAX_N
 from mfcli.cli.app import app
 from mfcli.schemas import load_schema, validate
 from mfcli.structured import save_structured_artifact

@@ -446,13 +446,12 @@ def account(
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
                            operator=operator or "auto", progress=say, **built_for)
     if not inp.dense:
-        # MMCC is not run on a structured artifact above the dense limit, so its options would do nothing
-        from mfcli.accounting.structured import needs_dense
-
+        # MMCC is not run without the matrix C (a structured artifact above its dense limit), so its
+        # options would do nothing
         given = [flag for flag, used in (("--banded-estimate", banded_estimate), ("--tail-fraction", bool(tail_fraction)),
                                          ("--mixture-grid", mixture_grid is not None),
                                          ("--max-memory", max_memory is not None)) if used]
-        refuse_unless(not given, needs_dense(f"{given[0] if given else ''} (an MMCC option)", inp.n))
+        refuse_unless(not given, inp.mechanism.matrix_refusal(f"{given[0] if given else ''} (an MMCC option)"))
     from mfcli.accounting.session import resolve_schema
     from mfcli.participation import SingleParticipation
 
