@@ -854,6 +854,23 @@ class MatrixStrategy(MatrixAccounting):
 
         return float(sensitivity(self.strategy))
 
+    def _no_decoder(self, what: str) -> MfcliError:
+        return MfcliError(f"{what} needs the decoder B: a strategy matrix C alone (a .npy file, a built-in strategy "
+                          "in account) has none; use an artifact")
+
+    @property
+    def factorization(self) -> Factorization:
+        raise self._no_decoder("the factorization")
+
+    def dense(self) -> np.ndarray:
+        raise self._no_decoder("the dense decoder")
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        raise self._no_decoder("a noise stream")
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class DenseOperator(MatrixAccounting):

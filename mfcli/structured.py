@@ -60,7 +60,8 @@ def strategy_class(kind: str) -> Any:
     """The class of a structured kind; :class:`MfcliError` for an unknown one."""
     from mfcli.blt import BufferedToeplitz
 
-    kinds: dict[str, Any] = {"banded-toeplitz": BandedToeplitz, "blt": BufferedToeplitz}
+    # each class names its own kind (tests/test_kinds.py checks them against mfcli.kinds.STRUCTURED)
+    kinds: dict[str, Any] = {cls.kind: cls for cls in (BandedToeplitz, BufferedToeplitz)}
     if kind not in kinds:
         raise MfcliError(f"structured kind must be one of {', '.join(kinds)}, got {kind!r}")
     return kinds[kind]
