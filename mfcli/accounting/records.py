@@ -513,7 +513,7 @@ def _rederive_mmcc(inp: StrategyInput, claim: RecordClaim, opts: AccountingOptio
     if claim.batching != "poisson" or claim.sampling is None:
         raise MfcliError("MMCC assumes Poisson sampling at a rate; the record's batch sampler is "
                          f"{claim.batching or 'none'}")
-    if not inp.dense:
+    if not inp.has_matrix:
         raise MfcliError(inp.mechanism.matrix_refusal("the mmcc setting"))
     check_setting_applies(inp, "mmcc")
     result = mmcc(prepare_strategy(inp.strategy, inp.release_steps), sigma=claim.sigma, sampling=claim.sampling,

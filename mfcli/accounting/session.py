@@ -140,9 +140,15 @@ class StrategyInput:
         return int(self.mechanism.n)
 
     @property
-    def dense(self) -> bool:
-        """Whether C is at hand as a matrix (the settings that need it can run)."""
+    def has_matrix(self) -> bool:
+        """Whether C is at hand as a matrix, so the settings that need it can run (a capability of
+        the mechanism, ``max_n["matrix"]``, not a kind)."""
         return self.strategy.size > 0
+
+    @property
+    def dense(self) -> bool:
+        """The former name of :attr:`has_matrix`."""
+        return self.has_matrix
 
     @property
     def sensitivity(self) -> float:
@@ -662,7 +668,7 @@ def account(
     Every number comes from the input's mechanism (:class:`mfcli.operators.Mechanism`): the
     sensitivities, the cyclic numbers and causality of any kind at any n; the settings that need
     the matrix C (MMCC, the DP-SGD reduction, the tree's rows) run where the mechanism has it at
-    hand (``inp.dense``). Without it (a structured strategy above its dense limit) Poisson sampling
+    hand (``inp.has_matrix``). Without it (a structured strategy above its dense limit) Poisson sampling
     shows DP-SGD alone, with a note in the report's ``notes`` when MMCC was asked for, and the
     batch samplers without a rate are refused in one line."""
     sigma = check_sigma(sigma)
@@ -693,10 +699,10 @@ def account(
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     mech = inp.mechanism
-    if not inp.dense and batching == "poisson":
+    if not inp.has_matrix and batching == "poisson":
         return _poisson_without_matrix(inp, sigma=sigma, sampling=sampling, opts=opts, settings=settings,
                                        schema=schema)
-    if not inp.dense and batching in BATCHING_SETTINGS:
+    if not inp.has_matrix and batching in BATCHING_SETTINGS:
         raise MfcliError(mech.matrix_refusal(f"the {batching} batch sampler (its settings)"))
     c = inp.strategy
     sp = dp = br = st = det = cyc = None
@@ -716,7 +722,7 @@ def account(
         except MfcliError as exc:
             # the DP-SGD reduction below still accounts this C under cyclic Poisson sampling (it
             # needs the matrix)
-            if "dp-sgd-reduction" not in settings or not inp.dense:
+            if "dp-sgd-reduction" not in settings or not inp.has_matrix:
                 raise
             cyclic_refusal = exc
             refused["cyclic-poisson"] = str(exc)
@@ -762,7 +768,7 @@ def account(
             notes = (*notes, f"balls-in-bins DP-SGD reference: not run; {exc}")
     # the reduction needs the operator's certified spectral norm, from the matrix: without it the
     # row is not shown (docs/accounting.md, "The DP-SGD reduction bound")
-    if "dp-sgd-reduction" in settings and batching is not None and inp.dense:
+    if "dp-sgd-reduction" in settings and batching is not None and inp.has_matrix:
         try:
             red = reduction(c, sigma=sigma, sampler=batching, sampling=sampling, delta=opts.delta, schema=schema,
                             value_discretization=opts.value_discretization, release_steps=inp.release_steps,
@@ -893,7 +899,7 @@ def epsilon_function(
 
         eps(1.0)  # refuse now (more bands than the cycle), not inside the search
         return eps
-    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not inp.dense:
+    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not inp.has_matrix:
         raise MfcliError(mech.matrix_refusal(f"the {setting} setting"))
     c = inp.strategy
     if setting in ("dp-sgd", "mmcc"):
