@@ -511,7 +511,7 @@ class AccountingReport:
     #: DP-SGD (C = I) under balls-in-bins at sigma: a reference row.
     balls_in_bins_dp_sgd: BallsInBinsDpSgdResult | None = None
     #: One line per requested setting that was left out, and why (a structured artifact above
-    #: STRUCTURED_DENSE_MAX_N under Poisson sampling: MMCC needs the dense C).
+    #: its dense limit under Poisson sampling: MMCC needs the dense C).
     notes: tuple[str, ...] = ()
     #: {setting: why it was not run} for a requested setting whose assumptions fail for this C
     #: (MMCC on a C with negative entries); its line is also in ``notes``.
