@@ -140,3 +140,18 @@ def test_session_accounts_a_structured_mechanism_like_its_matrix():
         for name, row in rd.rows.items():
             assert rs.rows[name]["epsilon"] == pytest.approx(row["epsilon"], rel=1e-9), name
     assert materialize(BANDED.strategy_coefs(4), 4)[3, 0] == 0.0  # 3 bands: C[3, 0] is outside the band
+
+
+def test_single_pass_uses_the_certified_sensitivity_also_where_c_is_materialised():
+    """At n <= the dense limit a structured strategy's single-pass row uses its certified
+    parametric sensitivity (never below the float column norm of its C), as at every n."""
+    from mfcli.accounting.session import StrategyInput, account
+
+    n = 64
+    op = structured(BLT, n)
+    inp = StrategyInput(name="blt", strategy=op.accounting_matrix(), release_steps=np.arange(n), source="t",
+                        mechanism=op)
+    row = account(inp, sigma=2.0, sampling=None, settings=["single-pass"]).rows["single-pass"]
+    assert row["sensitivity"] == op.sensitivity == BLT.sensitivity(n, SingleParticipation()).value
+    c = dense_c(BLT, n)
+    assert row["sensitivity"] >= float(np.sqrt((c * c).sum(axis=0).max()))
