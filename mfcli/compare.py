@@ -243,7 +243,7 @@ def equal_privacy_from(sensitivity: float, frob: float, n: int, schema: Particip
                        cyclic: tuple[int, float] | str = "", rel_tol: float = 1e-4,
                        on_progress: ProgressCallback | None = None, phase: str = "calibration") -> RowPrivacy:
     """:func:`equal_privacy` from the numbers it needs, so a strategy known by its parameters
-    (structured rows at any n, :func:`mfcli.structured.structured_rows`) is calibrated without a
+    (structured rows at any n, :func:`structured_rows`) is calibrated without a
     dense matrix: the schema sensitivity, ||B||_F^2 at unit sensitivity, n, and for cyclic
     Poisson either (bands, max column norm) of C (2306.08153 Thm. 3 needs nothing else) or the
     reason it does not apply. ``on_progress`` as in :func:`equal_privacy`."""
@@ -660,3 +660,136 @@ def run_comparison(
         del s
     table_rows, best = _with_ratios(rows)
     return Comparison(workload.name, dict(workload.params), workload.n, table_rows, best, kept, schema, privacy)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows of structured strategies, the tree's in closed form and identity at any n (no dense matrix)
+
+
+def structured_rows(
+    workload: Any,
+    n: int,
+    *,
+    bands: tuple[int, ...] = (),
+    identity: bool = False,
+    participation: Participation | None = None,
+    error: str = "mean",
+    buffers: tuple[int, ...] = (),
+    tree: bool = False,
+    privacy: Any = None,
+) -> list[Any]:
+    """:class:`ComparisonRow` objects (ratio unset) for the identity strategy
+    (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
+    Toeplitz strategies (``bands``) and BLT strategies (``buffers``) optimised for ``workload``, n
+    and the schema, each recomputed from its parameters in O(n b) or O(n buffers); with ``tree``
+    (single participation only) the binary tree's row from :mod:`mfcli.tree_error` in O(n log n).
+
+    With ``privacy`` (a :class:`PrivacyTarget`) every row is calibrated to it as
+    dense rows are (:func:`equal_privacy_from`): the Gaussian at the schema
+    sensitivity always, cyclic Poisson where C has at most b bands (its band count and max column
+    norm come from the first column, O(n)); the tree's non-square C gets the Gaussian only."""
+    import math
+
+    from mfcli.structured import decoder_coefs
+    from mfcli.toeplitz import BandedToeplitz, check_bands, check_n, optimize_banded_toeplitz
+
+    n = check_n(n)
+    schema = participation or SingleParticipation()
+    schema.check(n)
+    candidates: list[tuple[str, str, BandedToeplitz]] = []
+    if identity:
+        candidates.append(("identity", "C = I (1-band Toeplitz), B = A", BandedToeplitz(np.array([1.0]))))
+    for b in bands:
+        b = check_bands(b, n)
+        strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
+        # The optimiser may set the last coefficients exactly to 0 (e.g. under min-sep with fewer
+        # bands than b): say how many bands C really has, which is what the accounting used.
+        nonzero = np.flatnonzero(np.asarray(strat.coefs))
+        used = int(nonzero[-1]) + 1 if nonzero.size else 0
+        really = "" if used == b else f" ({used} non-zero: the optimiser set the others to 0)"
+        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands{really}, optimised for {error} error",
+                           strat))
+    blts: list[tuple[str, str, Any]] = []
+    for k in buffers:
+        from mfcli.blt import optimize_blt
+
+        opt = optimize_blt(n=n, buffers=k, workload=workload.name,
+                           beta=workload.beta if workload.name == "momentum" else None, error=error, schema=schema)
+        blts.append((f"blt-{k}", f"BLT C, {k} buffers, optimised for {error} error", opt.blt))
+    rows = []
+    for name, description, strat in [*candidates, *blts]:
+        sens = strat.sensitivity(n, schema)
+        beta = decoder_coefs(strat, workload, n)
+        unit = np.cumsum(beta * beta)
+        per_step = sens.value**2 * unit
+        total = float(per_step.sum())
+        rows.append(ComparisonRow(
+            name=name, description=description, causal=True, m=n, sensitivity=sens.value, loss_total=total,
+            loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(per_step[-1]), ratio=math.nan,
+            per_step_rmse=np.sqrt(per_step), source=None, solver_gap=None, sensitivity_exact=sens.exact,
+            privacy=None if privacy is None else _row_privacy(strat, sens.value, float(unit.sum()), n, schema, privacy),
+        ))
+    if tree and isinstance(schema, SingleParticipation):
+        row = tree_row(workload, n)
+        if privacy is not None:
+            from dataclasses import replace
+
+            row = replace(row, privacy=_row_privacy(None, row.sensitivity, row.loss_total / row.sensitivity**2, n,
+                                                    schema, privacy, why=f"the tree's C is not square ({row.m} rows "
+                                                    f"for {n} steps)"))
+        rows.insert(1 if identity else 0, row)
+    return rows
+
+
+def _row_privacy(strategy: Any, sens: float, frob: float, n: int, schema: Participation, privacy: Any,
+                 why: str = "") -> Any:
+    from mfcli.structured import banded_numbers
+
+    cyclic: Any = why
+    if privacy.sampling is not None and strategy is not None:
+        cyclic = banded_numbers(strategy, n)
+    return equal_privacy_from(sens, frob, n, schema, privacy, cyclic=cyclic)
+
+
+def tree_row(workload: Any, n: int) -> Any:
+    """The binary tree's :class:`ComparisonRow` (single participation) without a
+    dense matrix: sens^2 = K + 1 times ||B[t, :]||^2 from :func:`mfcli.tree_error.tree_row_norms`."""
+    import math
+
+    from mfcli.strategies import DESCRIPTIONS
+    from mfcli.tree_error import tree_row_norms, tree_rows, tree_sensitivity
+
+    sens = tree_sensitivity(n)
+    per_step = sens**2 * tree_row_norms(workload, n)
+    total = float(per_step.sum())
+    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
+    return ComparisonRow(
+        name="tree", description=DESCRIPTIONS["tree"] + post + " (closed form, no dense matrix)", causal=True,
+        m=tree_rows(n), sensitivity=sens, loss_total=total, loss_mean=total / n, rmse=math.sqrt(total / n),
+        loss_max=float(per_step.max()), ratio=math.nan, per_step_rmse=np.sqrt(per_step), source=None,
+        solver_gap=None, sensitivity_exact=True,
+    )
+
+
+def extend_comparison(table: Any, rows: list[Any]) -> Any:
+    """``table`` (a :class:`Comparison`) with ``rows`` added and every ratio recomputed
+    against the best causal row."""
+    all_rows, best = _with_ratios([*table.rows, *rows])
+    return Comparison(table.workload_name, table.workload_params, table.n, all_rows, best, table.kept,
+                      table.participation, table.privacy)
+
+
+def structured_comparison(workload: Any, n: int, *, bands: tuple[int, ...],
+                          participation: Participation | None = None, error: str = "mean",
+                          buffers: tuple[int, ...] = (), privacy: Any = None) -> Any:
+    """A :class:`Comparison` of identity, the binary tree (single participation),
+    banded Toeplitz and BLT strategies at any n (no n x n matrix: O(n b) time, O(n) memory per
+    row), calibrated to ``privacy`` (a :class:`PrivacyTarget`) when given."""
+    from mfcli.structured import workload_params
+    from mfcli.toeplitz import check_n
+
+    schema = participation or SingleParticipation()
+    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error,
+                           buffers=buffers, tree=n >= 2, privacy=privacy)
+    empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema, privacy)
+    return extend_comparison(empty, rows)

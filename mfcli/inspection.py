@@ -331,7 +331,7 @@ def _check_accounting_records(
     every n. Groups of another format are listed only. Returns the problems."""
     if not records:
         return []  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
-    from mfcli.accounting.records import dense_subject, verify_records
+    from mfcli.accounting.records import record_subject, verify_records
     from mfcli.operators import DenseOperator
 
     subject = None
@@ -342,7 +342,7 @@ def _check_accounting_records(
         why = "cannot be checked: the artifact's participation attribute is malformed"
     else:
         ops = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
-        subject = dense_subject(path, ops, declared=declared, strategy_name=strategy_name)
+        subject = record_subject(path, ops, declared=declared, strategy_name=strategy_name)
     checks = verify_records([(r["id"], r.pop("raw")) for r in records], subject, deep=deep, why_unchecked=why)
     problems: list[str] = []
     for rec, (rid, check) in zip(records, checks, strict=True):

@@ -32,13 +32,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from mfcli.artifact_format import compression_declared_problem, dataset_sha256
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.factorization import Factorization, is_lower_triangular
+
+if TYPE_CHECKING:
+    from mfcli.participation import Participation, Sensitivity
 
 #: Name of the HDF5 group that holds the compressed decoder.
 GROUP = "compressed"
@@ -635,13 +639,31 @@ class Streaming(NamedTuple):
 
 
 @runtime_checkable
-class NoiseOperator(Protocol):
-    """A mechanism A = B C as it runs: what is accounted and what is streamed.
+class Mechanism(Protocol):
+    """A mechanism A = B C of any kind, as every consumer sees it: what is accounted, inspected,
+    compared and streamed (issue 23). Every kind implements it: the operators of a dense artifact
+    (:class:`DenseOperator`, :class:`CompressedOperator`), a strategy matrix without an artifact
+    (:class:`MatrixStrategy`: a .npy C, a built-in baseline) and a structured strategy
+    (:class:`mfcli.structured.StructuredOperator`: banded Toeplitz, BLT).
 
-    ``variant`` is ``dense`` or ``compressed``; ``label`` names it for humans and records
-    (``"dense"``, ``"compressed (band 4, rank 2)"``); ``factorization`` holds A, the accounted
-    strategy and the decoder; ``sensitivity`` is recomputed from that strategy.
+    Identity: ``kind`` (the registry key, :data:`mfcli.kinds.KINDS`), ``label`` (what account
+    prints and records name: ``"dense"``, ``"compressed (band 4, rank 2)"``,
+    ``"banded-toeplitz (coefs 3)"``), ``n``, ``identity_sha256`` (None where nothing is stored).
+
+    Accounting: ``sensitivity`` (single participation), :meth:`schema_sensitivity` (exact, or a
+    bound labelled as one by ``Sensitivity.exact``), :meth:`cyclic_numbers` (band count and max
+    column norm, all cyclic Poisson needs), :meth:`check_causal`, ``release_steps`` and
+    :meth:`accounting_matrix` (the dense C where n allows it, else None and
+    :meth:`matrix_refusal` says why). ``max_n`` gives the largest n of each capability
+    (None: any n).
+
+    Running: :meth:`streaming` (the matrix a noise stream runs), :meth:`dense` (the decoder, size
+    limited like the strategy), ``factorization`` (A, C, B as matrices, size limited) and
+    :meth:`group` (the artifact group of its parameters; None for the root).
     """
+
+    @property
+    def kind(self) -> str: ...
 
     @property
     def variant(self) -> str: ...
@@ -659,10 +681,58 @@ class NoiseOperator(Protocol):
     def sensitivity(self) -> float: ...
 
     @property
-    def identity_sha256(self) -> str:
+    def identity_sha256(self) -> str | None:
         """SHA-256 of the stored arrays that define the operator (never of a matrix computed
         from them, whose bytes could depend on the LAPACK build): what an accounting record's
         ``strategy_sha256`` holds (docs/artifact-format.md)."""
+        ...
+
+    @property
+    def release_steps(self) -> np.ndarray:
+        """t(r): the step at which row r of C is released."""
+        ...
+
+    @property
+    def max_n(self) -> Mapping[str, int | None]:
+        """The largest n each capability supports (``matrix``: :meth:`accounting_matrix`,
+        ``factorization`` and :meth:`dense`; ``sensitivity``, ``cyclic``, ``stream``); None: any n."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """m, the rows of C (n for a square C; 2n - 1 for the binary tree)."""
+        ...
+
+    @property
+    def is_tree(self) -> bool:
+        """C is the binary-tree encoder (the shuffled-tree and balls-in-bins-tree settings apply)."""
+        ...
+
+    def schema_sensitivity(self, schema: Participation) -> Sensitivity:
+        """The L2 sensitivity under ``schema`` (exact or a bound, as ``exact`` says)."""
+        ...
+
+    def cyclic_numbers(self, schema: Participation) -> tuple[int, float]:
+        """(bands, max column norm) of C for cyclic Poisson sampling under ``schema``
+        (2306.08153 Thm. 3), after checking that its conditions hold for this C."""
+        ...
+
+    def check_causal(self, what: str) -> None:
+        """Refuse a C that is not causal in release order (``what`` names the bound assuming it)."""
+        ...
+
+    def accounting_matrix(self) -> np.ndarray | None:
+        """The dense strategy C the matrix settings (MMCC, the DP-SGD reduction) run on; None
+        above ``max_n["matrix"]``."""
+        ...
+
+    @property
+    def no_matrix_reason(self) -> str | None:
+        """Why :meth:`accounting_matrix` is None, in words (None when it is not)."""
+        ...
+
+    def matrix_refusal(self, what: str) -> str:
+        """The one-line refusal of ``what``, which needs the dense C, above ``max_n["matrix"]``."""
         ...
 
     def dense(self) -> np.ndarray:
@@ -678,13 +748,142 @@ class NoiseOperator(Protocol):
         ...
 
 
+#: The name the protocol had before it covered accounting (kept: adapters and tests name it).
+NoiseOperator = Mechanism
+
+
+def tree_release(c: np.ndarray) -> np.ndarray | None:
+    """Release steps if C is (a positive multiple of) the binary-tree encoder for its n."""
+    from mfcli.strategies import tree_release_steps, tree_strategy_matrix
+
+    n = c.shape[1]
+    if n < 2:
+        return None
+    t = tree_strategy_matrix(n)
+    if t.shape != c.shape:
+        return None
+    scale = c.max()
+    if scale <= 0 or not np.allclose(c / scale, t, rtol=0, atol=1e-12):
+        return None
+    return tree_release_steps(n)
+
+
+class MatrixAccounting:
+    """The accounting part of :class:`Mechanism` for a kind whose strategy C is a matrix at hand
+    (``strategy``, ``release_steps``): every number is computed from C."""
+
+    if TYPE_CHECKING:  # supplied by each kind (a field or a property)
+
+        @property
+        def strategy(self) -> np.ndarray: ...
+
+        @property
+        def release_steps(self) -> np.ndarray: ...
+
+    @property
+    def max_n(self) -> Mapping[str, int | None]:
+        return {"matrix": None, "sensitivity": None, "cyclic": None, "stream": None}
+
+    def schema_sensitivity(self, schema: Participation) -> Sensitivity:
+        from mfcli.participation import sensitivity
+
+        return sensitivity(np.asarray(self.strategy, dtype=np.float64), schema)
+
+    def cyclic_numbers(self, schema: Participation) -> tuple[int, float]:
+        from mfcli.accounting.multi import band_count, check_cyclic, cycle_length
+
+        c = np.asarray(self.strategy, dtype=np.float64)
+        check_cyclic(c, cycle_length(schema, c.shape[1]))
+        return band_count(c), float(np.sqrt(np.max(np.sum(c * c, axis=0))))
+
+    @property
+    def rows(self) -> int:
+        """m, the rows of C."""
+        return int(np.shape(self.strategy)[0])
+
+    @property
+    def is_tree(self) -> bool:
+        """C is (a multiple of) the binary-tree encoder: the tree's own settings apply."""
+        return tree_release(np.asarray(self.strategy, dtype=np.float64)) is not None
+
+    def check_causal(self, what: str) -> None:
+        from mfcli.accounting.mmcc import check_causal
+
+        check_causal(self.strategy, self.release_steps, what=what)
+
+    def accounting_matrix(self) -> np.ndarray | None:
+        return np.asarray(self.strategy, dtype=np.float64)
+
+    #: C is always at hand.
+    no_matrix_reason: str | None = None
+
+    def matrix_refusal(self, what: str) -> str:  # pragma: no cover - C is always at hand
+        return f"{what} needs the dense strategy C"
+
+
+def _matrix_release(c: np.ndarray, where: str) -> np.ndarray:
+    """Row by row for a square C, the tree's nodes as they close for the tree's C."""
+    tr = tree_release(c)
+    if tr is not None:
+        return tr
+    if c.shape[0] == c.shape[1]:
+        return np.arange(c.shape[0])
+    raise MfcliError(f"{where}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
+
+
 @dataclass(frozen=True, eq=False)
-class DenseOperator:
+class MatrixStrategy(MatrixAccounting):
+    """A strategy known only as its matrix C (a .npy file, a built-in baseline, a matrix held in
+    memory): the accounting part of the protocol; nothing is streamed or stored."""
+
+    strategy: np.ndarray
+    release_steps: np.ndarray
+
+    kind = "matrix"
+    variant = "dense"
+    label = "dense"
+    identity_sha256 = None
+
+    @property
+    def n(self) -> int:
+        return int(np.shape(self.strategy)[1])
+
+    @property
+    def sensitivity(self) -> float:
+        from mfcli.factorization import sensitivity
+
+        return float(sensitivity(self.strategy))
+
+    def _no_decoder(self, what: str) -> MfcliError:
+        return MfcliError(f"{what} needs the decoder B: a strategy matrix C alone (a .npy file, a built-in strategy "
+                          "in account) has none; use an artifact")
+
+    @property
+    def factorization(self) -> Factorization:
+        raise self._no_decoder("the factorization")
+
+    def dense(self) -> np.ndarray:
+        raise self._no_decoder("the dense decoder")
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        raise self._no_decoder("a noise stream")
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class DenseOperator(MatrixAccounting):
     """The dense root mechanism of an artifact: strategy C, decoder B, gradient noise C^-1."""
 
     factorization: Factorization
 
     variant = "dense"
+    kind = "dense"
+
+    @cached_property
+    def release_steps(self) -> np.ndarray:
+        return _matrix_release(np.asarray(self.factorization.strategy, dtype=np.float64), "artifact")
 
     @property
     def label(self) -> str:
@@ -812,7 +1011,7 @@ def check_band_rank(n: int, band: int, rank: int) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class CompressedOperator:
+class CompressedOperator(MatrixAccounting):
     """A banded plus low-rank decoder B^ and the mechanism (A, C^ = B^-1 A, B^) it implies.
 
     Attributes:
@@ -837,6 +1036,11 @@ class CompressedOperator:
     als_iterations: int = 0
 
     variant = "compressed"
+    kind = "compressed"
+
+    @cached_property
+    def release_steps(self) -> np.ndarray:
+        return _matrix_release(np.asarray(self.factorization.strategy, dtype=np.float64), "artifact")
 
     @classmethod
     def build(
@@ -1080,6 +1284,18 @@ def check_operator_choice(choice: Any) -> str:
     return str(choice)
 
 
+def operators_of(artifact: Any) -> list[Mechanism]:
+    """Every operator a loaded artifact of any kind has, the one it runs by default first: a
+    structured artifact's one (its parameters); a dense artifact's dense root and, with a
+    ``compressed`` group, the compressed one (:func:`read_compressed`, strict)."""
+    if hasattr(artifact, "schema_sensitivity"):  # artifact I/O: a structured artifact (mfcli.structured)
+        return [artifact.operator()]
+    ops: list[Mechanism] = [DenseOperator(artifact.factorization)]
+    if GROUP in artifact.groups:
+        ops.append(read_compressed(artifact))
+    return ops
+
+
 def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | CompressedOperator:
     """The operator that runs for ``artifact``: what noise streams stream and what accounting
     accounts (one function, so the two cannot disagree).
@@ -1095,7 +1311,8 @@ def select_operator(artifact: Any, choice: str = "auto") -> DenseOperator | Comp
     check_operator_choice(choice)
     if hasattr(artifact, "schema_sensitivity"):  # a structured artifact (mfcli.structured)
         if choice == "compressed":
-            raise MfcliError(f"{artifact.path} has no compressed decoder (it is a structured {artifact.kind} strategy)")
+            raise MfcliError(f"{artifact.path} is a structured {artifact.kind} strategy: a structured artifact has "
+                             f"one operator (its parameters); operator {choice!r} does not apply")
         return artifact.operator()
     has = GROUP in artifact.groups
     declared = compression_declared_problem(getattr(artifact, "attrs", {}), has)
@@ -1121,6 +1338,9 @@ __all__ = [
     "DenseLowerTriangular",
     "DenseOperator",
     "IirRecursion",
+    "MatrixAccounting",
+    "MatrixStrategy",
+    "Mechanism",
     "NoiseOperator",
     "NumberCheck",
     "StreamState",
@@ -1135,7 +1355,9 @@ __all__ = [
     "compressed_identity_sha256",
     "init_state",
     "mechanism_for_decoder",
+    "operators_of",
     "read_compressed",
     "select_operator",
     "strategy_for_decoder",
+    "tree_release",
 ]

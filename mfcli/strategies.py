@@ -48,22 +48,19 @@ if TYPE_CHECKING:
 
 from mfcli.errors import MfcliError
 from mfcli.factorization import RECONSTRUCTION_RTOL, Factorization
+from mfcli.kinds import BASELINES, TREE_BASELINES
+from mfcli.kinds import DESCRIPTIONS as KIND_DESCRIPTIONS
 from mfcli.validation import step_count
 from mfcli.workloads import Workload, check_workload_matrix
 
-STRATEGY_NAMES = ("identity", "tree", "honaker-online", "honaker-full", "sqrt", "optimal")
+#: The baseline names (:data:`mfcli.kinds.BASELINES`, the one registry).
+STRATEGY_NAMES = BASELINES
 
 #: Strategies built on the binary tree (m = 2n' - 1 rows at most, non-square C).
-TREE_STRATEGIES = ("tree", "honaker-online", "honaker-full")
+TREE_STRATEGIES = TREE_BASELINES
 
-DESCRIPTIONS = {
-    "identity": "C = I, B = A: independent noise in every step (DP-SGD)",
-    "tree": "binary tree; each prefix sum from its minimal dyadic decomposition",
-    "honaker-online": "binary tree; min-norm estimate over the nodes closed so far (streaming Honaker)",
-    "honaker-full": "binary tree; B = S C^+ over all nodes (offline Honaker, not causal)",
-    "sqrt": "C = S^1/2, lower-triangular Toeplitz, coefficients binom(2k,k)/4^k",
-    "optimal": "optimal lower-triangular factorization, certified by a duality gap",
-}
+#: {name: description} of the baselines, from the registry.
+DESCRIPTIONS = {name: KIND_DESCRIPTIONS[name] for name in BASELINES}
 
 
 @dataclass(frozen=True, eq=False)

@@ -60,7 +60,8 @@ def strategy_class(kind: str) -> Any:
     """The class of a structured kind; :class:`MfcliError` for an unknown one."""
     from mfcli.blt import BufferedToeplitz
 
-    kinds: dict[str, Any] = {"banded-toeplitz": BandedToeplitz, "blt": BufferedToeplitz}
+    # each class names its own kind (tests/test_kinds.py checks them against mfcli.kinds.STRUCTURED)
+    kinds: dict[str, Any] = {cls.kind: cls for cls in (BandedToeplitz, BufferedToeplitz)}
     if kind not in kinds:
         raise MfcliError(f"structured kind must be one of {', '.join(kinds)}, got {kind!r}")
     return kinds[kind]
@@ -229,6 +230,24 @@ def check_finite_numbers(single: Sensitivity, sens: Sensitivity, loss: Loss, slo
                                 "(its noise C^-1 Z or decoder B = A C^-1 overflows): refused")
 
 
+def banded_numbers(strategy: Any, n: int) -> tuple[int, float]:
+    """(bands, max column norm) of a lower-triangular Toeplitz C from its first column c (cut at
+    n), all 2306.08153 Thm. 3 needs: the band count is 1 + the last non-zero index of c and the
+    longest column is the first, ||c||_2. O(n). (A BLT's C has non-zero entries all the way down,
+    so it meets the theorem's condition only with one cycle of n groups.)
+
+    Raises:
+        MfcliError: an all-zero C.
+    """
+    c = np.asarray(strategy.coefs if isinstance(strategy, BandedToeplitz) else strategy.strategy_coefs(n),
+                   dtype=np.float64)[:n]
+    nz = np.nonzero(c)[0]
+    if nz.size == 0:
+        raise MfcliError("the strategy is all zeros")
+    # the certified single-participation sensitivity (never below ||c||; issue 26 item 1)
+    return int(nz[-1]) + 1, float(strategy.sensitivity(n, SingleParticipation()).value)
+
+
 def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
     """The deterministic-participation guarantee of a structured artifact: C G + sigma Z is a
     Gaussian mechanism with L2 sensitivity S, the schema sensitivity (an upper bound over every
@@ -256,6 +275,10 @@ class StructuredOperator:
     variant = VARIANT
 
     @property
+    def kind(self) -> str:
+        return str(self.strategy.kind)
+
+    @property
     def label(self) -> str:
         params = ", ".join(f"{k} {v.size}" for k, v in self.strategy.parameters().items())
         return f"{self.strategy.kind} ({params})"
@@ -268,6 +291,53 @@ class StructuredOperator:
     def sensitivity(self) -> float:
         """Single participation, like every operator's ``sensitivity``."""
         return float(self.strategy.sensitivity(self.size, SingleParticipation()).value)
+
+    # -- accounting (the Mechanism protocol): from the parameters at any n; the dense C only up
+    # to DENSE_MAX_N (n^2 doubles, 512 MiB there), for the settings that need the matrix
+
+    @property
+    def max_n(self) -> Mapping[str, int | None]:
+        return {"matrix": DENSE_MAX_N, "sensitivity": None, "cyclic": None, "stream": None}
+
+    @property
+    def release_steps(self) -> np.ndarray:
+        return np.arange(self.size)
+
+    def schema_sensitivity(self, schema: Participation) -> Sensitivity:
+        return self.strategy.sensitivity(self.size, schema)
+
+    def cyclic_numbers(self, schema: Participation) -> tuple[int, float]:
+        # the cycle length is checked against the band count by accounting.multi.reduced_dpsgd
+        return banded_numbers(self.strategy, self.size)
+
+    #: A Toeplitz C is square: never the binary tree.
+    is_tree = False
+
+    @property
+    def rows(self) -> int:
+        return self.size
+
+    def check_causal(self, what: str) -> None:
+        """A Toeplitz C is lower-triangular by construction and released row by row."""
+
+    def accounting_matrix(self) -> np.ndarray | None:
+        if self.size > DENSE_MAX_N:
+            return None
+        return materialize(self.strategy.strategy_coefs(self.size), self.size)
+
+    @property
+    def no_matrix_reason(self) -> str | None:
+        """Why :meth:`accounting_matrix` is None (None when it is not)."""
+        if self.size <= DENSE_MAX_N:
+            return None
+        return (f"the dense strategy C, which is materialised from a structured artifact for n <= {DENSE_MAX_N} "
+                f"only (this one has n = {self.size})")
+
+    def matrix_refusal(self, what: str) -> str:
+        return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
+                f"n <= {DENSE_MAX_N} only (this one has n = {self.size}); above that, a structured artifact is "
+                "accounted without sampling (Gaussian at the schema sensitivity), under Poisson sampling by DP-SGD "
+                "only (it needs no C) or, for banded Toeplitz, under cyclic Poisson sampling")
 
     @property
     def identity_sha256(self) -> str:
@@ -324,155 +394,15 @@ class StructuredOperator:
 
 
 
-# ---------------------------------------------------------------------------------------------
-# Comparison rows (mfcli compare), without dense matrices
-
-
-def structured_rows(
-    workload: ToeplitzWorkload,
-    n: int,
-    *,
-    bands: tuple[int, ...] = (),
-    identity: bool = False,
-    participation: Participation | None = None,
-    error: str = "mean",
-    buffers: tuple[int, ...] = (),
-    tree: bool = False,
-    privacy: Any = None,
-) -> list[Any]:
-    """:class:`mfcli.compare.ComparisonRow` objects (ratio unset) for the identity strategy
-    (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
-    Toeplitz strategies (``bands``) and BLT strategies (``buffers``) optimised for ``workload``, n
-    and the schema, each recomputed from its parameters in O(n b) or O(n buffers); with ``tree``
-    (single participation only) the binary tree's row from :mod:`mfcli.tree_error` in O(n log n).
-
-    With ``privacy`` (a :class:`mfcli.compare.PrivacyTarget`) every row is calibrated to it as
-    dense rows are (:func:`mfcli.compare.equal_privacy_from`): the Gaussian at the schema
-    sensitivity always, cyclic Poisson where C has at most b bands (its band count and max column
-    norm come from the first column, O(n)); the tree's non-square C gets the Gaussian only."""
-    import math
-
-    from mfcli.compare import ComparisonRow
-    from mfcli.toeplitz import check_bands, optimize_banded_toeplitz
-
-    n = check_n(n)
-    schema = participation or SingleParticipation()
-    schema.check(n)
-    candidates: list[tuple[str, str, BandedToeplitz]] = []
-    if identity:
-        candidates.append(("identity", "C = I (1-band Toeplitz), B = A", BandedToeplitz(np.array([1.0]))))
-    for b in bands:
-        b = check_bands(b, n)
-        strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
-        # The optimiser may set the last coefficients exactly to 0 (e.g. under min-sep with fewer
-        # bands than b): say how many bands C really has, which is what the accounting used.
-        nonzero = np.flatnonzero(np.asarray(strat.coefs))
-        used = int(nonzero[-1]) + 1 if nonzero.size else 0
-        really = "" if used == b else f" ({used} non-zero: the optimiser set the others to 0)"
-        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands{really}, optimised for {error} error",
-                           strat))
-    blts: list[tuple[str, str, Any]] = []
-    for k in buffers:
-        from mfcli.blt import optimize_blt
-
-        opt = optimize_blt(n=n, buffers=k, workload=workload.name,
-                           beta=workload.beta if workload.name == "momentum" else None, error=error, schema=schema)
-        blts.append((f"blt-{k}", f"BLT C, {k} buffers, optimised for {error} error", opt.blt))
-    rows = []
-    for name, description, strat in [*candidates, *blts]:
-        sens = strat.sensitivity(n, schema)
-        beta = decoder_coefs(strat, workload, n)
-        unit = np.cumsum(beta * beta)
-        per_step = sens.value**2 * unit
-        total = float(per_step.sum())
-        rows.append(ComparisonRow(
-            name=name, description=description, causal=True, m=n, sensitivity=sens.value, loss_total=total,
-            loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(per_step[-1]), ratio=math.nan,
-            per_step_rmse=np.sqrt(per_step), source=None, solver_gap=None, sensitivity_exact=sens.exact,
-            privacy=None if privacy is None else _row_privacy(strat, sens.value, float(unit.sum()), n, schema, privacy),
-        ))
-    if tree and isinstance(schema, SingleParticipation):
-        row = tree_row(workload, n)
-        if privacy is not None:
-            from dataclasses import replace
-
-            row = replace(row, privacy=_row_privacy(None, row.sensitivity, row.loss_total / row.sensitivity**2, n,
-                                                    schema, privacy, why=f"the tree's C is not square ({row.m} rows "
-                                                    f"for {n} steps)"))
-        rows.insert(1 if identity else 0, row)
-    return rows
-
-
-def _row_privacy(strategy: Any, sens: float, frob: float, n: int, schema: Participation, privacy: Any,
-                 why: str = "") -> Any:
-    from mfcli.compare import equal_privacy_from
-
-    cyclic: Any = why
-    if privacy.sampling is not None and strategy is not None:
-        from mfcli.accounting.structured import banded_numbers
-
-        cyclic = banded_numbers(strategy, n)
-    return equal_privacy_from(sens, frob, n, schema, privacy, cyclic=cyclic)
-
-
-def tree_row(workload: ToeplitzWorkload, n: int) -> Any:
-    """The binary tree's :class:`mfcli.compare.ComparisonRow` (single participation) without a
-    dense matrix: sens^2 = K + 1 times ||B[t, :]||^2 from :func:`mfcli.tree_error.tree_row_norms`."""
-    import math
-
-    from mfcli.compare import ComparisonRow
-    from mfcli.strategies import DESCRIPTIONS
-    from mfcli.tree_error import tree_row_norms, tree_rows, tree_sensitivity
-
-    sens = tree_sensitivity(n)
-    per_step = sens**2 * tree_row_norms(workload, n)
-    total = float(per_step.sum())
-    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
-    return ComparisonRow(
-        name="tree", description=DESCRIPTIONS["tree"] + post + " (closed form, no dense matrix)", causal=True,
-        m=tree_rows(n), sensitivity=sens, loss_total=total, loss_mean=total / n, rmse=math.sqrt(total / n),
-        loss_max=float(per_step.max()), ratio=math.nan, per_step_rmse=np.sqrt(per_step), source=None,
-        solver_gap=None, sensitivity_exact=True,
-    )
-
-
-def extend_comparison(table: Any, rows: list[Any]) -> Any:
-    """``table`` (a :class:`mfcli.compare.Comparison`) with ``rows`` added and every ratio recomputed
-    against the best causal row."""
-    from mfcli.compare import Comparison, _with_ratios
-
-    all_rows, best = _with_ratios([*table.rows, *rows])
-    return Comparison(table.workload_name, table.workload_params, table.n, all_rows, best, table.kept,
-                      table.participation, table.privacy)
-
-
-def structured_comparison(workload: ToeplitzWorkload, n: int, *, bands: tuple[int, ...],
-                          participation: Participation | None = None, error: str = "mean",
-                          buffers: tuple[int, ...] = (), privacy: Any = None) -> Any:
-    """A :class:`mfcli.compare.Comparison` of identity, the binary tree (single participation),
-    banded Toeplitz and BLT strategies at any n (no n x n matrix: O(n b) time, O(n) memory per
-    row), calibrated to ``privacy`` (a :class:`mfcli.compare.PrivacyTarget`) when given."""
-    from mfcli.compare import Comparison
-
-    schema = participation or SingleParticipation()
-    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error,
-                           buffers=buffers, tree=n >= 2, privacy=privacy)
-    empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema, privacy)
-    return extend_comparison(empty, rows)
-
-
 __all__ = [
     "GROUP",
     "BltRecursion",
     "RationalToeplitz",
     "StructuredOperator",
+    "banded_numbers",
     "check_finite_numbers",
     "decoder_coefs",
     "evaluate",
-    "extend_comparison",
     "single_pass_epsilon",
     "strategy_class",
-    "structured_comparison",
-    "structured_rows",
-    "tree_row",
 ]

@@ -343,7 +343,7 @@ def _structured(tmp: Path, kind: str) -> tuple[Path, np.ndarray]:
     """A structured artifact at n = N and its C, written out entry by entry from the parameters
     (C[t, j] = c_{t-j}: the coefficients themselves, or 1 then sum_i omega_i theta_i^(k-1))."""
     from mfcli.blt import BufferedToeplitz
-    from mfcli.structured import save_structured_artifact
+    from mfcli.artifact import save_structured_artifact
     from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
 
     if kind == "banded-toeplitz":
@@ -371,7 +371,7 @@ def test_every_artifact_kind_exports_natively_and_imports_back(jp, tmp_path: Pat
     import jax.numpy as jnp
     from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
 
-    from mfcli.structured import load_any_artifact
+    from mfcli.artifact import load_any_artifact
 
     if kind in ("banded-toeplitz", "blt"):
         path, c = _structured(tmp_path, kind)

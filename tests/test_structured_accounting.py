@@ -212,8 +212,8 @@ _ = toeplitz_workload
 @pytest.mark.parametrize("name,beta,n", [("prefix", 0.0, 64), ("prefix", 0.0, 1000), ("momentum", 0.7, 100),
                                          ("momentum", 0.9, 1024), ("momentum", 0.5, 129)])
 def test_tree_closed_form_equals_dense_tree(name, beta, n):
+    from mfcli.compare import tree_row
     from mfcli.strategies import build_strategy
-    from mfcli.structured import tree_row
     from mfcli.workloads import build_workload
 
     w = build_workload(name, n, **({"beta": beta} if name == "momentum" else {}))
@@ -267,7 +267,7 @@ def test_compare_equal_privacy_structured_rows_cyclic_and_gaussian():
     DP-SGD meets the target at its sigma and misses it just below); the BLT row (more bands than
     b) and the tree (C not square) get the Gaussian, saying why."""
     from mfcli.accounting.multi import band_count
-    from mfcli.accounting.structured import banded_numbers
+    from mfcli.structured import banded_numbers
     from mfcli.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
 
     n, sep, eps = 64, 16, 0.5

@@ -1,4 +1,4 @@
-"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (mfcli/accounting/structured.py):
+"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (one accounting path of every kind, mfcli/accounting/session.py):
 it is n Poisson-subsampled Gaussian steps at sigma and needs no C, so account, --epsilon
 calibration, --write and inspect's re-verification run at any n, checked against dp-accounting's
 PLD accountant called directly; MMCC (which needs C) is left out with a note, or refused in one
@@ -13,9 +13,9 @@ import pytest
 from accounting_oracles import dpsgd_epsilon
 from typer.testing import CliRunner
 
-from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
 from mfcli.artifact import save_structured_artifact
 from mfcli.cli.app import app
+from mfcli.limits import STRUCTURED_DENSE_MAX_N
 from mfcli.schemas import load_schema, validate
 from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 

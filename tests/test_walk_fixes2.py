@@ -215,8 +215,7 @@ def test_row_band_counts_predict_which_rows_run_cyclic_poisson(schema: Participa
     """The estimate's count of cyclic Poisson calibrations agrees with the rows the comparison
     actually calibrates that way (each row checks its own C)."""
     from mfcli.accounting.multi import cycle_length
-    from mfcli.compare import PrivacyTarget, row_band_counts, run_comparison
-    from mfcli.structured import structured_rows
+    from mfcli.compare import PrivacyTarget, row_band_counts, run_comparison, structured_rows
     from mfcli.toeplitz import toeplitz_workload
     from mfcli.workloads import prefix_workload
 

@@ -11,11 +11,10 @@ dp-accounting event it composed):
 * ``balls_in_bins.tree_balls_in_bins`` - the binary tree under balls-in-bins batching (bracket);
 * ``shuffling.shuffled_dpsgd`` - DP-SGD over one shuffled epoch (Feldman-McMillan-Talwar);
 * ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
-* ``calibrate.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
+* ``session.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
   ``mfcli account --epsilon`` computes);
-* ``session`` - what ``mfcli account`` runs (strategy resolution, all settings, ``--write``);
-* ``structured`` - structured artifacts (banded Toeplitz, BLT): a materialised C at n <= 8192,
-  from the parameters above (``structured_input``, ``account_parameters``, ``banded_numbers``).
+* ``session`` - what ``mfcli account`` runs for a strategy of any kind (strategy resolution, all
+  settings, ``--write``), every number from the strategy's :class:`mfcli.operators.Mechanism`.
 
 The functions named like their modules are not re-exported here, so that
 ``import mfcli.accounting.mmcc`` keeps meaning the module.
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
     from mfcli.accounting.balls_in_bins import BallsInBinsTreeResult
-    from mfcli.accounting.calibrate import Calibration, calibrate_sigma, calibrate_strategy
+    from mfcli.accounting.calibrate import Calibration, calibrate_sigma
     from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
     from mfcli.accounting.events import event_from_json, event_to_json
     from mfcli.accounting.mmcc import (
@@ -39,6 +38,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         lower_bound,
         prepare_strategy,
     )
+    from mfcli.accounting.session import calibrate_strategy
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
     from mfcli.accounting.shuffling import ShuffledDpSgdResult
     from mfcli.accounting.single_pass import (
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
 #: Public name -> module. Imported on first use (PEP 562): scipy.stats and dp-accounting cost
 #: about a second of start-up, which commands that do not account should not pay.
 _EXPORTS = {
-    "Calibration": "calibrate", "calibrate_sigma": "calibrate", "calibrate_strategy": "calibrate",
+    "Calibration": "calibrate", "calibrate_sigma": "calibrate", "calibrate_strategy": "session",
     "event_from_json": "events", "event_to_json": "events",
     "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
     "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from mfcli.errors import MfcliError
 from mfcli.progress import ProgressCallback, ProgressEvent
@@ -179,58 +178,3 @@ def calibrate_sigma(
         total = max(total, evals)
         on_progress(ProgressEvent("calibration", total, total, "accounting runs"))
     return result
-
-
-def calibrate_strategy(
-    strategy_matrix: Any,
-    *,
-    epsilon: float,
-    delta: float,
-    setting: str = "single-pass",
-    sampling: float | None = None,
-    release_steps: Any = None,
-    is_tree: bool = False,
-    name: str = "strategy",
-    rel_tol: float = 1e-3,
-    progress: Callable[[str], None] | None = None,
-) -> Calibration:
-    """The smallest noise multiplier sigma at which strategy C meets (epsilon, delta) in ``setting``.
-
-    What ``mfcli account --epsilon`` computes, for a strategy matrix held in memory: sigma is the
-    noise standard deviation per coordinate of Z in units of the clip norm for C as given (the
-    equivalent sensitivity-1 Gaussian has noise multiplier sigma / sens(C)). The accounting runs
-    at the returned sigma and meets the target (:func:`calibrate_sigma`).
-
-    Args:
-        strategy_matrix: C (m x n), non-negative entries for ``mmcc``.
-        epsilon, delta: the target.
-        setting: ``single-pass`` (every example in one step), ``dp-sgd``, ``mmcc`` (both need
-            ``sampling``) or ``shuffled-tree`` (needs ``is_tree``).
-        sampling: the Poisson sampling probability of ``dp-sgd`` and ``mmcc``.
-        release_steps: the step at which each row of C is released; default 0..n-1 (square C).
-        is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
-        name: how the strategy is named in messages.
-        rel_tol: relative width of the final sigma bracket.
-
-    Raises:
-        MfcliError: a target or setting that cannot be met or does not apply.
-    """
-    import numpy as np
-
-    from mfcli.accounting import session
-
-    c = np.asarray(strategy_matrix, dtype=np.float64)
-    if c.ndim != 2:
-        raise MfcliError(f"the strategy matrix must be 2-D, got shape {c.shape}")
-    if release_steps is None:
-        if c.shape[0] != c.shape[1]:
-            raise MfcliError(f"a {c.shape[0]} x {c.shape[1]} strategy needs its release_steps")
-        release_steps = np.arange(c.shape[1])
-    inp = session.StrategyInput(
-        name=name, strategy=c, release_steps=np.asarray(release_steps), source=f"{name}, n = {c.shape[1]}",
-        is_tree=bool(is_tree),
-    )
-    return session.calibrate(
-        inp, setting, target_epsilon=epsilon, sampling=sampling,
-        options=session.AccountingOptions(delta=delta), rel_tol=rel_tol, progress=progress,
-    )

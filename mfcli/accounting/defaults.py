@@ -1,4 +1,5 @@
-"""Default accounting parameters and the names of the settings, in a module that imports nothing.
+"""Default accounting parameters and the names of the settings, in a module that imports only the
+name registry :mod:`mfcli.kinds` (data).
 
 ``mfcli account --help`` shows these defaults; keeping them here (not in :mod:`single_pass`,
 :mod:`mmcc` or :mod:`session`, which import scipy.stats and dp-accounting) lets the help render
@@ -6,6 +7,8 @@ without loading the accounting stack (docs/performance.md, "Start-up time"). The
 a default import it from here, so each value is defined once.
 """
 from __future__ import annotations
+
+from mfcli.kinds import ACCOUNTABLE
 
 #: delta used unless asked otherwise.
 DEFAULT_DELTA = 1e-6
@@ -47,8 +50,8 @@ GUARANTEE_SETTINGS = {
     # account cannot check, so it is shown but not a candidate for the reported number
     "shuffle": ("single-pass", "shuffled-tree"),
 }
-#: Built-in strategies ``account`` can build for a workload.
-BUILTIN = ("identity", "tree", "sqrt", "optimal")
+#: Built-in strategies ``account`` can build for a workload (the registry's accountable baselines).
+BUILTIN = ACCOUNTABLE
 
 __all__ = [
     "BATCHINGS",

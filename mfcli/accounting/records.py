@@ -383,11 +383,12 @@ class RecordSubject:
     make_input: Callable[[Any, bool], StrategyInput]
 
 
-def dense_subject(path: str | Path, operators: Sequence[Any], *, declared: Participation,
-                  strategy_name: str = "artifact") -> RecordSubject:
-    """The subject of a dense artifact: its dense root operator and, when its ``compressed`` group
-    verifies, the compressed one (``operators``, as :mod:`mfcli.operators` built them from the
-    stored matrices)."""
+def record_subject(path: str | Path, operators: Sequence[Any], *, declared: Participation,
+                   strategy_name: str = "artifact") -> RecordSubject:
+    """The subject of an artifact of any kind: the operators it really has (``operators``, each a
+    :class:`mfcli.operators.Mechanism` rebuilt from the stored arrays or parameters), each
+    accounted as ``account`` accounts it (:func:`mfcli.accounting.session.operator_input`; a
+    mechanism that builds C on demand builds it only when a setting needs the matrix)."""
     p = Path(path)
     ops = {op.label: op for op in operators}
 
@@ -395,47 +396,21 @@ def dense_subject(path: str | Path, operators: Sequence[Any], *, declared: Parti
         from mfcli.accounting.session import operator_input
 
         return operator_input(p, op, name=strategy_name, participation=declared,
-                              source=f"artifact {p}: the {op.label} operator, n = {op.n}")
+                              source=f"artifact {p}: the {op.label} operator, n = {op.n}", with_matrix=dense)
 
     return RecordSubject(path=p, n=int(operators[0].n), declared=declared, operators=ops, make_input=make)
 
 
-def structured_subject(art: Any) -> RecordSubject:
-    """The subject of a structured artifact (:class:`mfcli.structured.StructuredArtifact`): its one
-    operator, its parameters; C is materialised (n <= the dense limit) only when a setting needs
-    the matrix, as ``account`` does."""
-    from mfcli.accounting.session import StrategyInput
-    from mfcli.accounting.structured import STRUCTURED_DENSE_MAX_N
-    from mfcli.toeplitz import materialize
-
-    op = art.operator()
-    n = int(art.n)
-
-    def make(_op: Any, dense: bool) -> StrategyInput:
-        c = materialize(art.strategy.strategy_coefs(n), n) if dense and n <= STRUCTURED_DENSE_MAX_N \
-            else np.zeros((0, 0))
-        return StrategyInput(
-            name=art.kind, strategy=c, release_steps=np.arange(n) if c.size else np.zeros(0, dtype=np.int64),
-            source=f"artifact {art.path}: {op.label}, n = {n}", artifact=Path(art.path), operator=op.label,
-            operator_sha256=op.identity_sha256, participation=art.participation, structured=art)
-
-    return RecordSubject(path=Path(art.path), n=n, declared=art.participation, operators={op.label: op},
-                         make_input=make)
-
-
 def subject_of(art: Any) -> RecordSubject:
-    """The subject of a loaded artifact of any kind (:func:`mfcli.structured.load_any_artifact`):
-    a structured artifact's parameters; a dense artifact's root and, if it has a ``compressed``
-    group, its compressed operator (read strictly: a group that does not verify is an error)."""
-    if hasattr(art, "schema_sensitivity"):
-        return structured_subject(art)
-    from mfcli.operators import GROUP, DenseOperator, read_compressed
+    """The subject of a loaded artifact of any kind (:func:`mfcli.artifact.load_any_artifact`):
+    every operator it has (:func:`mfcli.operators.operators_of`; a ``compressed`` group is read
+    strictly: one that does not verify is an error)."""
+    from mfcli.operators import operators_of
 
-    ops: list[Any] = [DenseOperator(art.factorization)]
-    if GROUP in art.groups:
-        ops.append(read_compressed(art))
-    return dense_subject(art.path, ops, declared=art.participation,
-                         strategy_name=str(art.attrs.get("strategy_name", "artifact")))
+    ops = operators_of(art)
+    # the stored name (a structured artifact stores none: its kind names it)
+    name = art.attrs.get("strategy_name", getattr(art, "kind", "artifact"))
+    return record_subject(art.path, ops, declared=art.participation, strategy_name=str(name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,10 +513,8 @@ def _rederive_mmcc(inp: StrategyInput, claim: RecordClaim, opts: AccountingOptio
     if claim.batching != "poisson" or claim.sampling is None:
         raise MfcliError("MMCC assumes Poisson sampling at a rate; the record's batch sampler is "
                          f"{claim.batching or 'none'}")
-    if not inp.dense:
-        from mfcli.accounting.structured import needs_dense
-
-        raise MfcliError(needs_dense("the mmcc setting", inp.n))
+    if not inp.has_matrix:
+        raise MfcliError(inp.mechanism.matrix_refusal("the mmcc setting"))
     check_setting_applies(inp, "mmcc")
     result = mmcc(prepare_strategy(inp.strategy, inp.release_steps), sigma=claim.sigma, sampling=claim.sampling,
                   delta=opts.delta, tail_fractions=opts.tail_fractions,
@@ -578,7 +551,7 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
 
     Args:
         attrs: the record's attributes (raw from :func:`read_records`, or decoded).
-        subject: the artifact (:func:`dense_subject`, :func:`structured_subject`, :func:`subject_of`).
+        subject: the artifact (:func:`record_subject`, :func:`subject_of`).
         deep: re-derive MMCC rows at every n (else only up to :data:`MMCC_REDERIVE_MAX_N` steps;
             above, the row and its record are :data:`NOT_REDERIVED`).
 
@@ -716,13 +689,12 @@ __all__ = [
     "RecordSubject",
     "SettingCheck",
     "accounting_options",
-    "dense_subject",
     "describe_status",
     "plain_value",
     "read_claim",
     "read_records",
+    "record_subject",
     "records_in",
-    "structured_subject",
     "subject_of",
     "verify_record",
     "verify_records",

@@ -47,7 +47,6 @@ from mfcli.accounting.mmcc import (
     FullParticipationResult,
     LowerBoundResult,
     MMCCResult,
-    check_causal,
     full_participation,
     lower_bound,
     mmcc,
@@ -56,11 +55,11 @@ from mfcli.accounting.mmcc import (
 from mfcli.accounting.multi import (
     CyclicPoissonResult,
     DeterministicResult,
-    cyclic_poisson,
     deterministic,
+    reduced_dpsgd,
     schema_dict,
 )
-from mfcli.accounting.records import RECORD_RTOL
+from mfcli.accounting.records import RECORD_FORMAT, RECORD_RTOL
 from mfcli.accounting.reduction import ReductionResult, reduction
 from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
 from mfcli.accounting.shuffling import ShuffledDpSgdResult, shuffled_dpsgd
@@ -77,13 +76,15 @@ from mfcli.accounting.single_pass import (
     single_pass,
 )
 from mfcli.errors import MfcliError
-from mfcli.factorization import sensitivity as _sensitivity
 from mfcli.participation import Participation, SingleParticipation
-from mfcli.participation import sensitivity as schema_sensitivity
 from mfcli.progress import ProgressCallback
 
 if TYPE_CHECKING:
     from mfcli.accounting.cost import CalibrationEstimate
+
+#: The settings computed without the matrix C (from the mechanism's numbers, or, DP-SGD, from n and
+#: sigma alone), so at any n; the others need C at hand.
+MATRIX_FREE_SETTINGS = ("single-pass", "deterministic", "cyclic-poisson", "dp-sgd")
 
 #: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
 ATTR_CHUNK = 60_000
@@ -94,20 +95,26 @@ class StrategyInput:
     """The strategy being accounted.
 
     Attributes:
-        name: strategy name (identity, tree, sqrt, optimal, or the artifact's stored name).
-        strategy: C as given (m x n).
-        release_steps: t(r) for every row.
+        name: strategy name (identity, tree, sqrt, optimal, the artifact's stored name, or the
+            structured kind).
+        strategy: C as given (m x n) where it is at hand: the mechanism's
+            :meth:`~mfcli.operators.Mechanism.accounting_matrix`; empty (0 x 0) where the
+            mechanism has none (a structured strategy above its dense limit).
+        release_steps: t(r) for every row of ``strategy`` (empty with it).
         source: where it came from, in words.
         artifact: the artifact path when the input was one (``--write`` needs it).
         is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
         operator: which operator of an artifact C belongs to, as :func:`mfcli.operators.select_operator`
-            chose it (the one a noise stream streams): ``"dense"`` or
-            ``"compressed (band K, rank R)"`` (then C is C^ = B^-1 A); ``"dense"`` for a .npy
-            matrix or a built-in strategy.
+            chose it (the one a noise stream streams): its ``label`` (``"dense"``,
+            ``"compressed (band K, rank R)"``, ``"blt (theta 3, omega 3)"``); ``"dense"`` for a
+            .npy matrix or a built-in strategy.
         operator_sha256: the operator's ``identity_sha256`` (hash of the stored arrays that define
             it) for an artifact; None for a .npy matrix or a built-in strategy.
         participation: the schema the artifact declares (attribute ``participation``); single
             participation for a v1 artifact, a .npy matrix or a built-in strategy.
+        mechanism: the :class:`mfcli.operators.Mechanism` every number is computed from (its
+            sensitivities, cyclic numbers, causality); by default the
+            :class:`~mfcli.operators.MatrixStrategy` of ``strategy``.
     """
 
     name: str
@@ -119,40 +126,34 @@ class StrategyInput:
     operator: str = "dense"
     operator_sha256: str | None = None
     participation: Participation = field(default_factory=SingleParticipation)
-    #: a structured artifact (:class:`mfcli.structured.StructuredArtifact`) when the input was
-    #: one; ``strategy`` is then its materialised C at n <= STRUCTURED_DENSE_MAX_N and empty above
-    #: (mfcli.accounting.structured accounts it from its parameters).
-    structured: Any = None
+    mechanism: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mechanism is None:
+            from mfcli.operators import MatrixStrategy
+
+            object.__setattr__(self, "mechanism", MatrixStrategy(np.asarray(self.strategy),
+                                                                 np.asarray(self.release_steps)))
 
     @property
     def n(self) -> int:
-        return int(self.structured.n) if self.structured is not None else int(self.strategy.shape[1])
+        return int(self.mechanism.n)
+
+    @property
+    def has_matrix(self) -> bool:
+        """Whether C is at hand as a matrix, so the settings that need it can run (a capability of
+        the mechanism, ``max_n["matrix"]``, not a kind)."""
+        return self.strategy.size > 0
 
     @property
     def dense(self) -> bool:
-        """Whether C is available as a matrix (False only for a structured artifact above the limit)."""
-        return self.strategy.size > 0
+        """The former name of :attr:`has_matrix`."""
+        return self.has_matrix
 
     @property
     def sensitivity(self) -> float:
         """Single-participation sensitivity (max column norm of C)."""
-        return float(_sensitivity(self.strategy)) if self.dense else float(self.structured.sensitivity.value)
-
-
-def _tree_release(c: np.ndarray) -> np.ndarray | None:
-    """Release steps if C is (a positive multiple of) the binary-tree encoder for its n."""
-    from mfcli.strategies import tree_release_steps, tree_strategy_matrix
-
-    n = c.shape[1]
-    if n < 2:
-        return None
-    t = tree_strategy_matrix(n)
-    if t.shape != c.shape:
-        return None
-    scale = c.max()
-    if scale <= 0 or not np.allclose(c / scale, t, rtol=0, atol=1e-12):
-        return None
-    return tree_release_steps(n)
+        return float(self.mechanism.sensitivity)
 
 
 def resolve_strategy(
@@ -179,7 +180,7 @@ def resolve_strategy(
         MfcliError: both a file and a built-in strategy, a built-in without n, an unknown name, a file that
             is neither an artifact nor a .npy matrix, a non-square .npy C.
     """
-    from mfcli.artifact import load_artifact, shipped_artifact
+    from mfcli.artifact import shipped_artifact
     from mfcli.operators import check_operator_choice, select_operator
 
     say = progress or (lambda s: None)
@@ -233,7 +234,9 @@ def resolve_strategy(
             raise MfcliError(f"{p} holds an empty matrix")
         if not np.all(np.isfinite(c)):
             raise MfcliError(f"{p}: C contains NaN or inf")
-        tr = _tree_release(c)
+        from mfcli.operators import tree_release
+
+        tr = tree_release(c)
         if tr is not None:
             return StrategyInput(name="tree", strategy=c, release_steps=tr, source=f"matrix C from {p} (binary tree)",
                                  is_tree=True)
@@ -242,38 +245,48 @@ def resolve_strategy(
                 f"{p}: C is {c.shape[0]} x {c.shape[1]}; a .npy strategy must be square (row t released at step t)"
             )
         return StrategyInput(name="custom", strategy=c, release_steps=np.arange(c.shape[0]), source=f"matrix C from {p}")
-    from mfcli.artifact import is_structured_file
+    from mfcli.artifact import load_any_artifact
 
-    if is_structured_file(p):
-        from mfcli.accounting.structured import structured_input
-
-        return structured_input(p, operator=operator)
-    art = load_artifact(p)
+    art = load_any_artifact(p)
     chosen = select_operator(art, operator)
-    what = f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default else f"artifact {p}"
-    return operator_input(p, chosen, name=art.strategy_name, participation=art.participation,
-                          source=f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}")
+    name, source = _artifact_names(art, chosen, f"shipped artifact {DEFAULT_ARTIFACT} ({p})" if default
+                                   else f"artifact {p}")
+    return operator_input(p, chosen, name=name, participation=art.participation, source=source)
 
 
-def operator_input(path: Path, op: Any, *, name: str, participation: Participation, source: str) -> StrategyInput:
-    """The accounting input of a dense or compressed operator of the artifact at ``path`` (C = the
-    operator's strategy, released row by row, or the binary tree's nodes as they close), as
-    ``mfcli account`` and the record verifier (:mod:`mfcli.accounting.records`) both account it.
+def _artifact_names(art: Any, op: Any, what: str) -> tuple[str, str]:
+    """(strategy name, where it came from in words) of a loaded artifact, as account prints them.
+    One of the two kind branches outside artifact I/O, because it reads the artifact's stored
+    names: the two layouts name their strategy and workload differently (a dense one by stored
+    names, a structured one by its kind and workload filter), and these texts are in the JSON."""
+    if not hasattr(art, "schema_sensitivity"):  # a dense artifact (mfcli.artifact.Artifact)
+        return art.strategy_name, f"{what}: {art.strategy_name} strategy for the {art.workload_name} workload, n = {art.n}"
+    why = "" if op.no_matrix_reason is None else " (accounted from its parameters: no dense C)"
+    return op.kind, f"{what}: {op.label} strategy for the {art.workload.describe()} workload, n = {op.n}{why}"
+
+
+def operator_input(path: Path, op: Any, *, name: str, participation: Participation, source: str,
+                   with_matrix: bool = True) -> StrategyInput:
+    """The accounting input of an operator of any kind of the artifact at ``path`` (a
+    :class:`mfcli.operators.Mechanism`: C = its accounting matrix, released row by row or as the
+    binary tree's nodes close), as ``mfcli account`` and the record verifier
+    (:mod:`mfcli.accounting.records`) both account it. A mechanism that builds C on demand (a
+    structured one, ``max_n["matrix"]`` set) builds it only ``with_matrix`` and where n allows.
 
     Raises:
         MfcliError: a non-square strategy that is not the binary tree.
     """
-    c = np.asarray(op.factorization.strategy, dtype=np.float64)
-    tr = _tree_release(c)
-    if tr is not None:
-        release = tr
-    elif c.shape[0] == c.shape[1]:
-        release = np.arange(c.shape[0])
+    c = op.accounting_matrix() if with_matrix or op.max_n.get("matrix") is None else None
+    if c is None:
+        c, release = np.zeros((0, 0)), np.zeros(0, dtype=np.int64)
     else:
-        raise MfcliError(f"{path}: a non-square strategy ({c.shape[0]} x {c.shape[1]}) that is not the binary tree")
+        try:
+            release = np.asarray(op.release_steps)
+        except MfcliError as exc:
+            raise MfcliError(f"{path}: {exc}") from None
     return StrategyInput(name=name, strategy=c, release_steps=release, source=source, artifact=path,
-                         is_tree=tr is not None, operator=op.label, operator_sha256=op.identity_sha256,
-                         participation=participation)
+                         is_tree=bool(op.is_tree), operator=op.label, operator_sha256=op.identity_sha256,
+                         participation=participation, mechanism=op)
 
 
 def resolve_schema(inp: StrategyInput, requested: Participation | None) -> Participation:
@@ -498,7 +511,7 @@ class AccountingReport:
     #: DP-SGD (C = I) under balls-in-bins at sigma: a reference row.
     balls_in_bins_dp_sgd: BallsInBinsDpSgdResult | None = None
     #: One line per requested setting that was left out, and why (a structured artifact above
-    #: STRUCTURED_DENSE_MAX_N under Poisson sampling: MMCC needs the dense C).
+    #: its dense limit under Poisson sampling: MMCC needs the dense C).
     notes: tuple[str, ...] = ()
     #: {setting: why it was not run} for a requested setting whose assumptions fail for this C
     #: (MMCC on a C with negative entries); its line is also in ``notes``.
@@ -604,7 +617,7 @@ class AccountingReport:
             "operator": self.strategy.operator,
             "source": self.strategy.source,
             "n": self.strategy.n,
-            "rows_of_C": int(self.strategy.strategy.shape[0]) if self.strategy.dense else self.strategy.n,
+            "rows_of_C": int(self.strategy.mechanism.rows),
             # single participation (max column norm), as in JSON version 1; the same number under the
             # name the other commands use for it (optimize/inspect: ``sensitivity_single``), and the
             # schema's (what optimize calls ``sensitivity``) as ``schema_sensitivity``
@@ -652,15 +665,12 @@ def account(
     ``progress`` receives stage messages; ``on_progress`` the structured progress of the long
     computations (MMCC, the banded estimate, the balls-in-bins tree; :mod:`mfcli.progress`).
 
-    A structured artifact is accounted by :func:`mfcli.accounting.structured.account_parameters`
-    (sensitivities from its parameters; the materialised C only for MMCC)."""
-    if inp.structured is not None:
-        from mfcli.accounting.structured import account_parameters
-
-        rep = account_parameters(inp, sigma=sigma, sampling=sampling, options=options, settings=settings,
-                                 participation=participation, batching=batching, progress=progress,
-                                 on_progress=on_progress)
-        return _with_reduction(rep, inp, settings=settings, options=options, on_progress=on_progress)
+    Every number comes from the input's mechanism (:class:`mfcli.operators.Mechanism`): the
+    sensitivities, the cyclic numbers and causality of any kind at any n; the settings that need
+    the matrix C (MMCC, the DP-SGD reduction, the tree's rows) run where the mechanism has it at
+    hand (``inp.has_matrix``). Without it (a structured strategy above its dense limit) Poisson sampling
+    shows DP-SGD alone, with a note in the report's ``notes`` when MMCC was asked for, and the
+    batch samplers without a rate are refused in one line."""
     sigma = check_sigma(sigma)
     batching = check_batching(batching, sampling)
     notes: tuple[str, ...] = ()
@@ -688,23 +698,31 @@ def account(
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise MfcliError(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    mech = inp.mechanism
+    if not inp.has_matrix and batching == "poisson":
+        return _poisson_without_matrix(inp, sigma=sigma, sampling=sampling, opts=opts, settings=settings,
+                                       schema=schema)
+    if not inp.has_matrix and batching in BATCHING_SETTINGS:
+        raise MfcliError(mech.matrix_refusal(f"the {batching} batch sampler (its settings)"))
     c = inp.strategy
     sp = dp = br = st = det = cyc = None
     cyclic_refusal: MfcliError | None = None
     if ("single-pass" in settings and single) or ("deterministic" in settings and not single):
-        check_causal(c, inp.release_steps, what="the single-pass bound" if single else "the deterministic bound")
+        mech.check_causal("the single-pass bound" if single else "the deterministic bound")
     if "single-pass" in settings and single:
-        sp = single_pass(sigma=sigma, sensitivity=float(_sensitivity(c)), delta=opts.delta)
+        sp = single_pass(sigma=sigma, sensitivity=inp.sensitivity, delta=opts.delta)
     if "deterministic" in settings and not single:
-        det = deterministic(sigma=sigma, sensitivity=schema_sensitivity(c, schema), n=inp.n, delta=opts.delta)
+        det = deterministic(sigma=sigma, sensitivity=mech.schema_sensitivity(schema), n=inp.n, delta=opts.delta)
     if batching == "cyclic" and "cyclic-poisson" in settings:
         assert sampling is not None  # check_batching: cyclic needs a rate
         try:
-            cyc = cyclic_poisson(c, schema=schema, sigma=sigma, sampling=sampling, delta=opts.delta,
-                                 value_discretization=opts.value_discretization)
+            bands, column = mech.cyclic_numbers(schema)
+            cyc = reduced_dpsgd(bands=bands, column_norm=column, n=inp.n, schema=schema, sigma=sigma,
+                                sampling=sampling, delta=opts.delta, value_discretization=opts.value_discretization)
         except MfcliError as exc:
-            # the DP-SGD reduction below still accounts this C under cyclic Poisson sampling
-            if "dp-sgd-reduction" not in settings:
+            # the DP-SGD reduction below still accounts this C under cyclic Poisson sampling (it
+            # needs the matrix)
+            if "dp-sgd-reduction" not in settings or not inp.has_matrix:
                 raise
             cyclic_refusal = exc
             refused["cyclic-poisson"] = str(exc)
@@ -748,7 +766,9 @@ def account(
             bdp = dpsgd_balls_in_bins(n=inp.n, sigma=sigma, delta=opts.delta, on_progress=on_progress)
         except MfcliError as exc:
             notes = (*notes, f"balls-in-bins DP-SGD reference: not run; {exc}")
-    if "dp-sgd-reduction" in settings and batching is not None:
+    # the reduction needs the operator's certified spectral norm, from the matrix: without it the
+    # row is not shown (docs/accounting.md, "The DP-SGD reduction bound")
+    if "dp-sgd-reduction" in settings and batching is not None and inp.has_matrix:
         try:
             red = reduction(c, sigma=sigma, sampler=batching, sampling=sampling, delta=opts.delta, schema=schema,
                             value_discretization=opts.value_discretization, release_steps=inp.release_steps,
@@ -765,27 +785,21 @@ def account(
                             notes=notes, refused=refused)
 
 
-def _with_reduction(rep: AccountingReport, inp: StrategyInput, *, settings: Sequence[str],
-                    options: AccountingOptions, on_progress: ProgressCallback | None) -> AccountingReport:
-    """A structured artifact's report with the DP-SGD reduction row added, as a dense C's has it,
-    when its C is materialised (n <= STRUCTURED_DENSE_MAX_N) and a batch sampler is named; above
-    that limit the row is not run."""
-    import dataclasses
-
-    b = rep.batching
-    if b is None or "dp-sgd-reduction" not in settings or (b in BATCHING_SETTINGS
-                                                           and "dp-sgd-reduction" not in BATCHING_SETTINGS[b]):
-        return rep
-    if not inp.dense:  # the row is not shown there (docs/accounting.md, "The DP-SGD reduction bound")
-        return rep
-    try:
-        red = reduction(inp.strategy, sigma=rep.sigma, sampler=b, sampling=rep.sampling, delta=rep.delta,
-                        schema=rep.participation, value_discretization=options.value_discretization,
-                        release_steps=inp.release_steps, on_progress=on_progress)
-    except MfcliError as exc:
-        return dataclasses.replace(rep, notes=(*rep.notes, f"DP-SGD reduction: not run; {exc}"),
-                                   refused={**rep.refused, "dp-sgd-reduction": str(exc)})
-    return dataclasses.replace(rep, reduction=red)
+def _poisson_without_matrix(inp: StrategyInput, *, sigma: float, sampling: float | None, opts: AccountingOptions,
+                            settings: Sequence[str], schema: Participation) -> AccountingReport:
+    """Poisson sampling for a mechanism without its matrix C at hand: DP-SGD (n Poisson-subsampled
+    Gaussian steps at sigma, which needs no C) and a note for MMCC; a run that would compute
+    nothing but MMCC is refused with the mechanism's reason."""
+    assert sampling is not None  # check_batching: poisson needs a rate
+    if "dp-sgd" not in settings:
+        raise MfcliError(inp.mechanism.matrix_refusal("the poisson batch sampler (MMCC)"))
+    dp = dpsgd(sigma=sigma, sampling=sampling, steps=inp.n, delta=opts.delta,
+               value_discretization=opts.value_discretization)
+    notes: tuple[str, ...] = ()
+    if "mmcc" in settings:
+        notes = (f"MMCC: not run; it needs {inp.mechanism.no_matrix_reason}; DP-SGD needs no C and is shown",)
+    return AccountingReport(strategy=inp, sigma=sigma, sampling=sampling, delta=opts.delta, dp_sgd=dp,
+                            participation=schema, batching="poisson", notes=notes)
 
 
 def _banded_extras(prep: Any, *, sigma: float, sampling: float, delta: float,
@@ -861,31 +875,33 @@ def epsilon_function(
             schema, ``deterministic`` under single participation, a sampled setting without a
             rate, a C that fails a setting's conditions).
     """
-    if inp.structured is not None:
-        from mfcli.accounting.structured import epsilon_function_parameters
-
-        return epsilon_function_parameters(inp, setting, sampling=sampling, options=options,
-                                           participation=participation)
     opts = options.checked()
-    c = inp.strategy
-    sens = float(_sensitivity(c))
+    mech = inp.mechanism
     schema = resolve_schema(inp, participation)
     check_setting_schema(setting, schema, inp.n)
     if setting in ("single-pass", "deterministic"):
-        check_causal(c, inp.release_steps, what=f"the {setting} bound")
+        mech.check_causal(f"the {setting} bound")
     if setting == "single-pass":
+        sens = inp.sensitivity
         return lambda s: single_pass(sigma=s, sensitivity=sens, delta=opts.delta).epsilon
     if setting == "deterministic":
-        sch = schema_sensitivity(c, schema)
+        sch = mech.schema_sensitivity(schema)
         return lambda s: deterministic(sigma=s, sensitivity=sch, n=inp.n, delta=opts.delta).epsilon
     if setting == "cyclic-poisson":
         if sampling is None:
             raise MfcliError("calibrating cyclic-poisson needs a sampling rate")
         p = check_sampling(sampling)
-        cyclic_poisson(c, schema=schema, sigma=1.0, sampling=p, delta=opts.delta,
-                       value_discretization=opts.value_discretization)  # refuse now, not inside the search
-        return lambda s: cyclic_poisson(c, schema=schema, sigma=s, sampling=p, delta=opts.delta,
-                                        value_discretization=opts.value_discretization).epsilon
+        bands, column = mech.cyclic_numbers(schema)
+
+        def eps(s: float) -> float:
+            return reduced_dpsgd(bands=bands, column_norm=column, n=inp.n, schema=schema, sigma=s, sampling=p,
+                                 delta=opts.delta, value_discretization=opts.value_discretization).epsilon
+
+        eps(1.0)  # refuse now (more bands than the cycle), not inside the search
+        return eps
+    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not inp.has_matrix:
+        raise MfcliError(mech.matrix_refusal(f"the {setting} setting"))
+    c = inp.strategy
     if setting in ("dp-sgd", "mmcc"):
         if sampling is None:
             raise MfcliError(f"calibrating {setting} needs a sampling rate")
@@ -944,6 +960,58 @@ def calibrate(
 def calibration_start(setting: str) -> float:
     """The sigma at which :func:`calibrate` starts its search for ``setting``."""
     return 4.0 if setting in ("mmcc", "dp-sgd", "cyclic-poisson") else 1.0
+
+
+def calibrate_strategy(
+    strategy_matrix: Any,
+    *,
+    epsilon: float,
+    delta: float,
+    setting: str = "single-pass",
+    sampling: float | None = None,
+    release_steps: Any = None,
+    is_tree: bool = False,
+    name: str = "strategy",
+    rel_tol: float = 1e-3,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """The smallest noise multiplier sigma at which strategy C meets (epsilon, delta) in ``setting``.
+
+    What ``mfcli account --epsilon`` computes, for a strategy matrix held in memory: sigma is the
+    noise standard deviation per coordinate of Z in units of the clip norm for C as given (the
+    equivalent sensitivity-1 Gaussian has noise multiplier sigma / sens(C)). The accounting runs
+    at the returned sigma and meets the target (:func:`calibrate_sigma`).
+
+    Args:
+        strategy_matrix: C (m x n), non-negative entries for ``mmcc``.
+        epsilon, delta: the target.
+        setting: ``single-pass`` (every example in one step), ``dp-sgd``, ``mmcc`` (both need
+            ``sampling``) or ``shuffled-tree`` (needs ``is_tree``).
+        sampling: the Poisson sampling probability of ``dp-sgd`` and ``mmcc``.
+        release_steps: the step at which each row of C is released; default 0..n-1 (square C).
+        is_tree: C is the binary-tree encoder (the shuffled-tree setting applies).
+        name: how the strategy is named in messages.
+        rel_tol: relative width of the final sigma bracket.
+
+    Raises:
+        MfcliError: a target or setting that cannot be met or does not apply.
+    """
+    c = np.asarray(strategy_matrix, dtype=np.float64)
+    if c.ndim != 2:
+        raise MfcliError(f"the strategy matrix must be 2-D, got shape {c.shape}")
+    if release_steps is None:
+        if c.shape[0] != c.shape[1]:
+            raise MfcliError(f"a {c.shape[0]} x {c.shape[1]} strategy needs its release_steps")
+        release_steps = np.arange(c.shape[1])
+    inp = StrategyInput(
+        name=name, strategy=c, release_steps=np.asarray(release_steps), source=f"{name}, n = {c.shape[1]}",
+        is_tree=bool(is_tree),
+    )
+    return calibrate(
+        inp, setting, target_epsilon=epsilon, sampling=sampling,
+        options=AccountingOptions(delta=delta), rel_tol=rel_tol, progress=progress,
+    )
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1013,7 +1081,7 @@ def record_to_artifact(
                         sort_keys=True)
     gid = now.strftime("%Y%m%dT%H%M%SZ") + "-" + hashlib.sha256(params.encode()).hexdigest()[:8]
     attrs: dict[str, Any] = {
-        "format": "mfcli.accounting",
+        "format": RECORD_FORMAT,
         "format_version": 1,
         "settings": sorted(kept),
         "sigma": report.sigma,
@@ -1066,6 +1134,7 @@ __all__ = [
     "StrategyInput",
     "account",
     "calibrate",
+    "calibrate_strategy",
     "calibration_start",
     "check_batching",
     "check_setting_applies",

@@ -92,7 +92,7 @@ def _operator(source: Any, variant: str) -> Any:
     """The noise operator of ``source``: a path (dense or structured artifact), a loaded artifact
     or an operator itself."""
     if isinstance(source, (str, Path)):
-        from mfcli.structured import load_any_artifact
+        from mfcli.artifact import load_any_artifact
 
         return select_operator(load_any_artifact(source), variant)
     if (hasattr(source, "factorization") or hasattr(source, "schema_sensitivity")) and hasattr(source, "groups"):

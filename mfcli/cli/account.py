@@ -72,7 +72,7 @@ def _is_identity(inp: Any) -> bool:
     import numpy as np
 
     c = np.asarray(inp.strategy)
-    return bool(inp.dense and c.shape[0] == c.shape[1] and np.array_equal(c, np.eye(c.shape[0])))
+    return bool(inp.has_matrix and c.shape[0] == c.shape[1] and np.array_equal(c, np.eye(c.shape[0])))
 
 
 def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table, list[str]]:
@@ -445,14 +445,13 @@ def account(
     built_for: dict[str, Any] = {k: v for k, v in (("workload", workload), ("beta", beta)) if v is not None}
     inp = resolve_strategy(artifact_argument(source) if source is not None else None, strategy=strategy, n=n,
                            operator=operator or "auto", progress=say, **built_for)
-    if not inp.dense:
-        # MMCC is not run on a structured artifact above the dense limit, so its options would do nothing
-        from mfcli.accounting.structured import needs_dense
-
+    if not inp.has_matrix:
+        # MMCC is not run without the matrix C (a structured artifact above its dense limit), so its
+        # options would do nothing
         given = [flag for flag, used in (("--banded-estimate", banded_estimate), ("--tail-fraction", bool(tail_fraction)),
                                          ("--mixture-grid", mixture_grid is not None),
                                          ("--max-memory", max_memory is not None)) if used]
-        refuse_unless(not given, needs_dense(f"{given[0] if given else ''} (an MMCC option)", inp.n))
+        refuse_unless(not given, inp.mechanism.matrix_refusal(f"{given[0] if given else ''} (an MMCC option)"))
     from mfcli.accounting.session import resolve_schema
     from mfcli.participation import SingleParticipation
 
@@ -463,7 +462,7 @@ def account(
         from mfcli.accounting.session import check_setting_applies, check_setting_schema
 
         check_setting_schema(calibrated, schema, inp.n)
-        if calibrated == "mmcc" and inp.dense:
+        if calibrated == "mmcc" and inp.has_matrix:
             from mfcli.accounting.mmcc import NEGATIVE_C_ADVICE
 
             try:

@@ -243,7 +243,7 @@ def compare(
     )
     if bands or buffers:
         from mfcli.cli.structured_render import check_buffers
-        from mfcli.structured import extend_comparison, structured_rows
+        from mfcli.compare import extend_comparison, structured_rows
         from mfcli.toeplitz import toeplitz_workload
 
         tw = toeplitz_workload(w.name, beta=float(w.params.get("beta", 0.9)), lr=lr or "constant")
@@ -375,7 +375,7 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
     Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``. ``fmt``: one of
     :data:`FORMATS`, checked by :func:`compare`."""
     from mfcli.cli.structured_render import check_buffers
-    from mfcli.structured import structured_comparison
+    from mfcli.compare import structured_comparison
     from mfcli.toeplitz import DENSE_MAX_N, check_bands, toeplitz_workload
 
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")

@@ -292,14 +292,14 @@ def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None
     accounting record is re-derived from the parameters by the one verifier of every kind
     (:func:`mfcli.accounting.records.verify_record`; ``deep``: MMCC rows at every n) and a record
     that does not verify fails the inspection in one line."""
-    from mfcli.accounting.records import read_records, structured_subject, verify_records
+    from mfcli.accounting.records import read_records, subject_of, verify_records
     from mfcli.artifact import file_sha256, load_structured_artifact
     from mfcli.cli.structured_render import render_structured
     from mfcli.errors import ArtifactError
 
     art = load_structured_artifact(path)
     stored = read_records(path)
-    checks = verify_records(stored.items(), structured_subject(art), deep=deep) if stored else []
+    checks = verify_records(stored.items(), subject_of(art), deep=deep) if stored else []
     for rid, check in checks:
         if check.status == UNVERIFIED:  # a record that does not verify fails the inspection, in one line
             raise ArtifactError(f"{path}: accounting record {rid!r}: {check.problems[0]}")
