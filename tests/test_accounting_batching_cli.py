@@ -102,9 +102,11 @@ def test_balls_in_bins_any_strategy_by_the_reduction() -> None:
     red = out["settings"]["dp-sgd-reduction"]
     assert red["sampler"] == "balls-in-bins" and red["neighbouring"] == "add-remove"
     assert out["report"]["setting"] in ("single-pass", "dp-sgd-reduction")
-    # n not a power of two: the balls-in-bins DP-SGD bound (and so the reduction) does not apply; said, not hidden
+    # n not a power of two: the balls-in-bins DP-SGD bound splits each block into ceil/floor halves, so
+    # the reduction applies at any n (its numbers: tests/test_accounting_balls_in_bins_dpsgd.py)
     odd = _json(run("--strategy", "sqrt", "--n", "6", "--sigma", "2", "--batching", "balls-in-bins", "--json", "-q"))
-    assert set(odd["settings"]) == {"single-pass"} and any("power of two" in s for s in odd["notes"])
+    assert set(odd["settings"]) == {"single-pass", "dp-sgd-reduction", "balls-in-bins-dp-sgd"}
+    assert not any("power of two" in s for s in odd.get("notes", []))
 
 
 BAD = [
