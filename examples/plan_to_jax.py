@@ -89,7 +89,8 @@ def run_arm(args: argparse.Namespace, data: tuple, path: Path, candidate: str | 
     assert chosen is not None
     return {"mechanism": f"{chosen.key} ({chosen.mechanism}, {chosen.sampler} batches, {chosen.accounting} accounting)",
             "accuracy": acc, "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
-            "epsilon": priv.epsilon(), "epsilon_per_epoch": priv.epsilon_per_epoch(), "noise_multiplier": priv.record.noise_multiplier,
+            "epsilon": priv.epsilon(), "epsilon_per_epoch": priv.epsilon_per_epoch(),
+            "noise_multiplier": priv.record.noise_multiplier,
             "noise_std": priv.record.noise_std, "sensitivity": priv.record.sensitivity,
             "steps": priv.n, "batch_sampler": priv.record.sampler, "shapes": len(priv.shapes)}
 
@@ -218,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
            "dpsgd_mechanism": None if ref is None else ref["mechanism"],
-           "dpsgd_epsilon": None if ref is None else ref["epsilon"], "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
+           "dpsgd_epsilon": None if ref is None else ref["epsilon"],
+           "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
            "dpsgd_noise_std": None if ref is None else ref["noise_std"],
            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
            "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip, "lr": args.lr,

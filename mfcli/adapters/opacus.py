@@ -126,7 +126,7 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         self._noise_state = stream.init()
 
     @property
-    def noise_multiplier(self) -> float | None:  # type: ignore[override]
+    def noise_multiplier(self) -> float | None:
         """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
         jax_privacy); None without a record (the sensitivity it divides by is the record's)."""
         record = self.__dict__.get("record")
@@ -375,7 +375,8 @@ def _check_module(module: Any, inner: torch.optim.Optimizer) -> list[torch.Tenso
 
 def _make_private_from_record(
     module: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader: Any, *, artifact: Any, seed: int,
-    noise_std: float | None, noise_multiplier: float | None, clip_norm: float, variant: str, sampling: float | None, loss_reduction: str,
+    noise_std: float | None, noise_multiplier: float | None, clip_norm: float, variant: str, sampling: float | None,
+    loss_reduction: str,
     dtype: str | None, record: str | None, non_adaptive: bool,
 ) -> tuple[GradSampleModule, CorrelatedNoiseDPOptimizer, DataLoader]:
     """:func:`make_private` under an accounting record (its docstring)."""

@@ -3,12 +3,13 @@ its noise (standard deviation and noise multiplier) and the epsilon that holds (
 
 A record (``accounting/<id>`` of an artifact, written by ``mfcli plan --out`` or ``mfcli account
 --write``) accounts one mechanism: the artifact's operator, run for its n steps at noise
-standard deviation ``sigma`` on C G (per unit clip norm), with the batches of one sampler at one rate. Its epsilon describes training
-only when training runs exactly that, so :func:`training_record` reads the record, re-verifies its
-numbers against the operator (as ``mfcli inspect`` does: every stored epsilon is at least the one
-recomputed from its stored dp-accounting event and the operator's sensitivity) and hands out what
-the loop must use. :func:`check_declared` refuses, in one line, a noise std or noise multiplier,
-sampler, rate or batch size that disagrees with it.
+standard deviation ``sigma`` on C G (per unit clip norm), with the batches of one sampler at one
+rate. Its epsilon describes training only when training runs exactly that, so
+:func:`training_record` reads the record, re-verifies its numbers against the operator (as
+``mfcli inspect`` does: every stored epsilon is at least the one recomputed from its stored
+dp-accounting event and the operator's sensitivity) and hands out what the loop must use.
+:func:`check_declared` refuses, in one line, a noise std or noise multiplier, sampler, rate or
+batch size that disagrees with it.
 
 Units (as ``mfcli plan`` prints them, docs/plan.md). ``noise_std`` (the record's ``sigma``) is the
 standard deviation of the Gaussian noise Z added to C G, per unit clip norm: what 0.2's adapters
