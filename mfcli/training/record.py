@@ -96,7 +96,7 @@ class TrainingRecord:
     steps_per_epoch: int | None
     participation: str
     epsilons: dict[str, float]
-    sensitivity: float = 1.0
+    sensitivity: float
     attrs: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
