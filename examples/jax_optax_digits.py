@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         d = sum(int(v.size) for v in jax.tree_util.tree_leaves(params))
         stream = noise_stream(path, kind="gradient", d=d, seed=secrets.randbits(128))
         tx = optax.chain(
-            correlated_noise(stream, noise_multiplier=args.sigma, clip_norm=args.clip, batch_size=batch),
+            correlated_noise(stream, noise_std=args.sigma, clip_norm=args.clip, batch_size=batch),
             optax.sgd(args.lr, momentum=beta),            # the artifact's A: heavy ball, constant lr
         )
         opt_state = tx.init(params)

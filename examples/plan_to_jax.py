@@ -89,7 +89,9 @@ def run_arm(args: argparse.Namespace, data: tuple, path: Path, candidate: str | 
     assert chosen is not None
     return {"mechanism": f"{chosen.key} ({chosen.mechanism}, {chosen.sampler} batches, {chosen.accounting} accounting)",
             "accuracy": acc, "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
-            "epsilon": priv.epsilon(), "epsilon_per_epoch": priv.epsilon_per_epoch(), "sigma": priv.record.sigma,
+            "epsilon": priv.epsilon(), "epsilon_per_epoch": priv.epsilon_per_epoch(),
+            "noise_multiplier": priv.record.noise_multiplier,
+            "noise_std": priv.record.noise_std, "sensitivity": priv.record.sensitivity,
             "steps": priv.n, "batch_sampler": priv.record.sampler, "shapes": len(priv.shapes)}
 
 
@@ -179,7 +181,9 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray 
     name = "dp-sgd" if strategy is None else f"bandmf-{np.size(strategy)}"
     return {"mechanism": f"jax_privacy {name}", "accuracy": acc, "seconds_per_epoch": seconds / args.epochs,
             "cpu_seconds_per_epoch": cpu / args.epochs, "epsilon": float(accountant.get_epsilon(args.delta)),
-            "sigma": _noise_multiplier(plan.dp_event), "steps": steps}
+            # DP-SGD: C = I (sensitivity 1), so jax_privacy's noise multiplier is also the noise std
+            "noise_multiplier": _noise_multiplier(plan.dp_event), "noise_std": _noise_multiplier(plan.dp_event),
+            "steps": steps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
            "dpsgd_mechanism": None if ref is None else ref["mechanism"],
-           "dpsgd_epsilon": None if ref is None else ref["epsilon"], "dpsgd_sigma": None if ref is None else ref["sigma"],
+           "dpsgd_epsilon": None if ref is None else ref["epsilon"],
+           "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
+           "dpsgd_noise_std": None if ref is None else ref["noise_std"],
            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
            "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip, "lr": args.lr,
-           "seed": args.seed, "sigma": mine["sigma"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
+           "seed": args.seed, "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
+           "sensitivity": mine["sensitivity"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
            "epsilon_per_epoch": mine["epsilon_per_epoch"], "padded_shapes": mine["shapes"]}
     if not math.isfinite(out["accuracy"]):
         print("error: training diverged", file=sys.stderr)

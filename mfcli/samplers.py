@@ -607,7 +607,9 @@ def verified_record(artifact: str | Path, record: str | None = None) -> tuple[st
 def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, Any]]:
     """The verified accounting record whose batch sampler :func:`sampler_for` uses: (id, its
     stored attributes), picked and verified by :func:`verified_record`. Its ``sigma`` is the noise
-    multiplier to train with (noise rows are per unit sigma and clip norm), with the noise stream
+    std on C G to train with, per unit clip norm (the noise added is sigma * clip * row; rows are
+    per unit std), NOT the noise multiplier of Opacus and jax_privacy, which is sigma divided by the
+    accounted sensitivity (:attr:`mfcli.training.record.TrainingRecord.noise_multiplier`); with the noise stream
     of the operator it accounted (:func:`record_noise_stream`); which of its epsilons hold
     under its sampler: :func:`held_epsilons`.
 

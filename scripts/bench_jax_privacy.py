@@ -55,7 +55,7 @@ def main() -> None:
     settings = {
         "mfcli optax adapter (compressed)": correlated_noise(
             noise_stream(args.artifact, kind="gradient", d=args.d, seed=1, dtype="float32"),
-            noise_multiplier=1.0, clip_norm=1.0),
+            noise_std=1.0, clip_norm=1.0),
         f"streaming export, {comp.label}": noise_addition.matrix_factorization_privatizer(
             bridge.streaming_matrix(art, variant="compressed"), stddev=1.0, prng_key=key),
         "streaming export, dense (n rows of state)": noise_addition.matrix_factorization_privatizer(

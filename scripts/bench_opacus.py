@@ -51,7 +51,7 @@ def run(kind: str, data: TensorDataset, artifact: Path) -> tuple[float, float, o
         m, opt, dl = PrivacyEngine().make_private(module=net, optimizer=opt, data_loader=dl, noise_multiplier=4.0,
                                                   max_grad_norm=1.0)
     else:
-        m, opt, dl = make_private(net, opt, dl, artifact=artifact, seed=1, noise_multiplier=4.0, clip_norm=1.0)
+        m, opt, dl = make_private(net, opt, dl, artifact=artifact, seed=1, noise_std=4.0, clip_norm=1.0)
     loss_fn = torch.nn.CrossEntropyLoss()
     it = iter(dl)
     cpu, wall = [], []

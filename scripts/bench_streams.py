@@ -126,7 +126,7 @@ def optax_driver(stream):
 
     from mfcli.adapters import optax as ad
 
-    tx = ad.correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = ad.correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     update = jax.jit(tx.update, donate_argnums=(1,))
     zeros = jnp.zeros(stream.d, dtype=stream.dtype)
     box = {"state": tx.init(zeros)}

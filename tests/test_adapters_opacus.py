@@ -116,7 +116,7 @@ def test_momentum_sgd_releases_decoder_noise(artifact):
     theta0 = flat(net)
     lr, sigma, clip = 0.05, 1.7, 0.6
     model, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=lr, momentum=BETA), loader(data),
-                                  artifact=path, seed=SEED, noise_multiplier=sigma, clip_norm=clip)
+                                  artifact=path, seed=SEED, noise_std=sigma, clip_norm=clip)
     assert isinstance(opt, torch.optim.Optimizer) and isinstance(opt, DPOptimizer)
     assert opt.expected_batch_size == 200 * 1 // 5 and opt.sample_rate == pytest.approx(1 / 5)
     z = philox_z(SEED, N, theta0.size, "float32").astype(np.float64)
@@ -146,7 +146,7 @@ def test_gradient_is_clipped_sum_plus_correlated_noise(artifact):
     net = mlp()
     sigma, clip = 0.8, 0.3
     model, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.0), dl_in := loader(data, 30),
-                                  artifact=path, seed=SEED, noise_multiplier=sigma, clip_norm=clip,
+                                  artifact=path, seed=SEED, noise_std=sigma, clip_norm=clip,
                                   loss_reduction="sum", sampling=1 / len(dl_in))
     grad_noise = scipy.linalg.solve_triangular(c, philox_z(SEED, N, flat(net).size, "float32").astype(np.float64), lower=True)
     ref = mlp()
@@ -176,7 +176,7 @@ def test_huge_sigma_destroys_training_and_the_wrong_order_raises(artifact):
     for sigma in (1e-3, 1e6):
         net = mlp()
         model, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.5, momentum=BETA), loader(data),
-                                      artifact=path, seed=SEED, noise_multiplier=sigma, clip_norm=1.0)
+                                      artifact=path, seed=SEED, noise_std=sigma, clip_norm=1.0)
         train(model, opt, dl, N)
         acc[sigma] = accuracy(model, x_test, y_test)
     assert acc[1e-3] >= 0.6, acc          # 0.79 measured at 32 steps
@@ -186,10 +186,10 @@ def test_huge_sigma_destroys_training_and_the_wrong_order_raises(artifact):
     model, dp_opt, dl = PrivacyEngine().make_private(module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
                                                      data_loader=loader(data), noise_multiplier=1.0, max_grad_norm=1.0)
     with pytest.raises(MfcliError, match=r"overwrites \.grad.*silently lost.*make_private"):
-        CorrelatedNoiseOptimizer(dp_opt, artifact=path, seed=SEED, noise_multiplier=1e6, clip_norm=1.0)
+        CorrelatedNoiseOptimizer(dp_opt, artifact=path, seed=SEED, noise_std=1e6, clip_norm=1.0)
     dp_opt.noise_multiplier = 0.0    # even without Opacus noise the order drops mfcli's noise
     with pytest.raises(MfcliError, match="silently lost"):
-        CorrelatedNoiseOptimizer(dp_opt, artifact=path, seed=SEED, noise_multiplier=1e6, clip_norm=1.0)
+        CorrelatedNoiseOptimizer(dp_opt, artifact=path, seed=SEED, noise_std=1e6, clip_norm=1.0)
 
 
 def test_privacy_engine_optimizer_without_noise_is_accepted(artifact):
@@ -199,7 +199,7 @@ def test_privacy_engine_optimizer_without_noise_is_accepted(artifact):
     net = mlp()
     model, dp_opt, dl = PrivacyEngine().make_private(module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.0),
                                                      data_loader=loader(data), noise_multiplier=0.0, max_grad_norm=0.5)
-    model2, opt, dl2 = make_private(model, dp_opt, dl, artifact=path, seed=SEED, noise_multiplier=2.0, clip_norm=0.5)
+    model2, opt, dl2 = make_private(model, dp_opt, dl, artifact=path, seed=SEED, noise_std=2.0, clip_norm=0.5)
     assert model2 is model and dl2 is dl and opt.original_optimizer is dp_opt.original_optimizer
     x, _ = next(iter(dl2))
     opt.zero_grad()
@@ -220,7 +220,7 @@ def test_epsilon_is_mfcli_accounts_at_the_loaders_rate(artifact):
     data, _, _ = digits(300)
     net = mlp()
     _, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), loader(data, 50),
-                              artifact=path, seed=SEED, noise_multiplier=3.0, clip_norm=1.0)
+                              artifact=path, seed=SEED, noise_std=3.0, clip_norm=1.0)
     assert opt.sample_rate == 1 / 6 == dl.sample_rate
     # The rate is the sampler's: count inclusions over many Poisson batches (binomial, 6 sd).
     sizes = [len(y) for _, (_, y) in zip(range(400), batches(dl), strict=False)]
@@ -242,7 +242,7 @@ def test_attaching_an_opacus_accountant_is_refused(artifact):
     data, _, _ = digits(100)
     net = mlp()
     _, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), loader(data),
-                              artifact=artifact[0], seed=SEED, noise_multiplier=3.0, clip_norm=1.0)
+                              artifact=artifact[0], seed=SEED, noise_std=3.0, clip_norm=1.0)
     acc = opacus.accountants.RDPAccountant()
     with pytest.raises(MfcliError, match=r"independent Gaussian noise.*optimizer\.epsilon"):
         opt.attach_step_hook(acc.get_optimizer_hook_fn(sample_rate=dl.sample_rate))
@@ -277,7 +277,7 @@ def test_wrong_combinations_are_refused(artifact, case, match):
     path = artifact[0]
     data, _, _ = digits(200)
     net = mlp()
-    module, dl, kw = net, loader(data), {"noise_multiplier": 1.0, "clip_norm": 1.0}
+    module, dl, kw = net, loader(data), {"noise_std": 1.0, "clip_norm": 1.0}
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA)
     if case == "noising-dp-optimizer":
         opt = _dp_optimizer(net, noise_multiplier=1.0)
@@ -293,11 +293,11 @@ def test_wrong_combinations_are_refused(artifact, case, match):
         opt = opacus.optimizers.DPPerLayerOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), noise_multiplier=0.0,
                                                     max_grad_norm=[1.0] * 4, expected_batch_size=40)
     elif case == "mfcli-optimizer":
-        opt = CorrelatedNoiseOptimizer(opt, artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0)
+        opt = CorrelatedNoiseOptimizer(opt, artifact=path, seed=SEED, noise_std=1.0, clip_norm=1.0)
     elif case == "not-a-loader":
         dl = list(dl)
     elif case == "sigma-zero":
-        kw["noise_multiplier"] = 0.0
+        kw["noise_std"] = 0.0
     elif case == "batchnorm-model":
         module = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 10))
         opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=BETA)
@@ -317,9 +317,9 @@ def test_compressed_operator_with_negative_entries_is_refused(tmp_path):
     net = mlp()
     with pytest.raises(MfcliError, match=r"accounted by MMCC.*compressed.*variant='dense'"):
         make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), loader(data),
-                     artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0)
+                     artifact=path, seed=SEED, noise_std=1.0, clip_norm=1.0)
     _, opt, _ = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), loader(data),
-                             artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0, variant="dense")
+                             artifact=path, seed=SEED, noise_std=1.0, clip_norm=1.0, variant="dense")
     assert isinstance(opt, CorrelatedNoiseDPOptimizer) and opt.accounted.operator == "dense"
 
 
@@ -331,7 +331,7 @@ def test_checkpoint_resume_is_identical(artifact):
     def build():
         net = mlp()
         return (net, *make_private(net, torch.optim.SGD(net.parameters(), lr=0.3, momentum=BETA), loader(data),
-                                   artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0))
+                                   artifact=path, seed=SEED, noise_std=1.0, clip_norm=1.0))
 
     fixed = next(iter(loader(data)))   # one fixed batch: the Poisson loader's randomness is not under test
 

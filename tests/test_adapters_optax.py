@@ -52,7 +52,7 @@ def zeros():
 def test_updates_are_scaled_gradient_noise(artifact, variant, jit):
     path, a, fact, b_hat = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED, variant=variant)
-    tx = correlated_noise(stream, noise_multiplier=1.5, clip_norm=2.0, batch_size=3)
+    tx = correlated_noise(stream, noise_std=1.5, clip_norm=2.0, batch_size=3)
     update = jax.jit(tx.update) if jit else tx.update
     state = tx.init(PARAMS)
     z = jax_z(SEED, N, D, "float32").astype(np.float64)
@@ -79,7 +79,7 @@ def test_checked_jitted_train_step_raises_mfcli_errors(artifact):
     with its one-line message; a state from another stream raises MfcliError; other errors pass."""
     path, *_ = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
-    tx = optax.chain(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), optax.sgd(0.1, momentum=BETA))
+    tx = optax.chain(correlated_noise(stream, noise_std=1.0, clip_norm=1.0), optax.sgd(0.1, momentum=BETA))
 
     def train_step(params, opt_state):
         upd, opt_state = tx.update(zeros(), opt_state, params)
@@ -94,7 +94,7 @@ def test_checked_jitted_train_step_raises_mfcli_errors(artifact):
     assert str(info.value) == (f"noise stream exhausted: step {N} >= n = {N}; the artifact covers steps 0..{N - 1} "
                                "and running past the end would break the privacy guarantee")
     other = noise_stream(path, kind="gradient", d=D, seed=SEED + 1)
-    foreign = correlated_noise(other, noise_multiplier=1.0, clip_norm=1.0).init(PARAMS)
+    foreign = correlated_noise(other, noise_std=1.0, clip_norm=1.0).init(PARAMS)
     with pytest.raises(MfcliError, match="belongs to another noise stream"):
         step(params, (foreign, opt_state[1]))
     with pytest.raises(TypeError):
@@ -120,7 +120,7 @@ def test_chained_momentum_sgd_releases_decoder_noise(artifact):
     path, _a, _fact, b_hat = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)  # compressed
     lr = 0.1
-    tx = optax.chain(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), optax.sgd(lr, momentum=BETA))
+    tx = optax.chain(correlated_noise(stream, noise_std=1.0, clip_norm=1.0), optax.sgd(lr, momentum=BETA))
     state = tx.init(PARAMS)
     params = PARAMS
 
@@ -138,7 +138,7 @@ def test_chained_momentum_sgd_releases_decoder_noise(artifact):
 def test_state_round_trip_resumes_identically(artifact):
     path = artifact[0]
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     update = jax.jit(tx.update)
     state = tx.init(PARAMS)
     outs = []
@@ -149,7 +149,7 @@ def test_state_round_trip_resumes_identically(artifact):
         upd, state = update(zeros(), state)
         outs.append(flat(upd))
     restored = CorrelatedNoiseState(**{k: jnp.asarray(v) for k, v in saved.items()})
-    fresh = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=SEED), noise_multiplier=1.0, clip_norm=1.0)
+    fresh = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=SEED), noise_std=1.0, clip_norm=1.0)
     state = restored
     for t in range(5, N):
         upd, state = jax.jit(fresh.update)(zeros(), state)
@@ -169,13 +169,13 @@ def _run_to(tx, steps):
 def test_authenticated_checkpoint_resumes_identically(artifact, tmp_path):
     path = artifact[0]
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     ref, _ = _run_to(tx, N)
     _, state = _run_to(tx, 9)
     ck = optax_adapter.state_dict(stream, state)
     np.savez(tmp_path / "ck.npz", **ck)
     fresh_stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
-    fresh = correlated_noise(fresh_stream, noise_multiplier=1.0, clip_norm=1.0)
+    fresh = correlated_noise(fresh_stream, noise_std=1.0, clip_norm=1.0)
     state = optax_adapter.load_state_dict(fresh_stream, dict(np.load(tmp_path / "ck.npz")))
     for t in range(9, N):
         upd, state = jax.jit(fresh.update)(zeros(), state)
@@ -194,7 +194,7 @@ def test_authenticated_checkpoint_resumes_identically(artifact, tmp_path):
 def test_edited_checkpoint_is_refused(artifact, edit):
     path = artifact[0]
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED)
-    _, state = _run_to(correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0), 9)
+    _, state = _run_to(correlated_noise(stream, noise_std=1.0, clip_norm=1.0), 9)
     ck = optax_adapter.state_dict(stream, state)
     assert np.any(ck["running"])
     with pytest.raises(MfcliError, match="authentication tag"):
@@ -205,8 +205,8 @@ def test_edited_checkpoint_is_refused(artifact, edit):
 
 def test_state_of_another_seed_is_refused(artifact):
     path = artifact[0]
-    tx1 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_multiplier=1.0, clip_norm=1.0)
-    tx2 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=2), noise_multiplier=1.0, clip_norm=1.0)
+    tx1 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_std=1.0, clip_norm=1.0)
+    tx2 = correlated_noise(noise_stream(path, kind="gradient", d=D, seed=2), noise_std=1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="another noise stream"):
         tx2.update(zeros(), tx1.init(PARAMS))
 
@@ -214,22 +214,22 @@ def test_state_of_another_seed_is_refused(artifact):
 def test_bad_construction(artifact):
     path = artifact[0]
     with pytest.raises(MfcliError, match="kind='gradient'"):
-        correlated_noise(noise_stream(path, kind="iterate", d=D, seed=1), noise_multiplier=1.0, clip_norm=1.0)
-    tx = correlated_noise(noise_stream(path, kind="gradient", d=D + 1, seed=1), noise_multiplier=1.0, clip_norm=1.0)
+        correlated_noise(noise_stream(path, kind="iterate", d=D, seed=1), noise_std=1.0, clip_norm=1.0)
+    tx = correlated_noise(noise_stream(path, kind="gradient", d=D + 1, seed=1), noise_std=1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="d = 10 but the parameters have 9"):
         tx.init(PARAMS)
     with pytest.raises(MfcliError, match="clip_norm"):
-        correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_multiplier=1.0, clip_norm=float("nan"))
+        correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1), noise_std=1.0, clip_norm=float("nan"))
     if not jax.config.jax_enable_x64:
         with pytest.raises(MfcliError, match="jax_enable_x64"):
             correlated_noise(noise_stream(path, kind="gradient", d=D, seed=1, dtype="float64"),
-                             noise_multiplier=1.0, clip_norm=1.0)
+                             noise_std=1.0, clip_norm=1.0)
 
 
 def test_postprocess_hook(artifact):
     path, _a, fact, _ = artifact
     stream = noise_stream(path, kind="gradient", d=D, seed=SEED, variant="dense")
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0, postprocess=lambda g: 0.5 * jnp.roll(g, 1))
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0, postprocess=lambda g: 0.5 * jnp.roll(g, 1))
     upd, _ = jax.jit(tx.update)(zeros(), tx.init(PARAMS))
     z = jax_z(SEED, N, D, "float32").astype(float)
     want = 0.5 * np.roll(scipy.linalg.solve_triangular(fact.strategy, z, lower=True)[0], 1)

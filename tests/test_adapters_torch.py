@@ -54,7 +54,7 @@ def test_momentum_sgd_releases_decoder_noise(artifact, variant, dtype, tol):
     theta0 = flat_params(net)
     lr, sigma, clip = 0.05, 1.3, 0.7
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=BETA),
-                                   artifact=path, seed=SEED, noise_multiplier=sigma, clip_norm=clip,
+                                   artifact=path, seed=SEED, noise_std=sigma, clip_norm=clip,
                                    variant=variant)
     d = theta0.size
     np_dtype = "float64" if dtype == torch.float64 else "float32"
@@ -86,7 +86,7 @@ def test_torch_generator_on_the_device_releases_decoder_noise(artifact, variant)
     theta0 = flat_params(net)
     lr = 0.05
     make = lambda m: CorrelatedNoiseOptimizer(  # noqa: E731
-        torch.optim.SGD(m.parameters(), lr=lr, momentum=BETA), artifact=path, seed=SEED, noise_multiplier=1.0,
+        torch.optim.SGD(m.parameters(), lr=lr, momentum=BETA), artifact=path, seed=SEED, noise_std=1.0,
         clip_norm=1.0, variant=variant, generator="torch")
     opt = make(net)
     assert opt.generator == "torch-cpu"
@@ -114,20 +114,20 @@ def test_torch_generator_on_the_device_releases_decoder_noise(artifact, variant)
         opt2.step()
     np.testing.assert_array_equal(flat_params(net2), flat_params(net))
     numpy_opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model(torch.float64).parameters(), lr=lr), artifact=path,
-                                         seed=SEED, noise_multiplier=1.0, clip_norm=1.0, variant=variant,
+                                         seed=SEED, noise_std=1.0, clip_norm=1.0, variant=variant,
                                          generator="numpy")
     with pytest.raises(MfcliError, match="generator"):   # a torch-generator checkpoint is not a numpy one
         numpy_opt.load_state_dict({"optimizer": numpy_opt.optimizer.state_dict(), "noise": opt.state_dict()["noise"]})
     with pytest.raises(MfcliError, match="generator must be one of"):
         CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=lr), artifact=path, seed=SEED,
-                                 noise_multiplier=1.0, clip_norm=1.0, generator="cuda")
+                                 noise_std=1.0, clip_norm=1.0, generator="cuda")
 
 
 def test_noise_is_added_to_the_gradient(artifact):
     path, _a, fact, _ = artifact
     net = model(torch.float64)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=SEED,
-                                   noise_multiplier=2.0, clip_norm=0.5, batch_size=4, variant="dense")
+                                   noise_std=2.0, clip_norm=0.5, batch_size=4, variant="dense")
     g = [torch.full_like(p, 0.25) for p in net.parameters()]
     z = philox_z(SEED, N, 11, "float64")
     grad_noise = scipy.linalg.solve_triangular(fact.strategy, z, lower=True)  # C^-1 Z
@@ -143,7 +143,7 @@ def test_parameter_without_grad_still_gets_noise(artifact):
     path, _, fact, _ = artifact
     net = model(torch.float64)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=1,
-                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense")
+                                   noise_std=1.0, clip_norm=1.0, variant="dense")
     opt.zero_grad()
     opt.step()
     got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
@@ -156,7 +156,7 @@ def test_postprocess_hook_sees_the_flat_noisy_gradient(artifact):
     net = model(torch.float64)
     smoother = LaplacianSmoother(0.7)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), check_workload=False, artifact=path, seed=3,
-                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense", postprocess=smoother)
+                                   noise_std=1.0, clip_norm=1.0, variant="dense", postprocess=smoother)
     for p in net.parameters():
         p.grad = torch.ones_like(p)
     opt.step()
@@ -165,7 +165,7 @@ def test_postprocess_hook_sees_the_flat_noisy_gradient(artifact):
     got = torch.cat([p.grad.reshape(-1) for p in net.parameters()]).numpy()
     np.testing.assert_allclose(got, want, atol=1e-12)
     bad = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.0), check_workload=False, artifact=path, seed=3,
-                                   noise_multiplier=1.0, clip_norm=1.0, postprocess=lambda x: x[:3])
+                                   noise_std=1.0, clip_norm=1.0, postprocess=lambda x: x[:3])
     with pytest.raises(MfcliError, match="postprocess must return"):
         bad.step()
 
@@ -176,7 +176,7 @@ def test_checkpoint_resume_is_identical(artifact, variant):
 
     def make(net):
         return CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA),
-                                        artifact=path, seed=SEED, noise_multiplier=1.0, clip_norm=1.0,
+                                        artifact=path, seed=SEED, noise_std=1.0, clip_norm=1.0,
                                         variant=variant)
 
     def train(net, opt, steps):
@@ -210,9 +210,9 @@ def test_checkpoint_with_another_seed_is_refused(artifact):
     path = artifact[0]
     net = model()
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path, seed=1,
-                                   noise_multiplier=1.0, clip_norm=1.0)
+                                   noise_std=1.0, clip_norm=1.0)
     other = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path, seed=2,
-                                     noise_multiplier=1.0, clip_norm=1.0)
+                                     noise_std=1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="different seed"):
         other.load_state_dict(opt.state_dict())
     with pytest.raises(MfcliError, match="needs 'optimizer' and 'noise'"):
@@ -233,7 +233,7 @@ def test_edited_checkpoint_is_refused(artifact, edit):
     path = artifact[0]
     net = model()
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path, seed=1,
-                                   noise_multiplier=1.0, clip_norm=1.0)
+                                   noise_std=1.0, clip_norm=1.0)
     assert opt.stream.rank > 0
     for _ in range(9):
         opt.zero_grad()
@@ -246,7 +246,7 @@ def test_edited_checkpoint_is_refused(artifact, edit):
     ckpt = torch.load(buf, weights_only=True)
     edit(ckpt["noise"])
     fresh = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path,
-                                     seed=1, noise_multiplier=1.0, clip_norm=1.0)
+                                     seed=1, noise_std=1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="authentication tag"):
         fresh.load_state_dict(ckpt)
     assert fresh.steps_taken == 0
@@ -257,7 +257,7 @@ def test_accounted_operator_is_what_account_uses(artifact, variant):
     from mfcli.accounting.session import resolve_strategy
 
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), artifact=artifact[0], seed=1,
-                                   noise_multiplier=1.0, clip_norm=1.0, variant=variant, check_workload=False)
+                                   noise_std=1.0, clip_norm=1.0, variant=variant, check_workload=False)
     inp = resolve_strategy(artifact[0], operator=variant)
     assert opt.accounted_operator == inp.operator
     assert opt.sensitivity == pytest.approx(float(np.sqrt(np.max(np.sum(inp.strategy**2, axis=0)))), rel=1e-9)
@@ -267,15 +267,15 @@ def test_bad_construction(artifact):
     path = artifact[0]
     params = list(model().parameters())
     sgd = torch.optim.SGD(params, lr=0.1, momentum=BETA)
-    common = {"noise_multiplier": 1.0, "clip_norm": 1.0}
+    common = {"noise_std": 1.0, "clip_norm": 1.0}
     with pytest.raises(MfcliError, match="kind='gradient'"):
         CorrelatedNoiseOptimizer(sgd, stream=noise_stream(path, kind="iterate", d=11, seed=1), **common)
     with pytest.raises(MfcliError, match="d = 12 but the optimizer has 11"):
         CorrelatedNoiseOptimizer(sgd, stream=noise_stream(path, kind="gradient", d=12, seed=1), **common)
     with pytest.raises(MfcliError, match="artifact= and seed="):
         CorrelatedNoiseOptimizer(sgd, artifact=path, **common)
-    with pytest.raises(MfcliError, match="noise_multiplier"):
-        CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, noise_multiplier=-1.0, clip_norm=1.0)
+    with pytest.raises(MfcliError, match="noise_std"):
+        CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, noise_std=-1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="batch_size"):
         CorrelatedNoiseOptimizer(sgd, artifact=path, seed=1, batch_size=0, **common)
     with pytest.raises(MfcliError, match=r"torch\.optim\.Optimizer"):
@@ -288,13 +288,13 @@ def test_workload_mismatch_warns(artifact):
     path = artifact[0]
     with pytest.warns(UserWarning, match="momentum=0.5"):
         CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=0.5),
-                                 artifact=path, seed=1, noise_multiplier=1.0, clip_norm=1.0)
+                                 artifact=path, seed=1, noise_std=1.0, clip_norm=1.0)
 
 
 def test_sensitivity_and_scale_exposed(artifact):
     path = artifact[0]
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA),
-                                   artifact=path, seed=1, noise_multiplier=2.0, clip_norm=3.0,
+                                   artifact=path, seed=1, noise_std=2.0, clip_norm=3.0,
                                    batch_size=2, variant="compressed")
     with h5py.File(path) as f:
         assert opt.sensitivity == pytest.approx(f["compressed"].attrs["sensitivity"], rel=1e-9)
@@ -354,7 +354,7 @@ def test_lr_schedulers_drive_the_inner_learning_rate(artifact, schedule):
     net = model(torch.float64)
     theta0 = flat_params(net)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.2), artifact=path, seed=SEED,
-                                   noise_multiplier=1.5, clip_norm=0.5, variant="dense", check_workload=False)
+                                   noise_std=1.5, clip_norm=0.5, variant="dense", check_workload=False)
     assert isinstance(opt, torch.optim.Optimizer)
     make, lr_of = SCHEDULES[schedule]
     sched = make(opt)
@@ -376,7 +376,7 @@ def test_resume_with_a_scheduler_is_bit_identical(artifact):
 
     def make(net):
         opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=path,
-                                       seed=SEED, noise_multiplier=1.0, clip_norm=1.0, variant="compressed")
+                                       seed=SEED, noise_std=1.0, clip_norm=1.0, variant="compressed")
         return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=N)
 
     def train(net, opt, sched, steps):
@@ -412,7 +412,7 @@ def test_zero_grad_follows_torch(artifact, set_to_none):
     path, _, fact, _ = artifact
     net = model(torch.float64)
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.0), artifact=path, seed=SEED,
-                                   noise_multiplier=1.0, clip_norm=1.0, variant="dense", check_workload=False)
+                                   noise_std=1.0, clip_norm=1.0, variant="dense", check_workload=False)
     net(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
     before = [p.grad for p in net.parameters()]
     opt.zero_grad() if set_to_none is None else opt.zero_grad(set_to_none=set_to_none)
@@ -430,7 +430,7 @@ def test_zero_grad_follows_torch(artifact, set_to_none):
 def test_step_hooks_run_around_each_step(artifact):
     net = model()
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA), artifact=artifact[0],
-                                   seed=1, noise_multiplier=1.0, clip_norm=1.0)
+                                   seed=1, noise_std=1.0, clip_norm=1.0)
     calls = []
     opt.register_step_pre_hook(lambda o, args, kwargs: calls.append(("pre", o.steps_taken)))
     opt.register_step_post_hook(lambda o, args, kwargs: calls.append(("post", o.steps_taken)))
@@ -444,7 +444,7 @@ def test_parameters_added_after_construction_are_refused(artifact):
     """A parameter the noise rows do not cover would train without noise."""
     net = model()
     inner = torch.optim.SGD(net.parameters(), lr=0.1, momentum=BETA)
-    opt = CorrelatedNoiseOptimizer(inner, artifact=artifact[0], seed=1, noise_multiplier=1.0, clip_norm=1.0)
+    opt = CorrelatedNoiseOptimizer(inner, artifact=artifact[0], seed=1, noise_std=1.0, clip_norm=1.0)
     extra = torch.nn.Parameter(torch.ones(2))
     with pytest.raises(MfcliError, match="cannot add a parameter group"):
         opt.add_param_group({"params": [extra]})
@@ -458,6 +458,6 @@ def test_parameters_added_after_construction_are_refused(artifact):
 def test_wrapping_a_noising_optimizer_is_refused(artifact):
     path = artifact[0]
     inner = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1, momentum=BETA), artifact=path,
-                                     seed=1, noise_multiplier=1.0, clip_norm=1.0)
+                                     seed=1, noise_std=1.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="added twice"):
-        CorrelatedNoiseOptimizer(inner, artifact=path, seed=2, noise_multiplier=1.0, clip_norm=1.0)
+        CorrelatedNoiseOptimizer(inner, artifact=path, seed=2, noise_std=1.0, clip_norm=1.0)

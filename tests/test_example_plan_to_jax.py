@@ -32,10 +32,14 @@ def test_quick_run_prints_one_json_line() -> None:
     assert out["steps"] == 20 and out["epsilon_per_epoch"][-1] == out["epsilon"]
     assert out["accuracy"] > 0.2 and out["dpsgd_accuracy"] > 0.2   # chance is 0.1
     assert out["dpsgd_mechanism"] == "jax_privacy dp-sgd"
+    # like with like: both arms report the noise multiplier (std / sensitivity) and the std on C G
+    assert out["noise_multiplier"] * out["sensitivity"] == pytest.approx(out["noise_std"], rel=1e-12)
+    assert out["dpsgd_noise_multiplier"] == out["dpsgd_noise_std"] > 0   # DP-SGD: C = I, sensitivity 1
+    assert "sigma" not in out and "dpsgd_sigma" not in out
     # jax_privacy's calibrated sigma, re-accounted by dp-accounting itself: 20 Poisson steps at 30 / 300
     from dp_accounting import NeighboringRelation, dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
     acc = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
-    acc.compose(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(out["dpsgd_sigma"])), 20)
+    acc.compose(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(out["dpsgd_noise_multiplier"])), 20)
     assert acc.get_epsilon(1e-5) <= 4.0 + 1e-6

@@ -38,6 +38,10 @@ def test_quick_run_prints_one_json_line() -> None:
     assert out["accuracy"] > 0.2   # better than chance (0.1) after 2 epochs, far from flaky
     assert out["seconds_per_epoch"] > 0 and out["dpsgd_seconds_per_epoch"] > 0
     assert out["steps"] == 20 and out["batch_sampler"] == "fixed-order"
+    # like with like: both arms report the noise multiplier (std / sensitivity) and the std on C G
+    assert out["noise_multiplier"] * out["sensitivity"] == pytest.approx(out["noise_std"], rel=1e-12)
+    assert out["dpsgd_noise_multiplier"] == out["dpsgd_noise_std"] > 0   # DP-SGD: C = I, sensitivity 1
+    assert "sigma" not in out and "dpsgd_sigma" not in out
     # the same grid for both arms, each arm's rate the best on the validation split (ties: the smaller)
     scores = out["validation_accuracy"]
     assert out["validation"] == 300 // 8 and set(scores) == {"mfcli", "dpsgd"}

@@ -121,14 +121,14 @@ torch.manual_seed(0)
 net = torch.nn.Linear(4, 2)
 data = TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
 model, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), DataLoader(data, batch_size=8),
-                              artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_multiplier=2.0,
+                              artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_std=2.0,
                               clip_norm=1.0, variant="dense")
 x, y = next(iter(dl))
 opt.zero_grad()
 torch.nn.functional.cross_entropy(model(x), y).backward()
 opt.step()
 other = CorrelatedNoiseOptimizer(torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1, momentum=0.9),
-                                 artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_multiplier=1.0, clip_norm=1.0)
+                                 artifact=mfcli.shipped_artifact("momentum-n256"), seed=1, noise_std=1.0, clip_norm=1.0)
 sched = torch.optim.lr_scheduler.StepLR(other, step_size=1, gamma=0.5)
 other.step()
 sched.step()

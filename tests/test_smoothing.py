@@ -224,7 +224,7 @@ def test_torch_optimizer_hook_smooths_the_noisy_gradient(tmp_path):
     path, _fact = _prefix_artifact(tmp_path)
     d, seed, sigma, lr, s = 10, 99, 0.8, 0.5, 2.0
     w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
-    opt = CorrelatedNoiseOptimizer(torch.optim.SGD([w], lr=lr), artifact=path, seed=seed, noise_multiplier=sigma,
+    opt = CorrelatedNoiseOptimizer(torch.optim.SGD([w], lr=lr), artifact=path, seed=seed, noise_std=sigma,
                                    clip_norm=1.0, postprocess=LaplacianSmoother(s), dtype="float64")
     grad = np.linspace(-1.0, 1.0, d)
     w.grad = torch.from_numpy(grad.copy())
@@ -252,7 +252,7 @@ def test_jax_arrays_and_optax_hook(tmp_path):
     path, _ = _prefix_artifact(tmp_path)
     d, seed, sigma, s = 7, 5, 1.3, 0.7
     stream = noise_stream(path, kind="gradient", d=d, seed=seed, dtype="float32")
-    tx = correlated_noise(stream, noise_multiplier=sigma, clip_norm=1.0, postprocess=LaplacianSmoother(s))
+    tx = correlated_noise(stream, noise_std=sigma, clip_norm=1.0, postprocess=LaplacianSmoother(s))
     params = jnp.zeros(d, dtype=jnp.float32)
     grad = jnp.asarray(np.linspace(0.0, 1.0, d), dtype=jnp.float32)
     updates, _ = jax.jit(tx.update)(grad, tx.init(params))

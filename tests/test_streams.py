@@ -96,7 +96,7 @@ def jax_rows(stream) -> np.ndarray:
 
     from mfcli.adapters.optax import correlated_noise
 
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     update = jax.jit(tx.update)
     state = tx.init(jnp.zeros(stream.d, dtype=stream.dtype))
     rows = []
@@ -203,7 +203,7 @@ def test_optax_checkpoint_resume_equals_uninterrupted(cases, kind):
 
     stream = noise_stream(cases[kind][0], kind="gradient", d=7, seed=SEED)
     ref = jax_rows(stream)
-    tx = ad.correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = ad.correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     update = jax.jit(tx.update)
     state = tx.init(jnp.zeros(7))
     for _ in range(5):
@@ -211,7 +211,7 @@ def test_optax_checkpoint_resume_equals_uninterrupted(cases, kind):
     ck = ad.state_dict(stream, state)
     again = noise_stream(cases[kind][0], kind="gradient", d=7, seed=SEED)
     state = ad.load_state_dict(again, ck)
-    fresh = jax.jit(ad.correlated_noise(again, noise_multiplier=1.0, clip_norm=1.0).update)
+    fresh = jax.jit(ad.correlated_noise(again, noise_std=1.0, clip_norm=1.0).update)
     for t in range(5, N):
         upd, state = fresh(jnp.zeros(7), state)
         np.testing.assert_array_equal(np.asarray(upd, dtype=np.float64), ref[t])

@@ -144,7 +144,7 @@ def test_torch_adapter_streams_structured_noise(saved):
     lr, sigma, clip = 0.1, 1.5, 0.5
     beta = w.beta if w.name == "momentum" else 0.0
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=beta), artifact=path, seed=SEED,
-                                   noise_multiplier=sigma, clip_norm=clip)
+                                   noise_std=sigma, clip_norm=clip)
     decoder = dense_workload(w, N) @ np.linalg.inv(materialize(strat.coefs, N))
     want = theta0[None, :] - lr * sigma * clip * (decoder @ philox_z(SEED, N, 8, "float64"))
     for t in range(N):
@@ -167,7 +167,7 @@ def test_optax_adapter_streams_structured_noise(saved):
 
     path, strat, _w, _ = saved
     stream = noise_stream(path, kind="gradient", d=4, seed=SEED, dtype="float32")
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     params = {"w": jnp.zeros(4, dtype=jnp.float32)}
     state = tx.init(params)
     # the jax stream draws Z with jax.random (docs/noise-streams.md, "Reproducibility contract")

@@ -153,7 +153,7 @@ def test_torch_adapter_streams_blt_noise(saved):
     theta0 = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy().copy()
     lr, sigma, clip = 0.1, 1.5, 0.5
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(net.parameters(), lr=lr, momentum=w.beta), artifact=path,
-                                   seed=SEED, noise_multiplier=sigma, clip_norm=clip)
+                                   seed=SEED, noise_std=sigma, clip_norm=clip)
     decoder = dense_workload(w, N) @ np.linalg.inv(blt_dense(blt.theta, blt.omega, N))
     want = theta0[None, :] - lr * sigma * clip * (decoder @ philox_z(SEED, N, 8, "float64"))
     for t in range(N):
@@ -176,7 +176,7 @@ def test_optax_adapter_streams_blt_noise(saved):
 
     path, blt, _w, _ = saved
     stream = noise_stream(path, kind="gradient", d=4, seed=SEED, dtype="float32")
-    tx = correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0)
+    tx = correlated_noise(stream, noise_std=1.0, clip_norm=1.0)
     params = {"w": jnp.zeros(4, dtype=jnp.float32)}
     state = tx.init(params)
     inv = np.linalg.inv(blt_dense(blt.theta, blt.omega, N))

@@ -115,7 +115,8 @@ def test_training_runs_n_steps_with_few_compilations(arts) -> None:
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"noise_multiplier": 1.5}, r"noise_multiplier=1.5 but .* accounts sigma = 2.0"),
+    ({"noise_multiplier": 1.5}, r"noise_multiplier=1.5 but .* accounts noise multiplier 2.0"),
+    ({"noise_std": 1.5}, r"noise_std=1.5 but .* accounts noise std 2.0"),
     ({"batch_size": 10}, r"is Poisson rate 0.25, but .* rate 0.5"),
     ({"clip_norm": -1.0}, r"clip_norm must be a positive finite number"),
 ])

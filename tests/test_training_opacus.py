@@ -54,7 +54,8 @@ def test_record_selects_sampler_sigma_and_epsilon(arts, kind: str) -> None:
         assert x.shape[0] == len(idx)
         if len(idx):
             torch.testing.assert_close(x, ds.x[idx])
-    assert opt.noise_multiplier == rec.sigma
+    assert opt.noise_std == rec.noise_std == rec.sigma
+    assert opt.noise_multiplier == rec.noise_multiplier
     assert opt.epsilon() == rec.epsilon
     per = opt.epsilon_per_epoch()
     # cyclic: 2 groups at rate 0.5 pass over the data in 4 steps, which do not divide n = 6
@@ -84,7 +85,9 @@ def test_opacus_and_torch_func_clip_to_the_same_noisy_gradient(arts) -> None:
 
 
 @pytest.mark.parametrize("kind, loader_kw, kw, msg", [
-    ("poisson", {}, {"noise_multiplier": 1.0}, r"noise_multiplier=1.0 but .* accounts sigma = 2.0"),
+    ("poisson", {}, {"noise_multiplier": 1.0}, r"noise_multiplier=1.0 but .* accounts noise multiplier 2.0"),
+    ("poisson", {}, {"noise_std": 1.0}, r"noise_std=1.0 but .* accounts noise std 2.0"),
+    ("fixed-order", {"batch": 20}, {"noise_multiplier": 2.0}, r"noise_multiplier=2.0 but .* noise multiplier 1.1547"),
     ("poisson", {"batch": 10}, {}, r"batch_size=10 over 40 examples is Poisson rate 0.25, but .* rate 0.5"),
     ("fixed-order", {"batch": 5}, {}, r"makes 8 batches per pass, but .* 2 \(fixed-order\)"),
     ("cyclic", {}, {"sampling": 0.25}, r"sample_rate=0.25 but .* accounts rate 0.5"),
@@ -111,14 +114,20 @@ def test_add_param_group_after_the_bridge_is_refused(arts) -> None:
     path, _ = arts["poisson"]
     model = _model()
     _, plain, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(Indexed(40), batch_size=20),
-                               artifact=path, seed=1, noise_multiplier=2.0, clip_norm=1.0)
+                               artifact=path, seed=1, noise_std=2.0, clip_norm=1.0)
     with pytest.raises(MfcliError, match="cannot add a parameter group"):
         plain.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
 
 
-def test_without_record_sigma_is_required(arts) -> None:
+@pytest.mark.parametrize("kw, msg", [
+    ({}, r"pass noise_std= .* or an accounting record \(record=\)"),
+    # 0.2's noise_multiplier= (the std) is refused without a record, never reinterpreted
+    ({"noise_multiplier": 2.0}, r"noise_multiplier= is the noise std divided by the sensitivity .* pass noise_std="),
+    ({"noise_std": 2.0, "noise_multiplier": 2.0}, r"not both"),
+])
+def test_without_record_the_noise_std_is_required(arts, kw: dict, msg: str) -> None:
     path, _ = arts["poisson"]
     model = _model()
-    with pytest.raises(MfcliError, match=r"give noise_multiplier .* or record="):
+    with pytest.raises(MfcliError, match=msg):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(Indexed(40), batch_size=20),
-                     artifact=path, seed=1, clip_norm=1.0)
+                     artifact=path, seed=1, clip_norm=1.0, **kw)

@@ -167,7 +167,11 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(arts, tmp_path: P
 
 
 @pytest.mark.parametrize("kind, kw, msg", [
-    ("poisson", {"noise_multiplier": 1.0}, r"noise_multiplier=1.0 but accounting record .* accounts sigma = 2.0"),
+    ("poisson", {"noise_std": 1.0}, r"noise_std=1.0 but accounting record .* accounts noise std 2.0"),
+    ("poisson", {"noise_multiplier": 1.0}, r"noise_multiplier=1.0 but accounting record .* accounts noise multiplier 2.0"),
+    # fixed order, C = I, 3 epochs: std 2, sensitivity sqrt(3); 0.2's noise_multiplier=std is refused
+    ("fixed-order", {"noise_multiplier": 2.0}, r"noise_multiplier=2.0 but .* accounts noise multiplier 1.1547"),
+    ("fixed-order", {"noise_std": 2.0, "noise_multiplier": 2 / 3 ** 0.5}, r"pass noise_std= or noise_multiplier=, not both"),
     ("poisson", {"sample_rate": 0.25}, r"sample_rate=0.25 but .* accounts rate 0.5"),
     ("poisson", {"batch_size": 10}, r"batch_size=10 over 40 examples is Poisson rate 0.25, but .* rate 0.5"),
     ("poisson", {"sampler": "cyclic"}, r"sampler='cyclic' but .* accounts the poisson batch sampler"),
@@ -184,7 +188,9 @@ def test_refusals(arts, kind: str, kw: dict, msg: str) -> None:
 
 def test_declarations_that_agree_are_accepted(arts) -> None:
     _setup(arts, "poisson", noise_multiplier=2.0, sample_rate=0.5, batch_size=20, sampler="poisson")
-    _setup(arts, "fixed-order", batch_size=20, noise_multiplier=2.0)
+    _setup(arts, "poisson", noise_std=2.0)
+    _setup(arts, "fixed-order", batch_size=20, noise_std=2.0)
+    _setup(arts, "fixed-order", noise_multiplier=2.0 / 3 ** 0.5)   # std / sqrt(3 epochs)
     _setup(arts, "cyclic", batch_size=10)
 
 

@@ -71,7 +71,7 @@ def train(artifact: str, *, sigma: float, clip: float, batch: int, lr: float, de
     optimizer = inner_optimizer(art.workload_name, dict(art.attrs.get("workload_params") or {}), model, lr)
     loader = DataLoader(train_set, batch_size=batch, generator=torch.Generator().manual_seed(1))
     model, optimizer, loader = make_private(model, optimizer, loader, artifact=artifact, seed=seed,
-                                            noise_multiplier=sigma, clip_norm=clip, variant="dense")
+                                            noise_std=sigma, clip_norm=clip, variant="dense")
     loss_fn = torch.nn.CrossEntropyLoss()
     # Each Poisson batch is one step; the loader is restarted as often as the n steps need.
     batches = itertools.chain.from_iterable(iter(loader) for _ in itertools.count())

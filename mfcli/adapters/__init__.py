@@ -28,9 +28,11 @@ from typing import Any
 from mfcli.errors import MfcliError
 
 
-def check_noise_options(*, noise_multiplier: Any, clip_norm: Any, batch_size: Any, postprocess: Any) -> None:
-    """Validate the options both adapters share; raise MfcliError naming the bad one."""
-    for name, value in (("noise_multiplier", noise_multiplier), ("clip_norm", clip_norm)):
+def check_noise_options(*, noise_std: Any, clip_norm: Any, batch_size: Any, postprocess: Any) -> None:
+    """Validate the options both adapters share; raise MfcliError naming the bad one. ``noise_std``
+    is the std of the noise on C G per unit clip norm, as
+    :func:`mfcli.training.record.resolve_noise_std` resolved it."""
+    for name, value in (("noise_std", noise_std), ("clip_norm", clip_norm)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):

@@ -41,7 +41,8 @@ Two directions:
 Formal guarantees: an export reproduces the operator the noise stream and ``account`` use
 (:func:`mfcli.operators.select_operator`), so its privacy is that of the artifact: sensitivity
 ``operator.sensitivity`` x clip against noise ``stddev``; a jax_privacy ``stddev`` of
-``sigma * clip`` is mfcli's noise multiplier sigma. An import's numbers are recomputed from the
+``sigma * clip`` is mfcli's noise std sigma on C G (``mfcli account --sigma``, the adapters'
+``noise_std``; the noise multiplier is sigma / sensitivity). An import's numbers are recomputed from the
 materialised C in float64 (never taken from jax_privacy), for single participation unless a
 ``participation`` schema is given.
 

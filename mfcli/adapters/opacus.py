@@ -7,19 +7,20 @@ Example (Opacus 1.6; ``pip install mfcli[torch,opacus]``)::
 
     model, optimizer, loader = make_private(
         model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), train_loader,
-        artifact="momentum.h5", seed=SECRET_SEED, noise_multiplier=1.0, clip_norm=1.0)
+        artifact="momentum.h5", seed=SECRET_SEED, noise_std=1.0, clip_norm=1.0)
     for step in range(optimizer.n):          # n Poisson batches, across as many epochs as needed
         x, y = next(batches)                 # from ``loader``
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
-        optimizer.step()   # Opacus: clip + sum; mfcli: + sigma * clip * (C^-1 Z)[t]; inner step
+        optimizer.step()   # Opacus: clip + sum; mfcli: + noise_std * clip * (C^-1 Z)[t]; inner step
     optimizer.epsilon(delta=1e-6)            # MMCC upper bound at the loader's Poisson rate
 
 Under an accounting record (``record=`` an id, or ``record=True`` for the one
 :func:`mfcli.training.record.training_record` picks; e.g. the artifact of ``mfcli plan --out``),
 the record decides instead: the loader draws the record's batches (Poisson, cyclic Poisson,
 fixed order, balls-in-bins, shuffle; :class:`mfcli.training.torch.RecordBatchSampler`), the
-noise multiplier is the record's sigma (a different ``noise_multiplier`` is refused), the noise
+noise std is the record's (a different ``noise_std``, or a ``noise_multiplier`` other than the
+record's noise_std / accounted sensitivity, is refused), the noise
 is that of the operator the record accounted, the loader's batch size or rate must be the
 record's, and ``optimizer.epsilon()`` is the verified record's epsilon (per epoch:
 ``optimizer.epsilon_per_epoch()``)::
@@ -35,6 +36,12 @@ noise, so anything added to ``.grad`` before it runs is lost. Here the correlate
 Opacus's ``add_noise``: it is added to the clipped sum before Opacus's mean scaling, every step
 that is not a skipped virtual step (BatchMemoryManager) consumes one noise row, and an empty
 Poisson batch still gets its noise.
+
+Units: ``noise_std`` is the standard deviation of the noise on C G per unit clip norm (what 0.2
+called ``noise_multiplier``); ``noise_multiplier`` is noise_std / sensitivity, as Opacus and
+jax_privacy count it, accepted only with ``record=`` (without a record the sensitivity the
+multiplier divides by is not known, and it is refused: pass ``noise_std=``).
+``optimizer.noise_multiplier`` is the record's, None without one.
 
 Privacy: the Poisson data loader includes every example in every step independently with
 probability ``sample_rate``; that is the MMCC setting of :mod:`mfcli.accounting` (``mfcli account
@@ -87,9 +94,10 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
     """Opacus's DPOptimizer with the Gaussian noise replaced by rows of C^-1 Z from an mfcli
     artifact. Build it with :func:`make_private`, which checks the combination.
 
-    ``noise_multiplier`` is mfcli's sigma: the noise added to the clipped sum at step t is
-    ``sigma * clip * (C^-1 Z)[t]`` (then divided by the expected batch size when
-    ``loss_reduction="mean"``, as Opacus scales the clipped sum).
+    ``noise_std`` is the std of the noise on C G per unit clip norm: the noise added to the clipped
+    sum at step t is ``noise_std * clip * (C^-1 Z)[t]`` (then divided by the expected batch size
+    when ``loss_reduction="mean"``, as Opacus scales the clipped sum). :attr:`noise_multiplier` is
+    noise_std / the record's accounted sensitivity (None without a record).
     """
 
     def __init__(
@@ -99,20 +107,35 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         stream: NoiseStream,
         accounted: StrategyInput | None,
         sample_rate: float,
-        noise_multiplier: float,
+        noise_std: float,
         max_grad_norm: float,
         expected_batch_size: int | None,
         loss_reduction: str = "mean",
         record: Any = None,
     ) -> None:
-        super().__init__(optimizer, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+        # Opacus's own noise multiplier is not used: add_noise below adds mfcli's noise at noise_std
+        super().__init__(optimizer, noise_multiplier=0.0, max_grad_norm=max_grad_norm,
                          expected_batch_size=expected_batch_size, loss_reduction=loss_reduction)
+        #: the std of the noise on C G per unit clip norm (times max_grad_norm per step)
+        self.noise_std = float(noise_std)
         self.stream = stream
         self.accounted = accounted
         self.sample_rate = float(sample_rate)
         #: the :class:`mfcli.training.record.TrainingRecord` training follows (None: MMCC at the loader's rate)
         self.record = record
         self._noise_state = stream.init()
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
+        jax_privacy); None without a record (the sensitivity it divides by is the record's)."""
+        record = self.__dict__.get("record")
+        return None if record is None else self.noise_std / float(record.sensitivity)
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        # DPOptimizer.__init__ assigns it (0 here); mfcli's noise does not read it
+        self.__dict__["_opacus_noise_multiplier"] = value
 
     @property
     def n(self) -> int:
@@ -130,9 +153,9 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         return self.stream.sensitivity
 
     def add_noise(self) -> None:
-        """Opacus's hook for its own noise: here ``.grad = summed clipped grad + sigma clip (C^-1 Z)[t]``."""
+        """Opacus's hook for its own noise: here ``.grad = summed clipped grad + noise_std clip (C^-1 Z)[t]``."""
         row, new_state = self.stream.next(self._noise_state)
-        scale = self.noise_multiplier * self.max_grad_norm
+        scale = self.noise_std * self.max_grad_norm
         for p, part in split_row(row, self.params):
             summed = p.summed_grad  # set by Opacus's clip_and_accumulate
             _check_processed_flag(summed)
@@ -165,13 +188,13 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
 
     def account(self, *, delta: float = DEFAULT_DELTA, options: AccountingOptions | None = None) -> AccountingReport:
         """mfcli's MMCC accounting (bracket: upper bound, lower bound, full-participation bound)
-        of all n steps at this optimizer's sigma and the data loader's Poisson rate. Refused under
+        of all n steps at this optimizer's noise std and the data loader's Poisson rate. Refused under
         a record: its epsilon is the record's verified one (:meth:`epsilon`)."""
         if self.record is not None or self.accounted is None:
             raise MfcliError("this optimizer trains under an accounting record: its epsilon is the record's, "
                              "optimizer.epsilon() (re-account the artifact with mfcli account for other settings)")
         opts = options if options is not None else AccountingOptions(delta=delta)
-        return account(self.accounted, sigma=self.noise_multiplier, sampling=self.sample_rate, options=opts,
+        return account(self.accounted, sigma=self.noise_std, sampling=self.sample_rate, options=opts,
                        settings=("mmcc",))
 
     def epsilon(self, delta: float | None = None) -> float:
@@ -237,6 +260,7 @@ def make_private(
     artifact: Any,
     seed: int,
     clip_norm: float,
+    noise_std: float | None = None,
     noise_multiplier: float | None = None,
     variant: str = "auto",
     sampling: float | None = None,
@@ -257,8 +281,11 @@ def make_private(
             1 / len(data_loader), as Opacus does) or a DPDataLoader (its rate is used).
         artifact: an mfcli artifact (path or loaded Artifact) over n steps: training takes n steps.
         seed: the secret noise seed in [0, 2^128) (under a record, of the batches too).
-        noise_multiplier: sigma of the correlated noise (``mfcli account --sigma``); under a
-            record, optional and checked against the record's.
+        noise_std: the std of the correlated noise on C G per unit clip norm (``mfcli account
+            --sigma``; 0.2's ``noise_multiplier``); under a record, optional and checked against
+            the record's.
+        noise_multiplier: noise_std / sensitivity (Opacus's and jax_privacy's count); only with
+            ``record``, checked against the record's; refused without one.
         clip_norm: the per-example clipping norm (Opacus's ``max_grad_norm``).
         variant: the artifact operator, ``auto``, ``dense`` or ``compressed``.
         sampling: the rate you accounted with (``mfcli account --sampling``), checked against the
@@ -266,7 +293,7 @@ def make_private(
         loss_reduction: ``mean`` or ``sum``, how the loss aggregates the batch (as in Opacus).
         dtype: noise dtype; default float64 if every parameter is float64, else float32.
         record: train under this accounting record of the artifact (its id; True: the one
-            :func:`mfcli.training.record.training_record` picks): the record's sampler, sigma and
+            :func:`mfcli.training.record.training_record` picks): the record's sampler, noise std and
             operator, its verified epsilon (module docstring). None: Poisson sampling and MMCC.
         non_adaptive: allow a balls-in-bins record (contributions fixed in advance).
 
@@ -280,13 +307,15 @@ def make_private(
     """
     if record is not None and record is not False:
         return _make_private_from_record(module, optimizer, data_loader, artifact=artifact, seed=seed,
-                                         noise_multiplier=noise_multiplier, clip_norm=clip_norm, variant=variant,
+                                         noise_std=noise_std, noise_multiplier=noise_multiplier,
+                                         clip_norm=clip_norm, variant=variant,
                                          sampling=sampling, loss_reduction=loss_reduction, dtype=dtype,
                                          record=None if record is True else record, non_adaptive=non_adaptive)
-    if noise_multiplier is None:
-        raise MfcliError("give noise_multiplier (the sigma you accounted), or record= to train under an accounting "
-                         "record of the artifact")
-    _check_common(noise_multiplier, clip_norm, loss_reduction)
+    from mfcli.training.record import resolve_noise_std
+
+    std = resolve_noise_std(noise_std=noise_std, noise_multiplier=noise_multiplier, record=None)
+    assert std is not None
+    _check_common(std, clip_norm, loss_reduction)
     loader = _poisson_loader(data_loader, sampling)
     n_data = len(loader.dataset)
     expected_batch_size = int(n_data * loader.sample_rate)
@@ -312,15 +341,15 @@ def make_private(
     gs_module = module if isinstance(module, GradSampleModule) else GradSampleModule(module)
     dp_opt = CorrelatedNoiseDPOptimizer(
         inner, stream=stream, accounted=accounted, sample_rate=loader.sample_rate,
-        noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip_norm),
+        noise_std=std, max_grad_norm=float(clip_norm),
         expected_batch_size=expected_batch_size, loss_reduction=loss_reduction,
     )
     return gs_module, dp_opt, loader
 
 
-def _check_common(noise_multiplier: Any, clip_norm: Any, loss_reduction: str) -> None:
-    check_noise_options(noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=None, postprocess=None)
-    check_sigma(noise_multiplier)   # sigma = 0 has no finite epsilon: refused here, not after training
+def _check_common(noise_std: Any, clip_norm: Any, loss_reduction: str) -> None:
+    check_noise_options(noise_std=noise_std, clip_norm=clip_norm, batch_size=None, postprocess=None)
+    check_sigma(noise_std)   # sigma = 0 has no finite epsilon: refused here, not after training
     if clip_norm == 0:
         raise MfcliError("clip_norm must be positive: Opacus clips per-example gradients to it")
     if loss_reduction not in ("mean", "sum"):
@@ -346,7 +375,8 @@ def _check_module(module: Any, inner: torch.optim.Optimizer) -> list[torch.Tenso
 
 def _make_private_from_record(
     module: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader: Any, *, artifact: Any, seed: int,
-    noise_multiplier: float | None, clip_norm: float, variant: str, sampling: float | None, loss_reduction: str,
+    noise_std: float | None, noise_multiplier: float | None, clip_norm: float, variant: str, sampling: float | None,
+    loss_reduction: str,
     dtype: str | None, record: str | None, non_adaptive: bool,
 ) -> tuple[GradSampleModule, CorrelatedNoiseDPOptimizer, DataLoader]:
     """:func:`make_private` under an accounting record (its docstring)."""
@@ -355,7 +385,7 @@ def _make_private_from_record(
     from torch.utils.data import default_collate
 
     from mfcli.noise import check_seed
-    from mfcli.training.record import build_sampler, check_declared, record_stream, training_record
+    from mfcli.training.record import build_sampler, check_declared, record_stream, resolve_noise_std, training_record
     from mfcli.training.torch import RecordBatchSampler, _EmptySafeCollate
 
     if not isinstance(artifact, (str, Path)):
@@ -363,9 +393,9 @@ def _make_private_from_record(
     if variant != "auto":
         raise MfcliError("record= trains the operator the record accounted; leave variant='auto'")
     rec = training_record(artifact, record)
-    if noise_multiplier is None:
-        noise_multiplier = rec.sigma
-    _check_common(noise_multiplier, clip_norm, loss_reduction)
+    std = resolve_noise_std(noise_std=noise_std, noise_multiplier=noise_multiplier, record=rec)
+    assert std is not None
+    _check_common(std, clip_norm, loss_reduction)
     seed = check_seed(seed)
     if not isinstance(data_loader, DataLoader):
         raise MfcliError(f"data_loader must be a torch DataLoader, got {type(data_loader).__name__}")
@@ -383,7 +413,7 @@ def _make_private_from_record(
                              f"accounts {rec.sampler} batches; pass the plain DataLoader")
     elif data_loader.batch_size is not None:
         declared_batch = int(data_loader.batch_size)
-    check_declared(rec, examples=examples, noise_multiplier=float(noise_multiplier), sample_rate=declared_rate,
+    check_declared(rec, examples=examples, noise_std=std, sample_rate=declared_rate,
                    batch_size=declared_batch)
     batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
     expected_batch_size = max(1, round(batches.expected_batch_size(0)))
@@ -401,7 +431,7 @@ def _make_private_from_record(
     gs_module = module if isinstance(module, GradSampleModule) else GradSampleModule(module)
     dp_opt = CorrelatedNoiseDPOptimizer(
         inner, stream=stream, accounted=None, sample_rate=rec.sampling or 0.0,
-        noise_multiplier=float(noise_multiplier), max_grad_norm=float(clip_norm),
+        noise_std=std, max_grad_norm=float(clip_norm),
         expected_batch_size=expected_batch_size, loss_reduction=loss_reduction, record=rec,
     )
     record_batches.follow = dp_opt   # iteration starts at the optimizer's next noise step

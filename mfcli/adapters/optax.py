@@ -10,7 +10,7 @@ Example::
     d = sum(x.size for x in jax.tree_util.tree_leaves(params))
     stream = noise_stream(shipped_artifact("momentum-n256"), kind="gradient", d=d, seed=SECRET_SEED)
     tx = optax.chain(
-        correlated_noise(stream, noise_multiplier=1.0, clip_norm=1.0),   # + sigma clip (C^-1 Z)[t]
+        correlated_noise(stream, noise_std=1.0, clip_norm=1.0),   # + noise_std clip (C^-1 Z)[t]
         optax.sgd(learning_rate=0.1, momentum=0.9),                      # runs the workload A
     )
     opt_state = tx.init(params)
@@ -43,7 +43,8 @@ jitted step in :func:`checked` to get the mfcli error instead::
 The same holds for a state of another stream (another seed, artifact, d or dtype): ``MfcliError``.
 
 Formal guarantees: as for :mod:`mfcli.adapters.torch`: the mechanism is C G + Z, with
-sensitivity ``stream.sensitivity`` x clip and noise sigma x clip.
+sensitivity ``stream.sensitivity`` x clip and noise noise_std x clip (noise_std: the std of the noise on C G per unit clip norm;
+the noise multiplier noise_std / sensitivity is accepted with a record only, :func:`correlated_noise`).
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ from jax.flatten_util import ravel_pytree
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
 from mfcli.noise import NoiseStream, cast_tables
+from mfcli.training.record import resolve_noise_std
 
 #: The ``generator`` field of checkpoints written here: Z[j] from jax's threefry PRNG.
 JAX_GENERATOR = "jax-threefry2x32"
@@ -174,28 +176,37 @@ class JaxStream:
 def correlated_noise(
     stream: NoiseStream,
     *,
-    noise_multiplier: float,
+    noise_std: float | None = None,
+    noise_multiplier: float | None = None,
+    record: Any = None,
     clip_norm: float,
     batch_size: int | None = None,
     postprocess: Callable[[jnp.ndarray], jnp.ndarray] | None = None,
 ) -> optax.GradientTransformation:
-    """A GradientTransformation adding ``sigma * clip * (C^-1 Z)[t]`` to the updates of step t.
+    """A GradientTransformation adding ``noise_std * clip * (C^-1 Z)[t]`` to the updates of step t.
 
     Args:
         stream: a :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` equals the
             number of parameters (all leaves of the params pytree, in ``ravel_pytree`` order).
-        noise_multiplier: sigma.
+        noise_std: the std of the noise on C G per unit clip norm (0.2's ``noise_multiplier``).
+        noise_multiplier: noise_std / sensitivity (as Opacus and jax_privacy count it); only with
+            ``record`` (whose accounted sensitivity it divides by), refused without one.
+        record: a verified :class:`mfcli.training.record.TrainingRecord` whose operator ``stream``
+            streams (:func:`mfcli.training.record.record_stream`): the noise std is the record's;
+            ``noise_std``/``noise_multiplier`` may be omitted and, if given, must be the record's.
         clip_norm: the per-example clip norm.
         batch_size: None if updates are summed clipped gradients; B if averaged over B.
         postprocess: optional ``f(flat) -> flat`` on the flattened noisy gradient (length d)
             before it leaves this transformation, e.g. Laplacian smoothing.
     """
     check_gradient_stream(stream, "correlated_noise")
-    check_noise_options(
-        noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
-    )
+    std = resolve_noise_std(noise_std=noise_std, noise_multiplier=noise_multiplier, record=record)
+    assert std is not None
+    check_noise_options(noise_std=std, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess)
+    if record is not None and stream.n != record.n:
+        raise MfcliError(f"the noise stream has n = {stream.n} steps but the record accounts {record.n}")
     driver = JaxStream(stream)
-    scale = float(noise_multiplier) * float(clip_norm) / (batch_size or 1)
+    scale = std * float(clip_norm) / (batch_size or 1)
     n, d = stream.n, stream.d
     tag = _tag_words(stream)
 

@@ -9,11 +9,17 @@ Example (the model's gradients must be the SUM of per-example gradients each cli
 
     inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # runs the workload A
     opt = CorrelatedNoiseOptimizer(inner, artifact=shipped_artifact("momentum-n256"), seed=SECRET_SEED,
-                                   noise_multiplier=1.0, clip_norm=1.0)
+                                   noise_std=1.0, clip_norm=1.0)
     for step in range(opt.n):
         opt.zero_grad()
         summed_clipped_grads(model, batch).backward()
-        opt.step()            # grad += sigma * clip * (C^-1 Z)[t]; then the inner step
+        opt.step()            # grad += noise_std * clip * (C^-1 Z)[t]; then the inner step
+
+Units: ``noise_std`` is the standard deviation of the noise on C G per unit clip norm (what 0.2
+called ``noise_multiplier``). ``noise_multiplier=`` is noise_std / sensitivity (as Opacus and
+jax_privacy use it) and is accepted only with ``record=`` (a verified
+:class:`mfcli.training.record.TrainingRecord`, whose accounted sensitivity it divides by);
+without one it is refused (:func:`mfcli.training.record.resolve_noise_std` has the table).
 
 The noise is the artifact's **gradient** noise, row t of C^-1 Z (C^^-1 Z for a compressed artifact).
 With an inner optimizer that computes the artifact's workload A (plain SGD for ``prefix``,
@@ -31,9 +37,9 @@ host round trip and no copy. For CPU parameters the default is the numpy referen
 (``generator="numpy"``), whose rows reach torch without a copy. The two generators draw different
 Z (each is reproducible per seed: docs/noise-streams.md, "Reproducibility").
 
-Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (sigma clip)^2) entry-wise,
+Formal guarantees: training is the mechanism C G + Z with Z ~ N(0, (noise_std clip)^2) entry-wise,
 so its privacy is that of a Gaussian mechanism with sensitivity :attr:`sensitivity` x clip and
-noise sigma x clip (single participation; see the accounting docs). The optimizer is
+noise noise_std x clip (single participation; see the accounting docs). The optimizer is
 post-processing; a mismatch between it and A costs accuracy, not privacy, and only warns.
 """
 from __future__ import annotations
@@ -51,6 +57,7 @@ import torch
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.noise import NoiseState, NoiseStream, cast_tables, check_step, noise_stream
+from mfcli.training.record import record_stream, resolve_noise_std
 
 #: Generators of the noise rows: ``numpy`` (the reference stream, drawn on the host), ``torch``
 #: (drawn on the parameters' device), ``auto`` (numpy for CPU parameters, torch elsewhere).
@@ -259,7 +266,12 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         stream: a ready :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` is the
             number of trainable parameters (instead of ``artifact``/``seed``/``variant``).
         seed: the secret noise seed, an integer in [0, 2^128) (keep it for resume).
-        noise_multiplier: sigma; the noise added is ``sigma * clip * (C^-1 Z)[t]``.
+        noise_std: the std of the noise on C G per unit clip norm; the noise added is
+            ``noise_std * clip * (C^-1 Z)[t]`` (0.2's ``noise_multiplier``).
+        noise_multiplier: noise_std / sensitivity; only with ``record=`` (module docstring, "Units").
+        record: a verified :class:`mfcli.training.record.TrainingRecord`: the noise is its operator's
+            at its noise std (``noise_std``/``noise_multiplier`` may be omitted; if given they must
+            be the record's). Give ``seed`` with it, not ``artifact`` (the record names it).
         clip_norm: the per-example clip norm.
         batch_size: None if ``.grad`` holds the sum of clipped per-example gradients; B if it holds
             their average over a fixed batch of B (the noise is then divided by B too).
@@ -284,7 +296,9 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         artifact: Any = None,
         stream: NoiseStream | None = None,
         seed: int | None = None,
-        noise_multiplier: float,
+        noise_std: float | None = None,
+        noise_multiplier: float | None = None,
+        record: Any = None,
         clip_norm: float,
         batch_size: int | None = None,
         variant: str = "auto",
@@ -300,9 +314,19 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         if not params:
             raise MfcliError("the optimizer has no trainable parameters")
         d = sum(p.numel() for p in params)
-        check_noise_options(
-            noise_multiplier=noise_multiplier, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess
-        )
+        std = resolve_noise_std(noise_std=noise_std, noise_multiplier=noise_multiplier, record=record)
+        assert std is not None
+        check_noise_options(noise_std=std, clip_norm=clip_norm, batch_size=batch_size, postprocess=postprocess)
+        if record is not None:
+            if artifact is not None:
+                raise MfcliError("pass record= or artifact=, not both: the record names its artifact")
+            if stream is None:
+                if seed is None:
+                    raise MfcliError("record= needs seed= (the secret noise seed)")
+                stream = record_stream(record, d=d, seed=seed, dtype=dtype or _numpy_dtype_for(params))
+                seed = None
+            elif stream.n != record.n:
+                raise MfcliError(f"the noise stream has n = {stream.n} steps but the record accounts {record.n}")
         if stream is None:
             if artifact is None or seed is None:
                 raise MfcliError("pass either stream=, or artifact= and seed=")
@@ -324,7 +348,10 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
             self._noise = _NumpyRows(stream)
         self.optimizer = optimizer
         self.stream = stream
-        self.noise_multiplier = float(noise_multiplier)
+        #: the std of the noise on C G per unit clip norm that :meth:`step` adds (times clip)
+        self.noise_std = float(std)
+        #: the :class:`mfcli.training.record.TrainingRecord` the noise follows (None: no record)
+        self.record = record
         self.clip_norm = float(clip_norm)
         self.batch_size = batch_size
         self.postprocess = postprocess
@@ -372,9 +399,15 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         return self.stream.accounted_operator
 
     @property
+    def noise_multiplier(self) -> float | None:
+        """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
+        jax_privacy); None without a record, whose sensitivity is not known here."""
+        return None if self.record is None else self.noise_std / float(self.record.sensitivity)
+
+    @property
     def noise_scale(self) -> float:
-        """The factor applied to each unit noise row: sigma * clip (/ batch_size)."""
-        scale = self.noise_multiplier * self.clip_norm
+        """The factor applied to each unit noise row: noise_std * clip (/ batch_size)."""
+        scale = self.noise_std * self.clip_norm
         return scale / self.batch_size if self.batch_size else scale
 
     # The inner optimizer owns these; schedulers and user code read and write them through here.

@@ -19,7 +19,7 @@ Example (``pip install mfcli[jax]``)::
     priv.epsilon()                                         # the verified record's epsilon
 
 What runs is what the record accounts, as in :mod:`mfcli.training.torch`: the record's batch
-sampler (:func:`mfcli.training.record.build_sampler`), its sigma, the noise of the operator it
+sampler (:func:`mfcli.training.record.build_sampler`), its noise std, the noise of the operator it
 accounted (:func:`mfcli.adapters.optax.correlated_noise` over
 :func:`mfcli.training.record.record_stream`) and its n steps; declarations that disagree are refused in one line.
 
@@ -146,6 +146,7 @@ def make_private(
     clip_norm: float,
     loss_fn: Callable[..., Any],
     record: str | None = None,
+    noise_std: float | None = None,
     noise_multiplier: float | None = None,
     sampler: str | None = None,
     sample_rate: float | None = None,
@@ -162,7 +163,7 @@ def make_private(
         optimizer: the optax optimizer computing the artifact's workload (``optax.sgd(lr)`` for
             ``prefix``, ``optax.sgd(lr, momentum=beta)`` for ``momentum``).
         data: the examples as arrays with a leading axis of length N (e.g. ``(x, y)``).
-        artifact, seed, clip_norm, record, noise_multiplier, sampler, sample_rate, batch_size,
+        artifact, seed, clip_norm, record, noise_std, noise_multiplier, sampler, sample_rate, batch_size,
             non_adaptive, verify: as :func:`mfcli.training.torch.make_private`.
         loss_fn: ``loss_fn(params, *example)`` for one example (no batch axis), a scalar.
         shapes: the padded batch sizes (default :func:`padded_shapes`).
@@ -184,7 +185,7 @@ def make_private(
     if examples < 1 or any(a.shape[0] != examples for a in arrays):
         raise MfcliError(f"every data array needs the same number of examples (the first has {examples})")
     rec = training_record(artifact, record, verify_record=verify)
-    check_declared(rec, examples=examples, noise_multiplier=noise_multiplier, sampler=sampler,
+    check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
                    sample_rate=sample_rate, batch_size=batch_size)
     batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
     expected = max(1, round(batches.expected_batch_size(0)))
@@ -198,8 +199,7 @@ def make_private(
             sizes = (*sizes, examples)
     d = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
     stream = record_stream(rec, d=d, seed=seed, dtype=dtype)
-    tx = optax.chain(correlated_noise(stream, noise_multiplier=rec.sigma, clip_norm=float(clip_norm),
-                                      batch_size=expected), optimizer)
+    tx = optax.chain(correlated_noise(stream, record=rec, clip_norm=float(clip_norm), batch_size=expected), optimizer)
     return PrivateTraining(tx=tx, record=rec, sampler=batches, expected_batch_size=expected, shapes=sizes,
                            clip_norm=float(clip_norm), data=arrays, loss_fn=loss_fn)
 

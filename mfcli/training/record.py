@@ -1,14 +1,25 @@
 """The accounting record a training run follows: which one, whether it verifies, its batch sampler,
-its noise multiplier and the epsilon that holds (docs/training.md).
+its noise (standard deviation and noise multiplier) and the epsilon that holds (docs/training.md).
 
 A record (``accounting/<id>`` of an artifact, written by ``mfcli plan --out`` or ``mfcli account
 --write``) accounts one mechanism: the artifact's operator, run for its n steps at noise
-multiplier ``sigma``, with the batches of one sampler at one rate. Its epsilon describes training
-only when training runs exactly that, so :func:`training_record` reads the record, re-verifies its
-numbers against the operator (as ``mfcli inspect`` does: every stored epsilon is at least the one
-recomputed from its stored dp-accounting event and the operator's sensitivity) and hands out what
-the loop must use. :func:`check_declared` refuses, in one line, a noise multiplier, sampler, rate
-or batch size that disagrees with it.
+standard deviation ``sigma`` on C G (per unit clip norm), with the batches of one sampler at one
+rate. Its epsilon describes training only when training runs exactly that, so
+:func:`training_record` reads the record, re-verifies its numbers against the operator (as
+``mfcli inspect`` does: every stored epsilon is at least the one recomputed from its stored
+dp-accounting event and the operator's sensitivity) and hands out what the loop must use.
+:func:`check_declared` refuses, in one line, a noise std or noise multiplier, sampler, rate or
+batch size that disagrees with it.
+
+Units (as ``mfcli plan`` prints them, docs/plan.md). ``noise_std`` (the record's ``sigma``) is the
+standard deviation of the Gaussian noise Z added to C G, per unit clip norm: what 0.2's adapters
+called ``noise_multiplier``. The noise multiplier, as Opacus and jax_privacy use it, is
+``noise_std / sensitivity``, the sensitivity of the accounted C under the participation the
+record's accounting assumes (:func:`accounted_sensitivity`): the largest column norm (one
+participation) for a sampled record (Poisson, cyclic Poisson, balls-in-bins, shuffle), the schema
+sensitivity for a fixed-order record; for DP-SGD (C = I) the two numbers are equal.
+:func:`resolve_noise_std` turns what a caller passes (``noise_std=`` or ``noise_multiplier=``,
+with or without a record) into the std to add, and refuses every ambiguous combination.
 
 Samplers. Records that name a batch sampler (``batching``: Poisson, cyclic Poisson, balls-in-bins,
 shuffle) get the sampler :func:`mfcli.samplers.sampler_for` builds. Records of deterministic
@@ -57,7 +68,10 @@ class TrainingRecord:
         record: the record id (group ``accounting/<id>``).
         sampler: the batch sampler, as ``mfcli plan`` names it (``poisson``, ``cyclic``,
             ``balls-in-bins``, ``shuffle``, ``fixed-order``).
-        sigma: the noise multiplier (noise sigma * clip * (C^-1 Z)[t] on the summed clipped gradient).
+        sigma: the noise std on C G per unit clip norm, as the record stores it (the noise added to
+            the summed clipped gradient is sigma * clip * (C^-1 Z)[t]); :attr:`noise_std` names it.
+        sensitivity: the sensitivity of the accounted C that :attr:`noise_multiplier` divides by
+            (:func:`accounted_sensitivity`).
         delta: the record's delta.
         sampling: the per-step inclusion probability of the Poisson or cyclic sampler (None else).
         n: the steps the artifact covers (and training takes).
@@ -82,7 +96,20 @@ class TrainingRecord:
     steps_per_epoch: int | None
     participation: str
     epsilons: dict[str, float]
+    sensitivity: float
     attrs: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def noise_std(self) -> float:
+        """The standard deviation of the noise on C G per unit clip norm (the record's ``sigma``;
+        0.2's ``noise_multiplier=``): the noise added at step t is noise_std * clip * (C^-1 Z)[t]."""
+        return self.sigma
+
+    @property
+    def noise_multiplier(self) -> float:
+        """noise_std / sensitivity: the noise multiplier as Opacus and jax_privacy use it (what
+        ``mfcli plan`` prints as "noise multiplier" for the same row)."""
+        return self.sigma / self.sensitivity
 
     @property
     def epsilon(self) -> float:
@@ -277,9 +304,116 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     if not epsilons:
         raise MfcliError(f"no row of accounting record {rid!r} of {path} holds under its {sampler} batch sampler; "
                          "re-account with the row of that sampler (mfcli account --batching ... --write)")
+    sensitivity = accounted_sensitivity(attrs, verified[1] if verified is not None else None, path)
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
-                          participation=participation, epsilons=epsilons, attrs=dict(attrs))
+                          participation=participation, epsilons=epsilons, sensitivity=sensitivity,
+                          attrs=dict(attrs))
+
+
+def accounted_sensitivity(attrs: Any, subject: Any = None, artifact: str | Path | None = None) -> float:
+    """The sensitivity the record's noise multiplier divides by, recomputed from the operator the
+    record accounted (never read from an attribute): the operator is rebuilt from the artifact's
+    stored arrays by the verifier's own subject (:func:`mfcli.accounting.records.subject_of`,
+    ``subject`` when the caller already has it) and its input made as the verifier makes it.
+
+    * a fixed-order record (``batching`` null) under a multi-participation schema: the schema
+      sensitivity of C (:func:`mfcli.participation.sensitivity`; for a structured artifact its
+      parameters' ``sensitivity(n, schema)``), the number the deterministic accounting uses;
+    * every other record: the single-participation sensitivity, the largest column norm of C
+      (``StrategyInput.sensitivity``), the number the single-pass, MMCC and cyclic-Poisson
+      accountings scale by. C = I gives 1: DP-SGD's noise multiplier is its std.
+
+    Raises:
+        MfcliError: the record's fields cannot be read, or it names an operator the artifact lacks.
+    """
+    from mfcli.accounting.records import read_claim, subject_of
+    from mfcli.artifact import load_any_artifact
+    from mfcli.participation import SingleParticipation
+    from mfcli.participation import sensitivity as schema_sensitivity
+
+    claim, problems = read_claim(attrs)
+    if claim is None:
+        raise MfcliError(f"the accounting record cannot be read: {problems[0] if problems else 'malformed'}")
+    if subject is None:
+        if artifact is None:
+            raise MfcliError("accounted_sensitivity needs the artifact (or the verifier's subject)")
+        subject = subject_of(load_any_artifact(Path(artifact)))
+    op = subject.operators.get(claim.operator)
+    if op is None:
+        raise MfcliError(f"the accounting record names operator {claim.operator!r}, which the artifact does not have")
+    multi = claim.batching is None and not isinstance(claim.schema, SingleParticipation)
+    inp = subject.make_input(op, multi)
+    if not multi:
+        return float(inp.sensitivity)
+    if inp.structured is not None:
+        return float(inp.structured.strategy.sensitivity(inp.n, claim.schema).value)
+    return float(schema_sensitivity(np.asarray(inp.strategy), claim.schema).value)
+
+
+#: The one line that refuses ``noise_multiplier=`` without an accounting record.
+NO_RECORD_MULTIPLIER = (
+    "noise_multiplier= is the noise std divided by the sensitivity of the C that runs, known only from a verified "
+    "accounting record: pass record= with it, or pass noise_std= (the std of the noise on C G per unit clip norm, "
+    "what mfcli 0.2's noise_multiplier= meant)")
+
+
+def _check_noise_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or value < 0:
+        raise MfcliError(f"{name} must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def resolve_noise_std(*, noise_std: Any = None, noise_multiplier: Any = None, record: TrainingRecord | None = None,
+                      required: bool = True) -> float | None:
+    """The noise std on C G to add, from what a caller passed (module docstring, "Units").
+
+    =====================  ===============  ============================================
+    passed                 record           result
+    =====================  ===============  ============================================
+    both                   any              refused (one or the other)
+    noise_std              none             noise_std
+    noise_multiplier       none             refused (:data:`NO_RECORD_MULTIPLIER`)
+    neither                none             refused when ``required``, else None
+    noise_std              a record         the record's std, if equal (else refused)
+    noise_multiplier       a record         the record's std, if the multiplier is the
+                                            record's noise_multiplier (else refused)
+    neither                a record         the record's noise_std
+    =====================  ===============  ============================================
+
+    Raises:
+        MfcliError: as the table says; a value that is not a finite non-negative number.
+    """
+    if noise_std is not None and noise_multiplier is not None:
+        raise MfcliError("pass noise_std= or noise_multiplier=, not both (noise_multiplier = noise_std / sensitivity)")
+    std = None if noise_std is None else _check_noise_number("noise_std", noise_std)
+    mult = None if noise_multiplier is None else _check_noise_number("noise_multiplier", noise_multiplier)
+    if record is None:
+        if mult is not None:
+            raise MfcliError(NO_RECORD_MULTIPLIER)
+        if std is None and required:
+            raise MfcliError("pass noise_std= (the std of the noise on C G per unit clip norm, what mfcli 0.2's "
+                             "noise_multiplier= meant) or an accounting record (record=)")
+        return std
+    check_noise(record, noise_std=std, noise_multiplier=mult)
+    return record.noise_std
+
+
+def check_noise(rec: TrainingRecord, *, noise_std: float | None = None, noise_multiplier: float | None = None) -> None:
+    """Refuse, in one line, a declared noise std or noise multiplier that is not the record's."""
+    where = f"accounting record {rec.record!r} of {rec.artifact}"
+    if noise_std is not None and noise_multiplier is not None:
+        raise MfcliError("pass noise_std= or noise_multiplier=, not both (noise_multiplier = noise_std / sensitivity)")
+    if noise_std is not None and not _close(noise_std, rec.noise_std):
+        raise MfcliError(f"noise_std={noise_std!r} but {where} accounts noise std {rec.noise_std!r} on C G "
+                         f"(noise multiplier {rec.noise_multiplier:.6g} = std / sensitivity {rec.sensitivity:.6g}): the "
+                         "epsilon would describe another noise level; omit it to train at the record's")
+    if noise_multiplier is not None and not _close(noise_multiplier, rec.noise_multiplier):
+        raise MfcliError(f"noise_multiplier={noise_multiplier!r} but {where} accounts noise multiplier "
+                         f"{rec.noise_multiplier!r} (noise std {rec.noise_std:.6g} on C G / sensitivity "
+                         f"{rec.sensitivity:.6g}): the epsilon would describe another noise level; omit it to train at "
+                         "the record's")
 
 
 def record_stream(rec: TrainingRecord, *, d: int, seed: int, dtype: Any = "float32") -> Any:
@@ -323,8 +457,8 @@ def build_sampler(rec: TrainingRecord, *, examples: int, seed: int, non_adaptive
     return sampler_for(rec.artifact, examples=examples, seed=seed, record=rec.record, non_adaptive=non_adaptive)
 
 
-def check_declared(rec: TrainingRecord, *, examples: int, noise_multiplier: float | None = None,
-                   sampler: str | None = None, sample_rate: float | None = None,
+def check_declared(rec: TrainingRecord, *, examples: int, noise_std: float | None = None,
+                   noise_multiplier: float | None = None, sampler: str | None = None, sample_rate: float | None = None,
                    batch_size: int | None = None, steps: int | None = None) -> None:
     """Refuse, in one line, a declared number that is not the record's: the epsilon would describe
     another mechanism than the one trained.
@@ -334,9 +468,7 @@ def check_declared(rec: TrainingRecord, *, examples: int, noise_multiplier: floa
     order, balls-in-bins, shuffle) the steps of a pass, ceil(examples / batch).
     """
     where = f"accounting record {rec.record!r} of {rec.artifact}"
-    if noise_multiplier is not None and not _close(noise_multiplier, rec.sigma):
-        raise MfcliError(f"noise_multiplier={noise_multiplier!r} but {where} accounts sigma = {rec.sigma!r}: the "
-                         "epsilon would describe another noise level; omit it to train at the record's")
+    resolve_noise_std(noise_std=noise_std, noise_multiplier=noise_multiplier, record=rec)
     if sampler is not None and sampler != rec.sampler:
         raise MfcliError(f"sampler={sampler!r} but {where} accounts the {rec.sampler} batch sampler")
     if steps is not None and steps != rec.n:
@@ -403,4 +535,5 @@ def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: floa
     return plan, str(written["record"]).rsplit("/", 1)[-1]
 
 
-__all__ = ["FIXED_ORDER", "TrainingRecord", "build_sampler", "check_declared", "plan_and_write", "training_record"]
+__all__ = ["FIXED_ORDER", "NO_RECORD_MULTIPLIER", "TrainingRecord", "accounted_sensitivity", "build_sampler",
+           "check_declared", "check_noise", "plan_and_write", "resolve_noise_std", "training_record"]

@@ -13,16 +13,16 @@ Example (``pip install mfcli[torch]``)::
     for x, y in loader:                  # the record's n batches, exactly as accounted
         optimizer.zero_grad()
         optimizer.clipped_backward(x, y)  # per-example gradients (torch.func), clipped, summed
-        optimizer.step()                 # + sigma clip (C^-1 Z)[t], / batch size, inner step
+        optimizer.step()                 # + noise_std clip (C^-1 Z)[t], / batch size, inner step
     optimizer.epsilon()                  # the verified record's epsilon
     optimizer.epsilon_per_epoch()        # after each epoch, where the accounting gives one
 
 What runs is what the record accounts: the DataLoader's batch sampler is the record's
 (:func:`mfcli.training.record.build_sampler`: Poisson, cyclic Poisson, fixed order,
-balls-in-bins, shuffle), the noise is the artifact's correlated noise at the record's sigma for
+balls-in-bins, shuffle), the noise is the artifact's correlated noise at the record's noise std for
 the operator the record accounted (:class:`mfcli.adapters.torch.CorrelatedNoiseOptimizer` over
 :func:`mfcli.training.record.record_stream`), and training takes the artifact's n steps. Declared numbers
-(``noise_multiplier``, ``sampler``, ``sample_rate``, ``batch_size``) that disagree with the record
+(``noise_std`` or ``noise_multiplier``, ``sampler``, ``sample_rate``, ``batch_size``) that disagree with the record
 are refused in one line. The record is re-verified against the operator before training
 (``mfcli inspect``'s check).
 
@@ -158,8 +158,7 @@ class PrivateOptimizer(CorrelatedNoiseOptimizer):
                              "every parameter that trains is clipped and noised, and only those")
         dt = dtype or ("float64" if all(p.dtype == torch.float64 for p in params) else "float32")
         stream = record_stream(record, d=sum(p.numel() for p in params), seed=seed, dtype=dt)
-        super().__init__(optimizer, stream=stream, noise_multiplier=record.sigma, clip_norm=clip_norm,
-                         batch_size=expected_batch_size)
+        super().__init__(optimizer, stream=stream, record=record, clip_norm=clip_norm, batch_size=expected_batch_size)
         self.module = module
         self.record = record
         self.sampler = sampler
@@ -282,6 +281,7 @@ def make_private(
     clip_norm: float,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     record: str | None = None,
+    noise_std: float | None = None,
     noise_multiplier: float | None = None,
     sampler: str | None = None,
     sample_rate: float | None = None,
@@ -306,8 +306,11 @@ def make_private(
         clip_norm: the per-example clipping norm.
         loss_fn: ``loss_fn(output, target)`` for one example (called under ``vmap``).
         record: the record id; None picks as :func:`mfcli.training.record.training_record`.
-        noise_multiplier, sampler, sample_rate, batch_size: optional declarations, each checked
-            against the record (:func:`mfcli.training.record.check_declared`).
+        noise_std, noise_multiplier, sampler, sample_rate, batch_size: optional declarations, each
+            checked against the record (:func:`mfcli.training.record.check_declared`): ``noise_std`` is
+            the std of the noise on C G per unit clip norm (the record's ``noise_std``),
+            ``noise_multiplier`` that over the record's accounted sensitivity (its
+            ``noise_multiplier``, as Opacus and jax_privacy count it); pass at most one.
         non_adaptive: allow a balls-in-bins record (its tree row assumes contributions fixed in advance).
         max_physical_batch_size: per-example gradients are computed in chunks of at most this many.
         collate_fn, num_workers: as for ``torch.utils.data.DataLoader``.
@@ -344,7 +347,7 @@ def make_private(
     if examples < 1:
         raise MfcliError("the dataset is empty")
     rec = training_record(artifact, record, verify_record=verify)
-    check_declared(rec, examples=examples, noise_multiplier=noise_multiplier, sampler=sampler,
+    check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
                    sample_rate=sample_rate, batch_size=batch_size)
     batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
     expected = max(1, round(batches.expected_batch_size(0)))
