@@ -342,8 +342,8 @@ def test_exporters_stop_at_n_without_jax_privacy(tmp_path: Path, monkeypatch: py
 def _structured(tmp: Path, kind: str) -> tuple[Path, np.ndarray]:
     """A structured artifact at n = N and its C, written out entry by entry from the parameters
     (C[t, j] = c_{t-j}: the coefficients themselves, or 1 then sum_i omega_i theta_i^(k-1))."""
-    from mfcli.blt import BufferedToeplitz
     from mfcli.artifact import save_structured_artifact
+    from mfcli.blt import BufferedToeplitz
     from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
 
     if kind == "banded-toeplitz":
