@@ -342,16 +342,8 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
     out: list[Candidate] = []
     skip: list[Skipped] = []
 
-    # every balls-in-bins bound here (DP-SGD's, the tree's, and so the DP-SGD reduction of every
-    # other strategy) is for 2^L steps per epoch: otherwise one line says so for all of them
-    bib_ok = _pow2(s)
-    if "balls-in-bins" in allowed and not bib_ok:
-        skip.append(Skipped("every candidate (balls-in-bins)", "balls-in-bins",
-                            "the balls-in-bins bounds (DP-SGD's, the tree's, and so the DP-SGD reduction of every other "
-                            f"strategy) are for 2^L steps per epoch; {s} steps per epoch is not a power of 2"))
-
     def offer(c: Candidate, why_not: str | None = None) -> None:
-        if c.sampler not in allowed or (c.sampler == "balls-in-bins" and not bib_ok):
+        if c.sampler not in allowed:
             return
         if why_not is None:
             out.append(c)
@@ -385,19 +377,21 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             continue
         big = (None if n <= PLAN_TREE_DECODER_MAX_N
                else f"n = {n} > {PLAN_TREE_DECODER_MAX_N}: the tree's dense decoder is not built")
-        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"), big)
+        # the tree's own balls-in-bins bound is for 2^L leaves (DP-SGD's, and so the reduction rows', for any s)
+        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
+              big or (None if _pow2(s) else f"the tree's balls-in-bins bound is for 2^L leaves; {s} steps per epoch "
+                                            "is not a power of 2"))
         offer(Candidate(kind, kind, "fixed-order"), big)
     if "balls-in-bins" in allowed:
         # every other strategy under balls-in-bins, by the DP-SGD reduction: its C as built for its own
         # sampler (BandMF for min-sep b, the others for the fixed-epoch schema)
-        if bib_ok:
-            bib = [Candidate(f"bandmf-{k} (balls-in-bins)", "bandmf", "balls-in-bins", k) for k in setup.band_counts()]
-            bib.append(Candidate("dense (balls-in-bins)", "dense", "balls-in-bins"))
-            bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]
-            bib += [Candidate(f"blt-{k} (balls-in-bins)", "blt", "balls-in-bins", k) for k in setup.buffers]
-            for c in bib:
-                offer(c, None if c.kind != "dense" or n <= PLAN_DENSE_SOLVE_MAX_N
-                      else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
+        bib = [Candidate(f"bandmf-{k} (balls-in-bins)", "bandmf", "balls-in-bins", k) for k in setup.band_counts()]
+        bib.append(Candidate("dense (balls-in-bins)", "dense", "balls-in-bins"))
+        bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]
+        bib += [Candidate(f"blt-{k} (balls-in-bins)", "blt", "balls-in-bins", k) for k in setup.buffers]
+        for c in bib:
+            offer(c, None if c.kind != "dense" or n <= PLAN_DENSE_SOLVE_MAX_N
+                  else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
@@ -469,6 +463,15 @@ class _Built:
     bib_norm: float | None = None
     #: a certified upper bound on ||C||_2 (:func:`spectral_upper`)
     spectral: float | None = None
+    #: the candidate's kind (set by :func:`_build_any`)
+    kind: str = ""
+
+
+def bib_accounting(kind: str) -> str:
+    """The name of DP-SGD's balls-in-bins bound as a guarantee of a ``kind`` row: DP-SGD's own
+    bound (``balls-in-bins-dp-sgd``) for DP-SGD, whose C is I; the DP-SGD reduction
+    (``dp-sgd-reduction``, the same bound at sigma / ||C||_2) for every other C."""
+    return "balls-in-bins-dp-sgd" if kind == "dp-sgd" else "dp-sgd-reduction"
 
 
 def banded_coefs(setup: TrainingSetup, k: int, schema: Participation) -> np.ndarray:
@@ -584,7 +587,8 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
             accounting, cal = _calibrate(setup, b, setup.epsilon)
             guarantees = [(accounting, cal.epsilon)]
             if b.bib_norm is not None and b.eps_of_sigma is not None:  # two guarantees: the other one at sigma
-                other = b.accounting if accounting == "dp-sgd-reduction" else "dp-sgd-reduction"
+                bib = bib_accounting(b.kind)
+                other = b.accounting if accounting == bib else bib
                 guarantees.append((other, _guarantee_at(setup, b, other, cal.sigma)))
         except MfcliError as exc:
             return Skipped(cand.key, cand.sampler, str(exc), met_without_noise=isinstance(exc, TargetMetWithoutNoiseError))
@@ -641,10 +645,10 @@ def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.
         except MfcliError as exc:
             errors.append(exc)
     if b.bib_norm is not None:
-        name = "dp-sgd-reduction" if b.accounting != "balls-in-bins-dp-sgd" else b.accounting
         try:
-            cals.append((name, _scaled(bib_dpsgd_calibration(setup.steps_per_epoch, int(setup.epochs or 1),
-                                                             setup.delta, target), b.bib_norm)))
+            cals.append((bib_accounting(b.kind), _scaled(bib_dpsgd_calibration(setup.steps_per_epoch,
+                                                                               int(setup.epochs or 1), setup.delta,
+                                                                               target), b.bib_norm)))
         except MfcliError as exc:
             errors.append(exc)
     if not cals:
@@ -654,26 +658,31 @@ def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.
 
 @functools.lru_cache(maxsize=32)
 def bib_dpsgd_calibration(steps: int, epochs: int, delta: float, target: float) -> Calibration:
-    """The noise multiplier of DP-SGD under balls-in-bins (``steps`` = 2^L per epoch, ``epochs``
-    composed) that meets ``target``, calibrated on the guarantee of
-    :func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins` (the upper end of its bracket).
-    The DP-SGD reduction's epsilon depends on sigma / ||C||_2 only, so every strategy's
+    """The noise multiplier of DP-SGD under balls-in-bins (``steps`` per epoch, any number,
+    ``epochs`` composed) that meets ``target``, calibrated on the guarantee of
+    :func:`mfcli.accounting.reduction.reduced_epsilon` (the upper end of DP-SGD's balls-in-bins
+    bracket). The DP-SGD reduction's epsilon depends on sigma / ||C||_2 only, so every strategy's
     balls-in-bins row is this calibration scaled by its ||C||_2 bound: cached per process, so a
     worker calibrates it once per target."""
-    from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+    return calibrate_sigma(lambda nm: bib_dpsgd_epsilon(steps, epochs, delta, nm), target_epsilon=target,
+                           rel_tol=REL_TOL)
 
-    return calibrate_sigma(lambda nm: dpsgd_balls_in_bins(n=steps, sigma=nm, delta=delta, epochs=epochs).epsilon,
-                           target_epsilon=target, rel_tol=REL_TOL)
+
+def bib_dpsgd_epsilon(steps: int, epochs: int, delta: float, noise_multiplier: float) -> float:
+    """DP-SGD's balls-in-bins guarantee at ``noise_multiplier`` (``steps`` per epoch, ``epochs``
+    epochs): the DP-SGD reduction's epsilon of every C with sigma / ||C||_2 at least that
+    (:func:`mfcli.accounting.reduction.reduced_epsilon`)."""
+    from mfcli.accounting.reduction import reduced_epsilon
+
+    return float(reduced_epsilon(sampler="balls-in-bins", noise_multiplier=noise_multiplier, n=steps * epochs,
+                                 sampling=None, delta=delta, epochs=epochs).epsilon)
 
 
 def _guarantee_at(setup: TrainingSetup, b: _Built, name: str, sigma: float) -> float:
     """The epsilon of the row's guarantee ``name`` at ``sigma`` (for the JSON's ``guarantees``)."""
-    if name in ("dp-sgd-reduction", "balls-in-bins-dp-sgd"):
-        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
-
+    if name == bib_accounting(b.kind):
         assert b.bib_norm is not None
-        return float(dpsgd_balls_in_bins(n=setup.steps_per_epoch, sigma=sigma / b.bib_norm, delta=setup.delta,
-                                         epochs=int(setup.epochs or 1)).epsilon)
+        return bib_dpsgd_epsilon(setup.steps_per_epoch, int(setup.epochs or 1), setup.delta, sigma / b.bib_norm)
     assert b.eps_of_sigma is not None
     return float(b.eps_of_sigma(sigma))
 
@@ -716,12 +725,22 @@ def _build_any(setup: TrainingSetup, cand: Candidate) -> _Built:
     if cand.kind in ("tree", "honaker"):
         b = _tree_built(setup, cand)
     elif cand.sampler == "balls-in-bins" and cand.kind != "dp-sgd":
-        return _reduction_built(setup, cand)
+        b = _reduction_built(setup, cand)
     else:
         b = _build(setup, cand)
     if b.spectral is None:
         b.spectral = spectral_upper(setup, b)
+    b.kind = cand.kind
     return b
+
+
+def _toeplitz_coefs(setup: TrainingSetup, b: _Built) -> np.ndarray | None:
+    """The first n coefficients of a Toeplitz candidate's C (banded or BLT); None for the others."""
+    if "coefs" in b.extra:
+        return np.asarray(b.extra["coefs"])[:setup.n]
+    if "blt" in b.extra:
+        return np.asarray(b.extra["blt"].strategy_coefs(setup.n))[:setup.n]
+    return None
 
 
 def spectral_upper(setup: TrainingSetup, b: _Built) -> float:
@@ -733,8 +752,8 @@ def spectral_upper(setup: TrainingSetup, b: _Built) -> float:
     from mfcli.toeplitz import materialize
 
     n = setup.n
-    if "coefs" in b.extra or "blt" in b.extra:
-        coefs = np.asarray(b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(n))[:n]
+    coefs = _toeplitz_coefs(setup, b)
+    if coefs is not None:
         if n <= TOEPLITZ_CERTIFY_N:
             return float(spectral_norm_bound(materialize(coefs, n)).upper)
         return float(toeplitz_symbol_bound(coefs))
@@ -747,9 +766,8 @@ def spectral_upper(setup: TrainingSetup, b: _Built) -> float:
 
 def column_norm(setup: TrainingSetup, b: _Built) -> float:
     """The largest column norm of the candidate's C: its sensitivity for one participation."""
-    n = setup.n
-    if "coefs" in b.extra or "blt" in b.extra:
-        coefs = np.asarray(b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(n))[:n]
+    coefs = _toeplitz_coefs(setup, b)
+    if coefs is not None:
         return float(np.linalg.norm(coefs))  # column j holds coefs[:n - j]: the first is the largest
     c = np.asarray(b.extra["factorization"].strategy)
     return float(np.linalg.norm(c, axis=0).max())
@@ -1244,13 +1262,14 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
       ``toeplitz_sensitivity``);
     * ``poisson``: the DP-SGD reduction, DP-SGD at sigma / ||C||_2 (certified) with Poisson rate q
       for n steps;
-    * ``balls-in-bins`` (2^L steps per epoch): the DP-SGD reduction under balls-in-bins (and for the
-      tree its own balls-in-bins bound, the smaller); non-adaptive contributions only;
+    * ``balls-in-bins`` (any steps per epoch): the DP-SGD reduction under balls-in-bins (and for the
+      tree on 2^L leaves its own balls-in-bins bound, the smaller); non-adaptive contributions only;
     * ``cyclic``: a banded C with b <= the groups the setup allows, 2306.08153 Thm. 3 at b groups.
 
     The shuffle sampler is not accounted here (its bounds need batch size 1). Computed for the
     recommended row only (one accounting each)."""
-    from mfcli.accounting.single_pass import dpsgd, gaussian_epsilon
+    from mfcli.accounting.reduction import reduced_epsilon
+    from mfcli.accounting.single_pass import gaussian_epsilon
 
     e, s, n = int(setup.epochs or 1), setup.steps_per_epoch, setup.n
     out: list[dict[str, Any]] = []
@@ -1286,16 +1305,17 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
                 add(sampler, "single-pass" if e == 1 else "deterministic", gaussian_epsilon(setup.delta, sens / r.sigma),
                     schema.describe(n))
             elif sampler == "poisson" and r.spectral_norm is not None:
-                res = dpsgd(sigma=r.sigma / r.spectral_norm, sampling=setup.sampling, steps=n, delta=setup.delta,
-                            value_discretization=PLD_DISCRETIZATION)
+                res = reduced_epsilon(sampler="poisson", noise_multiplier=r.sigma / r.spectral_norm, n=n,
+                                      sampling=setup.sampling, delta=setup.delta,
+                                      value_discretization=PLD_DISCRETIZATION)
                 add(sampler, "dp-sgd-reduction", res.epsilon, POISSON_PARTICIPATION["description"])
-            elif sampler == "balls-in-bins" and r.spectral_norm is not None and _pow2(s):
-                from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins, tree_balls_in_bins
+            elif sampler == "balls-in-bins" and r.spectral_norm is not None:
+                from mfcli.accounting.balls_in_bins import tree_balls_in_bins
 
                 words = SingleParticipation().describe(n) if e == 1 else FixedEpoch(epochs=e).describe(n)
-                eps = dpsgd_balls_in_bins(n=s, sigma=r.sigma / r.spectral_norm, delta=setup.delta, epochs=e).epsilon
-                name = "dp-sgd-reduction" if r.kind != "dp-sgd" else "balls-in-bins-dp-sgd"
-                if r.kind in ("tree", "honaker"):
+                eps = bib_dpsgd_epsilon(s, e, setup.delta, r.sigma / r.spectral_norm)
+                name = bib_accounting(r.kind)
+                if r.kind in ("tree", "honaker") and _pow2(s):  # the tree's own bound: 2^L leaves only
                     tree = tree_balls_in_bins(n=s, sigma=r.sigma, delta=setup.delta, epochs=e).epsilon
                     if tree < eps:
                         eps, name = tree, "balls-in-bins-tree"

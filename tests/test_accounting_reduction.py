@@ -21,6 +21,7 @@ from scipy import optimize
 from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
 from mfcli.accounting.reduction import (
     norm_product_bound,
+    reduced_epsilon,
     reduction,
     spectral_norm_bound,
     toeplitz_coefficients,
@@ -271,3 +272,39 @@ def test_balls_in_bins_dpsgd_between_known_bounds() -> None:
     poisson = dpsgd_epsilon(sigma, 1.0 / n, n)
     assert 0.5 * poisson <= r.lower <= r.epsilon <= 1.2 * poisson
 
+
+
+# --- the epochs axis: balls-in-bins over several epochs (plan's balls-in-bins rows) -------------
+
+@pytest.mark.parametrize("steps,epochs", [(2, 2), (3, 2), (5, 3)])
+def test_balls_in_bins_epochs_compose(steps: int, epochs: int) -> None:
+    """n = steps x epochs steps in ``epochs`` independent allocations: the composed guarantee lies
+    between one epoch's lower bound (k epochs leak at least what one does) and basic composition of
+    the one-epoch guarantee at delta / k (the PLD composition is never looser)."""
+    nm, delta = 1.0, 1e-5
+    many = reduced_epsilon(sampler="balls-in-bins", noise_multiplier=nm, n=steps * epochs, sampling=None, delta=delta,
+                           epochs=epochs)
+    assert (many.steps, many.epochs) == (steps, epochs)
+    one = dpsgd_balls_in_bins(n=steps, sigma=nm, delta=delta)
+    assert one.lower <= many.epsilon <= epochs * dpsgd_balls_in_bins(n=steps, sigma=nm, delta=delta / epochs).epsilon
+    # the reduction of C = I over the same epochs is that DP-SGD (||I||_2 certified to a few ulps above 1)
+    r = reduction(np.eye(steps * epochs), sigma=nm, sampler="balls-in-bins", delta=delta, epochs=epochs)
+    assert r.epsilon == pytest.approx(many.epsilon, rel=1e-6)
+
+
+def test_epochs_do_not_change_poisson() -> None:
+    """Poisson samples every step afresh: only the n steps matter."""
+    kw = {"sampler": "poisson", "noise_multiplier": 1.2, "n": 20, "sampling": 0.1, "delta": 1e-6}
+    eps = reduced_epsilon(**kw).epsilon
+    assert reduced_epsilon(**kw, epochs=4).epsilon == eps == pytest.approx(dpsgd_epsilon(1.2, 0.1, 20, 1e-6), rel=1e-3)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"sampler": "balls-in-bins", "n": 10, "epochs": 3}, "dividing the 10 steps"),
+    ({"sampler": "balls-in-bins", "n": 10, "epochs": 0}, "positive integer"),
+    ({"sampler": "balls-in-bins", "n": 10, "epochs": True}, "positive integer"),
+    ({"sampler": "shuffle", "n": 10, "epochs": 2}, "one epoch"),
+])
+def test_bad_epochs_are_refused(kw: dict, message: str) -> None:
+    with pytest.raises(MfcliError, match=message):
+        reduced_epsilon(noise_multiplier=1.0, sampling=None, delta=1e-6, **kw)

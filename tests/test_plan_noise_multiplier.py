@@ -190,12 +190,65 @@ def test_every_strategy_gets_a_balls_in_bins_row_by_the_reduction(
             assert r.sensitivity == pytest.approx(float(np.linalg.norm(_dense_c(setup, r), axis=0).max()), rel=1e-9)
 
 
-def test_not_a_power_of_two_skips_the_reduction_rows_in_one_line() -> None:
-    setup = TrainingSetup(**{**SMALL, "batching": ("balls-in-bins", "fixed-order")})
+# 4000 examples, batch 100: 40 steps per epoch (not a power of 2), 2 epochs (n = 80)
+FORTY = {"examples": 4000, "batch": 100, "epochs": 2, "epsilon": 2.0, "workload": "prefix", "bands": (2,),
+         "buffers": (2,)}
+
+
+@pytest.fixture(scope="module")
+def forty_rows() -> tuple[TrainingSetup, dict[str, CandidateResult], list]:
+    setup = TrainingSetup(**{**FORTY, "batching": ("balls-in-bins", "fixed-order")})
     cands, skipped = enumerate_candidates(setup)
-    assert all(c.sampler == "fixed-order" for c in cands)
-    assert [s.key for s in skipped if s.sampler == "balls-in-bins"] == ["every candidate (balls-in-bins)"]
-    assert "10 steps per epoch is not a power of 2" in skipped[0].reason
+    out = {}
+    for c in cands:
+        if c.sampler == "balls-in-bins" or c.key == "tree":
+            r = evaluate(setup, c)
+            assert isinstance(r, CandidateResult), r
+            out[r.key] = r
+    return setup, out, skipped
+
+
+def test_forty_steps_per_epoch_get_the_dpsgd_and_reduction_rows(
+        forty_rows: tuple[TrainingSetup, dict[str, CandidateResult], list]) -> None:
+    """DP-SGD's balls-in-bins bound holds for any number of steps: at 40 steps per epoch every
+    strategy but the tree gets its balls-in-bins row (the tree's own bound is for 2^L leaves:
+    skipped with the reason). Each row's epsilon is DP-SGD's balls-in-bins bound called here at
+    sigma / ||C||_2, ||C||_2 numpy's SVD of the dense C (the certified bound within 1e-6 above it)."""
+    from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+    setup, rows, skipped = forty_rows
+    assert setup.steps_per_epoch == 40
+    assert set(rows) == {"dp-sgd (balls-in-bins)", "bandmf-2 (balls-in-bins)", "dense (balls-in-bins)",
+                         "banded-2 (balls-in-bins)", "blt-2 (balls-in-bins)", "tree"}
+    why = {s.key: s.reason for s in skipped if s.sampler == "balls-in-bins"}
+    assert set(why) == {"tree (balls-in-bins)", "honaker (balls-in-bins)"}
+    assert all("40 steps per epoch is not a power of 2" in w for w in why.values())
+    for key, r in rows.items():
+        if r.sampler != "balls-in-bins":
+            continue
+        svd = float(np.linalg.norm(_dense_c(setup, r), 2))
+        assert r.spectral_norm is not None and svd <= r.spectral_norm <= svd * (1 + 1e-6), key
+        direct = dpsgd_balls_in_bins(n=40, sigma=r.sigma / svd, delta=setup.delta, epochs=2)
+        assert r.epsilon == pytest.approx(direct.epsilon, rel=1e-4) and r.epsilon <= 2.0, key
+        # calibrated, not loose: 2 % less noise misses the target
+        assert dpsgd_balls_in_bins(n=40, sigma=0.98 * r.sigma / svd, delta=setup.delta, epochs=2).epsilon > 2.0, key
+        assert r.accounting == ("balls-in-bins-dp-sgd" if r.kind == "dp-sgd" else "dp-sgd-reduction") and not r.adaptive
+
+
+def test_forty_steps_per_epoch_other_sampler_is_the_reduction(
+        forty_rows: tuple[TrainingSetup, dict[str, CandidateResult], list]) -> None:
+    """The tree written for a fixed order, at 40 leaves: its own balls-in-bins bound does not apply,
+    the DP-SGD reduction does (DP-SGD's bound at sigma / ||C||_2, recomputed here from the SVD)."""
+    from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
+    setup, rows, _ = forty_rows
+    r = rows["tree"]
+    (o,) = other_sampler_guarantees(setup, r)
+    svd = float(np.linalg.norm(_dense_c(setup, r), 2))
+    assert o["batch_sampler"] == "balls-in-bins" and o["accounting"] == "dp-sgd-reduction" and not o["adaptive"]
+    direct = dpsgd_balls_in_bins(n=40, sigma=r.sigma / svd, delta=setup.delta, epochs=2).epsilon
+    assert o["epsilon"] == pytest.approx(direct, rel=1e-4)
+    assert o["smaller"] == (o["epsilon"] < r.epsilon)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -289,13 +289,24 @@ _ASSUMPTIONS = {
 
 
 def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: float | None, delta: float,
-                    schema: Any = None, value_discretization: float = DEFAULT_DISCRETIZATION,
+                    schema: Any = None, epochs: int = 1, value_discretization: float = DEFAULT_DISCRETIZATION,
                     on_progress: Any = None) -> Any:
-    """DP-SGD under ``sampler`` at ``noise_multiplier``: the result object of that sampler's accountant.
+    """DP-SGD under ``sampler`` at ``noise_multiplier`` over ``n`` steps in all: the result object of
+    that sampler's accountant. It is the reduction's epsilon for every C with
+    sigma / ||C||_2 >= ``noise_multiplier`` (its ``epsilon`` is non-increasing in the multiplier).
+
+    ``epochs`` (balls-in-bins only): the n steps are ``epochs`` epochs of n / epochs steps, each
+    example allocated to one uniformly random step of every epoch, independently
+    (:func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins` with ``epochs``, the epochs
+    composed). Poisson and cyclic Poisson sample every step afresh, so only n matters to them; the
+    shuffled bound is for one epoch.
 
     Raises:
-        MfcliError: an unknown sampler, a missing rate or schema (cyclic).
+        MfcliError: an unknown sampler, a missing rate or schema (cyclic), ``epochs`` not a positive
+            integer dividing n, or several epochs under the shuffle sampler.
     """
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1 or n % epochs:
+        raise MfcliError(f"the number of epochs must be a positive integer dividing the {n} steps, got {epochs!r}")
     if sampler == "poisson":
         from mfcli.accounting.single_pass import dpsgd
 
@@ -314,10 +325,13 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
     if sampler == "balls-in-bins":
         from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
 
-        return dpsgd_balls_in_bins(n=n, sigma=noise_multiplier, delta=delta, on_progress=on_progress)
+        return dpsgd_balls_in_bins(n=n // int(epochs), sigma=noise_multiplier, delta=delta, epochs=int(epochs),
+                                   on_progress=on_progress)
     if sampler == "shuffle":
         from mfcli.accounting.shuffling import shuffled_dpsgd
 
+        if epochs != 1:
+            raise MfcliError("the shuffled DP-SGD bound is for one epoch")
         return shuffled_dpsgd(n=n, sigma=noise_multiplier, delta=delta)
     raise MfcliError(f"the DP-SGD reduction has no accountant for the batch sampler {sampler!r}; "
                      f"choose from {', '.join(REDUCTION_SAMPLERS)}")
@@ -326,7 +340,7 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
 def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | None = None,
               delta: float = DEFAULT_DELTA, schema: Any = None,
               value_discretization: float = DEFAULT_DISCRETIZATION, spectral: SpectralNorm | None = None,
-              release_steps: np.ndarray | None = None, on_progress: Any = None) -> ReductionResult:
+              release_steps: np.ndarray | None = None, epochs: int = 1, on_progress: Any = None) -> ReductionResult:
     """epsilon of C G + Z (noise sigma per coordinate) under ``sampler``: DP-SGD's epsilon under the
     same sampler at noise multiplier sigma / ||C||_2 (a certified upper bound on the norm).
 
@@ -334,7 +348,8 @@ def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | No
     sampler that does not look at the data, and the neighbouring relation and gradient model of
     the sampler's DP-SGD accountant, ``epsilon`` is a valid (epsilon, delta) bound.
     ``spectral`` reuses a bound computed before (the same C). ``release_steps``: t(r) for every row
-    r of C (default: row t at step t, C square); C must be causal in that order.
+    r of C (default: row t at step t, C square); C must be causal in that order. ``epochs``: the
+    balls-in-bins epochs C's columns split into (:func:`reduced_epsilon`).
 
     Raises:
         MfcliError: C not causal in release order, or a parameter out of range.
@@ -358,7 +373,7 @@ def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | No
     n = c.shape[1]
     nm = sigma / sn.upper
     res = reduced_epsilon(sampler=sampler, noise_multiplier=nm, n=n, sampling=sampling, delta=delta, schema=schema,
-                          value_discretization=value_discretization, on_progress=on_progress)
+                          epochs=epochs, value_discretization=value_discretization, on_progress=on_progress)
     neighbouring = "replace-one" if sampler == "shuffle" else "add-remove"
     return ReductionResult(epsilon=float(res.epsilon), sampler=sampler, sigma=sigma, spectral=sn, dpsgd=res,
                            neighbouring=neighbouring, delta=delta, steps=n)

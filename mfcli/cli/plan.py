@@ -198,8 +198,9 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
         pts = [(e, v) for e, v in r.curve if v is not None]
         if pts:
             ls, mk = styles[r.sampler]
+            label = r.key if r.key.endswith(f"({r.sampler})") else f"{r.key} ({r.sampler})"  # no sampler twice
             ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=ls, marker=mk, markersize=3, linewidth=1.2,
-                    color=colours[i % len(colours)], label=f"{r.key} ({r.sampler})")
+                    color=colours[i % len(colours)], label=label)
     ax.axvline(plan.setup.epsilon, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
