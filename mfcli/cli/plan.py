@@ -237,7 +237,8 @@ def plan(
     batching: list[str] | None = typer.Option(
         None, "--batching", callback=BATCHING_NAMES,
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
-        "shuffle, fixed-order (default all). No number is shown under a sampler not allowed."),
+        "shuffle, fixed-order (default all but balls-in-bins, whose rows are never recommended and cost minutes "
+        "at long horizons). No number is shown under a sampler not allowed."),
     bands: list[int] | None = typer.Option(
         None, "--bands", callback=BANDS_RANGE, help="Band counts to try (repeat; default 2,4,...,64 where they fit)."),
     buffers: list[int] | None = typer.Option(
@@ -265,7 +266,7 @@ def plan(
     with the epsilon to report."""
     from mfcli.artifact import check_output_path
     from mfcli.memory import parse_size
-    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+    from mfcli.plan import DEFAULT_SAMPLERS, TrainingSetup, make_plan, write_artifact
 
     refuse_unless((epochs is None) != (steps is None), "give --epochs or --steps (one of them)")
     refuse_unless(beta is None or workload == "momentum", "--beta applies to the momentum workload only")
@@ -274,7 +275,8 @@ def plan(
     refuse_unless(not force or out is not None or plot is not None, "--force applies to --out or --plot; none is given")
     setup = TrainingSetup(
         examples=examples, batch=batch, epsilon=epsilon, epochs=epochs, steps=steps, delta=delta, workload=workload,
-        beta=0.9 if beta is None else beta, params=params, batching=SAMPLERS if batching is None else (_split(batching) or ()),
+        beta=0.9 if beta is None else beta, params=params,
+        batching=DEFAULT_SAMPLERS if batching is None else (_split(batching) or ()),
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
         max_stream_bytes=None if max_stream_memory is None else parse_size(max_stream_memory),
