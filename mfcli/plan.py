@@ -529,7 +529,7 @@ def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
                       sampling=setup.sampling, spectral=1.0, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
     if cand.kind == "bandmf":
         from mfcli.accounting.multi import reduced_dpsgd
-        from mfcli.accounting.structured import banded_numbers
+        from mfcli.structured import banded_numbers
         from mfcli.toeplitz import BandedToeplitz
 
         k = int(cand.size or 1)
@@ -1235,7 +1235,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
         save_structured_artifact(tmp, _structured_strategy(setup, r), workload=toeplitz_of(setup), n=setup.n,
                                  participation=schema, command=command, force=True)
     # the accounting session on the written file, as `mfcli account` runs it (a structured
-    # artifact: mfcli.accounting.structured, from its parameters)
+    # artifact: the session, through its Mechanism, from its parameters)
     inp = session.resolve_strategy(tmp)
     report = session.account(inp, sigma=r.sigma, sampling=sampling, settings=[setting],
                              options=session.AccountingOptions(delta=setup.delta,
@@ -1327,7 +1327,7 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
                 add(sampler, name, eps, words, adaptive=False)
             elif sampler == "cyclic" and r.kind == "banded" and (r.size or 1) <= setup.max_groups:
                 from mfcli.accounting.multi import reduced_dpsgd
-                from mfcli.accounting.structured import banded_numbers
+                from mfcli.structured import banded_numbers
                 from mfcli.toeplitz import BandedToeplitz
 
                 k = int(r.size or 1)
