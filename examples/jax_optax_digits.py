@@ -35,9 +35,9 @@ from sklearn.datasets import load_digits
 
 from mfcli.accounting.single_pass import single_pass
 from mfcli.adapters.optax import checked, correlated_noise
-from mfcli.artifact import load_artifact
 from mfcli.errors import NoiseStreamExhaustedError
-from mfcli.noise import noise_stream
+from mfcli.io.artifact import load_artifact
+from mfcli.training.noise import noise_stream
 
 
 def optimize(n: int, beta: float, directory: Path) -> Path:

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from mfcli.version import __version__ as __version__  # re-exported: mfcli.__version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ below
-    from mfcli.artifact import Artifact, StructuredArtifact, load_any_artifact, load_artifact, save_artifact, shipped_artifact
-    from mfcli.blt import BufferedToeplitz
     from mfcli.errors import ArtifactError, MfcliError
-    from mfcli.factorization import Factorization, sensitivity, total_loss
-    from mfcli.participation import (
+    from mfcli.io.artifact import Artifact, StructuredArtifact, load_any_artifact, load_artifact, save_artifact, shipped_artifact
+    from mfcli.model.factorization import Factorization, sensitivity, total_loss
+    from mfcli.model.participation import (
         FixedEpoch,
         MinSeparation,
         Participation,
@@ -29,47 +28,48 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         SingleParticipation,
         participation_from_json,
     )
-    from mfcli.samplers import CyclicPoissonSampler, PoissonSampler, sampler_for
-    from mfcli.solver import SolveResult, optimal_factorization
-    from mfcli.toeplitz import BandedToeplitz
-    from mfcli.workloads import (
+    from mfcli.model.workloads import (
         Workload,
         build_workload,
         momentum_workload,
         prefix_workload,
     )
+    from mfcli.optimize.dense import SolveResult, optimal_factorization
+    from mfcli.strategies.blt import BufferedToeplitz
+    from mfcli.strategies.toeplitz import BandedToeplitz
+    from mfcli.training.samplers import CyclicPoissonSampler, PoissonSampler, sampler_for
 
 #: Public name -> module it is defined in. Imported on first use (PEP 562), so that
 #: ``import mfcli`` and ``mfcli --version`` do not pay for numpy, scipy and h5py.
 _EXPORTS = {
-    "Artifact": "mfcli.artifact",
-    "load_artifact": "mfcli.artifact",
-    "load_any_artifact": "mfcli.artifact",
-    "StructuredArtifact": "mfcli.artifact",
-    "save_artifact": "mfcli.artifact",
-    "shipped_artifact": "mfcli.artifact",
-    "BufferedToeplitz": "mfcli.blt",
+    "Artifact": "mfcli.io.artifact",
+    "load_artifact": "mfcli.io.artifact",
+    "load_any_artifact": "mfcli.io.artifact",
+    "StructuredArtifact": "mfcli.io.artifact",
+    "save_artifact": "mfcli.io.artifact",
+    "shipped_artifact": "mfcli.io.artifact",
+    "BufferedToeplitz": "mfcli.strategies.blt",
     "ArtifactError": "mfcli.errors",
     "MfcliError": "mfcli.errors",
-    "Factorization": "mfcli.factorization",
-    "sensitivity": "mfcli.factorization",
-    "total_loss": "mfcli.factorization",
-    "FixedEpoch": "mfcli.participation",
-    "MinSeparation": "mfcli.participation",
-    "Participation": "mfcli.participation",
-    "Sensitivity": "mfcli.participation",
-    "SingleParticipation": "mfcli.participation",
-    "participation_from_json": "mfcli.participation",
-    "CyclicPoissonSampler": "mfcli.samplers",
-    "PoissonSampler": "mfcli.samplers",
-    "sampler_for": "mfcli.samplers",
-    "SolveResult": "mfcli.solver",
-    "optimal_factorization": "mfcli.solver",
-    "BandedToeplitz": "mfcli.toeplitz",
-    "Workload": "mfcli.workloads",
-    "build_workload": "mfcli.workloads",
-    "momentum_workload": "mfcli.workloads",
-    "prefix_workload": "mfcli.workloads",
+    "Factorization": "mfcli.model.factorization",
+    "sensitivity": "mfcli.model.factorization",
+    "total_loss": "mfcli.model.factorization",
+    "FixedEpoch": "mfcli.model.participation",
+    "MinSeparation": "mfcli.model.participation",
+    "Participation": "mfcli.model.participation",
+    "Sensitivity": "mfcli.model.participation",
+    "SingleParticipation": "mfcli.model.participation",
+    "participation_from_json": "mfcli.model.participation",
+    "CyclicPoissonSampler": "mfcli.training.samplers",
+    "PoissonSampler": "mfcli.training.samplers",
+    "sampler_for": "mfcli.training.samplers",
+    "SolveResult": "mfcli.optimize.dense",
+    "optimal_factorization": "mfcli.optimize.dense",
+    "BandedToeplitz": "mfcli.strategies.toeplitz",
+    "Workload": "mfcli.model.workloads",
+    "build_workload": "mfcli.model.workloads",
+    "momentum_workload": "mfcli.model.workloads",
+    "prefix_workload": "mfcli.model.workloads",
 }
 
 

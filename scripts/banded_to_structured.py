@@ -24,11 +24,11 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from mfcli.accounting import session  # noqa: E402
-from mfcli.artifact import load_artifact, save_structured_artifact  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
-from mfcli.participation import participation_from_json  # noqa: E402
-from mfcli.samplers import accounting_records  # noqa: E402
-from mfcli.toeplitz import BandedToeplitz, materialize, toeplitz_workload  # noqa: E402
+from mfcli.io.artifact import load_artifact, save_structured_artifact  # noqa: E402
+from mfcli.model.participation import participation_from_json  # noqa: E402
+from mfcli.strategies.toeplitz import BandedToeplitz, materialize, toeplitz_workload  # noqa: E402
+from mfcli.training.samplers import accounting_records  # noqa: E402
 
 
 def convert(src: Path, dst: Path) -> dict:

@@ -41,7 +41,7 @@ import numpy as np
 
 
 def strategy(name: str, n: int) -> np.ndarray:
-    from mfcli.strategies import sqrt_strategy_matrix
+    from mfcli.strategies.baselines import sqrt_strategy_matrix
 
     if name == "identity":
         return np.eye(n)

@@ -17,12 +17,12 @@ import json
 import os
 import time
 
-import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.solver.blas_threads)
+import scipy.linalg  # noqa: F401  (loaded before any BLAS thread limit, see mfcli.optimize.dense.blas_threads)
 
-import mfcli.multi_banded as mb
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import MinSeparation
-from mfcli.workloads import momentum_workload, prefix_workload
+import mfcli.optimize.multi_banded as mb
+from mfcli.model.participation import MinSeparation
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Benchmark of mfcli's BLT library (mfcli/blt.py), side by side with jax_privacy 2.0 when installed.
+"""Benchmark of mfcli's BLT library (mfcli/strategies/blt.py), side by side with jax_privacy 2.0 when installed.
 
 Every loss in the table is evaluated by mfcli's O(n d) evaluator (``BufferedToeplitz.loss``) from
 the returned parameters, for both libraries, so the columns compare strategies, not evaluators.
 
 Sections:
 
-1. accuracy against the certified dense optimum (mfcli.solver, prefix sums, single participation,
+1. accuracy against the certified dense optimum (mfcli.optimize.dense, prefix sums, single participation,
    n = 2048, mean error; the dense optimum minimises mean loss, so it is the reference there);
 2. max-error gates: sqrt(max loss) / (1 + ln(n) / pi) at n = 10^4 (4 buffers, gate 1.03) and
    n = 10^6 (5 buffers, gate 1.05), the bounds jax_privacy's own tests enforce;
@@ -15,7 +15,7 @@ Sections:
 4. the gradient noise stream at d = 10^6 with 4 buffers (gate 50 steps/s);
 5. optimisation CPU time by objective: max error, mean error with the closed forms (O(d^2) per
    evaluation; O(epochs d^2) under fixed epochs), and mean error with the O(n d) evaluator the
-   optimiser used before (``--direct``-style switch ``mfcli.blt._FORCE_DIRECT_OBJECTIVE``), side by
+   optimiser used before (``--direct``-style switch ``mfcli.strategies.blt._FORCE_DIRECT_OBJECTIVE``), side by
    side in one run, with the losses reached (gate: mean at most 2x max).
 
 Section 5 alone: ``python scripts/bench_blt.py --objective-only [--direct-max-n N]`` (the O(n d)
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from mfcli.blt import BufferedToeplitz, optimize_blt
+from mfcli.strategies.blt import BufferedToeplitz, optimize_blt
 
 
 def _load() -> str:
@@ -104,8 +104,8 @@ def main() -> None:
 
 
 def objective_section(args: argparse.Namespace) -> None:
-    import mfcli.blt as blt_module
-    from mfcli.participation import FixedEpoch
+    import mfcli.strategies.blt as blt_module
+    from mfcli.model.participation import FixedEpoch
 
     print(f"\n## 5. Optimisation CPU time by objective (median of {args.repeats}; O(n d) objective once)\n")
     print("| n | buffers | schema | workload | max error (s) | mean, closed form (s) | mean / max | "
@@ -145,8 +145,8 @@ def optimisation(args: argparse.Namespace, bt) -> None:
     print("| n | buffers | dense optimum (gap) | mfcli BLT | ratio | jax_privacy BLT | ratio |")
     print("|---|---|---|---|---|---|---|")
     n = 512 if args.quick else 2048
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     res = optimal_factorization(prefix_workload(n).matrix, tol=1e-8)
     dense = res.factorization.loss_mean
@@ -190,7 +190,7 @@ def optimisation(args: argparse.Namespace, bt) -> None:
 
 
 def stream_section() -> None:
-    from mfcli.noise import noise_row, strategy_stream
+    from mfcli.training.noise import noise_row, strategy_stream
 
     print("\n## 4. Gradient noise stream C^-1 Z, d = 10^6, 4 buffers\n")
     blt = optimize_blt(n=10**4, buffers=4).blt

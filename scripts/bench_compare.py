@@ -16,7 +16,8 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from mfcli.strategies import (
+from mfcli.model.workloads import build_workload
+from mfcli.strategies.baselines import (
     STRATEGY_NAMES,
     build_strategy,
     honaker_full_decoder,
@@ -24,7 +25,6 @@ from mfcli.strategies import (
     tree_release_steps,
     tree_strategy_matrix,
 )
-from mfcli.workloads import build_workload
 
 
 def median_time(fn, repeats: int) -> tuple[float, object]:

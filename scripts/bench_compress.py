@@ -23,16 +23,16 @@ import numpy as np
 import scipy.linalg
 from threadpoolctl import threadpool_info
 
-from mfcli.artifact import load_artifact, shipped_artifact
-from mfcli.compress import (
+from mfcli.io.artifact import load_artifact, shipped_artifact
+from mfcli.model.factorization import Factorization, sensitivity
+from mfcli.services.compress import (
     _embed,
     als_iterates,
     compress_factorization,
     masked_block,
     search_compression,
 )
-from mfcli.factorization import Factorization, sensitivity
-from mfcli.operators import BandedLowRank, CompressedOperator, band_values, strategy_for_decoder
+from mfcli.strategies.operators import BandedLowRank, CompressedOperator, band_values, strategy_for_decoder
 
 
 def environment() -> str:
@@ -47,8 +47,8 @@ def get_factorization(args: argparse.Namespace) -> tuple[Factorization, str]:
         return load_artifact(shipped_artifact("momentum-n256")).factorization, "shipped momentum-n256"
     if args.artifact and Path(args.artifact).exists():
         return load_artifact(args.artifact).factorization, str(args.artifact)
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import momentum_workload
+    from mfcli.model.workloads import momentum_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     print(f"solving momentum n = {args.n}, beta = {args.beta} ...", file=sys.stderr, flush=True)
     res = optimal_factorization(momentum_workload(args.n, beta=args.beta).matrix, tol=1e-6)

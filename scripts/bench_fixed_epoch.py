@@ -17,9 +17,9 @@ import time
 
 import scipy.linalg  # noqa: F401  (loaded before the BLAS thread limit is applied)
 
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.participation import FixedEpoch
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ from jax_privacy import noise_addition
 
 from mfcli.adapters import jax_privacy as bridge
 from mfcli.adapters.optax import correlated_noise
-from mfcli.noise import noise_stream
-from mfcli.operators import select_operator
+from mfcli.strategies.operators import select_operator
+from mfcli.training.noise import noise_stream
 
 
 def time_update(tx, d: int, t: int, repeats: int) -> float:
@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--t", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
-    from mfcli.artifact import load_artifact
+    from mfcli.io.artifact import load_artifact
 
     art = load_artifact(args.artifact)
     comp = select_operator(art, "compressed")

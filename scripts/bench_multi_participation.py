@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of the multi-participation solver (mfcli.multi_solver) next to jax_privacy 2.0.
+"""Benchmark of the multi-participation solver (mfcli.optimize.multi_solver) next to jax_privacy 2.0.
 
 For each workload (prefix, momentum beta 0.9) and n, two problems:
 
@@ -11,7 +11,7 @@ For each workload (prefix, momentum beta 0.9) and n, two problems:
   jax_privacy's own streaming matrix).
 
 Both strategies are scored the same way, in float64 by mfcli: the schema sensitivity of C
-(:func:`mfcli.participation.sensitivity`, exact or an upper bound) and the loss sens^2
+(:func:`mfcli.model.participation.sensitivity`, exact or an upper bound) and the loss sens^2
 ||A C^-1||_F^2 / n (mean). mfcli's certified gap is reported; jax_privacy has no certificate, so
 its distance to mfcli's dual bound is reported instead ("gap vs mfcli dual").
 
@@ -59,9 +59,9 @@ from typing import Any
 
 import numpy as np
 
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, participation_from_json, sensitivity
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, participation_from_json, sensitivity
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 #: Environment of each jax_privacy child: one XLA CPU thread, one BLAS thread (jaxlib's LAPACK
 #: calls go through scipy's OpenBLAS), so that its CPU seconds compare with mfcli's threads=1.

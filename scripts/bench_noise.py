@@ -42,11 +42,11 @@ import numpy as np
 import scipy.linalg
 from threadpoolctl import threadpool_info
 
-from mfcli.artifact import load_artifact, save_artifact
-from mfcli.factorization import sensitivity
-from mfcli.noise import noise_matrix, noise_stream
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.io.artifact import load_artifact, save_artifact
+from mfcli.model.factorization import sensitivity
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.training.noise import noise_matrix, noise_stream
 
 SEED = 0x5EED_2048
 
@@ -74,7 +74,7 @@ def optimal_artifact(n: int, beta: float, path: Path) -> Path:
 
 
 def masked_als(decoder: np.ndarray, k: int, r: int, iters: int = 30) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fallback fit when mfcli.compress is absent: least squares on the entries j <= t - K."""
+    """Fallback fit when mfcli.services.compress is absent: least squares on the entries j <= t - K."""
     n = decoder.shape[0]
     band = np.zeros((n, k))
     for i in range(k):
@@ -100,12 +100,12 @@ def masked_als(decoder: np.ndarray, k: int, r: int, iters: int = 30) -> tuple[np
 
 def compressed_group(fact, k: int, r: int) -> tuple[dict, str]:
     try:
-        from mfcli.compress import compress_factorization
+        from mfcli.services.compress import compress_factorization
     except ImportError:
         compress_factorization = None
     if compress_factorization is not None:
         comp = compress_factorization(fact, band=k, rank=r)
-        return comp.group(), "mfcli.compress (ALS)"
+        return comp.group(), "mfcli.services.compress (ALS)"
     band, u, v = masked_als(fact.decoder, k, r)
     n = fact.n
     b_hat = np.where(np.tril(np.ones((n, n)), -k) > 0, u @ v.T, np.tril(fact.decoder))

@@ -52,8 +52,8 @@ def child(spec: dict) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_info
 
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import build_workload
+    from mfcli.model.workloads import build_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     kwargs = {"beta": spec["beta"]} if spec["workload"] == "momentum" else {}
     a = build_workload(spec["workload"], spec["n"], **kwargs).matrix

@@ -12,8 +12,8 @@ import numpy as np
 
 
 def strategies() -> dict[str, np.ndarray]:
-    from mfcli.accounting.session import resolve_strategy
-    from mfcli.strategies import sqrt_strategy_matrix
+    from mfcli.services.account import resolve_strategy
+    from mfcli.strategies.baselines import sqrt_strategy_matrix
 
     n = 2048
     c4 = np.array([1, 0.5, 0.375, 0.3125]) / np.linalg.norm([1, 0.5, 0.375, 0.3125])

@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from mfcli.artifact import save_artifact, save_structured_artifact
-from mfcli.blt import BufferedToeplitz
-from mfcli.factorization import Factorization
-from mfcli.noise import NUMPY_GENERATOR, noise_row, noise_stream
-from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import save_artifact, save_structured_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.workloads import prefix_workload
+from mfcli.strategies.blt import BufferedToeplitz
+from mfcli.strategies.toeplitz import BandedToeplitz, toeplitz_workload
+from mfcli.training.noise import NUMPY_GENERATOR, noise_row, noise_stream
 
 SEED = 0x5EED_2024
 
@@ -162,7 +162,7 @@ def per_step(step, jump, start: int, count: int) -> float:
 
 BASELINE = """
 import statistics, sys, time
-from mfcli.noise import noise_stream
+from mfcli.training.noise import noise_stream
 path, d, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 stream = noise_stream(path, kind="gradient", d=d, seed=1, dtype="float32", threads=threads)
 state = stream.init()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: banded Toeplitz strategies (mfcli.toeplitz) at long horizons, side by side with
+"""Benchmark: banded Toeplitz strategies (mfcli.strategies.toeplitz) at long horizons, side by side with
 jax_privacy 2.0 where it is importable (run under a venv that has it, e.g. /work/jpvenv, with
 PYTHONPATH pointing at this checkout).
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mfcli.artifact import save_structured_artifact
-from mfcli.noise import noise_stream
-from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, optimize_banded_toeplitz
+from mfcli.io.artifact import save_structured_artifact
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, optimize_banded_toeplitz
+from mfcli.training.noise import noise_stream
 
 
 def timed(fn):
@@ -73,8 +73,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
 
     n = 512 if args.quick else 2048
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     dense = optimal_factorization(prefix_workload(n).matrix, tol=1e-6)
     opt_mean = dense.primal / n

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from mfcli.artifact import load_any_artifact
+    from mfcli.io.artifact import load_any_artifact
     from mfcli.training.record import plan_and_write
 
     x, y, _, _ = load_split("mnist5k", 4000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.model.workloads import learning_rates, momentum_workload, prefix_workload
 
 
 def workload_matrix(name: str, n: int) -> np.ndarray:

@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import mfcli.artifact as art
+import mfcli.io.artifact as art
 from mfcli.cli.app import main
 
 _paused = False

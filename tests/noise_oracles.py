@@ -1,4 +1,4 @@
-"""Independent oracles shared by the noise-stream and adapter tests (not through mfcli.noise).
+"""Independent oracles shared by the noise-stream and adapter tests (not through mfcli.training.noise).
 
 * :func:`philox_z`: Z drawn straight from numpy's Philox, entries 65536 c .. of row j from
   Philox(key=seed, counter=(0, c, j, 0)).
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from mfcli.artifact import save_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.io.artifact import save_artifact
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
 
 BLOCK = 65536
 

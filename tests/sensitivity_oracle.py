@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 
 
 def schema_patterns(n: int, schema: Participation) -> list[tuple[int, ...]]:

@@ -1,6 +1,6 @@
 """Dense twins of structured (Toeplitz, BLT) operators, built from their definitions for the tests
 that compare mfcli's structured code with dense algebra (not a test module; nothing here calls
-mfcli.blt or mfcli.toeplitz).
+mfcli.strategies.blt or mfcli.strategies.toeplitz).
 
 * :func:`toeplitz_dense`: the lower-triangular Toeplitz matrix of a first column.
 * :func:`blt_coefs`, :func:`blt_dense`: a buffered linear Toeplitz C (C_ii = 1, C_ij = sum_k
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.workloads import momentum_workload, prefix_workload
 
 
 def toeplitz_dense(coefs: np.ndarray) -> np.ndarray:

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mfcli.accounting import banded_poisson
-from mfcli.accounting.session import ESTIMATE_NOT_REQUESTED, AccountingOptions, account, resolve_strategy
 from mfcli.cli.app import app
 from mfcli.schemas import load_schema, validate
+from mfcli.services.account import ESTIMATE_NOT_REQUESTED, AccountingOptions, account, resolve_strategy
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "600"}  # table cells on one line each

@@ -20,8 +20,8 @@ import pytest
 from scipy import optimize, special
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_artifact, shipped_artifact
 from mfcli.cli.app import app
+from mfcli.io.artifact import load_artifact, shipped_artifact
 
 SIGMA, P, DELTA, STEPS = 4.0, 0.01, 1e-6, 256
 

@@ -20,24 +20,24 @@ import pytest
 from accounting_oracles import gaussian_epsilon
 from typer.testing import CliRunner
 
-from mfcli.accounting.session import (
+from mfcli.cli.app import app
+from mfcli.cli.rounding import pessimistic
+from mfcli.errors import MfcliError
+from mfcli.io.artifact import (
+    load_artifact,
+    save_artifact,
+    shipped_artifact,
+)
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.account import (
     account,
     calibrate,
     record_to_artifact,
     resolve_strategy,
 )
-from mfcli.artifact import (
-    load_artifact,
-    save_artifact,
-    shipped_artifact,
-)
-from mfcli.cli.app import app
-from mfcli.cli.rounding import pessimistic
-from mfcli.compress import compress_artifact
-from mfcli.errors import MfcliError
-from mfcli.noise import noise_stream
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.services.compress import compress_artifact
+from mfcli.training.noise import noise_stream
 
 runner = CliRunner()
 DELTA = 1e-6

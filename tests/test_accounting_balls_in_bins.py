@@ -19,7 +19,7 @@ from scipy import special
 from mfcli.accounting.balls_in_bins import tree_balls_in_bins, tree_delta_bracket, tree_height
 from mfcli.accounting.single_pass import gaussian_delta, gaussian_epsilon
 from mfcli.errors import MfcliError
-from mfcli.strategies import tree_strategy_matrix
+from mfcli.strategies.baselines import tree_strategy_matrix
 
 
 def _split_root(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from mfcli.accounting.balls_in_bins import tree_balls_in_bins
 from mfcli.accounting.shuffling import shuffled_dpsgd
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
-from mfcli.factorization import Factorization
-from mfcli.strategies import tree_decoder, tree_strategy_matrix
+from mfcli.io.artifact import save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.strategies.baselines import tree_decoder, tree_strategy_matrix
 
 runner = CliRunner()
 

@@ -6,9 +6,9 @@ import pytest
 
 import mfcli.accounting.mmcc as M
 from mfcli.accounting.calibrate import calibrate_sigma
-from mfcli.accounting.session import AccountingOptions, StrategyInput, calibrate
 from mfcli.accounting.single_pass import gaussian_epsilon
 from mfcli.errors import MfcliError
+from mfcli.services.account import AccountingOptions, StrategyInput, calibrate
 
 
 @pytest.mark.parametrize("target", [0.3, 1.0, 4.0])
@@ -67,8 +67,8 @@ def test_setting_needs_sampling() -> None:
 
 
 def _strategies():
-    from mfcli.strategies import build_strategy
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.strategies.baselines import build_strategy
 
     rng = np.random.default_rng(3)
     lower = np.tril(rng.uniform(0.1, 1.0, size=(6, 6)))
@@ -99,8 +99,8 @@ def test_calibrate_strategy_single_pass_is_the_gaussian_scaled_by_sens(name, c, 
 def test_calibrate_strategy_shuffled_tree_and_dp_sgd_meet_their_targets():
     from mfcli.accounting import calibrate_strategy
     from mfcli.accounting.shuffled_tree import shuffled_tree
-    from mfcli.strategies import build_strategy
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.strategies.baselines import build_strategy
 
     tree = build_strategy("tree", prefix_workload(8))
     c = tree.factorization.strategy

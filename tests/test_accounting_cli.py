@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from mfcli.accounting.events import event_from_json
-from mfcli.accounting.session import read_chunked
-from mfcli.artifact import check_datasets, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
-from mfcli.factorization import Factorization
-from mfcli.strategies import sqrt_strategy_matrix
+from mfcli.io.artifact import check_datasets, load_artifact, save_artifact, shipped_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.services.account import read_chunked
+from mfcli.strategies.baselines import sqrt_strategy_matrix
 
 runner = CliRunner()
 

@@ -16,12 +16,12 @@ from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
 from mfcli.accounting.multi import band_count, cyclic_poisson
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization
-from mfcli.inspection import inspect_artifact
-from mfcli.participation import FixedEpoch, MinSeparation, Participation
+from mfcli.io.artifact import save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
+from mfcli.services.inspect import inspect_artifact
 
 runner = CliRunner()
 DELTA = 1e-6
@@ -174,7 +174,7 @@ def test_cyclic_with_more_bands_than_groups_is_accounted_by_the_reduction(option
     out = run("--strategy", "sqrt", "--n", "8", "--sigma", "1", "--sampling", "0.1", "--batching", "cyclic", *options)
     assert "cyclic-poisson" not in out["settings"] and "at most b = 4 bands" in out["refused"]["cyclic-poisson"]
     red = out["settings"]["dp-sgd-reduction"]
-    from mfcli.strategies import sqrt_strategy_matrix
+    from mfcli.strategies.baselines import sqrt_strategy_matrix
 
     norm = float(np.linalg.svd(sqrt_strategy_matrix(8), compute_uv=False)[0])
     assert red["epsilon"] == pytest.approx(dpsgd_epsilon(1.0 / norm, 0.1, 2), rel=1e-6)
@@ -292,8 +292,8 @@ def test_poisson_rows_name_their_sampler_under_a_schema(tmp_path):
 
 
 def _momentum_artifact(tmp_path: Path, schema: Participation | None = None) -> Path:
-    from mfcli.strategies import build_strategy
-    from mfcli.workloads import momentum_workload
+    from mfcli.model.workloads import momentum_workload
+    from mfcli.strategies.baselines import build_strategy
 
     path = tmp_path / "m.h5"
     fact = build_strategy("optimal", momentum_workload(8)).factorization
@@ -307,8 +307,8 @@ def _brute_loss(c: np.ndarray, b: np.ndarray, schema: Participation) -> tuple[fl
 
 
 def test_compress_reports_the_schema_sensitivity(tmp_path):
-    from mfcli.artifact import load_artifact
-    from mfcli.operators import select_operator
+    from mfcli.io.artifact import load_artifact
+    from mfcli.strategies.operators import select_operator
 
     src = _momentum_artifact(tmp_path)
     out = tmp_path / "c.h5"
@@ -339,7 +339,7 @@ def test_compress_and_inspect_refuse_a_contradicting_schema(tmp_path):
 
 
 def test_inspect_shows_a_requested_schema(tmp_path):
-    from mfcli.artifact import load_artifact
+    from mfcli.io.artifact import load_artifact
 
     src = _momentum_artifact(tmp_path)
     r = runner.invoke(app, ["inspect", str(src), "--min-sep", "3", "--json", "--no-certificate"])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mfcli.accounting.prefix import prefix_epsilon, prefix_epsilons, prefix_schema, prefix_strategy
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
 
 
 def _patterns(m: int, schema) -> list[tuple[int, ...]]:
@@ -105,7 +105,7 @@ def test_cyclic_prefixes_against_dp_accounting(b: int, epochs: int) -> None:
 
 def test_last_prefix_is_the_whole_run() -> None:
     from mfcli.accounting.multi import deterministic
-    from mfcli.participation import sensitivity
+    from mfcli.model.participation import sensitivity
 
     c = _random_causal(np.random.default_rng(5), 9)
     got = prefix_epsilons(c, steps_per_epoch=3, setting="deterministic", sigma=2.0, schema=FixedEpoch(epochs=3))

@@ -28,7 +28,7 @@ from mfcli.accounting.reduction import (
     toeplitz_symbol_bound,
 )
 from mfcli.errors import MfcliError
-from mfcli.strategies import tree_strategy_matrix
+from mfcli.strategies.baselines import tree_strategy_matrix
 
 RNG = np.random.default_rng(20261201)
 
@@ -152,7 +152,7 @@ def test_headline_numbers_of_the_issue() -> None:
 def test_cyclic_reduction_any_number_of_bands() -> None:
     """Cyclic Poisson: DP-SGD with ceil(n / b) steps at sigma / ||C||_2, for a dense C too (where
     the banded cyclic theorem does not apply)."""
-    from mfcli.participation import MinSeparation
+    from mfcli.model.participation import MinSeparation
 
     c = sqrt_toeplitz(32)
     r = reduction(c, sigma=4.0, sampler="cyclic", sampling=0.1, schema=MinSeparation(separation=8))

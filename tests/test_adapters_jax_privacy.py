@@ -21,10 +21,10 @@ import scipy.linalg
 from typer.testing import CliRunner
 
 from mfcli.adapters import jax_privacy as bridge
-from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.workloads import build_workload
+from mfcli.io.artifact import load_artifact
+from mfcli.model.workloads import build_workload
 
 from noise_oracles import philox_z, save_truncated_svd_compression
 
@@ -168,7 +168,7 @@ def test_export_streams_the_same_noise_as_mfcli(artifact, variant, kind, jit) ->
     import jax
     import jax.numpy as jnp
 
-    from mfcli.noise import noise_stream
+    from mfcli.training.noise import noise_stream
 
     path, a, fact, b_hat = artifact
     n, d = 12, 5
@@ -316,7 +316,7 @@ def test_exporters_stop_at_n_without_jax_privacy(tmp_path: Path, monkeypatch: py
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from mfcli.operators import select_operator
+    from mfcli.strategies.operators import select_operator
 
     path, *_ = save_truncated_svd_compression(tmp_path / "m.h5", n=6, beta=0.9, band=2, rank=2)
     matrix = select_operator(load_artifact(path), variant).streaming("gradient").matrix
@@ -342,9 +342,9 @@ def test_exporters_stop_at_n_without_jax_privacy(tmp_path: Path, monkeypatch: py
 def _structured(tmp: Path, kind: str) -> tuple[Path, np.ndarray]:
     """A structured artifact at n = N and its C, written out entry by entry from the parameters
     (C[t, j] = c_{t-j}: the coefficients themselves, or 1 then sum_i omega_i theta_i^(k-1))."""
-    from mfcli.artifact import save_structured_artifact
-    from mfcli.blt import BufferedToeplitz
-    from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
+    from mfcli.io.artifact import save_structured_artifact
+    from mfcli.strategies.blt import BufferedToeplitz
+    from mfcli.strategies.toeplitz import BandedToeplitz, toeplitz_workload
 
     if kind == "banded-toeplitz":
         coefs = np.array([1.0, 0.5, 0.25, 0.1])
@@ -371,7 +371,7 @@ def test_every_artifact_kind_exports_natively_and_imports_back(jp, tmp_path: Pat
     import jax.numpy as jnp
     from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
 
-    from mfcli.artifact import load_any_artifact
+    from mfcli.io.artifact import load_any_artifact
 
     if kind in ("banded-toeplitz", "blt"):
         path, c = _structured(tmp_path, kind)

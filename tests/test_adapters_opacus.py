@@ -1,6 +1,6 @@
 """Opacus bridge: Opacus clips and Poisson-samples, mfcli adds the correlated noise and accounts it.
 
-Oracles, built here independently of mfcli.noise: Z from Philox (tests/noise_oracles.py), C^-1 Z
+Oracles, built here independently of mfcli.training.noise: Z from Philox (tests/noise_oracles.py), C^-1 Z
 by a triangular solve and B Z by a product with the matrices read from the artifact; the clipped
 sum by an explicit per-example loop; the sampling rate by counting the loader's batches; the
 epsilon against ``mfcli account`` run on the same artifact with the rate the loader reports.
@@ -26,11 +26,11 @@ from typer.testing import CliRunner  # noqa: E402
 
 from mfcli.adapters.opacus import SUPPORTED_OPACUS, CorrelatedNoiseDPOptimizer, make_private  # noqa: E402
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer  # noqa: E402
-from mfcli.artifact import save_artifact  # noqa: E402
 from mfcli.cli.app import app  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
-from mfcli.solver import optimal_factorization  # noqa: E402
-from mfcli.workloads import momentum_workload  # noqa: E402
+from mfcli.io.artifact import save_artifact  # noqa: E402
+from mfcli.model.workloads import momentum_workload  # noqa: E402
+from mfcli.optimize.dense import optimal_factorization  # noqa: E402
 
 from noise_oracles import philox_z, save_truncated_svd_compression  # noqa: E402
 

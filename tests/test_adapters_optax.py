@@ -19,7 +19,7 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 from mfcli.adapters import optax as optax_adapter  # noqa: E402
 from mfcli.adapters.optax import CorrelatedNoiseState, correlated_noise  # noqa: E402
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError  # noqa: E402
-from mfcli.noise import noise_stream  # noqa: E402
+from mfcli.training.noise import noise_stream  # noqa: E402
 
 from noise_oracles import jax_z, save_truncated_svd_compression  # noqa: E402
 

@@ -3,7 +3,7 @@
 Oracle: with zero gradients, heavy-ball SGD (torch.optim.SGD, momentum beta, dampening 0) applies
 the workload A to the noise it is given, so after step t the parameters are
 theta_0 - lr * sigma * clip * (A C^-1 Z)[t] = theta_0 - lr * sigma * clip * (B Z)[t], with B (or
-B^ for a compressed artifact) and Z built in this file, independently of mfcli.noise.
+B^ for a compressed artifact) and Z built in this file, independently of mfcli.training.noise.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
-from mfcli.noise import noise_stream  # noqa: E402
-from mfcli.smoothing import LaplacianSmoother, smoothing_matrix  # noqa: E402
+from mfcli.training.noise import noise_stream  # noqa: E402
+from mfcli.training.smoothing import LaplacianSmoother, smoothing_matrix  # noqa: E402
 
 from noise_oracles import philox_z, save_truncated_svd_compression, torch_z  # noqa: E402
 
@@ -254,7 +254,7 @@ def test_edited_checkpoint_is_refused(artifact, edit):
 
 @pytest.mark.parametrize("variant", ["auto", "dense"])
 def test_accounted_operator_is_what_account_uses(artifact, variant):
-    from mfcli.accounting.session import resolve_strategy
+    from mfcli.services.account import resolve_strategy
 
     opt = CorrelatedNoiseOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), artifact=artifact[0], seed=1,
                                    noise_std=1.0, clip_norm=1.0, variant=variant, check_workload=False)

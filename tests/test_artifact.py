@@ -7,7 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mfcli.artifact import (
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import (
     FORMAT,
     append_group,
     check_datasets,
@@ -15,9 +16,8 @@ from mfcli.artifact import (
     save_artifact,
     shipped_artifact,
 )
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_tampered_attribute_is_detected(artifact, key, value):
 
 def test_consistently_tampered_matrix_fails_reconstruction(artifact):
     """Someone rewrites C and its checksum: A = B C no longer holds."""
-    from mfcli.artifact import dataset_sha256
+    from mfcli.io.artifact import dataset_sha256
 
     with h5py.File(artifact, "r+") as f:
         c = f["strategy"][...]
@@ -133,7 +133,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, solved, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mfcli.artifact.write_bytes_to", boom)
+    monkeypatch.setattr("mfcli.io.artifact.write_bytes_to", boom)
     with pytest.raises(KeyboardInterrupt):
         save_artifact(target, res.factorization, workload_name="momentum", strategy_name="optimal")
     assert list(tmp_path.iterdir()) == []
@@ -184,7 +184,7 @@ def test_copy_of_artifact_still_loads(tmp_path, artifact):
 
 
 def test_non_numeric_dataset_with_valid_checksum_is_refused(artifact):
-    from mfcli.artifact import dataset_sha256
+    from mfcli.io.artifact import dataset_sha256
 
     with h5py.File(artifact, "r+") as f:
         del f["strategy"]
@@ -198,7 +198,7 @@ def test_non_numeric_dataset_with_valid_checksum_is_refused(artifact):
 def test_signal_inside_atomic_write_abandons_it_and_is_delivered(tmp_path):
     import signal
 
-    from mfcli.artifact import atomic_path
+    from mfcli.io.artifact import atomic_path
 
     target = tmp_path / "out.txt"
     with pytest.raises(KeyboardInterrupt):
@@ -212,7 +212,7 @@ def test_signal_inside_atomic_write_abandons_it_and_is_delivered(tmp_path):
 def test_signal_with_a_handler_that_does_not_raise_still_fails_the_write(tmp_path):
     import signal
 
-    from mfcli.artifact import atomic_path
+    from mfcli.io.artifact import atomic_path
 
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
@@ -227,7 +227,7 @@ def test_signal_with_a_handler_that_does_not_raise_still_fails_the_write(tmp_pat
 
 
 def test_nested_writers_in_one_directory_do_not_deadlock(tmp_path):
-    from mfcli.artifact import atomic_path
+    from mfcli.io.artifact import atomic_path
 
     with atomic_path(tmp_path / "a.txt") as a:
         a.write_text("a")
@@ -237,7 +237,7 @@ def test_nested_writers_in_one_directory_do_not_deadlock(tmp_path):
 
 
 def test_library_message_names_no_cli_flag(artifact, solved):
-    from mfcli.artifact import OutputExistsError
+    from mfcli.io.artifact import OutputExistsError
 
     _w, res = solved
     with pytest.raises(OutputExistsError) as err:
@@ -255,9 +255,9 @@ def test_renamed_compressed_group_is_refused_not_streamed_dense(tmp_path, artifa
     and with it every noise stream and accounting that picks the operator, refuses in one line
     instead of running the dense root (another operator, another sensitivity); 'dense' given
     explicitly still runs the root, and the intact file picks the compressed operator."""
-    from mfcli.compress import compress_artifact
-    from mfcli.noise import noise_stream
-    from mfcli.operators import select_operator
+    from mfcli.services.compress import compress_artifact
+    from mfcli.strategies.operators import select_operator
+    from mfcli.training.noise import noise_stream
 
     out = tmp_path / "k.h5"
     compress_artifact(artifact, band=3, rank=2, out=out)
@@ -275,8 +275,8 @@ def test_renamed_compressed_group_is_refused_not_streamed_dense(tmp_path, artifa
 
 
 def _structured_file(tmp_path):
-    from mfcli.artifact import save_structured_artifact
-    from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+    from mfcli.io.artifact import save_structured_artifact
+    from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
     path = tmp_path / "s.h5"
     save_structured_artifact(path, BandedToeplitz(np.array([1.0, 0.5, 0.25])), workload=TOEPLITZ_PREFIX, n=16)
@@ -289,9 +289,9 @@ def _dense_file(tmp_path, artifact):
 
 @pytest.mark.parametrize("make", [_dense_file, _structured_file], ids=["dense", "structured"])
 def test_one_header_check_and_checksum_read_for_every_kind(tmp_path, artifact, make):
-    """load_any_artifact (mfcli.artifact) reads both kinds through the same header check and the
+    """load_any_artifact (mfcli.io.artifact) reads both kinds through the same header check and the
     same checksum-verifying dataset read: the same messages, whichever kind the file is."""
-    from mfcli.artifact import load_any_artifact
+    from mfcli.io.artifact import load_any_artifact
 
     path, dataset = make(tmp_path, artifact) if make is _dense_file else make(tmp_path)
     assert load_any_artifact(path).n in (16, 24)
@@ -320,8 +320,8 @@ def test_one_header_check_and_checksum_read_for_every_kind(tmp_path, artifact, m
 
 def test_one_attribute_decoder():
     """artifact_format.decode_attr is the decoder the readers share (artifact._decode is it)."""
-    from mfcli import artifact
-    from mfcli.artifact_format import decode_attr
+    from mfcli.io import artifact
+    from mfcli.model.artifact_format import decode_attr
 
     assert artifact._decode is decode_attr
     cases = [(b"abc", "abc"), ('{"a": [1, 2]}', {"a": [1, 2]}), ("[1]", [1]), ("null", None), (np.float64(2.5), 2.5),

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting.session import account, resolve_strategy
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
-from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.strategies import build_strategy
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import save_artifact
+from mfcli.model.participation import FixedEpoch, MinSeparation
+from mfcli.model.workloads import prefix_workload
+from mfcli.services.account import account, resolve_strategy
+from mfcli.strategies.baselines import build_strategy
 
 runner = CliRunner()
 
@@ -146,8 +146,8 @@ def test_inspect_catches_an_edited_root_participation(tmp_path, kind):
         fact = build_strategy("sqrt", prefix_workload(8)).factorization
         save_artifact(path, fact, workload_name="prefix", strategy_name="sqrt", participation=MinSeparation(separation=2))
     else:
-        from mfcli.artifact import save_structured_artifact
-        from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+        from mfcli.io.artifact import save_structured_artifact
+        from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
         save_structured_artifact(path, BandedToeplitz.sqrt_init(2), workload=TOEPLITZ_PREFIX, n=8,
                                  participation=MinSeparation(separation=2))
@@ -158,7 +158,7 @@ def test_inspect_catches_an_edited_root_participation(tmp_path, kind):
     if kind == "structured":  # a careful edit also fixes the numbers derived from the schema
         import h5py
 
-        from mfcli.artifact import load_structured_artifact
+        from mfcli.io.artifact import load_structured_artifact
 
         with h5py.File(path, "r") as f:
             derived = {k: f["structured"].attrs[k] for k in f["structured"].attrs if k.startswith("schema_")}

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.workloads import prefix_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_multi_participation.py"
 

@@ -1,5 +1,5 @@
-"""BLT strategies (mfcli/blt.py) against independent oracles: dense materialisation at small n
-(C, C^-1, B = A C^-1 from mfcli.workloads, mfcli.participation.sensitivity), brute force over
+"""BLT strategies (mfcli/strategies/blt.py) against independent oracles: dense materialisation at small n
+(C, C^-1, B = A C^-1 from mfcli.model.workloads, mfcli.model.participation.sensitivity), brute force over
 participation patterns and sign vectors, closed forms, finite differences, the dense optimum."""
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from sensitivity_oracle import brute_sensitivity
 from structured_oracles import blt_dense, toeplitz_dense
 
-from mfcli.blt import (
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
+from mfcli.model.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.strategies.blt import (
     BufferedToeplitz,
     _inverse_parameters,
     _loss_and_grad_closed,
@@ -21,10 +24,7 @@ from mfcli.blt import (
     quadrature_start,
     toeplitz_workload,
 )
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.noise import noise_matrix, strategy_stream
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.training.noise import noise_matrix, strategy_stream
 
 # (theta, omega): positive scales (C non-negative, non-increasing), one with c_1 > c_0, and a
 # mixed-sign one whose inverse is still a real BLT.
@@ -265,7 +265,7 @@ def test_optimize_bad_input(kwargs, message):
 
 
 def test_optimized_mean_loss_close_to_certified_dense_optimum():
-    from mfcli.solver import optimal_factorization
+    from mfcli.optimize.dense import optimal_factorization
 
     n = 128
     res = optimal_factorization(prefix_workload(n).matrix, tol=1e-9)
@@ -367,7 +367,7 @@ def test_against_jax_privacy_when_installed():
 ])
 def test_check_buffers_is_the_one_validator(buffers, n, message):
     """blt.check_buffers refuses what optimize_blt and --buffers refuse, naming the parameter."""
-    from mfcli.blt import check_buffers
+    from mfcli.strategies.blt import check_buffers
 
     with pytest.raises(MfcliError, match=message):
         check_buffers(buffers, n)
@@ -377,6 +377,6 @@ def test_check_buffers_is_the_one_validator(buffers, n, message):
 
 
 def test_check_buffers_accepts_the_range():
-    from mfcli.blt import MAX_BUFFERS, check_buffers
+    from mfcli.strategies.blt import MAX_BUFFERS, check_buffers
 
     assert [check_buffers(k, 40) for k in (1, MAX_BUFFERS)] == [1, MAX_BUFFERS]

@@ -1,7 +1,7 @@
-"""More buffers never hurt: :func:`mfcli.blt.optimize_blt` against the nesting of the BLT families
+"""More buffers never hurt: :func:`mfcli.strategies.blt.optimize_blt` against the nesting of the BLT families
 (a k-buffer BLT is a (k+1)-buffer one with a zero-scale buffer), with the returned loss recomputed
 by dense algebra (C materialised entry by entry, B = A C^-1, sensitivity from
-:func:`mfcli.participation.sensitivity`) and no floating-point warning reaching the caller."""
+:func:`mfcli.model.participation.sensitivity`) and no floating-point warning reaching the caller."""
 from __future__ import annotations
 
 import warnings
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from structured_oracles import blt_dense
 
-from mfcli.blt import BufferedToeplitz, optimize_blt
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.strategies.blt import BufferedToeplitz, optimize_blt
 
 N = 48
 SCHEMAS = {"single": SingleParticipation(), "fixed": FixedEpoch(epochs=2), "fixed-many": FixedEpoch(epochs=8),

@@ -1,13 +1,13 @@
-"""The BLT optimiser minimises the loss it reports: its objective (mfcli.blt's closed and O(n d)
+"""The BLT optimiser minimises the loss it reports: its objective (mfcli.strategies.blt's closed and O(n d)
 loss functions) equals an independent dense recomputation -- C materialised from its
 coefficients, B = A C^-1 by a dense triangular solve, the schema's exact sensitivity by
-mfcli.participation.sensitivity on the dense C -- at the points the optimiser visits and at the
+mfcli.model.participation.sensitivity on the dense C -- at the points the optimiser visits and at the
 BLT it returns.
 
 The case that disagreed (momentum, 20 epochs, n = 200: objective 1550 at a point whose true
 loss is 20680): a buffer of scale ~4e-18 puts a root of C^-1's secular equation within
 rounding of its decay, and theta_i - lambda_k computed from the rounded root gave a wrong
-residue omega'_k, hence a wrong noising matrix (mfcli.blt._secular_roots now computes those gaps
+residue omega'_k, hence a wrong noising matrix (mfcli.strategies.blt._secular_roots now computes those gaps
 to relative rounding)."""
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from scipy.linalg import solve_triangular, toeplitz
 
-import mfcli.blt as blt_module
-from mfcli.blt import (
+import mfcli.strategies.blt as blt_module
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.model.participation import sensitivity as dense_sensitivity
+from mfcli.strategies.blt import (
     BufferedToeplitz,
     _closed_form_applies,
     _loss_and_grad_closed,
@@ -25,8 +27,6 @@ from mfcli.blt import (
     optimize_blt,
     toeplitz_workload,
 )
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
-from mfcli.participation import sensitivity as dense_sensitivity
 
 # The point the optimiser reached before the fix (logged from optimize_blt(n=200, buffers=4,
 # workload="momentum", beta=0.9, error="mean", schema=FixedEpoch(20)); its objective said 1550).
@@ -37,7 +37,7 @@ TINY_SCALE = ([0.9057140593983108, 0.5580002091955772, 0.14559884317476382],
 def dense_loss(theta, omega, n: int, beta: float | None, error: str, schema: Participation,
                upper: bool = False) -> float:
     """sens(C)^2 times the max or mean squared row norm of B = A C^-1, all dense; the exact
-    sensitivity of the dense C (:func:`mfcli.participation.sensitivity`: a second method, no BLT
+    sensitivity of the dense C (:func:`mfcli.model.participation.sensitivity`: a second method, no BLT
     code; n is too large for brute force), or with ``upper`` the BLT's own
     (:meth:`BufferedToeplitz.sensitivity`, an upper bound where it is not exact)."""
     c = BufferedToeplitz(theta=theta, omega=omega).strategy_coefs(n)

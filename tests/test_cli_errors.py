@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mfcli.artifact import OutputExistsError
 from mfcli.cli.common import Terminated, guarded, safe, safe_markup
 from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import OutputExistsError
 
 runner = CliRunner()
 

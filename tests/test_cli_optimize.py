@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
+from mfcli.io.artifact import load_artifact
 
 runner = CliRunner()
 

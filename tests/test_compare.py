@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
 from mfcli.cli.render import parse_strategy_names, render_csv, render_markdown
-from mfcli.compare import run_comparison
-from mfcli.strategies import STRATEGY_NAMES
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.io.artifact import load_artifact
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.services.compare import run_comparison
+from mfcli.strategies.baselines import STRATEGY_NAMES
 
 runner = CliRunner()
 

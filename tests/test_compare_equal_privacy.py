@@ -13,9 +13,9 @@ from accounting_oracles import dpsgd_epsilon, gaussian_epsilon
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
-from mfcli.participation import MinSeparation, SingleParticipation, sensitivity
-from mfcli.strategies import build_strategy
-from mfcli.workloads import prefix_workload
+from mfcli.model.participation import MinSeparation, SingleParticipation, sensitivity
+from mfcli.model.workloads import prefix_workload
+from mfcli.strategies.baselines import build_strategy
 
 runner = CliRunner()
 DELTA = 1e-6

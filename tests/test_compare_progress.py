@@ -21,7 +21,10 @@ import mfcli.accounting.multi as multi
 import mfcli.accounting.single_pass as single_pass
 from mfcli.accounting.calibrate import calibrate_sigma
 from mfcli.cli.app import app
-from mfcli.compare import (
+from mfcli.model.participation import SingleParticipation
+from mfcli.model.workloads import prefix_workload
+from mfcli.schemas import load_schema, validate
+from mfcli.services.compare import (
     PrivacyTarget,
     RowProgress,
     calibration_phase,
@@ -29,10 +32,7 @@ from mfcli.compare import (
     estimate_equal_privacy,
     run_comparison,
 )
-from mfcli.participation import SingleParticipation
-from mfcli.progress import ProgressEvent
-from mfcli.schemas import load_schema, validate
-from mfcli.workloads import prefix_workload
+from mfcli.util.progress import ProgressEvent
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ CHEAP = ["compare", "--n", str(N), "--strategies", "identity,tree,sqrt", "--epsi
 
 
 def by_phase(events: list[ProgressEvent]) -> dict[str, list[ProgressEvent]]:
-    """Events per phase, each checked against the protocol of mfcli.progress for one run of the
+    """Events per phase, each checked against the protocol of mfcli.util.progress for one run of the
     phase: 0 <= done <= total, done and total never decrease, the last has done == total."""
     phases: dict[str, list[ProgressEvent]] = {}
     for e in events:

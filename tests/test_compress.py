@@ -1,6 +1,6 @@
 """`mfcli compress`: banded plus low-rank decoder, recomputed privacy numbers, artifacts, bad input.
 
-Oracles are independent of mfcli.compress: explicit double loops for the layout, np.linalg.solve
+Oracles are independent of mfcli.services.compress: explicit double loops for the layout, np.linalg.solve
 (LU, not a triangular solve) and plain forward substitution for C^ = B^-1 A, exact recovery of a
 decoder that is exactly banded plus masked low-rank, the optimality of the dense solution (no
 valid factorization can beat it), and a brute-force search over every (K, R) of small cost.
@@ -20,20 +20,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mfcli.artifact import dataset_sha256, load_artifact, save_artifact, shipped_artifact
 from mfcli.cli.app import app
-from mfcli.compress import (
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import dataset_sha256, load_artifact, save_artifact, shipped_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.compress import (
     compress_artifact,
     compress_factorization,
     default_output_path,
     fit_low_rank,
     search_compression,
 )
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.factorization import Factorization
-from mfcli.operators import GROUP, BandedLowRank, band_values, read_compressed
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.strategies.operators import GROUP, BandedLowRank, band_values, read_compressed
 
 runner = CliRunner()
 

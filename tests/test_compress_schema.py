@@ -14,11 +14,11 @@ import pytest
 from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
-from mfcli.inspection import inspect_artifact
-from mfcli.operators import GROUP, read_compressed
-from mfcli.participation import FixedEpoch, MinSeparation, Participation
+from mfcli.io.artifact import load_artifact
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
+from mfcli.services.inspect import inspect_artifact
+from mfcli.strategies.operators import GROUP, read_compressed
 
 runner = CliRunner()
 N = 8

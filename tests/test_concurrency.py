@@ -16,9 +16,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mfcli.artifact import load_artifact, save_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import load_artifact, save_artifact
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "cli_driver.py"

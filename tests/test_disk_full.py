@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import mfcli.artifact as art
-from mfcli.artifact import append_group, load_artifact, save_artifact
+import mfcli.io.artifact as art
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import append_group, load_artifact, save_artifact
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -52,6 +52,7 @@ def test_the_examples_are_found() -> None:
     stopped being collected would otherwise pass as 'no examples'."""
     with_examples = {name for name in MODULES if "adapters" not in name and _examples(_import(name))}
     assert {
-        "mfcli", "mfcli.compare", "mfcli.compress", "mfcli.factorization", "mfcli.smoothing", "mfcli.solver",
-        "mfcli.strategies", "mfcli.workloads",
+        "mfcli", "mfcli.services.compare", "mfcli.services.compress", "mfcli.model.factorization",
+        "mfcli.training.smoothing", "mfcli.optimize.dense",
+        "mfcli.strategies.baselines", "mfcli.model.workloads",
     } <= with_examples

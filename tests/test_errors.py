@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mfcli import ArtifactError, MfcliError
-from mfcli.solver import optimal_factorization
-from mfcli.strategies import tree_nodes
-from mfcli.workloads import build_workload, check_n, check_workload_matrix
+from mfcli.model.workloads import build_workload, check_n, check_workload_matrix
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.strategies.baselines import tree_nodes
 
 
 def test_hierarchy():
@@ -48,7 +48,7 @@ def test_wrong_types_are_type_errors(call, match):
 
 
 def test_artifact_error_is_caught_as_value_error(tmp_path):
-    from mfcli.artifact import load_artifact
+    from mfcli.io.artifact import load_artifact
 
     bad = tmp_path / "bad.h5"
     bad.write_bytes(b"not hdf5 at all")

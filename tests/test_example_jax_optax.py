@@ -61,7 +61,7 @@ def test_script_runs_end_to_end_from_mfcli_optimize(tmp_path: Path) -> None:
 
 
 def test_sensitivity_is_the_artifacts(example, artifact) -> None:
-    from mfcli.artifact import load_artifact
+    from mfcli.io.artifact import load_artifact
 
     out = example.main(["--artifact", str(artifact), "--quick", "--json", "--sigma", "1"])
     c = load_artifact(artifact).factorization.strategy
@@ -77,7 +77,7 @@ def test_noise_reaches_the_parameters(example, artifact, sigma: float, low: floa
 
 
 def test_non_momentum_artifact_is_refused(example, tmp_path: Path) -> None:
-    from mfcli.artifact import shipped_artifact
+    from mfcli.io.artifact import shipped_artifact
 
     with pytest.raises(SystemExit, match="momentum artifact"):
         example.main(["--artifact", str(shipped_artifact("prefix-n256")), "--quick"])

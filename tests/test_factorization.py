@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization, sensitivity
+from mfcli.model.factorization import Factorization, sensitivity
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 100])

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import append_group, dataset_sha256, save_artifact, shipped_artifact
 from mfcli.cli.app import app
 from mfcli.cli.plots import plot_report
-from mfcli.compress import compress_artifact
 from mfcli.errors import ArtifactError, OutputExistsError
-from mfcli.inspection import inspect_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.io.artifact import append_group, dataset_sha256, save_artifact, shipped_artifact
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.compress import compress_artifact
+from mfcli.services.inspect import inspect_artifact
 
 runner = CliRunner()
 GOLDEN_SQ = ((1 + math.sqrt(5)) / 2) ** 2

@@ -1,5 +1,5 @@
 """``mfcli inspect`` verifies ``accounting/<id>`` records by re-deriving them from the operator the
-record claims (mfcli.accounting.records): the operator's identity hash, every stored event against
+record claims (mfcli.services.records): the operator's identity hash, every stored event against
 the re-derived event, every stored epsilon against the re-derived epsilon. (The forgery table for
 every reader of records: tests/test_record_forgery.py.)"""
 from __future__ import annotations
@@ -12,13 +12,13 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting.session import AccountingOptions, account, record_to_artifact, resolve_strategy
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
-from mfcli.compress import compress_artifact
-from mfcli.inspection import inspect_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.io.artifact import save_artifact
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.account import AccountingOptions, account, record_to_artifact, resolve_strategy
+from mfcli.services.compress import compress_artifact
+from mfcli.services.inspect import inspect_artifact
 
 runner = CliRunner()
 
@@ -125,7 +125,7 @@ def test_a_record_above_the_recomputed_epsilon_is_accepted(recorded, tmp_path):
 
 
 def test_foreign_groups_are_listed_unverified(recorded, tmp_path):
-    from mfcli.artifact import append_group
+    from mfcli.io.artifact import append_group
 
     path = tmp_path / "foreign.h5"
     shutil.copy(recorded["compressed"][0], path)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mfcli.cli.app import COMMANDS, app
 from mfcli.errors import MfcliError
-from mfcli.validation import MAX_COUNT, positive_int, positive_number, shown_integer, step_count
+from mfcli.util.validation import MAX_COUNT, positive_int, positive_number, shown_integer, step_count
 
 runner = CliRunner()
 BIG = "9" * 400

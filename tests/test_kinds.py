@@ -1,4 +1,4 @@
-"""The one Mechanism protocol (mfcli.operators.Mechanism) and the one name registry (mfcli.kinds):
+"""The one Mechanism protocol (mfcli.strategies.operators.Mechanism) and the one name registry (mfcli.model.kinds):
 every kind implements the protocol, and a structured kind's numbers (computed from its
 parameters) agree with the same numbers computed from its materialised matrix C by the dense
 implementation (an independent path: participation.sensitivity, accounting.multi's band count and
@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mfcli import kinds
-from mfcli.blt import BufferedToeplitz
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization
-from mfcli.operators import DenseOperator, MatrixStrategy, Mechanism, NoiseOperator, tree_release
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
-from mfcli.strategies import tree_release_steps, tree_strategy_matrix
-from mfcli.structured import StructuredOperator, strategy_class
-from mfcli.toeplitz import DENSE_MAX_N, TOEPLITZ_PREFIX, BandedToeplitz, materialize
+from mfcli.model import kinds
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+from mfcli.strategies.baselines import tree_release_steps, tree_strategy_matrix
+from mfcli.strategies.blt import BufferedToeplitz
+from mfcli.strategies.operators import DenseOperator, MatrixStrategy, Mechanism, NoiseOperator, tree_release
+from mfcli.strategies.structured import StructuredOperator, strategy_class
+from mfcli.strategies.toeplitz import DENSE_MAX_N, TOEPLITZ_PREFIX, BandedToeplitz, materialize
 
 BANDED = BandedToeplitz(np.array([1.0, 0.5, 0.375]))
 BLT = BufferedToeplitz(theta=np.array([0.9, 0.5]), omega=np.array([0.3, 0.2]))
@@ -34,7 +34,7 @@ def dense_c(strategy: object, n: int) -> np.ndarray:
 
 def test_the_registry_names_every_list():
     from mfcli.accounting.defaults import BUILTIN
-    from mfcli.strategies import DESCRIPTIONS, STRATEGY_NAMES, TREE_STRATEGIES
+    from mfcli.strategies.baselines import DESCRIPTIONS, STRATEGY_NAMES, TREE_STRATEGIES
 
     assert STRATEGY_NAMES == kinds.BASELINES == ("identity", "tree", "honaker-online", "honaker-full", "sqrt",
                                                   "optimal")
@@ -123,7 +123,7 @@ def test_above_the_dense_limit_there_is_no_matrix_and_the_reason_says_why():
 def test_session_accounts_a_structured_mechanism_like_its_matrix():
     """The one accounting path: a structured mechanism and the plain matrix of the same C give the
     same epsilons in the settings computed from the parameters."""
-    from mfcli.accounting.session import StrategyInput, account
+    from mfcli.services.account import StrategyInput, account
 
     n = 16
     op = structured(BANDED, n)
@@ -145,7 +145,7 @@ def test_session_accounts_a_structured_mechanism_like_its_matrix():
 def test_single_pass_uses_the_certified_sensitivity_also_where_c_is_materialised():
     """At n <= the dense limit a structured strategy's single-pass row uses its certified
     parametric sensitivity (never below the float column norm of its C), as at every n."""
-    from mfcli.accounting.session import StrategyInput, account
+    from mfcli.services.account import StrategyInput, account
 
     n = 64
     op = structured(BLT, n)

@@ -1,27 +1,27 @@
-"""One policy for size limits (issue 23): every largest n is a named constant of mfcli.limits, and
+"""One policy for size limits (issue 23): every largest n is a named constant of mfcli.util.limits, and
 the checks that enforce one refuse exactly one step above it, naming the value."""
 from __future__ import annotations
 
 import pytest
 
-from mfcli import limits
 from mfcli.errors import MfcliError
+from mfcli.util import limits
 
 
 def _workload_n(n: int) -> object:
-    from mfcli.workloads import check_n
+    from mfcli.model.workloads import check_n
 
     return check_n(n)
 
 
 def _structured_n(n: int) -> object:
-    from mfcli.toeplitz import check_n
+    from mfcli.strategies.toeplitz import check_n
 
     return check_n(n)
 
 
 def _blt_n(n: int) -> object:
-    from mfcli.blt import _check_n
+    from mfcli.strategies.blt import _check_n
 
     return _check_n(n)
 
@@ -40,7 +40,7 @@ def test_each_check_enforces_its_named_limit(check, limit):
 def test_a_dense_toeplitz_matrix_stops_at_the_structured_dense_limit():
     import numpy as np
 
-    from mfcli.toeplitz import materialize
+    from mfcli.strategies.toeplitz import materialize
 
     with pytest.raises(MfcliError, match=f"n <= {limits.STRUCTURED_DENSE_MAX_N} only"):
         materialize(np.array([1.0]), limits.STRUCTURED_DENSE_MAX_N + 1)

@@ -14,12 +14,12 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import dataset_sha256, load_artifact, save_artifact
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError
-from mfcli.inspection import inspect_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import dataset_sha256, load_artifact, save_artifact
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.inspect import inspect_artifact
 
 runner = CliRunner()
 
@@ -126,7 +126,7 @@ def test_every_reader_refuses_with_one_line(artifact, tmp_path, how, needle, arg
 
 
 def test_plain_artifact_has_no_structure_problems(artifact):
-    from mfcli.artifact import structure_problems
+    from mfcli.io.artifact import structure_problems
 
     with h5py.File(artifact, "r") as f:
         assert structure_problems(f) == []

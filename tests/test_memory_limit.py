@@ -22,9 +22,9 @@ from mfcli.accounting.mmcc import (
 )
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.memory import MemoryLimitError, default_max_memory, format_size, parse_size, physical_memory
-from mfcli.strategies import build_strategy
-from mfcli.workloads import build_workload
+from mfcli.model.workloads import build_workload
+from mfcli.strategies.baselines import build_strategy
+from mfcli.util.memory import MemoryLimitError, default_max_memory, format_size, parse_size, physical_memory
 
 
 @pytest.mark.parametrize("text, expected", [

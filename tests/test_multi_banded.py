@@ -1,7 +1,7 @@
-"""The banded BandMF path of the multi-participation solver (mfcli.multi_banded).
+"""The banded BandMF path of the multi-participation solver (mfcli.optimize.multi_banded).
 
 Oracles: the band-storage pieces against plain dense numpy formulas (inverse by np.linalg.solve,
-products of the full matrices); the banded solve against the dense solver of mfcli.multi_solver
+products of the full matrices); the banded solve against the dense solver of mfcli.optimize.multi_solver
 (a different iteration: dense iterate, Newton phase) on the same problem, both certified; and
 weak duality against random feasible X the solver did not produce.
 """
@@ -12,13 +12,13 @@ import math
 import numpy as np
 import pytest
 
-import mfcli.multi_solver as ms
+import mfcli.optimize.multi_solver as ms
 from mfcli.errors import MfcliError
-from mfcli.multi_banded import _Banded, from_band, to_band
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.multi_structure import Structure
-from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_banded import _Banded, from_band, to_band
+from mfcli.optimize.multi_solver import multi_participation_factorization
+from mfcli.optimize.multi_structure import Structure
 
 
 def _band_matrix(n: int, b: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The band-storage BandMF solver's Newton preconditioner and storage choice (mfcli.multi_banded).
+"""The band-storage BandMF solver's Newton preconditioner and storage choice (mfcli.optimize.multi_banded).
 
 Oracles: the preconditioner against the Hessian written as an n^2 x n^2 Kronecker matrix
 (M (x) X^-1 + X^-1 (x) M, solved by numpy), so neither the Lyapunov basis nor the low-rank
@@ -15,11 +15,11 @@ import pytest
 from banded_cases import random_band_x, workload_matrix
 from sensitivity_oracle import brute_sensitivity
 
-import mfcli.multi_solver as ms
-from mfcli.multi_banded import _Banded, _FastOps, _kmul, _LowRankInverse, _operators, _trace_ktxk, from_band, to_band
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation
-from mfcli.workloads import prefix_workload
+import mfcli.optimize.multi_solver as ms
+from mfcli.model.participation import FixedEpoch, MinSeparation
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.multi_banded import _Banded, _FastOps, _kmul, _LowRankInverse, _operators, _trace_ktxk, from_band, to_band
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 
 def _kron_hessian(a: np.ndarray, x: np.ndarray) -> np.ndarray:

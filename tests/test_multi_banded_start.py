@@ -1,4 +1,4 @@
-"""The coarse-to-fine start of the BandMF band path (mfcli.multi_banded.coarse_start).
+"""The coarse-to-fine start of the BandMF band path (mfcli.optimize.multi_banded.coarse_start).
 
 Oracles: the warm-started solve against the cold (diagonal) start and the dense solver, each
 certified by its own dual bound (the losses must agree within the gaps); the start's feasibility
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import mfcli.multi_banded as mb
-from mfcli.multi_banded import coarse_start, extend_band, from_band, to_band, unit_diagonal
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.multi_structure import Structure
-from mfcli.participation import MinSeparation
+import mfcli.optimize.multi_banded as mb
+from mfcli.model.participation import MinSeparation
+from mfcli.optimize.multi_banded import coarse_start, extend_band, from_band, to_band, unit_diagonal
+from mfcli.optimize.multi_solver import multi_participation_factorization
+from mfcli.optimize.multi_structure import Structure
 from tests.banded_cases import random_band_x, workload_matrix
 
 

@@ -1,13 +1,13 @@
-"""Newton on the fixed-epoch dual (mfcli.multi_fixed_epoch) behind multi_participation_factorization.
+"""Newton on the fixed-epoch dual (mfcli.optimize.multi_fixed_epoch) behind multi_participation_factorization.
 
 Oracles, none of them the method's own earlier output:
 
 * the primal L-BFGS / truncated-Newton solver (``method="primal"``, a different algorithm with its
   own certificate): each certified bound lies below the other's loss, so the two optima agree
   within the gaps;
-* k = 1 is the single-participation problem: :func:`mfcli.solver.optimal_factorization`;
+* k = 1 is the single-participation problem: :func:`mfcli.optimize.dense.optimal_factorization`;
 * feasibility of the returned C from C itself: X = C^T C orthogonal within each class, class sums
-  1, sensitivity 1 by :func:`mfcli.participation.sensitivity` and by brute force over every sign
+  1, sensitivity 1 by :func:`mfcli.model.participation.sensitivity` and by brute force over every sign
   vector of every participation pattern (n <= 12);
 * the dual gradient against central differences of g(W) = 2 tr((A W A^T)^1/2) - sum lambda (plain
   numpy eigenvalues), and the approximate Hessian against differences of that gradient (within the
@@ -27,7 +27,10 @@ from typer.testing import CliRunner
 
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.multi_fixed_epoch import (
+from mfcli.model.participation import FixedEpoch, sensitivity
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.optimize.multi_fixed_epoch import (
     DUAL_METHOD,
     _cm_order,
     _evaluate,
@@ -36,10 +39,7 @@ from mfcli.multi_fixed_epoch import (
     _to_cm,
     nuclear_lower_bound,
 )
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, sensitivity
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 runner = CliRunner()
 
@@ -180,7 +180,7 @@ def test_method_argument():
     a = workload("prefix", 8)
     with pytest.raises(MfcliError, match="method must be"):
         multi_participation_factorization(a, FixedEpoch(epochs=2), method="newton")
-    from mfcli.participation import MinSeparation
+    from mfcli.model.participation import MinSeparation
 
     with pytest.raises(MfcliError, match="dual method needs a fixed-epoch"):
         multi_participation_factorization(a, MinSeparation(separation=2), method="dual")
@@ -194,7 +194,7 @@ def test_cli_epochs_json_records_the_dual_method(tmp_path):
     obj = json.loads(r.stdout)
     assert obj["converged"] and obj["gap"] <= 1e-8 and obj["dual"] <= obj["loss"]["total"]
     assert obj["sensitivity"] == pytest.approx(1.0, rel=1e-12)
-    from mfcli.artifact import load_artifact
+    from mfcli.io.artifact import load_artifact
 
     art = load_artifact(out)
     assert art.attrs["solver"]["method"] == DUAL_METHOD
@@ -206,7 +206,7 @@ def test_cli_epochs_json_records_the_dual_method(tmp_path):
 def test_primal_solver_continues_when_the_dual_method_stops_short(monkeypatch):
     """A dual run cut off after its first iteration (as a stall would) hands its X to the primal
     solver; the result is certified to tol and keeps the better bound."""
-    import mfcli.multi_fixed_epoch as fe
+    import mfcli.optimize.multi_fixed_epoch as fe
 
     monkeypatch.setattr(fe._Walker, "next", lambda self, ev: None)
     a = workload("momentum", 24)
@@ -224,7 +224,7 @@ def test_primal_solver_continues_when_the_dual_method_stops_short(monkeypatch):
 def test_trial_points_that_cannot_be_evaluated(monkeypatch, fail):
     """A trial W whose Cholesky fails is replaced by a shorter step; if not even the start can be
     evaluated, the primal solver runs instead. Either way the answer is certified."""
-    import mfcli.multi_fixed_epoch as fe
+    import mfcli.optimize.multi_fixed_epoch as fe
 
     calls = []
     real = fe._evaluate

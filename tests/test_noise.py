@@ -20,10 +20,12 @@ import scipy.linalg
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mfcli.artifact import save_artifact
 from mfcli.errors import ArtifactError, MfcliError
-from mfcli.factorization import Factorization
-from mfcli.noise import (
+from mfcli.io.artifact import save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.training.noise import (
     AccountedOperator,
     NoiseState,
     StaleNoiseStateWarning,
@@ -31,9 +33,7 @@ from mfcli.noise import (
     noise_row,
     noise_stream,
 )
-from mfcli.samplers import record_noise_stream
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import learning_rates, momentum_workload, prefix_workload
+from mfcli.training.samplers import record_noise_stream
 
 from noise_oracles import decoder_from_layout, philox_z
 
@@ -277,8 +277,8 @@ def test_non_causal_artifact_is_refused(tmp_path):
 
 
 def test_stream_of_an_mfcli_compress_artifact(tmp_path):
-    """The layout contract with mfcli.compress: its artifact streams as B^ Z and A^-1 B^ Z."""
-    from mfcli.compress import compress_artifact
+    """The layout contract with mfcli.services.compress: its artifact streams as B^ Z and A^-1 B^ Z."""
+    from mfcli.services.compress import compress_artifact
 
     w = momentum_workload(24, beta=0.9)
     fact = optimal_factorization(w.matrix, tol=1e-9).factorization
@@ -305,7 +305,7 @@ def _write_record(path: Path, *args: str) -> str:
     from typer.testing import CliRunner
 
     from mfcli.cli.app import app
-    from mfcli.samplers import accounting_records
+    from mfcli.training.samplers import accounting_records
 
     before = set(accounting_records(path))
     r = CliRunner().invoke(app, ["account", str(path), *args, "--write", "-q"])
@@ -559,7 +559,7 @@ def test_checkpoint_tag_needs_the_seed(checkpoint):
 
 def test_checkpoint_from_another_numpy_generator_is_refused(checkpoint, monkeypatch):
     """A genuine checkpoint read where (seed, row) draws other noise (simulated)."""
-    from mfcli.noise import NoiseStream
+    from mfcli.training.noise import NoiseStream
 
     path, sd = checkpoint
     stream = noise_stream(path, kind="gradient", d=6, seed=SEED)
@@ -720,9 +720,9 @@ def test_strategy_stream_is_the_artifact_stream_of_that_strategy(tmp_path):
     """noise.strategy_stream (a structured strategy in memory) and noise_stream (its artifact) are
     one stream: same fingerprint, sensitivity and rows for gradient and iterate noise; the
     iterate rows are B Z with B = A C^-1 formed densely here (an independent solve)."""
-    from mfcli.artifact import save_structured_artifact
-    from mfcli.noise import strategy_stream
-    from mfcli.toeplitz import BandedToeplitz, materialize, toeplitz_workload
+    from mfcli.io.artifact import save_structured_artifact
+    from mfcli.strategies.toeplitz import BandedToeplitz, materialize, toeplitz_workload
+    from mfcli.training.noise import strategy_stream
 
     n, d = 12, 3
     w = toeplitz_workload("momentum", beta=0.8)

@@ -15,14 +15,14 @@ import h5py
 import numpy as np
 import pytest
 
-from mfcli.accounting.session import account, record_to_artifact, resolve_strategy
-from mfcli.artifact import dataset_sha256, load_artifact, save_artifact
-from mfcli.compress import compress_artifact
-from mfcli.factorization import Factorization
-from mfcli.inspection import inspect_artifact
-from mfcli.operators import DenseOperator, select_operator
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.io.artifact import dataset_sha256, load_artifact, save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.account import account, record_to_artifact, resolve_strategy
+from mfcli.services.compress import compress_artifact
+from mfcli.services.inspect import inspect_artifact
+from mfcli.strategies.operators import DenseOperator, select_operator
 
 COMPRESSED_PARTS = ("workload", "compressed/band", "compressed/u", "compressed/v")
 

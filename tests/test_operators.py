@@ -1,4 +1,4 @@
-"""mfcli.operators: one representation per operator, one strict reader, one choice of what runs.
+"""mfcli.strategies.operators: one representation per operator, one strict reader, one choice of what runs.
 
 Oracles: B^ built entry by entry from its definition, C^ = B^-1 A by numpy's general solver, and
 the callers' own outputs (noise streams, account, inspect) compared with each other."""
@@ -14,14 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mfcli.accounting.session import resolve_strategy
-from mfcli.artifact import dataset_sha256, load_artifact, save_artifact
 from mfcli.cli.app import app
-from mfcli.compress import compress_artifact
 from mfcli.errors import ArtifactError, MfcliError
-from mfcli.inspection import inspect_artifact
-from mfcli.noise import noise_stream
-from mfcli.operators import (
+from mfcli.io.artifact import dataset_sha256, load_artifact, save_artifact
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.account import resolve_strategy
+from mfcli.services.compress import compress_artifact
+from mfcli.services.inspect import inspect_artifact
+from mfcli.strategies.operators import (
     GROUP,
     BandedLowRank,
     CompressedOperator,
@@ -32,8 +33,7 @@ from mfcli.operators import (
     read_compressed,
     select_operator,
 )
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload
+from mfcli.training.noise import noise_stream
 
 from noise_oracles import decoder_from_layout
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mfcli.artifact import SHIPPED, is_shipped_artifact, shipped_artifact
+from mfcli.io.artifact import SHIPPED, is_shipped_artifact, shipped_artifact
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_installs_the_shipped_artifacts_byte_identical(installed: Path, tmp_path: Path) -> None:
     code = (
-        "import json, mfcli; from mfcli.artifact import SHIPPED, is_shipped_artifact; "
+        "import json, mfcli; from mfcli.io.artifact import SHIPPED, is_shipped_artifact; "
         "print(json.dumps({'file': mfcli.__file__, 'paths': {k: str(mfcli.shipped_artifact(k)) for k in SHIPPED}, "
         "'shipped': [is_shipped_artifact(mfcli.shipped_artifact(k)) for k in SHIPPED]}))"
     )
@@ -223,9 +223,9 @@ def _imported(args: list[str], cwd: Path) -> set[str]:
 )
 def test_commands_import_only_what_they_need(args: list[str], allowed: set[str], tmp_path: Path) -> None:
     if "SMALL" in args:
-        from mfcli.artifact import save_artifact
-        from mfcli.strategies import build_strategy
-        from mfcli.workloads import build_workload
+        from mfcli.io.artifact import save_artifact
+        from mfcli.model.workloads import build_workload
+        from mfcli.strategies.baselines import build_strategy
 
         w = build_workload("prefix", 8)
         st = build_strategy("tree", w)
@@ -252,7 +252,7 @@ def test_import_mfcli_is_light_and_the_api_resolves() -> None:
     assert res.returncode == 0, res.stderr
     heavy, modules = res.stdout.splitlines()
     assert heavy == "[]"
-    assert modules == "mfcli.artifact mfcli.accounting.calibrate"
+    assert modules == "mfcli.io.artifact mfcli.accounting.calibrate"
 
 
 def test_lazy_public_api_is_complete() -> None:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from sensitivity_oracle import brute_sensitivity_squared, brute_vector_bounds_squared, schema_patterns
 
 import mfcli
-import mfcli.participation as part
+import mfcli.model.participation as part
 from mfcli.errors import MfcliError
-from mfcli.participation import (
+from mfcli.model.participation import (
     FixedEpoch,
     MinSeparation,
     SingleParticipation,

@@ -20,17 +20,17 @@ import pytest
 from sensitivity_oracle import brute_bounds_squared
 from typer.testing import CliRunner
 
-import mfcli.participation as part
-from mfcli import artifact as artifact_module
-from mfcli.artifact import load_artifact, save_artifact
+import mfcli.model.participation as part
 from mfcli.cli.app import app
-from mfcli.compare import run_comparison
-from mfcli.compress import compress_artifact
 from mfcli.errors import ArtifactError
-from mfcli.factorization import Factorization
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, sensitivity
-from mfcli.strategies import build_strategy
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.io import artifact as artifact_module
+from mfcli.io.artifact import load_artifact, save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, sensitivity
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.services.compare import run_comparison
+from mfcli.services.compress import compress_artifact
+from mfcli.strategies.baselines import build_strategy
 
 runner = CliRunner()
 
@@ -106,7 +106,7 @@ def test_artifact_without_participation_has_no_attribute(tmp_path: Path, monkeyp
 
 
 def test_shipped_artifacts_are_single_participation() -> None:
-    from mfcli.artifact import shipped_artifact
+    from mfcli.io.artifact import shipped_artifact
 
     for name in ("prefix-n256", "momentum-n256"):
         assert load_artifact(shipped_artifact(name)).participation == SingleParticipation()

@@ -1,4 +1,4 @@
-"""The preconditioned CG loop of the Newton solvers (mfcli/pcg.py), against independent answers:
+"""The preconditioned CG loop of the Newton solvers (mfcli/optimize/pcg.py), against independent answers:
 numpy.linalg.solve on SPD systems, the Krylov-subspace minimiser that CG's k-th iterate is (dense
 projection, for the step cap), exact termination in as many steps as A has distinct eigenvalues,
 hand-computed iterates on an indefinite operator, and a weighted inner product on 2-d arrays."""
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from mfcli.pcg import pcg
+from mfcli.optimize.pcg import pcg
 
 
 def spd(n: int, cond: float, seed: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""``mfcli plan`` (mfcli/plan.py, mfcli/cli/plan.py): every recommended sigma re-accounted
+"""``mfcli plan`` (mfcli/services/plan.py, mfcli/cli/plan.py): every recommended sigma re-accounted
 independently (``mfcli account`` on the written artifact with the recorded options, and an
 oracle computed here: brute-force schema sensitivity and the closed-form analytic Gaussian, or
 dp-accounting composed in the test for the Poisson samplers), the error recomputed from the
@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch
-from mfcli.plan import (
+from mfcli.model.participation import FixedEpoch
+from mfcli.schemas import load_schema, validate
+from mfcli.services.plan import (
     SAMPLERS,
     CandidateResult,
     TrainingSetup,
@@ -32,7 +33,6 @@ from mfcli.plan import (
     rank,
     run_plan,
 )
-from mfcli.schemas import load_schema, validate
 
 SMALL = {"examples": 1000, "batch": 100, "epochs": 2, "epsilon": 2.0, "workload": "momentum"}
 CLI = [sys.executable, "-m", "mfcli"]
@@ -106,7 +106,7 @@ def test_balls_in_bins_tree_needs_a_power_of_two_epoch() -> None:
 
 def _result(key: str, rmse: float, mem: int) -> CandidateResult:
     from mfcli.accounting.calibrate import Calibration
-    from mfcli.participation import SingleParticipation
+    from mfcli.model.participation import SingleParticipation
 
     return CandidateResult(key=key, kind="banded", size=None, mechanism=key, strategy=key,
                            participation=SingleParticipation(), sampler="fixed-order", accounting="single-pass",
@@ -127,7 +127,7 @@ def test_rank_lowest_error_first_ties_to_the_cheaper_stream() -> None:
 def test_fixed_order_candidates_meet_the_target_by_brute_force() -> None:
     """Every fixed-order candidate: sigma meets (epsilon, delta) at the brute-force schema
     sensitivity of its dense C (closed-form Gaussian), and its RMSE is sigma ||B[t,:]||."""
-    from mfcli.plan import _dense_strategy
+    from mfcli.services.plan import _dense_strategy
 
     setup = TrainingSetup(**{**SMALL, "batching": ("fixed-order",), "bands": (2, 8), "buffers": (2,)})
     plan = make_plan(setup, workers=0)
@@ -135,7 +135,7 @@ def test_fixed_order_candidates_meet_the_target_by_brute_force() -> None:
     schema = FixedEpoch(epochs=2)
     for r in plan.ranked:
         if r.kind in ("tree", "honaker"):
-            from mfcli.plan import restarted_tree
+            from mfcli.services.plan import restarted_tree
 
             ce, me, _ = restarted_tree(setup, r.kind)
             c = np.kron(np.eye(2), ce)  # one tree per epoch
@@ -170,7 +170,7 @@ def test_poisson_samplers_meet_the_target_by_dp_accounting() -> None:
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
-    from mfcli.plan import PLD_DISCRETIZATION, _dense_strategy
+    from mfcli.services.plan import PLD_DISCRETIZATION, _dense_strategy
 
     setup = TrainingSetup(**{**SMALL, "batching": ("poisson", "cyclic"), "bands": (4,)})
     for cand in enumerate_candidates(setup)[0]:
@@ -266,7 +266,7 @@ def test_cli_cyclic_artifact_reaccounted_by_account(tmp_path: Path) -> None:
                                  "--batching", "cyclic", "--bands", "2", "--workers", "0", "--out", str(out), "-q"])
     assert r.exit_code == 0, r.stderr
     assert "recommended: bandmf-2" in r.stdout
-    from mfcli.artifact import is_structured_file
+    from mfcli.io.artifact import is_structured_file
 
     assert is_structured_file(out)  # BandMF has a structured form: written as such at any n
     with h5py.File(out, "r") as f:

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-import mfcli.plan as plan_module
+import mfcli.services.plan as plan_module
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.limits import PLAN_MAX_N
-from mfcli.memory import MemoryLimitError
-from mfcli.plan import TrainingSetup, probe_scheduler
+from mfcli.services.plan import TrainingSetup, probe_scheduler
+from mfcli.util.limits import PLAN_MAX_N
+from mfcli.util.memory import MemoryLimitError
 
 runner = CliRunner()
 TINY = ["plan", "--examples", "100", "--batch", "10", "--epochs", "1", "--workers", "0", "-q"]
@@ -185,8 +185,8 @@ def test_out_path_with_terminal_controls_is_shown_escaped(tmp_path, monkeypatch)
     (10**6, True),
 ])
 def test_model_dimension_bound(d, ok):
-    from mfcli.artifact import shipped_artifact
-    from mfcli.noise import noise_stream
+    from mfcli.io.artifact import shipped_artifact
+    from mfcli.training.noise import noise_stream
 
     if ok:
         assert noise_stream(shipped_artifact("prefix-n256"), kind="gradient", d=d, seed=1).d == d
@@ -197,7 +197,7 @@ def test_model_dimension_bound(d, ok):
 
 @pytest.mark.parametrize("d", [0, -1, 2.5, "7", True, 10**400])
 def test_model_dimension_type_and_range(d):
-    from mfcli.noise import check_dimension
+    from mfcli.training.noise import check_dimension
 
     with pytest.raises(MfcliError, match=r"d \(the number of model parameters\)"):
         check_dimension(d)

@@ -22,8 +22,9 @@ from sensitivity_oracle import brute_sensitivity
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
-from mfcli.participation import FixedEpoch, SingleParticipation
-from mfcli.plan import (
+from mfcli.model.participation import FixedEpoch, SingleParticipation
+from mfcli.schemas import load_schema, validate
+from mfcli.services.plan import (
     PLD_DISCRETIZATION,
     CandidateResult,
     Plan,
@@ -34,7 +35,6 @@ from mfcli.plan import (
     other_sampler_guarantees,
     restarted_tree,
 )
-from mfcli.schemas import load_schema, validate
 
 # 1000 examples, batch 100: 10 steps per epoch, 2 epochs (n = 20); momentum
 SMALL = {"examples": 1000, "batch": 100, "epochs": 2, "epsilon": 2.0, "workload": "momentum"}

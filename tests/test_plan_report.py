@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
 from mfcli.cli.app import app
-from mfcli.plan import TrainingSetup, enumerate_candidates, evaluate, make_plan
+from mfcli.services.plan import TrainingSetup, enumerate_candidates, evaluate, make_plan
 
 runner = CliRunner()
 SETUP = {"examples": 1600, "batch": 100, "epochs": 1, "epsilon": 2.0, "workload": "prefix"}  # 16 steps: 2^4

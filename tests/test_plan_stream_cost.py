@@ -1,6 +1,6 @@
 """plan ranks under training cost (issue 24, item 5): the stream memory and noise cost columns
 describe the noise stream the written artifact actually runs (recomputed here from
-mfcli.noise.noise_stream on the written file, not from plan's own numbers), --out writes the
+mfcli.training.noise.noise_stream on the written file, not from plan's own numbers), --out writes the
 structured form whenever the candidate has one, near-ties (0.5 %) go to the cheaper stream, and
 --max-stream-memory passes over a stream that does not fit."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import is_structured_file
 from mfcli.cli.app import app
-from mfcli.noise import noise_stream
-from mfcli.plan import TIE_RTOL, Candidate, TrainingSetup, evaluate, rank, recommend, write_artifact
+from mfcli.io.artifact import is_structured_file
+from mfcli.services.plan import TIE_RTOL, Candidate, TrainingSetup, evaluate, rank, recommend, write_artifact
+from mfcli.training.noise import noise_stream
 
 # n = 4 epochs x 8 steps = 32: every kind is cheap to build and to stream
 SETUP = TrainingSetup(examples=800, batch=100, epsilon=4.0, epochs=4, delta=1e-5, workload="momentum", params=1000)

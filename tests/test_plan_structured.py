@@ -21,9 +21,9 @@ from scipy.stats import norm
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
-from mfcli.limits import PLAN_DENSE_ARTIFACT_MAX_N
-from mfcli.participation import FixedEpoch, SingleParticipation
-from mfcli.plan import TrainingSetup, enumerate_candidates, evaluate, writable
+from mfcli.model.participation import FixedEpoch, SingleParticipation
+from mfcli.services.plan import TrainingSetup, enumerate_candidates, evaluate, writable
+from mfcli.util.limits import PLAN_DENSE_ARTIFACT_MAX_N
 
 CLI = [sys.executable, "-m", "mfcli"]
 SETUP = ["--examples", "10000", "--batch", "1000", "--epochs", "103", "--epsilon", "4", "--bands", "2",
@@ -114,7 +114,7 @@ def test_writable_at_large_n() -> None:
     """A tree has no structured form (dense artifact at n <= PLAN_DENSE_ARTIFACT_MAX_N only), so above
     that limit it is not offered for --out; DP-SGD (its Poisson accounting needs no C), the
     Toeplitz and BLT candidates are at any n."""
-    from mfcli.toeplitz import DENSE_MAX_N as STRUCTURED_DENSE_MAX_N
+    from mfcli.strategies.toeplitz import DENSE_MAX_N as STRUCTURED_DENSE_MAX_N
 
     setup = TrainingSetup(examples=100, batch=10, epochs=1, epsilon=2.0, bands=(2,), buffers=(2,))
     results = {c.key: evaluate(setup, c) for c in enumerate_candidates(setup)[0]
@@ -151,7 +151,7 @@ def test_bad_option_values_one_error_line(tmp_path: Path, monkeypatch: pytest.Mo
 def test_text_says_why_better_rows_are_not_recommended() -> None:
     """Rows ranked above the recommendation are listed with the reason they are passed over."""
     from mfcli.cli.plan import render_text
-    from mfcli.plan import Plan, recommend
+    from mfcli.services.plan import Plan, recommend
 
     setup = TrainingSetup(examples=800, batch=100, epochs=2, epsilon=2.0, batching=("balls-in-bins", "fixed-order"),
                           bands=(2,), buffers=(2,))

@@ -1,4 +1,4 @@
-"""``mfcli.plan.write_artifact`` commits like every other artifact writer (mfcli.artifact.atomic_path):
+"""``mfcli.services.plan.write_artifact`` commits like every other artifact writer (mfcli.io.artifact.atomic_path):
 the precondition is checked again at the commit, the file is fsynced before the rename, and a
 refused or failed write leaves nothing behind (no temporary file either)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-import mfcli.artifact
-from mfcli.accounting import session
+import mfcli.io.artifact
 from mfcli.errors import MfcliError
-from mfcli.plan import TrainingSetup, enumerate_candidates, evaluate, write_artifact
+from mfcli.services import account as session
+from mfcli.services.plan import TrainingSetup, enumerate_candidates, evaluate, write_artifact
 
 SETUP = TrainingSetup(examples=1000, batch=100, epochs=2, epsilon=2.0, workload="momentum",
                       batching=("fixed-order",), bands=(2,), buffers=())
@@ -29,8 +29,8 @@ def banded():
 def test_write_fsyncs_then_renames_and_refuses_an_existing_target(tmp_path: Path, banded,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[str] = []
-    real = mfcli.artifact._fsync_file
-    monkeypatch.setattr(mfcli.artifact, "_fsync_file", lambda p: (synced.append(Path(p).name), real(p)))
+    real = mfcli.io.artifact._fsync_file
+    monkeypatch.setattr(mfcli.io.artifact, "_fsync_file", lambda p: (synced.append(Path(p).name), real(p)))
     out = tmp_path / "plan.h5"
     info = write_artifact(SETUP, banded, out)
     assert info["epsilon"] <= SETUP.epsilon and out.exists()
@@ -72,7 +72,7 @@ def test_the_commit_waits_for_a_concurrent_writer_then_refuses(tmp_path: Path, b
     holding = threading.Event()
 
     def other_writer() -> None:
-        with mfcli.artifact.atomic_path(out) as t:
+        with mfcli.io.artifact.atomic_path(out) as t:
             holding.set()
             time.sleep(1.0)
             t.write_bytes(b"the other writer's artifact")

@@ -1,4 +1,4 @@
-"""Progress of long computations (mfcli.progress) and the calibration's up-front cost estimate:
+"""Progress of long computations (mfcli.util.progress) and the calibration's up-front cost estimate:
 the library reports structured events through a callback, the CLI renders them on stderr only
 (rich bars on a terminal, a few plain lines elsewhere), stdout stays the result."""
 from __future__ import annotations
@@ -21,8 +21,8 @@ from mfcli.accounting.banded_poisson import estimate_epsilon
 from mfcli.accounting.calibrate import bisection_steps, calibrate_sigma, expected_runs
 from mfcli.accounting.mmcc import mmcc
 from mfcli.cli.app import app
-from mfcli.progress import ProgressEvent, Ticker
 from mfcli.schemas import load_schema, validate
+from mfcli.util.progress import ProgressEvent, Ticker
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

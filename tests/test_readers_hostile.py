@@ -19,7 +19,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mfcli.artifact import (
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import (
     check_datasets,
     file_sha256,
     is_structured_file,
@@ -29,13 +30,12 @@ from mfcli.artifact import (
     save_artifact,
     save_structured_artifact,
 )
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.inspection import inspect_artifact
-from mfcli.samplers import accounting_records
-from mfcli.solver import optimal_factorization
-from mfcli.toeplitz import MAX_BANDS, BandedToeplitz, toeplitz_workload
-from mfcli.validation import regular_file
-from mfcli.workloads import prefix_workload
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.services.inspect import inspect_artifact
+from mfcli.strategies.toeplitz import MAX_BANDS, BandedToeplitz, toeplitz_workload
+from mfcli.training.samplers import accounting_records
+from mfcli.util.validation import regular_file
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Peak traced memory a refusal may take: far below what the declared datasets would need (the
@@ -265,7 +265,7 @@ def test_a_structured_file_declaring_too_much_is_refused_cheaply(tmp_path, struc
     # the CPU: far below the seconds a 10^7-step evaluation takes (a count, not a clock: the
     # refusal reads no dataset, so the loader never reaches the O(n) evaluation)
     calls = []
-    import mfcli.structured as st
+    import mfcli.strategies.structured as st
 
     original = st.evaluate
     st.evaluate = lambda *a, **k: calls.append(a) or original(*a, **k)  # type: ignore[assignment]

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.accounting import records
-from mfcli.accounting.records import NOT_REDERIVED, UNVERIFIED, VERIFIED, read_records, subject_of, verify_record
-from mfcli.artifact import load_any_artifact, save_artifact, save_structured_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization
-from mfcli.inspection import inspect_artifact
-from mfcli.participation import FixedEpoch
-from mfcli.samplers import FixedOrderSampler, PoissonSampler, held_epsilons, sampler_for
+from mfcli.io.artifact import load_any_artifact, save_artifact, save_structured_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch
 from mfcli.schemas import load_schema, validate
-from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+from mfcli.services import records
+from mfcli.services.inspect import inspect_artifact
+from mfcli.services.records import NOT_REDERIVED, UNVERIFIED, VERIFIED, read_records, subject_of, verify_record
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+from mfcli.training.samplers import FixedOrderSampler, PoissonSampler, held_epsilons, sampler_for
 
 dp_accounting = pytest.importorskip("dp_accounting")
 runner = CliRunner()
@@ -79,7 +79,7 @@ def made(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     k = dense(base / "calibrated.h5", banded(N, 0.5), "banded")
     out["calibrated"] = (k, write_record(k, "--epsilon", 2))
     # a structured BLT with a Poisson record (its MMCC on the materialised C)
-    from mfcli.blt import BufferedToeplitz
+    from mfcli.strategies.blt import BufferedToeplitz
 
     t = base / "blt.h5"
     save_structured_artifact(t, BufferedToeplitz(theta=np.array([0.9, 0.4]), omega=np.array([0.2, 0.1])),
@@ -91,9 +91,9 @@ def made(tmp_path_factory) -> dict[str, tuple[Path, str]]:
                              participation=FixedEpoch(epochs=2))
     out["cyclic"] = (u, write_record(u, "--sigma", 2, "--sampling", 0.5, "--batching", "cyclic"))
     # a compressed artifact and its record of C^ (single pass)
-    from mfcli.compress import compress_artifact
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import momentum_workload
+    from mfcli.model.workloads import momentum_workload
+    from mfcli.optimize.dense import optimal_factorization
+    from mfcli.services.compress import compress_artifact
 
     d = base / "momentum.h5"
     fact = optimal_factorization(momentum_workload(16, beta=0.9).matrix, tol=1e-9).factorization

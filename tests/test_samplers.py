@@ -1,4 +1,4 @@
-"""Batch samplers (mfcli.samplers) against the definitions the accounting uses.
+"""Batch samplers (mfcli.training.samplers) against the definitions the accounting uses.
 
 Statistical checks use fixed seeds and two-sided binomial acceptance regions whose total failure
 probability (Bonferroni over every count checked in a test) is at most 1e-6 for a correct
@@ -18,12 +18,13 @@ from scipy.stats import binom
 from training_cases import prefix_artifact
 from typer.testing import CliRunner
 
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
-from mfcli.samplers import (
+from mfcli.io.artifact import save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+from mfcli.strategies.baselines import tree_decoder, tree_strategy_matrix
+from mfcli.training.samplers import (
     HELD_SETTINGS,
     BallsInBinsSampler,
     BatchSampler,
@@ -38,7 +39,6 @@ from mfcli.samplers import (
     sampler_for,
     training_state_dict,
 )
-from mfcli.strategies import tree_decoder, tree_strategy_matrix
 
 FAIL = 1e-6
 
@@ -291,7 +291,7 @@ def test_deterministic_random_access_and_resume(make) -> None:
 
 def test_sampler_bits_are_not_the_noise_bits() -> None:
     """Same seed for noise and sampler: the sampler does not draw from the Philox stream (key = seed,
-    counter (0, 0, 0, 0)) that noise row 0 is drawn from (mfcli.noise), which would correlate them."""
+    counter (0, 0, 0, 0)) that noise row 0 is drawn from (mfcli.training.noise), which would correlate them."""
     seed = 123
     naive = np.flatnonzero(np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, 0, 0])).random(64) < 0.5)
     got = PoissonSampler(examples=64, rate=0.5, steps=1, seed=seed).batch(0)
@@ -448,7 +448,7 @@ def test_record_without_sampler_is_the_fixed_order(tmp_path: Path) -> None:
 
 
 def test_training_checkpoint_pairs_sampler_and_noise_steps(banded6: Path) -> None:
-    from mfcli.samplers import record_noise_stream
+    from mfcli.training.samplers import record_noise_stream
 
     rid = _record_of(banded6, "cyclic")
     sampler = sampler_for(banded6, examples=40, seed=5, record=rid)

@@ -1,4 +1,4 @@
-"""Selected inversion for BandMF (mfcli.selected_inversion) and its use in the band-storage solver.
+"""Selected inversion for BandMF (mfcli.optimize.selected_inversion) and its use in the band-storage solver.
 
 Oracles: dense numpy inverses (tr(Y^-1), the blocks of Y^-2, the derivative -(Z E Z^2 + Z^2 E Z)),
 the dense formulas f = tr(A X^-1 A^T), gradient -X^-1 A^T A X^-1 and Hessian X^-1 D M + M D X^-1,
@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 from typer.testing import CliRunner
 
-import mfcli.multi_banded as mb
+import mfcli.optimize.multi_banded as mb
 from mfcli.cli.app import app
-from mfcli.multi_banded import from_band, to_band
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import MinSeparation
-from mfcli.selected_inversion import FastBandObjective, banded_inverse, selinv, square, tangent
-from mfcli.workloads import momentum_workload
+from mfcli.model.participation import MinSeparation
+from mfcli.model.workloads import momentum_workload
+from mfcli.optimize.multi_banded import from_band, to_band
+from mfcli.optimize.multi_solver import multi_participation_factorization
+from mfcli.optimize.selected_inversion import FastBandObjective, banded_inverse, selinv, square, tangent
 
 
 def _random_block_tridiagonal(rng: np.random.Generator, nb: int, w: int) -> np.ndarray:

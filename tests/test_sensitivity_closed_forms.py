@@ -31,15 +31,15 @@ from hypothesis import strategies as st
 from structured_oracles import blt_dense, dense_workload
 from typer.testing import CliRunner
 
-import mfcli.blt as blt_mod
-from mfcli.artifact import dataset_sha256, load_structured_artifact, save_structured_artifact
-from mfcli.blt import BufferedToeplitz, _loss_and_grad_general, toeplitz_workload
+import mfcli.strategies.blt as blt_mod
 from mfcli.cli.app import app
 from mfcli.errors import ArtifactError, MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
-from mfcli.participation import sensitivity as dense_sensitivity
-from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, toeplitz_sensitivity
-from mfcli.toeplitz import toeplitz_workload as tp_workload
+from mfcli.io.artifact import dataset_sha256, load_structured_artifact, save_structured_artifact
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+from mfcli.model.participation import sensitivity as dense_sensitivity
+from mfcli.strategies.blt import BufferedToeplitz, _loss_and_grad_general, toeplitz_workload
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, toeplitz_sensitivity
+from mfcli.strategies.toeplitz import toeplitz_workload as tp_workload
 
 runner = CliRunner()
 
@@ -123,7 +123,7 @@ def test_crafted_blt_closed_form_was_fooled_and_is_no_longer():
 
 def test_noise_stream_sensitivity_is_the_certified_one(tmp_path):
     """noise_stream(...).sensitivity (what a trainer calibrates with) goes through the same number."""
-    from mfcli.noise import noise_stream
+    from mfcli.training.noise import noise_stream
 
     blt = BufferedToeplitz(**CRAFTED)
     path = tmp_path / "c.h5"
@@ -182,7 +182,7 @@ def test_blt_single_property(params, n, nudge, scale):
 def test_blt_schema_sensitivity_is_never_below_the_exact_witness(theta, omega, n, schema):
     """The all-plus pattern on the exact coefficients is a real pair of inputs: its value is a
     lower bound on the true sensitivity, so the returned upper bound must reach it."""
-    from mfcli.toeplitz import schema_shape
+    from mfcli.strategies.toeplitz import schema_shape
 
     blt = BufferedToeplitz(theta=theta, omega=omega)
     sens = blt.sensitivity(n, schema)
@@ -195,7 +195,7 @@ def test_blt_schema_sensitivity_is_never_below_the_exact_witness(theta, omega, n
 
 @pytest.mark.parametrize("schema", [FixedEpoch(epochs=3), MinSeparation(separation=4)], ids=str)
 def test_blt_schema_sensitivity_against_dense(schema):
-    """Small n, mixed signs: at least the exact dense sensitivity (mfcli.participation on the
+    """Small n, mixed signs: at least the exact dense sensitivity (mfcli.model.participation on the
     dense C, a second method)."""
     theta, omega, n = [0.8, -0.5, 0.3], [0.7, -0.4, 0.9], 12
     dense = dense_sensitivity(blt_dense(theta, omega, n), schema)
@@ -246,7 +246,7 @@ def test_banded_toeplitz_property(values, case):
         exact = sum((Fraction(float(x)) ** 2 for x in coefs[:n]), Fraction(0))
         assert sens.value == pytest.approx(math.sqrt(exact), rel=1e-14)
     elif np.all(coefs >= 0) and (isinstance(schema, FixedEpoch) or np.all(np.diff(coefs) <= 0)):
-        # where the bound is attained (module docstring of mfcli.toeplitz) it is also tight
+        # where the bound is attained (module docstring of mfcli.strategies.toeplitz) it is also tight
         assert sens.exact and Fraction(sens.value) ** 2 <= upper * (1 + Fraction(1, 10**12))
 
 
@@ -272,7 +272,7 @@ def test_blt_schema_property(params, scale, case):
 def test_banded_toeplitz_large_n_rounding_is_covered(n, schema):
     """At large n the float sums carry rounding: the bound is raised by its proven relative
     error, so it is at least the exactly summed value (fsum of the exact pattern vector)."""
-    from mfcli.toeplitz import schema_shape
+    from mfcli.strategies.toeplitz import schema_shape
 
     coefs = BandedToeplitz.sqrt_init(64).coefs
     sens = toeplitz_sensitivity(coefs, n, schema)
@@ -410,7 +410,7 @@ def test_objective_is_the_dense_loss(params, error, schema):
 def test_writer_reads_its_file_back_before_writing(tmp_path, monkeypatch):
     """save_structured_artifact runs the reader on the file's image before touching the target:
     whatever the reader would refuse (here: a stand-in reader rule) is never written."""
-    import mfcli.artifact as artifact
+    import mfcli.io.artifact as artifact
 
     def refuse(path):
         raise ArtifactError(f"{path}: a rule only the reader knows")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from mfcli.artifact import load_artifact, save_artifact
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import load_artifact, save_artifact
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "cli_driver.py"
@@ -267,7 +267,7 @@ def test_plan_worker_watchdog_ends_an_orphan(tmp_path):
     """The watchdog alone (the death signal is not armed: the worker believes it is not on
     Linux): a worker whose parent exits is re-parented, sees it and ends, instead of running on."""
     worker = (f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r}); sys.platform = 'other'; "
-              "from mfcli.plan import _worker_init; _worker_init(os.getppid()); print('ready', flush=True); "
+              "from mfcli.services.plan import _worker_init; _worker_init(os.getppid()); print('ready', flush=True); "
               "time.sleep(600)")
     parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, "
               "text=True); p.stdout.readline(); print(p.pid)")

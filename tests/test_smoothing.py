@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
-from mfcli.smoothing import (
+from mfcli.training.smoothing import (
     LaplacianSmoother,
     laplacian_smooth,
     noise_variance_factor,
@@ -204,9 +204,9 @@ def test_torch_tensors_match_numpy():
 
 
 def _prefix_artifact(tmp_path, n=6):
-    from mfcli.artifact import save_artifact
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import prefix_workload
+    from mfcli.io.artifact import save_artifact
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     fact = optimal_factorization(prefix_workload(n).matrix, tol=1e-8).factorization
     path = tmp_path / "prefix.h5"
@@ -219,7 +219,7 @@ def test_torch_optimizer_hook_smooths_the_noisy_gradient(tmp_path):
     -lr A_s^-1 (grad + sigma clip (C^-1 Z)[0]), computed here from the stream's own noise row."""
     torch = pytest.importorskip("torch")
     from mfcli.adapters.torch import CorrelatedNoiseOptimizer
-    from mfcli.noise import noise_stream
+    from mfcli.training.noise import noise_stream
 
     path, _fact = _prefix_artifact(tmp_path)
     d, seed, sigma, lr, s = 10, 99, 0.8, 0.5, 2.0
@@ -241,7 +241,7 @@ def test_jax_arrays_and_optax_hook(tmp_path):
     import jax.numpy as jnp
 
     from mfcli.adapters.optax import correlated_noise
-    from mfcli.noise import noise_stream
+    from mfcli.training.noise import noise_stream
 
     v = np.random.default_rng(6).normal(size=(2, 13)).astype(np.float32)
     got = jax.jit(LaplacianSmoother(1.2))(jnp.asarray(v))  # traced under jit

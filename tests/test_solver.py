@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
-from mfcli.factorization import is_lower_triangular
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.model.factorization import is_lower_triangular
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 GOLDEN_SQ = ((1 + math.sqrt(5)) / 2) ** 2
 
@@ -35,7 +35,7 @@ def test_n64_prefix_known_optimum(method):
 
 
 def _sqrt_toeplitz(n: int) -> np.ndarray:
-    # binom(2k, k) / 4^k via scipy's exact binomials, independent of mfcli.strategies.
+    # binom(2k, k) / 4^k via scipy's exact binomials, independent of mfcli.strategies.baselines.
     coef = np.array([scipy.special.comb(2 * k, k, exact=True) / 4**k for k in range(n)], dtype=float)
     return scipy.linalg.toeplitz(coef, np.zeros(n))
 

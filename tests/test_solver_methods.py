@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
-from mfcli.factorization import is_lower_triangular
-from mfcli.solver import (
+from mfcli.model.factorization import is_lower_triangular
+from mfcli.model.workloads import build_workload, momentum_workload, prefix_workload
+from mfcli.optimize.dense import (
     COARSE_MIN_N,
     DEFAULT_METHOD,
     METHODS,
@@ -28,7 +29,6 @@ from mfcli.solver import (
     newton_direction,
     optimal_factorization,
 )
-from mfcli.workloads import build_workload, momentum_workload, prefix_workload
 
 
 def _random_lower(n: int, seed: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The certified multi-participation solver (mfcli.multi_solver) and ``mfcli optimize --epochs /
+"""The certified multi-participation solver (mfcli.optimize.multi_solver) and ``mfcli optimize --epochs /
 --min-sep``.
 
 Oracles, none of them the solver's own earlier output:
@@ -8,9 +8,9 @@ Oracles, none of them the solver's own earlier output:
 * an independent optimiser (scipy SLSQP on the free entries of X, equality constraints explicit)
   at n = 8 reaches the same optimum;
 * k = 1: the problem is the single-participation one, so the optimum equals
-  :func:`mfcli.solver.optimal_factorization`'s (a different algorithm, its own certificate);
+  :func:`mfcli.optimize.dense.optimal_factorization`'s (a different algorithm, its own certificate);
 * sensitivity: brute force over every participation pattern and sign vector (n <= 12) computed
-  from C itself, next to :func:`mfcli.participation.sensitivity` and the closed forms 1 / sqrt(k);
+  from C itself, next to :func:`mfcli.model.participation.sensitivity` and the closed forms 1 / sqrt(k);
 * the loss is recomputed from the artifact's matrices (sens^2 ||B||_F^2).
 """
 from __future__ import annotations
@@ -25,18 +25,18 @@ from hypothesis import strategies as hst
 from sensitivity_oracle import brute_sensitivity_squared
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_artifact
 from mfcli.cli.app import app
-from mfcli.inspection import inspect_artifact
-from mfcli.multi_solver import (
+from mfcli.io.artifact import load_artifact
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, sensitivity
+from mfcli.model.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.optimize.multi_solver import (
     NEWTON_GAP,
     _newton_direction,
     multi_participation_factorization,
 )
-from mfcli.multi_structure import Structure, dual_bound
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import momentum_workload, prefix_workload
+from mfcli.optimize.multi_structure import Structure, dual_bound
+from mfcli.services.inspect import inspect_artifact
 
 runner = CliRunner()
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mfcli.artifact import load_artifact, save_strategy, strategy_from_artifact
 from mfcli.errors import MfcliError
-from mfcli.strategies import (
+from mfcli.io.artifact import load_artifact, save_strategy, strategy_from_artifact
+from mfcli.model.workloads import build_workload, momentum_workload, prefix_workload
+from mfcli.strategies.baselines import (
     STRATEGY_NAMES,
     TREE_STRATEGIES,
     build_strategy,
@@ -24,7 +25,6 @@ from mfcli.strategies import (
     tree_release_steps,
     tree_strategy_matrix,
 )
-from mfcli.workloads import build_workload, momentum_workload, prefix_workload
 
 
 def S(n: int) -> np.ndarray:

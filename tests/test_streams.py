@@ -2,7 +2,7 @@
 
 Kinds: BandMF (a dense artifact whose C is banded: the banded-inverse recursion), a general
 dense C^-1 (the kept rows of Z), compressed (banded plus low-rank), banded Toeplitz (its IIR
-recursion) and BLT (its buffers). Oracles, computed here and not through mfcli.noise:
+recursion) and BLT (its buffers). Oracles, computed here and not through mfcli.training.noise:
 
 * the operator M (C^-1 for gradient noise, B = A C^-1 for iterate noise) from the dense C this
   file builds (or C^ = B^-1 A from the hand-built compression), by numpy inverses;
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from structured_oracles import blt_dense, toeplitz_dense
 
-from mfcli.artifact import save_artifact, save_structured_artifact
-from mfcli.blt import BufferedToeplitz
 from mfcli.errors import MfcliError
-from mfcli.factorization import Factorization
-from mfcli.memory import MemoryLimitError
-from mfcli.noise import noise_stream
-from mfcli.toeplitz import BandedToeplitz, toeplitz_workload
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import save_artifact, save_structured_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.workloads import prefix_workload
+from mfcli.strategies.blt import BufferedToeplitz
+from mfcli.strategies.toeplitz import BandedToeplitz, toeplitz_workload
+from mfcli.training.noise import noise_stream
+from mfcli.util.memory import MemoryLimitError
 
 from noise_oracles import jax_z, philox_z, save_truncated_svd_compression, torch_z
 
@@ -248,8 +248,8 @@ def test_numpy_torch_and_jax_draw_different_z_each_its_own(cases):
 ])
 def test_a_stream_that_would_overflow_is_refused(tmp_path, coefs, n, dtype, step):
     from mfcli.errors import ArtifactError
-    from mfcli.noise import check_finite_rows
-    from mfcli.structured import RationalToeplitz, rational
+    from mfcli.strategies.structured import RationalToeplitz, rational
+    from mfcli.training.noise import check_finite_rows
 
     # such a strategy never reaches a file (its loss is not finite: the writer refuses it) ...
     with np.errstate(all="ignore"), pytest.raises(ArtifactError, match="not a finite number"):

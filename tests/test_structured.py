@@ -1,4 +1,4 @@
-"""Structured artifacts, operators and noise streams (mfcli.structured) against dense oracles:
+"""Structured artifacts, operators and noise streams (mfcli.strategies.structured) against dense oracles:
 numpy inverses of the materialised C at small n, Z drawn straight from Philox, and tampering."""
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 from structured_oracles import dense_workload
 
-from mfcli.artifact import (
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import (
     StructuredArtifact,
     load_any_artifact,
     load_artifact,
     load_structured_artifact,
     save_structured_artifact,
 )
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.noise import noise_stream
-from mfcli.operators import select_operator
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.toeplitz import BandedToeplitz, materialize, optimize_banded_toeplitz, toeplitz_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
+from mfcli.strategies.operators import select_operator
+from mfcli.strategies.toeplitz import BandedToeplitz, materialize, optimize_banded_toeplitz, toeplitz_workload
+from mfcli.training.noise import noise_stream
 
 from noise_oracles import philox_z
 

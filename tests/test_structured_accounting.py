@@ -15,10 +15,10 @@ import pytest
 from accounting_oracles import gaussian_delta, gaussian_epsilon
 from typer.testing import CliRunner
 
-from mfcli.artifact import save_structured_artifact
 from mfcli.cli.app import app
-from mfcli.participation import MinSeparation
-from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, materialize, toeplitz_workload
+from mfcli.io.artifact import save_structured_artifact
+from mfcli.model.participation import MinSeparation
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, materialize, toeplitz_workload
 
 runner = CliRunner()
 dp_accounting = pytest.importorskip("dp_accounting")
@@ -44,17 +44,17 @@ def one_error_line(r, match, code=1):
 
 
 def blt():
-    from mfcli.blt import BufferedToeplitz
+    from mfcli.strategies.blt import BufferedToeplitz
 
     return BufferedToeplitz(theta=np.array([0.9, 0.4]), omega=np.array([0.2, 0.1]))
 
 
 def dense_twin(path, strategy, n, workload="prefix", participation=None):
-    """The equivalent dense artifact, built without mfcli.structured: C from the coefficients,
+    """The equivalent dense artifact, built without mfcli.strategies.structured: C from the coefficients,
     A the workload matrix, B = A C^-1 by a dense solve."""
-    from mfcli.artifact import save_artifact
-    from mfcli.factorization import Factorization
-    from mfcli.workloads import build_workload
+    from mfcli.io.artifact import save_artifact
+    from mfcli.model.factorization import Factorization
+    from mfcli.model.workloads import build_workload
 
     c = materialize(strategy.strategy_coefs(n), n)
     a = build_workload(workload, n).matrix
@@ -183,7 +183,7 @@ def test_large_n_refusals_are_one_line(tmp_path, make, args, match):
 def test_parameters_path_equals_dense_path_at_small_n(tmp_path):
     """The O(n) path (used above the limit) run at small n on the same input gives the dense
     path's numbers (single-pass, deterministic, cyclic Poisson)."""
-    from mfcli.accounting.session import account, resolve_strategy
+    from mfcli.services.account import account, resolve_strategy
 
     p = tmp_path / "s.h5"
     save_structured_artifact(p, BANDED, workload=TOEPLITZ_PREFIX, n=60, participation=MinSeparation(separation=10))
@@ -212,9 +212,9 @@ _ = toeplitz_workload
 @pytest.mark.parametrize("name,beta,n", [("prefix", 0.0, 64), ("prefix", 0.0, 1000), ("momentum", 0.7, 100),
                                          ("momentum", 0.9, 1024), ("momentum", 0.5, 129)])
 def test_tree_closed_form_equals_dense_tree(name, beta, n):
-    from mfcli.compare import tree_row
-    from mfcli.strategies import build_strategy
-    from mfcli.workloads import build_workload
+    from mfcli.model.workloads import build_workload
+    from mfcli.services.compare import tree_row
+    from mfcli.strategies.baselines import build_strategy
 
     w = build_workload(name, n, **({"beta": beta} if name == "momentum" else {}))
     dense = build_strategy("tree", w).factorization
@@ -267,8 +267,8 @@ def test_compare_equal_privacy_structured_rows_cyclic_and_gaussian():
     DP-SGD meets the target at its sigma and misses it just below); the BLT row (more bands than
     b) and the tree (C not square) get the Gaussian, saying why."""
     from mfcli.accounting.multi import band_count
-    from mfcli.structured import banded_numbers
-    from mfcli.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
+    from mfcli.strategies.structured import banded_numbers
+    from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, optimize_banded_toeplitz
 
     n, sep, eps = 64, 16, 0.5
     r = run("compare", "--n", n, "--bands", 4, "--buffers", 2, "--strategies", "tree", "--epsilon", eps,

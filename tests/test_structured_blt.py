@@ -1,8 +1,8 @@
 """BLT as the structured kind ``blt``: artifact round trip, tampering, noise streams and adapters
-(mfcli.structured), and ``mfcli optimize --strategy blt`` / ``inspect`` / ``account`` / ``compare
+(mfcli.strategies.structured), and ``mfcli optimize --strategy blt`` / ``inspect`` / ``account`` / ``compare
 --buffers`` end to end. Oracles: C materialised here from theta and omega by the defining formula
 c_t = sum_i omega_i theta_i^(t-1), numpy inverses at small n, dense sensitivities
-(mfcli.participation.sensitivity on the dense C), Z straight from Philox, dp-accounting."""
+(mfcli.model.participation.sensitivity on the dense C), Z straight from Philox, dp-accounting."""
 from __future__ import annotations
 
 import json
@@ -16,19 +16,19 @@ import pytest
 from structured_oracles import blt_coefs, blt_dense, dense_workload
 from typer.testing import CliRunner
 
-from mfcli.artifact import (
+from mfcli.cli.app import app
+from mfcli.errors import ArtifactError, MfcliError
+from mfcli.io.artifact import (
     StructuredArtifact,
     dataset_sha256,
     load_any_artifact,
     load_structured_artifact,
     save_structured_artifact,
 )
-from mfcli.blt import optimize_blt
-from mfcli.cli.app import app
-from mfcli.errors import ArtifactError, MfcliError
-from mfcli.noise import noise_stream
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.toeplitz import toeplitz_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
+from mfcli.strategies.blt import optimize_blt
+from mfcli.strategies.toeplitz import toeplitz_workload
+from mfcli.training.noise import noise_stream
 
 from noise_oracles import philox_z
 
@@ -317,7 +317,7 @@ def test_subprocess_n_1e5_optimize_inspect_account(tmp_path):
 
 def test_blt_noise_stream_and_artifact_stream_are_bit_identical(saved):
     """A BLT in memory and its artifact give the same stream: rows, fingerprint, checkpoints."""
-    from mfcli.noise import strategy_stream
+    from mfcli.training.noise import strategy_stream
 
     path, blt, _w, _ = saved
     own = strategy_stream(blt, n=N, seed=SEED, d=70_000, dtype="float32", threads=2)  # two Philox blocks

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import load_structured_artifact
 from mfcli.cli.app import app
-from mfcli.participation import MinSeparation, sensitivity
-from mfcli.toeplitz import materialize
+from mfcli.io.artifact import load_structured_artifact
+from mfcli.model.participation import MinSeparation, sensitivity
+from mfcli.strategies.toeplitz import materialize
 
 runner = CliRunner()
 
@@ -83,8 +83,8 @@ def test_inspect_and_account_refuse_tampered_structured_artifact(tmp_path):
 
 def test_account_refuses_what_needs_dense_c(tmp_path):
     # above the materialisation limit (tests/test_structured_accounting.py covers the rest)
-    from mfcli.artifact import save_structured_artifact
-    from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+    from mfcli.io.artifact import save_structured_artifact
+    from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
     out = tmp_path / "p.h5"
     save_structured_artifact(out, BandedToeplitz.sqrt_init(4), workload=TOEPLITZ_PREFIX, n=8193)
@@ -105,7 +105,7 @@ def test_subprocess_large_n_writes_parameters_only(tmp_path):
     assert art.n == 100_000 and art.strategy.bands == 8
     assert js["loss"]["mean"] == pytest.approx(art.schema_loss.mean, rel=1e-12)
     # the sqrt start truncated to 8 bands is feasible: the optimum cannot be worse
-    from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+    from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
 
     assert art.schema_loss.mean <= BandedToeplitz.sqrt_init(8).loss(100_000, TOEPLITZ_PREFIX).mean
 

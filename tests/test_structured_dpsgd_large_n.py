@@ -1,4 +1,4 @@
-"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (one accounting path of every kind, mfcli/accounting/session.py):
+"""DP-SGD of a structured artifact above STRUCTURED_DENSE_MAX_N (one accounting path of every kind, mfcli/services/account.py):
 it is n Poisson-subsampled Gaussian steps at sigma and needs no C, so account, --epsilon
 calibration, --write and inspect's re-verification run at any n, checked against dp-accounting's
 PLD accountant called directly; MMCC (which needs C) is left out with a note, or refused in one
@@ -13,11 +13,11 @@ import pytest
 from accounting_oracles import dpsgd_epsilon
 from typer.testing import CliRunner
 
-from mfcli.artifact import save_structured_artifact
 from mfcli.cli.app import app
-from mfcli.limits import STRUCTURED_DENSE_MAX_N
+from mfcli.io.artifact import save_structured_artifact
 from mfcli.schemas import load_schema, validate
-from mfcli.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz
+from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
 dp_accounting = pytest.importorskip("dp_accounting")
 runner = CliRunner()
@@ -84,7 +84,7 @@ def test_mmcc_still_refused_above_limit(big, args) -> None:
 
 
 def test_plan_writes_dpsgd_above_limit(tmp_path) -> None:
-    from mfcli.plan import PLD_DISCRETIZATION, Candidate, TrainingSetup, evaluate, write_artifact
+    from mfcli.services.plan import PLD_DISCRETIZATION, Candidate, TrainingSetup, evaluate, write_artifact
 
     setup = TrainingSetup(examples=10 * N, batch=10, epochs=1, epsilon=0.3)  # sigma near 1: cheap PLDs
     assert setup.n == N

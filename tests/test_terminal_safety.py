@@ -11,10 +11,10 @@ import h5py
 import pytest
 from typer.testing import CliRunner
 
-from mfcli.artifact import save_artifact
 from mfcli.cli.app import app
-from mfcli.solver import optimal_factorization
-from mfcli.workloads import prefix_workload
+from mfcli.io.artifact import save_artifact
+from mfcli.model.workloads import prefix_workload
+from mfcli.optimize.dense import optimal_factorization
 
 runner = CliRunner()
 

@@ -1,5 +1,5 @@
-"""Banded Toeplitz strategies (mfcli.toeplitz) against independent oracles: dense materialisation
-at small n (numpy inverses, mfcli.factorization's loss code, mfcli.participation's sensitivity),
+"""Banded Toeplitz strategies (mfcli.strategies.toeplitz) against independent oracles: dense materialisation
+at small n (numpy inverses, mfcli.model.factorization's loss code, mfcli.model.participation's sensitivity),
 brute force over every participation pattern, finite differences, and the certified dense
 optimum (a lower bound every strategy must respect)."""
 from __future__ import annotations
@@ -14,10 +14,11 @@ from sensitivity_oracle import brute_bounds_squared, brute_sensitivity_squared
 from structured_oracles import dense_workload
 
 from mfcli.errors import ArtifactError, MfcliError
-from mfcli.factorization import Factorization
-from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
-from mfcli.solver import optimal_factorization
-from mfcli.toeplitz import (
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, sensitivity
+from mfcli.model.workloads import build_workload, prefix_workload
+from mfcli.optimize.dense import optimal_factorization
+from mfcli.strategies.toeplitz import (
     TOEPLITZ_PREFIX,
     BandedToeplitz,
     _objective,
@@ -27,7 +28,6 @@ from mfcli.toeplitz import (
     toeplitz_sensitivity,
     toeplitz_workload,
 )
-from mfcli.workloads import build_workload, prefix_workload
 
 SCHEMAS = [SingleParticipation(), FixedEpoch(epochs=2), FixedEpoch(epochs=3), MinSeparation(separation=3),
            MinSeparation(separation=2, max_participations=3), MinSeparation(separation=5)]
@@ -138,7 +138,7 @@ def test_window_sums_is_the_shifted_sum(n, sep, k, threshold, monkeypatch):
     """The pattern vector of the sensitivity (shifted copies added in turn, or the O(n) sliding
     window above FFT_THRESHOLD) against the definition: the sum of k copies of c shifted by
     multiples of sep, cut at n, and against the FFT form."""
-    import mfcli.toeplitz as tp
+    import mfcli.strategies.toeplitz as tp
 
     if threshold is not None:
         monkeypatch.setattr(tp, "FFT_THRESHOLD", threshold)
@@ -156,7 +156,7 @@ def test_window_sums_is_the_shifted_sum(n, sep, k, threshold, monkeypatch):
 
 def test_sensitivity_does_not_depend_on_the_fft_threshold(monkeypatch):
     """The sensitivity never goes through the FFT (whose rounding has no proven relative bound)."""
-    import mfcli.toeplitz as tp
+    import mfcli.strategies.toeplitz as tp
 
     c = BandedToeplitz.sqrt_init(16).coefs
     direct = tp.toeplitz_sensitivity(c, 3000, MinSeparation(separation=7))
@@ -169,7 +169,7 @@ def test_sensitivity_does_not_depend_on_the_fft_threshold(monkeypatch):
 @pytest.mark.parametrize("schema", SCHEMAS[:4], ids=lambda s: s.describe())
 @pytest.mark.parametrize("weights", ["mean", "max"])
 def test_objective_gradient_matches_finite_differences(schema, weights):
-    from mfcli.toeplitz import schema_shape
+    from mfcli.strategies.toeplitz import schema_shape
 
     n = 24
     sep, k = schema_shape(n, schema)
@@ -239,7 +239,7 @@ def test_parameters_round_trip():
 def test_gradient_stream_matches_dense_noising_and_resumes_bit_identically(dtype):
     """The one noise stream on a banded Toeplitz C in memory (noise.strategy_stream) is C^-1 Z
     (a dense solve here, Z the stream's own rows) and resumes bit-identically from a checkpoint."""
-    from mfcli.noise import noise_matrix, strategy_stream
+    from mfcli.training.noise import noise_matrix, strategy_stream
 
     n, d = 40, 7
     bt = BandedToeplitz(np.array([1.3, 0.6, 0.3, 0.1]))

@@ -20,7 +20,7 @@ import pytest
 from accounting_oracles import dpsgd_epsilon, gaussian_delta
 from sensitivity_oracle import brute_sensitivity
 
-from mfcli.participation import FixedEpoch
+from mfcli.model.participation import FixedEpoch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "training_study"
@@ -53,7 +53,7 @@ def arms() -> dict:
 
 
 def test_fixed_epoch_order_follows_the_schema_patterns():
-    from mfcli.participation import FixedEpoch
+    from mfcli.model.participation import FixedEpoch
 
     batches = me.fixed_epoch_batches(400, 20, 2, np.random.default_rng(0))
     assert all(b.size == 40 for b in batches)
@@ -148,7 +148,7 @@ def test_cyclic_poisson_refuses_a_strategy_with_more_bands_than_groups(arms):
 
 
 def test_optimizer_computes_each_arms_workload(arms):
-    from mfcli.workloads import build_workload
+    from mfcli.model.workloads import build_workload
 
     g = np.random.default_rng(3).normal(size=(GEO.n, 4))
     for arm in arms.values():

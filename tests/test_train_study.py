@@ -1,8 +1,8 @@
 """The private-training study: optimizer = workload, noise = B Z, privacy from the accountant, quick mode.
 
 Oracles: an independent plain SGD / momentum loop (sigma = 0 must reproduce it bit for bit), the
-workload matrices A of mfcli.workloads (the trainer must compute A G), the covariance B B^T sigma^2
-estimated from many seeds (with a tolerance from the estimator's standard error), mfcli.noise
+workload matrices A of mfcli.model.workloads (the trainer must compute A G), the covariance B B^T sigma^2
+estimated from many seeds (with a tolerance from the estimator's standard error), mfcli.training.noise
 streams built from saved artifacts, dp-accounting's PLD accountant, and per-example gradients
 computed one by one.
 """
@@ -20,7 +20,7 @@ import pytest
 import scipy.linalg
 
 from mfcli.errors import MfcliError
-from mfcli.smoothing import laplacian_smooth, noise_variance_factor
+from mfcli.training.smoothing import laplacian_smooth, noise_variance_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "training_study"
@@ -203,11 +203,11 @@ def test_smoothed_noise_variance_shrinks_by_the_smoothing_factor(mechs):
 
 @pytest.mark.parametrize("key", MECHANISM_KEYS)
 def test_unit_noise_is_the_operator_applied_to_the_philox_normals(key, mechs):
-    """The study draws its noise from an mfcli.noise stream. Oracle: N Z written out directly, with
+    """The study draws its noise from an mfcli.training.noise stream. Oracle: N Z written out directly, with
     N = C^-1 (square) or A^-1 B (tree) from the factorization by a dense triangular solve and Z
     the stream's standard normals from noise_matrix. Same Z, same operator: the noise differs only
     by floating-point rounding (summation order), so its distribution is the old one exactly."""
-    from mfcli.noise import noise_matrix
+    from mfcli.training.noise import noise_matrix
 
     mech = mechs[key]
     d, seed = 37, 5
@@ -224,8 +224,8 @@ def test_unit_noise_is_the_operator_applied_to_the_philox_normals(key, mechs):
 
 def test_unit_noise_equals_noise_streams_of_saved_artifacts(tmp_path, mechs):
     """A user who saves the mechanism and streams it from the file gets the study's noise."""
-    from mfcli.artifact import save_artifact
-    from mfcli.noise import noise_stream
+    from mfcli.io.artifact import save_artifact
+    from mfcli.training.noise import noise_stream
 
     d, seed = 37, 5
     noise_seed = seed_streams(seed)[1]
@@ -253,7 +253,7 @@ def test_unit_noise_equals_noise_streams_of_saved_artifacts(tmp_path, mechs):
 def test_noise_comes_from_mfcli_accounting(monkeypatch):
     """Replace the accountant's answer: every cell's sigma must follow it (no hand-set sigma)."""
     from mfcli.accounting import Calibration as AccCal
-    from mfcli.accounting import session
+    from mfcli.services import account as session
 
     calls = []
 

@@ -22,7 +22,7 @@ import pytest
 from training_cases import _record, make_arts, prefix_artifact
 
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch
+from mfcli.model.participation import FixedEpoch
 from mfcli.training.record import NO_RECORD_MULTIPLIER, resolve_noise_std, training_record
 
 D = 20000
@@ -159,7 +159,7 @@ def test_optax_transformation_adds_the_resolved_std(arts, case, kind, make, refu
     import jax.numpy as jnp
 
     from mfcli.adapters.optax import correlated_noise
-    from mfcli.noise import noise_stream
+    from mfcli.training.noise import noise_stream
     from mfcli.training.record import record_stream
 
     rec, sens, std = _expected(arts, kind)

@@ -1,4 +1,4 @@
-"""One rule per validated concept (mfcli/validation.py), and every caller applies the same one."""
+"""One rule per validated concept (mfcli/util/validation.py), and every caller applies the same one."""
 from __future__ import annotations
 
 import math
@@ -12,9 +12,9 @@ from mfcli.accounting.calibrate import calibrate_sigma
 from mfcli.accounting.shuffled_tree import tree_levels
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, dpsgd
 from mfcli.errors import MfcliError
-from mfcli.strategies import tree_nodes
-from mfcli.validation import positive_number, step_count
-from mfcli.workloads import check_n
+from mfcli.model.workloads import check_n
+from mfcli.strategies.baselines import tree_nodes
+from mfcli.util.validation import positive_number, step_count
 
 BAD_TYPES = ["4", None, True, [3]]
 NOT_INTEGRAL = [2.5, math.nan, math.inf, -math.inf]

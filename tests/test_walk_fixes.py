@@ -168,7 +168,7 @@ def test_cli_refuses_a_structured_artifact_in_cli_terms(structured_h5: Path, tmp
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and use in lines[0]
     assert "holds a structured strategy" in lines[0] and "load_any_artifact" not in lines[0]
-    assert "mfcli.structured" not in lines[0] and list(tmp_path.iterdir()) == []
+    assert "mfcli.strategies.structured" not in lines[0] and list(tmp_path.iterdir()) == []
 
 
 # --- finding 11: an unwritable --out is reported against the user's path, never a temporary file --------

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mfcli.cli.app import app
 from mfcli.cli.common import JSON_SCHEMA_VERSION
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
 from mfcli.schemas import load_schema, validate
 
 runner = CliRunner()
@@ -139,7 +139,7 @@ def test_range_that_depends_on_n_stays_with_the_library(tmp_path: Path, monkeypa
 def test_library_keeps_its_own_range_checks() -> None:
     """The CLI reuses the library's validators; library callers are still refused (MfcliError)."""
     from mfcli.errors import MfcliError
-    from mfcli.workloads import momentum_workload
+    from mfcli.model.workloads import momentum_workload
 
     for beta in (1.0, -0.1, float("nan")):
         with pytest.raises(MfcliError, match="beta must be in"):
@@ -189,7 +189,7 @@ def test_plan_out_under_proc_names_the_target(tmp_path: Path, monkeypatch: pytes
 def test_run_cost_ratio_follows_power_laws(s: float, a: float, c: float, target: float, z1: float, z2: float) -> None:
     """epsilon = c z^-s and seconds = z^-a through the two runs: the target's z is (c / target)^(1/s)
     and the ratio of costs there and at z1 is (z1 / z)^a, here derived by hand."""
-    from mfcli.compare import run_cost_ratio
+    from mfcli.services.compare import run_cost_ratio
 
     eps, secs = (lambda z: c * z ** -s), (lambda z: z ** -a)
     z_target = (c / target) ** (1 / s)
@@ -198,7 +198,7 @@ def test_run_cost_ratio_follows_power_laws(s: float, a: float, c: float, target:
 
 
 def test_run_cost_ratio_falls_back_to_the_first_run() -> None:
-    from mfcli.compare import run_cost_ratio
+    from mfcli.services.compare import run_cost_ratio
 
     assert run_cost_ratio(1.0, 2.0, 1.0, 2.0, 2.0, 0.5, 1.0) == 1.0   # epsilon does not fall: no law
     assert run_cost_ratio(1.0, 2.0, 1.0, 2.0, 1.0, 0.0, 1.0) == 1.0   # a zero time
@@ -215,9 +215,9 @@ def test_row_band_counts_predict_which_rows_run_cyclic_poisson(schema: Participa
     """The estimate's count of cyclic Poisson calibrations agrees with the rows the comparison
     actually calibrates that way (each row checks its own C)."""
     from mfcli.accounting.multi import cycle_length
-    from mfcli.compare import PrivacyTarget, row_band_counts, run_comparison, structured_rows
-    from mfcli.toeplitz import toeplitz_workload
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.services.compare import PrivacyTarget, row_band_counts, run_comparison, structured_rows
+    from mfcli.strategies.toeplitz import toeplitz_workload
 
     n = 16
     names = ["identity", "tree", "honaker-online", "sqrt", "optimal"]
@@ -241,7 +241,7 @@ def test_estimate_counts_calibrations_per_accounting() -> None:
 
     from mfcli.accounting.calibrate import calibrate_sigma
     from mfcli.accounting.single_pass import gaussian_epsilon
-    from mfcli.compare import PrivacyTarget, cyclic_start, estimate_equal_privacy
+    from mfcli.services.compare import PrivacyTarget, cyclic_start, estimate_equal_privacy
 
     n, schema = 64, MinSeparation(separation=16)
     target = PrivacyTarget(epsilon=2.0, delta=1e-6, sampling=0.05)
@@ -263,7 +263,7 @@ def test_the_applicability_check_of_cyclic_poisson_is_a_cheap_run(monkeypatch: p
     """equal_privacy_from checks that cyclic Poisson applies before calibrating; that check's run
     is at a large noise multiplier (a run's cost grows fast as it falls), not at sigma 1."""
     import mfcli.accounting.multi as multi
-    from mfcli.compare import PrivacyTarget, equal_privacy_from
+    from mfcli.services.compare import PrivacyTarget, equal_privacy_from
 
     seen: list[float] = []
     real = multi.reduced_dpsgd
@@ -282,9 +282,9 @@ def test_the_applicability_check_of_cyclic_poisson_is_a_cheap_run(monkeypatch: p
 def test_fixed_epoch_coarse_levels_report_progress_without_a_gap() -> None:
     import math
 
-    from mfcli.multi_fixed_epoch import solve_dual
-    from mfcli.solver import Progress
-    from mfcli.workloads import prefix_workload
+    from mfcli.model.workloads import prefix_workload
+    from mfcli.optimize.dense import Progress
+    from mfcli.optimize.multi_fixed_epoch import solve_dual
 
     events: list[Progress] = []
     sol = solve_dual(prefix_workload(512).matrix, 2, tol=1e-3, max_iter=50, callback=events.append)
@@ -319,7 +319,7 @@ def test_terminal_panel_shows_a_coarse_stage_as_its_line_without_numbers() -> No
     from rich.console import Console
 
     from mfcli.cli.display import SolverDisplay
-    from mfcli.solver import Progress
+    from mfcli.optimize.dense import Progress
 
     console = Console(width=200, record=True)
     panel = SolverDisplay(quiet=True, title="t")._panel

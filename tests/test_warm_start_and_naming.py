@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mfcli.artifact import load_artifact, save_artifact
 from mfcli.errors import MfcliError
-from mfcli.solver import optimal_factorization, warm_start_weights
-from mfcli.workloads import (
+from mfcli.io.artifact import load_artifact, save_artifact
+from mfcli.model.workloads import (
     build_workload,
     default_artifact_stem,
     momentum_workload,
     prefix_workload,
 )
+from mfcli.optimize.dense import optimal_factorization, warm_start_weights
 
 
 @pytest.fixture(scope="module")

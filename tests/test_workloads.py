@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
-from mfcli.workloads import (
+from mfcli.model.workloads import (
     MAX_N,
     build_workload,
     check_workload_matrix,
@@ -129,9 +129,9 @@ def test_an_artifacts_workload_is_read_by_the_artifact_layer(tmp_path):
     """The workload layer opens no artifact: an .h5 matrix file is read by
     artifact.load_workload_matrix (checksums verified) and passed in as ``matrix``; the workload
     is the stored A, and its source is still the file."""
-    from mfcli.artifact import load_workload_matrix, save_artifact
-    from mfcli.solver import optimal_factorization
-    from mfcli.workloads import build_workload, momentum_workload
+    from mfcli.io.artifact import load_workload_matrix, save_artifact
+    from mfcli.model.workloads import build_workload, momentum_workload
+    from mfcli.optimize.dense import optimal_factorization
 
     w = momentum_workload(6, beta=0.5)
     path = tmp_path / "m.h5"

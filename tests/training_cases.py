@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mfcli.accounting import session
-from mfcli.artifact import save_artifact
-from mfcli.factorization import Factorization
-from mfcli.participation import FixedEpoch, MinSeparation
+from mfcli.io.artifact import save_artifact
+from mfcli.model.factorization import Factorization
+from mfcli.model.participation import FixedEpoch, MinSeparation
+from mfcli.services import account as session
 
 
 def prefix_artifact(path: Path, c: np.ndarray, name: str) -> Path:

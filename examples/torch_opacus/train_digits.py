@@ -37,8 +37,8 @@ from sklearn.datasets import load_digits  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from mfcli.adapters.opacus import make_private  # noqa: E402
-from mfcli.artifact import load_artifact  # noqa: E402
 from mfcli.errors import MfcliError  # noqa: E402
+from mfcli.io.artifact import load_artifact  # noqa: E402
 
 
 def digits(quick: bool) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:

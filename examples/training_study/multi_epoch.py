@@ -8,13 +8,13 @@ the same (epsilon, delta):
 * ``dp-sgd`` / ``dp-sgd-momentum-cooldown``: identity strategy (no correlation) for the SGD or
   the momentum + cooldown workload; **Poisson** sampling at rate q = B / N every step; accounted by
   :func:`mfcli.accounting.single_pass.dpsgd` (dp-accounting PLD, n Poisson-sampled Gaussians).
-* ``bandmf`` / ``bandmf-momentum-cooldown``: BandMF (:func:`mfcli.multi_solver.multi_participation_factorization`
-  with :class:`~mfcli.participation.MinSeparation` b, C b-banded, unit column norms); **cyclic
+* ``bandmf`` / ``bandmf-momentum-cooldown``: BandMF (:func:`mfcli.optimize.multi_solver.multi_participation_factorization`
+  with :class:`~mfcli.model.participation.MinSeparation` b, C b-banded, unit column norms); **cyclic
   Poisson** sampling: the examples are split into b groups at random once, at step i group i mod b
   is Poisson-sampled at rate p = B b / N; accounted by :func:`mfcli.accounting.multi.cyclic_poisson`
   (2306.08153 Thm. 3: DP-SGD with ceil(n / b) steps at rate p).
 * ``dense`` / ``dense-momentum-cooldown``: the dense multi-epoch optimum for
-  :class:`~mfcli.participation.FixedEpoch` K (X = C^T C orthogonal across epochs, sensitivity 1);
+  :class:`~mfcli.model.participation.FixedEpoch` K (X = C^T C orthogonal across epochs, sensitivity 1);
   **fixed epoch order**: one random permutation cut into n / K batches of B, batch i mod (n / K) at
   step i, so an example takes part in steps j, j + n / K, ... exactly the schema's patterns;
   accounted by :func:`mfcli.accounting.multi.deterministic` (the Gaussian at the schema sensitivity).
@@ -47,10 +47,10 @@ from mfcli.accounting.calibrate import calibrate_sigma
 from mfcli.accounting.multi import check_cyclic, cyclic_poisson, deterministic
 from mfcli.accounting.single_pass import dpsgd
 from mfcli.errors import MfcliError
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, sensitivity
-from mfcli.strategies import Strategy, build_strategy
-from mfcli.workloads import build_workload, learning_rates, momentum_workload
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, sensitivity
+from mfcli.model.workloads import build_workload, learning_rates, momentum_workload
+from mfcli.optimize.multi_solver import multi_participation_factorization
+from mfcli.strategies.baselines import Strategy, build_strategy
 
 SAMPLERS = ("poisson", "cyclic-poisson", "fixed-epoch")
 

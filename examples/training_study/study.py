@@ -25,9 +25,9 @@ smoothing, identity when s = 0). With s = 0 the iterates are theta_t = theta_0 -
 B Z sigma)[t]: the released stream of the matrix mechanism A G + B Z, so the noise on the iterates
 has covariance (lr sigma / b)^2 B B^T per coordinate.
 
-The noise comes from :func:`mfcli.noise.noise_stream` (one row per step through ``stream.init()``
+The noise comes from :func:`mfcli.training.noise.noise_stream` (one row per step through ``stream.init()``
 and ``stream.next(state)``), built from the mechanism's factorization; the optimizer's workload
-from :mod:`mfcli.workloads`.
+from :mod:`mfcli.model.workloads`.
 
 Formal guarantees: sigma is calibrated by mfcli's accounting code (:func:`calibrate`, through
 :func:`mfcli.accounting.calibrate_strategy`: exactly what ``mfcli account --epsilon`` computes for
@@ -51,12 +51,12 @@ import numpy as np
 import scipy.linalg
 
 from mfcli.accounting import calibrate_strategy
-from mfcli.artifact import Artifact
 from mfcli.errors import MfcliError
-from mfcli.noise import noise_stream
-from mfcli.smoothing import laplacian_smooth
-from mfcli.strategies import TREE_STRATEGIES, Strategy, build_strategy
-from mfcli.workloads import build_workload, learning_rates, momentum_workload
+from mfcli.io.artifact import Artifact
+from mfcli.model.workloads import build_workload, learning_rates, momentum_workload
+from mfcli.strategies.baselines import TREE_STRATEGIES, Strategy, build_strategy
+from mfcli.training.noise import noise_stream
+from mfcli.training.smoothing import laplacian_smooth
 
 # ---------------------------------------------------------------------------------------------
 # Data
@@ -241,7 +241,7 @@ class MechanismSpec:
     Attributes:
         key: short identifier used in tables and file names.
         label: human-readable name.
-        strategy: a :data:`mfcli.strategies.STRATEGY_NAMES` entry.
+        strategy: a :data:`mfcli.strategies.baselines.STRATEGY_NAMES` entry.
         workload: ``prefix`` (SGD) or ``momentum`` (heavy-ball momentum SGD).
         beta: momentum (0 for prefix).
         schedule: learning-rate schedule folded into A (``constant`` or ``cooldown``).
@@ -282,7 +282,7 @@ class PreparedMechanism:
     """A mechanism ready to train with: the strategy and the optimizer it factorises.
 
     The noise added to step t's summed gradient is sigma (N Z)[t] with N = A^-1 B (n x m), C^-1
-    for a square strategy; :func:`gradient_noise` draws it from an :mod:`mfcli.noise` stream.
+    for a square strategy; :func:`gradient_noise` draws it from an :mod:`mfcli.training.noise` stream.
 
     Attributes:
         spec: what was asked for.
@@ -322,7 +322,7 @@ def prepare_mechanism(spec: MechanismSpec, n: int, *, tol: float = 1e-6) -> Prep
 
     Raises:
         MfcliError: if the optimizer the trainer runs (momentum ``beta`` and learning rates
-            ``eta``: the workload M_eta M_beta of :func:`mfcli.workloads.momentum_workload`) is not
+            ``eta``: the workload M_eta M_beta of :func:`mfcli.model.workloads.momentum_workload`) is not
             the workload the strategy factorises (relative error > 1e-12), or the strategy is not
             causal.
     """
@@ -344,7 +344,7 @@ def prepare_mechanism(spec: MechanismSpec, n: int, *, tol: float = 1e-6) -> Prep
 def gradient_noise(mech: PreparedMechanism, *, d: int, sigma: float, noise_seed: int) -> np.ndarray:
     """sigma * N Z: row t is the noise to add to step t's summed gradient (n x d).
 
-    Drawn from a float64 :func:`mfcli.noise.noise_stream` of the mechanism's factorization with
+    Drawn from a float64 :func:`mfcli.training.noise.noise_stream` of the mechanism's factorization with
     seed ``noise_seed``, one row per step. For a square strategy its gradient noise rows
     (C^-1 Z)[t] are N Z; for the binary tree (m = 2n - 1 noise rows, no C^-1) its iterate noise
     rows (B Z)[t] are turned into gradient noise by A^-1 (A N Z = B Z). Either way A (gradient

@@ -11,10 +11,12 @@ dp-accounting event it composed):
 * ``balls_in_bins.tree_balls_in_bins`` - the binary tree under balls-in-bins batching (bracket);
 * ``shuffling.shuffled_dpsgd`` - DP-SGD over one shuffled epoch (Feldman-McMillan-Talwar);
 * ``calibrate.calibrate_sigma`` - the smallest sigma meeting a target epsilon, for any epsilon(sigma);
-* ``session.calibrate_strategy`` - the same for a strategy matrix C in one setting (what
-  ``mfcli account --epsilon`` computes);
-* ``session`` - what ``mfcli account`` runs for a strategy of any kind (strategy resolution, all
-  settings, ``--write``), every number from the strategy's :class:`mfcli.operators.Mechanism`.
+* ``calibrate_strategy`` (from :mod:`mfcli.services.account`) - the same for a strategy matrix C
+  in one setting (what ``mfcli account --epsilon`` computes).
+
+This package is the mathematics only (layer 2 of docs/architecture.md); what ``mfcli account``
+runs for a strategy of any kind (strategy resolution, all settings, ``--write``, every number from
+the strategy's :class:`mfcli.strategies.operators.Mechanism`) is :mod:`mfcli.services.account`.
 
 The functions named like their modules are not re-exported here, so that
 ``import mfcli.accounting.mmcc`` keeps meaning the module.
@@ -38,7 +40,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         lower_bound,
         prepare_strategy,
     )
-    from mfcli.accounting.session import calibrate_strategy
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
     from mfcli.accounting.shuffling import ShuffledDpSgdResult
     from mfcli.accounting.single_pass import (
@@ -48,11 +49,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time see __getattr__ bel
         gaussian_delta,
         gaussian_epsilon,
     )
+    from mfcli.services.account import calibrate_strategy
 
 #: Public name -> module. Imported on first use (PEP 562): scipy.stats and dp-accounting cost
 #: about a second of start-up, which commands that do not account should not pay.
 _EXPORTS = {
-    "Calibration": "calibrate", "calibrate_sigma": "calibrate", "calibrate_strategy": "session",
+    "Calibration": "calibrate", "calibrate_sigma": "calibrate", "calibrate_strategy": "mfcli.services.account",
     "event_from_json": "events", "event_to_json": "events",
     "FullParticipationResult": "mmcc", "LowerBoundResult": "mmcc", "MMCCResult": "mmcc",
     "full_participation": "mmcc", "lower_bound": "mmcc", "prepare_strategy": "mmcc",
@@ -70,7 +72,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'mfcli.accounting' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"mfcli.accounting.{module}"), name)
+    # a full module name (the one export from above this package), else a module of the package
+    value = getattr(importlib.import_module(module if "." in module else f"mfcli.accounting.{module}"), name)
     globals()[name] = value
     return value
 

@@ -44,8 +44,8 @@ from scipy import special
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
-from mfcli.progress import ProgressCallback, Ticker
-from mfcli.validation import positive_number
+from mfcli.util.progress import ProgressCallback, Ticker
+from mfcli.util.validation import positive_number
 
 #: Default grid of the log-likelihood ratio (rounding per level; the bracket width grows with
 #: 2 (L + 1) h).
@@ -407,7 +407,7 @@ def tree_balls_in_bins(
     P = (1/n) sum_i N(C e_i, sigma^2 I) vs Q = N(0, sigma^2 I) in both directions, composed over
     ``epochs`` independent epochs; ``lower`` is at most the pair's true epsilon. Both hold at
     every grid; the grid only decides how far apart they are. ``on_progress`` receives the
-    levels propagated at each grid tried (:mod:`mfcli.progress`; the number of grids is not
+    levels propagated at each grid tried (:mod:`mfcli.util.progress`; the number of grids is not
     known in advance).
     """
     delta = check_delta(delta)

@@ -43,7 +43,7 @@ from mfcli.accounting.mmcc import PreparedStrategy, prepare_strategy
 from mfcli.accounting.mmcc_lower import epsilon_bracket
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sampling, check_sigma
 from mfcli.errors import MfcliError
-from mfcli.progress import ProgressCallback, Ticker
+from mfcli.util.progress import ProgressCallback, Ticker
 
 #: Largest bandwidth the forward recursion and the estimate are run for (2^(b-1) states).
 MAX_BAND = 10
@@ -367,7 +367,7 @@ def estimate_epsilon(
         z: standard errors on each side of the interval.
         max_band: refuse C with a larger bandwidth (2^(b-1) states).
         on_progress: receives the sample batches drawn (phase ``banded estimate``,
-            :mod:`mfcli.progress`).
+            :mod:`mfcli.util.progress`).
 
     Raises:
         MfcliError: C not square lower-triangular non-negative, or banded with b > max_band.

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from mfcli.errors import MfcliError
-from mfcli.progress import ProgressCallback, ProgressEvent
-from mfcli.validation import positive_number
+from mfcli.util.progress import ProgressCallback, ProgressEvent
+from mfcli.util.validation import positive_number
 
 
 class TargetMetWithoutNoiseError(MfcliError):
@@ -105,7 +105,7 @@ def calibrate_sigma(
     ``on_progress`` receives phase ``calibration`` events counting accounting runs: while the
     target is being bracketed the total is the runs so far (at least one) and the bisections a
     bracket of width 2 needs; once it is bracketed the total is exact. ``known`` holds
-    {sigma: epsilon} already computed (a probe run, :func:`mfcli.accounting.session.estimate_calibration`);
+    {sigma: epsilon} already computed (a probe run, :func:`mfcli.services.account.estimate_calibration`);
     they count as runs made.
 
     Raises:

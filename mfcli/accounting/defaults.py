@@ -1,5 +1,5 @@
 """Default accounting parameters and the names of the settings, in a module that imports only the
-name registry :mod:`mfcli.kinds` (data).
+name registry :mod:`mfcli.model.kinds` (data).
 
 ``mfcli account --help`` shows these defaults; keeping them here (not in :mod:`single_pass`,
 :mod:`mmcc` or :mod:`session`, which import scipy.stats and dp-accounting) lets the help render
@@ -8,7 +8,7 @@ a default import it from here, so each value is defined once.
 """
 from __future__ import annotations
 
-from mfcli.kinds import ACCOUNTABLE
+from mfcli.model.kinds import ACCOUNTABLE
 
 #: delta used unless asked otherwise.
 DEFAULT_DELTA = 1e-6

@@ -73,8 +73,8 @@ from mfcli.accounting.single_pass import (
     gaussian_epsilon,
 )
 from mfcli.errors import MfcliError
-from mfcli.memory import check_memory, format_size
-from mfcli.progress import ProgressCallback, Ticker
+from mfcli.util.memory import check_memory, format_size
+from mfcli.util.progress import ProgressCallback, Ticker
 
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
@@ -163,7 +163,7 @@ NEGATIVE_C_ADVICE = ("Without amplification, the deterministic bound over every 
 
 def check_causal(strategy: np.ndarray, release_steps: np.ndarray, *, what: str) -> None:
     """Refuse a C that is not causal in release order: an entry C[r, j] != 0 with j > t(r) (exact,
-    as :func:`mfcli.factorization.is_lower_triangular`). Row r's release would then depend on a
+    as :func:`mfcli.model.factorization.is_lower_triangular`). Row r's release would then depend on a
     gradient of a later step, and the adaptive analyses (``what`` names the one that assumes it:
     MMCC, the single-pass and deterministic Gaussian bounds) do not hold.
 
@@ -312,7 +312,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
 
     ``max_memory`` (bytes, None: no limit): the fixed part (:func:`tail_pairs_memory`) is checked
     before starting, and the distinct problems, whose number depends on C, as they are found.
-    ``on_progress`` receives the rows walked (phase ``MMCC tail events``, :mod:`mfcli.progress`)."""
+    ``on_progress`` receives the rows walked (phase ``MMCC tail events``, :mod:`mfcli.util.progress`)."""
     c = prep.strategy
     m, n = c.shape
     fixed = tail_pairs_memory(prep, resolution=resolution)[0] if max_memory is not None else 0
@@ -1076,9 +1076,9 @@ def mmcc(
             u / K + (1 - u) C[r, j] / sum C (:func:`tail_allocation`; 1: uniform).
         progress: called with short stage messages (the first states the memory estimate).
         max_memory: bytes the tail-event collection may use (None: no limit); a run that would
-            exceed it raises :class:`mfcli.memory.MemoryLimitError` with the estimate, before
+            exceed it raises :class:`mfcli.util.memory.MemoryLimitError` with the estimate, before
             allocating it. The composition's memory is bounded by ``pld_work_budget``.
-        on_progress: receives :class:`mfcli.progress.ProgressEvent` (phases ``MMCC tail events``:
+        on_progress: receives :class:`mfcli.util.progress.ProgressEvent` (phases ``MMCC tail events``:
             rows walked; ``MMCC composition``: tail fractions done).
 
     Formal guarantees: an upper bound on the epsilon of add/remove-one DP at ``delta`` for the

@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike
 from scipy import special
 
 from mfcli.errors import MfcliError
-from mfcli.validation import positive_number
+from mfcli.util.validation import positive_number
 
 #: dp-accounting's default: ln of the noise mass that may be cut from each tail.
 LOG_MASS_TRUNCATION_BOUND = -50.0

@@ -3,9 +3,9 @@
 Two settings, each a proven guarantee under stated conditions:
 
 * **deterministic** (:func:`deterministic`): every example takes part in the steps a participation
-  schema allows (fixed-epoch or min-separation, :mod:`mfcli.participation`), with no sampling.
+  schema allows (fixed-epoch or min-separation, :mod:`mfcli.model.participation`), with no sampling.
   Then C G + Z is one Gaussian mechanism whose L2 sensitivity is the schema's sensitivity of C
-  (:func:`mfcli.participation.sensitivity`); gradients chosen adaptively from earlier outputs do
+  (:func:`mfcli.model.participation.sensitivity`); gradients chosen adaptively from earlier outputs do
   not change this for a causal C (Denisov et al. 2022, Thm. 2.1; Choquette-Choo et al. 2023,
   arXiv 2211.06530, Sec. 2). When the sensitivity is only an upper bound U (``exact`` False) the
   epsilon at U is still a guarantee; the epsilon at the witnessed lower value is reported beside it,
@@ -28,7 +28,7 @@ from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, gaussian_epsilon
 from mfcli.errors import MfcliError
-from mfcli.participation import (
+from mfcli.model.participation import (
     FixedEpoch,
     MinSeparation,
     Participation,

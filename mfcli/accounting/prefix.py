@@ -30,8 +30,8 @@ import numpy as np
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.multi import cyclic_poisson, deterministic
 from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, sensitivity
-from mfcli.validation import step_count
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation, sensitivity
+from mfcli.util.validation import step_count
 
 #: The settings whose epsilon this module gives per prefix.
 PREFIX_SETTINGS = ("deterministic", "cyclic-poisson")

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sigma, gaussian_epsilon
-from mfcli.validation import step_count
+from mfcli.util.validation import step_count
 
 AMPLIFIED_NOT_REPORTED = (
     "not reported: the shuffled-tree amplification (MMCC paper section 5 with the Feldman-McMillan-"

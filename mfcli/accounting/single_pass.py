@@ -26,7 +26,7 @@ from scipy import special
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json as event_json
-from mfcli.validation import positive_number, step_count
+from mfcli.util.validation import positive_number, step_count
 
 
 def check_sigma(sigma: float) -> float:

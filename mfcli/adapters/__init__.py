@@ -7,14 +7,14 @@
   Poisson sampling with mfcli's correlated noise and MMCC epsilon (needs ``mfcli[opacus]``).
 * :mod:`mfcli.adapters.optax`: :func:`~mfcli.adapters.optax.correlated_noise`, an
   ``optax.GradientTransformation`` doing the same for JAX (needs ``jax`` and ``optax``).
-* anything else: use :func:`mfcli.noise.noise_stream` directly; its rows are plain numpy arrays.
+* anything else: use :func:`mfcli.training.noise.noise_stream` directly; its rows are plain numpy arrays.
 
 Both adapters carry gradient noise, rows of C^-1 Z (C^^-1 Z for a compressed artifact), never the
-iterate noise B Z. Both run the stream's one recursion (:meth:`mfcli.operators.StreamingMatrix.step`,
+iterate noise B Z. Both run the stream's one recursion (:meth:`mfcli.strategies.operators.StreamingMatrix.step`,
 the same as the numpy stream's) where the noise is used: torch on the parameters' device with a
 ``torch.Generator`` there, optax inside ``jit`` with ``jax.random``; each draws its own Z from the
 seed (docs/noise-streams.md, "Reproducibility contract") and checkpoints in the one format of
-:meth:`mfcli.noise.NoiseStream.checkpoint`. Each accepts ``postprocess``, a callable applied to the flattened noisy
+:meth:`mfcli.training.noise.NoiseStream.checkpoint`. Each accepts ``postprocess``, a callable applied to the flattened noisy
 gradient (d,) before the optimizer sees it: the hook for post-processing such as Laplacian
 smoothing, which costs no privacy.
 
@@ -44,7 +44,7 @@ def check_noise_options(*, noise_std: Any, clip_norm: Any, batch_size: Any, post
 def check_gradient_stream(stream: Any, adds: str) -> None:
     """Both adapters add C^-1 Z to gradients: ``stream`` must be a NoiseStream of kind
     ``gradient``. ``adds`` names the adapter in the message ("this optimizer", ...)."""
-    from mfcli.noise import NoiseStream
+    from mfcli.training.noise import NoiseStream
 
     if not isinstance(stream, NoiseStream):
         raise MfcliError(f"stream must be an mfcli NoiseStream, got {type(stream).__name__}")

@@ -32,14 +32,14 @@ Two directions:
   ``account`` work on it::
 
       from mfcli.adapters.jax_privacy import save_imported_strategy
-      from mfcli.workloads import build_workload
+      from mfcli.model.workloads import build_workload
       save_imported_strategy("blt.h5", blt, build_workload("prefix", 1024))
 
   The artifact's ``solver`` attribute says ``{"method": "imported", "certified": false}`` and the
   group ``imported`` keeps the source parameters: no optimality certificate is claimed.
 
 Formal guarantees: an export reproduces the operator the noise stream and ``account`` use
-(:func:`mfcli.operators.select_operator`), so its privacy is that of the artifact: sensitivity
+(:func:`mfcli.strategies.operators.select_operator`), so its privacy is that of the artifact: sensitivity
 ``operator.sensitivity`` x clip against noise ``stddev``; a jax_privacy ``stddev`` of
 ``sigma * clip`` is mfcli's noise std sigma on C G (``mfcli account --sigma``, the adapters'
 ``noise_std``; the noise multiplier is sigma / sensitivity). An import's numbers are recomputed from the
@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.operators import BandedLowRank, DenseLowerTriangular, select_operator
+from mfcli.strategies.operators import BandedLowRank, DenseLowerTriangular, select_operator
 
 #: The jax_privacy release these bridges are written and tested against.
 JAX_PRIVACY_VERSION = "2.0.0"
@@ -93,7 +93,7 @@ def _operator(source: Any, variant: str) -> Any:
     """The noise operator of ``source``: a path (dense or structured artifact), a loaded artifact
     or an operator itself."""
     if isinstance(source, (str, Path)):
-        from mfcli.artifact import load_any_artifact
+        from mfcli.io.artifact import load_any_artifact
 
         return select_operator(load_any_artifact(source), variant)
     if (hasattr(source, "factorization") or hasattr(source, "schema_sensitivity")) and hasattr(source, "groups"):
@@ -137,7 +137,7 @@ def _flatten(value: Any) -> tuple[list[Any], Any]:
 
 
 def _banded_exporter(matrix: BandedLowRank) -> tuple[Callable, Callable]:
-    """init/next of the banded-low-rank recurrence (module :mod:`mfcli.noise`): W recent rows, R
+    """init/next of the banded-low-rank recurrence (module :mod:`mfcli.training.noise`): W recent rows, R
     running sums S_m = sum_{j<=m} v[j] z_j; row t = sum_i band[t, i] z_{t-i} + u[t] . S_{t-W}."""
     import jax
     import jax.numpy as jnp
@@ -291,11 +291,11 @@ def streaming_matrix(source: Any, *, kind: str = "gradient", variant: str = "aut
     """The operator of ``source`` for noise ``kind`` as a jax_privacy ``StreamingMatrix``.
 
     Args:
-        source: an artifact path, a loaded :class:`~mfcli.artifact.Artifact`, or a noise operator
-            (:class:`~mfcli.operators.DenseOperator`, :class:`~mfcli.operators.CompressedOperator`).
+        source: an artifact path, a loaded :class:`~mfcli.io.artifact.Artifact`, or a noise operator
+            (:class:`~mfcli.strategies.operators.DenseOperator`, :class:`~mfcli.strategies.operators.CompressedOperator`).
         kind: ``gradient`` (C^-1, what a privatizer adds to summed clipped gradients) or
             ``iterate`` (B).
-        variant: ``auto``, ``dense`` or ``compressed`` (:func:`mfcli.operators.select_operator`).
+        variant: ``auto``, ``dense`` or ``compressed`` (:func:`mfcli.strategies.operators.select_operator`).
 
     A banded Toeplitz or BLT artifact's gradient operator is jax_privacy's own streaming C^-1
     (``toeplitz.inverse_as_streaming_matrix``, ``BufferedToeplitz.inverse_as_streaming_matrix``:
@@ -443,8 +443,8 @@ def strategy_matrix(strategy: Any, n: int) -> tuple[str, np.ndarray, dict[str, n
 
 
 def import_strategy(strategy: Any, workload: Any) -> Any:
-    """A verified :class:`~mfcli.strategies.Strategy` for a jax_privacy strategy C and an mfcli
-    :class:`~mfcli.workloads.Workload` A: decoder B = A C^-1 by a triangular solve, A = B C
+    """A verified :class:`~mfcli.strategies.baselines.Strategy` for a jax_privacy strategy C and an mfcli
+    :class:`~mfcli.model.workloads.Workload` A: decoder B = A C^-1 by a triangular solve, A = B C
     checked, sensitivity and losses recomputed from C.
 
     Raises:
@@ -453,12 +453,13 @@ def import_strategy(strategy: Any, workload: Any) -> Any:
     """
     import scipy.linalg
 
-    from mfcli.factorization import Factorization, is_lower_triangular
-    from mfcli.strategies import Strategy
-    from mfcli.workloads import Workload
+    from mfcli.model.factorization import Factorization, is_lower_triangular
+    from mfcli.model.workloads import Workload
+    from mfcli.strategies.baselines import Strategy
 
     if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be an mfcli Workload (mfcli.workloads.build_workload), got {type(workload).__name__}")
+        raise TypeError("workload must be an mfcli Workload (mfcli.model.workloads.build_workload), "
+                        f"got {type(workload).__name__}")
     a = np.asarray(workload.matrix, dtype=np.float64)
     n = a.shape[0]
     kind, c, _ = strategy_matrix(strategy, n)
@@ -495,7 +496,7 @@ def save_imported_strategy(
     (``buf_decay``/``output_scale``, ``params`` or ``coefs``) and attributes ``source``,
     ``kind``, ``jax_privacy_version`` and ``certified = false``.
     """
-    from mfcli.artifact import save_artifact
+    from mfcli.io.artifact import save_artifact
 
     imported = import_strategy(strategy, workload)
     kind, _, params = strategy_matrix(strategy, workload.n)

@@ -66,14 +66,6 @@ from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mar
 from opacus.validators import ModuleValidator
 from torch.utils.data import DataLoader
 
-from mfcli.accounting.session import (
-    AccountingOptions,
-    AccountingReport,
-    StrategyInput,
-    account,
-    check_setting_applies,
-    resolve_strategy,
-)
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_sigma
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.adapters.torch import (
@@ -84,7 +76,15 @@ from mfcli.adapters.torch import (
     split_row,
 )
 from mfcli.errors import MfcliError
-from mfcli.noise import NoiseStream, noise_stream
+from mfcli.services.account import (
+    AccountingOptions,
+    AccountingReport,
+    StrategyInput,
+    account,
+    check_setting_applies,
+    resolve_strategy,
+)
+from mfcli.training.noise import NoiseStream, noise_stream
 
 #: The Opacus releases this bridge is tested against (it overrides DPOptimizer internals).
 SUPPORTED_OPACUS = ("1.6.0",)
@@ -384,7 +384,7 @@ def _make_private_from_record(
 
     from torch.utils.data import default_collate
 
-    from mfcli.noise import check_seed
+    from mfcli.training.noise import check_seed
     from mfcli.training.record import build_sampler, check_declared, record_stream, resolve_noise_std, training_record
     from mfcli.training.torch import RecordBatchSampler, _EmptySafeCollate
 

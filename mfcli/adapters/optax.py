@@ -3,8 +3,8 @@
 Example::
 
     import jax, optax
-    from mfcli.artifact import shipped_artifact
-    from mfcli.noise import noise_stream
+    from mfcli.io.artifact import shipped_artifact
+    from mfcli.training.noise import noise_stream
     from mfcli.adapters.optax import checked, correlated_noise
 
     d = sum(x.size for x in jax.tree_util.tree_leaves(params))
@@ -21,7 +21,7 @@ are the mean over a fixed batch). The noise is the artifact's **gradient** noise
 (C^^-1 Z compressed), never the iterate noise B Z.
 
 How it runs: entirely inside ``jit``, with no host callback and no replay. The stream's recursion
-(the same :meth:`~mfcli.operators.StreamingMatrix.step` the numpy stream runs: banded-low-rank,
+(the same :meth:`~mfcli.strategies.operators.StreamingMatrix.step` the numpy stream runs: banded-low-rank,
 banded inverse, Toeplitz recursion, BLT buffers, or the kept rows of Z for a dense C^-1) is traced
 with jax arrays, its state (``ring``: kept rows of Z; ``running``: carried rows) is part of the
 optax state, and Z[t] is ``jax.random.normal(jax.random.fold_in(key, t), (d,))`` with ``key``
@@ -63,7 +63,7 @@ from jax.flatten_util import ravel_pytree
 
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.noise import NoiseStream, cast_tables
+from mfcli.training.noise import NoiseStream, cast_tables
 from mfcli.training.record import resolve_noise_std
 
 #: The ``generator`` field of checkpoints written here: Z[j] from jax's threefry PRNG.
@@ -99,7 +99,7 @@ def jax_key(seed: int) -> jnp.ndarray:
 
 
 class JaxOps:
-    """:class:`mfcli.operators.ArrayOps` on jax arrays: functional updates, loops as
+    """:class:`mfcli.strategies.operators.ArrayOps` on jax arrays: functional updates, loops as
     ``lax.fori_loop`` (their bounds may be traced), matrix products at full precision."""
 
     def __init__(self, dtype: Any) -> None:
@@ -146,7 +146,7 @@ class JaxOps:
 
 
 class JaxStream:
-    """The jax driver of a :class:`~mfcli.noise.NoiseStream`: its recursion's tables as jax
+    """The jax driver of a :class:`~mfcli.training.noise.NoiseStream`: its recursion's tables as jax
     arrays, ``draw(j)`` from :func:`jax_key`, and ``step(t, ring, running)`` (jit-traceable)."""
 
     def __init__(self, stream: NoiseStream) -> None:
@@ -186,7 +186,7 @@ def correlated_noise(
     """A GradientTransformation adding ``noise_std * clip * (C^-1 Z)[t]`` to the updates of step t.
 
     Args:
-        stream: a :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` equals the
+        stream: a :class:`mfcli.training.noise.NoiseStream` of kind ``gradient`` whose ``d`` equals the
             number of parameters (all leaves of the params pytree, in ``ravel_pytree`` order).
         noise_std: the std of the noise on C G per unit clip norm (0.2's ``noise_multiplier``).
         noise_multiplier: noise_std / sensitivity (as Opacus and jax_privacy count it); only with
@@ -345,7 +345,7 @@ def _drop_mfcli_tracebacks(record: logging.LogRecord) -> bool:
 
 def state_dict(stream: NoiseStream, state: CorrelatedNoiseState) -> dict:
     """An authenticated checkpoint of the optax noise state, in the one format of every mfcli
-    noise stream (:meth:`mfcli.noise.NoiseStream.checkpoint`: step, carried rows, HMAC-SHA256 tag
+    noise stream (:meth:`mfcli.training.noise.NoiseStream.checkpoint`: step, carried rows, HMAC-SHA256 tag
     keyed from the seed, generator ``jax-threefry2x32``), host numpy values only.
 
     Save this, not the raw ``CorrelatedNoiseState`` pytree: :func:`load_state_dict` refuses an

@@ -5,7 +5,7 @@ Example (the model's gradients must be the SUM of per-example gradients each cli
 
     import torch
     from mfcli.adapters.torch import CorrelatedNoiseOptimizer
-    from mfcli.artifact import shipped_artifact
+    from mfcli.io.artifact import shipped_artifact
 
     inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # runs the workload A
     opt = CorrelatedNoiseOptimizer(inner, artifact=shipped_artifact("momentum-n256"), seed=SECRET_SEED,
@@ -32,7 +32,7 @@ It is a ``torch.optim.Optimizer``: LR schedulers, step hooks, ``zero_grad(set_to
 Where the noise is drawn: on the parameters' device (``generator="torch"``, the default for
 parameters on an accelerator): a ``torch.Generator`` on that device seeded per (seed, step)
 (:func:`torch_seed`) draws Z[t], and the stream's recursion (the same
-:meth:`~mfcli.operators.StreamingMatrix.step` as the numpy stream) runs on device tensors: no
+:meth:`~mfcli.strategies.operators.StreamingMatrix.step` as the numpy stream) runs on device tensors: no
 host round trip and no copy. For CPU parameters the default is the numpy reference stream
 (``generator="numpy"``), whose rows reach torch without a copy. The two generators draw different
 Z (each is reproducible per seed: docs/noise-streams.md, "Reproducibility").
@@ -56,7 +56,7 @@ import torch
 
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
-from mfcli.noise import NoiseState, NoiseStream, cast_tables, check_step, noise_stream
+from mfcli.training.noise import NoiseState, NoiseStream, cast_tables, check_step, noise_stream
 from mfcli.training.record import record_stream, resolve_noise_std
 
 #: Generators of the noise rows: ``numpy`` (the reference stream, drawn on the host), ``torch``
@@ -132,7 +132,7 @@ def torch_seed(seed: int, j: int) -> int:
 
 
 class TorchOps:
-    """:class:`mfcli.operators.ArrayOps` on torch tensors of one device, updating in place."""
+    """:class:`mfcli.strategies.operators.ArrayOps` on torch tensors of one device, updating in place."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device, self.dtype = device, dtype
@@ -170,7 +170,7 @@ class TorchOps:
 
 
 class TorchStream:
-    """A :class:`~mfcli.noise.NoiseStream` run on a torch device: Z[j] from a ``torch.Generator``
+    """A :class:`~mfcli.training.noise.NoiseStream` run on a torch device: Z[j] from a ``torch.Generator``
     on the device (:func:`torch_seed`), the stream's recursion on device tensors, its state on the
     device, checkpoints in the one mfcli format (generator ``torch-<device type>``).
 
@@ -263,7 +263,7 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the inner optimizer (it owns the parameters, learning rate and momentum).
         artifact: path to an mfcli artifact (or a loaded Artifact); or pass ``stream``.
-        stream: a ready :class:`mfcli.noise.NoiseStream` of kind ``gradient`` whose ``d`` is the
+        stream: a ready :class:`mfcli.training.noise.NoiseStream` of kind ``gradient`` whose ``d`` is the
             number of trainable parameters (instead of ``artifact``/``seed``/``variant``).
         seed: the secret noise seed, an integer in [0, 2^128) (keep it for resume).
         noise_std: the std of the noise on C G per unit clip norm; the noise added is
@@ -275,7 +275,7 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
         clip_norm: the per-example clip norm.
         batch_size: None if ``.grad`` holds the sum of clipped per-example gradients; B if it holds
             their average over a fixed batch of B (the noise is then divided by B too).
-        variant: ``auto``, ``dense`` or ``compressed`` (see :func:`mfcli.noise.noise_stream`).
+        variant: ``auto``, ``dense`` or ``compressed`` (see :func:`mfcli.training.noise.noise_stream`).
         dtype: noise dtype; default float64 if every parameter is float64, else float32.
         postprocess: optional ``f(flat_noisy_grad) -> tensor`` applied to the flattened noisy
             gradient (length d, parameter order) before the inner step; e.g. Laplacian smoothing.

@@ -51,8 +51,8 @@ from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 
 if TYPE_CHECKING:
-    from mfcli.accounting.cost import CalibrationEstimate
-    from mfcli.accounting.session import AccountingReport
+    from mfcli.services.account import AccountingReport
+    from mfcli.services.cost import CalibrationEstimate
 
 
 #: How the table names the lower bound's statistic (mfcli.accounting.mmcc_lower.STATISTICS).
@@ -78,7 +78,7 @@ def _is_identity(inp: Any) -> bool:
 def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table, list[str]]:
     """The rows table (setting, epsilon, what it assumes; with ``details`` each row's method and
     numbers) and the assumption lines printed after it."""
-    from mfcli.accounting.session import ESTIMATE_NOT_REQUESTED
+    from mfcli.services.account import ESTIMATE_NOT_REQUESTED
 
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
     # Only the DP-SGD reference row: its epsilon (and a sigma calibrated for it) is for C = I, not this C.
@@ -230,10 +230,10 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
 
 
 def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
-    """The calibration's cost estimate (:func:`mfcli.accounting.cost.estimate_calibration`); a
+    """The calibration's cost estimate (:func:`mfcli.services.cost.estimate_calibration`); a
     memory refusal names the flag that raises the limit."""
-    from mfcli.accounting.cost import estimate_calibration
-    from mfcli.memory import MemoryLimitError
+    from mfcli.services.cost import estimate_calibration
+    from mfcli.util.memory import MemoryLimitError
 
     try:
         return estimate_calibration(*args, **kwargs)
@@ -242,16 +242,16 @@ def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
 
 
 #: Parse-time checks (exit 2) of the options whose range or choices need no other option.
-STRATEGY_CHECK = in_range("--strategy", library_check("mfcli.validation", "one_of", BUILTIN, "strategy"))
-WORKLOAD_CHECK = in_range("--workload", library_check("mfcli.validation", "one_of", ("prefix", "momentum"), "workload"))
-SETTING_CHECK = in_range("--setting", library_check("mfcli.validation", "one_of", SETTINGS, "setting"))
+STRATEGY_CHECK = in_range("--strategy", library_check("mfcli.util.validation", "one_of", BUILTIN, "strategy"))
+WORKLOAD_CHECK = in_range("--workload", library_check("mfcli.util.validation", "one_of", ("prefix", "momentum"), "workload"))
+SETTING_CHECK = in_range("--setting", library_check("mfcli.util.validation", "one_of", SETTINGS, "setting"))
 VALUE_DISCRETIZATION_CHECK = in_range(
     "--value-discretization", library_check("mfcli.accounting.single_pass", "check_discretization"))
 TAIL_FRACTION_CHECK = in_range("--tail-fraction", library_check("mfcli.accounting.mmcc", "check_tail_fraction"))
 MIXTURE_GRID_CHECK = in_range("--mixture-grid", library_check(
-    "mfcli.validation", "positive_number", "the mixture grid", upper=1.0, upper_closed=True))
-OPERATOR_CHECK = in_range("--operator", library_check("mfcli.operators", "check_operator_choice"))
-MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.memory", "parse_size"))
+    "mfcli.util.validation", "positive_number", "the mixture grid", upper=1.0, upper_closed=True))
+OPERATOR_CHECK = in_range("--operator", library_check("mfcli.strategies.operators", "check_operator_choice"))
+MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.util.memory", "parse_size"))
 
 
 @guarded
@@ -356,18 +356,18 @@ def account(
     materialised); above, from its parameters: without sampling, with --batching cyclic for a
     banded C, or DP-SGD under --sampling (it needs no C; MMCC needs the dense C and is not run
     there)."""
-    from mfcli.accounting.session import (
+    from mfcli.io.artifact import is_shipped_artifact
+    from mfcli.services.account import (
         AccountingOptions,
         record_to_artifact,
         resolve_strategy,
     )
-    from mfcli.accounting.session import (
+    from mfcli.services.account import (
         account as run_account,
     )
-    from mfcli.accounting.session import (
+    from mfcli.services.account import (
         calibrate as run_calibrate,
     )
-    from mfcli.artifact import is_shipped_artifact
 
     say = (lambda s: None) if quiet else log
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
@@ -429,7 +429,7 @@ def account(
     if value_discretization is None:
         value_discretization = defaults.value_discretization
     from mfcli.accounting.single_pass import check_sampling, check_sigma
-    from mfcli.memory import default_max_memory, parse_size
+    from mfcli.util.memory import default_max_memory, parse_size
 
     if sigma is not None:
         check_sigma(sigma)
@@ -452,14 +452,14 @@ def account(
                                          ("--mixture-grid", mixture_grid is not None),
                                          ("--max-memory", max_memory is not None)) if used]
         refuse_unless(not given, inp.mechanism.matrix_refusal(f"{given[0] if given else ''} (an MMCC option)"))
-    from mfcli.accounting.session import resolve_schema
-    from mfcli.participation import SingleParticipation
+    from mfcli.model.participation import SingleParticipation
+    from mfcli.services.account import resolve_schema
 
     schema = resolve_schema(inp, requested)
     if calibrated == "unsampled":
         calibrated = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
     if calibrated is not None:
-        from mfcli.accounting.session import check_setting_applies, check_setting_schema
+        from mfcli.services.account import check_setting_applies, check_setting_schema
 
         check_setting_schema(calibrated, schema, inp.n)
         if calibrated == "mmcc" and inp.has_matrix:
@@ -520,7 +520,7 @@ def account(
         if group is not None:
             payload["written"] = {"artifact": str(inp.artifact), "group": group}
         # the number to report comes last, with its line as the table prints it (cli.render loads
-        # mfcli.compare and numpy: imported here so that account --help stays light)
+        # mfcli.services.compare and numpy: imported here so that account --help stays light)
         from mfcli.cli.render import report_line
 
         rep = payload.pop("report")

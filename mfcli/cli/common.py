@@ -128,7 +128,7 @@ def guarded(fn: F) -> F:
     1: bad input, an invalid file, an I/O error (a full disk), a numerical failure of the input
     (LinAlgError, or a FloatingPointError raised on purpose by the numerics); 130: SIGINT;
     143: SIGTERM; 70: anything else, which is a bug in mfcli and is printed with its traceback.
-    Writers leave no partial file in any of these cases (:func:`mfcli.artifact.atomic_path`).
+    Writers leave no partial file in any of these cases (:func:`mfcli.io.artifact.atomic_path`).
     """
 
     @functools.wraps(fn)
@@ -353,7 +353,7 @@ def _flag(param: Any) -> str:
 
 def bound_integer_options(command: Any) -> Any:
     """The one parse-time rule for every integer option and argument of ``command`` (a Click
-    command): a value whose magnitude exceeds :data:`mfcli.validation.MAX_COUNT` (2^53) is a usage
+    command): a value whose magnitude exceeds :data:`mfcli.util.validation.MAX_COUNT` (2^53) is a usage
     error (exit 2, one line naming the flag, the number abbreviated), checked before the option's
     own callback and before any command code, so no later float(n) can overflow. Applied to every
     subcommand by :class:`mfcli.cli.app.LazyGroup`, so an option added later is covered too."""
@@ -366,7 +366,7 @@ def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]
     def callback(ctx: Any, param: Any, value: Any) -> Any:
         for v in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 53:
-                from mfcli.validation import MAX_COUNT, shown_integer  # no numpy: parsing stays light
+                from mfcli.util.validation import MAX_COUNT, shown_integer  # no numpy: parsing stays light
 
                 if abs(v) > MAX_COUNT:
                     raise usage_error(f"{_flag(param)}: {shown_integer(v)} is too {'large' if v > 0 else 'small'}; "
@@ -377,13 +377,13 @@ def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]
 
 
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).
-BETA_RANGE = in_range("--beta", library_check("mfcli.workloads", "check_beta"))
-BANDS_RANGE = in_range("--bands", library_check("mfcli.toeplitz", "check_bands"))
-BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.blt", "check_buffers"))
+BETA_RANGE = in_range("--beta", library_check("mfcli.model.workloads", "check_beta"))
+BANDS_RANGE = in_range("--bands", library_check("mfcli.strategies.toeplitz", "check_bands"))
+BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.strategies.blt", "check_buffers"))
 SIGMA_RANGE = in_range("--sigma", library_check("mfcli.accounting.single_pass", "check_sigma"))
 DELTA_RANGE = in_range("--delta", library_check("mfcli.accounting.single_pass", "check_delta"))
 SAMPLING_RANGE = in_range("--sampling", library_check("mfcli.accounting.single_pass", "check_sampling"))
-EPSILON_RANGE = in_range("--epsilon", library_check("mfcli.validation", "positive_number", "the target epsilon"))
+EPSILON_RANGE = in_range("--epsilon", library_check("mfcli.util.validation", "positive_number", "the target epsilon"))
 # Options that apply to one mode only default to None (not given), so that giving one where it
 # does not apply is refused even when its value equals the default (see workload_kwargs).
 BetaOpt = Annotated[
@@ -441,9 +441,9 @@ def workload_kwargs(
     matrix: _Path | None,
 ) -> dict[str, Any]:
     """Refuse workload options that do not apply to ``workload`` and the schedule, and return the
-    keyword arguments for :func:`mfcli.workloads.build_workload` (only those given: the library
+    keyword arguments for :func:`mfcli.model.workloads.build_workload` (only those given: the library
     keeps the defaults)."""
-    from mfcli.workloads import WORKLOAD_NAMES
+    from mfcli.model.workloads import WORKLOAD_NAMES
 
     # a value outside an option's choices is a usage error (exit 2), as typer treats an unreadable one
     refuse_unless(workload in WORKLOAD_NAMES, f"--workload must be one of {', '.join(WORKLOAD_NAMES)}, not {workload!r}")
@@ -463,7 +463,7 @@ def workload_kwargs(
     if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
             and matrix.stat().st_size > 0:
         # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
-        from mfcli.artifact import load_workload_matrix
+        from mfcli.io.artifact import load_workload_matrix
 
         given["matrix"] = load_workload_matrix(matrix)
     return {k: v for k, v in given.items() if v is not None}
@@ -472,8 +472,8 @@ def workload_kwargs(
 def artifact_argument(path: _Path) -> _Path:
     """An artifact named on the command line: the file ``path``, or, when no such file exists and
     ``path`` is the name of a shipped artifact (``prefix-n256``, ``momentum-n256``), that
-    artifact's installed path (:func:`mfcli.artifact.shipped_artifact`)."""
-    from mfcli.artifact import SHIPPED, shipped_artifact
+    artifact's installed path (:func:`mfcli.io.artifact.shipped_artifact`)."""
+    from mfcli.io.artifact import SHIPPED, shipped_artifact
 
     if not path.exists() and str(path) in SHIPPED:
         return shipped_artifact(str(path))
@@ -483,7 +483,7 @@ def artifact_argument(path: _Path) -> _Path:
 def refuse_structured(path: _Path, use: str) -> None:
     """Refuse, in CLI terms, a structured artifact (banded Toeplitz, BLT: no n x n matrices) where
     ``use`` needs a dense one; the library's own refusal names a Python reader instead."""
-    from mfcli.artifact import is_structured_file
+    from mfcli.io.artifact import is_structured_file
 
     if is_structured_file(path):
         raise MfcliError(f"{path} holds a structured strategy (banded Toeplitz or BLT, no dense matrices); {use} "
@@ -495,19 +495,19 @@ def refuse_structured(path: _Path, use: str) -> None:
 # Participation options (docs/concepts.md, "Participation and sensitivity"); default single.
 
 def _epochs(v: int) -> None:
-    from mfcli.participation import FixedEpoch
+    from mfcli.model.participation import FixedEpoch
 
     FixedEpoch(epochs=v)
 
 
 def _min_sep(v: int) -> None:
-    from mfcli.participation import MinSeparation
+    from mfcli.model.participation import MinSeparation
 
     MinSeparation(separation=v)
 
 
 def _max_participations(v: int) -> None:
-    from mfcli.participation import MinSeparation
+    from mfcli.model.participation import MinSeparation
 
     MinSeparation(separation=1, max_participations=v)
 
@@ -534,7 +534,7 @@ MaxParticipationsOpt = Annotated[
 def participation_options(epochs: int | None, min_sep: int | None, max_participations: int | None) -> Any:
     """The participation schema the options name (single participation when none is given);
     conflicting or inapplicable combinations are refused as usage errors."""
-    from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation
+    from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
 
     refuse_unless(epochs is None or min_sep is None, "--epochs and --min-sep are different participation schemas; give one")
     refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
@@ -549,7 +549,7 @@ def with_schema_suffix(path: _Path, schema: Any, n: int) -> _Path:
     """A default output path named for its participation schema: ``-epochs<K>`` for fixed-epoch,
     ``-minsep<B>-k<K>`` for min-separation (K participations at most), unchanged for single
     participation, so artifacts for different schemas never share a default name."""
-    from mfcli.participation import FixedEpoch, MinSeparation
+    from mfcli.model.participation import FixedEpoch, MinSeparation
 
     if isinstance(schema, FixedEpoch):
         return path.with_name(f"{path.stem}-epochs{schema.epochs}.h5")

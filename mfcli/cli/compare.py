@@ -11,7 +11,6 @@ from typing import NamedTuple
 import typer
 from rich.console import Console
 
-from mfcli.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
 from mfcli.cli.common import (
     BANDS_RANGE,
     BUFFERS_RANGE,
@@ -48,7 +47,11 @@ from mfcli.cli.render import (
     render_markdown,
     rich_table,
 )
-from mfcli.compare import (
+from mfcli.errors import MfcliError
+from mfcli.io.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.model.workloads import MAX_N, Workload, build_workload, default_artifact_stem
+from mfcli.services.compare import (
     Comparison,
     PrivacyEstimate,
     PrivacyTarget,
@@ -56,10 +59,7 @@ from mfcli.compare import (
     row_band_counts,
     run_comparison,
 )
-from mfcli.errors import MfcliError
-from mfcli.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
-from mfcli.strategies import STRATEGY_NAMES
-from mfcli.workloads import MAX_N, Workload, build_workload, default_artifact_stem
+from mfcli.strategies.baselines import STRATEGY_NAMES
 
 FORMATS = ("table", "markdown", "csv", "json")
 _ALL_STRATEGIES = ",".join(STRATEGY_NAMES)
@@ -173,8 +173,8 @@ def compare(
         from mfcli.accounting.defaults import DEFAULT_DELTA
         from mfcli.accounting.multi import cycle_length
         from mfcli.accounting.single_pass import check_delta, check_sampling
-        from mfcli.compare import PrivacyTarget
-        from mfcli.validation import positive_number
+        from mfcli.services.compare import PrivacyTarget
+        from mfcli.util.validation import positive_number
 
         privacy = PrivacyTarget(
             epsilon=positive_number(epsilon, "--epsilon"),
@@ -220,7 +220,7 @@ def compare(
         if not path.exists():
             raise MfcliError(f"artifact {path} does not exist")
     if artifact:
-        from mfcli.compare import comparison_schema
+        from mfcli.services.compare import comparison_schema
 
         # account's rule: the schema the artifacts declare unless one is given; a contradiction is refused
         schema = comparison_schema(artifact, schema if (epochs, min_sep) != (None, None) else None)
@@ -243,8 +243,8 @@ def compare(
     )
     if bands or buffers:
         from mfcli.cli.structured_render import check_buffers
-        from mfcli.compare import extend_comparison, structured_rows
-        from mfcli.toeplitz import toeplitz_workload
+        from mfcli.services.compare import extend_comparison, structured_rows
+        from mfcli.strategies.toeplitz import toeplitz_workload
 
         tw = toeplitz_workload(w.name, beta=float(w.params.get("beta", 0.9)), lr=lr or "constant")
         table = extend_comparison(table, structured_rows(tw, w.n, bands=tuple(bands or ()), participation=schema,
@@ -375,8 +375,8 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
     Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``. ``fmt``: one of
     :data:`FORMATS`, checked by :func:`compare`."""
     from mfcli.cli.structured_render import check_buffers
-    from mfcli.compare import structured_comparison
-    from mfcli.toeplitz import DENSE_MAX_N, check_bands, toeplitz_workload
+    from mfcli.services.compare import structured_comparison
+    from mfcli.strategies.toeplitz import DENSE_MAX_N, check_bands, toeplitz_workload
 
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")

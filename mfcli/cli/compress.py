@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from mfcli.artifact import is_shipped_artifact
 from mfcli.cli.common import (
     EpochsOpt,
     MaxParticipationsOpt,
@@ -27,12 +26,13 @@ from mfcli.cli.common import (
     usage_error,
 )
 from mfcli.cli.rounding import pessimistic
-from mfcli.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 from mfcli.errors import MfcliError
+from mfcli.io.artifact import is_shipped_artifact
+from mfcli.services.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 
 # K <= n and R <= n - K are checked against the artifact's n (exit 1); alone: K >= 1, R >= 0.
-BAND_CHECK = in_range("--band", library_check("mfcli.validation", "step_count", name="band K"))
-RANK_CHECK = in_range("--rank", library_check("mfcli.validation", "step_count", name="rank R", minimum=0))
+BAND_CHECK = in_range("--band", library_check("mfcli.util.validation", "step_count", name="band K"))
+RANK_CHECK = in_range("--rank", library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
 
 
 @guarded
@@ -84,9 +84,9 @@ def compress(
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
-    from mfcli.artifact import load_artifact
-    from mfcli.compare import requested_schema, schema_numbers
-    from mfcli.participation import SingleParticipation
+    from mfcli.io.artifact import load_artifact
+    from mfcli.model.participation import SingleParticipation
+    from mfcli.services.compare import requested_schema, schema_numbers
 
     if not artifact.exists():
         raise MfcliError(f"{artifact} does not exist")

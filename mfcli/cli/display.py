@@ -13,15 +13,15 @@ from rich.table import Table
 from mfcli.cli.common import log, stderr
 
 if TYPE_CHECKING:
-    from mfcli.accounting.cost import CalibrationEstimate
-    from mfcli.progress import ProgressEvent
-    from mfcli.solver import Progress
+    from mfcli.optimize.dense import Progress
+    from mfcli.services.cost import CalibrationEstimate
+    from mfcli.util.progress import ProgressEvent
 
 
 class SolverDisplay:
     """Live duality-gap panel on a terminal; a plain stderr line every few seconds otherwise.
 
-    A coarse-level step (:class:`~mfcli.solver.Progress` with ``stage`` set, before the first
+    A coarse-level step (:class:`~mfcli.optimize.dense.Progress` with ``stage`` set, before the first
     full-size iteration of a coarse-to-fine solve) is shown as its stage line alone, with no
     primal, dual or gap: a coarse problem certifies nothing about the real one."""
 
@@ -84,7 +84,7 @@ class SolverDisplay:
 
 
 class ProgressDisplay:
-    """Renders :class:`mfcli.progress.ProgressEvent` on stderr: on a terminal, a rich progress
+    """Renders :class:`mfcli.util.progress.ProgressEvent` on stderr: on a terminal, a rich progress
     bar per phase with percentage, elapsed time and ETA; elsewhere (a log file, a pipe) a plain
     line at a few milestones of a phase that has run for a while, so a log never floods: only
     the calibration's own phase while one runs (its accounting runs repeat the inner phases),
@@ -199,7 +199,7 @@ duration_text = _duration
 def describe_estimate(est: CalibrationEstimate) -> str:
     """One stderr line: the measured first run, the runs expected and their time, and the memory
     of one run next to the limit."""
-    from mfcli.memory import format_size
+    from mfcli.util.memory import format_size
 
     limit = "no limit" if est.memory_limit is None else f"limit {format_size(est.memory_limit)}"
     if est.memory is None or est.memory_most is None:

@@ -8,7 +8,6 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from mfcli.accounting.records import DEEP_HINT, MMCC_REDERIVE_MAX_N, NOT_REDERIVED, UNVERIFIED, VERIFIED
 from mfcli.cli.common import (
     EpochsOpt,
     MaxParticipationsOpt,
@@ -29,7 +28,8 @@ from mfcli.cli.common import (
 from mfcli.cli.plots import plot_report
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
-from mfcli.inspection import InspectionReport, NumberCheck, inspect_artifact
+from mfcli.services.inspect import InspectionReport, NumberCheck, inspect_artifact
+from mfcli.services.records import DEEP_HINT, MMCC_REDERIVE_MAX_N, NOT_REDERIVED, UNVERIFIED, VERIFIED
 
 
 def _precise(v: Any) -> str:
@@ -190,9 +190,9 @@ def _under_requested(artifact: Path, report: InspectionReport, requested: Any) -
     """Sensitivity and losses of the artifact's operator that runs (and the dense one when that is
     the compressed one) under the requested schema; the contradiction with a declared schema, or a
     schema that does not fit n, is refused before anything is printed or written."""
-    from mfcli.artifact import load_artifact
-    from mfcli.compare import requested_schema, schema_numbers
-    from mfcli.operators import select_operator
+    from mfcli.io.artifact import load_artifact
+    from mfcli.services.compare import requested_schema, schema_numbers
+    from mfcli.strategies.operators import select_operator
 
     if report.participation is None:
         raise MfcliError(f"{artifact}: its participation attribute is malformed; no schema can be evaluated")
@@ -252,7 +252,7 @@ def inspect(
     artifact declares another multi-participation schema)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
-    from mfcli.artifact import is_structured_file
+    from mfcli.io.artifact import is_structured_file
 
     if is_structured_file(artifact):
         refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
@@ -290,12 +290,12 @@ def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None
     """``mfcli inspect`` of a structured artifact: the loader checks every checksum and stored
     number against its recomputation from the parameters and refuses in one line otherwise; every
     accounting record is re-derived from the parameters by the one verifier of every kind
-    (:func:`mfcli.accounting.records.verify_record`; ``deep``: MMCC rows at every n) and a record
+    (:func:`mfcli.services.records.verify_record`; ``deep``: MMCC rows at every n) and a record
     that does not verify fails the inspection in one line."""
-    from mfcli.accounting.records import read_records, subject_of, verify_records
-    from mfcli.artifact import file_sha256, load_structured_artifact
     from mfcli.cli.structured_render import render_structured
     from mfcli.errors import ArtifactError
+    from mfcli.io.artifact import file_sha256, load_structured_artifact
+    from mfcli.services.records import read_records, subject_of, verify_records
 
     art = load_structured_artifact(path)
     stored = read_records(path)
@@ -326,7 +326,7 @@ def _record_summary(rid: str, check: Any) -> dict[str, Any]:
     """What a trainer re-accounting or building a sampler needs from a record: its settings and
     their epsilons, sigma, delta, the batch sampler and sampling rate (null: deterministic
     participation), and the verification (``verified``, ``status``). Numbers come from the
-    strictly read claim (:class:`mfcli.accounting.records.RecordClaim`), never converted from text."""
+    strictly read claim (:class:`mfcli.services.records.RecordClaim`), never converted from text."""
     c = check.claim
     base = {"id": rid, "verified": check.verified, "status": check.status}
     if c is None:

@@ -7,7 +7,6 @@ from typing import Any
 
 import typer
 
-from mfcli.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
 from mfcli.cli.common import (
     BANDS_RANGE,
     BUFFERS_RANGE,
@@ -37,15 +36,16 @@ from mfcli.cli.common import (
     workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
-from mfcli.multi_solver import multi_participation_factorization
-from mfcli.participation import Participation, SingleParticipation, schema_dict
-from mfcli.solver import (
+from mfcli.io.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
+from mfcli.model.participation import Participation, SingleParticipation, schema_dict
+from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
+from mfcli.optimize.dense import (
     DEFAULT_METHOD,
     METHODS,
     optimal_factorization,
     warm_start_weights,
 )
-from mfcli.workloads import Workload, build_workload, default_artifact_stem
+from mfcli.optimize.multi_solver import multi_participation_factorization
 
 #: The dense solvers' stopping rule when --tol / --max-iter are not given.
 DEFAULT_TOL = 1e-6
@@ -193,7 +193,7 @@ def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participa
         "loss": loss,
         "sensitivity": sensitivity,
         # Both solvers return an exact sensitivity or refuse (single participation: the largest
-        # column norm; a schema: mfcli.multi_solver._result raises unless Sensitivity.exact).
+        # column norm; a schema: mfcli.optimize.multi_solver._result raises unless Sensitivity.exact).
         "sensitivity_exact": True,
         "gap": res.gap,
         "primal": res.primal,
@@ -231,7 +231,7 @@ def _optimize_multi(
     w: Workload, schema: Participation, *, out: Path, tol: float, max_iter: int, force: bool, quiet: bool,
     as_json: bool,
 ) -> None:
-    """The certified optimum for a fixed-epoch or min-separation schema (mfcli.multi_solver)."""
+    """The certified optimum for a fixed-epoch or min-separation schema (mfcli.optimize.multi_solver)."""
     described = schema.describe(w.n)
     title = f"mfcli optimize: {w.name} n={w.n} ({described}, tol {tol:g})"
     with SolverDisplay(quiet=quiet, title=title) as display:
@@ -285,10 +285,10 @@ def optimize_structured(
 ) -> None:
     """Optimise a structured strategy, write its artifact, print the recomputed numbers.
     ``max_iter`` bounds the L-BFGS-B iterations (per start for blt); None keeps the optimiser's default."""
-    from mfcli.artifact import check_output_path, load_structured_artifact, save_structured_artifact
-    from mfcli.blt import check_buffers
     from mfcli.cli.structured_render import render_structured
-    from mfcli.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
+    from mfcli.io.artifact import check_output_path, load_structured_artifact, save_structured_artifact
+    from mfcli.strategies.blt import check_buffers
+    from mfcli.strategies.toeplitz import check_bands, check_n, optimize_banded_toeplitz, toeplitz_workload
 
     refuse_unless(n is not None, f"--strategy {strategy} needs --n")
     if strategy == "blt":
@@ -315,7 +315,7 @@ def optimize_structured(
         log(f"optimising a {shape} strategy for the {w.describe()}, n = {n}, {error} error, {schema.describe(n)}")
     start = time.perf_counter()
     if strategy == "blt":
-        from mfcli.blt import optimize_blt
+        from mfcli.strategies.blt import optimize_blt
 
         opt = optimize_blt(n=n, buffers=size, workload=w.name, beta=w.beta if w.name == "momentum" else None,
                            error=error, schema=schema, **({} if max_iter is None else {"max_iter": max_iter}))

@@ -1,5 +1,5 @@
 """``mfcli plan``: from a training setup to a ranked list of calibrated mechanisms, a
-recommendation and its artifact (library: :mod:`mfcli.plan`; docs/plan.md)."""
+recommendation and its artifact (library: :mod:`mfcli.services.plan`; docs/plan.md)."""
 from __future__ import annotations
 
 import io
@@ -40,7 +40,7 @@ def _split(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def _sampler_names(value: str) -> None:
-    from mfcli.plan import check_sampler
+    from mfcli.services.plan import check_sampler
 
     for name in _split([value]) or ():
         check_sampler(name)
@@ -51,15 +51,15 @@ BATCHING_NAMES = in_range("--batching", _sampler_names)
 
 
 def _plan_workload(v: str) -> None:
-    from mfcli.plan import WORKLOADS  # mfcli.plan loads numpy: imported only when the option is given
-    from mfcli.validation import one_of
+    from mfcli.services.plan import WORKLOADS  # mfcli.services.plan loads numpy: imported only when the option is given
+    from mfcli.util.validation import one_of
 
     one_of(v, WORKLOADS, "plan workload")
 
 
-EXAMPLES_CHECK = in_range("--examples", library_check("mfcli.validation", "positive_int", "the number of examples"))
-BATCH_CHECK = in_range("--batch", library_check("mfcli.validation", "positive_int", "the batch size"))
-PARAMS_CHECK = in_range("--params", library_check("mfcli.validation", "positive_int", "the number of parameters"))
+EXAMPLES_CHECK = in_range("--examples", library_check("mfcli.util.validation", "positive_int", "the number of examples"))
+BATCH_CHECK = in_range("--batch", library_check("mfcli.util.validation", "positive_int", "the batch size"))
+PARAMS_CHECK = in_range("--params", library_check("mfcli.util.validation", "positive_int", "the number of parameters"))
 PLAN_WORKLOAD_CHECK = in_range("--workload", _plan_workload)
 
 
@@ -130,7 +130,7 @@ def render_text(plan: Any, saved: dict | None, all_rows: bool = False) -> str:
                      "--json lists every row")
     for sk in plan.skipped:
         lines.append(f"skipped {sk.key} ({sk.sampler}): {sk.reason}")
-    from mfcli.plan import not_recommended
+    from mfcli.services.plan import not_recommended
 
     for r in plan.ranked:
         if plan.recommended is not None and r.key == plan.recommended.key:
@@ -213,8 +213,8 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 
-EPOCH_COUNT = in_range("--epochs", library_check("mfcli.plan", "check_epochs"))
-MAX_STREAM_MEMORY_CHECK = in_range("--max-stream-memory", library_check("mfcli.memory", "parse_size"))
+EPOCH_COUNT = in_range("--epochs", library_check("mfcli.services.plan", "check_epochs"))
+MAX_STREAM_MEMORY_CHECK = in_range("--max-stream-memory", library_check("mfcli.util.memory", "parse_size"))
 
 
 @guarded
@@ -264,9 +264,9 @@ def plan(
     RMSE of the released iterates (near-ties within 0.5%: the cheaper noise stream). --out writes
     the recommended one with its accounting record (the account --write format). The output ends
     with the epsilon to report."""
-    from mfcli.artifact import check_output_path
-    from mfcli.memory import parse_size
-    from mfcli.plan import DEFAULT_SAMPLERS, TrainingSetup, make_plan, write_artifact
+    from mfcli.io.artifact import check_output_path
+    from mfcli.services.plan import DEFAULT_SAMPLERS, TrainingSetup, make_plan, write_artifact
+    from mfcli.util.memory import parse_size
 
     refuse_unless((epochs is None) != (steps is None), "give --epochs or --steps (one of them)")
     refuse_unless(beta is None or workload == "momentum", "--beta applies to the momentum workload only")

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mfcli.artifact import atomic_path, check_output_path
 from mfcli.errors import MfcliError
+from mfcli.io.artifact import atomic_path, check_output_path
 
 if TYPE_CHECKING:
-    from mfcli.compare import Comparison
-    from mfcli.inspection import InspectionReport
+    from mfcli.services.compare import Comparison
+    from mfcli.services.inspect import InspectionReport
 
 MATPLOTLIB_MISSING = (
     "--plot needs matplotlib, which is not installed; install the plot extra: pip install 'mfcli[plot]'"

@@ -1,6 +1,6 @@
 """Presentation of ``compare`` tables for the command line: option parsing and text tables.
 
-The library computes :class:`~mfcli.compare.Comparison` tables; this module turns them into what a
+The library computes :class:`~mfcli.services.compare.Comparison` tables; this module turns them into what a
 user reads (Markdown, CSV, a terminal table) and parses the comma-separated lists the options
 accept. Plots live in :mod:`mfcli.cli.plots`. Messages here may name flags; the library's never do.
 """
@@ -17,8 +17,8 @@ from rich.table import Table
 
 from mfcli.cli.common import safe, safe_markup, usage_error
 from mfcli.cli.rounding import pessimistic
-from mfcli.compare import COLUMNS, Comparison
-from mfcli.strategies import STRATEGY_NAMES
+from mfcli.services.compare import COLUMNS, Comparison
+from mfcli.strategies.baselines import STRATEGY_NAMES
 
 #: Compact headers for the terminal; the caption says what they mean.
 SHORT_HEADERS = ("strategy", "causal", "sens", "total", "mean", "RMSE", "max step", "ratio")
@@ -51,7 +51,7 @@ def _headers(table: Comparison, *, short: bool) -> list[str]:
 
 def parse_strategy_names(values: Iterable[str] | None) -> tuple[str, ...]:
     """Split the comma-separated ``--strategies`` values, drop duplicates (keeping order), reject
-    unknown ones. None or nothing means all of :data:`~mfcli.strategies.STRATEGY_NAMES`."""
+    unknown ones. None or nothing means all of :data:`~mfcli.strategies.baselines.STRATEGY_NAMES`."""
     names: list[str] = []
     for value in values or ():
         for part in str(value).split(","):
@@ -78,7 +78,7 @@ def _num(v: Any, digits: int = 6) -> str:
 
 
 def table_cells(table: Comparison) -> list[list[str]]:
-    """Rows of display strings, in :data:`~mfcli.compare.COLUMNS` order. A row's name can come
+    """Rows of display strings, in :data:`~mfcli.services.compare.COLUMNS` order. A row's name can come
     from an artifact (``--artifact``): control characters are shown escaped (:func:`safe`).
 
     Under a multi-participation schema a column after the sensitivity says ``exact`` or ``upper
@@ -226,7 +226,7 @@ def sampler_words(batching: str | None, sampling: float | None) -> str:
 
 def report_line(report: dict) -> str:
     """``report: epsilon <= X (delta, setting, batch sampler, participation, neighbouring relation)``
-    from a report's JSON (:meth:`mfcli.accounting.session.Report.as_dict`); epsilon rounded up."""
+    from a report's JSON (:meth:`mfcli.services.account.Report.as_dict`); epsilon rounded up."""
     eps = report.get("epsilon")
     if eps is None or report.get("setting") is None:
         return "report: no guarantee for this strategy under the stated batch sampler was computed"

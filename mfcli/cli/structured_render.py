@@ -1,5 +1,5 @@
 """CLI code shared by the commands that show a structured artifact (banded Toeplitz, BLT;
-:mod:`mfcli.structured`): ``optimize --strategy banded-toeplitz|blt`` prints the numbers of the
+:mod:`mfcli.strategies.structured`): ``optimize --strategy banded-toeplitz|blt`` prints the numbers of the
 artifact it wrote, ``inspect`` those of the artifact it read, both through
 :func:`render_structured`; ``compare`` and ``optimize`` check ``--buffers`` with
 :func:`check_buffers`. A shared module, not a command: the command modules import it, never
@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from mfcli.cli.common import emit_json, envelope, key_value_table, stdout
 from mfcli.cli.rounding import pessimistic
-from mfcli.participation import schema_dict
+from mfcli.model.participation import schema_dict
 
 if TYPE_CHECKING:
-    from mfcli.artifact import StructuredArtifact
+    from mfcli.io.artifact import StructuredArtifact
 
 
 def check_buffers(buffers: Any, n: int | None = None) -> int:
-    """:func:`mfcli.blt.check_buffers` (the one buffer-count validator), imported on call so
+    """:func:`mfcli.strategies.blt.check_buffers` (the one buffer-count validator), imported on call so
     parsing loads no numpy."""
-    from mfcli.blt import check_buffers as check
+    from mfcli.strategies.blt import check_buffers as check
 
     return check(buffers, n)
 
@@ -65,7 +65,7 @@ def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, com
 
 
 def _record_line(r: dict[str, Any]) -> str:
-    from mfcli.accounting.records import DEEP_HINT, NOT_REDERIVED, VERIFIED
+    from mfcli.services.records import DEEP_HINT, NOT_REDERIVED, VERIFIED
 
     status = {VERIFIED: "verified (re-derived from the parameters)", NOT_REDERIVED: DEEP_HINT}.get(
         r["status"], "not an mfcli.accounting record")

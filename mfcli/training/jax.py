@@ -47,7 +47,7 @@ import optax
 
 from mfcli.adapters.optax import correlated_noise
 from mfcli.errors import MfcliError
-from mfcli.noise import check_seed
+from mfcli.training.noise import check_seed
 from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
 
 #: Default padded sizes, as multiples of the expected batch size.

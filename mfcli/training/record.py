@@ -22,10 +22,10 @@ sensitivity for a fixed-order record; for DP-SGD (C = I) the two numbers are equ
 with or without a record) into the std to add, and refuses every ambiguous combination.
 
 Samplers. Records that name a batch sampler (``batching``: Poisson, cyclic Poisson, balls-in-bins,
-shuffle) get the sampler :func:`mfcli.samplers.sampler_for` builds. Records of deterministic
+shuffle) get the sampler :func:`mfcli.training.samplers.sampler_for` builds. Records of deterministic
 participation (``mfcli plan``'s ``fixed-order`` rows; ``batching`` null) get a
-:class:`mfcli.samplers.FixedOrderSampler` whose period makes every example take part only in the
-steps the record's schema allows (:func:`mfcli.samplers.fixed_order_period`).
+:class:`mfcli.training.samplers.FixedOrderSampler` whose period makes every example take part only in the
+steps the record's schema allows (:func:`mfcli.training.samplers.fixed_order_period`).
 
 Epsilon per epoch. The operator is causal (lower triangular), so the model after the first m
 steps is post-processing of C[:m, :m] G[:m] + Z[:m]: the same accounting run on that leading block,
@@ -153,8 +153,8 @@ class TrainingRecord:
 
     def _prefix_epsilon(self, m: int) -> float | None:
         """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
-        from mfcli.accounting import session
-        from mfcli.participation import FixedEpoch, MinSeparation, SingleParticipation, participation_from_json
+        from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, participation_from_json
+        from mfcli.services import account as session
 
         schema = participation_from_json(self.participation)
         if isinstance(schema, FixedEpoch):
@@ -195,7 +195,7 @@ def _accounted_input_of(rec: TrainingRecord) -> Any:
     """The operator the record accounted, as a dense StrategyInput; None when it is not available
     as a matrix (a structured artifact above the materialisation limit) or is not the record's
     (its identity hash differs)."""
-    from mfcli.accounting import session
+    from mfcli.services import account as session
 
     label = str(rec.attrs.get("operator", "dense"))
     operator = "dense" if label == "dense" else ("compressed" if label.startswith("compressed") else "auto")
@@ -240,9 +240,9 @@ def _settings(attrs: dict[str, Any]) -> list[str]:
 def _pick(path: Path, record: str | None) -> tuple[str, dict[str, Any], tuple[Any, Any] | None]:
     """The record to train under, its attributes and, when picking it verified it, the verifier's
     (check, subject): ``record`` by id; else the newest record that names a batch sampler when the
-    records that do all agree (:func:`mfcli.samplers.verified_record`, which verifies it), else the
+    records that do all agree (:func:`mfcli.training.samplers.verified_record`, which verifies it), else the
     newest record (deterministic participation)."""
-    from mfcli.samplers import accounting_records, verified_record
+    from mfcli.training.samplers import accounting_records, verified_record
 
     records = accounting_records(path)
     if not records:
@@ -265,9 +265,9 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
         MfcliError: no such record; it does not verify; it holds no epsilon for its sampler; its
             schema has no fixed order (deterministic records).
     """
-    from mfcli.artifact import load_any_artifact
-    from mfcli.participation import SingleParticipation, participation_from_json
-    from mfcli.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
+    from mfcli.io.artifact import load_any_artifact
+    from mfcli.model.participation import SingleParticipation, participation_from_json
+    from mfcli.training.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
 
     path = Path(artifact)
     # the record is re-derived once (deeply: MMCC too) and what it gave is reused below
@@ -314,11 +314,11 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
 def accounted_sensitivity(attrs: Any, subject: Any = None, artifact: str | Path | None = None) -> float:
     """The sensitivity the record's noise multiplier divides by, recomputed from the operator the
     record accounted (never read from an attribute): the operator is rebuilt from the artifact's
-    stored arrays by the verifier's own subject (:func:`mfcli.accounting.records.subject_of`,
+    stored arrays by the verifier's own subject (:func:`mfcli.services.records.subject_of`,
     ``subject`` when the caller already has it) and its input made as the verifier makes it.
 
     * a fixed-order record (``batching`` null) under a multi-participation schema: the schema
-      sensitivity of C (:func:`mfcli.participation.sensitivity`; for a structured artifact its
+      sensitivity of C (:func:`mfcli.model.participation.sensitivity`; for a structured artifact its
       parameters' ``sensitivity(n, schema)``), the number the deterministic accounting uses;
     * every other record: the single-participation sensitivity, the largest column norm of C
       (``StrategyInput.sensitivity``), the number the single-pass, MMCC and cyclic-Poisson
@@ -327,10 +327,10 @@ def accounted_sensitivity(attrs: Any, subject: Any = None, artifact: str | Path 
     Raises:
         MfcliError: the record's fields cannot be read, or it names an operator the artifact lacks.
     """
-    from mfcli.accounting.records import read_claim, subject_of
-    from mfcli.artifact import load_any_artifact
-    from mfcli.participation import SingleParticipation
-    from mfcli.participation import sensitivity as schema_sensitivity
+    from mfcli.io.artifact import load_any_artifact
+    from mfcli.model.participation import SingleParticipation
+    from mfcli.model.participation import sensitivity as schema_sensitivity
+    from mfcli.services.records import read_claim, subject_of
 
     claim, problems = read_claim(attrs)
     if claim is None:
@@ -417,11 +417,11 @@ def check_noise(rec: TrainingRecord, *, noise_std: float | None = None, noise_mu
 
 
 def record_stream(rec: TrainingRecord, *, d: int, seed: int, dtype: Any = "float32") -> Any:
-    """The gradient noise stream of the operator ``rec`` accounted (:func:`mfcli.noise.noise_stream`
+    """The gradient noise stream of the operator ``rec`` accounted (:func:`mfcli.training.noise.noise_stream`
     with ``accounted=``): its ``sigma`` scales these rows. ``rec`` comes from
     :func:`training_record`, which verified the record (unless told not to)."""
-    from mfcli.noise import noise_stream
-    from mfcli.samplers import accounted_operator
+    from mfcli.training.noise import noise_stream
+    from mfcli.training.samplers import accounted_operator
 
     return noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype,
                         accounted=accounted_operator(rec.record, rec.attrs))
@@ -448,8 +448,8 @@ def _period(sampler: str, schema: Any, n: int) -> int | None:
 
 
 def build_sampler(rec: TrainingRecord, *, examples: int, seed: int, non_adaptive: bool = False) -> Any:
-    """The batch sampler ``rec`` accounts, over ``examples`` examples (a :mod:`mfcli.samplers` sampler)."""
-    from mfcli.samplers import FixedOrderSampler, sampler_for
+    """The batch sampler ``rec`` accounts, over ``examples`` examples (a :mod:`mfcli.training.samplers` sampler)."""
+    from mfcli.training.samplers import FixedOrderSampler, sampler_for
 
     if rec.sampler == FIXED_ORDER:
         assert rec.period is not None
@@ -503,18 +503,18 @@ def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: floa
                    bands: Sequence[int] | None = None, workers: int | None = 0, force: bool = False,
                    candidate: str | None = None, command: str = "",
                    progress: Callable[[str], None] | None = None) -> tuple[Any, str]:
-    """``mfcli plan``'s library path: plan the setup (:func:`mfcli.plan.make_plan`), write the
+    """``mfcli plan``'s library path: plan the setup (:func:`mfcli.services.plan.make_plan`), write the
     recommended candidate (or the ranked one named ``candidate``, e.g. ``dp-sgd``) with its
-    accounting record (:func:`mfcli.plan.write_artifact`, which re-accounts it on the written
+    accounting record (:func:`mfcli.services.plan.write_artifact`, which re-accounts it on the written
     file). ``batching`` defaults to every sampler whose rows hold for adaptive training.
 
     Returns:
-        (the :class:`mfcli.plan.Plan`, the written record's id).
+        (the :class:`mfcli.services.plan.Plan`, the written record's id).
 
     Raises:
         MfcliError: as ``mfcli plan``; no recommendation; no ranked candidate ``candidate``.
     """
-    from mfcli.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
+    from mfcli.services.plan import SAMPLERS, TrainingSetup, make_plan, write_artifact
 
     allowed = tuple(batching) if batching is not None else tuple(s for s in SAMPLERS if s != "balls-in-bins")
     setup = TrainingSetup(examples=examples, batch=batch_size, epsilon=epsilon, epochs=epochs, delta=delta,

@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer, refuse_noising_optimizer
 from mfcli.errors import MfcliError
-from mfcli.noise import check_seed
+from mfcli.training.noise import check_seed
 from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
 
 
@@ -403,12 +403,12 @@ def make_private_with_epsilon(
     """Plan for a target (epsilon, delta), write the recommended artifact and record, then
     :func:`make_private` under that record.
 
-    Runs ``mfcli plan``'s library path (:func:`mfcli.plan.make_plan` over every candidate the
-    allowed ``batching`` samplers admit, :func:`mfcli.plan.write_artifact` of the recommendation,
+    Runs ``mfcli plan``'s library path (:func:`mfcli.services.plan.make_plan` over every candidate the
+    allowed ``batching`` samplers admit, :func:`mfcli.services.plan.write_artifact` of the recommendation,
     which re-accounts it on the written file) for N = len(dataset) examples, ``batch_size``,
     ``epochs``, the optimizer's workload (:func:`workload_of`, or ``workload``/``beta``) and the
     model's parameter count. ``workers``: plan's process pool (0: this process; None: every core).
-    The plan is kept as ``optimizer.plan`` (:class:`mfcli.plan.Plan`). Other keyword arguments go
+    The plan is kept as ``optimizer.plan`` (:class:`mfcli.services.plan.Plan`). Other keyword arguments go
     to :func:`make_private`.
 
     Raises:
