@@ -436,9 +436,8 @@ def claim_sensitivity(claim: RecordClaim, subject: RecordSubject) -> float:
     op = subject.operators.get(claim.operator)
     if op is None:
         raise MfcliError(f"the accounting record names operator {claim.operator!r}, which the artifact does not have")
-    fixed = claim.batching is None
-    inp = subject.make_input(op, fixed and not isinstance(claim.schema, SingleParticipation))
-    return noise_sensitivity(inp, claim.schema, fixed_order=fixed)
+    # the sensitivities come from the mechanism: no dense C needs building for them
+    return noise_sensitivity(subject.make_input(op, False), claim.schema, fixed_order=claim.batching is None)
 
 
 def accounted_sensitivity(attrs: Any, subject: RecordSubject | None = None,
@@ -723,7 +722,9 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
         problems.append(found)
     sensitivity = None
     try:
-        sensitivity = claim_sensitivity(claim, subject)
+        # claim_sensitivity's number: the report accounted the record's operator, schema and
+        # sampler, and reuses its deterministic row's schema sensitivity when it has one
+        sensitivity = report.noise_sensitivity
         problems += _noise_problems(attrs, claim, sensitivity)
     except (MfcliError, ValueError, TypeError, KeyError) as exc:
         problems.append(f"cannot re-derive its sensitivity from the artifact: {_reason(exc)}")

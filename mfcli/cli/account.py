@@ -543,6 +543,7 @@ def account(
 
         assert calibration.sensitivity is not None and calibration.noise_multiplier is not None  # session.calibrate sets it
         sens, mult = calibration.sensitivity, calibration.noise_multiplier
+        sens_of = noise_sensitivity_of(schema, fixed_order=chosen == "deterministic")
         for_c = chosen != "dp-sgd" or _is_identity(inp)
         out.print(key_value_table(f"calibration: {chosen}" + ("" if for_c else " (the DP-SGD reference, C = I: NOT a "
                                                                              "sigma for this C; calibrate mmcc for it)"), [
@@ -550,7 +551,7 @@ def account(
             ("delta", delta),
             ("noise multiplier (smallest found, rounded up)", pessimistic(float(mult))),
             ("noise std sigma on C G (rounded up)", pessimistic(float(calibration.sigma))),
-            ("sensitivity it divides by", f"{pessimistic(float(sens))} ({noise_sensitivity_of(schema, fixed_order=chosen == 'deterministic')})"),
+            ("sensitivity it divides by", f"{pessimistic(float(sens))} ({sens_of})"),
             ("achieved epsilon at that noise", pessimistic(float(calibration.epsilon))),
             ("noise multiplier bracket", f"[{pessimistic(float(calibration.sigma_lower) / sens, down=True)}, "
                                          f"{pessimistic(float(mult))}] (relative width <= 1e-3)"),
