@@ -243,6 +243,24 @@ def _drop(key: str):
     return edit
 
 
+def _both_noise(factor: float):
+    """noise_multiplier and sensitivity edited so that sigma = noise_multiplier x sensitivity still
+    holds: consistent with each other, not with the operator."""
+    def edit(g, f, made):
+        g.attrs["noise_multiplier"] = float(g.attrs["noise_multiplier"]) * factor
+        g.attrs["sensitivity"] = float(g.attrs["sensitivity"]) / factor
+    return edit
+
+
+def _dense_sensitivity(g, f, made):
+    """The compressed record given the dense C's column norm (another operator's) and its multiplier."""
+    c = np.asarray(f["strategy"])
+    sens = float(np.sqrt((c * c).sum(axis=0).max()))
+    assert not math.isclose(sens, float(g.attrs["sensitivity"]), rel_tol=1e-6)
+    g.attrs["sensitivity"] = sens
+    g.attrs["noise_multiplier"] = float(g.attrs["sigma"]) / sens
+
+
 FORGERIES = [
     # (id, artifact, edit, words of the first problem)
     ("rate 0.05 -> 0.5", "poisson", _set("sampling", 0.5), "stored epsilon"),
@@ -270,6 +288,17 @@ FORGERIES = [
     ("mixture grid 1e-9 (a memory bomb)", "poisson", _row("mmcc", "mixture_grid", 1e-9), "finer than"),
     ("calibration target lowered", "calibrated", _calibration("target_epsilon", 0.5), "target was not met"),
     ("calibration sigma edited", "calibrated", _calibration("sigma", 9.0), "calibration's sigma"),
+    # the noise convention: sensitivity and noise_multiplier are re-derived from the operator, never trusted
+    ("noise_multiplier x0.5", "single", _scale("noise_multiplier", 0.5), "noise_multiplier"),
+    ("noise_multiplier x2, Poisson", "poisson", _scale("noise_multiplier", 2.0), "noise_multiplier"),
+    ("noise_multiplier as a string", "single", _set("noise_multiplier", "1.0"), "noise_multiplier '1.0'"),
+    ("sensitivity x2", "poisson", _scale("sensitivity", 2.0), "sensitivity"),
+    ("sensitivity and noise_multiplier edited together", "single", _both_noise(0.5), "sensitivity"),
+    ("structured sensitivity x0.5", "structured", _scale("sensitivity", 0.5), "sensitivity"),
+    ("cyclic noise_multiplier x0.5", "cyclic", _scale("noise_multiplier", 0.5), "noise_multiplier"),
+    ("compressed sensitivity of the dense C", "compressed", _dense_sensitivity, "sensitivity"),
+    ("calibration noise_multiplier edited", "calibrated", _calibration("noise_multiplier", 9.0),
+     "calibration's noise_multiplier"),
 ]
 
 

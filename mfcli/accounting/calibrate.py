@@ -1,4 +1,6 @@
-"""Calibration: the smallest noise multiplier sigma meeting a target (epsilon, delta).
+"""Calibration: the smallest noise std sigma (of the noise on C G, per unit clip norm) meeting a
+target (epsilon, delta); its noise multiplier is sigma / the sensitivity of C
+(:func:`mfcli.services.account.noise_sensitivity`, docs/accounting.md "Noise convention").
 
 epsilon(sigma) is non-increasing for every setting mfcli accounts (more noise is a post-processing
 of less noise: add independent Gaussian noise). The search brackets the target (doubling/halving
@@ -35,11 +37,15 @@ class Calibration:
     """Result of :func:`calibrate_sigma`.
 
     Attributes:
-        sigma: the calibrated noise multiplier (upper end of the final bracket).
+        sigma: the calibrated std of the noise on C G, per unit clip norm (upper end of the final
+            bracket): what ``noise_std`` names in the JSON.
         epsilon: the epsilon computed at ``sigma`` (<= target).
         target_epsilon: the target.
         sigma_lower: the lower end of the final bracket (epsilon there exceeds the target).
         evaluations: how many times the accounting ran.
+        sensitivity: the sensitivity the noise multiplier divides by
+            (:func:`mfcli.services.account.noise_sensitivity`), None when the caller calibrated
+            an epsilon function without a strategy.
     """
 
     sigma: float
@@ -47,9 +53,28 @@ class Calibration:
     target_epsilon: float
     sigma_lower: float
     evaluations: int
+    sensitivity: float | None = None
+
+    @property
+    def noise_std(self) -> float:
+        """The calibrated std of the noise on C G (``sigma``)."""
+        return self.sigma
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """``sigma`` / ``sensitivity``: the noise multiplier as Opacus and jax_privacy use it (None
+        without a sensitivity)."""
+        return None if self.sensitivity is None else self.sigma / self.sensitivity
 
     def as_dict(self) -> dict:
+        noise = {} if self.sensitivity is None else {
+            "noise_multiplier": self.noise_multiplier,
+            "noise_std": self.sigma,
+            "sensitivity": self.sensitivity,
+            "noise_multiplier_bracket": [self.sigma_lower / self.sensitivity, self.sigma / self.sensitivity],
+        }
         return {
+            **noise,
             "sigma": self.sigma,
             "achieved_epsilon": self.epsilon,
             "target_epsilon": self.target_epsilon,

@@ -85,7 +85,9 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
     reference_only = set(report.results) == {"dp-sgd"} and not _is_identity(report.strategy)
     t = Table(title=("DP-SGD reference (C = I, not this C) for " if reference_only else "privacy of ")
                     + f"{safe_markup(report.strategy.name)} (n = {report.strategy.n}, operator "
-                    f"{safe_markup(report.strategy.operator)}), sigma = {pessimistic(float(report.sigma))}, "
+                    f"{safe_markup(report.strategy.operator)}), noise multiplier "
+                    f"{pessimistic(float(report.noise_multiplier))} (noise std sigma = "
+                    f"{pessimistic(float(report.sigma))} on C G / sensitivity {pessimistic(report.noise_sensitivity)}), "
                     f"delta = {report.delta:g}", title_justify="left", show_lines=True)
     t.add_column("setting", style="bold")
     t.add_column("epsilon", justify="right")
@@ -275,10 +277,12 @@ def account(
         None, "--beta", callback=BETA_RANGE, help="Momentum coefficient for --workload momentum (default 0.9)."
     ),
     sigma: float | None = typer.Option(
-        None, "--sigma", callback=SIGMA_RANGE, help="Noise multiplier: noise std in units of the clip norm, for C as given."
+        None, "--sigma", callback=SIGMA_RANGE, help="Noise std sigma of the noise on C G, in units of the clip norm, for C "
+        "as given (NOT the noise multiplier, which is sigma / the sensitivity of C; both are printed)."
     ),
     epsilon: float | None = typer.Option(
-        None, "--epsilon", callback=EPSILON_RANGE, help="Target epsilon: find the smallest sigma meeting it (instead of --sigma)."
+        None, "--epsilon", callback=EPSILON_RANGE, help="Target epsilon: find the smallest noise meeting it (instead of "
+        "--sigma); printed as the noise multiplier, with the noise std sigma on C G and the sensitivity it divides by."
     ),
     sampling: float | None = typer.Option(
         None, "--sampling", "-p", callback=SAMPLING_RANGE,
@@ -535,15 +539,22 @@ def account(
     out.print(f"operator accounted: {operator_line} (the one noise streams and the adapters stream by default)"
               if inp.artifact is not None else f"operator accounted: {operator_line} (C as given)")
     if calibration is not None:
+        from mfcli.services.account import noise_sensitivity_of
+
+        assert calibration.sensitivity is not None and calibration.noise_multiplier is not None  # session.calibrate sets it
+        sens, mult = calibration.sensitivity, calibration.noise_multiplier
+        sens_of = noise_sensitivity_of(schema, fixed_order=chosen == "deterministic")
         for_c = chosen != "dp-sgd" or _is_identity(inp)
         out.print(key_value_table(f"calibration: {chosen}" + ("" if for_c else " (the DP-SGD reference, C = I: NOT a "
                                                                              "sigma for this C; calibrate mmcc for it)"), [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
-            ("sigma (smallest found, rounded up)", pessimistic(float(calibration.sigma))),
-            ("achieved epsilon at that sigma", pessimistic(float(calibration.epsilon))),
-            ("bracket", f"[{pessimistic(float(calibration.sigma_lower), down=True)}, {pessimistic(float(calibration.sigma))}] "
-                        "(relative width <= 1e-3)"),
+            ("noise multiplier (smallest found, rounded up)", pessimistic(float(mult))),
+            ("noise std sigma on C G (rounded up)", pessimistic(float(calibration.sigma))),
+            ("sensitivity it divides by", f"{pessimistic(float(sens))} ({sens_of})"),
+            ("achieved epsilon at that noise", pessimistic(float(calibration.epsilon))),
+            ("noise multiplier bracket", f"[{pessimistic(float(calibration.sigma_lower) / sens, down=True)}, "
+                                         f"{pessimistic(float(mult))}] (relative width <= 1e-3)"),
             ("accounting runs", calibration.evaluations),
         ]))
     table, notes = _rows_table(report, details=details)

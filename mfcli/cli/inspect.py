@@ -143,6 +143,7 @@ def _render(report: InspectionReport) -> None:
         t = Table(title="accounting records (accounting/<id>), re-derived from the artifact", title_justify="left")
         t.add_column("id")
         t.add_column("verification")
+        t.add_column("noise (re-derived)")
         t.add_column("fields")
         for rec in report.accounting:
             # Scalars in full; nested records (full detail in --json) by their keys only.
@@ -152,7 +153,7 @@ def _render(report: InspectionReport) -> None:
                 else f"{k}={fmt(v)}"
                 for k, v in sorted(rec["attrs"].items())
             )
-            t.add_row(safe_markup(rec["id"]), _record_status(rec), safe_markup(fields))
+            t.add_row(safe_markup(rec["id"]), _record_status(rec), _record_noise(rec), safe_markup(fields))
         out.print(t)
     if report.other_groups:
         out.print(safe_markup(f"other groups: {', '.join(report.other_groups)}"))
@@ -171,6 +172,17 @@ def _render(report: InspectionReport) -> None:
         out.print(f"[bold red]{len(report.problems)} check(s) failed[/]")
         for p in report.problems:
             out.print(f"  - {safe_markup(p)}")
+
+
+def _record_noise(rec: Mapping[str, Any]) -> str:
+    """The record's noise multiplier beside its sigma (the noise std on C G) and the sensitivity
+    it divides by, as the verifier re-derived them from the operator (docs/accounting.md, "Noise
+    convention"); records of 0.1 and 0.2, which store neither, get them too."""
+    mult, sens, std = rec.get("noise_multiplier"), rec.get("sensitivity"), rec.get("noise_std")
+    if mult is None or sens is None or std is None:
+        return "-"
+    return (f"noise multiplier {pessimistic(float(mult), down=True)} = sigma {fmt(std)} (noise std on C G) / "
+            f"sensitivity {pessimistic(float(sens))}")
 
 
 def _record_status(rec: Mapping[str, Any]) -> str:
@@ -324,13 +336,15 @@ def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None
 
 def _record_summary(rid: str, check: Any) -> dict[str, Any]:
     """What a trainer re-accounting or building a sampler needs from a record: its settings and
-    their epsilons, sigma, delta, the batch sampler and sampling rate (null: deterministic
+    their epsilons, sigma (the noise std on C G) with its noise multiplier and the sensitivity it
+    divides by (re-derived), delta, the batch sampler and sampling rate (null: deterministic
     participation), and the verification (``verified``, ``status``). Numbers come from the
     strictly read claim (:class:`mfcli.services.records.RecordClaim`), never converted from text."""
     c = check.claim
     base = {"id": rid, "verified": check.verified, "status": check.status}
     if c is None:
-        return {**base, "settings": [], "sigma": None, "delta": None, "batching": None, "sampling": None,
-                "epsilon": {}}
-    return {**base, "settings": list(c.settings), "sigma": c.sigma, "delta": c.delta, "batching": c.batching,
-            "sampling": c.sampling, "epsilon": dict(c.epsilons)}
+        return {**base, "settings": [], "sigma": None, "noise_multiplier": None, "sensitivity": None, "delta": None,
+                "batching": None, "sampling": None, "epsilon": {}}
+    return {**base, "settings": list(c.settings), "sigma": c.sigma, "noise_multiplier": check.noise_multiplier,
+            "sensitivity": check.sensitivity, "delta": c.delta, "batching": c.batching, "sampling": c.sampling,
+            "epsilon": dict(c.epsilons)}

@@ -17,7 +17,7 @@ import datetime as _dt
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,6 +154,33 @@ class StrategyInput:
     def sensitivity(self) -> float:
         """Single-participation sensitivity (max column norm of C)."""
         return float(self.mechanism.sensitivity)
+
+
+def noise_sensitivity(inp: StrategyInput, schema: Participation, *, fixed_order: bool) -> float:
+    """The sensitivity a noise multiplier divides by: noise_multiplier = noise std on C G / this
+    (the convention of Opacus and jax_privacy; docs/accounting.md, "Noise convention"). The one
+    definition, for ``account``, its calibration, records and their verifier, and the training
+    records (:func:`mfcli.services.records.accounted_sensitivity`):
+
+    * fixed-order (deterministic) participation under a multi-participation schema
+      (``fixed_order`` and a schema other than single participation): the schema sensitivity of C
+      (:meth:`mfcli.strategies.operators.Mechanism.schema_sensitivity`, an upper bound where it is not
+      exact), the number the deterministic accounting scales by;
+    * every other setting (one participation, or a batch sampler): the largest column norm of C,
+      the number the single-pass, MMCC, DP-SGD-reduction and cyclic-Poisson accountings scale by.
+      C = I gives 1: DP-SGD's noise multiplier is its std.
+
+    Computed from the input's mechanism, never read from a stored attribute."""
+    if fixed_order and not isinstance(schema, SingleParticipation):
+        return float(inp.mechanism.schema_sensitivity(schema).value)
+    return float(inp.sensitivity)
+
+
+def noise_sensitivity_of(schema: Participation, *, fixed_order: bool) -> str:
+    """What :func:`noise_sensitivity` is for these arguments, in words (tables and JSON)."""
+    if fixed_order and not isinstance(schema, SingleParticipation):
+        return "the schema sensitivity of C (fixed-order participation)"
+    return "the largest column norm of C"
 
 
 def resolve_strategy(
@@ -518,6 +545,20 @@ class AccountingReport:
     refused: dict[str, str] = field(default_factory=dict)
 
     @property
+    def noise_sensitivity(self) -> float:
+        """The sensitivity the noise multiplier divides by (:func:`noise_sensitivity`; the
+        deterministic row's schema sensitivity when it ran, the same number)."""
+        fixed = self.batching is None
+        if fixed and self.deterministic is not None:
+            return float(self.deterministic.sensitivity.value)
+        return noise_sensitivity(self.strategy, self.participation, fixed_order=fixed)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma (the noise std on C G) / :attr:`noise_sensitivity`."""
+        return self.sigma / self.noise_sensitivity
+
+    @property
     def results(self) -> dict[str, Any]:
         """{setting name: result} for the settings that were run, in display order."""
         pairs = (("single-pass", self.single_pass), ("deterministic", self.deterministic), ("dp-sgd", self.dp_sgd),
@@ -624,6 +665,12 @@ class AccountingReport:
             "sensitivity": self.strategy.sensitivity,
             "sensitivity_single": self.strategy.sensitivity,
             **({"schema_sensitivity": self.deterministic.sensitivity.value} if self.deterministic is not None else {}),
+            # the noise convention (docs/accounting.md): the noise multiplier is the primary number,
+            # sigma the std of the noise on C G (kept under its version-1 name, and as noise_std)
+            "noise_multiplier": self.noise_multiplier,
+            "noise_std": self.sigma,
+            "noise_sensitivity": self.noise_sensitivity,
+            "noise_sensitivity_of": noise_sensitivity_of(self.participation, fixed_order=self.batching is None),
             "sigma": self.sigma,
             "sampling": self.sampling,
             "batching": self.batching,
@@ -953,8 +1000,12 @@ def calibrate(
         if probe.setting != setting or probe.sigma != start:
             raise MfcliError(f"the probe ran {probe.setting} at sigma {probe.sigma:g}, not {setting} at {start:g}")
         known = {probe.sigma: probe.epsilon}
-    return calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress,
-                           on_progress=on_progress, known=known)
+    cal = calibrate_sigma(f, target_epsilon=target_epsilon, rel_tol=rel_tol, sigma_start=start, progress=progress,
+                          on_progress=on_progress, known=known)
+    # the noise multiplier of the calibrated std: only the deterministic setting is fixed-order
+    # under a multi-participation schema (single-pass is one participation)
+    schema = resolve_schema(inp, participation)
+    return replace(cal, sensitivity=noise_sensitivity(inp, schema, fixed_order=setting == "deterministic"))
 
 
 def calibration_start(setting: str) -> float:
@@ -1055,7 +1106,9 @@ def record_to_artifact(
     """Append the result as group ``accounting/<id>`` of the input artifact (atomic, matrices
     untouched, see ``mfcli.io.artifact.append_group``). Returns the group name.
 
-    Layout (docs/accounting.md): attrs ``setting`` list, ``sigma``, ``sampling``, ``delta``,
+    Layout (docs/accounting.md): attrs ``setting`` list, ``sigma`` (the noise std on C G),
+    ``noise_multiplier`` (sigma / ``sensitivity``), ``sensitivity`` (:func:`noise_sensitivity`:
+    what the noise multiplier divides by), ``sampling``, ``delta``,
     ``epsilon_<setting>`` for each setting, ``results`` (JSON of every row without the events),
     ``dp_event_<setting>`` (the dp-accounting event as JSON, split into ``_000``, ``_001``, ...
     parts with a ``_parts`` count when longer than 60000 characters), ``operator`` (``dense`` or
@@ -1085,6 +1138,10 @@ def record_to_artifact(
         "format_version": 1,
         "settings": sorted(kept),
         "sigma": report.sigma,
+        # the noise convention: sigma / the sensitivity of the operator as accounted (re-derived,
+        # never trusted, by the verifier; records of 0.1/0.2 have neither and still verify)
+        "noise_multiplier": report.noise_multiplier,
+        "sensitivity": report.noise_sensitivity,
         "sampling": report.sampling if report.sampling is not None else "null",
         "delta": report.delta,
         "operator": inp.operator,
@@ -1141,6 +1198,8 @@ __all__ = [
     "check_setting_schema",
     "epsilon_function",
     "event_of",
+    "noise_sensitivity",
+    "noise_sensitivity_of",
     "read_chunked",
     "record_to_artifact",
     "resolve_schema",

@@ -1,7 +1,7 @@
 """Accounting records (groups ``accounting/<id>``, written by ``mfcli account --write`` and
 ``mfcli plan --out``): the one reader and the one verifier, for every kind of artifact.
 
-A record is a claim: "running this artifact's operator with noise multiplier sigma, batch sampler S
+A record is a claim: "running this artifact's operator with noise std sigma on C G, batch sampler S
 at rate p, under participation schema P, is (epsilon, delta)-DP in each of these settings". A
 trainer takes its sigma and its sampler from it (:func:`mfcli.training.samplers.sampler_for`) and reports
 its epsilons (:func:`mfcli.training.samplers.held_epsilons`), so a record that is not the derivation of its
@@ -27,7 +27,11 @@ artifact it sits in and trusts none of the record's numbers:
    (``account`` adds MMCC's lower bound and sanity bound, which a check does not need);
 5. the stored dp-accounting event must equal the re-derived one (same structure and counts, every
    number within :data:`EVENT_RTOL`), and the stored epsilon must be at least the re-derived one
-   (within :data:`RECORD_RTOL`; a larger one is only pessimistic and is accepted).
+   (within :data:`RECORD_RTOL`; a larger one is only pessimistic and is accepted);
+6. a stored ``sensitivity`` and ``noise_multiplier`` (written since 0.3, also inside
+   ``calibration``) must equal the sensitivity re-derived from the operator
+   (:func:`claim_sensitivity`) and sigma / it, within :data:`RECORD_RTOL`; a record without them
+   (0.1, 0.2) is checked on the rest.
 
 A record verifies when every setting does. A record whose fields cannot be read, whose operator is
 not this artifact's, or whose derivation fails or disagrees is UNVERIFIED, with one line per
@@ -161,7 +165,8 @@ class RecordClaim:
         operator: the operator it accounted (``dense``, ``compressed (band K, rank R)``, or a
             structured artifact's label).
         strategy_sha256: that operator's identity hash, as the record states it.
-        sigma, delta: noise multiplier and delta.
+        sigma, delta: the std of the noise on C G (per unit clip norm) and delta; the noise
+            multiplier is sigma / :func:`claim_sensitivity`.
         sampling: the sampling rate, None without one.
         batching: the batch sampler (``poisson``, ``cyclic``, ``balls-in-bins``, ``shuffle``), None
             for deterministic participation (the fixed order of :class:`mfcli.training.samplers.FixedOrderSampler`).
@@ -414,6 +419,67 @@ def subject_of(art: Any) -> RecordSubject:
 
 
 # ---------------------------------------------------------------------------------------------
+# The noise convention: what a record's noise multiplier divides by
+
+
+def claim_sensitivity(claim: RecordClaim, subject: RecordSubject) -> float:
+    """The sensitivity the record's noise multiplier divides by, re-derived from the operator it
+    names (:func:`mfcli.services.account.noise_sensitivity`: the schema sensitivity for a
+    fixed-order record, ``batching`` null, under a multi-participation schema; the largest column
+    norm of C for every other record).
+
+    Raises:
+        MfcliError: the record names an operator the artifact does not have.
+    """
+    from mfcli.services.account import noise_sensitivity
+
+    op = subject.operators.get(claim.operator)
+    if op is None:
+        raise MfcliError(f"the accounting record names operator {claim.operator!r}, which the artifact does not have")
+    # the sensitivities come from the mechanism: no dense C needs building for them
+    return noise_sensitivity(subject.make_input(op, False), claim.schema, fixed_order=claim.batching is None)
+
+
+def accounted_sensitivity(attrs: Any, subject: RecordSubject | None = None,
+                          artifact: str | Path | None = None) -> float:
+    """The sensitivity a record's noise multiplier divides by (:func:`claim_sensitivity`), from
+    its attributes and the artifact it sits in (``subject`` when the caller already has the
+    verifier's subject, else rebuilt from ``artifact``): recomputed from the operator, never read
+    from the record's ``sensitivity`` attribute.
+
+    Raises:
+        MfcliError: the record's fields cannot be read, or it names an operator the artifact lacks.
+    """
+    claim, problems = read_claim(attrs)
+    if claim is None:
+        raise MfcliError(f"the accounting record cannot be read: {problems[0] if problems else 'malformed'}")
+    if subject is None:
+        if artifact is None:
+            raise MfcliError("accounted_sensitivity needs the artifact (or the verifier's subject)")
+        from mfcli.io.artifact import load_any_artifact
+
+        subject = subject_of(load_any_artifact(Path(artifact)))
+    return claim_sensitivity(claim, subject)
+
+
+def _noise_problems(attrs: Mapping[str, Any], claim: RecordClaim, sensitivity: float) -> list[str]:
+    """A stored ``sensitivity`` or ``noise_multiplier`` (records since 0.3; older ones have
+    neither) must be the re-derived sensitivity and sigma / it; so must the calibration's."""
+    problems = []
+    expected = {"sensitivity": sensitivity, "noise_multiplier": claim.sigma / sensitivity}
+    cal = _json_value(attrs.get("calibration")) if "calibration" in attrs else None
+    for where, fields in (("", attrs), ("its calibration's ", cal if isinstance(cal, dict) else {})):
+        for name, want in expected.items():
+            if name not in fields:
+                continue
+            got = _number(fields.get(name))
+            if got is None or not math.isclose(got, want, rel_tol=RECORD_RTOL):
+                problems.append(f"{where}{name} {fields.get(name)!r} is not the {want!r} re-derived from the artifact's "
+                                f"{claim.operator} operator (noise multiplier = sigma / sensitivity)")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
 # The one verifier
 
 
@@ -444,20 +510,34 @@ class RecordCheck:
         problems: one line per problem (empty unless unverified).
         settings: one :class:`SettingCheck` per setting (empty when the fields cannot be read).
         claim: the record's fields (None when they cannot be read).
+        sensitivity: the sensitivity its noise multiplier divides by, re-derived from the operator
+            (:func:`claim_sensitivity`; None when it could not be).
     """
 
     status: str
     problems: tuple[str, ...] = ()
     settings: tuple[SettingCheck, ...] = ()
     claim: RecordClaim | None = None
+    sensitivity: float | None = None
 
     @property
     def verified(self) -> bool:
         return self.status == VERIFIED
 
+    @property
+    def noise_multiplier(self) -> float | None:
+        """The record's sigma / the re-derived :attr:`sensitivity` (None without either)."""
+        if self.claim is None or self.sensitivity is None:
+            return None
+        return self.claim.sigma / self.sensitivity
+
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "verified": self.verified, "problems": list(self.problems),
-                "setting_checks": [s.as_dict() for s in self.settings]}
+                "setting_checks": [s.as_dict() for s in self.settings],
+                # the noise convention, re-derived (never the stored attributes): sigma is the noise
+                # std on C G, the noise multiplier sigma / sensitivity
+                "noise_multiplier": self.noise_multiplier, "sensitivity": self.sensitivity,
+                "noise_std": None if self.claim is None else self.claim.sigma}
 
 
 def _event_difference(stored: Any, derived: Any, where: str = "event") -> str | None:
@@ -640,10 +720,19 @@ def verify_record(attrs: Mapping[str, Any], subject: RecordSubject, *, deep: boo
     found = _calibration_problem(attrs, claim, checks)
     if found:
         problems.append(found)
+    sensitivity = None
+    try:
+        # claim_sensitivity's number: the report accounted the record's operator, schema and
+        # sampler, and reuses its deterministic row's schema sensitivity when it has one
+        sensitivity = report.noise_sensitivity
+        problems += _noise_problems(attrs, claim, sensitivity)
+    except (MfcliError, ValueError, TypeError, KeyError) as exc:
+        problems.append(f"cannot re-derive its sensitivity from the artifact: {_reason(exc)}")
     if problems:
-        return RecordCheck(status=UNVERIFIED, problems=tuple(problems), settings=ordered, claim=claim)
+        return RecordCheck(status=UNVERIFIED, problems=tuple(problems), settings=ordered, claim=claim,
+                           sensitivity=sensitivity)
     status = NOT_REDERIVED if any(c.status == NOT_REDERIVED for c in ordered) else VERIFIED
-    return RecordCheck(status=status, settings=ordered, claim=claim)
+    return RecordCheck(status=status, settings=ordered, claim=claim, sensitivity=sensitivity)
 
 
 def verify_records(records: Iterable[tuple[str, Mapping[str, Any]]], subject: RecordSubject | None, *,
@@ -688,7 +777,9 @@ __all__ = [
     "RecordClaim",
     "RecordSubject",
     "SettingCheck",
+    "accounted_sensitivity",
     "accounting_options",
+    "claim_sensitivity",
     "describe_status",
     "plain_value",
     "read_claim",

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.services.records import accounted_sensitivity
 
 #: The records' epsilon attribute names and the settings they belong to, for a deterministic
 #: record: ``deterministic`` (a multi-participation schema) or ``single-pass`` (one participation).
@@ -309,46 +310,6 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
                           attrs=dict(attrs))
-
-
-def accounted_sensitivity(attrs: Any, subject: Any = None, artifact: str | Path | None = None) -> float:
-    """The sensitivity the record's noise multiplier divides by, recomputed from the operator the
-    record accounted (never read from an attribute): the operator is rebuilt from the artifact's
-    stored arrays by the verifier's own subject (:func:`mfcli.services.records.subject_of`,
-    ``subject`` when the caller already has it) and its input made as the verifier makes it.
-
-    * a fixed-order record (``batching`` null) under a multi-participation schema: the schema
-      sensitivity of C (:func:`mfcli.model.participation.sensitivity`; for a structured artifact its
-      parameters' ``sensitivity(n, schema)``), the number the deterministic accounting uses;
-    * every other record: the single-participation sensitivity, the largest column norm of C
-      (``StrategyInput.sensitivity``), the number the single-pass, MMCC and cyclic-Poisson
-      accountings scale by. C = I gives 1: DP-SGD's noise multiplier is its std.
-
-    Raises:
-        MfcliError: the record's fields cannot be read, or it names an operator the artifact lacks.
-    """
-    from mfcli.io.artifact import load_any_artifact
-    from mfcli.model.participation import SingleParticipation
-    from mfcli.model.participation import sensitivity as schema_sensitivity
-    from mfcli.services.records import read_claim, subject_of
-
-    claim, problems = read_claim(attrs)
-    if claim is None:
-        raise MfcliError(f"the accounting record cannot be read: {problems[0] if problems else 'malformed'}")
-    if subject is None:
-        if artifact is None:
-            raise MfcliError("accounted_sensitivity needs the artifact (or the verifier's subject)")
-        subject = subject_of(load_any_artifact(Path(artifact)))
-    op = subject.operators.get(claim.operator)
-    if op is None:
-        raise MfcliError(f"the accounting record names operator {claim.operator!r}, which the artifact does not have")
-    multi = claim.batching is None and not isinstance(claim.schema, SingleParticipation)
-    inp = subject.make_input(op, multi)
-    if not multi:
-        return float(inp.sensitivity)
-    if inp.structured is not None:
-        return float(inp.structured.strategy.sensitivity(inp.n, claim.schema).value)
-    return float(schema_sensitivity(np.asarray(inp.strategy), claim.schema).value)
 
 
 #: The one line that refuses ``noise_multiplier=`` without an accounting record.
