@@ -371,7 +371,9 @@ def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: 
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    acc = rdp_privacy_accountant.RdpAccountant()
+    # integer orders: closed-form RDP of the sampled Gaussian (the fractional orders' series can
+    # fail to converge at small multipliers and log warnings)
+    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(a) for a in range(2, 257)])
     for m, k in groups:
         acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
     return float(acc.get_epsilon(delta))
