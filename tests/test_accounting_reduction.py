@@ -127,8 +127,11 @@ def test_poisson_reduction_is_dpsgd_at_sigma_over_the_norm(name: str, c: np.ndar
     r = reduction(c, sigma=sigma, sampler="poisson", sampling=p, delta=1e-6)
     want = dpsgd_epsilon(sigma / _svd_norm(c), p, c.shape[1])
     # the certified norm is never below the SVD's (dp-accounting's PLD is monotone only to ~1e-10)
-    assert r.epsilon >= want * (1 - 1e-8)
-    assert r.epsilon == pytest.approx(want, rel=1e-6)
+    assert r.scalar_epsilon >= want * (1 - 1e-8)
+    assert r.scalar_epsilon == pytest.approx(want, rel=1e-6)
+    # the row reports the smaller of the scalar and per-step bounds (the 8-banded C's last columns
+    # are shorter: per-step wins slightly there)
+    assert r.epsilon == min(r.scalar_epsilon, r.per_step.epsilon if r.per_step else math.inf)
     assert r.noise_multiplier <= sigma / _svd_norm(c)
 
 
@@ -339,7 +342,7 @@ PER_STEP_CASES = {
     "I + first column (10, 1, ...), n = 16": (np.eye(16) + np.pad(np.ones((16, 1)), ((0, 0), (0, 15))) * 1.0
                                               + np.diag([9.0] + [0.0] * 15) - np.diag([1.0] + [0.0] * 15), 0.05),
     "4-banded unit, n = 24": (unit(banded(24, 4)), 0.05),
-    "gaussian lower-tri, graded columns, n = 12": (np.tril(RNG.standard_normal((12, 12))) * np.geomspace(3, 0.3, 12),
+    "gaussian lower-tri, graded columns, n = 12": (np.tril(RNG.standard_normal((12, 12))) * np.geomspace(1, 0.1, 12),
                                                    0.1),
 }
 
@@ -387,12 +390,13 @@ def test_per_step_is_strictly_tighter_for_one_heavy_column_and_exact_for_a_diago
     assert r.dp_event() == r.per_step.dp_event()
 
 
-@pytest.mark.parametrize("c", [np.tril(np.ones((24, 24))), sqrt_toeplitz(24)], ids=["prefix", "sqrt S"])
-def test_scalar_wins_where_the_column_shapes_do_not_help(c: np.ndarray) -> None:
-    r = reduction(c, sigma=4.0, sampler="poisson", sampling=0.05)
+@pytest.mark.parametrize("c,sigma", [(np.tril(np.ones((24, 24))), 16.0), (sqrt_toeplitz(24), 4.0)],
+                         ids=["prefix", "sqrt S"])
+def test_scalar_wins_where_the_column_shapes_do_not_help(c: np.ndarray, sigma: float) -> None:
+    r = reduction(c, sigma=sigma, sampler="poisson", sampling=0.05)
     assert r.variant == "scalar"
     assert r.epsilon == r.scalar_epsilon
-    assert r.epsilon == pytest.approx(dpsgd_epsilon(4.0 / _svd_norm(c), 0.05, 24), rel=2e-3)
+    assert r.epsilon == pytest.approx(dpsgd_epsilon(sigma / _svd_norm(c), 0.05, 24), rel=2e-3)
 
 
 @pytest.mark.parametrize("sampler", ["poisson", "balls-in-bins", "shuffle"])
