@@ -16,7 +16,10 @@ neighbouring relation. The proof is in the docs; this module computes:
 * :func:`reduction`: the guarantee under one batch sampler, from the sampler's own DP-SGD
   accountant at sigma / (that upper bound): Poisson (dp-accounting's PLD), cyclic Poisson
   (ceil(n / b) Poisson steps), balls-in-bins (:func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins`)
-  and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`).
+  and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`);
+* :func:`per_step_reduction` (Poisson sampling): the generalisation to per-step noise multipliers
+  d_t with ||C diag(d)||_2 <= sigma (certified), DP-SGD whose step t has multiplier d_t; the
+  reduction row reports the smaller of the two (``ReductionResult.variant``).
 
 What it cannot do: at equal epsilon its noise is DP-SGD's noise times ||C||_2 after the
 factorization, so it never makes a mechanism more accurate than DP-SGD at the same epsilon; it is
