@@ -16,7 +16,10 @@ neighbouring relation. The proof is in the docs; this module computes:
 * :func:`reduction`: the guarantee under one batch sampler, from the sampler's own DP-SGD
   accountant at sigma / (that upper bound): Poisson (dp-accounting's PLD), cyclic Poisson
   (ceil(n / b) Poisson steps), balls-in-bins (:func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins`)
-  and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`).
+  and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`);
+* :func:`per_step_reduction` (Poisson sampling): the generalisation to per-step noise multipliers
+  d_t with ||C diag(d)||_2 <= sigma (certified), DP-SGD whose step t has multiplier d_t; the
+  reduction row reports the smaller of the two (``ReductionResult.variant``).
 
 What it cannot do: at equal epsilon its noise is DP-SGD's noise times ||C||_2 after the
 factorization, so it never makes a mechanism more accurate than DP-SGD at the same epsilon; it is
@@ -214,13 +217,179 @@ def spectral_norm_bound(c: np.ndarray, *, certificate_max_n: int = CERTIFICATE_M
     return SpectralNorm(upper=cands[method], estimate=estimate, method=method, candidates=cands)
 
 
+#: Candidate shapes of the per-step multipliers: d_t proportional to ||C e_t||^-a for these a
+#: (a = 0 is the scalar bound itself, computed separately).
+PER_STEP_EXPONENTS = (1.0, 0.5)
+#: Levels of the geometric grid the per-step multipliers are rounded DOWN to (the composition is
+#: this many self-composed groups at most).
+PER_STEP_LEVELS = 8
+#: Samplers with a per-step (heterogeneous) DP-SGD accountant: Poisson only. The cyclic, balls-in-bins
+#: and shuffled DP-SGD bounds used here are for one noise multiplier in every step.
+PER_STEP_SAMPLERS = ("poisson",)
+#: Column norms equal within this relative tolerance: every candidate shape is the scalar one, skip.
+PER_STEP_EQUAL_RTOL = 1e-9
+#: Largest number of columns for the per-step variant: C diag(w) is not Toeplitz, so its certified
+#: norm needs the eigenvalue certificate (an n x n eigen-decomposition).
+PER_STEP_MAX_N = 1024
+
+
+@dataclass(frozen=True)
+class PerStepResult:
+    """The per-step DP-SGD reduction under Poisson sampling (docs/accounting.md, "Per-step noise").
+
+    Attributes:
+        epsilon: epsilon of the n Poisson-sampled Gaussians with noise multipliers ``multipliers``
+            composed (dp-accounting PLD, pessimistic).
+        multipliers: d_t for every step t (column of C), already rounded down to the grid; ``inf``
+            for a zero column (its step is never released).
+        shape_exponent: the candidate shape used, d_t proportional to ||C e_t||^-a.
+        spectral: the certified bound on ||C diag(w)||_2 that scaled the shape.
+        groups: (multiplier, number of steps) of the composition.
+    """
+
+    epsilon: float
+    multipliers: np.ndarray
+    shape_exponent: float
+    spectral: SpectralNorm
+    groups: tuple[tuple[float, int], ...]
+    sampling: float
+
+    def dp_event(self):
+        from dp_accounting import dp_event
+
+        return dp_event.ComposedDpEvent([
+            dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(self.sampling, dp_event.GaussianDpEvent(m)),
+                                         k)
+            for m, k in self.groups])
+
+    def as_dict(self) -> dict:
+        return {"epsilon": self.epsilon, "shape": f"d_t proportional to ||C e_t||^-{self.shape_exponent:g}",
+                "spectral_norm_of_C_diag_w": self.spectral.as_dict(),
+                "groups": [{"noise_multiplier": m, "steps": k} for m, k in self.groups],
+                "min_multiplier": min(m for m, _ in self.groups) if self.groups else math.inf}
+
+
+def quantise_down(d: np.ndarray, levels: int = PER_STEP_LEVELS) -> np.ndarray:
+    """Every finite d_t rounded DOWN to a geometric grid of ``levels`` points from min(d) to max(d)
+    (both on it); infinite entries stay infinite. A smaller d_t keeps C D C^T <= sigma^2 I."""
+    d = np.asarray(d, dtype=np.float64)
+    out = d.copy()
+    fin = np.isfinite(d)
+    if not np.any(fin):
+        return out
+    lo, hi = float(d[fin].min()), float(d[fin].max())
+    if levels < 2 or hi <= lo:
+        out[fin] = lo
+        return out
+    grid = lo * (hi / lo) ** (np.arange(levels) / (levels - 1))
+    grid[0], grid[-1] = lo, hi
+    idx = np.searchsorted(grid, d[fin], side="right") - 1
+    q = grid[np.clip(idx, 0, levels - 1)]
+    out[fin] = np.minimum(q, d[fin])  # never above d_t, whatever the rounding of the grid
+    return out
+
+
+def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[float, int], ...], *,
+                                  sampling: float, delta: float,
+                                  value_discretization: float = DEFAULT_DISCRETIZATION) -> float:
+    """epsilon of Poisson-sampled Gaussians (rate ``sampling``) with noise multiplier m composed k
+    times for every (m, k) in ``groups``: dp-accounting's PLD accountant (pessimistic), an upper
+    bound for add or remove one example."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from mfcli.accounting.single_pass import _NoFastPath, _poisson_gaussian_pld
+
+    try:
+        # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
+        # pessimistic), its inverse privacy loss on arrays (the fast path of single_pass.dpsgd)
+        total = None
+        for m, k in groups:
+            g = _poisson_gaussian_pld(float(m), sampling, value_discretization).self_compose(int(k))
+            total = g if total is None else total.compose(g)
+        if total is not None:
+            return float(total.get_epsilon_for_delta(delta))
+    except _NoFastPath:
+        pass
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
+    for m, k in groups:
+        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
+    return float(acc.get_epsilon(delta))
+
+
+def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: float = DEFAULT_DELTA,
+                       value_discretization: float = DEFAULT_DISCRETIZATION,
+                       exponents: tuple[float, ...] = PER_STEP_EXPONENTS,
+                       levels: int = PER_STEP_LEVELS, spectral: SpectralNorm | None = None) -> PerStepResult | None:
+    """The per-step reduction under Poisson sampling: for d with ||C diag(d)||_2 <= sigma (certified),
+    the release is a post-processing of DP-SGD whose step t has noise multiplier d_t
+    (docs/accounting.md, "Per-step noise multipliers"); epsilon of those n Poisson-sampled Gaussians.
+
+    The shapes tried: d_t proportional to ||C e_t||^-a for a in ``exponents``, each scaled to
+    sigma / (certified bound on ||C diag(w)||_2) and rounded down to a geometric grid of ``levels``
+    points; the smallest epsilon is returned. None when it cannot differ from the scalar bound
+    (every column norm equal within :data:`PER_STEP_EQUAL_RTOL`: every shape is the constant one)
+    or when C has more than :data:`PER_STEP_MAX_N` columns (cost), and when no shape's RDP epsilon
+    (a cheap screen) is below the scalar multiplier's. ``spectral``: the certified ||C||_2, if known.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    n = c.shape[1]
+    if n > PER_STEP_MAX_N:
+        return None
+    norms = np.sqrt(np.einsum("ij,ij->j", c, c))
+    pos = norms > 0
+    if not np.any(pos):
+        return None
+    nz = norms[pos]
+    if float(nz.max() - nz.min()) <= PER_STEP_EQUAL_RTOL * float(nz.max()) and bool(np.all(pos)):
+        return None
+    # Screen: the RDP epsilon (cheap, orders composed additively) of every shape and of the scalar
+    # multiplier; the PLD (as costly as the scalar bound per group) runs only for the best shape, and
+    # only when its RDP epsilon is below the scalar's. Skipping is always safe: the scalar bound holds.
+    scalar_sn = spectral if spectral is not None else spectral_norm_bound(c)
+    scalar_rdp = _rdp_epsilon(((sigma / scalar_sn.upper, n),), sampling, delta)
+    cands = []
+    for a in exponents:
+        w = np.zeros(n)
+        w[pos] = (nz.max() / nz) ** a  # >= 1; zero columns: C diag(w) drops them
+        sn = spectral_norm_bound(c * w[None, :])
+        scale = sigma / sn.upper
+        d = np.full(n, math.inf)
+        d[pos] = quantise_down(scale * w[pos], levels)
+        vals, counts = np.unique(d[pos], return_counts=True)
+        groups = tuple((float(m), int(k)) for m, k in zip(vals, counts, strict=True))
+        cands.append((_rdp_epsilon(groups, sampling, delta), float(a), d, sn, groups))
+    rdp, a_best, d, sn, groups = min(cands, key=lambda t: t[0])
+    if not rdp < scalar_rdp:
+        return None
+    eps = poisson_heterogeneous_epsilon(groups, sampling=sampling, delta=delta,
+                                        value_discretization=value_discretization)
+    return PerStepResult(epsilon=eps, multipliers=d, shape_exponent=a_best, spectral=sn, groups=groups,
+                         sampling=sampling)
+
+
+def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: float) -> float:
+    """dp-accounting's RDP epsilon of the groups' Poisson-sampled Gaussians composed: only a screen
+    (which candidate to account by PLD), never reported."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    # integer orders: closed-form RDP of the sampled Gaussian (the fractional orders' series can
+    # fail to converge at small multipliers and log warnings)
+    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(a) for a in range(2, 257)])
+    for m, k in groups:
+        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
+    return float(acc.get_epsilon(delta))
+
+
 @dataclass(frozen=True)
 class ReductionResult:
     """The DP-SGD reduction bound under one batch sampler.
 
     Attributes:
-        epsilon: the guarantee: DP-SGD's epsilon under ``sampler`` at noise multiplier
-            ``noise_multiplier`` = sigma / ``spectral.upper``.
+        epsilon: the guarantee: the smaller of ``scalar_epsilon`` (DP-SGD's epsilon under ``sampler`` at
+            noise multiplier ``noise_multiplier`` = sigma / ``spectral.upper``) and the per-step
+            variant's epsilon (``per_step``, Poisson only); ``variant`` names which.
         sampler: the batch sampler (poisson, cyclic, balls-in-bins, shuffle).
         sigma: the noise standard deviation on C G as given.
         spectral: the certified bound on ||C||_2.
@@ -237,13 +406,27 @@ class ReductionResult:
     neighbouring: str
     delta: float
     steps: int
+    per_step: PerStepResult | None = None
+
+    @property
+    def scalar_epsilon(self) -> float:
+        return float(self.dpsgd.epsilon)
+
+    @property
+    def variant(self) -> str:
+        """``per-step`` when the per-step multipliers certify less than the scalar bound, else ``scalar``."""
+        return "per-step" if self.per_step is not None and self.per_step.epsilon < self.scalar_epsilon else "scalar"
 
     @property
     def noise_multiplier(self) -> float:
         return self.sigma / self.spectral.upper
 
     def dp_event(self):
-        """The reduced DP-SGD's dp-accounting event, where its accountant has one."""
+        """The reduced DP-SGD's dp-accounting event (of the variant that attains ``epsilon``), where its
+        accountant has one."""
+        if self.variant == "per-step":
+            assert self.per_step is not None
+            return self.per_step.dp_event()
         ev = getattr(self.dpsgd, "dp_event", None)
         return ev() if callable(ev) else None
 
@@ -266,7 +449,15 @@ class ReductionResult:
                       "(draw E ~ N(0, sigma^2 I - sigma'^2 C C^T), output C V + E; docs/accounting.md, 'The DP-SGD "
                       "reduction bound'); ||C||_2 a certified upper bound (" + self.spectral.method + ")",
             "assumptions": _ASSUMPTIONS[self.sampler],
+            "variant": self.variant,
+            "scalar_epsilon": self.scalar_epsilon,
         }
+        if self.per_step is not None:
+            d["per_step"] = self.per_step.as_dict()
+        if self.variant == "per-step":
+            d["method"] += ("; per-step variant: DP-SGD whose step t has noise multiplier d_t, ||C diag(d)||_2 <= "
+                            "sigma certified, d_t rounded down to a geometric grid, the Poisson-sampled Gaussians "
+                            "composed by dp-accounting's PLD (docs/accounting.md, 'Per-step noise multipliers')")
         ev = self.dp_event()
         if ev is not None:
             d["dp_event"] = event_to_json(ev)
@@ -340,7 +531,8 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
 def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | None = None,
               delta: float = DEFAULT_DELTA, schema: Any = None,
               value_discretization: float = DEFAULT_DISCRETIZATION, spectral: SpectralNorm | None = None,
-              release_steps: np.ndarray | None = None, epochs: int = 1, on_progress: Any = None) -> ReductionResult:
+              release_steps: np.ndarray | None = None, epochs: int = 1, on_progress: Any = None,
+              per_step: bool = True) -> ReductionResult:
     """epsilon of C G + Z (noise sigma per coordinate) under ``sampler``: DP-SGD's epsilon under the
     same sampler at noise multiplier sigma / ||C||_2 (a certified upper bound on the norm).
 
@@ -349,7 +541,8 @@ def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | No
     the sampler's DP-SGD accountant, ``epsilon`` is a valid (epsilon, delta) bound.
     ``spectral`` reuses a bound computed before (the same C). ``release_steps``: t(r) for every row
     r of C (default: row t at step t, C square); C must be causal in that order. ``epochs``: the
-    balls-in-bins epochs C's columns split into (:func:`reduced_epsilon`).
+    balls-in-bins epochs C's columns split into (:func:`reduced_epsilon`). ``per_step`` (Poisson
+    only): also try per-step noise multipliers (:func:`per_step_reduction`) and report the smaller.
 
     Raises:
         MfcliError: C not causal in release order, or a parameter out of range.
@@ -375,16 +568,26 @@ def reduction(c: np.ndarray, *, sigma: float, sampler: str, sampling: float | No
     res = reduced_epsilon(sampler=sampler, noise_multiplier=nm, n=n, sampling=sampling, delta=delta, schema=schema,
                           epochs=epochs, value_discretization=value_discretization, on_progress=on_progress)
     neighbouring = "replace-one" if sampler == "shuffle" else "add-remove"
-    return ReductionResult(epsilon=float(res.epsilon), sampler=sampler, sigma=sigma, spectral=sn, dpsgd=res,
-                           neighbouring=neighbouring, delta=delta, steps=n)
+    ps = None
+    if per_step and sampler in PER_STEP_SAMPLERS and sampling is not None:
+        ps = per_step_reduction(c, sigma=sigma, sampling=sampling, delta=delta,
+                                value_discretization=value_discretization, spectral=sn)
+    eps = float(res.epsilon) if ps is None else min(float(res.epsilon), ps.epsilon)
+    return ReductionResult(epsilon=eps, sampler=sampler, sigma=sigma, spectral=sn, dpsgd=res,
+                           neighbouring=neighbouring, delta=delta, steps=n, per_step=ps)
 
 
 __all__ = [
     "CERTIFICATE_MAX_N",
+    "PER_STEP_SAMPLERS",
     "REDUCTION_SAMPLERS",
+    "PerStepResult",
     "ReductionResult",
     "SpectralNorm",
     "norm_product_bound",
+    "per_step_reduction",
+    "poisson_heterogeneous_epsilon",
+    "quantise_down",
     "reduced_epsilon",
     "reduction",
     "spectral_norm_bound",

@@ -328,6 +328,21 @@ def _poisson_gaussian_epsilon(sigma: float, sampling: float, steps: int, delta: 
             disagreed with the scalar inverse.
     """
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    pld = _poisson_gaussian_pld(sigma, sampling, d)
+    total = pld_lib.identity(value_discretization_interval=d).compose(pld.self_compose(steps))
+    return float(total.get_epsilon_for_delta(delta))
+
+
+def _poisson_gaussian_pld(sigma: float, sampling: float, d: float) -> Any:
+    """The PLD of one Poisson-sampled Gaussian as dp-accounting's ``PLDAccountant(d)`` builds it,
+    the inverse privacy loss on arrays (:func:`_array_gaussian_loss`); also used by the per-step
+    reduction (mfcli.accounting.reduction) to compose several multipliers.
+
+    Raises:
+        _NoFastPath: as :func:`_poisson_gaussian_epsilon`.
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
     create = getattr(pld_lib, "_create_pld_pmf_from_monotone_privacy_loss", None)
@@ -339,7 +354,5 @@ def _poisson_gaussian_epsilon(sigma: float, sampling: float, steps: int, delta: 
                       value_discretization_interval=d, use_connect_dots=True)
 
     remove = pmf(plm.AdjacencyType.REMOVE)
-    pld = (pld_lib.PrivacyLossDistribution(remove) if sampling == 1.0
-           else pld_lib.PrivacyLossDistribution(remove, pmf(plm.AdjacencyType.ADD)))
-    total = pld_lib.identity(value_discretization_interval=d).compose(pld.self_compose(steps))
-    return float(total.get_epsilon_for_delta(delta))
+    return (pld_lib.PrivacyLossDistribution(remove) if sampling == 1.0
+            else pld_lib.PrivacyLossDistribution(remove, pmf(plm.AdjacencyType.ADD)))
