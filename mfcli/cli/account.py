@@ -206,10 +206,18 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
     red = report.reduction
     if red is not None:
         sn = red.spectral
-        row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
-                  f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
-                  f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
-                  f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
+        ps = red.per_step
+        if red.variant == "per-step" and ps is not None:
+            row("DP-SGD reduction (any causal C), per-step", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
+                f"DP-SGD's epsilon under Poisson sampling with per-step noise multipliers d_t "
+                f"({len(ps.groups)} groups, smallest {pessimistic(min(d for d, _ in ps.groups), down=True)}), "
+                f"||C diag(d)||_2 <= sigma certified; below the scalar bound {pessimistic(red.scalar_epsilon)}; "
+                "a post-processing of that DP-SGD run (docs/accounting.md)")
+        else:
+            row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
+                f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
+                f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
+                f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
         notes.append(f"DP-SGD reduction: {_text(red, 'assumptions')}")
     bdp = report.balls_in_bins_dp_sgd
     if bdp is not None:
