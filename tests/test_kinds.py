@@ -16,7 +16,8 @@ from mfcli.strategies.baselines import tree_release_steps, tree_strategy_matrix
 from mfcli.strategies.blt import BufferedToeplitz
 from mfcli.strategies.operators import DenseOperator, MatrixStrategy, Mechanism, NoiseOperator, tree_release
 from mfcli.strategies.structured import StructuredOperator, strategy_class
-from mfcli.strategies.toeplitz import DENSE_MAX_N, TOEPLITZ_PREFIX, BandedToeplitz, materialize
+from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, materialize
+from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
 BANDED = BandedToeplitz(np.array([1.0, 0.5, 0.375]))
 BLT = BufferedToeplitz(theta=np.array([0.9, 0.5]), omega=np.array([0.3, 0.2]))
@@ -110,10 +111,10 @@ def test_the_tree_is_recognised_by_its_matrix():
 
 
 def test_above_the_dense_limit_there_is_no_matrix_and_the_reason_says_why():
-    op = structured(BANDED, DENSE_MAX_N + 1)
-    assert op.max_n["matrix"] == DENSE_MAX_N and op.max_n["sensitivity"] is None
+    op = structured(BANDED, STRUCTURED_DENSE_MAX_N + 1)
+    assert op.max_n["matrix"] == STRUCTURED_DENSE_MAX_N and op.max_n["sensitivity"] is None
     assert op.accounting_matrix() is None
-    assert f"n <= {DENSE_MAX_N} only (this one has n = {DENSE_MAX_N + 1})" in (op.no_matrix_reason or "")
+    assert f"n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {STRUCTURED_DENSE_MAX_N + 1})" in (op.no_matrix_reason or "")
     assert op.matrix_refusal("the mmcc setting").startswith("the mmcc setting needs the dense strategy C")
     # the parameters still give every number that needs no matrix, at any n
     assert op.sensitivity == pytest.approx(float(np.linalg.norm(BANDED.coefs)), rel=1e-12)

@@ -114,7 +114,7 @@ def test_writable_at_large_n() -> None:
     """A tree has no structured form (dense artifact at n <= PLAN_DENSE_ARTIFACT_MAX_N only), so above
     that limit it is not offered for --out; DP-SGD (its Poisson accounting needs no C), the
     Toeplitz and BLT candidates are at any n."""
-    from mfcli.strategies.toeplitz import DENSE_MAX_N as STRUCTURED_DENSE_MAX_N
+    from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
     setup = TrainingSetup(examples=100, batch=10, epochs=1, epsilon=2.0, bands=(2,), buffers=(2,))
     results = {c.key: evaluate(setup, c) for c in enumerate_candidates(setup)[0]

@@ -376,7 +376,8 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
     :data:`FORMATS`, checked by :func:`compare`."""
     from mfcli.cli.structured_render import check_buffers
     from mfcli.services.compare import structured_comparison
-    from mfcli.strategies.toeplitz import DENSE_MAX_N, check_bands, toeplitz_workload
+    from mfcli.strategies.toeplitz import check_bands, toeplitz_workload
+    from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
@@ -396,6 +397,6 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
         parts += [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
         parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
         log(f"building {', '.join(parts)} for n = {n}"
-            + ("" if single else f" (the tree row is built for single participation only above n = {DENSE_MAX_N})"))
+            + ("" if single else f" (the tree row is built for single participation only above n = {STRUCTURED_DENSE_MAX_N})"))
     table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy)
     emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)

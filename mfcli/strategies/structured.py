@@ -35,7 +35,6 @@ from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import Participation, Sensitivity, SingleParticipation
 from mfcli.strategies.operators import BufferRecursion, IirRecursion
 from mfcli.strategies.toeplitz import (
-    DENSE_MAX_N,
     MAX_BANDS,
     BandedToeplitz,
     Loss,
@@ -44,6 +43,7 @@ from mfcli.strategies.toeplitz import (
     loss_from_decoder,
     materialize,
 )
+from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
 #: The most values a parameter dataset of any structured kind holds (a banded Toeplitz strategy's
 #: MAX_BANDS coefficients; a BLT has at most 32 buffers): the loader refuses a larger declaration
@@ -266,7 +266,7 @@ def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
 @dataclass(frozen=True, eq=False)
 class StructuredOperator:
     """A structured mechanism as it runs: the NoiseOperator protocol without n x n matrices
-    (``factorization`` and ``dense`` only for n <= DENSE_MAX_N)."""
+    (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N)."""
 
     strategy: Any
     workload: ToeplitzWorkload
@@ -293,11 +293,11 @@ class StructuredOperator:
         return float(self.strategy.sensitivity(self.size, SingleParticipation()).value)
 
     # -- accounting (the Mechanism protocol): from the parameters at any n; the dense C only up
-    # to DENSE_MAX_N (n^2 doubles, 512 MiB there), for the settings that need the matrix
+    # to STRUCTURED_DENSE_MAX_N (n^2 doubles, 512 MiB there), for the settings that need the matrix
 
     @property
     def max_n(self) -> Mapping[str, int | None]:
-        return {"matrix": DENSE_MAX_N, "sensitivity": None, "cyclic": None, "stream": None}
+        return {"matrix": STRUCTURED_DENSE_MAX_N, "sensitivity": None, "cyclic": None, "stream": None}
 
     @property
     def release_steps(self) -> np.ndarray:
@@ -321,21 +321,21 @@ class StructuredOperator:
         """A Toeplitz C is lower-triangular by construction and released row by row."""
 
     def accounting_matrix(self) -> np.ndarray | None:
-        if self.size > DENSE_MAX_N:
+        if self.size > STRUCTURED_DENSE_MAX_N:
             return None
         return materialize(self.strategy.strategy_coefs(self.size), self.size)
 
     @property
     def no_matrix_reason(self) -> str | None:
         """Why :meth:`accounting_matrix` is None (None when it is not)."""
-        if self.size <= DENSE_MAX_N:
+        if self.size <= STRUCTURED_DENSE_MAX_N:
             return None
-        return (f"the dense strategy C, which is materialised from a structured artifact for n <= {DENSE_MAX_N} "
+        return (f"the dense strategy C, which is materialised from a structured artifact for n <= {STRUCTURED_DENSE_MAX_N} "
                 f"only (this one has n = {self.size})")
 
     def matrix_refusal(self, what: str) -> str:
         return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
-                f"n <= {DENSE_MAX_N} only (this one has n = {self.size}); above that, a structured artifact is "
+                f"n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {self.size}); above that, a structured artifact is "
                 "accounted without sampling (Gaussian at the schema sensitivity), under Poisson sampling by DP-SGD "
                 "only (it needs no C) or, for banded Toeplitz, under cyclic Poisson sampling")
 
@@ -351,8 +351,8 @@ class StructuredOperator:
         return h.hexdigest()
 
     def _check_dense(self) -> None:
-        if self.size > DENSE_MAX_N:
-            raise MfcliError(f"a dense matrix of a structured strategy is built for n <= {DENSE_MAX_N} only, "
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise MfcliError(f"a dense matrix of a structured strategy is built for n <= {STRUCTURED_DENSE_MAX_N} only, "
                              f"got n = {self.size}")
 
     @property

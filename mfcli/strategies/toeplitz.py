@@ -69,9 +69,6 @@ MAX_STRUCTURED_N = STRUCTURED_MAX_N
 #: The most bands a banded Toeplitz strategy may have.
 MAX_BANDS = 4096
 
-#: Above this n, a structured strategy refuses to build its dense n x n matrix (:mod:`mfcli.util.limits`).
-DENSE_MAX_N = STRUCTURED_DENSE_MAX_N
-
 #: Above k x len(c) multiply-adds, the pattern vector v is formed by FFT convolution; its result
 #: is then raised by this relative slack so that the printed upper bound stays an upper bound.
 FFT_THRESHOLD = 50_000_000
@@ -187,10 +184,10 @@ def decoder_coefs(c: np.ndarray, workload: ToeplitzWorkload, n: int) -> np.ndarr
 
 
 def materialize(coefs: np.ndarray, n: int) -> np.ndarray:
-    """The dense n x n lower-triangular Toeplitz matrix (small n only: refuses above DENSE_MAX_N)."""
+    """The dense n x n lower-triangular Toeplitz matrix (small n only: refuses above STRUCTURED_DENSE_MAX_N)."""
     n = check_n(n)
-    if n > DENSE_MAX_N:
-        raise MfcliError(f"a dense Toeplitz matrix is built for n <= {DENSE_MAX_N} only, got n = {n}")
+    if n > STRUCTURED_DENSE_MAX_N:
+        raise MfcliError(f"a dense Toeplitz matrix is built for n <= {STRUCTURED_DENSE_MAX_N} only, got n = {n}")
     col = np.zeros(n)
     c = np.asarray(coefs, dtype=np.float64)[:n]
     col[: c.size] = c
@@ -527,7 +524,7 @@ class BandedToeplitz:
         return loss_from_decoder(self.decoder_coefs(workload, n), sens)
 
     def dense(self, n: int) -> np.ndarray:
-        """C as a dense matrix (n <= DENSE_MAX_N)."""
+        """C as a dense matrix (n <= STRUCTURED_DENSE_MAX_N)."""
         return materialize(self.coefs, n)
 
 
@@ -645,7 +642,6 @@ def optimize_banded_toeplitz(
 
 
 __all__ = [
-    "DENSE_MAX_N",
     "MAX_BANDS",
     "TOEPLITZ_PREFIX",
     "BandedToeplitz",
