@@ -305,7 +305,10 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     if not epsilons:
         raise MfcliError(f"no row of accounting record {rid!r} of {path} holds under its {sampler} batch sampler; "
                          "re-account with the row of that sampler (mfcli account --batching ... --write)")
-    sensitivity = accounted_sensitivity(attrs, verified[1] if verified is not None else None, path)
+    # the verifier re-derived the sensitivity with the record; compute it only when it did not run
+    derived = verified[0].sensitivity if verified is not None else None
+    sensitivity = derived if derived is not None else accounted_sensitivity(
+        attrs, verified[1] if verified is not None else None, path)
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
