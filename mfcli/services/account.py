@@ -16,10 +16,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -76,18 +76,12 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.model.participation import Participation, SingleParticipation
-from mfcli.services.records import RECORD_FORMAT, RECORD_RTOL
+from mfcli.model.record_format import ATTR_CHUNK, RECORD_FORMAT, read_chunked, write_chunked
 from mfcli.util.progress import ProgressCallback
-
-if TYPE_CHECKING:
-    from mfcli.services.cost import CalibrationEstimate
 
 #: The settings computed without the matrix C (from the mechanism's numbers, or, DP-SGD, from n and
 #: sigma alone), so at any n; the others need C at hand.
 MATRIX_FREE_SETTINGS = ("single-pass", "deterministic", "cyclic-poisson", "dp-sgd")
-
-#: HDF5 attributes above this many characters are stored in parts (HDF5's 64 KiB header limit).
-ATTR_CHUNK = 60_000
 
 
 @dataclass(frozen=True)
@@ -974,6 +968,22 @@ def epsilon_function(
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
 
+class CalibrationProbe(Protocol):
+    """The first run of a calibration made ahead of it (to estimate its cost), which
+    :func:`calibrate` takes instead of repeating: what it ran and what it got.
+    :class:`mfcli.services.cost.CalibrationEstimate` is one; the protocol is what the
+    calibration needs of it, so this module does not import the cost model built on it."""
+
+    @property
+    def setting(self) -> str: ...
+
+    @property
+    def sigma(self) -> float: ...
+
+    @property
+    def epsilon(self) -> float: ...
+
+
 def calibrate(
     inp: StrategyInput,
     setting: str,
@@ -985,7 +995,7 @@ def calibrate(
     progress: Callable[[str], None] | None = None,
     participation: Participation | None = None,
     on_progress: ProgressCallback | None = None,
-    probe: CalibrationEstimate | None = None,
+    probe: CalibrationProbe | None = None,
 ) -> Calibration:
     """Smallest sigma meeting (target_epsilon, delta) for ``setting`` (see :mod:`calibrate`).
 
@@ -1069,27 +1079,6 @@ def calibrate_strategy(
 # --write
 
 
-def _chunked(attrs: dict[str, Any], name: str, text: str) -> None:
-    if len(text) <= ATTR_CHUNK:
-        attrs[name] = text
-        return
-    parts = [text[i:i + ATTR_CHUNK] for i in range(0, len(text), ATTR_CHUNK)]
-    attrs[f"{name}_parts"] = len(parts)
-    for i, part in enumerate(parts):
-        attrs[f"{name}_{i:03d}"] = part
-
-
-def read_chunked(attrs: Mapping[str, Any], name: str) -> str | None:
-    """Reassemble an attribute written by ``record_to_artifact`` (whole or in parts)."""
-    if name in attrs:
-        v = attrs[name]
-        return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-    k = attrs.get(f"{name}_parts")
-    if k is None:
-        return None
-    return "".join(attrs[f"{name}_{i:03d}"] for i in range(int(k)))
-
-
 #: Rows ``--write`` leaves out of a record: :func:`verify_record` has no recomputation for them
 #: yet (the DP-SGD reduction needs the certified spectral norm of the operator; the balls-in-bins
 #: DP-SGD reference its grid), so a record holding them would not verify.
@@ -1158,8 +1147,8 @@ def record_to_artifact(
         key = name.replace("-", "_")
         attrs[f"epsilon_{key}"] = float(row["epsilon"]) if row.get("epsilon") is not None else "null"
         if "dp_event" in row:
-            _chunked(attrs, f"dp_event_{key}", row["dp_event"])
-    _chunked(attrs, "results", json.dumps(rows, sort_keys=True, default=float))
+            write_chunked(attrs, f"dp_event_{key}", row["dp_event"])
+    write_chunked(attrs, "results", json.dumps(rows, sort_keys=True, default=float))
     if calibration is not None:
         attrs["calibrated_setting"] = calibrated_setting or ""
         attrs["calibration"] = json.dumps(calibration.as_dict(), sort_keys=True)
@@ -1183,10 +1172,10 @@ __all__ = [
     "BATCHINGS",
     "BUILTIN",
     "DEFAULT_ARTIFACT",
-    "RECORD_RTOL",
     "SETTINGS",
     "AccountingOptions",
     "AccountingReport",
+    "CalibrationProbe",
     "MMCCBracket",
     "StrategyInput",
     "account",

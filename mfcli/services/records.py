@@ -61,12 +61,11 @@ import numpy as np
 from mfcli.accounting.defaults import BATCHINGS, DEFAULT_DISCRETIZATION, DEFAULT_MIXTURE_RESOLUTION, SETTINGS
 from mfcli.errors import MfcliError
 from mfcli.model.participation import Participation, SingleParticipation
+from mfcli.model.record_format import RECORD_FORMAT, read_chunked
 
 if TYPE_CHECKING:
     from mfcli.services.account import AccountingOptions, StrategyInput
 
-#: ``format`` attribute of an accounting record (groups of another format are listed, not verified).
-RECORD_FORMAT = "mfcli.accounting"
 #: Relative slack between a stored epsilon and its re-derivation (see the module docstring).
 RECORD_RTOL = 1e-9
 #: Relative slack between a number of a stored event and the re-derived event's.
@@ -218,8 +217,6 @@ def _is_null(value: Any) -> bool:
 
 
 def _chunked(attrs: Mapping[str, Any], name: str) -> str | None:
-    from mfcli.services.account import read_chunked
-
     try:
         text = read_chunked(attrs, name)
     except (KeyError, TypeError, ValueError):
