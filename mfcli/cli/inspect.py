@@ -114,6 +114,15 @@ def _render(report: InspectionReport) -> None:
     if report.numbers:
         out.print(_numbers_table("sensitivity and loss (single participation, clip 1, noise multiplier 1)", report.numbers))
     _render_participation(report)
+    if report.structure is not None:
+        params = report.structure["parameters"]
+        out.print(_kv(f"structured strategy (group structured, kind {report.structure['kind']})", [
+            *((f"parameter {k} ({len(v)} values)", ", ".join(_precise(float(x)) for x in v)) for k, v in params.items()),
+            *((f"not available: {k}", why) for k, why in report.not_available.items()),
+        ]))
+        if report.structure_numbers:
+            out.print(_numbers_table("under the declared schema (group structured; clip 1, noise multiplier 1)",
+                                     report.structure_numbers))
     if report.solver or report.certificate:
         rows: list[tuple[str, Any]] = [(f"stored {k}", v) for k, v in report.solver.items()]
         c = report.certificate
@@ -257,23 +266,22 @@ def inspect(
     max_participations: MaxParticipationsOpt = None,
 ) -> None:
     """Show an artifact's format, provenance, workload and strategy, and every stored number next
-    to its recomputation from the matrices (sensitivity, losses, solver certificate, compression),
-    accounting records (each re-derived from the artifact; --deep for MMCC rows above n = 256) and
-    checksums. Exits 1 if any check fails. With --epochs or --min-sep: also
-    the sensitivity and losses of the operator that runs under that schema (refused when the
-    artifact declares another multi-participation schema)."""
+    to its recomputation from the matrices, or from a structured artifact's parameters (sensitivity,
+    losses, solver certificate, compression), accounting records (each re-derived from the
+    artifact; --deep for MMCC rows above n = 256) and checksums. Exits 1 if any check fails. With
+    --epochs or --min-sep: also the sensitivity and losses of the operator that runs under that
+    schema (refused when the artifact declares another multi-participation schema, or has no
+    matrices)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
-    from mfcli.io.artifact import is_structured_file
-
-    if is_structured_file(artifact):
-        refuse_unless(plot is None, "--plot draws dense matrices; a structured artifact has none")
-        inspect_structured(artifact, as_json=as_json, deep=deep)
-        return
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
     requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
     report = inspect_artifact(artifact, certificate=certificate, deep=deep)
+    # what this kind of artifact lacks is said by the report, for every kind, before anything is written
+    for option, given in (("--plot", plot is not None), ("--epochs/--min-sep", requested is not None)):
+        refuse_unless(not given or "matrices" not in report.not_available,
+                      f"{option} needs the artifact's matrices; {report.not_available.get('matrices')}")
     under = _under_requested(artifact, report, requested) if requested is not None else None
     written = None
     if plot is not None:
@@ -296,55 +304,3 @@ def inspect(
     if report.not_rederived and not quiet:
         log(f"accounting record(s) {', '.join(report.not_rederived)}: {DEEP_HINT} (MMCC above n = "
             f"{MMCC_REDERIVE_MAX_N}); they are not verified")
-
-
-def inspect_structured(path: Path, *, as_json: bool, deep: bool = False) -> None:
-    """``mfcli inspect`` of a structured artifact: the loader checks every checksum and stored
-    number against its recomputation from the parameters and refuses in one line otherwise; every
-    accounting record is re-derived from the parameters by the one verifier of every kind
-    (:func:`mfcli.services.records.verify_record`; ``deep``: MMCC rows at every n) and a record
-    that does not verify fails the inspection in one line."""
-    from mfcli.cli.structured_render import render_structured
-    from mfcli.errors import ArtifactError
-    from mfcli.io.artifact import file_sha256, load_structured_artifact
-    from mfcli.services.records import read_records, subject_of, verify_records
-
-    art = load_structured_artifact(path)
-    stored = read_records(path)
-    checks = verify_records(stored.items(), subject_of(art), deep=deep) if stored else []
-    for rid, check in checks:
-        if check.status == UNVERIFIED:  # a record that does not verify fails the inspection, in one line
-            raise ArtifactError(f"{path}: accounting record {rid!r}: {check.problems[0]}")
-    shallow = [rid for rid, check in checks if check.status == NOT_REDERIVED]
-    note = ""
-    if checks:
-        note = f"; {len(checks) - len(shallow)} accounting record(s) re-derived from the parameters"
-    if shallow:
-        note += (f"; {len(shallow)} {DEEP_HINT}, NOT verified (MMCC above n = {MMCC_REDERIVE_MAX_N}): "
-                 f"{', '.join(shallow)}")
-    extra: dict[str, Any] = {
-        "file_sha256": file_sha256(path), "created_by": art.attrs.get("created_by"),
-        "created_with": art.attrs.get("command"),
-        "checks": "checksums and stored numbers match their recomputation" + note}
-    if checks:
-        extra["accounting_records"] = [_record_summary(rid, check) for rid, check in checks]
-    render_structured(art, title=f"structured artifact {path}", as_json=as_json, command="inspect", extra=extra)
-    if shallow:
-        log(f"accounting record(s) {', '.join(shallow)}: not re-derived (MMCC above n = 256); run mfcli inspect "
-            "--deep to verify them")
-
-
-def _record_summary(rid: str, check: Any) -> dict[str, Any]:
-    """What a trainer re-accounting or building a sampler needs from a record: its settings and
-    their epsilons, sigma (the noise std on C G) with its noise multiplier and the sensitivity it
-    divides by (re-derived), delta, the batch sampler and sampling rate (null: deterministic
-    participation), and the verification (``verified``, ``status``). Numbers come from the
-    strictly read claim (:class:`mfcli.services.records.RecordClaim`), never converted from text."""
-    c = check.claim
-    base = {"id": rid, "verified": check.verified, "status": check.status}
-    if c is None:
-        return {**base, "settings": [], "sigma": None, "noise_multiplier": None, "sensitivity": None, "delta": None,
-                "batching": None, "sampling": None, "epsilon": {}}
-    return {**base, "settings": list(c.settings), "sigma": c.sigma, "noise_multiplier": check.noise_multiplier,
-            "sensitivity": check.sensitivity, "delta": c.delta, "batching": c.batching, "sampling": c.sampling,
-            "epsilon": dict(c.epsilons)}

@@ -21,13 +21,20 @@ matrices actually imply, and exactly which parts disagree:
   ``mfcli plan --out``), each re-derived from the operator it claims by the one verifier of every
   kind (:func:`mfcli.services.records.verify_record`); MMCC rows above
   :data:`~mfcli.services.records.MMCC_REDERIVE_MAX_N` steps only with ``deep``;
+* a structured artifact (banded Toeplitz, BLT: group ``structured``, no matrices): its
+  parameters, read by the one structured reader, and its stored numbers (root and group) next to
+  their recomputation from the parameters; what the kind lacks (certificate, compression,
+  matrices) is in ``not_available`` with the reason;
+* for every kind, through its :class:`~mfcli.strategies.operators.Mechanism`: the sensitivity
+  under the declared schema (exact or an upper bound), the single-participation sensitivity and
+  the losses under the schema (:attr:`InspectionReport.mechanism`);
 * a root that declares a compressed decoder without a ``compressed`` group;
 * the SHA-256 of every dataset; a dataset that is unreadable, not numeric or has no checksum
   is a problem;
 * the file's structure (:func:`mfcli.io.artifact.structure_problems`): links are reported, never
   followed.
 
-Formal guarantees: every "recomputed" value is derived from the matrices in the file, never
+Formal guarantees: every "recomputed" value is derived from the matrices (or parameters) in the file, never
 from another stored attribute. A report is ``ok`` only if every checksum matches and every stored
 number matches its recomputation (relative tolerance 1e-9).
 """
@@ -55,7 +62,6 @@ from mfcli.io.artifact import (
 )
 from mfcli.model.factorization import RECONSTRUCTION_RTOL, Factorization, is_lower_triangular
 from mfcli.model.participation import Participation, SingleParticipation
-from mfcli.model.participation import sensitivity as schema_sensitivity
 
 #: Relative tolerance for stored numbers against their recomputation (as load_artifact).
 RTOL = 1e-9
@@ -121,8 +127,21 @@ class InspectionReport:
         participation_numbers: under a schema other than single participation, its sensitivity
             (``sensitivity``, ``exact``, ``lower``, ``method``) and the losses under it
             (``loss_total``, ``loss_mean``, ``loss_max``); empty otherwise.
+        mechanism: what every kind reports through its
+            :class:`~mfcli.strategies.operators.Mechanism` (empty when the strategy cannot be
+            read): ``kind``, ``operators`` (the label of each operator the file has, the one that
+            runs by default first), ``sensitivity`` under the declared schema with
+            ``sensitivity_exact`` and ``sensitivity_method``, ``sensitivity_single`` and ``loss``
+            (total, mean, max) under the declared schema.
+        structure, structure_numbers: a structured strategy's parameters and its group's stored
+            numbers against their recomputation (None and empty for a dense artifact).
+        records: one summary per accounting record (settings, epsilons, sigma, noise multiplier,
+            sensitivity, delta, sampler, verification), for every kind.
+        not_available: {field: why} for the parts of the report this kind of artifact does not
+            have (a structured artifact has no matrices, so no certificate and no compression).
         problems: one line per failed check.
-        factorization, compressed: the matrices (for plots); not part of :meth:`to_dict`.
+        factorization, compressed, operators: the matrices (for plots) and the mechanisms; not
+            part of :meth:`to_dict`.
     """
 
     path: Path
@@ -146,8 +165,14 @@ class InspectionReport:
     participation: Participation | None = field(default_factory=SingleParticipation)
     participation_declared: bool = False
     participation_numbers: Mapping[str, Any] = field(default_factory=dict)
+    mechanism: Mapping[str, Any] = field(default_factory=dict)
+    structure: Mapping[str, Any] | None = None
+    structure_numbers: tuple[NumberCheck, ...] = ()
+    records: tuple[Mapping[str, Any], ...] = ()
+    not_available: Mapping[str, str] = field(default_factory=dict)
     factorization: Factorization | None = field(default=None, repr=False)
     compressed: Any = field(default=None, repr=False)
+    operators: tuple[Any, ...] = field(default=(), repr=False)
 
     @property
     def ok(self) -> bool:
@@ -192,6 +217,11 @@ class InspectionReport:
             "accounting_not_rederived": list(self.not_rederived),
             "other_groups": list(self.other_groups),
             "checksums": {name: ok for name, ok in self.checksums},
+            **dict(self.mechanism),
+            "structure": dict(self.structure) if self.structure is not None else None,
+            "structure_numbers": nums(self.structure_numbers),
+            "accounting_records": [dict(r) for r in self.records],
+            "not_available": dict(self.not_available),
         }
 
 
@@ -321,34 +351,47 @@ def _read_compression(fact: Factorization, group: Mapping[str, Any]) -> tuple[An
 
 
 def _check_accounting_records(
-    records: list[dict[str, Any]], fact: Factorization | None, compressed: Any,
-    declared: Participation | None, *, path: Path, strategy_name: str = "artifact", deep: bool = False,
-) -> list[str]:
-    """Each ``mfcli.accounting`` record re-derived from the operators this artifact really has (the
-    dense root, and the compressed operator when its group verifies) by the one verifier of every
-    kind of artifact (:func:`mfcli.services.records.verify_record`): ``status``, ``verified``,
-    ``problems`` and ``setting_checks`` are added to each record. ``deep`` re-derives MMCC rows at
-    every n. Groups of another format are listed only. Returns the problems."""
+    records: list[dict[str, Any]], operators: list[Any], declared: Participation | None, *, path: Path,
+    why: str = "", strategy_name: str = "artifact", deep: bool = False,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each ``mfcli.accounting`` record re-derived from the mechanisms this artifact really has
+    (``operators``: the root's, and the compressed operator when its group verifies) by the one
+    verifier of every kind of artifact (:func:`mfcli.services.records.verify_record`):
+    ``status``, ``verified``, ``problems`` and ``setting_checks`` are added to each record.
+    ``deep`` re-derives MMCC rows at every n; ``why`` says why nothing can be re-derived (no
+    readable strategy). Groups of another format are listed only. Returns the problems and one
+    summary per record (:func:`record_summary`)."""
     if not records:
-        return []  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
+        return [], []  # the accounting stack (scipy.stats, dp-accounting) is imported only when needed
     from mfcli.services.records import record_subject, verify_records
-    from mfcli.strategies.operators import DenseOperator
 
     subject = None
-    why = ""
-    if fact is None:
-        why = "cannot be checked without readable root matrices"
-    elif declared is None:
+    if not why and declared is None:
         why = "cannot be checked: the artifact's participation attribute is malformed"
-    else:
-        ops = [DenseOperator(fact)] + ([compressed] if compressed is not None else [])
-        subject = record_subject(path, ops, declared=declared, strategy_name=strategy_name)
+    elif not why and declared is not None:
+        subject = record_subject(path, operators, declared=declared, strategy_name=strategy_name)
     checks = verify_records([(r["id"], r.pop("raw")) for r in records], subject, deep=deep, why_unchecked=why)
     problems: list[str] = []
     for rec, (rid, check) in zip(records, checks, strict=True):
         rec.update(check.as_dict())
         problems.extend(f"accounting record {rid!r}: {p}" for p in check.problems)
-    return problems
+    return problems, [record_summary(rid, check) for rid, check in checks]
+
+
+def record_summary(rid: str, check: Any) -> dict[str, Any]:
+    """What a trainer re-accounting or building a sampler needs from a record: its settings and
+    their epsilons, sigma (the noise std on C G) with its noise multiplier and the sensitivity it
+    divides by (re-derived), delta, the batch sampler and sampling rate (null: deterministic
+    participation), and the verification (``verified``, ``status``). Numbers come from the
+    strictly read claim (:class:`mfcli.services.records.RecordClaim`), never converted from text."""
+    c = check.claim
+    base = {"id": rid, "verified": check.verified, "status": check.status}
+    if c is None:
+        return {**base, "settings": [], "sigma": None, "noise_multiplier": None, "sensitivity": None, "delta": None,
+                "batching": None, "sampling": None, "epsilon": {}}
+    return {**base, "settings": list(c.settings), "sigma": c.sigma, "noise_multiplier": check.noise_multiplier,
+            "sensitivity": check.sensitivity, "delta": c.delta, "batching": c.batching, "sampling": c.sampling,
+            "epsilon": dict(c.epsilons)}
 
 
 def _compression_declared_problem(attrs: Mapping[str, Any], comp_group: dict[str, Any] | None) -> str | None:
@@ -413,8 +456,10 @@ def _read_root(f: Any) -> tuple[dict[str, np.ndarray | None], np.ndarray | None,
     return mats, dual, problems
 
 
-def _collect_groups(f: Any, comp_name: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str], list[str]]:
-    """The compressed group, the accounting records and the names of other groups."""
+def _collect_groups(f: Any, comp_name: str, *, skip: tuple[str, ...] = ()
+                    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str], list[str]]:
+    """The compressed group, the accounting records and the names of other groups (but those in
+    ``skip``: the strategy's own group, read with the root)."""
     import h5py
 
     problems: list[str] = []
@@ -425,7 +470,7 @@ def _collect_groups(f: Any, comp_name: str) -> tuple[dict[str, Any] | None, list
         obj = _plain(f, gname)
         if obj is None:
             continue  # a link: reported by the structure check, never followed
-        if not isinstance(obj, h5py.Group):
+        if not isinstance(obj, h5py.Group) or gname in skip:
             continue
         if gname == comp_name:
             comp_group = _group(f, gname)
@@ -644,26 +689,126 @@ def _check_compressed_schema(compression: dict[str, Any], comp_numbers: list[Num
 
 
 def _check_participation(
-    raw: Any, fact: Factorization | None
-) -> tuple[Participation | None, dict[str, Any], list[str]]:
-    """The declared schema (strictly parsed; None and a problem when malformed) and, for a schema
-    other than single participation, the sensitivity and losses under it, recomputed from C and B:
-    loss_total = sens^2 ||B||_F^2, loss_mean = loss_total / n, loss_max = sens^2 max_t ||B[t, :]||^2."""
+    raw: Any, root: _Root
+) -> tuple[Participation | None, dict[str, Any], dict[str, Any], list[str]]:
+    """The declared schema (strictly parsed; None and a problem when malformed), the numbers
+    every kind reports through its mechanism (:attr:`InspectionReport.mechanism`) and, for a
+    schema other than single participation, the sensitivity and losses under it
+    (:attr:`InspectionReport.participation_numbers`): sens = the mechanism's schema
+    sensitivity, losses from the kind's decoder (``root.losses``), loss_total = sens^2
+    ||B||_F^2, loss_mean = loss_total / n, loss_max = sens^2 max_t ||B[t, :]||^2."""
     try:
-        schema = read_participation(raw, fact.n if fact is not None else None)
+        schema = read_participation(raw, root.n)
     except MfcliError as exc:
-        return None, {}, [str(exc)]
-    if fact is None or isinstance(schema, SingleParticipation):
-        return schema, {}, []
-    s = schema_sensitivity(fact.strategy, schema)
-    rows = np.sum(np.asarray(fact.decoder, dtype=np.float64) ** 2, axis=1)
-    numbers = {
-        "sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
-        "loss_total": s.value**2 * float(np.sum(rows)),
-        "loss_mean": s.value**2 * float(np.sum(rows)) / fact.n,
-        "loss_max": s.value**2 * float(np.max(rows)),
+        return None, {}, {}, [str(exc)]
+    mech = root.mechanism
+    if mech is None:
+        return schema, {}, {}, []
+    s = mech.schema_sensitivity(schema)
+    loss = root.losses(schema, s.value)
+    summary = {
+        "kind": mech.kind, "operators": [op.label for op in root.operators],
+        "sensitivity": s.value, "sensitivity_exact": s.exact, "sensitivity_method": s.method,
+        "sensitivity_single": mech.sensitivity, "loss": loss,
     }
-    return schema, numbers, []
+    if isinstance(schema, SingleParticipation):
+        return schema, summary, {}, []
+    numbers = {"sensitivity": s.value, "exact": s.exact, "lower": s.lower, "method": s.method,
+               "loss_total": loss["total"], "loss_mean": loss["mean"], "loss_max": loss["max"]}
+    return schema, summary, numbers, []
+
+
+@dataclass
+class _Root:
+    """The strategy an artifact stores, read without trusting it: its mechanism (None when it
+    cannot be read), its stored root numbers next to their recomputation, and how the kind
+    computes its losses at a sensitivity. The one place the report depends on the layout of the
+    file (matrices at the root, or a structured strategy's parameters): everything after it goes
+    through the mechanism."""
+
+    n: int | None = None
+    m: int | None = None
+    mechanism: Any = None
+    factorization: Factorization | None = None
+    numbers: list[NumberCheck] = field(default_factory=list)
+    causal_recomputed: bool | None = None
+    structure: dict[str, Any] | None = None
+    structure_numbers: list[NumberCheck] = field(default_factory=list)
+    compressed: Any = None
+    not_available: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    #: (schema, its sensitivity) -> {"total", "mean", "max"}: the losses under that schema.
+    losses: Any = None
+
+    @property
+    def operators(self) -> list[Any]:
+        """The mechanisms the file has, the one that runs by default (``select_operator``'s
+        ``auto``: the compressed one where it verifies) first."""
+        ops = [self.mechanism] if self.mechanism is not None else []
+        return [self.compressed, *ops] if self.compressed is not None else ops
+
+
+def _dense_root(attrs: Mapping[str, Any], mats: Mapping[str, np.ndarray | None]) -> _Root:
+    """A dense artifact's root: the matrices, their numbers (:func:`_check_root`), its
+    :class:`~mfcli.strategies.operators.DenseOperator`; losses from the rows of B."""
+    fact, numbers, causal, problems = _check_root(attrs, mats)
+    root = _Root(numbers=numbers, causal_recomputed=causal, problems=problems, factorization=fact,
+                 not_available={"structure": "a dense artifact stores its matrices, not a structured strategy's "
+                                             "parameters"})
+    if fact is None:
+        return root
+    from mfcli.strategies.operators import DenseOperator
+
+    rows = np.sum(np.asarray(fact.decoder, dtype=np.float64) ** 2, axis=1)
+
+    def losses(schema: Participation, sens: float) -> dict[str, float]:
+        if isinstance(schema, SingleParticipation) and sens == fact.sensitivity:
+            return {"total": fact.loss_total, "mean": fact.loss_mean, "max": fact.loss_max}
+        return {"total": sens**2 * float(np.sum(rows)), "mean": sens**2 * float(np.sum(rows)) / fact.n,
+                "max": sens**2 * float(np.max(rows))}
+
+    root.n, root.m, root.mechanism, root.losses = fact.n, fact.m, DenseOperator(fact), losses
+    return root
+
+
+def _structured_root(p: Path, attrs: Mapping[str, Any]) -> _Root:
+    """A structured artifact's root (banded Toeplitz, BLT: parameters in group ``structured``, no
+    matrices): read by the one structured reader (:func:`mfcli.io.artifact.load_structured_artifact`,
+    every stored number recomputed from the parameters; what it refuses is a problem here), its
+    :class:`~mfcli.strategies.structured.StructuredOperator`; losses from the parameters."""
+    from mfcli.io.artifact import load_structured_artifact
+    from mfcli.strategies.structured import GROUP
+
+    none = "a structured artifact stores parameters, not matrices: "
+    root = _Root(not_available={
+        "certificate": none + "no dual weights to certify a gap from",
+        "compression": none + "no dense decoder to compress",
+        "matrices": none + "no matrices to draw (plot) or to evaluate under another schema",
+    })
+    try:
+        art = load_structured_artifact(p)
+    except ArtifactError as exc:
+        root.problems.append(str(exc).replace(f"{p}: ", "", 1))
+        return root
+    gattrs = art.groups[GROUP]["attrs"]
+    root.n, root.m, root.mechanism, root.causal_recomputed = art.n, art.n, art.operator(), True
+    checks = (("n", attrs.get("n"), art.n), ("m", attrs.get("m"), art.n))
+    root.numbers = [NumberCheck(k, stored, value, _same_int(stored, value)) for k, stored, value in checks]
+    for key, value in (("sensitivity", art.sensitivity.value), ("loss_total", art.loss.total),
+                       ("loss_mean", art.loss.mean), ("loss_max", art.loss.max)):
+        root.numbers.append(NumberCheck(key, attrs.get(key), value, _close(attrs.get(key), value)))
+    for key, value in (("schema_sensitivity", art.schema_sensitivity.value),
+                       ("schema_loss_mean", art.schema_loss.mean), ("schema_loss_max", art.schema_loss.max)):
+        root.structure_numbers.append(NumberCheck(key, gattrs.get(key), value, _close(gattrs.get(key), value)))
+    root.structure = {"kind": art.kind, "parameters": {k: v.tolist() for k, v in art.strategy.parameters().items()}}
+
+    def losses(schema: Participation, sens: float) -> dict[str, float]:
+        # the loader computed them under the declared schema, the only one inspect reads
+        loss = art.schema_loss if sens == art.schema_sensitivity.value else art.loss
+        return {"total": loss.total, "mean": loss.mean, "max": loss.max}
+
+    root.losses = losses
+    return root
 
 
 def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool = False) -> InspectionReport:
@@ -683,6 +828,7 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool =
             Everything else is reported in :attr:`InspectionReport.problems`.
     """
     from mfcli.strategies.operators import GROUP
+    from mfcli.strategies.structured import GROUP as STRUCTURED
 
     p = Path(path)
     f = open_artifact_file(p)
@@ -691,33 +837,43 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool =
         problems = structure_problems(f)
         checksums, found = _check_datasets(f)
         problems += found
-        mats, dual, found = _read_root(f)
-        problems += found
-        comp_group, accounting, other, found = _collect_groups(f, GROUP)
+        # The one branch on the layout (artifact I/O, as mfcli.io.artifact.is_structured_file): a
+        # structured strategy's parameters, or the matrices at the root; the rest reads the mechanism.
+        structured = STRUCTURED in f and "strategy" not in f
+        mats: dict[str, np.ndarray | None] = {}
+        dual = None
+        if not structured:
+            mats, dual, found = _read_root(f)
+            problems += found
+        comp_group, accounting, other, found = _collect_groups(f, GROUP, skip=(STRUCTURED,) if structured else ())
         problems += found
         try:
             raw_participation = f.attrs.get(PARTICIPATION_ATTR)
         except (OSError, KeyError, ValueError, RuntimeError) as exc:
             raw_participation = None
             problems.append(f"attribute {PARTICIPATION_ATTR} cannot be read (corrupt?): {exc}")
-    fact, numbers, causal_recomputed, found = _check_root(attrs, mats)
+    root = _structured_root(p, attrs) if structured else _dense_root(attrs, mats)
+    problems += root.problems
+    fact = root.factorization
+    compression, comp_numbers, comp_obj, found = _check_compression(attrs, fact, comp_group)
     problems += found
-    schema, schema_numbers, found = _check_participation(raw_participation, fact)
+    root.compressed = comp_obj
+    schema, summary, schema_numbers, found = _check_participation(raw_participation, root)
     problems += found
     solver, cert, found = _check_solver(attrs, fact, dual, certificate=certificate,
                                         schema_loss=schema_numbers.get("loss_total") if schema_numbers else None,
                                         schema_numbers=schema_numbers)
     problems += found
-    compression, comp_numbers, comp_obj, found = _check_compression(attrs, fact, comp_group)
-    problems += found
     found = _check_compressed_schema(compression, comp_numbers, comp_group, comp_obj, schema)
     problems += found
-
     found_compression = _compression_declared_problem(attrs, comp_group)
     if found_compression:
         problems.append(found_compression)
-    problems.extend(_check_accounting_records(accounting, fact, comp_obj, schema, path=p, deep=deep,
-                                              strategy_name=str(attrs.get("strategy_name", "artifact"))))
+    why = "" if root.mechanism is not None else "cannot be checked without a readable strategy (matrices or parameters)"
+    found, records = _check_accounting_records(
+        accounting, root.operators[::-1], schema, path=p, why=why, deep=deep,
+        strategy_name=str(attrs.get("strategy_name", root.mechanism.kind if root.mechanism is not None else "artifact")))
+    problems += found
 
     return InspectionReport(
         path=p,
@@ -725,11 +881,11 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool =
         format_version=version,
         attrs=attrs,
         provenance={k: attrs.get(k) for k in ("created_by", "created_utc", "command")},
-        n=fact.n if fact is not None else None,
-        m=fact.m if fact is not None else None,
+        n=root.n,
+        m=root.m,
         causal_stored=attrs.get("causal"),
-        causal_recomputed=causal_recomputed,
-        numbers=tuple(numbers),
+        causal_recomputed=root.causal_recomputed,
+        numbers=tuple(root.numbers),
         solver=solver,
         certificate=cert,
         compression=compression,
@@ -741,6 +897,12 @@ def inspect_artifact(path: str | Path, *, certificate: bool = True, deep: bool =
         participation=schema,
         participation_declared=raw_participation is not None,
         participation_numbers=schema_numbers,
+        mechanism=summary,
+        structure=root.structure,
+        structure_numbers=tuple(root.structure_numbers),
+        records=tuple(records),
+        not_available=root.not_available,
         factorization=fact,
         compressed=comp_obj,
+        operators=tuple(root.operators),
     )
