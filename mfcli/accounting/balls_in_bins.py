@@ -45,7 +45,7 @@ from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
 from mfcli.util.progress import ProgressCallback, Ticker
-from mfcli.util.validation import positive_number
+from mfcli.util.validation import positive_int, positive_number
 
 #: Default grid of the log-likelihood ratio (rounding per level; the bracket width grows with
 #: 2 (L + 1) h).
@@ -344,15 +344,10 @@ class _Bracket:
         """upper / lower (inf when the lower end is 0)."""
         return self.epsilon / self.lower if self.lower > 0 else math.inf
 
-
-@dataclass(frozen=True)
-class BallsInBinsTreeResult(_Bracket):
-    """Binary tree under balls-in-bins batching (fields: :class:`_Bracket`; ``sigma`` the noise
-    standard deviation per node, in units of the tree's 0/1 entries)."""
-
-    def as_dict(self) -> dict:
+    def _row(self, setting: str, *, method: str, assumptions: str) -> dict:
+        """The JSON row of the bracket: the fields above, the setting's method and assumptions."""
         return {
-            "setting": "balls-in-bins-tree",
+            "setting": setting,
             "batching": "balls-in-bins",
             "epsilon": self.epsilon,
             "bracket": [self.lower, self.epsilon],
@@ -362,20 +357,50 @@ class BallsInBinsTreeResult(_Bracket):
             "steps": self.steps,
             "epochs": self.epochs,
             "grid": self.grid,
-            "method": "exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
-                      "down (lower bound) at every level; epochs composed with dp-accounting's PLD",
-            "assumptions": "balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
-                           "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
-                           "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
-                           "norm units) whichever step it lands in, fixed in advance (non-adaptive; "
-                           "docs/accounting.md says why the adaptive case is not claimed); add or remove one example",
+            "method": method,
+            "assumptions": assumptions,
         }
 
 
+@dataclass(frozen=True)
+class BallsInBinsTreeResult(_Bracket):
+    """Binary tree under balls-in-bins batching (fields: :class:`_Bracket`; ``sigma`` the noise
+    standard deviation per node, in units of the tree's 0/1 entries)."""
+
+    def as_dict(self) -> dict:
+        return self._row(
+            "balls-in-bins-tree",
+            method="exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
+                   "down (lower bound) at every level; epochs composed with dp-accounting's PLD",
+            assumptions="balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
+                        "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
+                        "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
+                        "norm units) whichever step it lands in, fixed in advance (non-adaptive; "
+                        "docs/accounting.md says why the adaptive case is not claimed); add or remove one example",
+        )
+
+
 def _check_epochs(epochs: int) -> int:
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
-        raise MfcliError(f"the number of epochs must be a positive integer, got {epochs!r}")
-    return int(epochs)
+    return positive_int(epochs, "the number of epochs")
+
+
+def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: int, grid: float,
+                on_progress: ProgressCallback | None) -> tuple[Any, Any]:
+    """(pessimistic, optimistic) PLDs of one epoch's ``laws(size, sigma, h, on_progress)`` on the
+    grid h, composed over ``epochs`` independent epochs (a fresh allocation each), after checking
+    sigma, epochs and the grid."""
+    sigma = check_sigma(sigma)
+    epochs = _check_epochs(epochs)
+    h = _check_grid(grid)
+    upper, lower = _plds(laws(size, sigma, h, on_progress), h)
+    if epochs > 1:
+        upper = upper.self_compose(epochs)
+        lower = lower.self_compose(epochs)
+    return upper, lower
+
+
+def _check_grid(grid: float) -> float:
+    return positive_number(grid, "the grid", upper=0.1, upper_closed=True)
 
 
 def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
@@ -383,15 +408,7 @@ def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GR
     """(pessimistic, optimistic) dp-accounting PLDs of ``epochs`` epochs of the tree under
     balls-in-bins: every hockey-stick divergence of the pessimistic one is >= the pair's, of the
     optimistic one <= (up to ``FLOAT_SLACK`` on delta)."""
-    height = tree_height(n)
-    sigma = check_sigma(sigma)
-    epochs = _check_epochs(epochs)
-    h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
-    upper, lower = _plds(_root_laws(height, sigma, h, on_progress), h)
-    if epochs > 1:
-        upper = upper.self_compose(epochs)
-        lower = lower.self_compose(epochs)
-    return upper, lower
+    return _epoch_plds(_root_laws, tree_height(n), sigma=sigma, epochs=epochs, grid=grid, on_progress=on_progress)
 
 
 def tree_balls_in_bins(
@@ -449,45 +466,27 @@ class BallsInBinsDpSgdResult(_Bracket):
     (fields: :class:`_Bracket`; ``sigma`` the noise multiplier)."""
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "balls-in-bins-dp-sgd",
-            "batching": "balls-in-bins",
-            "epsilon": self.epsilon,
-            "bracket": [self.lower, self.epsilon],
-            "lower_bound": self.lower,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "steps": self.steps,
-            "epochs": self.epochs,
-            "grid": self.grid,
-            "method": "exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
-                      "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
-                      "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
-            "assumptions": "DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
-                           "step of each epoch, independently of the others; an example's contribution "
-                           "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
-                           "add or remove one example",
-        }
+        return self._row(
+            "balls-in-bins-dp-sgd",
+            method="exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
+                   "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
+                   "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
+            assumptions="DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
+                        "step of each epoch, independently of the others; an example's contribution "
+                        "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
+                        "add or remove one example",
+        )
 
 
 def _check_steps(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise MfcliError(f"the number of steps must be a positive integer, got {n!r}")
-    return int(n)
+    return positive_int(n, "the number of steps")
 
 
 def dpsgd_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
                on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
     """(pessimistic, optimistic) PLDs of DP-SGD's balls-in-bins pair (see :func:`dpsgd_balls_in_bins`)."""
-    n = _check_steps(n)
-    sigma = check_sigma(sigma)
-    epochs = _check_epochs(epochs)
-    h = positive_number(grid, "the grid", upper=0.1, upper_closed=True)
-    upper, lower = _plds(_allocation_laws(n, sigma, h, on_progress), h)
-    if epochs > 1:
-        upper = upper.self_compose(epochs)
-        lower = lower.self_compose(epochs)
-    return upper, lower
+    return _epoch_plds(_allocation_laws, _check_steps(n), sigma=sigma, epochs=epochs, grid=grid,
+                       on_progress=on_progress)
 
 
 def dpsgd_balls_in_bins(

@@ -44,6 +44,7 @@ from mfcli.accounting.mmcc_lower import epsilon_bracket
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sampling, check_sigma
 from mfcli.errors import MfcliError
 from mfcli.util.progress import ProgressCallback, Ticker
+from mfcli.util.rows import fields_of
 
 #: Largest bandwidth the forward recursion and the estimate are run for (2^(b-1) states).
 MAX_BAND = 10
@@ -219,25 +220,18 @@ class EpsilonEstimate:
     seconds: float
 
     def as_dict(self) -> dict:
-        return {
-            "kind": "ESTIMATE (Monte Carlo, not a guarantee; never used to calibrate)",
-            "epsilon": self.epsilon,
-            "interval": [self.low, self.high],
-            "delta": self.delta,
-            "band": self.band,
-            "standard_errors": self.z,
-            "seed": self.seed,
-            "seconds": self.seconds,
-            "directions": {
+        return fields_of(
+            self, "epsilon", first={"kind": "ESTIMATE (Monte Carlo, not a guarantee; never used to calibrate)"},
+            interval=[self.low, self.high], delta=self.delta, band=self.band, standard_errors=self.z, seed=self.seed,
+            seconds=self.seconds, directions={
                 d.direction: {"epsilon": d.epsilon, "interval": [d.low, d.high], "samples": d.samples,
                               "proposal_components": d.components, "relative_error_at_delta": d.relative_error}
                 for d in (self.remove, self.add)
             },
-            "method": "exact likelihood ratio by the banded forward recursion; importance sampling from a "
-                      "defensive mixture of Poisson-mixture proposals at several rates and mean scales; interval = "
-                      "normal approximation, z standard errors "
-                      "on delta(eps), inverted in eps",
-        }
+            method="exact likelihood ratio by the banded forward recursion; importance sampling from a "
+                   "defensive mixture of Poisson-mixture proposals at several rates and mean scales; interval = "
+                   "normal approximation, z standard errors on delta(eps), inverted in eps",
+        )
 
 
 def _delta_terms(log_l: np.ndarray, eps: float, direction: str) -> np.ndarray:
@@ -423,17 +417,13 @@ class DisjointRowsLowerBound:
     value_discretization: float
 
     def as_dict(self) -> dict:
-        return {
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "band": self.band,
-            "first_row": self.offset,
-            "rows_used": self.rows_used,
-            "value_discretization": self.value_discretization,
-            "method": "post-processing: rows first_row, first_row + b, ... of y have disjoint column windows, so "
-                      "they are independent one-dimensional Gaussian mixtures under both hypotheses; their "
-                      "composition's exact loss distributions with every loss rounded down (a lower estimate)",
-        }
+        return fields_of(
+            self, "epsilon", "delta", "band", first_row=self.offset, rows_used=self.rows_used,
+            value_discretization=self.value_discretization,
+            method="post-processing: rows first_row, first_row + b, ... of y have disjoint column windows, so "
+                   "they are independent one-dimensional Gaussian mixtures under both hypotheses; their "
+                   "composition's exact loss distributions with every loss rounded down (a lower estimate)",
+        )
 
 
 #: Mixture components below this probability are moved to sensitivity 0 (down: still a lower bound).

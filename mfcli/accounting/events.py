@@ -33,6 +33,16 @@ def event_to_json(event: Any) -> str:
     return json.dumps(_to_plain(event), separators=(",", ":"))
 
 
+def poisson_gaussian_event(sampling: float, noise_multiplier: float, steps: int) -> Any:
+    """``steps`` self-composed Poisson-sampled Gaussians (rate ``sampling``, noise multiplier
+    ``noise_multiplier``): DP-SGD's event, and that of every row accounted as a DP-SGD (the
+    cyclic-Poisson reduction, each group of the per-step reduction)."""
+    from dp_accounting import dp_event
+
+    return dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(noise_multiplier)), steps)
+
+
 def event_from_json(text: str) -> Any:
     """Rebuild the ``DpEvent`` written by :func:`event_to_json`."""
     from dp_accounting import dp_event

@@ -75,6 +75,7 @@ from mfcli.accounting.single_pass import (
 from mfcli.errors import MfcliError
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
+from mfcli.util.rows import fields_of
 
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
@@ -1191,19 +1192,15 @@ class LowerBoundResult:
     tried: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "lower-bound",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "statistic": self.statistic,
-            "statistics_tried": dict(self.tried),
-            "statistic_noise_std": self.noise_scale,
-            "method": "max over v in {1, C^T C 1, (C^T C)^2 1} of the exact epsilon of T_v = v^T C^+ y = "
-                      "v^T b + N(0, tau^2), tau^2 = sigma_eff^2 v^T (C^T C)^-1 v, b_j ~ Bernoulli(p); v rounded "
-                      "down to a grid; exact hockey-stick divergence (max of add and remove), bisection on eps",
-            "assumptions": "Poisson sampling with rate p; add or remove one example; valid for the true "
-                           "epsilon of any mechanism whose outputs determine T",
-        }
+        return fields_of(
+            self, "epsilon", "delta", "statistic", first={"setting": "lower-bound"},
+            statistics_tried=dict(self.tried), statistic_noise_std=self.noise_scale,
+            method="max over v in {1, C^T C 1, (C^T C)^2 1} of the exact epsilon of T_v = v^T C^+ y = "
+                   "v^T b + N(0, tau^2), tau^2 = sigma_eff^2 v^T (C^T C)^-1 v, b_j ~ Bernoulli(p); v rounded "
+                   "down to a grid; exact hockey-stick divergence (max of add and remove), bisection on eps",
+            assumptions="Poisson sampling with rate p; add or remove one example; valid for the true "
+                        "epsilon of any mechanism whose outputs determine T",
+        )
 
 
 @_single_blas_thread
@@ -1262,14 +1259,11 @@ class FullParticipationResult:
     sensitivity: float
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "full-participation",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "sensitivity": self.sensitivity,
-            "method": "exact analytic Gaussian with sensitivity ||C 1||_2 (C scaled to unit sensitivity)",
-            "assumptions": "holds for any participation pattern (C >= 0); no amplification",
-        }
+        return fields_of(
+            self, "epsilon", "delta", "sensitivity", first={"setting": "full-participation"},
+            method="exact analytic Gaussian with sensitivity ||C 1||_2 (C scaled to unit sensitivity)",
+            assumptions="holds for any participation pattern (C >= 0); no amplification",
+        )
 
 
 def full_participation(

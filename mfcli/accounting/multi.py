@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
-from mfcli.accounting.events import event_to_json
+from mfcli.accounting.events import event_to_json, poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, gaussian_epsilon
 from mfcli.errors import MfcliError
 from mfcli.model.participation import (
@@ -36,6 +36,7 @@ from mfcli.model.participation import (
     SingleParticipation,
     schema_dict,
 )
+from mfcli.util.rows import fields_of
 
 
 @dataclass(frozen=True)
@@ -195,34 +196,21 @@ class CyclicPoissonResult:
 
     def dp_event(self):
         """ceil(n / b) self-composed Poisson-sampled Gaussians at noise multiplier sigma / max column norm."""
-        from dp_accounting import dp_event
-
-        return dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(self.sampling, dp_event.GaussianDpEvent(self.noise_multiplier)), self.steps
-        )
+        return poisson_gaussian_event(self.sampling, self.noise_multiplier, self.steps)
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "cyclic-poisson",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "sampling": self.sampling,
-            "cycle": self.cycle,
-            "bands": self.bands,
-            "max_column_norm": self.column_norm,
-            "noise_multiplier": self.noise_multiplier,
-            "steps": self.steps,
-            "value_discretization": self.value_discretization,
-            "participation": schema_dict(self.schema, self.n),
-            "batch_sampler": f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
-                             f"{self.sampling:g} at step i",
-            "method": "2306.08153 Thm. 3: at least as private as DP-SGD with ceil(n / b) steps at rate p and noise multiplier "
-                      "sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
-            "assumptions": f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
-                           "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
-            "dp_event": event_to_json(self.dp_event()),
-        }
+        return fields_of(
+            self, "epsilon", "delta", "sigma", "sampling", "cycle", "bands", first={"setting": "cyclic-poisson"},
+            max_column_norm=self.column_norm, noise_multiplier=self.noise_multiplier, steps=self.steps,
+            value_discretization=self.value_discretization, participation=schema_dict(self.schema, self.n),
+            batch_sampler=f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
+                          f"{self.sampling:g} at step i",
+            method="2306.08153 Thm. 3: at least as private as DP-SGD with ceil(n / b) steps at rate p and noise "
+                   "multiplier sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
+            assumptions=f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
+                        "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
+            dp_event=event_to_json(self.dp_event()),
+        )
 
 
 def cyclic_poisson(

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
+from mfcli.accounting.events import poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma
 from mfcli.errors import MfcliError
 
@@ -257,10 +258,7 @@ class PerStepResult:
     def dp_event(self):
         from dp_accounting import dp_event
 
-        return dp_event.ComposedDpEvent([
-            dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(self.sampling, dp_event.GaussianDpEvent(m)),
-                                         k)
-            for m, k in self.groups])
+        return dp_event.ComposedDpEvent([poisson_gaussian_event(self.sampling, m, k) for m, k in self.groups])
 
     def as_dict(self) -> dict:
         return {"epsilon": self.epsilon, "shape": f"d_t proportional to ||C e_t||^-{self.shape_exponent:g}",

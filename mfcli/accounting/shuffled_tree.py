@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sigma, gaussian_epsilon
+from mfcli.util.rows import fields_of
 from mfcli.util.validation import step_count
 
 AMPLIFIED_NOT_REPORTED = (
@@ -81,21 +82,14 @@ class ShuffledTreeResult:
     fmt_leaves_needed: float
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "shuffled-tree",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "steps": self.steps,
-            "levels": self.levels,
-            "sensitivity": self.sensitivity,
-            "amplified_epsilon": self.amplified,
-            "amplified_note": self.amplified_note,
-            "fmt_leaves_needed": self.fmt_leaves_needed,
-            "method": "valid single-epoch bound: exact analytic Gaussian with sensitivity sqrt(L + 1)",
-            "assumptions": "one epoch, every example in exactly one step (any order, shuffled or not); binary "
-                           "tree encoder with 2^L >= n leaves; add or remove (or zero out) one example",
-        }
+        return fields_of(
+            self, "epsilon", "delta", "sigma", "steps", "levels", "sensitivity", first={"setting": "shuffled-tree"},
+            amplified_epsilon=self.amplified, amplified_note=self.amplified_note,
+            fmt_leaves_needed=self.fmt_leaves_needed,
+            method="valid single-epoch bound: exact analytic Gaussian with sensitivity sqrt(L + 1)",
+            assumptions="one epoch, every example in exactly one step (any order, shuffled or not); binary "
+                        "tree encoder with 2^L >= n leaves; add or remove (or zero out) one example",
+        )
 
 
 def shuffled_tree(*, n: int, sigma: float, delta: float = DEFAULT_DELTA) -> ShuffledTreeResult:

@@ -47,6 +47,7 @@ from scipy import special, stats
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma, gaussian_epsilon
 from mfcli.errors import MfcliError
+from mfcli.util.rows import fields_of
 
 #: Binomial mass below which the clone counts c are not enumerated (their mass is added to delta).
 CLONE_TAIL = 1e-30
@@ -168,26 +169,19 @@ class ShuffledDpSgdResult:
     steps: int
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "shuffled-dp-sgd",
-            "batching": "shuffle",
-            "epsilon": self.epsilon,
-            "amplified_epsilon": self.amplified,
-            "unamplified_epsilon": self.unamplified,
-            "eps0": self.eps0,
-            "delta0": self.delta0,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "steps": self.steps,
-            "method": "Feldman-McMillan-Talwar (arXiv:2012.12803) clone pair for the eps0-DP part, hockey-stick "
-                      "divergence computed exactly and rounded up; + (e^eps + 1) eta for the Gaussian's delta0, eta = "
-                      "max((1 + e^eps0 / 2) n delta0, (1 + 2 (n - 1) e^-eps0) delta0) (the larger published constant "
-                      "and the one proven in docs/accounting.md); delta0 optimised; never above the unamplified bound",
-            "assumptions": "DP-SGD with batch size 1 over one epoch in a uniformly random order (shuffle, one fixed "
-                           "permutation, every example exactly once), n examples and n steps; noise sigma per step, "
-                           "clipped gradients (adaptive allowed); neighbours REPLACE one example (local sensitivity "
-                           "2; covers zeroing an example out, not adding or removing one, which changes n)",
-        }
+        return fields_of(
+            self, "epsilon", first={"setting": "shuffled-dp-sgd", "batching": "shuffle"},
+            amplified_epsilon=self.amplified, unamplified_epsilon=self.unamplified, eps0=self.eps0,
+            delta0=self.delta0, delta=self.delta, sigma=self.sigma, steps=self.steps,
+            method="Feldman-McMillan-Talwar (arXiv:2012.12803) clone pair for the eps0-DP part, hockey-stick "
+                   "divergence computed exactly and rounded up; + (e^eps + 1) eta for the Gaussian's delta0, eta = "
+                   "max((1 + e^eps0 / 2) n delta0, (1 + 2 (n - 1) e^-eps0) delta0) (the larger published constant "
+                   "and the one proven in docs/accounting.md); delta0 optimised; never above the unamplified bound",
+            assumptions="DP-SGD with batch size 1 over one epoch in a uniformly random order (shuffle, one fixed "
+                        "permutation, every example exactly once), n examples and n steps; noise sigma per step, "
+                        "clipped gradients (adaptive allowed); neighbours REPLACE one example (local sensitivity "
+                        "2; covers zeroing an example out, not adding or removing one, which changes n)",
+        )
 
 
 def _amplified_at(n: int, sigma: float, delta: float, delta0: float) -> tuple[float, float, float] | None:

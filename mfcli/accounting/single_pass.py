@@ -26,6 +26,8 @@ from scipy import special
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json as event_json
+from mfcli.accounting.events import poisson_gaussian_event
+from mfcli.util.rows import fields_of
 from mfcli.util.validation import positive_number, step_count
 
 
@@ -118,20 +120,14 @@ class SinglePassResult:
         return dp_event.GaussianDpEvent(self.noise_multiplier)
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "single-pass",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "sensitivity": self.sensitivity,
-            "noise_multiplier": self.noise_multiplier,
-            "rho_zcdp": self.rho_zcdp,
-            "mu_gdp": self.mu_gdp,
-            "method": "exact analytic Gaussian (Balle-Wang 2018), bisection to 1e-12",
-            "assumptions": "each example in at most one step (single participation); add or remove one "
-                           "example; no sampling amplification",
-            "dp_event": event_json(self.dp_event()),
-        }
+        return fields_of(
+            self, "epsilon", "delta", "sigma", "sensitivity", "noise_multiplier", "rho_zcdp", "mu_gdp",
+            first={"setting": "single-pass"},
+            method="exact analytic Gaussian (Balle-Wang 2018), bisection to 1e-12",
+            assumptions="each example in at most one step (single participation); add or remove one "
+                        "example; no sampling amplification",
+            dp_event=event_json(self.dp_event()),
+        )
 
 
 def single_pass(*, sigma: float, sensitivity: float, delta: float = DEFAULT_DELTA) -> SinglePassResult:
@@ -167,26 +163,16 @@ class DpSgdResult:
     value_discretization: float
 
     def dp_event(self):
-        from dp_accounting import dp_event
-
-        return dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(self.sampling, dp_event.GaussianDpEvent(self.sigma)), self.steps
-        )
+        return poisson_gaussian_event(self.sampling, self.sigma, self.steps)
 
     def as_dict(self) -> dict:
-        return {
-            "setting": "dp-sgd",
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "sigma": self.sigma,
-            "sampling": self.sampling,
-            "steps": self.steps,
-            "value_discretization": self.value_discretization,
-            "method": "dp-accounting PLDAccountant (pessimistic connect-the-dots)",
-            "assumptions": "C = I (independent noise); Poisson sampling with rate p in every step; add or "
-                           "remove one example",
-            "dp_event": event_json(self.dp_event()),
-        }
+        return fields_of(
+            self, "epsilon", "delta", "sigma", "sampling", "steps", "value_discretization", first={"setting": "dp-sgd"},
+            method="dp-accounting PLDAccountant (pessimistic connect-the-dots)",
+            assumptions="C = I (independent noise); Poisson sampling with rate p in every step; add or "
+                        "remove one example",
+            dp_event=event_json(self.dp_event()),
+        )
 
 
 def dpsgd(
@@ -202,7 +188,6 @@ def dpsgd(
     Formal guarantees: dp-accounting's pessimistic PLD estimate; an upper bound on epsilon for add
     or remove one example.
     """
-    from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
     sigma = check_sigma(sigma)
@@ -214,9 +199,7 @@ def dpsgd(
         epsilon = _poisson_gaussian_epsilon(sigma, sampling, int(steps), delta, value_discretization)
     except _NoFastPath:
         acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
-        acc.compose(dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(sigma)), int(steps)
-        ))
+        acc.compose(poisson_gaussian_event(sampling, sigma, int(steps)))
         epsilon = acc.get_epsilon(delta)
     return DpSgdResult(
         epsilon=float(epsilon), delta=delta, sigma=sigma, sampling=sampling,

@@ -105,19 +105,27 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
         schema, sampler = report.row_labels(name)
         return safe_markup(f"{schema['description']}; {sampler}")
 
+    def entry(setting: str, label: str, epsilon: str, detail: str, note: str) -> None:
+        """The row of ``setting`` (what it assumes from the report) and its line below the table."""
+        row(label, epsilon, assumes(setting), detail)
+        notes.append(note)
+
+    def bracket(r: Any) -> str:  # a guarantee with the lower end of its bracket
+        return f"{pessimistic(r.epsilon)} [{pessimistic(r.lower, down=True)}, {pessimistic(r.epsilon)}]"
+
     sp = report.single_pass
     if sp is not None:
-        row("single pass", pessimistic(sp.epsilon), assumes("single-pass"),
-                  f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
-                  f"({safe_markup(report.strategy.operator)} operator), "
-                  f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")
-        notes.append(f"single pass: {rows['single-pass']['assumptions']}")
+        entry("single-pass", "single pass", pessimistic(sp.epsilon),
+              f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
+              f"({safe_markup(report.strategy.operator)} operator), "
+              f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian",
+              f"single pass: {rows['single-pass']['assumptions']}")
     dp = report.dp_sgd
     if dp is not None:
-        row("DP-SGD (reference)", pessimistic(dp.epsilon), assumes("dp-sgd"),
-                  f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
-                  f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")
-        notes.append(f"DP-SGD: {_text(dp, 'assumptions')}")
+        entry("dp-sgd", "DP-SGD (reference)", pessimistic(dp.epsilon),
+              f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
+              f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}",
+              f"DP-SGD: {_text(dp, 'assumptions')}")
     br = report.mmcc
     if br is not None:
         u = br.upper
@@ -160,10 +168,9 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
                  for line in report.notes)
     st = report.shuffled_tree
     if st is not None:
-        row("binary tree, one shuffled epoch", pessimistic(st.epsilon), assumes("shuffled-tree"),
-                  f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
-                  f"amplified bound {st.amplified_note}")
-        notes.append(f"shuffled tree: {rows['shuffled-tree']['assumptions']}")
+        entry("shuffled-tree", "binary tree, one shuffled epoch", pessimistic(st.epsilon),
+              f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
+              f"amplified bound {st.amplified_note}", f"shuffled tree: {rows['shuffled-tree']['assumptions']}")
     det = report.deterministic
     if det is not None:
         s = det.sensitivity
@@ -175,34 +182,32 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
             eps_text = f"{pessimistic(det.epsilon)} (true in [{low}, {pessimistic(det.epsilon)}])"
             sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
                          f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
-        row("deterministic participation", eps_text, assumes("deterministic"),
-                  f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
-                  f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")
-        notes.append(f"deterministic: {_text(det, 'assumptions')}")
+        entry("deterministic", "deterministic participation", eps_text,
+              f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
+              f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian",
+              f"deterministic: {_text(det, 'assumptions')}")
         if not s.exact:  # shown without --details too: the row's sensitivity is only bounded
             notes.append(f"deterministic: {sens_text}")
     cyc = report.cyclic_poisson
     if cyc is not None:
-        row("cyclic Poisson (banded C)", pessimistic(cyc.epsilon), assumes("cyclic-poisson"),
-                  f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
-                  f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
-                  f"of the examples), noise multiplier sigma / max column norm "
-                  f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
-                  f"discretization {cyc.value_discretization:g}")
         # the rate's meaning stays in the default output (it is easy to pass batch / examples instead)
-        notes.append(f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
-                     f"sampled with probability p at its group's steps; expected batch p / b = "
-                     f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
-                     f"{_text(cyc, 'method')}")
+        entry("cyclic-poisson", "cyclic Poisson (banded C)", pessimistic(cyc.epsilon),
+              f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
+              f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
+              f"of the examples), noise multiplier sigma / max column norm "
+              f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
+              f"discretization {cyc.value_discretization:g}",
+              f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
+              f"sampled with probability p at its group's steps; expected batch p / b = "
+              f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
+              f"{_text(cyc, 'method')}")
     bib = report.balls_in_bins_tree
     if bib is not None:
-        row("binary tree, balls-in-bins: guarantee [lower, upper]",
-                  f"{pessimistic(bib.epsilon)} [{pessimistic(bib.lower, down=True)}, {pessimistic(bib.epsilon)}]",
-                  assumes("balls-in-bins-tree"),
-                  f"batch sampler: balls-in-bins (every example in one uniformly random step); "
-                  f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
-                  f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling")
-        notes.append(f"balls-in-bins tree: {_text(bib, 'assumptions')}")
+        entry("balls-in-bins-tree", "binary tree, balls-in-bins: guarantee [lower, upper]", bracket(bib),
+              f"batch sampler: balls-in-bins (every example in one uniformly random step); "
+              f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
+              f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling",
+              f"balls-in-bins tree: {_text(bib, 'assumptions')}")
     red = report.reduction
     if red is not None:
         sn = red.spectral
@@ -221,21 +226,19 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
         notes.append(f"DP-SGD reduction: {_text(red, 'assumptions')}")
     bdp = report.balls_in_bins_dp_sgd
     if bdp is not None:
-        row("DP-SGD, balls-in-bins (reference)",
-                  f"{pessimistic(bdp.epsilon)} [{pessimistic(bdp.lower, down=True)}, {pessimistic(bdp.epsilon)}]",
-                  assumes("balls-in-bins-dp-sgd"),
-                  f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
-                  f"law of the random-allocation pair on a grid of {bdp.grid:g}, rounded up and down")
-        notes.append(f"balls-in-bins DP-SGD (reference): {_text(bdp, 'assumptions')}")
+        entry("balls-in-bins-dp-sgd", "DP-SGD, balls-in-bins (reference)", bracket(bdp),
+              f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
+              f"law of the random-allocation pair on a grid of {bdp.grid:g}, rounded up and down",
+              f"balls-in-bins DP-SGD (reference): {_text(bdp, 'assumptions')}")
     sdp = report.shuffled_dp_sgd
     if sdp is not None:
         amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
-        row("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon), assumes("shuffled-dp-sgd"),
-                  f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
-                  f"FMT amplified {amp}"
-                  + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
-                  + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours")
-        notes.append(f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
+        entry("shuffled-dp-sgd", "DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon),
+              f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
+              f"FMT amplified {amp}"
+              + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
+              + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours",
+              f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
     return t, notes
 
 

@@ -23,6 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.util.rows import fields_of
 
 #: Relative Frobenius tolerance for A = B C.
 RECONSTRUCTION_RTOL = 1e-8
@@ -168,14 +169,5 @@ class Factorization:
 
     def summary(self) -> dict:
         """Error and sensitivity, recomputed, as a JSON-ready dict."""
-        return {
-            "n": self.n,
-            "m": self.m,
-            "causal": self.causal,
-            "sensitivity": self.sensitivity,
-            "loss_total": self.loss_total,
-            "loss_mean": self.loss_mean,
-            "rmse": self.rmse,
-            "loss_max": self.loss_max,
-            "reconstruction_error": self.reconstruction_error,
-        }
+        return fields_of(self, "n", "m", "causal", "sensitivity", "loss_total", "loss_mean", "rmse", "loss_max",
+                         "reconstruction_error")

@@ -78,6 +78,7 @@ from mfcli.errors import MfcliError
 from mfcli.model.participation import Participation, SingleParticipation
 from mfcli.model.record_format import ATTR_CHUNK, RECORD_FORMAT, read_chunked, write_chunked
 from mfcli.util.progress import ProgressCallback
+from mfcli.util.rows import fields_of
 
 #: The settings computed without the matrix C (from the mechanism's numbers, or, DP-SGD, from n and
 #: sigma alone), so at any n; the others need C at hand.
@@ -494,18 +495,9 @@ class Report:
     references: dict[str, float]
 
     def as_dict(self) -> dict:
-        return {
-            "epsilon": self.epsilon,
-            "setting": self.setting,
-            "delta": self.delta,
-            "batching": self.batching,
-            "sampling": self.sampling,
-            "participation": self.participation,
-            "neighbouring": self.neighbouring,
-            "candidates": dict(self.candidates),
-            "other_samplers": list(self.other_samplers),
-            "references": dict(self.references),
-        }
+        return fields_of(self, "epsilon", "setting", "delta", "batching", "sampling", "participation", "neighbouring",
+                         candidates=dict(self.candidates), other_samplers=list(self.other_samplers),
+                         references=dict(self.references))
 
 
 @dataclass(frozen=True)
