@@ -1,7 +1,7 @@
 """CLI code shared by the commands that show a structured artifact (banded Toeplitz, BLT;
 :mod:`mfcli.strategies.structured`): ``optimize --strategy banded-toeplitz|blt`` prints the numbers of the
-artifact it wrote, ``inspect`` those of the artifact it read, both through
-:func:`render_structured`; ``compare`` and ``optimize`` check ``--buffers`` with
+artifact it wrote through :func:`render_structured` (``inspect`` reports every kind through
+:func:`mfcli.services.inspect.inspect_artifact`); ``compare`` and ``optimize`` check ``--buffers`` with
 :func:`check_buffers`. A shared module, not a command: the command modules import it, never
 each other."""
 from __future__ import annotations
