@@ -117,6 +117,10 @@ class JaxOps:
     def matvec(self, coef: jnp.ndarray, rows: jnp.ndarray) -> jnp.ndarray:
         return jnp.matmul(coef, rows, precision=jax.lax.Precision.HIGHEST)
 
+    def addmv(self, x: jnp.ndarray, coef: jnp.ndarray, rows: jnp.ndarray, alpha: float) -> jnp.ndarray:
+        prod = self.matvec(coef, rows)
+        return x - prod if alpha == -1.0 else x + (prod if alpha == 1.0 else alpha * prod)
+
     def add_outer(self, a: jnp.ndarray, coef: jnp.ndarray, row: jnp.ndarray) -> jnp.ndarray:
         return a + coef[:, None] * row[None, :]
 

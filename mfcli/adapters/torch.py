@@ -153,11 +153,16 @@ class TorchOps:
     def matvec(self, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return coef @ rows
 
+    def addmv(self, x: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor, alpha: float) -> torch.Tensor:
+        # one BLAS call that reads the k rows once and updates x in place (no product row, no sum)
+        return x.addmv_(rows.t(), coef, alpha=alpha)
+
     def add_outer(self, a: torch.Tensor, coef: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         return a.addcmul_(coef[:, None], row[None, :])
 
     def scale_add(self, a: torch.Tensor, scale: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-        return a.mul_(scale[:, None]).add_(row[None, :])
+        # one pass over a (read, write) instead of two: a <- row + a * scale
+        return torch.addcmul(row[None, :].expand_as(a), a, scale[:, None], out=a)
 
     def prefix_matvec(self, coef: torch.Tensor, rows: torch.Tensor, k: Any) -> torch.Tensor:
         k = int(k)
