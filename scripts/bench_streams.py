@@ -4,7 +4,9 @@
 Side by side in one run (docs/performance.md, "Noise streams: cost per step flat in t"):
 
 * raw Gaussian generation of one d-row, the floor under every stream: numpy Philox (mfcli's
-  reference Z, 1 and 2 threads), ``torch.randn`` (CPU), ``jax.random.normal`` (jitted);
+  reference Z, 1 and 2 threads), numpy PCG64 and SFC64 (the faster bit generators, seeded per
+  block by SeedSequence spawn keys: what the reference would cost on them), ``torch.randn``
+  (CPU), ``jax.random.normal`` (jitted);
 * steps/s of BLT-4 and banded Toeplitz with 8 bands (n = 10^5) in numpy (1 and 2 threads), torch
   (``TorchStream`` on the CPU) and optax (the jitted ``correlated_noise`` update on zero grads);
 * per-step time at step 10 against step n - 1 (median of 11 steps around each; the late steps are
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +50,7 @@ from mfcli.model.factorization import Factorization
 from mfcli.model.workloads import prefix_workload
 from mfcli.strategies.blt import BufferedToeplitz
 from mfcli.strategies.toeplitz import BandedToeplitz, toeplitz_workload
-from mfcli.training.noise import NUMPY_GENERATOR, noise_row, noise_stream
+from mfcli.training.noise import BLOCK, NUMPY_GENERATOR, noise_row, noise_stream
 
 SEED = 0x5EED_2024
 
@@ -201,9 +204,27 @@ def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
     return statistics.median(ta), statistics.median(tb)
 
 
+def other_bit_generator(name: str, d: int) -> Callable[[], None]:
+    """One d-row of float32 normals from numpy bit generator ``name``, seeded per (seed, row,
+    block) through SeedSequence spawn keys as a random-access stream on it would be (the
+    alternative to Philox's counters), in the same blocks of 65,536."""
+    out = np.empty(d, dtype=np.float32)
+    cls = getattr(np.random, name)
+
+    def row() -> None:
+        for c, start in enumerate(range(0, d, BLOCK)):
+            gen = np.random.Generator(cls(np.random.SeedSequence(SEED, spawn_key=(3, c))))
+            gen.standard_normal(out=out[start:start + BLOCK], dtype=np.float32)
+
+    return row
+
+
 def raw_gaussians(d: int, reps: int) -> dict[str, float]:
     out = {"numpy Philox row, 1 thread": median_time(lambda: noise_row(SEED, 3, d, "float32"), reps),
            "numpy Philox row, 2 threads": median_time(lambda: noise_row(SEED, 3, d, "float32", threads=2), reps)}
+    # the alternatives to Philox for the reference Z (not used: numpy's ziggurat, not the bits, is the cost)
+    for name in ("PCG64", "SFC64"):
+        out[f"numpy {name} row (SeedSequence per block)"] = median_time(other_bit_generator(name, d), reps)
     try:
         import torch
 
@@ -252,7 +273,7 @@ def main() -> None:
         res["raw"] = raw = raw_gaussians(d, reps)
         print("\nraw Gaussian row (median CPU time, rows per CPU second):")
         for k, v in raw.items():
-            print(f"  {k:32s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
+            print(f"  {k:44s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
 
         print(f"\nsteps/s at d = {d} (median over {reps} steps after step 10):")
         res["throughput"] = {}
