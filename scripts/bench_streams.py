@@ -16,13 +16,13 @@ Side by side in one run (docs/performance.md, "Noise streams: cost per step flat
 * dense C^-1 (kept rows of Z, n = 64): step n - 1 against t + 1 plain multiply-adds of d floats
   plus one raw Gaussian row of the same framework;
 * with ``--baseline DIR`` (a checkout of the previous mfcli, e.g. /work/main), the previous numpy
-  streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same run: the CPU
-  reference path must not get slower.
+  and torch (CPU) streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same
+  run: the CPU reference path must not get slower.
 
 Medians of process CPU time per step (what one dedicated core takes: on a shared machine
 wall-clock also counts waiting for a core; with 2 threads CPU time adds both up), BLAS threads
 pinned to 1 with threadpoolctl and torch's intra-op threads to 1, both reported; load average
-printed before and after. The previous numpy streams (``--baseline``) are timed twice, before and
+printed before and after. The previous streams (``--baseline``) are timed twice, before and
 after the current ones, so that a change in the machine's load shows.
 
 Usage:
@@ -146,7 +146,29 @@ def optax_driver(stream):
     return step, jump
 
 
+def unfused_torch_driver(stream):
+    """The torch stream with the previous unfused array operations (a product row, then a sum
+    into a new row; a BLT's buffers scaled, then added to in a second pass): the same recursion
+    and noise, to time what the fused operations save in the same process."""
+    import torch
+
+    from mfcli.adapters.torch import TorchOps, TorchStream
+
+    class Unfused(TorchOps):
+        def addmv(self, x, coef, rows, alpha):
+            return x + alpha * (coef @ rows)
+
+        def scale_add(self, a, scale, row):
+            return a.mul_(scale[:, None]).add_(row[None, :])
+
+    ts = TorchStream(stream, "cpu")
+    ts.ops = Unfused(torch.device("cpu"), ts.dtype)
+    return ts.next, None
+
+
 DRIVERS = {"numpy": numpy_driver, "torch": torch_driver, "optax": optax_driver}
+#: The previous checkout's streams timed with ``--baseline`` (framework, numpy threads).
+PREVIOUS = (("numpy", 1), ("numpy", 2), ("torch", 1))
 
 
 def per_step(step, jump, start: int, count: int) -> float:
@@ -166,25 +188,47 @@ def per_step(step, jump, start: int, count: int) -> float:
 BASELINE = """
 import statistics, sys, time
 from mfcli.training.noise import noise_stream
-path, d, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+path, d, threads, reps, framework = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 stream = noise_stream(path, kind="gradient", d=d, seed=1, dtype="float32", threads=threads)
-state = stream.init()
+if framework == "torch":
+    import torch
+    from mfcli.adapters.torch import TorchStream
+    torch.set_num_threads(1)
+    step = TorchStream(stream, "cpu").next
+else:
+    box = {"state": stream.init()}
+    def step():
+        _, box["state"] = stream.next(box["state"])
 for _ in range(11):
-    _, state = stream.next(state)
+    step()
 times = []
 for _ in range(reps):
     t0 = time.process_time()
-    _, state = stream.next(state)
+    step()
     times.append(time.process_time() - t0)
 print(statistics.median(times))
 """
 
 
-def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int) -> float:
+def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int, framework: str = "numpy") -> float:
+    """Median CPU seconds per step of the previous mfcli's stream (``framework`` numpy or torch)."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps)], env=env,
-                         capture_output=True, text=True, check=True, cwd=checkout)
+    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps), framework],
+                         env=env, capture_output=True, text=True, check=True, cwd=checkout)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def alternate(step_a, step_b, count: int) -> tuple[float, float]:
+    """Median CPU seconds of two step functions called in alternation (a load change hits both)."""
+    step_a()
+    step_b()
+    ta, tb = [], []
+    for _ in range(count):
+        for step, times in ((step_a, ta), (step_b, tb)):
+            t0 = time.process_time()
+            step()
+            times.append(time.process_time() - t0)
+    return statistics.median(ta), statistics.median(tb)
 
 
 def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
@@ -251,7 +295,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--baseline", type=Path, help="a checkout of the previous mfcli to time its numpy streams")
-    ap.add_argument("--sections", default="raw,throughput,flat,dense", help="comma-separated parts to run")
+    ap.add_argument("--sections", default="raw,throughput,fused,flat,dense", help="comma-separated parts to run")
     args = ap.parse_args()
     d, reps = args.d, args.reps
     want = set(args.sections.split(","))
@@ -279,9 +323,9 @@ def main() -> None:
         res["throughput"] = {}
         for kind in ("blt-4", "banded-toeplitz-8") if "throughput" in want else ():
             if args.baseline:
-                for threads in (1, 2):
-                    s = baseline(args.baseline, arts[kind], d, threads, reps)
-                    label = f"{kind} numpy threads={threads} (previous, before)"
+                for fw, threads in PREVIOUS:
+                    s = baseline(args.baseline, arts[kind], d, threads, reps, fw)
+                    label = f"{kind} {fw} threads={threads} (previous, before)"
                     res["throughput"][label] = s
                     print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             for fw, threads in (("numpy", 1), ("numpy", 2), ("torch", 1), ("optax", 1)):
@@ -292,11 +336,20 @@ def main() -> None:
                 res["throughput"][label] = s
                 print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             if args.baseline:
-                for threads in (1, 2):
-                    s = baseline(args.baseline, arts[kind], d, threads, reps)
-                    label = f"{kind} numpy threads={threads} (previous, after)"
+                for fw, threads in PREVIOUS:
+                    s = baseline(args.baseline, arts[kind], d, threads, reps, fw)
+                    label = f"{kind} {fw} threads={threads} (previous, after)"
                     res["throughput"][label] = s
                     print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+
+        print(f"\ntorch, fused against unfused array operations, alternating (median of {reps} steps each):")
+        res["fused"] = {}
+        for kind in ("blt-4", "banded-toeplitz-8") if "fused" in want else ():
+            stream = noise_stream(arts[kind], kind="gradient", d=d, seed=SEED, dtype="float32")
+            fused, unfused = alternate(torch_driver(stream)[0], unfused_torch_driver(stream)[0], reps)
+            res["fused"][kind] = (fused, unfused)
+            print(f"  {kind:18s} fused {fused * 1e3:8.2f} ms ({1 / fused:6.1f} steps/s)   unfused {unfused * 1e3:8.2f} ms "
+                  f"({1 / unfused:6.1f} steps/s)   ratio {unfused / fused:5.2f}")
 
         print(f"\nper-step time at step 10 vs step n - 1 (median of {reps} steps each):")
         res["flat"] = {}
