@@ -237,15 +237,7 @@ def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
     (step_a, jump_a), (step_b, jump_b) = make(), make()
     jump_a(max(early - 1, 0))
     jump_b(max(late - 1, 0))
-    step_a()
-    step_b()
-    ta, tb = [], []
-    for _ in range(count):
-        for step, times in ((step_a, ta), (step_b, tb)):
-            t0 = time.process_time()
-            step()
-            times.append(time.process_time() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    return alternate(step_a, step_b, count)
 
 
 def other_bit_generator(name: str, d: int) -> Callable[[], None]:
