@@ -127,6 +127,18 @@ def test_numpy_rows_equal_the_exact_operator(cases, kind, noise):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_numpy_rows_over_blocks_and_threads(cases, kind):
+    """d over two blocks of 65,536: each kind's rows (Z[t] drawn into the returned row, the dense
+    kind's rows into its kept rows, block by block) equal (M Z)[t], bit for bit in 1 or 2 threads."""
+    d = 65536 + 5
+    want = exact_operator(cases[kind], "gradient") @ philox_z(SEED, N, d, "float32").astype(np.float64)
+    got = [numpy_rows(noise_stream(cases[kind][0], kind="gradient", d=d, seed=SEED, threads=threads))
+           for threads in (1, 2)]
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[0], want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_torch_rows_equal_the_exact_operator(cases, kind):
     pytest.importorskip("torch")
     d = 6
