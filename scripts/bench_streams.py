@@ -4,7 +4,9 @@
 Side by side in one run (docs/performance.md, "Noise streams: cost per step flat in t"):
 
 * raw Gaussian generation of one d-row, the floor under every stream: numpy Philox (mfcli's
-  reference Z, 1 and 2 threads), ``torch.randn`` (CPU), ``jax.random.normal`` (jitted);
+  reference Z, 1 and 2 threads), numpy PCG64 and SFC64 (the faster bit generators, seeded per
+  block by SeedSequence spawn keys: what the reference would cost on them), ``torch.randn``
+  (CPU), ``jax.random.normal`` (jitted);
 * steps/s of BLT-4 and banded Toeplitz with 8 bands (n = 10^5) in numpy (1 and 2 threads), torch
   (``TorchStream`` on the CPU) and optax (the jitted ``correlated_noise`` update on zero grads);
 * per-step time at step 10 against step n - 1 (median of 11 steps around each; the late steps are
@@ -14,13 +16,13 @@ Side by side in one run (docs/performance.md, "Noise streams: cost per step flat
 * dense C^-1 (kept rows of Z, n = 64): step n - 1 against t + 1 plain multiply-adds of d floats
   plus one raw Gaussian row of the same framework;
 * with ``--baseline DIR`` (a checkout of the previous mfcli, e.g. /work/main), the previous numpy
-  streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same run: the CPU
-  reference path must not get slower.
+  and torch (CPU) streams of BLT-4 and banded-8 on the same artifacts, in a subprocess of the same
+  run: the CPU reference path must not get slower.
 
 Medians of process CPU time per step (what one dedicated core takes: on a shared machine
 wall-clock also counts waiting for a core; with 2 threads CPU time adds both up), BLAS threads
 pinned to 1 with threadpoolctl and torch's intra-op threads to 1, both reported; load average
-printed before and after. The previous numpy streams (``--baseline``) are timed twice, before and
+printed before and after. The previous streams (``--baseline``) are timed twice, before and
 after the current ones, so that a change in the machine's load shows.
 
 Usage:
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +50,7 @@ from mfcli.model.factorization import Factorization
 from mfcli.model.workloads import prefix_workload
 from mfcli.strategies.blt import BufferedToeplitz
 from mfcli.strategies.toeplitz import BandedToeplitz, toeplitz_workload
-from mfcli.training.noise import NUMPY_GENERATOR, noise_row, noise_stream
+from mfcli.training.noise import BLOCK, NUMPY_GENERATOR, noise_row, noise_stream
 
 SEED = 0x5EED_2024
 
@@ -143,7 +146,29 @@ def optax_driver(stream):
     return step, jump
 
 
+def unfused_torch_driver(stream):
+    """The torch stream with the previous unfused array operations (a product row, then a sum
+    into a new row; a BLT's buffers scaled, then added to in a second pass): the same recursion
+    and noise, to time what the fused operations save in the same process."""
+    import torch
+
+    from mfcli.adapters.torch import TorchOps, TorchStream
+
+    class Unfused(TorchOps):
+        def addmv(self, x, coef, rows, alpha):
+            return x + alpha * (coef @ rows)
+
+        def scale_add(self, a, scale, row):
+            return a.mul_(scale[:, None]).add_(row[None, :])
+
+    ts = TorchStream(stream, "cpu")
+    ts.ops = Unfused(torch.device("cpu"), ts.dtype)
+    return ts.next, None
+
+
 DRIVERS = {"numpy": numpy_driver, "torch": torch_driver, "optax": optax_driver}
+#: The previous checkout's streams timed with ``--baseline`` (framework, numpy threads).
+PREVIOUS = (("numpy", 1), ("numpy", 2), ("torch", 1))
 
 
 def per_step(step, jump, start: int, count: int) -> float:
@@ -163,33 +188,38 @@ def per_step(step, jump, start: int, count: int) -> float:
 BASELINE = """
 import statistics, sys, time
 from mfcli.training.noise import noise_stream
-path, d, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+path, d, threads, reps, framework = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 stream = noise_stream(path, kind="gradient", d=d, seed=1, dtype="float32", threads=threads)
-state = stream.init()
+if framework == "torch":
+    import torch
+    from mfcli.adapters.torch import TorchStream
+    torch.set_num_threads(1)
+    step = TorchStream(stream, "cpu").next
+else:
+    box = {"state": stream.init()}
+    def step():
+        _, box["state"] = stream.next(box["state"])
 for _ in range(11):
-    _, state = stream.next(state)
+    step()
 times = []
 for _ in range(reps):
     t0 = time.process_time()
-    _, state = stream.next(state)
+    step()
     times.append(time.process_time() - t0)
 print(statistics.median(times))
 """
 
 
-def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int) -> float:
+def baseline(checkout: Path, path: Path, d: int, threads: int, reps: int, framework: str = "numpy") -> float:
+    """Median CPU seconds per step of the previous mfcli's stream (``framework`` numpy or torch)."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps)], env=env,
-                         capture_output=True, text=True, check=True, cwd=checkout)
+    out = subprocess.run([sys.executable, "-c", BASELINE, str(path), str(d), str(threads), str(reps), framework],
+                         env=env, capture_output=True, text=True, check=True, cwd=checkout)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
-    """Median CPU seconds of steps from ``early`` and from ``late``, on two streams stepped in
-    alternation, so that a change in the machine's load during the measurement hits both alike."""
-    (step_a, jump_a), (step_b, jump_b) = make(), make()
-    jump_a(max(early - 1, 0))
-    jump_b(max(late - 1, 0))
+def alternate(step_a, step_b, count: int) -> tuple[float, float]:
+    """Median CPU seconds of two step functions called in alternation (a load change hits both)."""
     step_a()
     step_b()
     ta, tb = [], []
@@ -201,9 +231,36 @@ def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
     return statistics.median(ta), statistics.median(tb)
 
 
+def early_late(make, early: int, late: int, count: int) -> tuple[float, float]:
+    """Median CPU seconds of steps from ``early`` and from ``late``, on two streams stepped in
+    alternation, so that a change in the machine's load during the measurement hits both alike."""
+    (step_a, jump_a), (step_b, jump_b) = make(), make()
+    jump_a(max(early - 1, 0))
+    jump_b(max(late - 1, 0))
+    return alternate(step_a, step_b, count)
+
+
+def other_bit_generator(name: str, d: int) -> Callable[[], None]:
+    """One d-row of float32 normals from numpy bit generator ``name``, seeded per (seed, row,
+    block) through SeedSequence spawn keys as a random-access stream on it would be (the
+    alternative to Philox's counters), in the same blocks of 65,536."""
+    out = np.empty(d, dtype=np.float32)
+    cls = getattr(np.random, name)
+
+    def row() -> None:
+        for c, start in enumerate(range(0, d, BLOCK)):
+            gen = np.random.Generator(cls(np.random.SeedSequence(SEED, spawn_key=(3, c))))
+            gen.standard_normal(out=out[start:start + BLOCK], dtype=np.float32)
+
+    return row
+
+
 def raw_gaussians(d: int, reps: int) -> dict[str, float]:
     out = {"numpy Philox row, 1 thread": median_time(lambda: noise_row(SEED, 3, d, "float32"), reps),
            "numpy Philox row, 2 threads": median_time(lambda: noise_row(SEED, 3, d, "float32", threads=2), reps)}
+    # the alternatives to Philox for the reference Z (not used: numpy's ziggurat, not the bits, is the cost)
+    for name in ("PCG64", "SFC64"):
+        out[f"numpy {name} row (SeedSequence per block)"] = median_time(other_bit_generator(name, d), reps)
     try:
         import torch
 
@@ -230,7 +287,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--baseline", type=Path, help="a checkout of the previous mfcli to time its numpy streams")
-    ap.add_argument("--sections", default="raw,throughput,flat,dense", help="comma-separated parts to run")
+    ap.add_argument("--sections", default="raw,throughput,fused,flat,dense", help="comma-separated parts to run")
     args = ap.parse_args()
     d, reps = args.d, args.reps
     want = set(args.sections.split(","))
@@ -252,15 +309,15 @@ def main() -> None:
         res["raw"] = raw = raw_gaussians(d, reps)
         print("\nraw Gaussian row (median CPU time, rows per CPU second):")
         for k, v in raw.items():
-            print(f"  {k:32s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
+            print(f"  {k:44s} {v * 1e3:8.2f} ms  {1 / v:8.1f} /s")
 
         print(f"\nsteps/s at d = {d} (median over {reps} steps after step 10):")
         res["throughput"] = {}
         for kind in ("blt-4", "banded-toeplitz-8") if "throughput" in want else ():
             if args.baseline:
-                for threads in (1, 2):
-                    s = baseline(args.baseline, arts[kind], d, threads, reps)
-                    label = f"{kind} numpy threads={threads} (previous, before)"
+                for fw, threads in PREVIOUS:
+                    s = baseline(args.baseline, arts[kind], d, threads, reps, fw)
+                    label = f"{kind} {fw} threads={threads} (previous, before)"
                     res["throughput"][label] = s
                     print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             for fw, threads in (("numpy", 1), ("numpy", 2), ("torch", 1), ("optax", 1)):
@@ -271,11 +328,20 @@ def main() -> None:
                 res["throughput"][label] = s
                 print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
             if args.baseline:
-                for threads in (1, 2):
-                    s = baseline(args.baseline, arts[kind], d, threads, reps)
-                    label = f"{kind} numpy threads={threads} (previous, after)"
+                for fw, threads in PREVIOUS:
+                    s = baseline(args.baseline, arts[kind], d, threads, reps, fw)
+                    label = f"{kind} {fw} threads={threads} (previous, after)"
                     res["throughput"][label] = s
                     print(f"  {label:44s} {s * 1e3:8.2f} ms  {1 / s:8.1f} steps/s")
+
+        print(f"\ntorch, fused against unfused array operations, alternating (median of {reps} steps each):")
+        res["fused"] = {}
+        for kind in ("blt-4", "banded-toeplitz-8") if "fused" in want else ():
+            stream = noise_stream(arts[kind], kind="gradient", d=d, seed=SEED, dtype="float32")
+            fused, unfused = alternate(torch_driver(stream)[0], unfused_torch_driver(stream)[0], reps)
+            res["fused"][kind] = (fused, unfused)
+            print(f"  {kind:18s} fused {fused * 1e3:8.2f} ms ({1 / fused:6.1f} steps/s)   unfused {unfused * 1e3:8.2f} ms "
+                  f"({1 / unfused:6.1f} steps/s)   ratio {unfused / fused:5.2f}")
 
         print(f"\nper-step time at step 10 vs step n - 1 (median of {reps} steps each):")
         res["flat"] = {}

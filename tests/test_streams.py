@@ -127,6 +127,18 @@ def test_numpy_rows_equal_the_exact_operator(cases, kind, noise):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_numpy_rows_over_blocks_and_threads(cases, kind):
+    """d over two blocks of 65,536: each kind's rows (Z[t] drawn into the returned row, the dense
+    kind's rows into its kept rows, block by block) equal (M Z)[t], bit for bit in 1 or 2 threads."""
+    d = 65536 + 5
+    want = exact_operator(cases[kind], "gradient") @ philox_z(SEED, N, d, "float32").astype(np.float64)
+    got = [numpy_rows(noise_stream(cases[kind][0], kind="gradient", d=d, seed=SEED, threads=threads))
+           for threads in (1, 2)]
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[0], want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_torch_rows_equal_the_exact_operator(cases, kind):
     pytest.importorskip("torch")
     d = 6
@@ -279,3 +291,36 @@ def test_memory_is_computed_up_front_and_bounded(cases):
     noise_stream(cases["dense"][0], kind="gradient", d=1000, seed=1, max_memory=(N + 1) * 1000 * 4)
     with pytest.raises(MfcliError, match="max_memory"):
         noise_stream(path, kind="gradient", d=3, seed=1, max_memory=0)
+
+
+def _ops(framework: str):
+    """(ArrayOps of the framework, to-array, to-numpy, tolerance): float64, but float32 for jax
+    (float64 there needs the process-wide jax_enable_x64)."""
+    if framework == "numpy":
+        from mfcli.training.noise import NumpyOps
+
+        return NumpyOps(np.dtype("float64")), np.array, np.asarray, 1e-13
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        from mfcli.adapters.torch import TorchOps
+
+        return TorchOps(torch.device("cpu"), torch.float64), lambda a: torch.tensor(a), lambda a: a.numpy(), 1e-13
+    jnp = pytest.importorskip("jax.numpy")
+    from mfcli.adapters.optax import JaxOps
+
+    return JaxOps(jnp.float32), lambda a: jnp.asarray(a, dtype=jnp.float32), np.asarray, 1e-5
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("alpha", [-1.0, 1.0, 0.5])
+def test_fused_array_ops_equal_their_expressions(framework, alpha):
+    """The fused steps every recursion runs (x + alpha coef @ rows; a * scale + row) against the
+    plain numpy expressions; the rows read are left as they were (only x, or a, is updated)."""
+    ops, arr, back, tol = _ops(framework)
+    rng = np.random.default_rng(7)
+    x, coef, rows, scale = rng.standard_normal(9), rng.standard_normal(3), rng.standard_normal((3, 9)), rng.standard_normal(3)
+    got = back(ops.addmv(arr(x), arr(coef), rows_t := arr(rows), alpha))
+    np.testing.assert_allclose(got, x + alpha * (coef @ rows), rtol=tol, atol=tol)
+    np.testing.assert_allclose(back(rows_t), rows, rtol=tol, atol=0)   # read, not written
+    got = back(ops.scale_add(arr(rows), arr(scale), arr(x)))
+    np.testing.assert_allclose(got, rows * scale[:, None] + x[None, :], rtol=tol, atol=tol)

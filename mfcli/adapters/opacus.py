@@ -69,6 +69,7 @@ from torch.utils.data import DataLoader
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_sigma
 from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.adapters.torch import (
+    StreamFacts,
     _numpy_dtype_for,
     load_noise_state_dict,
     noise_state_dict,
@@ -90,7 +91,7 @@ from mfcli.training.noise import NoiseStream, noise_stream
 SUPPORTED_OPACUS = ("1.6.0",)
 
 
-class CorrelatedNoiseDPOptimizer(DPOptimizer):
+class CorrelatedNoiseDPOptimizer(StreamFacts, DPOptimizer):
     """Opacus's DPOptimizer with the Gaussian noise replaced by rows of C^-1 Z from an mfcli
     artifact. Build it with :func:`make_private`, which checks the combination.
 
@@ -127,10 +128,8 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
 
     @property
     def noise_multiplier(self) -> float | None:
-        """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
-        jax_privacy); None without a record (the sensitivity it divides by is the record's)."""
-        record = self.__dict__.get("record")
-        return None if record is None else self.noise_std / float(record.sensitivity)
+        """As :attr:`StreamFacts.noise_multiplier`; settable because DPOptimizer assigns it."""
+        return super().noise_multiplier
 
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
@@ -138,19 +137,9 @@ class CorrelatedNoiseDPOptimizer(DPOptimizer):
         self.__dict__["_opacus_noise_multiplier"] = value
 
     @property
-    def n(self) -> int:
-        """Steps the artifact covers (and the accounting assumes)."""
-        return self.stream.n
-
-    @property
     def steps_taken(self) -> int:
         """Noisy steps taken so far (skipped virtual steps do not count)."""
         return self._noise_state.t
-
-    @property
-    def sensitivity(self) -> float:
-        """sens(C) per unit clip norm of the operator that runs."""
-        return self.stream.sensitivity
 
     def add_noise(self) -> None:
         """Opacus's hook for its own noise: here ``.grad = summed clipped grad + noise_std clip (C^-1 Z)[t]``."""

@@ -153,11 +153,16 @@ class TorchOps:
     def matvec(self, coef: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return coef @ rows
 
+    def addmv(self, x: torch.Tensor, coef: torch.Tensor, rows: torch.Tensor, alpha: float) -> torch.Tensor:
+        # one BLAS call that reads the k rows once and updates x in place (no product row, no sum)
+        return x.addmv_(rows.t(), coef, alpha=alpha)
+
     def add_outer(self, a: torch.Tensor, coef: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         return a.addcmul_(coef[:, None], row[None, :])
 
     def scale_add(self, a: torch.Tensor, scale: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-        return a.mul_(scale[:, None]).add_(row[None, :])
+        # one pass over a (read, write) instead of two: a <- row + a * scale
+        return torch.addcmul(row[None, :].expand_as(a), a, scale[:, None], out=a)
 
     def prefix_matvec(self, coef: torch.Tensor, rows: torch.Tensor, k: Any) -> torch.Tensor:
         k = int(k)
@@ -250,7 +255,41 @@ class _NumpyRows:
         self.state = load_noise_state_dict(self.stream, sd)
 
 
-class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
+class StreamFacts:
+    """What an optimizer adding a :class:`~mfcli.training.noise.NoiseStream`'s rows reports about
+    them, read from its ``stream``, ``record`` and ``noise_std``: shared by
+    :class:`CorrelatedNoiseOptimizer` and :class:`mfcli.adapters.opacus.CorrelatedNoiseDPOptimizer`."""
+
+    stream: NoiseStream
+    noise_std: float
+
+    @property
+    def n(self) -> int:
+        """Steps the artifact covers (and the accounting assumes); step n is refused."""
+        return self.stream.n
+
+    @property
+    def sensitivity(self) -> float:
+        """sens(C) (or sens(C^) compressed) per unit clip norm of the operator that runs: the
+        number accounting must use."""
+        return self.stream.sensitivity
+
+    @property
+    def accounted_operator(self) -> str:
+        """The operator whose strategy the accounting of this training must use, as ``mfcli
+        account`` names it (``dense`` or ``compressed (band K, rank R)``); ``account`` picks the
+        same one by default, or pass ``--operator`` to match a ``variant`` given here."""
+        return self.stream.accounted_operator
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
+        jax_privacy); None without a record, whose sensitivity is not known here."""
+        record = self.__dict__.get("record")   # read before __init__ has set it (Opacus does)
+        return None if record is None else self.noise_std / float(record.sensitivity)
+
+
+class CorrelatedNoiseOptimizer(StreamFacts, torch.optim.Optimizer):
     """Wraps a ``torch.optim`` optimizer; :meth:`step` first adds correlated gradient noise.
 
     It is a :class:`torch.optim.Optimizer` sharing the inner optimizer's ``param_groups``,
@@ -372,11 +411,6 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ properties
 
     @property
-    def n(self) -> int:
-        """Steps the artifact covers."""
-        return self.stream.n
-
-    @property
     def steps_taken(self) -> int:
         """Noisy steps taken so far (the next step is this index)."""
         return self._noise.t
@@ -385,24 +419,6 @@ class CorrelatedNoiseOptimizer(torch.optim.Optimizer):
     def generator(self) -> str:
         """Where Z is drawn: ``numpy-philox`` (the host reference) or ``torch-<device type>``."""
         return self._noise.generator_name if isinstance(self._noise, TorchStream) else "numpy-philox"
-
-    @property
-    def sensitivity(self) -> float:
-        """sens(C) (or sens(C^) compressed) per unit clip norm: the number accounting must use."""
-        return self.stream.sensitivity
-
-    @property
-    def accounted_operator(self) -> str:
-        """The operator whose strategy the accounting of this training must use, as ``mfcli
-        account`` names it (``dense`` or ``compressed (band K, rank R)``); ``account`` picks the
-        same one by default, or pass ``--operator`` to match a ``variant`` given here."""
-        return self.stream.accounted_operator
-
-    @property
-    def noise_multiplier(self) -> float | None:
-        """noise_std / the record's accounted sensitivity (the noise multiplier of Opacus and
-        jax_privacy); None without a record, whose sensitivity is not known here."""
-        return None if self.record is None else self.noise_std / float(self.record.sensitivity)
 
     @property
     def noise_scale(self) -> float:

@@ -94,6 +94,12 @@ class ArrayOps(Protocol):
         """``coef`` (k,) times ``rows`` (k, d): a (d,) row."""
         ...
 
+    def addmv(self, x: Any, coef: Any, rows: Any, alpha: float) -> Any:
+        """``x + alpha * (coef @ rows)``, in place on ``x`` where the arrays allow (one pass over
+        x instead of a product and a sum): ``x`` must be a row the recursion owns, never one a
+        state also holds."""
+        ...
+
     def add_outer(self, a: Any, coef: Any, row: Any) -> Any:
         """``a + coef[:, None] * row[None, :]`` (a: k x d), in place where the arrays allow."""
         ...
@@ -224,8 +230,8 @@ class IirRecursion:
         if w:
             acc = acc + xp.matvec(tab["numrot"][t % w], ring)
             ring = xp.set_row(ring, t % w, z)
-        if r:
-            acc = acc - xp.matvec(tab["denrot"][t % r], outs)
+        if r:   # acc is never a row the state holds: z itself only when w = 0 (else acc is a new sum)
+            acc = xp.addmv(acc, tab["denrot"][t % r], outs, -1.0)
         x = acc if float(self.denominator[0]) == 1.0 else acc / tab["den0"][0]
         if r:
             outs = xp.set_row(outs, t % r, x)
@@ -268,10 +274,10 @@ class BufferRecursion:
         ring, carry = state
         z = draw(t)
         s = carry[:nb]
-        x = z - xp.matvec(tab["omega"], s)
+        x = xp.addmv(z, tab["omega"], s, -1.0)   # z is this step's own draw, held by no state
         carry = xp.set_rows(carry, 0, xp.scale_add(s, tab["theta"], x))
-        if p:
-            x = (x - xp.matvec(tab["postrot"][t % p], carry[nb:])) / tab["post0"][0]
+        if p:   # the buffers got x's values (scale_add), not x itself
+            x = xp.addmv(x, tab["postrot"][t % p], carry[nb:], -1.0) / tab["post0"][0]
             carry = xp.set_row(carry, nb + t % p, x)
         return x, (ring, carry)
 
@@ -393,7 +399,7 @@ class BandedLowRank:
         c = tab["coef"][t]
         row = xp.matvec(c[:w], ring)
         if r:
-            row = row + xp.matvec(c[w:], sums)
+            row = xp.addmv(row, c[w:], sums, 1.0)
         return row, (ring, sums)
 
     def kept_rows(self, t: int) -> list[tuple[int, int]]:
@@ -471,7 +477,7 @@ class BandedInverse:
         ring, outs = state
         x = draw(t)
         if p:
-            x = x - xp.matvec(tab["rot"][t], outs)
+            x = xp.addmv(x, tab["rot"][t], outs, -1.0)
         x = x / tab["diag"][t]
         if p:
             outs = xp.set_row(outs, t % p, x)

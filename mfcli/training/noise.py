@@ -236,10 +236,15 @@ def noise_matrix(seed: int, rows: int, d: int, dtype: Any = "float64") -> np.nda
 
 
 class NumpyOps:
-    """:class:`mfcli.strategies.operators.ArrayOps` on numpy arrays, updating in place (the reference)."""
+    """:class:`mfcli.strategies.operators.ArrayOps` on numpy arrays, updating in place (the reference).
 
-    def __init__(self, dtype: np.dtype) -> None:
+    ``fill(j, out)``, when given, writes Z[j] (this block of it) into ``out``: :meth:`fill_rows`
+    then draws straight into the kept rows instead of drawing a row and copying it there.
+    """
+
+    def __init__(self, dtype: np.dtype, fill: Callable[[int, np.ndarray], None] | None = None) -> None:
         self.dtype = dtype
+        self.fill = fill
 
     def zeros(self, rows: int, d: int) -> np.ndarray:
         return np.zeros((rows, d), dtype=self.dtype)
@@ -256,6 +261,11 @@ class NumpyOps:
 
     def matvec(self, coef: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return coef @ rows
+
+    def addmv(self, x: np.ndarray, coef: np.ndarray, rows: np.ndarray, alpha: float) -> np.ndarray:
+        # x - coef @ rows (alpha -1) rounds exactly as the expression: same bits, no temporary sum
+        (np.subtract if alpha == -1.0 else np.add)(x, coef @ rows if abs(alpha) == 1.0 else alpha * (coef @ rows), out=x)
+        return x
 
     def add_outer(self, a: np.ndarray, coef: np.ndarray, row: np.ndarray) -> np.ndarray:
         scratch = np.empty_like(row)
@@ -275,7 +285,10 @@ class NumpyOps:
 
     def fill_rows(self, a: np.ndarray, lo: Any, hi: Any, draw: Callable[[Any], Any]) -> np.ndarray:
         for j in range(int(lo), int(hi)):
-            a[j] = draw(j)
+            if self.fill is not None and a[j].flags.c_contiguous:
+                self.fill(j, a[j])
+            else:
+                a[j] = draw(j)
         return a
 
 
@@ -385,10 +398,15 @@ class NoiseStream:
 
     @property
     def tag(self) -> str:
-        """Identity of the noise sequence: operator fingerprint, seed, d and dtype (hashed)."""
-        h = hashlib.sha256()
-        h.update(f"{self.fingerprint}|{self.seed}|{self.d}|{self.dtype.name}".encode())
-        return h.hexdigest()
+        """Identity of the noise sequence: operator fingerprint, seed, d and dtype (hashed once:
+        every step checks its state against it)."""
+        cached = self.__dict__.get("_tag_cache")
+        if cached is None:
+            h = hashlib.sha256()
+            h.update(f"{self.fingerprint}|{self.seed}|{self.d}|{self.dtype.name}".encode())
+            cached = h.hexdigest()
+            object.__setattr__(self, "_tag_cache", cached)
+        return cached
 
     def memory_floats(self) -> int:
         """Floats a step holds, the returned row included: (width + rank + 1) d."""
@@ -621,26 +639,37 @@ class NoiseStream:
         """One step of the operator's recursion, block by block (each block's Z drawn from its
         own Philox counter, its state updated in place while in cache). Every coordinate sees the
         same operations in the same order whatever the thread count."""
-        op, tab, ops = self.operator, self._tables, NumpyOps(self.dtype)
+        op, tab = self.operator, self._tables
         out = np.empty(self.d, dtype=self.dtype)
         seed, dt = self.seed, self.dtype
+        bad: list[int] = []
 
         def block(c: int, a: int, b: int) -> None:
+            here = out[a:b]
+
+            def fill(j: int, into: np.ndarray) -> None:
+                _fill_block(seed, int(j), c, into)
+
             def draw(j: Any) -> np.ndarray:
-                z = np.empty(b - a, dtype=dt)
+                # Z[t] goes straight into the returned row: a recursion that updates it in place
+                # (BLT, Toeplitz, BandMF) then returns it and nothing is copied
+                z = here if int(j) == t else np.empty(b - a, dtype=dt)
                 _fill_block(seed, int(j), c, z)
                 return z
 
             views = (work.ring[:, a:b], work.carry[:, a:b])
-            row, new = op.step(t, draw, views, tab, ops)
+            row, new = op.step(t, draw, views, tab, NumpyOps(dt, fill))
             for old, now in zip(views, new, strict=True):
                 if now is not old:
                     old[...] = now
-            out[a:b] = row
+            if row is not here:
+                here[...] = row
+            if check and not np.isfinite(here).all():   # in cache, block by block
+                bad.append(c)
 
         _for_blocks(self.d, self.threads, block)
         work.position = t + 1
-        if check and not np.all(np.isfinite(out)):
+        if bad:
             raise MfcliError(f"noise row {t} is not finite: the operator's coefficients overflow {dt.name} "
                              "(a strategy this ill-conditioned cannot be trained with)")
         return out

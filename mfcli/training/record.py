@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.services.records import accounted_sensitivity
+from mfcli.services.records import accounted_sensitivity, read_claim
+from mfcli.training.noise import AccountedOperator
 
 #: The records' epsilon attribute names and the settings they belong to, for a deterministic
 #: record: ``deterministic`` (a multi-participation schema) or ``single-pass`` (one participation).
@@ -83,6 +84,8 @@ class TrainingRecord:
             otherwise; None when that is not a whole number.
         participation: the record's schema (JSON text).
         epsilons: {setting: epsilon} of the record's rows that hold under ``sampler``.
+        accounted: the operator the record accounted (its claim's ``operator`` and
+            ``strategy_sha256``): the noise stream is built for it (:func:`record_stream`).
         attrs: the record's attributes as stored.
     """
 
@@ -98,6 +101,7 @@ class TrainingRecord:
     participation: str
     epsilons: dict[str, float]
     sensitivity: float
+    accounted: AccountedOperator
     attrs: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -268,7 +272,14 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     """
     from mfcli.io.artifact import load_any_artifact
     from mfcli.model.participation import SingleParticipation, participation_from_json
-    from mfcli.training.samplers import HELD_SETTINGS, fixed_order_period, held_epsilons, held_epsilons_of, verified_record
+    from mfcli.training.samplers import (
+        HELD_SETTINGS,
+        accounted_operator,
+        fixed_order_period,
+        held_epsilons,
+        held_epsilons_of,
+        verified_record,
+    )
 
     path = Path(artifact)
     # the record is re-derived once (deeply: MMCC too) and what it gave is reused below
@@ -309,10 +320,14 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     derived = verified[0].sensitivity if verified is not None else None
     sensitivity = derived if derived is not None else accounted_sensitivity(
         attrs, verified[1] if verified is not None else None, path)
+    # the operator of the claim the verifier checked (else the claim as the verifier would read it)
+    claim, problems = (verified[0].claim, []) if verified is not None else read_claim(attrs)
+    if claim is None:
+        raise MfcliError(f"accounting record {rid!r} of {path} is malformed: {problems[0]}")
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
-                          attrs=dict(attrs))
+                          accounted=accounted_operator(rid, claim), attrs=dict(attrs))
 
 
 #: The one line that refuses ``noise_multiplier=`` without an accounting record.
@@ -385,10 +400,8 @@ def record_stream(rec: TrainingRecord, *, d: int, seed: int, dtype: Any = "float
     with ``accounted=``): its ``sigma`` scales these rows. ``rec`` comes from
     :func:`training_record`, which verified the record (unless told not to)."""
     from mfcli.training.noise import noise_stream
-    from mfcli.training.samplers import accounted_operator
 
-    return noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype,
-                        accounted=accounted_operator(rec.record, rec.attrs))
+    return noise_stream(rec.artifact, kind="gradient", d=d, seed=seed, dtype=dtype, accounted=rec.accounted)
 
 
 def _steps_per_epoch(sampler: str, period: int | None, sampling: float | None) -> int | None:

@@ -620,12 +620,13 @@ def sampler_record(artifact: str | Path, record: str | None = None) -> tuple[str
     return rid, accounting_records(artifact)[rid]
 
 
-def accounted_operator(record: str, attrs: Mapping[str, Any]) -> AccountedOperator:
-    """The :class:`mfcli.training.noise.AccountedOperator` of accounting record ``record`` (attributes
-    ``attrs``, which its caller has verified): the operator whose noise training with it must add."""
-    # records without the attribute accounted the dense C
-    return AccountedOperator(label=str(attrs.get("operator") or "dense"),
-                             strategy_sha256=str(attrs.get("strategy_sha256")), record=record)
+def accounted_operator(record: str, claim: Any) -> AccountedOperator:
+    """The :class:`mfcli.training.noise.AccountedOperator` of accounting record ``record``, from its
+    claim (a :class:`mfcli.services.records.RecordClaim`, which its caller has verified: its
+    ``operator`` and ``strategy_sha256``): the operator whose noise training with it must add. The
+    one place a record's operator becomes a stream's (:func:`record_noise_stream`,
+    :func:`mfcli.training.record.record_stream`)."""
+    return AccountedOperator(label=claim.operator, strategy_sha256=claim.strategy_sha256, record=record)
 
 
 def record_noise_stream(
@@ -653,8 +654,7 @@ def record_noise_stream(
     """
     rid, check, _subject = verified_record(artifact, record)
     # the operator named by the claim that was verified, not by a second read of the file
-    claim = check.claim
-    accounted = AccountedOperator(label=claim.operator, strategy_sha256=claim.strategy_sha256, record=rid)
+    accounted = accounted_operator(rid, check.claim)
     return noise_stream(artifact, kind=kind, d=d, seed=seed, dtype=dtype, variant=variant, threads=threads,
                         accounted=accounted, max_memory=max_memory)
 
