@@ -33,7 +33,7 @@ import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import Participation, Sensitivity, SingleParticipation
-from mfcli.strategies.operators import BufferRecursion, IirRecursion
+from mfcli.strategies.operators import BufferRecursion, IirRecursion, WorkloadLoss
 from mfcli.strategies.toeplitz import (
     MAX_BANDS,
     BandedToeplitz,
@@ -81,6 +81,8 @@ def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarr
     stays accurate where the polynomial form's poles cluster near 1."""
     import scipy.signal
 
+    if hasattr(strategy, "workload_decoder"):  # a kind with its own closed form of B (the sqrt baseline)
+        return np.asarray(strategy.workload_decoder(workload, check_n(n)), dtype=np.float64)
     if not isinstance(strategy, BandedToeplitz) and hasattr(strategy, "noising_coefs"):
         return scipy.signal.lfilter(workload.numerator, workload.denominator, strategy.noising_coefs(check_n(n)))
     num, den = rational(strategy)
@@ -265,8 +267,12 @@ def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
 
 @dataclass(frozen=True, eq=False)
 class StructuredOperator:
-    """A structured mechanism as it runs: the NoiseOperator protocol without n x n matrices
-    (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N)."""
+    """A structured mechanism as it runs: the Mechanism protocol without n x n matrices
+    (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N), of any kind whose
+    strategy gives ``strategy_coefs(n)``, ``sensitivity(n, schema)``, ``parameters()``, C^-1
+    (``rational()`` or ``noising_coefs(n)``) and optionally B (``workload_decoder``): banded
+    Toeplitz, BLT, and the Toeplitz baselines identity and sqrt
+    (:mod:`mfcli.strategies.baseline_mechanisms`)."""
 
     strategy: Any
     workload: ToeplitzWorkload
@@ -281,7 +287,7 @@ class StructuredOperator:
     @property
     def label(self) -> str:
         params = ", ".join(f"{k} {v.size}" for k, v in self.strategy.parameters().items())
-        return f"{self.strategy.kind} ({params})"
+        return f"{self.strategy.kind} ({params})" if params else str(self.strategy.kind)
 
     @property
     def n(self) -> int:
@@ -391,6 +397,14 @@ class StructuredOperator:
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}
 
+    def loss(self, workload: ToeplitzWorkload | None = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        """The errors on ``workload`` (None: its own; any Toeplitz workload) under ``schema`` from
+        the parameters in O(n order): sens from :meth:`schema_sensitivity`, ||B[t, :]||^2 the
+        running sum of the squared first column of B = A C^-1 (B is Toeplitz)."""
+        sens = self.strategy.sensitivity(self.size, schema or SingleParticipation())
+        beta = decoder_coefs(self.strategy, workload or self.workload, self.size)
+        unit = np.cumsum(beta * beta)
+        return WorkloadLoss(sens, unit, sens.value**2 * unit, "first column of the Toeplitz B")
 
 
 
