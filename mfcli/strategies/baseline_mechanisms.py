@@ -152,8 +152,6 @@ class ToeplitzBaselineMechanism(StructuredOperator):
     operator of a :class:`ToeplitzBaseline` (numbers from the first column), with no artifact group
     and the sqrt noise stream from its dense operator up to the dense limit."""
 
-    variant = "baseline"
-
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         if self.strategy.kind == "identity" or kind not in ("gradient", "iterate"):
             return super().streaming(kind, where=where)
@@ -187,7 +185,8 @@ class TreeMechanism:
     workload: ToeplitzWorkload
     size: int
 
-    variant = "baseline"
+    #: The operator it streams is that of the dense root of a tree artifact (B Z), without the matrix.
+    variant = "dense"
     is_tree = True
     identity_sha256 = None
 
