@@ -187,10 +187,13 @@ def compare(
         refuse_unless(not (artifact or save or plot or curves or matrix or tol or max_iter),
                       f"n = {n} > {MAX_N}: only the baselines without optimal (closed forms) and --bands/--buffers "
                       "rows are compared; dense options do not apply")
+        from mfcli.model.kinds import ANY_N_BASELINES
+
         names = parse_strategy_names(strategies) if strategies else ()
-        refuse_unless("optimal" not in names,
-                      f"n = {n} > {MAX_N}: optimal is a dense solve (n <= {MAX_N}); compare the other baselines, "
-                      "--bands or --buffers")
+        dense_only = [name for name in names if name not in ANY_N_BASELINES]
+        refuse_unless(not dense_only,
+                      f"n = {n} > {MAX_N}: {', '.join(dense_only)} is a dense solve (n <= {MAX_N}); compare "
+                      f"{', '.join(ANY_N_BASELINES)}, --bands or --buffers")
         compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), buffers=tuple(buffers or ()),
                            schema=schema,
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,

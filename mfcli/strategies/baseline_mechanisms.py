@@ -43,7 +43,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.model.factorization import Factorization
-from mfcli.model.kinds import BASELINES, TREE_BASELINES
+from mfcli.model.kinds import ANY_N_BASELINES, TREE_BASELINES
 from mfcli.model.participation import (
     FixedEpoch,
     MinSeparation,
@@ -60,7 +60,7 @@ from mfcli.strategies.baselines import (
     tree_strategy_matrix,
 )
 from mfcli.strategies.operators import ArrayOps, DenseLowerTriangular, Streaming, StreamState, WorkloadLoss
-from mfcli.strategies.structured import StructuredOperator
+from mfcli.strategies.structured import DenseUpToLimit, StructuredOperator
 from mfcli.strategies.toeplitz import ToeplitzWorkload, check_n, materialize, sqrt_down, sqrt_up, toeplitz_sensitivity
 from mfcli.strategies.tree_error import (
     honaker_row_norms,
@@ -175,7 +175,7 @@ def _no_dense(what: str, n: int) -> MfcliError:
 
 
 @dataclass(frozen=True, eq=False)
-class TreeMechanism:
+class TreeMechanism(DenseUpToLimit):
     """The binary tree and the Honaker estimators on its encoder as a
     :class:`~mfcli.strategies.operators.Mechanism` of any n (module docstring): C is the tree
     encoder restricted to n columns (m = :func:`tree_rows` rows, released as the nodes close), B
@@ -189,6 +189,7 @@ class TreeMechanism:
     variant = "dense"
     is_tree = True
     identity_sha256 = None
+    matrix_name = "the dense tree encoder C, which is built"
 
     def __post_init__(self) -> None:
         if self.name not in TREE_BASELINES:
@@ -258,15 +259,8 @@ class TreeMechanism:
         """The tree encoder is causal in release order by construction (a node is released when
         its interval closes)."""
 
-    def accounting_matrix(self) -> np.ndarray | None:
-        return tree_strategy_matrix(self.size) if self.size <= STRUCTURED_DENSE_MAX_N else None
-
-    @property
-    def no_matrix_reason(self) -> str | None:
-        if self.size <= STRUCTURED_DENSE_MAX_N:
-            return None
-        return (f"the dense tree encoder C, which is built for n <= {STRUCTURED_DENSE_MAX_N} only (this one has "
-                f"n = {self.size})")
+    def dense_strategy(self) -> np.ndarray:
+        return tree_strategy_matrix(self.size)
 
     def matrix_refusal(self, what: str) -> str:
         return f"{what} needs {self.no_matrix_reason or 'the dense tree encoder C'}"
@@ -339,38 +333,32 @@ class TreeStream:
     rows of d floats, nothing redrawn (``width`` 0).
     """
 
-    size: int
+    n: int
     post: np.ndarray
 
     method = "binary-tree"
+    #: No rows of Z are kept (nothing is redrawn on resume).
+    width = 0
 
     @classmethod
     def of(cls, workload: ToeplitzWorkload, n: int) -> TreeStream:
         return cls(int(n), np.asarray(_over_prefix(workload), dtype=np.float64))
 
     @property
-    def n(self) -> int:
-        return self.size
-
-    @property
     def levels(self) -> int:
-        return tree_height(self.size) + 1
-
-    @property
-    def width(self) -> int:
-        return 0
+        return tree_height(self.n) + 1
 
     @property
     def rank(self) -> int:
         return self.levels + int(self.post.size - 1)
 
     def _low(self) -> np.ndarray:
-        t1 = np.arange(1, self.size + 1, dtype=np.int64)
+        t1 = np.arange(1, self.n + 1, dtype=np.int64)
         return np.log2(t1 & -t1).astype(np.int64)
 
     def _draw_rows(self) -> np.ndarray:
-        t = np.arange(self.size, dtype=np.int64)
-        closed = np.zeros(self.size, dtype=np.int64)
+        t = np.arange(self.n, dtype=np.int64)
+        closed = np.zeros(self.n, dtype=np.int64)
         for lvl in range(self.levels):
             closed += t >> lvl
         return closed + self._low()
@@ -379,11 +367,11 @@ class TreeStream:
         """The n x m operator (the tree decoder B), for tests and the dense check of its rows."""
         import scipy.signal
 
-        b = tree_decoder(self.size)
+        b = tree_decoder(self.n)
         return scipy.signal.lfilter([1.0], self.post, b, axis=0)
 
     def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.post, np.array([float(self.size)]))
+        return (self.post, np.array([float(self.n)]))
 
     def tables(self) -> dict[str, np.ndarray]:
         lv = self.levels
@@ -420,8 +408,8 @@ class TreeStream:
         """sum_u |B[t, u]|: B >= 0 (prefix and momentum), so the filter of popcount(t + 1)."""
         import scipy.signal
 
-        t1 = np.arange(1, self.size + 1, dtype=np.int64)
-        count = np.zeros(self.size)
+        t1 = np.arange(1, self.n + 1, dtype=np.int64)
+        count = np.zeros(self.n)
         for lvl in range(self.levels):
             count += (t1 >> lvl) & 1
         return np.abs(scipy.signal.lfilter([1.0], self.post, count))
@@ -439,9 +427,8 @@ def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int) -> Toeplit
         MfcliError: ``optimal`` or an unknown name (the certified optimum is a dense solve), n out
             of range, a tree for n < 2.
     """
-    if name not in BASELINES or name == "optimal":
-        choices = ", ".join(k for k in BASELINES if k != "optimal")
-        raise MfcliError(f"{name!r} is no baseline with a form of any n; choose from {choices}")
+    if name not in ANY_N_BASELINES:
+        raise MfcliError(f"{name!r} is no baseline with a form of any n; choose from {', '.join(ANY_N_BASELINES)}")
     n = check_n(n)
     if name in TOEPLITZ_BASELINES:
         return ToeplitzBaselineMechanism(ToeplitzBaseline(name), workload, n)

@@ -663,26 +663,9 @@ class WorkloadLoss:
         return cls(sens, unit, sens.value**2 * unit, method)
 
     @property
-    def n(self) -> int:
-        return int(self.per_step.size)
-
-    @property
     def total(self) -> float:
-        """sens^2 ||B||_F^2."""
+        """sens^2 ||B||_F^2 (the mean, RMSE and worst step follow from ``per_step``)."""
         return float(np.sum(self.per_step))
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.n
-
-    @property
-    def rmse(self) -> float:
-        return float(np.sqrt(self.mean))
-
-    @property
-    def max(self) -> float:
-        """The worst step's expected squared error."""
-        return float(np.max(self.per_step))
 
     @property
     def frobenius(self) -> float:

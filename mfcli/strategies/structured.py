@@ -265,8 +265,31 @@ def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
 # Noise operator
 
 
+class DenseUpToLimit:
+    """The dense C of a mechanism known by its parameters, for n <= STRUCTURED_DENSE_MAX_N only
+    (n^2 doubles, 512 MiB there): :meth:`accounting_matrix` and ``no_matrix_reason`` of the
+    Mechanism protocol, from ``size``, :meth:`dense_strategy` and ``matrix_name`` (what the
+    dense C is, in words)."""
+
+    size: int
+    matrix_name = "the dense strategy C, which is materialised from a structured artifact"
+
+    def dense_strategy(self) -> np.ndarray:
+        raise NotImplementedError  # pragma: no cover - every kind supplies it
+
+    def accounting_matrix(self) -> np.ndarray | None:
+        return None if self.size > STRUCTURED_DENSE_MAX_N else self.dense_strategy()
+
+    @property
+    def no_matrix_reason(self) -> str | None:
+        """Why :meth:`accounting_matrix` is None (None when it is not)."""
+        if self.size <= STRUCTURED_DENSE_MAX_N:
+            return None
+        return f"{self.matrix_name} for n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {self.size})"
+
+
 @dataclass(frozen=True, eq=False)
-class StructuredOperator:
+class StructuredOperator(DenseUpToLimit):
     """A structured mechanism as it runs: the Mechanism protocol without n x n matrices
     (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N), of any kind whose
     strategy gives ``strategy_coefs(n)``, ``sensitivity(n, schema)``, ``parameters()``, C^-1
@@ -326,18 +349,8 @@ class StructuredOperator:
     def check_causal(self, what: str) -> None:
         """A Toeplitz C is lower-triangular by construction and released row by row."""
 
-    def accounting_matrix(self) -> np.ndarray | None:
-        if self.size > STRUCTURED_DENSE_MAX_N:
-            return None
+    def dense_strategy(self) -> np.ndarray:
         return materialize(self.strategy.strategy_coefs(self.size), self.size)
-
-    @property
-    def no_matrix_reason(self) -> str | None:
-        """Why :meth:`accounting_matrix` is None (None when it is not)."""
-        if self.size <= STRUCTURED_DENSE_MAX_N:
-            return None
-        return (f"the dense strategy C, which is materialised from a structured artifact for n <= {STRUCTURED_DENSE_MAX_N} "
-                f"only (this one has n = {self.size})")
 
     def matrix_refusal(self, what: str) -> str:
         return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
