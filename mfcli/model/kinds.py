@@ -86,4 +86,5 @@ STRUCTURED = names("structured")
 #: {name: description} of every kind.
 DESCRIPTIONS = {k.name: k.description for k in KINDS}
 
-__all__ = ["ACCOUNTABLE", "ANY_N_BASELINES", "BASELINES", "DESCRIPTIONS", "KINDS", "STRUCTURED", "TREE_BASELINES", "Kind", "names"]
+__all__ = ["ACCOUNTABLE", "ANY_N_BASELINES", "BASELINES", "DESCRIPTIONS", "KINDS", "STRUCTURED", "TREE_BASELINES",
+           "Kind", "names"]
