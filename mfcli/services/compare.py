@@ -544,10 +544,10 @@ def loss_row(name: str, description: str, loss: Any, *, causal: bool, m: int, pr
 
 
 def mechanism_row(name: str, description: str, mechanism: Any, schema: Participation,
-                  privacy: PrivacyTarget | None = None, *, causal: bool = True) -> ComparisonRow:
+                  privacy: PrivacyTarget | None = None) -> ComparisonRow:
     """The row of any :class:`~mfcli.strategies.operators.Mechanism` from its own numbers, with no
     n x n matrix where its kind needs none: :meth:`~mfcli.strategies.operators.Mechanism.loss`
-    under ``schema``, and with ``privacy`` the calibration :func:`equal_privacy_from` makes from
+    under ``schema``, ``causal`` and ``rows`` (m), and with ``privacy`` the calibration :func:`equal_privacy_from` makes from
     the sensitivity, ||B||_F^2 and, for cyclic Poisson sampling, the mechanism's
     :meth:`~mfcli.strategies.operators.Mechanism.cyclic_numbers` (or the reason they do not apply).
 
@@ -565,7 +565,7 @@ def mechanism_row(name: str, description: str, mechanism: Any, schema: Participa
                 cyclic = str(exc)
         row_privacy = equal_privacy_from(loss.sensitivity.value, loss.frobenius, mechanism.n, schema, privacy,
                                          cyclic=cyclic)
-    return loss_row(name, description, loss, causal=causal, m=int(mechanism.rows), privacy=row_privacy)
+    return loss_row(name, description, loss, causal=bool(mechanism.causal), m=int(mechanism.rows), privacy=row_privacy)
 
 
 def calibration_phase(row: str) -> str:
@@ -735,7 +735,7 @@ def structured_rows(
         description = ("C = I (1-band Toeplitz), B = A" if name == "identity"
                        else DESCRIPTIONS[name] + post + " (closed form, no dense matrix)")
         try:
-            rows.append(mechanism_row(name, description, mech, schema, privacy, causal=name != "honaker-full"))
+            rows.append(mechanism_row(name, description, mech, schema, privacy))
         except MfcliError as exc:
             if skipped is None or name in baselines or name != "tree":
                 raise

@@ -212,6 +212,11 @@ class TreeMechanism(DenseUpToLimit):
     def rows(self) -> int:
         return tree_rows(self.size)
 
+    @property
+    def causal(self) -> bool:
+        """The offline Honaker estimator's B uses nodes that close later; the others are causal."""
+        return self.name != "honaker-full"
+
     @cached_property
     def release_steps(self) -> np.ndarray:
         return tree_release_steps(self.size)

@@ -770,6 +770,12 @@ class Mechanism(Protocol):
         ...
 
     @property
+    def causal(self) -> bool:
+        """B and C are lower-triangular in release order: the mechanism runs as a stream (the
+        offline Honaker estimator is not)."""
+        ...
+
+    @property
     def is_tree(self) -> bool:
         """C is the binary-tree encoder (the shuffled-tree and balls-in-bins-tree settings apply)."""
         ...
@@ -916,6 +922,8 @@ class MatrixStrategy(MatrixAccounting):
     variant = "dense"
     label = "dense"
     identity_sha256 = None
+    #: Its C is checked causal where an accounting assumes it (check_causal); it has no B.
+    causal = True
 
     @property
     def n(self) -> int:
@@ -976,6 +984,10 @@ class FactorizationMechanism(MatrixAccounting):
     @property
     def sensitivity(self) -> float:
         return float(self.factorization.sensitivity)
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.factorization.causal)
 
     def dense(self) -> np.ndarray:
         return np.array(self.factorization.decoder)

@@ -341,6 +341,8 @@ class StructuredOperator(DenseUpToLimit):
 
     #: A Toeplitz C is square: never the binary tree.
     is_tree = False
+    #: C and B = A C^-1 are lower-triangular Toeplitz.
+    causal = True
 
     @property
     def rows(self) -> int:
