@@ -5,22 +5,18 @@ prefix-sum and momentum workloads (Toeplitz, :class:`~mfcli.strategies.toeplitz.
 limit, any workload); this module is what ``compare`` runs above that limit, from
 :func:`baseline_mechanism`.
 
-=================  ==========================  ==================================  ======================
-kind               sensitivity                 loss (per step)                     noise stream
-=================  ==========================  ==================================  ======================
-identity, sqrt     lower-triangular Toeplitz   first column of B = A S^-1 B_S,     identity: C^-1 = I;
-                   C: every schema, certified  O(n) (B Toeplitz)                   sqrt: dense operator,
-                   (:func:`toeplitz_sensit\\                                        n <= the dense limit
-                   ivity`; exact: c >= 0 and
-                   non-increasing)
-tree               single: sqrt(K + 1);        :func:`tree_row_norms`, prefix and  iterate noise B Z,
-                   fixed-epoch: exact, in      momentum, O(n log n)                O(log n) rows of
-                   integers; min-sep: dense C                                      state per parameter
-                   (n <= the dense limit)                                          (:class:`TreeStream`)
-honaker-online,    as the tree (same C)        prefix: :func:`honaker_row_norms`,  dense decoder, n <=
-honaker-full                                   O(n log n); momentum: dense B,      the dense limit
-                                               n <= the dense limit                (online only)
-=================  ==========================  ==================================  ======================
+* identity, sqrt: a lower-triangular Toeplitz C. Sensitivity under every schema from the first
+  column (:func:`~mfcli.strategies.toeplitz.toeplitz_sensitivity`; exact, the coefficients are
+  non-negative and non-increasing); per-step error from the first column of B = A S^-1 B_S, O(n);
+  noise: identity's C^-1 = I by recursion, sqrt's dense operator (n <= the dense limit).
+* tree: sensitivity sqrt(K + 1) under single participation, exact in integers under fixed
+  epochs (:func:`~mfcli.strategies.tree_error.tree_fixed_epoch_sensitivity`), from the dense C
+  under min-separation (n <= the dense limit); per-step error
+  :func:`~mfcli.strategies.tree_error.tree_row_norms` (prefix and momentum), O(n log n); iterate
+  noise B Z with O(log n) rows of state per parameter (:class:`TreeStream`).
+* honaker-online, honaker-full: the tree's C and sensitivity; per-step error on prefix sums
+  :func:`~mfcli.strategies.tree_error.honaker_row_norms`, O(n log n), on momentum from the dense
+  B (n <= the dense limit); noise from the dense decoder (online only, n <= the dense limit).
 
 What has no exact or certified number at some n (the tree under min-separation, the Honaker
 estimators' error on a momentum workload, the sqrt noise stream) is refused above
