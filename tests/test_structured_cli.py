@@ -134,7 +134,7 @@ def test_compare_small_n_adds_banded_rows_next_to_the_certified_optimum():
 
 
 def test_compare_large_n_refuses_dense_options():
-    r = run("compare", "--n", "100000", "--strategies", "tree")
+    r = run("compare", "--n", "100000", "--strategies", "optimal")
     assert r.exit_code == 2 and "needs" not in r.stderr and r.stderr.strip().startswith("error:")
     r = run("compare", "--n", "100000", "--artifact", "x.h5")
     assert r.exit_code == 2 and "dense options do not apply" in r.stderr

@@ -49,7 +49,7 @@ from mfcli.cli.render import (
 )
 from mfcli.errors import MfcliError
 from mfcli.io.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
-from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
+from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
 from mfcli.model.workloads import MAX_N, Workload, build_workload, default_artifact_stem
 from mfcli.services.compare import (
     Comparison,
@@ -111,6 +111,7 @@ def compare(
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}). "
+        f"Above n = {MAX_N} every baseline but optimal, from closed forms (default identity,tree). "
         "(In mfcli account, -s is --strategy, one strategy.)",
     ),
     artifact: list[Path] | None = typer.Option(
@@ -142,8 +143,8 @@ def compare(
     bands: list[int] | None = typer.Option(
         None, "--bands", callback=BANDS_RANGE,
         help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
-        f"Above n = {MAX_N} no dense matrix is built: identity, tree (closed form, single participation) and "
-        "banded Toeplitz / BLT rows; with --epsilon too.",
+        f"Above n = {MAX_N} no dense matrix is built: the baselines but optimal (closed forms; the tree under "
+        "--min-sep and Honaker on momentum are refused there) and banded Toeplitz / BLT rows; with --epsilon too.",
     ),
     buffers: list[int] | None = typer.Option(
         None, "--buffers", callback=BUFFERS_RANGE,
@@ -183,13 +184,20 @@ def compare(
         )
     refuse_unless(fmt is None or fmt in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if n is not None and n > MAX_N:
-        refuse_unless(not (strategies or artifact or save or plot or curves or matrix or tol or max_iter),
-                      f"n = {n} > {MAX_N}: only identity, tree (closed form) and --bands/--buffers rows are compared; "
-                      "dense options do not apply")
+        refuse_unless(not (artifact or save or plot or curves or matrix or tol or max_iter),
+                      f"n = {n} > {MAX_N}: only the baselines without optimal (closed forms) and --bands/--buffers "
+                      "rows are compared; dense options do not apply")
+        from mfcli.model.kinds import ANY_N_BASELINES
+
+        names = parse_strategy_names(strategies) if strategies else ()
+        dense_only = [name for name in names if name not in ANY_N_BASELINES]
+        refuse_unless(not dense_only,
+                      f"n = {n} > {MAX_N}: {', '.join(dense_only)} is a dense solve (n <= {MAX_N}); compare "
+                      f"{', '.join(ANY_N_BASELINES)}, --bands or --buffers")
         compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), buffers=tuple(buffers or ()),
                            schema=schema,
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
-                           privacy=privacy)
+                           privacy=privacy, baselines=names)
         return
     refuse_unless(max_participations is None or sampling is None,
                   "--max-participations does not apply with --sampling: cyclic Poisson sampling cannot cap the "
@@ -370,14 +378,15 @@ def emit_table(
 
 def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | None, bands: tuple[int, ...],
                        schema: Participation, fmt: str, out: Path | None, force: bool, quiet: bool,
-                       buffers: tuple[int, ...] = (), privacy: PrivacyTarget | None = None) -> None:
-    """``mfcli compare`` above the dense limit: identity, tree (single participation), banded
-    Toeplitz and BLT rows, O(n b) each; at equal privacy with ``privacy``. ``fmt``: one of
+                       buffers: tuple[int, ...] = (), privacy: PrivacyTarget | None = None,
+                       baselines: tuple[str, ...] = ()) -> None:
+    """``mfcli compare`` above the dense limit: the ``baselines`` (default identity and the tree,
+    the tree left out where the schema has no closed form for it), banded Toeplitz and BLT rows,
+    each from its mechanism's closed-form loss; at equal privacy with ``privacy``. ``fmt``: one of
     :data:`FORMATS`, checked by :func:`compare`."""
     from mfcli.cli.structured_render import check_buffers
     from mfcli.services.compare import structured_comparison
     from mfcli.strategies.toeplitz import check_bands, toeplitz_workload
-    from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
     refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
     w = toeplitz_workload(workload, beta=0.9 if beta is None else beta, lr=lr or "constant")
@@ -392,11 +401,13 @@ def compare_structured(workload: str, n: int, *, beta: float | None, lr: str | N
     if out is not None:
         check_output_path(out, force=force)
     if not quiet:
-        single = isinstance(schema, SingleParticipation)
-        parts = ["identity", "tree (closed form)"] if single else ["identity"]
+        parts = list(baselines) or ["identity", "tree (closed form)"]
         parts += [f"banded Toeplitz ({', '.join(map(str, bands))} bands)"] if bands else []
         parts += [f"BLT ({', '.join(map(str, buffers))} buffers)"] if buffers else []
-        log(f"building {', '.join(parts)} for n = {n}"
-            + ("" if single else f" (the tree row is built for single participation only above n = {STRUCTURED_DENSE_MAX_N})"))
-    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy)
+        log(f"building {', '.join(parts)} for n = {n}")
+    skipped: list[str] = []
+    table = structured_comparison(w, n, bands=bands, participation=schema, buffers=buffers, privacy=privacy,
+                                  baselines=baselines, skipped=skipped)
+    for why in skipped:
+        log(f"note: row left out: {why}")
     emit_table(table, fmt, curves=False, saved=None, table_out=out, force=force, progress=None if quiet else log)

@@ -31,6 +31,9 @@ class Kind:
         description: one line, as ``compare`` prints it.
         accountable: ``account --strategy`` builds it for a workload of n steps.
         tree: built on the binary tree (m = 2n' - 1 rows at most, a non-square C).
+        any_n: a mechanism of any n without n x n matrices
+            (:func:`mfcli.strategies.baseline_mechanisms.baseline_mechanism`): ``compare`` lists it
+            above the dense limit.
     """
 
     name: str
@@ -38,17 +41,20 @@ class Kind:
     description: str
     accountable: bool = False
     tree: bool = False
+    any_n: bool = False
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("identity", "baseline", "C = I, B = A: independent noise in every step (DP-SGD)", accountable=True),
+    Kind("identity", "baseline", "C = I, B = A: independent noise in every step (DP-SGD)", accountable=True,
+         any_n=True),
     Kind("tree", "baseline", "binary tree; each prefix sum from its minimal dyadic decomposition",
-         accountable=True, tree=True),
+         accountable=True, tree=True, any_n=True),
     Kind("honaker-online", "baseline",
-         "binary tree; min-norm estimate over the nodes closed so far (streaming Honaker)", tree=True),
+         "binary tree; min-norm estimate over the nodes closed so far (streaming Honaker)", tree=True, any_n=True),
     Kind("honaker-full", "baseline", "binary tree; B = S C^+ over all nodes (offline Honaker, not causal)",
-         tree=True),
-    Kind("sqrt", "baseline", "C = S^1/2, lower-triangular Toeplitz, coefficients binom(2k,k)/4^k", accountable=True),
+         tree=True, any_n=True),
+    Kind("sqrt", "baseline", "C = S^1/2, lower-triangular Toeplitz, coefficients binom(2k,k)/4^k", accountable=True,
+         any_n=True),
     Kind("optimal", "baseline", "optimal lower-triangular factorization, certified by a duality gap",
          accountable=True),
     Kind("banded-toeplitz", "structured", "banded Toeplitz C, stored as its b coefficients"),
@@ -58,10 +64,13 @@ KINDS: tuple[Kind, ...] = (
 )
 
 
-def names(family: str, *, accountable: bool | None = None, tree: bool | None = None) -> tuple[str, ...]:
-    """The names of one family, in registry order (optionally only the accountable or tree ones)."""
+def names(family: str, *, accountable: bool | None = None, tree: bool | None = None,
+          any_n: bool | None = None) -> tuple[str, ...]:
+    """The names of one family, in registry order (optionally only the accountable, tree or
+    any-n ones)."""
     return tuple(k.name for k in KINDS if k.family == family
-                 and (accountable is None or k.accountable == accountable) and (tree is None or k.tree == tree))
+                 and (accountable is None or k.accountable == accountable) and (tree is None or k.tree == tree)
+                 and (any_n is None or k.any_n == any_n))
 
 
 #: ``compare``'s baseline rows, ``compare --strategies`` and ``--save-strategy``.
@@ -70,9 +79,12 @@ BASELINES = names("baseline")
 ACCOUNTABLE = names("baseline", accountable=True)
 #: The baselines built on the binary tree.
 TREE_BASELINES = names("baseline", tree=True)
+#: The baselines with a mechanism of any n (``compare`` above the dense limit).
+ANY_N_BASELINES = names("baseline", any_n=True)
 #: The kinds stored as parameters (``optimize --strategy`` besides ``optimal``).
 STRUCTURED = names("structured")
 #: {name: description} of every kind.
 DESCRIPTIONS = {k.name: k.description for k in KINDS}
 
-__all__ = ["ACCOUNTABLE", "BASELINES", "DESCRIPTIONS", "KINDS", "STRUCTURED", "TREE_BASELINES", "Kind", "names"]
+__all__ = ["ACCOUNTABLE", "ANY_N_BASELINES", "BASELINES", "DESCRIPTIONS", "KINDS", "STRUCTURED", "TREE_BASELINES",
+           "Kind", "names"]

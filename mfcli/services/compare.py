@@ -509,40 +509,63 @@ def row_for(strategy: Strategy, *, label: str | None = None, participation: Part
             privacy: PrivacyTarget | None = None, on_progress: ProgressCallback | None = None,
             description: str | None = None) -> ComparisonRow:
     """Numbers of one strategy, recomputed from its factorization (ratio filled in later), under
-    ``participation`` (None: single participation): sens^2 times the squared row norms of B;
+    ``participation`` (None: single participation): the loss of its mechanism
+    (:meth:`mfcli.strategies.operators.Mechanism.loss`: sens^2 times the squared row norms of B);
     with ``privacy``, also its sigma and RMSE at that target (:func:`equal_privacy`), its
     calibrations reported to ``on_progress`` as phase :func:`calibration_phase` of the row."""
+    from mfcli.strategies.operators import DenseOperator
+
     f = strategy.factorization
-    exact = True
-    if participation is None or isinstance(participation, SingleParticipation):
-        per_step = f.per_step_error
-        sens = f.sensitivity
-    else:
-        s = schema_sensitivity(f.strategy, participation)
-        sens, exact = s.value, s.exact
-        per_step = sens**2 * np.sum(np.asarray(f.decoder, dtype=np.float64) ** 2, axis=1)
     gap = None
     if strategy.solver and isinstance(strategy.solver.get("gap"), (int, float)):
         gap = float(strategy.solver["gap"])
-    return ComparisonRow(
-        name=label or strategy.name,
-        description=description or strategy.description,
-        causal=strategy.causal,
-        m=f.m,
-        sensitivity=sens,
-        loss_total=float(np.sum(per_step)),
-        loss_mean=float(np.sum(per_step)) / f.n,
-        rmse=math.sqrt(float(np.sum(per_step)) / f.n),
-        loss_max=float(np.max(per_step)),
-        ratio=math.nan,
-        per_step_rmse=np.sqrt(per_step),
-        source=strategy.source,
-        solver_gap=gap,
-        sensitivity_exact=exact,
+    return loss_row(
+        label or strategy.name, description or strategy.description, DenseOperator(f).loss(schema=participation),
+        causal=strategy.causal, m=f.m, source=strategy.source, solver_gap=gap,
         privacy=None if privacy is None else equal_privacy(
             f.strategy, f.decoder, participation or SingleParticipation(), privacy, on_progress=on_progress,
             phase=calibration_phase(label or strategy.name)),
     )
+
+
+def loss_row(name: str, description: str, loss: Any, *, causal: bool, m: int, privacy: RowPrivacy | None = None,
+             source: str | None = None, solver_gap: float | None = None) -> ComparisonRow:
+    """The :class:`ComparisonRow` of a mechanism's :class:`~mfcli.strategies.operators.WorkloadLoss`
+    (ratio unset): total, mean, RMSE and worst step of its per-step errors, its sensitivity and
+    whether that is exact."""
+    total = float(np.sum(loss.per_step))
+    n = int(loss.per_step.size)
+    return ComparisonRow(
+        name=name, description=description, causal=causal, m=m, sensitivity=loss.sensitivity.value,
+        loss_total=total, loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(np.max(loss.per_step)),
+        ratio=math.nan, per_step_rmse=np.sqrt(loss.per_step), source=source, solver_gap=solver_gap,
+        sensitivity_exact=loss.sensitivity.exact, privacy=privacy,
+    )
+
+
+def mechanism_row(name: str, description: str, mechanism: Any, schema: Participation,
+                  privacy: PrivacyTarget | None = None) -> ComparisonRow:
+    """The row of any :class:`~mfcli.strategies.operators.Mechanism` from its own numbers, with no
+    n x n matrix where its kind needs none: :meth:`~mfcli.strategies.operators.Mechanism.loss`
+    under ``schema``, ``causal`` and ``rows`` (m), and with ``privacy`` the calibration :func:`equal_privacy_from` makes from
+    the sensitivity, ||B||_F^2 and, for cyclic Poisson sampling, the mechanism's
+    :meth:`~mfcli.strategies.operators.Mechanism.cyclic_numbers` (or the reason they do not apply).
+
+    Raises:
+        MfcliError: the mechanism has no exact or certified number for this schema, workload or n.
+    """
+    loss = mechanism.loss(schema=schema)
+    row_privacy = None
+    if privacy is not None:
+        cyclic: tuple[int, float] | str = ""
+        if privacy.sampling is not None:
+            try:
+                cyclic = mechanism.cyclic_numbers(schema)
+            except MfcliError as exc:
+                cyclic = str(exc)
+        row_privacy = equal_privacy_from(loss.sensitivity.value, loss.frobenius, mechanism.n, schema, privacy,
+                                         cyclic=cyclic)
+    return loss_row(name, description, loss, causal=bool(mechanism.causal), m=int(mechanism.rows), privacy=row_privacy)
 
 
 def calibration_phase(row: str) -> str:
@@ -677,28 +700,46 @@ def structured_rows(
     buffers: tuple[int, ...] = (),
     tree: bool = False,
     privacy: Any = None,
+    baselines: Sequence[str] = (),
+    skipped: list[str] | None = None,
 ) -> list[Any]:
-    """:class:`ComparisonRow` objects (ratio unset) for the identity strategy
-    (C = I, a 1-band Toeplitz C: its loss is sens^2 sum_t (n - t) a_t^2 in O(n)) and for banded
+    """:class:`ComparisonRow` objects (ratio unset) of mechanisms known by their parameters, at any
+    n with no n x n matrix, each from its :meth:`~mfcli.strategies.operators.Mechanism.loss`
+    (:func:`mechanism_row`): the ``baselines`` (and ``identity`` / ``tree``, kept as switches) as
+    :func:`mfcli.strategies.baseline_mechanisms.baseline_mechanism`, in registry order; banded
     Toeplitz strategies (``bands``) and BLT strategies (``buffers``) optimised for ``workload``, n
-    and the schema, each recomputed from its parameters in O(n b) or O(n buffers); with ``tree``
-    (single participation only) the binary tree's row from :mod:`mfcli.strategies.tree_error` in O(n log n).
+    and the schema, O(n b) or O(n buffers) each.
 
-    With ``privacy`` (a :class:`PrivacyTarget`) every row is calibrated to it as
-    dense rows are (:func:`equal_privacy_from`): the Gaussian at the schema
-    sensitivity always, cyclic Poisson where C has at most b bands (its band count and max column
-    norm come from the first column, O(n)); the tree's non-square C gets the Gaussian only."""
-    import math
+    With ``privacy`` (a :class:`PrivacyTarget`) every row is calibrated to it as dense rows are
+    (:func:`equal_privacy_from`): the Gaussian at the schema sensitivity always, cyclic Poisson
+    where C has at most b bands (its band count and max column norm from the parameters, O(n));
+    the tree's non-square C gets the Gaussian only.
 
-    from mfcli.strategies.structured import decoder_coefs
-    from mfcli.strategies.toeplitz import BandedToeplitz, check_bands, check_n, optimize_banded_toeplitz
+    A baseline that has no exact or certified number for this schema, workload and n (the tree
+    under min-separation, the Honaker estimators on a momentum workload, above the dense limit)
+    is refused (:class:`MfcliError`); with ``skipped`` (a list) the ``tree`` switch's row is
+    left out instead and the reason appended."""
+    from mfcli.model.kinds import ANY_N_BASELINES, DESCRIPTIONS
+    from mfcli.strategies.baseline_mechanisms import baseline_mechanism
+    from mfcli.strategies.structured import StructuredOperator
+    from mfcli.strategies.toeplitz import check_bands, check_n, optimize_banded_toeplitz
 
     n = check_n(n)
     schema = participation or SingleParticipation()
     schema.check(n)
-    candidates: list[tuple[str, str, BandedToeplitz]] = []
-    if identity:
-        candidates.append(("identity", "C = I (1-band Toeplitz), B = A", BandedToeplitz(np.array([1.0]))))
+    wanted = set(baselines) | ({"identity"} if identity else set()) | ({"tree"} if tree else set())
+    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
+    rows = []
+    for name in (k for k in ANY_N_BASELINES if k in wanted):
+        mech = baseline_mechanism(name, workload, n)
+        description = ("C = I (1-band Toeplitz), B = A" if name == "identity"
+                       else DESCRIPTIONS[name] + post + " (closed form, no dense matrix)")
+        try:
+            rows.append(mechanism_row(name, description, mech, schema, privacy))
+        except MfcliError as exc:
+            if skipped is None or name in baselines or name != "tree":
+                raise
+            skipped.append(f"{name}: {exc}")
     for b in bands:
         b = check_bands(b, n)
         strat = optimize_banded_toeplitz(n, b, workload=workload, schema=schema, error=error).strategy
@@ -707,68 +748,23 @@ def structured_rows(
         nonzero = np.flatnonzero(np.asarray(strat.coefs))
         used = int(nonzero[-1]) + 1 if nonzero.size else 0
         really = "" if used == b else f" ({used} non-zero: the optimiser set the others to 0)"
-        candidates.append((f"banded-toeplitz-{b}", f"banded Toeplitz C, {b} bands{really}, optimised for {error} error",
-                           strat))
-    blts: list[tuple[str, str, Any]] = []
+        rows.append(mechanism_row(f"banded-toeplitz-{b}",
+                                  f"banded Toeplitz C, {b} bands{really}, optimised for {error} error",
+                                  StructuredOperator(strat, workload, n), schema, privacy))
     for k in buffers:
         from mfcli.strategies.blt import optimize_blt
 
         opt = optimize_blt(n=n, buffers=k, workload=workload.name,
                            beta=workload.beta if workload.name == "momentum" else None, error=error, schema=schema)
-        blts.append((f"blt-{k}", f"BLT C, {k} buffers, optimised for {error} error", opt.blt))
-    rows = []
-    for name, description, strat in [*candidates, *blts]:
-        sens = strat.sensitivity(n, schema)
-        beta = decoder_coefs(strat, workload, n)
-        unit = np.cumsum(beta * beta)
-        per_step = sens.value**2 * unit
-        total = float(per_step.sum())
-        rows.append(ComparisonRow(
-            name=name, description=description, causal=True, m=n, sensitivity=sens.value, loss_total=total,
-            loss_mean=total / n, rmse=math.sqrt(total / n), loss_max=float(per_step[-1]), ratio=math.nan,
-            per_step_rmse=np.sqrt(per_step), source=None, solver_gap=None, sensitivity_exact=sens.exact,
-            privacy=None if privacy is None else _row_privacy(strat, sens.value, float(unit.sum()), n, schema, privacy),
-        ))
-    if tree and isinstance(schema, SingleParticipation):
-        row = tree_row(workload, n)
-        if privacy is not None:
-            from dataclasses import replace
-
-            row = replace(row, privacy=_row_privacy(None, row.sensitivity, row.loss_total / row.sensitivity**2, n,
-                                                    schema, privacy, why=f"the tree's C is not square ({row.m} rows "
-                                                    f"for {n} steps)"))
-        rows.insert(1 if identity else 0, row)
+        rows.append(mechanism_row(f"blt-{k}", f"BLT C, {k} buffers, optimised for {error} error",
+                                  StructuredOperator(opt.blt, workload, n), schema, privacy))
     return rows
 
 
-def _row_privacy(strategy: Any, sens: float, frob: float, n: int, schema: Participation, privacy: Any,
-                 why: str = "") -> Any:
-    from mfcli.strategies.structured import banded_numbers
-
-    cyclic: Any = why
-    if privacy.sampling is not None and strategy is not None:
-        cyclic = banded_numbers(strategy, n)
-    return equal_privacy_from(sens, frob, n, schema, privacy, cyclic=cyclic)
-
-
 def tree_row(workload: Any, n: int) -> Any:
-    """The binary tree's :class:`ComparisonRow` (single participation) without a
-    dense matrix: sens^2 = K + 1 times ||B[t, :]||^2 from :func:`mfcli.strategies.tree_error.tree_row_norms`."""
-    import math
-
-    from mfcli.strategies.baselines import DESCRIPTIONS
-    from mfcli.strategies.tree_error import tree_row_norms, tree_rows, tree_sensitivity
-
-    sens = tree_sensitivity(n)
-    per_step = sens**2 * tree_row_norms(workload, n)
-    total = float(per_step.sum())
-    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
-    return ComparisonRow(
-        name="tree", description=DESCRIPTIONS["tree"] + post + " (closed form, no dense matrix)", causal=True,
-        m=tree_rows(n), sensitivity=sens, loss_total=total, loss_mean=total / n, rmse=math.sqrt(total / n),
-        loss_max=float(per_step.max()), ratio=math.nan, per_step_rmse=np.sqrt(per_step), source=None,
-        solver_gap=None, sensitivity_exact=True,
-    )
+    """The binary tree's :class:`ComparisonRow` (single participation) without a dense matrix:
+    sens^2 = K + 1 times ||B[t, :]||^2 from :func:`mfcli.strategies.tree_error.tree_row_norms`."""
+    return structured_rows(workload, n, tree=True)[0]
 
 
 def extend_comparison(table: Any, rows: list[Any]) -> Any:
@@ -781,15 +777,20 @@ def extend_comparison(table: Any, rows: list[Any]) -> Any:
 
 def structured_comparison(workload: Any, n: int, *, bands: tuple[int, ...],
                           participation: Participation | None = None, error: str = "mean",
-                          buffers: tuple[int, ...] = (), privacy: Any = None) -> Any:
-    """A :class:`Comparison` of identity, the binary tree (single participation),
-    banded Toeplitz and BLT strategies at any n (no n x n matrix: O(n b) time, O(n) memory per
-    row), calibrated to ``privacy`` (a :class:`PrivacyTarget`) when given."""
+                          buffers: tuple[int, ...] = (), privacy: Any = None, baselines: Sequence[str] = (),
+                          skipped: list[str] | None = None) -> Any:
+    """A :class:`Comparison` at any n (no n x n matrix: O(n log n) time, O(n) memory per row) of
+    the ``baselines`` (by default identity and the binary tree, which is left out with its reason
+    in ``skipped`` where the schema has no exact number for it), banded Toeplitz and BLT
+    strategies, calibrated to ``privacy`` (a :class:`PrivacyTarget`) when given
+    (:func:`structured_rows`)."""
     from mfcli.strategies.structured import workload_params
     from mfcli.strategies.toeplitz import check_n
 
     schema = participation or SingleParticipation()
-    rows = structured_rows(workload, n, bands=bands, identity=True, participation=schema, error=error,
-                           buffers=buffers, tree=n >= 2, privacy=privacy)
+    default = not baselines
+    rows = structured_rows(workload, n, bands=bands, identity=default, participation=schema, error=error,
+                           buffers=buffers, tree=default and n >= 2, privacy=privacy, baselines=baselines,
+                           skipped=skipped if skipped is not None else [])
     empty = Comparison(workload.name, workload_params(workload), check_n(n), (), None, None, schema, privacy)
     return extend_comparison(empty, rows)

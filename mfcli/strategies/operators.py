@@ -644,6 +644,69 @@ class Streaming(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class WorkloadLoss:
+    """A mechanism's errors on a workload under a participation schema (noise multiplier 1,
+    clip norm 1), recomputed by the mechanism from what it runs (:meth:`Mechanism.loss`).
+
+    Attributes:
+        sensitivity: the schema sensitivity the errors are scaled by (an upper bound where not
+            ``exact``: the errors are then upper bounds too).
+        unit: ||B[t, :]||^2 for each step t (the error at unit sensitivity).
+        per_step: sens^2 ||B[t, :]||^2, the expected squared error of step t.
+        method: how ``unit`` was computed, in words (``dense B``, a closed form, ...).
+    """
+
+    sensitivity: Sensitivity
+    unit: np.ndarray
+    per_step: np.ndarray
+    method: str = "dense B"
+
+    @classmethod
+    def scaled(cls, sens: Sensitivity, unit: np.ndarray, method: str) -> WorkloadLoss:
+        """The loss at ``sens`` of per-step unit errors ``unit``."""
+        unit = np.asarray(unit, dtype=np.float64)
+        return cls(sens, unit, sens.value**2 * unit, method)
+
+    @property
+    def total(self) -> float:
+        """sens^2 ||B||_F^2 (the mean, RMSE and worst step follow from ``per_step``)."""
+        return float(np.sum(self.per_step))
+
+    @property
+    def frobenius(self) -> float:
+        """||B||_F^2 (unit sensitivity): what calibrating sigma to a target needs besides sens."""
+        return float(np.sum(self.unit))
+
+
+def check_own_workload(workload: Any, own: np.ndarray, what: str) -> None:
+    """Refuse a workload other than ``own`` (the A a decoder was made for): a dense mechanism's
+    decoder B answers its own workload only. None, A itself or a workload object holding it pass."""
+    if workload is None:
+        return
+    a = np.asarray(getattr(workload, "matrix", workload), dtype=np.float64)
+    if a.shape != np.shape(own) or not np.array_equal(a, own):
+        raise MfcliError(f"{what} was made for another workload: its decoder answers its own workload A only")
+
+
+def factorization_loss(fact: Factorization, schema: Participation | None) -> WorkloadLoss:
+    """The loss of a mechanism held as matrices (A, B, C): under single participation (or None)
+    sens = the max column norm of C and the errors :attr:`Factorization.per_step_error`; under
+    another schema sens from :func:`mfcli.model.participation.sensitivity` of C, times
+    ||B[t, :]||^2 of the dense decoder."""
+    from mfcli.model.participation import Sensitivity, SingleParticipation, sensitivity
+
+    b = np.asarray(fact.decoder, dtype=np.float64)
+    if schema is None or isinstance(schema, SingleParticipation):
+        value = float(fact.sensitivity)
+        single = Sensitivity(value=value, exact=True, lower=value, method="max column norm",
+                             schema=SingleParticipation())
+        return WorkloadLoss(single, np.einsum("ij,ij->i", b, b), fact.per_step_error, "dense B")
+    s = sensitivity(np.asarray(fact.strategy, dtype=np.float64), schema)
+    unit = np.sum(b**2, axis=1)
+    return WorkloadLoss(s, unit, s.value**2 * unit, "dense B")
+
+
 @runtime_checkable
 class Mechanism(Protocol):
     """A mechanism A = B C of any kind, as every consumer sees it: what is accounted, inspected,
@@ -666,6 +729,9 @@ class Mechanism(Protocol):
     Running: :meth:`streaming` (the matrix a noise stream runs), :meth:`dense` (the decoder, size
     limited like the strategy), ``factorization`` (A, C, B as matrices, size limited) and
     :meth:`group` (the artifact group of its parameters; None for the root).
+
+    Errors: :meth:`loss` (sensitivity and per-step errors on a workload under a schema), what
+    ``compare`` tabulates for every kind.
     """
 
     @property
@@ -710,6 +776,12 @@ class Mechanism(Protocol):
         ...
 
     @property
+    def causal(self) -> bool:
+        """B and C are lower-triangular in release order: the mechanism runs as a stream (the
+        offline Honaker estimator is not)."""
+        ...
+
+    @property
     def is_tree(self) -> bool:
         """C is the binary-tree encoder (the shuffled-tree and balls-in-bins-tree settings apply)."""
         ...
@@ -751,6 +823,13 @@ class Mechanism(Protocol):
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         """Its HDF5 group for :func:`mfcli.io.artifact.save_artifact` (None: it is the root)."""
+        ...
+
+    def loss(self, workload: Any = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        """Its errors on ``workload`` (None: the workload it was made for) under ``schema``
+        (None: single participation), recomputed without an n x n matrix where the kind allows
+        (:class:`WorkloadLoss`). A kind refuses, in one line, a workload its decoder cannot answer
+        and a schema or n it has no exact or certified number for."""
         ...
 
 
@@ -849,6 +928,8 @@ class MatrixStrategy(MatrixAccounting):
     variant = "dense"
     label = "dense"
     identity_sha256 = None
+    #: Its C is checked causal where an accounting assumes it (check_causal); it has no B.
+    causal = True
 
     @property
     def n(self) -> int:
@@ -874,26 +955,28 @@ class MatrixStrategy(MatrixAccounting):
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         raise self._no_decoder("a noise stream")
 
+    def loss(self, workload: Any = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        raise self._no_decoder("the loss")
+
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return None
 
 
-@dataclass(frozen=True, eq=False)
-class DenseOperator(MatrixAccounting):
-    """The dense root mechanism of an artifact: strategy C, decoder B, gradient noise C^-1."""
+class FactorizationMechanism(MatrixAccounting):
+    """The members of :class:`Mechanism` common to the kinds held as a verified factorization
+    (A, B, C) (``factorization``): the dense root and the compressed operator."""
 
-    factorization: Factorization
+    if TYPE_CHECKING:  # a field of each kind
 
-    variant = "dense"
-    kind = "dense"
+        @property
+        def factorization(self) -> Factorization: ...
+
+        @property
+        def label(self) -> str: ...
 
     @cached_property
     def release_steps(self) -> np.ndarray:
         return _matrix_release(np.asarray(self.factorization.strategy, dtype=np.float64), "artifact")
-
-    @property
-    def label(self) -> str:
-        return "dense"
 
     @property
     def n(self) -> int:
@@ -901,6 +984,7 @@ class DenseOperator(MatrixAccounting):
 
     @property
     def strategy(self) -> np.ndarray:
+        """C, the strategy that is accounted."""
         return self.factorization.strategy
 
     @property
@@ -908,13 +992,33 @@ class DenseOperator(MatrixAccounting):
         return float(self.factorization.sensitivity)
 
     @property
+    def causal(self) -> bool:
+        return bool(self.factorization.causal)
+
+    def dense(self) -> np.ndarray:
+        return np.array(self.factorization.decoder)
+
+    def loss(self, workload: Any = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        """:func:`factorization_loss` on its own workload (another is refused)."""
+        check_own_workload(workload, self.factorization.workload, f"the {self.label} mechanism")
+        return factorization_loss(self.factorization, schema)
+
+
+@dataclass(frozen=True, eq=False)
+class DenseOperator(FactorizationMechanism):
+    """The dense root mechanism of an artifact: strategy C, decoder B, gradient noise C^-1."""
+
+    factorization: Factorization
+
+    variant = "dense"
+    kind = "dense"
+    label = "dense"
+
+    @property
     def identity_sha256(self) -> str:
         """:func:`mfcli.io.artifact.dataset_sha256` of the strategy C (float64): the stored
         ``strategy`` dataset's own ``sha256`` attribute, since C is stored, not computed."""
         return dataset_sha256(np.asarray(self.factorization.strategy, dtype=np.float64))
-
-    def dense(self) -> np.ndarray:
-        return np.array(self.factorization.decoder)
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         fact = self.factorization
@@ -1017,7 +1121,7 @@ def check_band_rank(n: int, band: int, rank: int) -> None:
 
 
 @dataclass(frozen=True, eq=False)
-class CompressedOperator(MatrixAccounting):
+class CompressedOperator(FactorizationMechanism):
     """A banded plus low-rank decoder B^ and the mechanism (A, C^ = B^-1 A, B^) it implies.
 
     Attributes:
@@ -1043,10 +1147,6 @@ class CompressedOperator(MatrixAccounting):
 
     variant = "compressed"
     kind = "compressed"
-
-    @cached_property
-    def release_steps(self) -> np.ndarray:
-        return _matrix_release(np.asarray(self.factorization.strategy, dtype=np.float64), "artifact")
 
     @classmethod
     def build(
@@ -1090,22 +1190,9 @@ class CompressedOperator(MatrixAccounting):
         return f"compressed (band {self.band}, rank {self.rank})"
 
     @property
-    def n(self) -> int:
-        return self.factorization.n
-
-    @property
     def decoder(self) -> np.ndarray:
-        """B^."""
+        """B^ (the accounted strategy ``strategy`` is C^ = B^-1 A)."""
         return self.factorization.decoder
-
-    @property
-    def strategy(self) -> np.ndarray:
-        """C^ = B^-1 A."""
-        return self.factorization.strategy
-
-    @property
-    def sensitivity(self) -> float:
-        return float(self.factorization.sensitivity)
 
     @property
     def identity_sha256(self) -> str:
@@ -1128,9 +1215,6 @@ class CompressedOperator(MatrixAccounting):
     def stream_cost(self) -> int:
         """K + R: noise rows touched per step (K band rows, R state rows)."""
         return self.band + self.rank
-
-    def dense(self) -> np.ndarray:
-        return np.array(self.factorization.decoder)
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         if kind == "iterate":

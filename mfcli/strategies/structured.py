@@ -33,7 +33,7 @@ import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import Participation, Sensitivity, SingleParticipation
-from mfcli.strategies.operators import BufferRecursion, IirRecursion
+from mfcli.strategies.operators import BufferRecursion, IirRecursion, WorkloadLoss
 from mfcli.strategies.toeplitz import (
     MAX_BANDS,
     BandedToeplitz,
@@ -81,6 +81,8 @@ def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarr
     stays accurate where the polynomial form's poles cluster near 1."""
     import scipy.signal
 
+    if hasattr(strategy, "workload_decoder"):  # a kind with its own closed form of B (the sqrt baseline)
+        return np.asarray(strategy.workload_decoder(workload, check_n(n)), dtype=np.float64)
     if not isinstance(strategy, BandedToeplitz) and hasattr(strategy, "noising_coefs"):
         return scipy.signal.lfilter(workload.numerator, workload.denominator, strategy.noising_coefs(check_n(n)))
     num, den = rational(strategy)
@@ -263,10 +265,37 @@ def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
 # Noise operator
 
 
+class DenseUpToLimit:
+    """The dense C of a mechanism known by its parameters, for n <= STRUCTURED_DENSE_MAX_N only
+    (n^2 doubles, 512 MiB there): :meth:`accounting_matrix` and ``no_matrix_reason`` of the
+    Mechanism protocol, from ``size``, :meth:`dense_strategy` and ``matrix_name`` (what the
+    dense C is, in words)."""
+
+    size: int
+    matrix_name = "the dense strategy C, which is materialised from a structured artifact"
+
+    def dense_strategy(self) -> np.ndarray:
+        raise NotImplementedError  # pragma: no cover - every kind supplies it
+
+    def accounting_matrix(self) -> np.ndarray | None:
+        return None if self.size > STRUCTURED_DENSE_MAX_N else self.dense_strategy()
+
+    @property
+    def no_matrix_reason(self) -> str | None:
+        """Why :meth:`accounting_matrix` is None (None when it is not)."""
+        if self.size <= STRUCTURED_DENSE_MAX_N:
+            return None
+        return f"{self.matrix_name} for n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {self.size})"
+
+
 @dataclass(frozen=True, eq=False)
-class StructuredOperator:
-    """A structured mechanism as it runs: the NoiseOperator protocol without n x n matrices
-    (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N)."""
+class StructuredOperator(DenseUpToLimit):
+    """A structured mechanism as it runs: the Mechanism protocol without n x n matrices
+    (``factorization`` and ``dense`` only for n <= STRUCTURED_DENSE_MAX_N), of any kind whose
+    strategy gives ``strategy_coefs(n)``, ``sensitivity(n, schema)``, ``parameters()``, C^-1
+    (``rational()`` or ``noising_coefs(n)``) and optionally B (``workload_decoder``): banded
+    Toeplitz, BLT, and the Toeplitz baselines identity and sqrt
+    (:mod:`mfcli.strategies.baseline_mechanisms`)."""
 
     strategy: Any
     workload: ToeplitzWorkload
@@ -281,7 +310,7 @@ class StructuredOperator:
     @property
     def label(self) -> str:
         params = ", ".join(f"{k} {v.size}" for k, v in self.strategy.parameters().items())
-        return f"{self.strategy.kind} ({params})"
+        return f"{self.strategy.kind} ({params})" if params else str(self.strategy.kind)
 
     @property
     def n(self) -> int:
@@ -312,6 +341,8 @@ class StructuredOperator:
 
     #: A Toeplitz C is square: never the binary tree.
     is_tree = False
+    #: C and B = A C^-1 are lower-triangular Toeplitz.
+    causal = True
 
     @property
     def rows(self) -> int:
@@ -320,18 +351,8 @@ class StructuredOperator:
     def check_causal(self, what: str) -> None:
         """A Toeplitz C is lower-triangular by construction and released row by row."""
 
-    def accounting_matrix(self) -> np.ndarray | None:
-        if self.size > STRUCTURED_DENSE_MAX_N:
-            return None
+    def dense_strategy(self) -> np.ndarray:
         return materialize(self.strategy.strategy_coefs(self.size), self.size)
-
-    @property
-    def no_matrix_reason(self) -> str | None:
-        """Why :meth:`accounting_matrix` is None (None when it is not)."""
-        if self.size <= STRUCTURED_DENSE_MAX_N:
-            return None
-        return (f"the dense strategy C, which is materialised from a structured artifact for n <= {STRUCTURED_DENSE_MAX_N} "
-                f"only (this one has n = {self.size})")
 
     def matrix_refusal(self, what: str) -> str:
         return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
@@ -391,6 +412,14 @@ class StructuredOperator:
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}
 
+    def loss(self, workload: ToeplitzWorkload | None = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        """The errors on ``workload`` (None: its own; any Toeplitz workload) under ``schema`` from
+        the parameters in O(n order): sens from :meth:`schema_sensitivity`, ||B[t, :]||^2 the
+        running sum of the squared first column of B = A C^-1 (B is Toeplitz)."""
+        sens = self.strategy.sensitivity(self.size, schema or SingleParticipation())
+        beta = decoder_coefs(self.strategy, workload or self.workload, self.size)
+        unit = np.cumsum(beta * beta)
+        return WorkloadLoss(sens, unit, sens.value**2 * unit, "first column of the Toeplitz B")
 
 
 

@@ -17,6 +17,27 @@ a node whose run ended at r (t + 2 divisible by 2^(l+1)) keeps B[t, u] = beta^(t
 per-step squared norm ||B[t, :]||^2 = (active part) + F_t with F_{t+1} = beta^2 (F_t + G_t), G_t
 the squares of the nodes whose run ends at t. Prefix sums: ||B[t, :]||^2 = popcount(t + 1).
 Tested against the dense tree's B to 1e-9 relative (n = 64 .. 1024, powers of two and not).
+
+The Honaker estimators on the same encoder (prefix sums, :func:`honaker_row_norms`), from the
+variances a_u of the bottom-up estimates (leaves 1; a node whose children's estimates have
+variances summing to V: a_u = V / (1 + V), :func:`honaker_level_weights`):
+
+* online: the nodes closed by step t are the complete subtrees under the minimal dyadic
+  decomposition dec(t) of [0, t] (at the last step, the whole truncated tree), whose estimates are
+  independent, so ||B_S[t, :]||^2 = sum_{u in dec(t)} a_u (a_root at t = n - 1).
+* full (B_S = S C^+): the final estimate of a child c of p is x_c = z_c + (a_c / V_p)(x_p - z_c1 - z_c2)
+  (Honaker's top-down pass). Its error is f_c = (a_c / V_p) f_p +- r_p, where r_p = e_c1 - (a_c1 / V_p)
+  (e_c1 + e_c2) (e the bottom-up errors) is uncorrelated with e_c1 + e_c2, hence (Gaussian, and x_p
+  uses p's subtree only through z_p) independent of f_p and of every other r: Var r_p =
+  a_c1 a_c2 / V_p, f_root has variance a_root. The error of the prefix [0, t] is a sum along the path
+  from leaf t to the root: walking up, E = mu f_p + R with mu = 1 at the leaf; at a parent, from a
+  left child mu <- mu a_c1 / V_p and R gains mu r_p, from a right child mu <- (a_c1 + mu a_c2) / V_p
+  and R gains (1 - mu) r_p (the prefix holds the whole left sibling). So ||B_S[t, :]||^2 = mu^2 a_root
+  + sum over the path of (coefficient)^2 Var r_p: O(n log n), no matrix.
+
+Under fixed-epoch participation (k epochs of b steps, pattern P_j = {j, j + b, ...}) C >= 0, so
+all-plus gradients attain the sensitivity (every entry of C^T C is >= 0) and sens^2 = max_j sum_u
+|u cap P_j|^2 over the nodes u, exactly, in integers (:func:`tree_fixed_epoch_sensitivity`).
 """
 from __future__ import annotations
 
@@ -86,4 +107,78 @@ def tree_row_norms(workload: ToeplitzWorkload, n: int) -> np.ndarray:
     return active + finished
 
 
-__all__ = ["tree_height", "tree_row_norms", "tree_rows", "tree_sensitivity"]
+def honaker_level_weights(n: int) -> list[np.ndarray]:
+    """a_u per level (left to right, level 0 = leaves) of the tree restricted to n columns: the
+    variance of each node's bottom-up minimum-norm estimate of its total (unit noise). A leaf's is
+    1; a node whose children's variances sum to V combines its own observation with their sum:
+    a = V / (1 + V) (a node with one child, truncated by the end, included)."""
+    a = [np.ones(n)]
+    for _ in range(tree_height(n)):
+        v = a[-1]
+        if v.size % 2:
+            v = np.append(v, 0.0)
+        big_v = v.reshape(-1, 2).sum(axis=1)
+        a.append(big_v / (1.0 + big_v))
+    return a
+
+
+def honaker_row_norms(n: int, *, online: bool) -> np.ndarray:
+    """||B_S[t, :]||^2 for t = 0 .. n-1 of the Honaker estimators of the prefix sums (module
+    docstring), O(n log n): ``online`` the streaming estimator (nodes closed by step t), else the
+    full one (B_S = S C^+)."""
+    a = honaker_level_weights(n)
+    t = np.arange(n, dtype=np.int64)
+    t1 = t + 1
+    if online:
+        out = np.zeros(n)
+        for lvl in range(len(a)):
+            has = ((t1 >> lvl) & 1) == 1
+            pos = ((t1[has] >> (lvl + 1)) << (lvl + 1)) >> lvl
+            out[has] += a[lvl][pos]
+        out[-1] = a[-1][0]  # the last step closes the whole (truncated) tree
+        return out
+    mu = np.ones(n)
+    acc = np.zeros(n)
+    for lvl in range(1, len(a)):
+        child = a[lvl - 1]
+        parent = t >> lvl
+        left = 2 * parent
+        a1 = child[left]
+        has2 = left + 1 < child.size
+        a2 = np.where(has2, child[np.minimum(left + 1, child.size - 1)], 0.0)
+        big_v = a1 + a2
+        var_r = a1 * a2 / big_v
+        right = ((t >> (lvl - 1)) & 1) == 1
+        coef = np.where(right, 1.0 - mu, mu)
+        acc += coef * coef * var_r
+        mu = np.where(right, (a1 + mu * a2) / big_v, mu * a1 / big_v)
+    return mu * mu * a[-1][0] + acc
+
+
+def tree_fixed_epoch_sensitivity(n: int, epochs: int) -> tuple[int, int]:
+    """(sens^2, j): the tree encoder's squared sensitivity under ``epochs`` epochs of b = n / epochs
+    steps, exactly (an integer), and the first pattern P_j = {j, j + b, ...} attaining it.
+
+    C has 0/1 entries, so C^T C >= 0 and all-plus gradient rows on a pattern give its largest value
+    (mfcli.model.participation, fact 3): ||C 1_P||^2 = sum over nodes of |node cap P|^2. At level l
+    the node of column p is p >> l, and a pattern's columns are increasing, so its nodes at that
+    level come in runs; a run of r columns adds r^2 = sum_{i<r} (2i + 1). O(n log n) integers."""
+    levels = tree_height(n)  # checks n >= 2
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1 or n % epochs:
+        raise MfcliError(f"the number of steps n = {n} is not divisible by epochs = {epochs}")
+    b = n // epochs
+    cols = np.arange(b, dtype=np.int64)[:, None] + b * np.arange(epochs, dtype=np.int64)[None, :]
+    total = np.zeros(b, dtype=np.int64)
+    pos = np.arange(epochs, dtype=np.int64)[None, :]
+    for lvl in range(levels + 1):
+        ids = cols >> lvl
+        start = np.ones(ids.shape, dtype=bool)
+        start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)  # where each column's run starts
+        total += np.sum(2 * (pos - first) + 1, axis=1)
+    j = int(np.argmax(total))
+    return int(total[j]), j
+
+
+__all__ = ["honaker_level_weights", "honaker_row_norms", "tree_fixed_epoch_sensitivity", "tree_height",
+           "tree_row_norms", "tree_rows", "tree_sensitivity"]

@@ -1,0 +1,440 @@
+"""The baselines (identity, the binary tree, Honaker online and full, sqrt) as mechanisms of any n:
+the :class:`~mfcli.strategies.operators.Mechanism` protocol without n x n matrices, for the
+prefix-sum and momentum workloads (Toeplitz, :class:`~mfcli.strategies.toeplitz.ToeplitzWorkload`).
+:mod:`mfcli.strategies.baselines` builds the same strategies as dense matrices (n <= the dense
+limit, any workload); this module is what ``compare`` runs above that limit, from
+:func:`baseline_mechanism`.
+
+* identity, sqrt: a lower-triangular Toeplitz C. Sensitivity under every schema from the first
+  column (:func:`~mfcli.strategies.toeplitz.toeplitz_sensitivity`; exact, the coefficients are
+  non-negative and non-increasing); per-step error from the first column of B = A S^-1 B_S, O(n);
+  noise: identity's C^-1 = I by recursion, sqrt's dense operator (n <= the dense limit).
+* tree: sensitivity sqrt(K + 1) under single participation, exact in integers under fixed
+  epochs (:func:`~mfcli.strategies.tree_error.tree_fixed_epoch_sensitivity`), from the dense C
+  under min-separation (n <= the dense limit); per-step error
+  :func:`~mfcli.strategies.tree_error.tree_row_norms` (prefix and momentum), O(n log n); iterate
+  noise B Z with O(log n) rows of state per parameter (:class:`TreeStream`).
+* honaker-online, honaker-full: the tree's C and sensitivity; per-step error on prefix sums
+  :func:`~mfcli.strategies.tree_error.honaker_row_norms`, O(n log n), on momentum from the dense
+  B (n <= the dense limit); noise from the dense decoder (online only, n <= the dense limit).
+
+What has no exact or certified number at some n (the tree under min-separation, the Honaker
+estimators' error on a momentum workload, the sqrt noise stream) is refused above
+:data:`mfcli.util.limits.STRUCTURED_DENSE_MAX_N` in one line naming the limit; below it the
+number comes from the dense matrices.
+
+Tested against independent derivations: the dense matrices of :mod:`mfcli.strategies.baselines`
+with :func:`mfcli.model.participation.sensitivity` (n in {2, 3, 7, 8, 64, 1000}), the tree's total
+variance in closed form for n = 2^k, and the noise of the dense tree decoder drawn from the same
+Philox rows (tests/test_baseline_mechanisms.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from mfcli.errors import MfcliError
+from mfcli.model.factorization import Factorization
+from mfcli.model.kinds import ANY_N_BASELINES, TREE_BASELINES
+from mfcli.model.participation import (
+    FixedEpoch,
+    MinSeparation,
+    Participation,
+    Sensitivity,
+    SingleParticipation,
+    Witness,
+)
+from mfcli.strategies.baselines import (
+    build_strategy,
+    sqrt_coefficients,
+    tree_decoder,
+    tree_release_steps,
+    tree_strategy_matrix,
+)
+from mfcli.strategies.operators import ArrayOps, DenseLowerTriangular, Streaming, StreamState, WorkloadLoss
+from mfcli.strategies.structured import DenseUpToLimit, StructuredOperator
+from mfcli.strategies.toeplitz import ToeplitzWorkload, check_n, materialize, sqrt_down, sqrt_up, toeplitz_sensitivity
+from mfcli.strategies.tree_error import (
+    honaker_row_norms,
+    tree_fixed_epoch_sensitivity,
+    tree_height,
+    tree_row_norms,
+    tree_rows,
+    tree_sensitivity,
+)
+from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
+
+#: The baselines on a lower-triangular Toeplitz C.
+TOEPLITZ_BASELINES = ("identity", "sqrt")
+
+
+def _impulse(n: int) -> np.ndarray:
+    out = np.zeros(n)
+    out[0] = 1.0
+    return out
+
+
+def _over_prefix(workload: ToeplitzWorkload) -> np.ndarray:
+    """q(z) = den(z) / (1 - z): A S^-1 = num / q for the workloads built on prefix sums (prefix:
+    q = 1, momentum: q = 1 - beta z); :class:`MfcliError` if den has no factor 1 - z."""
+    den = np.asarray(workload.denominator, dtype=np.float64)
+    q = np.cumsum(den)[:-1]  # den_k = q_k - q_{k-1}
+    if q.size == 0 or abs(float(np.sum(den))) > 1e-12:
+        raise MfcliError(f"the {workload.name} workload is not a post-processing of the prefix sums")
+    return q
+
+
+@dataclass(frozen=True)
+class ToeplitzBaseline:
+    """identity (C = I) or sqrt (C = S^1/2) as a lower-triangular Toeplitz strategy: the interface
+    :class:`~mfcli.strategies.structured.StructuredOperator` runs (no stored parameters)."""
+
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOEPLITZ_BASELINES:
+            raise MfcliError(f"a Toeplitz baseline is one of {', '.join(TOEPLITZ_BASELINES)}, got {self.kind!r}")
+
+    def _coefs(self, n: int) -> np.ndarray:
+        return np.array([1.0]) if self.kind == "identity" else sqrt_coefficients(n)
+
+    def strategy_coefs(self, n: int) -> np.ndarray:
+        """First column of C, length n."""
+        n = check_n(n)
+        return _impulse(n) if self.kind == "identity" else sqrt_coefficients(n)
+
+    def noising_coefs(self, n: int) -> np.ndarray:
+        """First column of C^-1: 1 (identity); (1 - z)^(1/2), d_k = d_{k-1} (2k - 3) / (2k) (sqrt)."""
+        n = check_n(n)
+        if self.kind == "identity":
+            return _impulse(n)
+        k = np.arange(1, n)
+        return np.concatenate([[1.0], np.cumprod((2 * k - 3) / (2 * k))])
+
+    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+        """First column of B = A S^-1 B_S (B_S = C): A itself for identity; for sqrt the filter
+        num / q applied to the coefficients of S^1/2 (q = den / (1 - z)), which for prefix sums is
+        S^1/2 exactly, with no cancelling sum."""
+        import scipy.signal
+
+        n = check_n(n)
+        if self.kind == "identity":
+            return workload.coefs(n)
+        return scipy.signal.lfilter(np.asarray(workload.numerator), _over_prefix(workload), sqrt_coefficients(n))
+
+    def sensitivity(self, n: int, schema: Participation) -> Sensitivity:
+        """:func:`mfcli.strategies.toeplitz.toeplitz_sensitivity` of the first column (exact under
+        every schema: the coefficients are non-negative and non-increasing)."""
+        return toeplitz_sensitivity(self._coefs(check_n(n)), n, schema)
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def rational(self) -> tuple[np.ndarray, np.ndarray]:
+        """C^-1 as a rational filter: 1 / 1 for identity; sqrt has none ((1 - z)^(1/2))."""
+        if self.kind == "identity":
+            return np.array([1.0]), np.array([1.0])
+        raise MfcliError("the sqrt strategy's noise C^-1 = (1 - z)^(1/2) is no rational filter: no recursion streams "
+                         f"it; its dense operator is streamed for n <= {STRUCTURED_DENSE_MAX_N} only")
+
+
+@dataclass(frozen=True, eq=False)
+class ToeplitzBaselineMechanism(StructuredOperator):
+    """identity or sqrt as a :class:`~mfcli.strategies.operators.Mechanism` of any n: the structured
+    operator of a :class:`ToeplitzBaseline` (numbers from the first column), with no artifact group
+    and the sqrt noise stream from its dense operator up to the dense limit."""
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        if self.strategy.kind == "identity" or kind not in ("gradient", "iterate"):
+            return super().streaming(kind, where=where)
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            self.strategy.rational()  # raises: the sqrt noise has no recursion
+        coefs = self.strategy.noising_coefs(self.size) if kind == "gradient" else \
+            self.strategy.workload_decoder(self.workload, self.size)
+        return Streaming(DenseLowerTriangular(materialize(coefs, self.size)), None)
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        """None: a baseline is rebuilt from its name and n; it stores no group."""
+        return None
+
+
+def _dense_workload(workload: ToeplitzWorkload, n: int) -> np.ndarray:
+    return materialize(workload.coefs(n), n)
+
+
+def _no_dense(what: str, n: int) -> MfcliError:
+    return MfcliError(f"{what} is built from the dense matrices for n <= {STRUCTURED_DENSE_MAX_N} only, got n = {n}")
+
+
+@dataclass(frozen=True, eq=False)
+class TreeMechanism(DenseUpToLimit):
+    """The binary tree and the Honaker estimators on its encoder as a
+    :class:`~mfcli.strategies.operators.Mechanism` of any n (module docstring): C is the tree
+    encoder restricted to n columns (m = :func:`tree_rows` rows, released as the nodes close), B
+    the kind's decoder post-processed for the workload (B = A S^-1 B_S)."""
+
+    name: str
+    workload: ToeplitzWorkload
+    size: int
+
+    #: The operator it streams is that of the dense root of a tree artifact (B Z), without the matrix.
+    variant = "dense"
+    is_tree = True
+    identity_sha256 = None
+    matrix_name = "the dense tree encoder C, which is built"
+
+    def __post_init__(self) -> None:
+        if self.name not in TREE_BASELINES:
+            raise MfcliError(f"a tree baseline is one of {', '.join(TREE_BASELINES)}, got {self.name!r}")
+        tree_height(self.size)  # n >= 2, within the structured limit
+
+    @property
+    def kind(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @property
+    def n(self) -> int:
+        return self.size
+
+    @property
+    def rows(self) -> int:
+        return tree_rows(self.size)
+
+    @property
+    def causal(self) -> bool:
+        """The offline Honaker estimator's B uses nodes that close later; the others are causal."""
+        return self.name != "honaker-full"
+
+    @cached_property
+    def release_steps(self) -> np.ndarray:
+        return tree_release_steps(self.size)
+
+    @property
+    def max_n(self) -> Mapping[str, int | None]:
+        return {"matrix": STRUCTURED_DENSE_MAX_N, "sensitivity": None, "cyclic": None,
+                "stream": None if self.name == "tree" else STRUCTURED_DENSE_MAX_N}
+
+    @property
+    def sensitivity(self) -> float:
+        return tree_sensitivity(self.size)
+
+    def schema_sensitivity(self, schema: Participation) -> Sensitivity:
+        """Single participation: sqrt(K + 1) (every column lies in K + 1 nodes); fixed-epoch: exact
+        (:func:`tree_fixed_epoch_sensitivity`); min-separation: from the dense C
+        (:func:`mfcli.model.participation.sensitivity`), for n <= the dense limit only."""
+        n = self.size
+        if isinstance(schema, SingleParticipation):
+            levels = tree_height(n) + 1
+            return Sensitivity(value=tree_sensitivity(n), exact=True, lower=sqrt_down(float(levels)),
+                               method="every column lies in K + 1 nodes", schema=schema)
+        if isinstance(schema, FixedEpoch):
+            schema.check(n)
+            sens2, j = tree_fixed_epoch_sensitivity(n, schema.epochs)
+            b = n // schema.epochs
+            return Sensitivity(value=sqrt_up(float(sens2)), exact=True, lower=sqrt_down(float(sens2)),
+                               method="fixed-epoch: sum over the nodes of |node cap P_j|^2 (all-plus, C >= 0), attained",
+                               schema=schema, witness=Witness(pattern=tuple(range(j, n, b)),
+                                                              gradients=np.ones((schema.epochs, 1))))
+        if isinstance(schema, MinSeparation):
+            if n > STRUCTURED_DENSE_MAX_N:
+                raise MfcliError(f"the binary tree's sensitivity under {schema.describe(n)} has no closed form: it is "
+                                 f"computed from its dense C, for n <= {STRUCTURED_DENSE_MAX_N} only (got n = {n})")
+            from mfcli.model.participation import sensitivity
+
+            return sensitivity(tree_strategy_matrix(n), schema)
+        raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+
+    def cyclic_numbers(self, schema: Participation) -> tuple[int, float]:
+        raise MfcliError(f"cyclic Poisson accounting needs a square lower-triangular C, got shape "
+                         f"({self.rows}, {self.size})")
+
+    def check_causal(self, what: str) -> None:
+        """The tree encoder is causal in release order by construction (a node is released when
+        its interval closes)."""
+
+    def dense_strategy(self) -> np.ndarray:
+        return tree_strategy_matrix(self.size)
+
+    def matrix_refusal(self, what: str) -> str:
+        return f"{what} needs {self.no_matrix_reason or 'the dense tree encoder C'}"
+
+    @property
+    def factorization(self) -> Factorization:
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise _no_dense(f"the {self.name} factorization", self.size)
+        return build_strategy(self.name, _dense_workload(self.workload, self.size)).factorization
+
+    def dense(self) -> np.ndarray:
+        return np.array(self.factorization.decoder)
+
+    def loss(self, workload: ToeplitzWorkload | None = None, *, schema: Participation | None = None) -> WorkloadLoss:
+        """The errors on ``workload`` (None: its own) under ``schema``: the tree's from
+        :func:`tree_row_norms` (prefix and momentum), the Honaker estimators' from
+        :func:`honaker_row_norms` (prefix sums; another workload from the dense B, n <= the dense
+        limit), all scaled by :meth:`schema_sensitivity`."""
+        wl = workload or self.workload
+        sens = self.schema_sensitivity(schema or SingleParticipation())
+        if self.name == "tree":
+            return WorkloadLoss.scaled(sens, tree_row_norms(wl, self.size), "closed form, O(n log n)")
+        if wl.name == "prefix":
+            unit = honaker_row_norms(self.size, online=self.name == "honaker-online")
+            return WorkloadLoss.scaled(sens, unit, "closed form, O(n log n)")
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
+                             f"{wl.name} workload it is computed from the dense decoder, for n <= "
+                             f"{STRUCTURED_DENSE_MAX_N} only (got n = {self.size})")
+        b = build_strategy(self.name, _dense_workload(wl, self.size)).factorization.decoder
+        return WorkloadLoss.scaled(sens, np.einsum("ij,ij->i", b, b), "dense B")
+
+    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
+        """Iterate noise B Z (C is not square: there is no gradient noise C^-1 Z). The tree's by
+        :class:`TreeStream` at any n; the Honaker estimators' from the dense decoder (n <= the dense
+        limit; the online one only, the full one is not causal)."""
+        if kind == "gradient":
+            raise MfcliError(f"{where}: the {self.name} strategy is {self.rows} x {self.size}: gradient noise C^-1 Z "
+                             "needs a square strategy (use kind='iterate' for B Z)")
+        if kind != "iterate":
+            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
+        if self.name == "tree":
+            return Streaming(TreeStream.of(self.workload, self.size), None)
+        if self.name == "honaker-full":
+            raise MfcliError(f"{where}: honaker-full is not causal (an offline-only strategy): it cannot be streamed")
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise _no_dense("the honaker-online noise stream", self.size)
+        return Streaming(DenseLowerTriangular(self.dense()), None)
+
+    def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
+        """None: a baseline is rebuilt from its name and n; it stores no group."""
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree's noise stream
+
+
+@dataclass(frozen=True, eq=False)
+class TreeStream:
+    """B Z for the binary tree (B = A S^-1 B_S), streamed with one row of state per level.
+
+    Z has one row per node, in release order (the row index of a node in the tree encoder, as the
+    dense decoder's stream draws it). Step t draws the level-L node that closes at t (L the lowest
+    set bit of t + 1; its row is R(t) + L with R(t) = sum_l floor(t / 2^l) the nodes closed before
+    t), keeps it in slot L and clears the slots below: slot l then holds the node of the minimal
+    dyadic decomposition of [0, t] at level l, or zero, and their sum is B_S Z at step t. A
+    workload post = A S^-1 = 1 / q(z) (prefix: q = 1; momentum: q = 1 - beta z) runs on that sum:
+    y_t = s_t - sum_{k>=1} q_k y_{t-k}, len(q) - 1 more rows of state. State: K + 1 + len(q) - 1
+    rows of d floats, nothing redrawn (``width`` 0).
+    """
+
+    n: int
+    post: np.ndarray
+
+    method = "binary-tree"
+    #: No rows of Z are kept (nothing is redrawn on resume).
+    width = 0
+
+    @classmethod
+    def of(cls, workload: ToeplitzWorkload, n: int) -> TreeStream:
+        return cls(int(n), np.asarray(_over_prefix(workload), dtype=np.float64))
+
+    @property
+    def levels(self) -> int:
+        return tree_height(self.n) + 1
+
+    @property
+    def rank(self) -> int:
+        return self.levels + int(self.post.size - 1)
+
+    def _low(self) -> np.ndarray:
+        t1 = np.arange(1, self.n + 1, dtype=np.int64)
+        return np.log2(t1 & -t1).astype(np.int64)
+
+    def _draw_rows(self) -> np.ndarray:
+        t = np.arange(self.n, dtype=np.int64)
+        closed = np.zeros(self.n, dtype=np.int64)
+        for lvl in range(self.levels):
+            closed += t >> lvl
+        return closed + self._low()
+
+    def dense(self) -> np.ndarray:
+        """The n x m operator (the tree decoder B), for tests and the dense check of its rows."""
+        import scipy.signal
+
+        b = tree_decoder(self.n)
+        return scipy.signal.lfilter([1.0], self.post, b, axis=0)
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.post, np.array([float(self.n)]))
+
+    def tables(self) -> dict[str, np.ndarray]:
+        lv = self.levels
+        idx = np.arange(lv)
+        keep = (idx[None, :] > idx[:, None]).astype(np.float64)  # keep[L, l]: slot l survives a close at level L
+        onehot = np.eye(lv)
+        r = self.post.size - 1
+        extra = np.zeros((lv, r))
+        out = np.concatenate([np.ones(lv), -self.post[1:]])
+        return {"low": self._low(), "draw": self._draw_rows(),
+                "keep": np.hstack([keep, np.ones((lv, r))]) if r else keep,
+                "put": np.hstack([onehot, extra]) if r else onehot, "out": out}
+
+    def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
+             xp: ArrayOps) -> tuple[Any, StreamState]:
+        ring, carry = state
+        z = draw(tab["draw"][t])
+        low = tab["low"][t]
+        carry = xp.scale_add(carry, tab["keep"][low], 0.0 * z)
+        carry = xp.add_outer(carry, tab["put"][low], z)
+        y = xp.matvec(tab["out"], carry)
+        r = self.post.size - 1
+        if r:
+            lv = self.levels
+            if r > 1:
+                carry = xp.set_rows(carry, lv + 1, carry[lv:lv + r - 1])
+            carry = xp.set_row(carry, lv, y)
+        return y, (ring, carry)
+
+    def kept_rows(self, t: int) -> list[tuple[int, int]]:
+        return []
+
+    def abs_row_sums(self) -> np.ndarray:
+        """sum_u |B[t, u]|: B >= 0 (prefix and momentum), so the filter of popcount(t + 1)."""
+        import scipy.signal
+
+        t1 = np.arange(1, self.n + 1, dtype=np.int64)
+        count = np.zeros(self.n)
+        for lvl in range(self.levels):
+            count += (t1 >> lvl) & 1
+        return np.abs(scipy.signal.lfilter([1.0], self.post, count))
+
+
+# ---------------------------------------------------------------------------------------------
+# The one constructor
+
+
+def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int) -> ToeplitzBaselineMechanism | TreeMechanism:
+    """The baseline ``name`` (identity, tree, honaker-online, honaker-full, sqrt) for the Toeplitz
+    ``workload`` over n steps, as a mechanism of any n.
+
+    Raises:
+        MfcliError: ``optimal`` or an unknown name (the certified optimum is a dense solve), n out
+            of range, a tree for n < 2.
+    """
+    if name not in ANY_N_BASELINES:
+        raise MfcliError(f"{name!r} is no baseline with a form of any n; choose from {', '.join(ANY_N_BASELINES)}")
+    n = check_n(n)
+    if name in TOEPLITZ_BASELINES:
+        return ToeplitzBaselineMechanism(ToeplitzBaseline(name), workload, n)
+    return TreeMechanism(name, workload, n)
+
+
+__all__ = ["TOEPLITZ_BASELINES", "ToeplitzBaseline", "ToeplitzBaselineMechanism", "TreeMechanism", "TreeStream",
+           "baseline_mechanism"]
