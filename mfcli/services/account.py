@@ -220,7 +220,10 @@ def resolve_strategy(
             raise MfcliError(f"the built-in strategy {strategy} needs n (the number of steps)")
         from mfcli.model.workloads import build_workload
         from mfcli.strategies.baselines import build_strategy
+        from mfcli.util.limits import DENSE_MAX_N
 
+        if strategy != "optimal" and n > DENSE_MAX_N:
+            return _any_n_baseline(strategy, n=n, workload=workload, beta=beta)
         w = build_workload(workload, n, beta=beta)
         if strategy == "optimal":
             say(f"solving for the optimal factorization of the {w.name} workload, n = {w.n}")
@@ -867,9 +870,26 @@ ESTIMATE_NOT_REQUESTED = ("not requested: an importance-sampled ESTIMATE of the 
 BANDED_LB_GRID = 1e-3
 
 
+def _any_n_baseline(strategy: str, *, n: int, workload: str, beta: float) -> StrategyInput:
+    """A built-in baseline above the dense limit: its mechanism of any n
+    (:func:`mfcli.strategies.baseline_mechanisms.baseline_mechanism`), with no matrix, so only the
+    settings that need its sensitivity, not C, apply. The workload only names the source (the
+    accounting of C does not depend on it) and must be one with a Toeplitz form."""
+    from mfcli.strategies.baseline_mechanisms import baseline_mechanism
+    from mfcli.strategies.toeplitz import toeplitz_workload
+
+    mech = baseline_mechanism(strategy, toeplitz_workload(workload, beta=beta), n)
+    return StrategyInput(
+        name=strategy, strategy=np.zeros((0, 0)), release_steps=np.zeros(0, dtype=np.int64),
+        source=f"built-in strategy {strategy} for the {workload} workload, n = {n} (its form of any n, no matrix)",
+        is_tree=strategy == "tree", mechanism=mech,
+    )
+
+
 def _tree_unit(c: np.ndarray) -> float:
-    """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max()."""
-    return 1.0 / float(c.max())
+    """sigma for a 0/1 tree given a multiple of it: the tree's entries are scaled by c.max(); the
+    tree of any n (no matrix at hand) is the 0/1 encoder itself."""
+    return 1.0 / float(c.max()) if c.size else 1.0
 
 
 def check_setting_schema(setting: str, schema: Participation, n: int) -> None:
