@@ -22,7 +22,7 @@ from mfcli.strategies.blt import (
     _loss_and_grad_general,
     optimize_blt,
     quadrature_start,
-    toeplitz_workload,
+    workload_gamma,
 )
 from mfcli.training.noise import noise_matrix, strategy_stream
 
@@ -239,17 +239,17 @@ def test_parameters_round_trip_and_strict_loading():
 
 
 def test_workload_rules():
-    assert toeplitz_workload("prefix") == 0.0
-    assert toeplitz_workload("momentum") == 0.9
-    assert toeplitz_workload(momentum_workload(8, beta=0.5)) == 0.5
+    assert workload_gamma("prefix") == 0.0
+    assert workload_gamma("momentum") == 0.9
+    assert workload_gamma(momentum_workload(8, beta=0.5)) == 0.5
     with pytest.raises(MfcliError, match="learning-rate schedule"):
-        toeplitz_workload(prefix_workload(8, lr=learning_rates(8, "cooldown"), lr_name="cooldown"))
+        workload_gamma(prefix_workload(8, lr=learning_rates(8, "cooldown"), lr_name="cooldown"))
     with pytest.raises(MfcliError, match="Toeplitz workload"):
-        toeplitz_workload("custom")
+        workload_gamma("custom")
     with pytest.raises(MfcliError, match="beta"):
-        toeplitz_workload("momentum", beta=1.0)
+        workload_gamma("momentum", beta=1.0)
     with pytest.raises(MfcliError, match="momentum workload only"):
-        toeplitz_workload("prefix", beta=0.5)
+        workload_gamma("prefix", beta=0.5)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

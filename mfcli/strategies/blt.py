@@ -75,7 +75,7 @@ TOEPLITZ_WORKLOADS = ("prefix", "momentum")
 # Toeplitz helpers (generic in the first column; see the module docstring)
 
 
-def toeplitz_workload(workload: Any = "prefix", *, beta: float | None = None) -> float:
+def workload_gamma(workload: Any = "prefix", *, beta: float | None = None) -> float:
     """The momentum parameter gamma of a Toeplitz workload A(z) = 1 / ((1 - z)(1 - gamma z)).
 
     ``prefix`` is gamma = 0; ``momentum`` is gamma = beta (default 0.9, as in
@@ -560,12 +560,12 @@ class BufferedToeplitz:
 
     def decoder_coefs(self, n: int, workload: Any = "prefix", *, beta: float | None = None) -> np.ndarray:
         """First column of B = A C^-1 (Toeplitz) for a Toeplitz workload, O(n d)."""
-        gamma = toeplitz_workload(workload, beta=beta)
+        gamma = workload_gamma(workload, beta=beta)
         return _apply_workload(gamma, self.noising_coefs(n))
 
     def per_step_error(self, n: int, workload: Any = "prefix", *, beta: float | None = None) -> np.ndarray:
         """||B[t, :]||^2 for t < n (without the sensitivity factor), O(n d)."""
-        gamma = toeplitz_workload(workload, beta=beta)
+        gamma = workload_gamma(workload, beta=beta)
         beta_t = _apply_workload(gamma, self.noising_coefs(n))
         return np.cumsum(beta_t * beta_t)
 
@@ -583,7 +583,7 @@ class BufferedToeplitz:
         beta_t = sum_j rho_j mu_j^t the exponential-sum form of B's first column
         (docs/structured.md, "BLT")."""
         n = _check_n(n)
-        gamma = toeplitz_workload(workload, beta=beta)
+        gamma = workload_gamma(workload, beta=beta)
         lam, omp = _inverse_parameters(self.theta, self.omega)
         rho, mu = _decoder_terms(lam, omp, gamma)
         g, _ = _geom(np.outer(mu, mu).real, n)
@@ -1053,7 +1053,7 @@ def optimize_blt(
     if not isinstance(schema, (SingleParticipation, FixedEpoch, MinSeparation)):
         raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
     schema.check(n)
-    gamma = toeplitz_workload(workload, beta=beta)
+    gamma = workload_gamma(workload, beta=beta)
     name = workload.name if hasattr(workload, "name") else str(workload)
     closed = _closed_form_applies(n, schema) and not _FORCE_DIRECT_OBJECTIVE
 
@@ -1234,5 +1234,5 @@ __all__ = [
     "check_buffers",
     "optimize_blt",
     "quadrature_start",
-    "toeplitz_workload",
+    "workload_gamma",
 ]
