@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from mfcli.errors import MfcliError
 from mfcli.model.workloads import (
-    MAX_N,
     build_workload,
     check_workload_matrix,
     learning_rates,
     momentum_workload,
     prefix_workload,
 )
+from mfcli.util.limits import DENSE_MAX_N
 
 
 def _momentum_by_recursion(n, beta, eta):
@@ -112,7 +112,7 @@ def test_bad_beta(args, message):
         build_workload(*args, **message)
 
 
-@pytest.mark.parametrize("n, message", [(0, "at least 1"), (-5, "at least 1"), (MAX_N + 1, "too large")])
+@pytest.mark.parametrize("n, message", [(0, "at least 1"), (-5, "at least 1"), (DENSE_MAX_N + 1, "too large")])
 def test_bad_n(n, message):
     with pytest.raises(MfcliError, match=message):
         build_workload("prefix", n)

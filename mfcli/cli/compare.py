@@ -50,7 +50,7 @@ from mfcli.cli.render import (
 from mfcli.errors import MfcliError
 from mfcli.io.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
 from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
-from mfcli.model.workloads import MAX_N, Workload, build_workload, default_artifact_stem
+from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
 from mfcli.services.compare import (
     Comparison,
     PrivacyEstimate,
@@ -60,6 +60,7 @@ from mfcli.services.compare import (
     run_comparison,
 )
 from mfcli.strategies.baselines import STRATEGY_NAMES
+from mfcli.util.limits import DENSE_MAX_N
 
 FORMATS = ("table", "markdown", "csv", "json")
 _ALL_STRATEGIES = ",".join(STRATEGY_NAMES)
@@ -111,7 +112,7 @@ def compare(
     strategies: list[str] | None = typer.Option(
         None, "--strategies", "-s",
         help=f"Strategies to compare, comma-separated or repeated (default all: {_ALL_STRATEGIES}). "
-        f"Above n = {MAX_N} every baseline but optimal, from closed forms (default identity,tree). "
+        f"Above n = {DENSE_MAX_N} every baseline but optimal, from closed forms (default identity,tree). "
         "(In mfcli account, -s is --strategy, one strategy.)",
     ),
     artifact: list[Path] | None = typer.Option(
@@ -143,13 +144,13 @@ def compare(
     bands: list[int] | None = typer.Option(
         None, "--bands", callback=BANDS_RANGE,
         help="Add a banded Toeplitz row with B bands, optimised for the workload and schema (repeat for several). "
-        f"Above n = {MAX_N} no dense matrix is built: the baselines but optimal (closed forms; the tree under "
+        f"Above n = {DENSE_MAX_N} no dense matrix is built: the baselines but optimal (closed forms; the tree under "
         "--min-sep and Honaker on momentum are refused there) and banded Toeplitz / BLT rows; with --epsilon too.",
     ),
     buffers: list[int] | None = typer.Option(
         None, "--buffers", callback=BUFFERS_RANGE,
         help="Add a BLT row with K buffers, optimised for the workload and schema (repeat for several); "
-        f"like --bands, also above n = {MAX_N}.",
+        f"like --bands, also above n = {DENSE_MAX_N}.",
     ),
 ) -> None:
     """Tabulate sensitivity and error of the baseline strategies (identity, tree, Honaker online
@@ -183,16 +184,16 @@ def compare(
             sampling=None if sampling is None else check_sampling(sampling),
         )
     refuse_unless(fmt is None or fmt in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if n is not None and n > MAX_N:
+    if n is not None and n > DENSE_MAX_N:
         refuse_unless(not (artifact or save or plot or curves or matrix or tol or max_iter),
-                      f"n = {n} > {MAX_N}: only the baselines without optimal (closed forms) and --bands/--buffers "
+                      f"n = {n} > {DENSE_MAX_N}: only the baselines without optimal (closed forms) and --bands/--buffers "
                       "rows are compared; dense options do not apply")
         from mfcli.model.kinds import ANY_N_BASELINES
 
         names = parse_strategy_names(strategies) if strategies else ()
         dense_only = [name for name in names if name not in ANY_N_BASELINES]
         refuse_unless(not dense_only,
-                      f"n = {n} > {MAX_N}: {', '.join(dense_only)} is a dense solve (n <= {MAX_N}); compare "
+                      f"n = {n} > {DENSE_MAX_N}: {', '.join(dense_only)} is a dense solve (n <= {DENSE_MAX_N}); compare "
                       f"{', '.join(ANY_N_BASELINES)}, --bands or --buffers")
         compare_structured(workload, n, beta=beta, lr=lr, bands=tuple(bands or ()), buffers=tuple(buffers or ()),
                            schema=schema,

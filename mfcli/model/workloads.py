@@ -30,9 +30,6 @@ from mfcli.errors import MfcliError
 from mfcli.util.limits import DENSE_MAX_N
 from mfcli.util.validation import step_count
 
-#: Largest n of a dense workload (:data:`mfcli.util.limits.DENSE_MAX_N`, with its reason).
-MAX_N = DENSE_MAX_N
-
 WORKLOAD_NAMES = ("prefix", "momentum", "custom")
 SCHEDULE_NAMES = ("constant", "step-decay", "cooldown")
 
@@ -60,13 +57,13 @@ class Workload:
 
 
 def check_n(n: int) -> int:
-    """Validate a step count for a workload: :func:`mfcli.util.validation.step_count`, and n <= MAX_N
+    """Validate a step count for a workload: :func:`mfcli.util.validation.step_count`, and n <= DENSE_MAX_N
     (the dense solver's memory)."""
     n = step_count(n)
-    if n > MAX_N:
+    if n > DENSE_MAX_N:
         raise MfcliError(
             f"n = {n} is too large: the dense solver needs about {8 * 8 * n * n / 2**30:.0f} GiB; "
-            f"the limit is n <= {MAX_N}"
+            f"the limit is n <= {DENSE_MAX_N}"
         )
     return n
 
