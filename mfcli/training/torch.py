@@ -270,6 +270,17 @@ def _check_module(module: Any) -> None:
                              "batch: per-example clipping does not bound their influence; use GroupNorm or LayerNorm")
 
 
+def _examples(dataset: Dataset) -> int:
+    """N, the number of examples of a map-style dataset (the batch samplers draw indices 0..N-1)."""
+    try:
+        examples = len(dataset)
+    except TypeError:
+        raise MfcliError("dataset must be a map-style dataset with a length (the sampler draws indices)") from None
+    if examples < 1:
+        raise MfcliError("the dataset is empty")
+    return examples
+
+
 def make_private(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -337,12 +348,7 @@ def make_private(
             max_physical_batch_size, int) or max_physical_batch_size < 1):
         raise MfcliError(f"max_physical_batch_size must be a positive integer, got {max_physical_batch_size!r}")
     seed = check_seed(seed)
-    try:
-        examples = len(dataset)
-    except TypeError:
-        raise MfcliError("dataset must be a map-style dataset with a length (the sampler draws indices)") from None
-    if examples < 1:
-        raise MfcliError("the dataset is empty")
+    examples = _examples(dataset)
     rec, batches, expected = declared_batches(
         artifact, record, verify=verify, examples=examples, seed=seed, non_adaptive=non_adaptive, noise_std=noise_std,
         noise_multiplier=noise_multiplier, sampler=sampler, sample_rate=sample_rate, batch_size=batch_size)
@@ -416,10 +422,7 @@ def make_private_with_epsilon(
     if workload is None:
         workload, found_beta = workload_of(optimizer)
         beta = found_beta if beta is None else beta
-    try:
-        examples = len(dataset)
-    except TypeError:
-        raise MfcliError("dataset must be a map-style dataset with a length") from None
+    examples = _examples(dataset)
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     plan, rid = plan_and_write(
         examples=examples, batch_size=batch_size, epochs=epochs, epsilon=epsilon, delta=delta, workload=workload,
