@@ -90,6 +90,11 @@ USAGE_ERRORS: list[tuple[list[str], str]] = [
     (["compress", "momentum-n256", "--rank", "2", "--max-loss-increase", "0.01", "--max-rank", "8"], "--max-rank"),
     (["compress", "momentum-n256", "--band", "4"], "give both --band and --rank, or --max-loss-increase"),
     (["compress", "momentum-n256", "--max-loss-increase", "0.01"], "give --out (its folder is package data)"),
+    # a lone --max-participations is refused, not ignored, by every command that reads an artifact's schema
+    (["compress", "momentum-n256", "--band", "4", "--rank", "2", "--max-participations", "2"],
+     "--max-participations applies to --min-sep only"),
+    (["inspect", "prefix-n256", "--max-participations", "2"], "--max-participations applies to --min-sep only"),
+    (["account", "--sigma", "4", "--max-participations", "2"], "--max-participations applies to --min-sep only"),
     # inspect
     (["inspect", "prefix-n256", "--force"], "--force overwrites the --plot file"),
     # account: MMCC- and PLD-only options without the setting that uses them, calibration options

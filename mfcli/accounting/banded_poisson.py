@@ -326,7 +326,7 @@ def _banded_strategy(strategy: np.ndarray | PreparedStrategy, *, max_band: int, 
     Raises:
         MfcliError: in one line, naming ``what``.
     """
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy)
+    prep = prepare_strategy(strategy)
     b = bandwidth(prep.strategy)
     if b is None or not np.array_equal(prep.release_steps, np.arange(prep.n)):
         raise MfcliError(f"{what} needs a square lower-triangular C released one row per step")

@@ -183,13 +183,17 @@ def check_causal(strategy: np.ndarray, release_steps: np.ndarray, *, what: str) 
         )
 
 
-def prepare_strategy(strategy: np.ndarray, release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
-    """Check C for MMCC and scale it to max column norm 1.
+def prepare_strategy(strategy: np.ndarray | PreparedStrategy,
+                     release_steps: Sequence[int] | np.ndarray | None = None) -> PreparedStrategy:
+    """Check C for MMCC and scale it to max column norm 1. A strategy prepared already is
+    returned as it is (with its own release steps), so every MMCC function takes either.
 
     Raises:
         MfcliError: C not a finite 2-D array, a negative entry, a zero column, release steps that
             are not non-decreasing in range, or an entry C[r, j] != 0 with j > t(r) (non-causal).
     """
+    if isinstance(strategy, PreparedStrategy):
+        return strategy
     c = np.asarray(strategy, dtype=np.float64)
     if c.ndim != 2 or c.shape[0] == 0 or c.shape[1] == 0:
         raise MfcliError(f"the strategy C must be a non-empty 2-D matrix, got shape {c.shape}")
@@ -1102,7 +1106,7 @@ def mmcc(
     fracs = [check_tail_fraction(f) for f in tail_fractions]
     if not fracs:
         raise MfcliError(f"tail fractions must lie in (0, 1), got {tail_fractions!r}")
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    prep = prepare_strategy(strategy, release_steps)
     sig = sigma / prep.sensitivity
     res_w = int(tail_resolution) if tail_resolution is not None else default_tail_resolution(sig)
     say = progress or (lambda s: None)
@@ -1230,7 +1234,7 @@ def lower_bound(
     names = tuple(statistics)
     if not names or any(s not in mmcc_lower.STATISTICS for s in names):
         raise MfcliError(f"lower-bound statistics must be among {', '.join(mmcc_lower.STATISTICS)}, got {names!r}")
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    prep = prepare_strategy(strategy, release_steps)
     c = prep.strategy
     sig = sigma / prep.sensitivity
     gram = c.T @ c
@@ -1278,7 +1282,7 @@ def full_participation(
     divergence over the mixture of participation patterns)."""
     sigma = check_sigma(sigma)
     delta = check_delta(delta)
-    prep = strategy if isinstance(strategy, PreparedStrategy) else prepare_strategy(strategy, release_steps)
+    prep = prepare_strategy(strategy, release_steps)
     sens1 = float(np.linalg.norm(prep.strategy.sum(axis=1)))
     sig = sigma / prep.sensitivity
     return FullParticipationResult(epsilon=gaussian_epsilon(delta, sens1 / sig), delta=delta, sensitivity=sens1)

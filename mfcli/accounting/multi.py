@@ -26,7 +26,7 @@ import numpy as np
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json, poisson_gaussian_event
-from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma, gaussian_epsilon
+from mfcli.accounting.single_pass import check_delta, check_pld_inputs, check_sigma, dpsgd, gaussian_epsilon
 from mfcli.errors import MfcliError
 from mfcli.model.participation import (
     FixedEpoch,
@@ -231,10 +231,7 @@ def cyclic_poisson(
     Raises:
         MfcliError: the conditions fail, or a parameter is out of range.
     """
-    sigma = check_sigma(sigma)
-    sampling = check_sampling(sampling)
-    delta = check_delta(delta)
-    value_discretization = check_discretization(value_discretization)
+    sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     c = np.asarray(c, dtype=np.float64)
     n = c.shape[1] if c.ndim == 2 else 0
     b = cycle_length(schema, n)
@@ -254,24 +251,19 @@ def reduced_dpsgd(*, bands: int, column_norm: float, n: int, schema: Participati
     Raises:
         MfcliError: more bands than the cycle length b, or a parameter out of range.
     """
-    from dp_accounting.pld import pld_privacy_accountant
-
-    sigma = check_sigma(sigma)
-    sampling = check_sampling(sampling)
-    delta = check_delta(delta)
-    value_discretization = check_discretization(value_discretization)
+    sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     b = cycle_length(schema, n)
     if bands > b:
         raise MfcliError(f"cyclic Poisson accounting needs at most b = {b} bands (the cycle length); this C has {bands}")
     if not column_norm > 0:
         raise MfcliError("the strategy is all zeros")
     steps = math.ceil(n / b)
-    result = CyclicPoissonResult(epsilon=math.nan, delta=delta, sigma=sigma, sampling=sampling, cycle=b,
-                                 bands=bands, column_norm=float(column_norm), steps=steps, n=n, schema=schema,
-                                 value_discretization=value_discretization)
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
-    acc.compose(result.dp_event())
-    return CyclicPoissonResult(**{**result.__dict__, "epsilon": float(acc.get_epsilon(delta))})
+    # Thm. 3's DP-SGD is accounted by the one DP-SGD accountant (its event is this result's dp_event)
+    reduced = dpsgd(sigma=sigma / float(column_norm), sampling=sampling, steps=steps, delta=delta,
+                    value_discretization=value_discretization)
+    return CyclicPoissonResult(epsilon=reduced.epsilon, delta=delta, sigma=sigma, sampling=sampling, cycle=b,
+                               bands=bands, column_norm=float(column_norm), steps=steps, n=n, schema=schema,
+                               value_discretization=value_discretization)
 
 
 __all__ = [

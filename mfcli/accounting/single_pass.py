@@ -51,6 +51,14 @@ def check_discretization(d: float) -> float:
     return positive_number(d, "the PLD value discretization", upper=0.1, upper_closed=True)
 
 
+def check_pld_inputs(sigma: float, sampling: float, delta: float,
+                     value_discretization: float) -> tuple[float, float, float, float]:
+    """(sigma, sampling, delta, value_discretization) of a Poisson-sampled Gaussian accounted
+    with dp-accounting's PLD (DP-SGD and each setting reduced to it), each checked in this order
+    (:func:`check_sigma`, :func:`check_sampling`, :func:`check_delta`, :func:`check_discretization`)."""
+    return check_sigma(sigma), check_sampling(sampling), check_delta(delta), check_discretization(value_discretization)
+
+
 def gaussian_delta(epsilon: float | np.ndarray, mu: float) -> np.ndarray | float:
     """Exact hockey-stick divergence of N(mu, 1) against N(0, 1) at epsilon (Balle-Wang).
 
@@ -190,10 +198,7 @@ def dpsgd(
     """
     from dp_accounting.pld import pld_privacy_accountant
 
-    sigma = check_sigma(sigma)
-    sampling = check_sampling(sampling)
-    delta = check_delta(delta)
-    value_discretization = check_discretization(value_discretization)
+    sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     steps = step_count(steps, name="the number of steps")
     try:
         epsilon = _poisson_gaussian_epsilon(sigma, sampling, int(steps), delta, value_discretization)

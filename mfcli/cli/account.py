@@ -40,9 +40,9 @@ from mfcli.cli.common import (
     key_value_table,
     library_check,
     log,
-    participation_options,
     positive_n,
     refuse_unless,
+    requested_participation,
     safe_markup,
     stdout,
 )
@@ -385,8 +385,7 @@ def account(
     )
 
     say = (lambda s: None) if quiet else log
-    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
-    refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
+    requested = requested_participation(epochs, min_sep, max_participations)
     refuse_unless(not events or as_json, "--events adds the full events to --json output; give --json")
     refuse_unless(batching is None or batching in BATCHINGS,
                   f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")

@@ -545,6 +545,15 @@ def participation_options(epochs: int | None, min_sep: int | None, max_participa
     return SingleParticipation()
 
 
+def requested_participation(epochs: int | None, min_sep: int | None, max_participations: int | None) -> Any:
+    """The participation schema the options request of a command that reads an artifact, or None
+    when neither --epochs nor --min-sep is given (the artifact's own schema applies); the
+    combinations :func:`participation_options` refuses are refused here too, a lone
+    --max-participations included."""
+    schema = participation_options(epochs, min_sep, max_participations)
+    return None if (epochs, min_sep) == (None, None) else schema
+
+
 def with_schema_suffix(path: _Path, schema: Any, n: int) -> _Path:
     """A default output path named for its participation schema: ``-epochs<K>`` for fixed-epoch,
     ``-minsep<B>-k<K>`` for min-separation (K participations at most), unchanged for single

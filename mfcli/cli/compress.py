@@ -19,9 +19,9 @@ from mfcli.cli.common import (
     key_value_table,
     library_check,
     log,
-    participation_options,
     refuse_structured,
     refuse_unless,
+    requested_participation,
     stdout,
     usage_error,
 )
@@ -83,7 +83,7 @@ def compress(
         out = default_output_path(Path(artifact.name), band, rank)
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
-    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
+    requested = requested_participation(epochs, min_sep, max_participations)
     from mfcli.io.artifact import load_artifact
     from mfcli.model.participation import SingleParticipation
     from mfcli.services.compare import requested_schema, schema_numbers

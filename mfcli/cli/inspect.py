@@ -20,8 +20,8 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
-    participation_options,
     refuse_unless,
+    requested_participation,
     safe_markup,
     stdout,
 )
@@ -276,7 +276,7 @@ def inspect(
     artifact = artifact_argument(artifact)
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
-    requested = participation_options(epochs, min_sep, max_participations) if (epochs, min_sep) != (None, None) else None
+    requested = requested_participation(epochs, min_sep, max_participations)
     report = inspect_artifact(artifact, certificate=certificate, deep=deep)
     # what this kind of artifact lacks is said by the report, for every kind, before anything is written
     for option, given in (("--plot", plot is not None), ("--epochs/--min-sep", requested is not None)):

@@ -48,7 +48,7 @@ import optax
 from mfcli.adapters.optax import correlated_noise
 from mfcli.errors import MfcliError
 from mfcli.training.noise import check_seed
-from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
+from mfcli.training.record import TrainingRecord, check_clip_norm, declared_batches, record_stream
 
 #: Default padded sizes, as multiples of the expected batch size.
 SHAPE_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -172,9 +172,7 @@ def make_private(
     Raises:
         MfcliError: as :func:`mfcli.training.torch.make_private`.
     """
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not math.isfinite(clip_norm) \
-            or clip_norm <= 0:
-        raise MfcliError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
+    clip_norm = check_clip_norm(clip_norm)
     if not callable(loss_fn):
         raise MfcliError("loss_fn must be callable: loss_fn(params, *example)")
     seed = check_seed(seed)
@@ -184,11 +182,9 @@ def make_private(
     examples = int(arrays[0].shape[0])
     if examples < 1 or any(a.shape[0] != examples for a in arrays):
         raise MfcliError(f"every data array needs the same number of examples (the first has {examples})")
-    rec = training_record(artifact, record, verify_record=verify)
-    check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
-                   sample_rate=sample_rate, batch_size=batch_size)
-    batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
-    expected = max(1, round(batches.expected_batch_size(0)))
+    rec, batches, expected = declared_batches(
+        artifact, record, verify=verify, examples=examples, seed=seed, non_adaptive=non_adaptive, noise_std=noise_std,
+        noise_multiplier=noise_multiplier, sampler=sampler, sample_rate=sample_rate, batch_size=batch_size)
     if shapes is None:
         sizes = padded_shapes(batches.expected_batch_size(0), examples)
     else:
@@ -199,9 +195,9 @@ def make_private(
             sizes = (*sizes, examples)
     d = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
     stream = record_stream(rec, d=d, seed=seed, dtype=dtype)
-    tx = optax.chain(correlated_noise(stream, record=rec, clip_norm=float(clip_norm), batch_size=expected), optimizer)
+    tx = optax.chain(correlated_noise(stream, record=rec, clip_norm=clip_norm, batch_size=expected), optimizer)
     return PrivateTraining(tx=tx, record=rec, sampler=batches, expected_batch_size=expected, shapes=sizes,
-                           clip_norm=float(clip_norm), data=arrays, loss_fn=loss_fn)
+                           clip_norm=clip_norm, data=arrays, loss_fn=loss_fn)
 
 
 __all__ = ["SHAPE_FACTORS", "PrivateTraining", "make_private", "pad_to", "padded_shapes"]

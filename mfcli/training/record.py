@@ -434,6 +434,30 @@ def build_sampler(rec: TrainingRecord, *, examples: int, seed: int, non_adaptive
     return sampler_for(rec.artifact, examples=examples, seed=seed, record=rec.record, non_adaptive=non_adaptive)
 
 
+def check_clip_norm(clip_norm: Any) -> float:
+    """The per-example clipping norm a trainer declares: a positive finite number (the record's
+    noise std is per unit of it)."""
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not math.isfinite(clip_norm) \
+            or clip_norm <= 0:
+        raise MfcliError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
+    return float(clip_norm)
+
+
+def declared_batches(artifact: str | Path, record: str | None, *, verify: bool, examples: int, seed: int,
+                     non_adaptive: bool, noise_std: float | None, noise_multiplier: float | None,
+                     sampler: str | None, sample_rate: float | None,
+                     batch_size: int | None) -> tuple[TrainingRecord, Any, int]:
+    """What a trainer's ``make_private`` (torch, JAX) runs: the record (:func:`training_record`),
+    refused unless every declared number is its own (:func:`check_declared`), its batch sampler
+    over ``examples`` (:func:`build_sampler`) and the expected batch size (at least 1) that the
+    summed clipped gradients and the noise are divided by."""
+    rec = training_record(artifact, record, verify_record=verify)
+    check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
+                   sample_rate=sample_rate, batch_size=batch_size)
+    batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
+    return rec, batches, max(1, round(batches.expected_batch_size(0)))
+
+
 def check_declared(rec: TrainingRecord, *, examples: int, noise_std: float | None = None,
                    noise_multiplier: float | None = None, sampler: str | None = None, sample_rate: float | None = None,
                    batch_size: int | None = None, steps: int | None = None) -> None:

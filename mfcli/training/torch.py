@@ -48,7 +48,6 @@ same step. The seed is checked to be the same on every rank at construction.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer, refuse_noising_optimizer
 from mfcli.errors import MfcliError
 from mfcli.training.noise import check_seed
-from mfcli.training.record import TrainingRecord, build_sampler, check_declared, record_stream, training_record
+from mfcli.training.record import TrainingRecord, check_clip_norm, declared_batches, record_stream
 
 
 def _world() -> tuple[int, int]:
@@ -271,6 +270,17 @@ def _check_module(module: Any) -> None:
                              "batch: per-example clipping does not bound their influence; use GroupNorm or LayerNorm")
 
 
+def _examples(dataset: Dataset) -> int:
+    """N, the number of examples of a map-style dataset (the batch samplers draw indices 0..N-1)."""
+    try:
+        examples = len(dataset)
+    except TypeError:
+        raise MfcliError("dataset must be a map-style dataset with a length (the sampler draws indices)") from None
+    if examples < 1:
+        raise MfcliError("the dataset is empty")
+    return examples
+
+
 def make_private(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -331,27 +341,18 @@ def make_private(
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise MfcliError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     refuse_noising_optimizer(optimizer, "make_private")
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not math.isfinite(clip_norm) \
-            or clip_norm <= 0:
-        raise MfcliError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
+    clip_norm = check_clip_norm(clip_norm)
     if not callable(loss_fn):
         raise MfcliError("loss_fn must be callable: loss_fn(output, target)")
     if max_physical_batch_size is not None and (isinstance(max_physical_batch_size, bool) or not isinstance(
             max_physical_batch_size, int) or max_physical_batch_size < 1):
         raise MfcliError(f"max_physical_batch_size must be a positive integer, got {max_physical_batch_size!r}")
     seed = check_seed(seed)
-    try:
-        examples = len(dataset)
-    except TypeError:
-        raise MfcliError("dataset must be a map-style dataset with a length (the sampler draws indices)") from None
-    if examples < 1:
-        raise MfcliError("the dataset is empty")
-    rec = training_record(artifact, record, verify_record=verify)
-    check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
-                   sample_rate=sample_rate, batch_size=batch_size)
-    batches = build_sampler(rec, examples=examples, seed=seed, non_adaptive=non_adaptive)
-    expected = max(1, round(batches.expected_batch_size(0)))
-    opt = PrivateOptimizer(optimizer, module=module, record=rec, sampler=batches, seed=seed, clip_norm=float(clip_norm),
+    examples = _examples(dataset)
+    rec, batches, expected = declared_batches(
+        artifact, record, verify=verify, examples=examples, seed=seed, non_adaptive=non_adaptive, noise_std=noise_std,
+        noise_multiplier=noise_multiplier, sampler=sampler, sample_rate=sample_rate, batch_size=batch_size)
+    opt = PrivateOptimizer(optimizer, module=module, record=rec, sampler=batches, seed=seed, clip_norm=clip_norm,
                            loss_fn=loss_fn, expected_batch_size=expected,
                            max_physical_batch_size=max_physical_batch_size, dtype=dtype)
     from torch.utils.data import default_collate
@@ -421,10 +422,7 @@ def make_private_with_epsilon(
     if workload is None:
         workload, found_beta = workload_of(optimizer)
         beta = found_beta if beta is None else beta
-    try:
-        examples = len(dataset)
-    except TypeError:
-        raise MfcliError("dataset must be a map-style dataset with a length") from None
+    examples = _examples(dataset)
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     plan, rid = plan_and_write(
         examples=examples, batch_size=batch_size, epochs=epochs, epsilon=epsilon, delta=delta, workload=workload,
