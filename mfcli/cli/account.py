@@ -49,6 +49,7 @@ from mfcli.cli.common import (
 from mfcli.cli.display import ProgressDisplay, describe_estimate
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
+from mfcli.util.limits import DENSE_MAX_N
 
 if TYPE_CHECKING:
     from mfcli.services.account import AccountingReport
@@ -276,7 +277,8 @@ def account(
     ),
     strategy: str | None = typer.Option(
         None, "--strategy", "-s", callback=STRATEGY_CHECK,
-        help="Built-in strategy: identity, tree, sqrt or optimal (with --n). "
+        help=f"Built-in strategy: identity, tree, sqrt or optimal (with --n). Above n = {DENSE_MAX_N} identity, tree and sqrt "
+        "are accounted by their forms of any n, without the matrix C: the settings that need C say so. "
         "(In mfcli compare, -s is --strategies, a list.)"
     ),
     n: int | None = typer.Option(None, "--n", "-n", callback=positive_n, help="Number of steps for --strategy."),
