@@ -247,3 +247,15 @@ def test_compare_beyond_the_dense_limit_refuses_in_one_line(args, match):
     r = run("compare", "--n", 20_000, *args, "-q")
     assert r.exit_code in (1, 2) and r.stderr.strip().startswith("error:") and match in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["tree", "honaker-online", "honaker-full"])
+def test_momentum_with_beta_zero_is_the_prefix_sum(name: str) -> None:
+    """beta = 0 makes momentum the prefix sum; its filter's denominator carries a trailing zero
+    (1, -1, 0), which once crashed the tree's closed form with a shape error."""
+    n = 1000
+    zero = baseline_mechanism(name, toeplitz_workload("momentum", beta=0.0), n).loss()
+    prefix = baseline_mechanism(name, PREFIX, n).loss()
+    assert zero.total == pytest.approx(prefix.total, rel=1e-12)
+    r = run("compare", "--n", 10_000, "-w", "momentum", "--beta", 0, "-s", "tree", "--format", "json", "-q")
+    assert r.exit_code == 0, r.output
