@@ -63,3 +63,17 @@ def test_sampled_settings_that_need_the_matrix_say_so_above_the_limit() -> None:
     r = run("account", "--strategy", "tree", "--n", 2**16, "--sigma", SIGMA, "--sampling", 0.01)
     assert r.exit_code == 0, r.output
     assert "MMCC: not run" in r.output and "8192" in r.output
+
+
+def test_the_shuffled_tree_calibrates_above_the_limit_as_it_is_shown() -> None:
+    """The shuffled tree needs only n and the 0/1 tree's sigma: shown with --sigma above the dense
+    limit, it calibrates there too, and the sigma found meets the target by the row's own setting."""
+    from mfcli.accounting.shuffled_tree import shuffled_tree
+
+    n = 2**16
+    r = run("account", "--strategy", "tree", "--n", n, "--epsilon", 4, "--setting", "shuffled-tree", "--json")
+    assert r.exit_code == 0, r.output
+    cal = json.loads(r.stdout)["calibration"]
+    assert cal["achieved_epsilon"] <= 4.0
+    assert shuffled_tree(n=n, sigma=cal["sigma"], delta=DELTA).epsilon <= 4.0
+    assert shuffled_tree(n=n, sigma=cal["sigma_bracket"][0] * (1 - 1e-3), delta=DELTA).epsilon > 4.0

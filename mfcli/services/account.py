@@ -882,7 +882,7 @@ def _any_n_baseline(strategy: str, *, n: int, workload: str, beta: float) -> Str
     return StrategyInput(
         name=strategy, strategy=np.zeros((0, 0)), release_steps=np.zeros(0, dtype=np.int64),
         source=f"built-in strategy {strategy} for the {workload} workload, n = {n} (its form of any n, no matrix)",
-        is_tree=strategy == "tree", mechanism=mech,
+        is_tree=strategy == "tree", operator="form of any n, no matrix", mechanism=mech,
     )
 
 
@@ -952,7 +952,9 @@ def epsilon_function(
 
         eps(1.0)  # refuse now (more bands than the cycle), not inside the search
         return eps
-    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not inp.has_matrix:
+    # The shuffled tree needs only n and the 0/1 tree's sigma, as the row account shows at any n.
+    tree_only = inp.is_tree and setting == "shuffled-tree"
+    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not tree_only and not inp.has_matrix:
         raise MfcliError(mech.matrix_refusal(f"the {setting} setting"))
     c = inp.strategy
     if setting in ("dp-sgd", "mmcc"):

@@ -148,6 +148,8 @@ class ToeplitzBaselineMechanism(StructuredOperator):
     operator of a :class:`ToeplitzBaseline` (numbers from the first column), with no artifact group
     and the sqrt noise stream from its dense operator up to the dense limit."""
 
+    matrix_name = "the dense strategy C of a built-in baseline, which is built"
+
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         if self.strategy.kind == "identity" or kind not in ("gradient", "iterate"):
             return super().streaming(kind, where=where)
