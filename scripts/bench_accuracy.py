@@ -20,7 +20,7 @@ A seed fixes the model initialisation, the batches and the noise of both arms. P
 seed-independent and computed once per (framework, epsilon, training-set size).
 
 Each run prints one JSON line (the example's object plus ``framework``) on stdout and appends it
-to ``--out``; ``--summarize FILE...`` prints the Markdown table of means (sample standard
+to ``--out``; ``--summarize FILE...`` prints the Markdown tables of the runs and of the means (sample standard
 deviation) over seeds and the medians of CPU seconds per epoch of the final runs. Runs already in
 ``--out`` are skipped, so an interrupted benchmark resumes.
 
@@ -99,8 +99,9 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _mean_std(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{statistics.fmean(values):.4f} ± {std:.4f}"
+    if len(values) == 1:
+        return f"{values[0]:.4f} (one seed)"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def summarize(paths: list[str]) -> int:
@@ -108,6 +109,19 @@ def summarize(paths: list[str]) -> int:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["framework"], r["target_epsilon"], r.get("config", "plan")), []).append(r)
+    print("| framework | epsilon | mfcli mechanism (config) | seed | lr mfcli / DP-SGD | mfcli accuracy | DP-SGD accuracy "
+          "| mfcli epsilon / DP-SGD epsilon | mfcli CPU s/epoch | DP-SGD CPU s/epoch |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["framework"], r["target_epsilon"], r.get("config", "plan"), r["seed"])):
+        ref = r["dpsgd_accuracy"] is not None
+        print(f"| {r['framework']} | {r['target_epsilon']:g} | {r['mechanism'].split(' (')[0]} ({r.get('config', 'plan')}) "
+              f"| {r['seed']} | {r['lr']:g} / {r['dpsgd_lr']:g} | {r['accuracy']:.3f} | {r['dpsgd_accuracy']:.3f} "
+              f"| {r['epsilon']:.4f} / {r['dpsgd_epsilon']:.4f} | {r['cpu_seconds_per_epoch']:.2f} "
+              f"| {r['dpsgd_cpu_seconds_per_epoch']:.2f} |" if ref else
+              f"| {r['framework']} | {r['target_epsilon']:g} | {r['mechanism'].split(' (')[0]} ({r.get('config', 'plan')}) "
+              f"| {r['seed']} | {r['lr']:g} / - | {r['accuracy']:.3f} | - | {r['epsilon']:.4f} / - "
+              f"| {r['cpu_seconds_per_epoch']:.2f} | - |")
+    print()
     print("| framework | epsilon | mfcli mechanism (config) | seeds | lr mfcli / DP-SGD (per seed) | mfcli accuracy "
           "| DP-SGD accuracy | difference (points) | mfcli CPU s/epoch | DP-SGD CPU s/epoch | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
