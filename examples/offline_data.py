@@ -108,3 +108,35 @@ def tune(args: argparse.Namespace, train: Sequence[T], score: Callable[[str, flo
     scores: dict[str, dict[float, float]] = {arm: {lr: score(arm, lr, fit, val) for lr in grid} for arm in arms}
     best = {arm: max(grid, key=lambda r, a=arm: (scores[a][r], -r)) for arm in arms}  # type: ignore[misc]
     return best, scores
+
+
+def rates(args: argparse.Namespace, train: Sequence[T],
+          score: Callable[[str, float, tuple, tuple], float]) -> tuple[float, float, dict | None]:
+    """(mfcli rate, DP-SGD rate, validation scores or None): :func:`tune` over ``--lr-grid`` for
+    both arms (the mfcli arm alone with ``--no-dpsgd``), else ``--lr`` and ``--dpsgd-lr``."""
+    lr, dpsgd_lr = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr
+    if not args.lr_grid:
+        return lr, dpsgd_lr, None
+    best, scores = tune(args, train, score, ("mfcli",) if args.no_dpsgd else ("mfcli", "dpsgd"))
+    return best["mfcli"], best.get("dpsgd", dpsgd_lr), scores
+
+
+def result(args: argparse.Namespace, mine: dict, ref: dict | None, lr: float, dpsgd_lr: float,
+           scores: dict | None) -> dict:
+    """The JSON object both examples print, from the two arms' results (``ref`` None: no DP-SGD
+    arm): the documented keys first, then the setup, the rates and both arms' noise units."""
+    def dpsgd(key: str) -> object:
+        return None if ref is None else ref[key]
+
+    return {"epsilon": mine["epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
+            "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
+            "dpsgd_accuracy": dpsgd("accuracy"), "dpsgd_seconds_per_epoch": dpsgd("seconds_per_epoch"),
+            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
+            "dpsgd_cpu_seconds_per_epoch": dpsgd("cpu_seconds_per_epoch"), "dpsgd_epsilon": dpsgd("epsilon"),
+            "dpsgd_noise_multiplier": dpsgd("noise_multiplier"), "dpsgd_noise_std": dpsgd("noise_std"),
+            "target_epsilon": args.epsilon, "dataset": args.dataset, "batch": args.batch, "epochs": args.epochs,
+            "clip": args.clip, "lr": lr, "dpsgd_lr": None if ref is None else dpsgd_lr,
+            "validation_accuracy": scores, "validation": args.validation if args.lr_grid else None,
+            "seed": args.seed, "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
+            "sensitivity": mine["sensitivity"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
+            "epsilon_per_epoch": mine["epsilon_per_epoch"]}

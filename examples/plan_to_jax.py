@@ -35,7 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from offline_data import add_common_args, finish_args, load_split, plan_limits, tune  # noqa: E402  (beside this script)
+from offline_data import add_common_args, finish_args, load_split, plan_limits, rates, result  # noqa: E402  (beside this script)
 
 from mfcli.errors import MfcliError  # noqa: E402
 
@@ -215,35 +215,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     ``--lr``/``--dpsgd-lr``), planning into ``workdir`` (kept there and reused by a later call with
     the same setup and workdir). Returns the example's JSON object."""
     data = load(args.dataset, args.examples)
-    lr, dpsgd_lr, scores = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr, None
-    if args.lr_grid:
-        def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
-            split = (*fit, *val)
-            if arm == "mfcli":
-                return run_arm(args, split, workdir, None, rate)["accuracy"]
-            return run_jax_privacy(args, split, rate)["accuracy"]
 
-        best, scores = tune(args, data[:2], score, ("mfcli",) if args.no_dpsgd else ("mfcli", "dpsgd"))
-        lr, dpsgd_lr = best["mfcli"], best.get("dpsgd", dpsgd_lr)
+    def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
+        split = (*fit, *val)
+        if arm == "mfcli":
+            return run_arm(args, split, workdir, None, rate)["accuracy"]
+        return run_jax_privacy(args, split, rate)["accuracy"]
+
+    lr, dpsgd_lr, scores = rates(args, data[:2], score)
     mine = run_arm(args, data, workdir, None, lr)
     ref = None if args.no_dpsgd else run_jax_privacy(args, data, dpsgd_lr)
-    return {"epsilon": mine["epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
-            "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
-            "dpsgd_accuracy": None if ref is None else ref["accuracy"],
-            "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
-            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
-            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
-            "dpsgd_mechanism": None if ref is None else ref["mechanism"],
-            "dpsgd_epsilon": None if ref is None else ref["epsilon"],
-            "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
-            "dpsgd_noise_std": None if ref is None else ref["noise_std"],
-            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
-            "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
-            "lr": lr, "dpsgd_lr": None if ref is None else dpsgd_lr, "validation_accuracy": scores,
-            "validation": args.validation if args.lr_grid else None,
-            "seed": args.seed, "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
-            "sensitivity": mine["sensitivity"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
-            "epsilon_per_epoch": mine["epsilon_per_epoch"], "padded_shapes": mine["shapes"]}
+    return {**result(args, mine, ref, lr, dpsgd_lr, scores), "examples": len(data[1]),
+            "test_examples": len(data[3]), "dpsgd_mechanism": None if ref is None else ref["mechanism"],
+            "padded_shapes": mine["shapes"]}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from offline_data import add_common_args, finish_args, load_split, plan_limits, tune  # noqa: E402  (beside this script)
+from offline_data import add_common_args, finish_args, load_split, plan_limits, rates, result  # noqa: E402  (beside this script)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from mfcli.errors import MfcliError  # noqa: E402
@@ -96,7 +96,7 @@ def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
             "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
             "noise_multiplier": opt.record.noise_multiplier, "noise_std": opt.record.noise_std,
             "sensitivity": opt.record.sensitivity, "steps": opt.steps_taken,
-            "record_epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
+            "epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
             "batch_sampler": opt.record.sampler}
 
 
@@ -131,38 +131,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     ``--lr``/``--dpsgd-lr``), planning into ``workdir`` (a plan per training-set size, kept there:
     a later call with the same setup and workdir reuses it). Returns the example's JSON object."""
     train_set, x_test, y_test = load(args.dataset, args.examples)
-    lr, dpsgd_lr, scores = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr, None
-    if args.lr_grid:
-        if args.artifact:
-            raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
-                             "needs its own plan; it cannot be combined with --artifact")
+    if args.lr_grid and args.artifact:
+        raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
+                         "needs its own plan; it cannot be combined with --artifact")
 
-        def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
-            fit_set, (xv, yv) = TensorDataset(*fit), val
-            if arm == "mfcli":
-                return train_mfcli(args, fit_set, xv, yv, args.hidden, workdir, rate)["accuracy"]
-            return train_dpsgd(args, fit_set, xv, yv, args.hidden, rate)["accuracy"]
+    def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
+        fit_set, (xv, yv) = TensorDataset(*fit), val
+        if arm == "mfcli":
+            return train_mfcli(args, fit_set, xv, yv, args.hidden, workdir, rate)["accuracy"]
+        return train_dpsgd(args, fit_set, xv, yv, args.hidden, rate)["accuracy"]
 
-        best, scores = tune(args, train_set.tensors, score, ("mfcli",) if args.no_dpsgd else ("mfcli", "dpsgd"))
-        lr, dpsgd_lr = best["mfcli"], best.get("dpsgd", dpsgd_lr)
+    lr, dpsgd_lr, scores = rates(args, train_set.tensors, score)
     mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, workdir, lr)
     ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden, dpsgd_lr)
-    return {"epsilon": mine["record_epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
-            "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
-            "dpsgd_accuracy": None if ref is None else ref["accuracy"],
-            "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
-            "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
-            "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
-            "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(train_set),
-            "test_examples": len(y_test), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
-            "lr": lr, "dpsgd_lr": None if ref is None else dpsgd_lr, "momentum": args.momentum,
-            "validation_accuracy": scores, "validation": args.validation if args.lr_grid else None,
-            "seed": args.seed, "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
-            "sensitivity": mine["sensitivity"], "steps": mine["steps"],
-            "batch_sampler": mine["batch_sampler"], "epsilon_per_epoch": mine["epsilon_per_epoch"],
-            "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
-            "dpsgd_noise_std": None if ref is None else ref["noise_std"],
-            "dpsgd_epsilon": None if ref is None else ref["epsilon"], "torch_threads": torch.get_num_threads()}
+    return {**result(args, mine, ref, lr, dpsgd_lr, scores), "examples": len(train_set),
+            "test_examples": len(y_test), "momentum": args.momentum, "torch_threads": torch.get_num_threads()}
 
 
 def parser() -> argparse.ArgumentParser:
