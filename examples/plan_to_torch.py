@@ -6,7 +6,8 @@ mechanism ``mfcli plan`` knows, calibrated to the target and ranked), writes the
 artifact with its accounting record, and trains under that record: its batch sampler, its noise,
 per-example clipping by ``torch.func``, the correlated noise. The DP-SGD arm is Opacus's
 ``PrivacyEngine.make_private_with_epsilon`` (Poisson sampling, its PRV accountant) with the same
-model, clipping norm, learning rate and epochs. Prints one JSON line::
+model, clipping norm, learning rate and epochs (``--lr-grid``: each arm's rate chosen on a validation
+split, the same way for both; examples/offline_data.py). Prints one JSON line::
 
     {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch",
      "dpsgd_accuracy", "dpsgd_seconds_per_epoch", ...}
