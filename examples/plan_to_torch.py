@@ -6,7 +6,8 @@ mechanism ``mfcli plan`` knows, calibrated to the target and ranked), writes the
 artifact with its accounting record, and trains under that record: its batch sampler, its noise,
 per-example clipping by ``torch.func``, the correlated noise. The DP-SGD arm is Opacus's
 ``PrivacyEngine.make_private_with_epsilon`` (Poisson sampling, its PRV accountant) with the same
-model, clipping norm, learning rate and epochs. Prints one JSON line::
+model, clipping norm, learning rate and epochs (``--lr-grid``: each arm's rate chosen on a validation
+split, the same way for both; examples/offline_data.py). Prints one JSON line::
 
     {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch",
      "dpsgd_accuracy", "dpsgd_seconds_per_epoch", ...}
@@ -39,7 +40,7 @@ if str(ROOT) not in sys.path:  # mfcli from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from offline_data import load_split  # noqa: E402  (beside this script)
+from offline_data import add_common_args, finish_args, load_split, plan_limits, rates, result  # noqa: E402  (beside this script)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from mfcli.errors import MfcliError  # noqa: E402
@@ -66,29 +67,6 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 PLANNED: dict[str, str] = {}
 
 
-def split_off(train_set: TensorDataset, held: int) -> tuple[TensorDataset, TensorDataset]:
-    """(the first N - held training examples, the last held): the validation split the learning
-    rate is chosen on; the test set is never looked at before the final run."""
-    x, y = train_set.tensors
-    return TensorDataset(x[:-held], y[:-held]), TensorDataset(x[-held:], y[-held:])
-
-
-def tune(args: argparse.Namespace, train_set: TensorDataset, workdir: Path) -> tuple[float, float, dict]:
-    """The learning rate of each arm with the best validation accuracy over the same grid
-    (``--lr-grid``), each arm trained on the first N - V examples and scored on the last V
-    (``--validation``): the same tuning for both arms. Returns (mfcli lr, DP-SGD lr, the grid's scores)."""
-    fit, val = split_off(train_set, args.validation)
-    xv, yv = val.tensors
-    grid = [float(v) for v in args.lr_grid.split(",")]
-    scores: dict = {"mfcli": {}, "dpsgd": {}}
-    for lr in grid:
-        scores["mfcli"][lr] = train_mfcli(args, fit, xv, yv, args.hidden, workdir, lr)["accuracy"]
-        if not args.no_dpsgd:
-            scores["dpsgd"][lr] = train_dpsgd(args, fit, xv, yv, args.hidden, lr)["accuracy"]
-    best = {arm: max(grid, key=lambda r, a=arm: (scores[a].get(r, -1.0), -r)) for arm in scores}
-    return best["mfcli"], best["dpsgd"], scores
-
-
 def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torch.Tensor, y_test: torch.Tensor,
                 hidden: int, workdir: Path, lr: float) -> dict:
     from mfcli.training.torch import make_private, make_private_with_epsilon
@@ -102,8 +80,7 @@ def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
         model, opt, loader = make_private(model, opt, train_set, artifact=path, batch_size=args.batch, **common)
         mechanism = PLANNED.get(str(path)) or opt.stream.operator_name
     else:
-        batching = args.batching.split(",") if args.batching else (["fixed-order"] if args.quick else None)
-        bands = [int(b) for b in args.bands.split(",")] if args.bands else ([2, 4] if args.quick else None)
+        batching, bands = plan_limits(args)
         model, opt, loader = make_private_with_epsilon(
             model, opt, train_set, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs, batch_size=args.batch,
             artifact=planned, workers=args.workers, batching=batching, bands=bands, **common)
@@ -120,7 +97,7 @@ def train_mfcli(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
             "seconds_per_epoch": seconds / epochs, "cpu_seconds_per_epoch": cpu / epochs,
             "noise_multiplier": opt.record.noise_multiplier, "noise_std": opt.record.noise_std,
             "sensitivity": opt.record.sensitivity, "steps": opt.steps_taken,
-            "record_epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
+            "epsilon": opt.epsilon(), "epsilon_per_epoch": opt.epsilon_per_epoch(),
             "batch_sampler": opt.record.sampler}
 
 
@@ -150,76 +127,56 @@ def train_dpsgd(args: argparse.Namespace, train_set: TensorDataset, x_test: torc
             "epsilon": engine.get_epsilon(args.delta)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace, workdir: Path) -> dict:
+    """Both arms on ``args`` (each at its own rate from ``--lr-grid`` on the validation split, or at
+    ``--lr``/``--dpsgd-lr``), planning into ``workdir`` (a plan per training-set size, kept there:
+    a later call with the same setup and workdir reuses it). Returns the example's JSON object."""
+    train_set, x_test, y_test = load(args.dataset, args.examples)
+    if args.lr_grid and args.artifact:
+        raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
+                         "needs its own plan; it cannot be combined with --artifact")
+
+    def score(arm: str, rate: float, fit: tuple, val: tuple) -> float:
+        fit_set, (xv, yv) = TensorDataset(*fit), val
+        if arm == "mfcli":
+            return train_mfcli(args, fit_set, xv, yv, args.hidden, workdir, rate)["accuracy"]
+        return train_dpsgd(args, fit_set, xv, yv, args.hidden, rate)["accuracy"]
+
+    lr, dpsgd_lr, scores = rates(args, train_set.tensors, score)
+    mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, workdir, lr)
+    ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden, dpsgd_lr)
+    return {**result(args, mine, ref, lr, dpsgd_lr, scores), "examples": len(train_set),
+            "test_examples": len(y_test), "momentum": args.momentum, "torch_threads": torch.get_num_threads()}
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", choices=("digits", "mnist5k"), default="digits")
-    ap.add_argument("--examples", type=int, default=None, help="training examples (the rest is the test set)")
-    ap.add_argument("--batch", type=int, default=100, help="batch size (expected, for the sampled batchers)")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--epsilon", type=float, default=4.0)
-    ap.add_argument("--delta", type=float, default=1e-5)
-    ap.add_argument("--seed", type=int, default=0, help="model, batch and noise seed (experiments only)")
-    ap.add_argument("--lr", type=float, default=0.5, help="learning rate of both arms (without --lr-grid)")
-    ap.add_argument("--dpsgd-lr", type=float, default=None, help="learning rate of the Opacus arm (default: --lr), "
-                                                                 "e.g. the one --lr-grid chose for it on another seed")
-    ap.add_argument("--lr-grid", default=None, help="learning rates to try, comma-separated: each arm takes the one "
-                                                    "with the best accuracy on the validation split")
-    ap.add_argument("--validation", type=int, default=None, help="examples held out of the training split to "
-                                                                 "choose the learning rate on (with --lr-grid; "
-                                                                 "default: an eighth of it, 500 for mnist5k)")
-    ap.add_argument("--bands", default=None, help="BandMF band counts plan may try, comma-separated (default: plan's)")
+    add_common_args(ap, "Opacus")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of both arms (mfcli plans for it)")
-    ap.add_argument("--clip", type=float, default=1.0, help="per-example clipping norm of both arms")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
-    ap.add_argument("--batching", default=None, help="batch samplers plan may use, comma-separated (default: all "
-                                                     "that hold for adaptive training)")
     ap.add_argument("--artifact", default=None, help="train under this artifact's record instead of planning")
-    ap.add_argument("--workers", type=int, default=0, help="plan's process pool (0: this process)")
-    ap.add_argument("--no-dpsgd", action="store_true", help="skip the Opacus arm")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--quick", action="store_true", help="CI size: digits, 300 examples, batch 30, 2 epochs")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.dataset, args.examples, args.batch, args.epochs, args.hidden = "digits", 300, 30, 2, 16
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    return ap
+
+
+def quiet() -> None:
+    """Silence Opacus's notices that say nothing about this run (its secure RNG is off on purpose:
+    the seeds make the experiment reproducible)."""
     warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha", category=UserWarning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = finish_args(parser().parse_args(argv))
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    quiet()
     try:
-        train_set, x_test, y_test = load(args.dataset, args.examples)
-        lr, dpsgd_lr, scores = args.lr, args.lr if args.dpsgd_lr is None else args.dpsgd_lr, None
         with tempfile.TemporaryDirectory() as tmp:
-            if args.lr_grid:
-                if args.artifact:
-                    raise MfcliError("--lr-grid trains on the training split minus the validation examples, which "
-                                     "needs its own plan; it cannot be combined with --artifact")
-                if args.validation is None:
-                    args.validation = max(1, len(train_set) // 8)
-                if not 1 <= args.validation < len(train_set):
-                    raise MfcliError(f"--validation must be in [1, {len(train_set) - 1}] (taken from the training split)")
-                lr, dpsgd_lr, scores = tune(args, train_set, Path(tmp))
-            mine = train_mfcli(args, train_set, x_test, y_test, args.hidden, Path(tmp), lr)
-        ref = None if args.no_dpsgd else train_dpsgd(args, train_set, x_test, y_test, args.hidden, dpsgd_lr)
+            out = run(args, Path(tmp))
     except MfcliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out = {"epsilon": mine["record_epsilon"], "delta": args.delta, "mechanism": mine["mechanism"],
-           "accuracy": mine["accuracy"], "seconds_per_epoch": mine["seconds_per_epoch"],
-           "dpsgd_accuracy": None if ref is None else ref["accuracy"],
-           "dpsgd_seconds_per_epoch": None if ref is None else ref["seconds_per_epoch"],
-           "cpu_seconds_per_epoch": mine["cpu_seconds_per_epoch"],
-           "dpsgd_cpu_seconds_per_epoch": None if ref is None else ref["cpu_seconds_per_epoch"],
-           "target_epsilon": args.epsilon, "dataset": args.dataset, "examples": len(train_set),
-           "test_examples": len(y_test), "batch": args.batch, "epochs": args.epochs, "clip": args.clip,
-           "lr": lr, "dpsgd_lr": dpsgd_lr, "momentum": args.momentum, "validation_accuracy": scores,
-           "validation": args.validation if args.lr_grid else None, "seed": args.seed,
-           "noise_multiplier": mine["noise_multiplier"], "noise_std": mine["noise_std"],
-           "sensitivity": mine["sensitivity"], "steps": mine["steps"],
-           "batch_sampler": mine["batch_sampler"], "epsilon_per_epoch": mine["epsilon_per_epoch"],
-           "dpsgd_noise_multiplier": None if ref is None else ref["noise_multiplier"],
-           "dpsgd_noise_std": None if ref is None else ref["noise_std"],
-           "dpsgd_epsilon": None if ref is None else ref["epsilon"], "torch_threads": torch.get_num_threads()}
     if not all(math.isfinite(v) for v in (out["accuracy"], out["epsilon"])):
         print("error: training diverged (non-finite accuracy or epsilon)", file=sys.stderr)
         return 1

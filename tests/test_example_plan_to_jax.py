@@ -1,5 +1,5 @@
 """examples/plan_to_jax.py --quick end to end (a subprocess): one JSON line with the documented
-keys, both arms at most the target epsilon and trained."""
+keys, both arms at most the target epsilon and trained, each at the rate it chose on the validation split."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,8 @@ KEYS = {"epsilon", "delta", "mechanism", "accuracy", "seconds_per_epoch", "dpsgd
 
 def test_quick_run_prints_one_json_line() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "plan_to_jax.py"), "--quick", "--seed", "1"],
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "plan_to_jax.py"), "--quick", "--seed", "1",
+                        "--lr-grid", "0.5,2"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -36,6 +37,13 @@ def test_quick_run_prints_one_json_line() -> None:
     assert out["noise_multiplier"] * out["sensitivity"] == pytest.approx(out["noise_std"], rel=1e-12)
     assert out["dpsgd_noise_multiplier"] == out["dpsgd_noise_std"] > 0   # DP-SGD: C = I, sensitivity 1
     assert "sigma" not in out and "dpsgd_sigma" not in out
+    # the same grid for both arms, each arm's rate the best on the validation split (ties: the smaller)
+    scores = out["validation_accuracy"]
+    assert out["validation"] == 300 // 8 and set(scores) == {"mfcli", "dpsgd"}
+    for arm, key in (("mfcli", "lr"), ("dpsgd", "dpsgd_lr")):
+        assert set(scores[arm]) == {"0.5", "2.0"}
+        best = max(scores[arm].values())
+        assert out[key] == min(float(r) for r, v in scores[arm].items() if v == best)
     # jax_privacy's calibrated sigma, re-accounted by dp-accounting itself: 20 Poisson steps at 30 / 300
     from dp_accounting import NeighboringRelation, dp_event
     from dp_accounting.pld import pld_privacy_accountant
