@@ -2,4 +2,4 @@
 stamp it without importing the package's index of public names (``mfcli/__init__.py``), which
 names modules of every layer (docs/architecture.md, "Layer table")."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
