@@ -25,7 +25,7 @@ from mfcli.strategies.blt import (
     _loss_and_grad_general,
     _mean_weights,
     optimize_blt,
-    toeplitz_workload,
+    workload_gamma,
 )
 
 # The point the optimiser reached before the fix (logged from optimize_blt(n=200, buffers=4,
@@ -55,7 +55,7 @@ def dense_loss(theta, omega, n: int, beta: float | None, error: str, schema: Par
 
 def objective(theta, omega, n: int, beta: float | None, error: str, schema: Participation) -> float:
     """The optimiser's own loss (the function whose log it minimises)."""
-    gamma = toeplitz_workload("momentum" if beta is not None else "prefix", beta=beta)
+    gamma = workload_gamma("momentum" if beta is not None else "prefix", beta=beta)
     th, om = np.asarray(theta, dtype=np.float64), np.asarray(omega, dtype=np.float64)
     if _closed_form_applies(n, schema):
         return _loss_and_grad_closed(th, om, n, gamma, error, schema)[0]
@@ -112,7 +112,7 @@ def test_gradient_is_the_dense_losss(beta, error, schema, closed) -> None:
     """The analytic gradient against central differences of the dense loss (the optimiser follows
     it), for the closed forms and the O(n d) evaluator."""
     n, theta, omega = 24, np.array([0.3, 0.7, 0.95]), np.array([0.2, 0.05, 0.3])
-    gamma = toeplitz_workload("momentum" if beta is not None else "prefix", beta=beta)
+    gamma = workload_gamma("momentum" if beta is not None else "prefix", beta=beta)
     if closed:
         _, grad = _loss_and_grad_closed(theta, omega, n, gamma, error, schema)
     else:
@@ -198,7 +198,7 @@ def test_closed_forms_are_the_direct_evaluator(n, schema, params, beta, error) -
     """The optimiser's closed forms (O(d^2) error, O(blocks d^2) sensitivity) equal the O(n d)
     evaluator, value and gradient, from n = 1 to 10^5 and decays within 1e-9 of 1."""
     theta, omega = params
-    gamma = toeplitz_workload("momentum" if beta is not None else "prefix", beta=beta)
+    gamma = workload_gamma("momentum" if beta is not None else "prefix", beta=beta)
     val, grad = _loss_and_grad_closed(theta, omega, n, gamma, error, schema)
     want, want_grad = _loss_and_grad_general(theta, omega, n, gamma, error, schema)
     assert val == pytest.approx(want, rel=1e-10)
@@ -221,7 +221,7 @@ def test_closed_forms_are_the_dense_loss(n, beta, error, schema, params) -> None
     theta, omega = params
     if isinstance(schema, MinSeparation) and BufferedToeplitz(theta=theta, omega=omega).strategy_coefs(n)[1] > 1:
         pytest.skip("c_1 > c_0: the min-sep objective is an upper bound (tested above)")
-    gamma = toeplitz_workload("momentum" if beta is not None else "prefix", beta=beta)
+    gamma = workload_gamma("momentum" if beta is not None else "prefix", beta=beta)
     val, _ = _loss_and_grad_closed(theta, omega, n, gamma, error, schema)
     assert val == pytest.approx(dense_loss(theta, omega, n, beta, error, schema), rel=1e-9)
 

@@ -176,7 +176,7 @@ def test_json_report(artifact):
     r = runner.invoke(app, ["inspect", str(artifact), "--json"])
     assert r.exit_code == 0, r.stderr
     obj = json.loads(r.stdout)
-    assert obj["schema_version"] == 2 and obj["command"] == "inspect"
+    assert obj["schema_version"] == 3 and obj["command"] == "inspect"
     assert obj["ok"] is True and obj["problems"] == []
     assert obj["format_version"] == 1 and obj["n"] == 32 and obj["strategy"] == "optimal"
     assert obj["workload"] == {"name": "momentum", "params": {"beta": 0.9, "lr": "constant"}}

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import mfcli
 from mfcli.cli.app import COMMANDS, app
 from mfcli.cli.common import JSON_SCHEMA_VERSION
+from mfcli.cli.inspect import INSPECT_JSON_SCHEMA_VERSION
 from mfcli.schemas import commands, load_schema, validate
 
 # ---------------------------------------------------------------------------------------------
@@ -128,14 +129,16 @@ def test_json_output_matches_the_shipped_schema(args: list[str], workdir: Path, 
     obj = _run(args, workdir, monkeypatch)
     assert obj["command"] == args[0]
     assert obj["mfcli_version"] == mfcli.__version__
-    assert obj["schema_version"] == JSON_SCHEMA_VERSION
+    # inspect's layout is at version 3 (one layout for every kind); the others at the common one
+    version = INSPECT_JSON_SCHEMA_VERSION if args[0] == "inspect" else JSON_SCHEMA_VERSION
+    assert obj["schema_version"] == version
     assert list(obj)[:3] == ["schema_version", "command", "mfcli_version"]
     schema = load_schema(args[0])
     assert validate(obj, schema) == []
     # The schema constrains this object: dropping the version, a required field of its variant,
     # or retyping n each makes it invalid.
     for mutate in (lambda o: o.pop("mfcli_version"), lambda o: o.__setitem__("n", "8"),
-                   lambda o: o.__setitem__("schema_version", JSON_SCHEMA_VERSION + 1)):
+                   lambda o: o.__setitem__("schema_version", version + 1)):
         bad = copy.deepcopy(obj)
         mutate(bad)
         assert validate(bad, schema), (args, bad)

@@ -37,7 +37,7 @@ from mfcli.errors import ArtifactError, MfcliError
 from mfcli.io.artifact import dataset_sha256, load_structured_artifact, save_structured_artifact
 from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
 from mfcli.model.participation import sensitivity as dense_sensitivity
-from mfcli.strategies.blt import BufferedToeplitz, _loss_and_grad_general, toeplitz_workload
+from mfcli.strategies.blt import BufferedToeplitz, _loss_and_grad_general, workload_gamma
 from mfcli.strategies.toeplitz import TOEPLITZ_PREFIX, BandedToeplitz, toeplitz_sensitivity
 from mfcli.strategies.toeplitz import toeplitz_workload as tp_workload
 
@@ -402,7 +402,7 @@ def test_objective_is_the_dense_loss(params, error, schema):
     theta = 1 / (1 + np.exp(-np.array([p[0] for p in params])))
     omega = np.exp(np.array([p[1] for p in params]))
     assume(len(set(theta.tolist())) == len(theta))
-    gamma = toeplitz_workload("momentum", beta=beta)
+    gamma = workload_gamma("momentum", beta=beta)
     got = _loss_and_grad_general(theta, omega, n, gamma, error, schema)[0]
     assert got == pytest.approx(dense_loss(theta, omega, n, beta, error, schema), rel=1e-8)
 
@@ -434,7 +434,7 @@ def test_the_20414_point_is_the_dense_loss():
     schema = FixedEpoch(epochs=20)
     want = dense_loss(theta, omega, 200, 0.9, "mean", schema)
     assert want == pytest.approx(20679.6055, rel=1e-8)
-    got = _loss_and_grad_general(theta, omega, 200, toeplitz_workload("momentum", beta=0.9), "mean", schema)[0]
+    got = _loss_and_grad_general(theta, omega, 200, workload_gamma("momentum", beta=0.9), "mean", schema)[0]
     assert got == pytest.approx(want, rel=1e-10)
     reported = BufferedToeplitz(theta=theta, omega=omega).loss(200, workload="momentum", beta=0.9, error="mean",
                                                               schema=schema)

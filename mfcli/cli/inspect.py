@@ -31,6 +31,11 @@ from mfcli.errors import MfcliError
 from mfcli.services.inspect import InspectionReport, NumberCheck, inspect_artifact
 from mfcli.services.records import DEEP_HINT, MMCC_REDERIVE_MAX_N, NOT_REDERIVED, UNVERIFIED, VERIFIED
 
+#: Layout version of ``inspect --json`` (mfcli/schemas/inspect.json). 3: one layout for every kind
+#: of artifact: a structured artifact's ``workload`` became ``{name, params}`` and its
+#: ``parameters`` moved to ``structure.parameters`` (``workload_params``, ``created_by``,
+#: ``created_with`` and ``checks`` are gone); every report gained ``not_available``.
+INSPECT_JSON_SCHEMA_VERSION = 3
 
 def _precise(v: Any) -> str:
     # Enough digits that a stored value and its recomputation visibly differ when they do.
@@ -292,7 +297,9 @@ def inspect(
             payload["plot"] = str(written)
         if under is not None:
             payload["under_requested_schema"] = under
-        emit_json(envelope("inspect", **payload))
+        obj = envelope("inspect", **payload)
+        obj["schema_version"] = INSPECT_JSON_SCHEMA_VERSION
+        emit_json(obj)
     else:
         _render(report)
         if under is not None:
