@@ -548,9 +548,9 @@ def account(
     stored = "" if requested is None or inp.artifact is None else f" (the artifact declares {inp.participation.describe(inp.n)})"
     out.print(f"participation accounted: {safe_markup(schema.describe(inp.n))}{safe_markup(stored)}")
     operator_line = safe_markup(inp.operator)
-    given = " (C as given)" if inp.has_matrix else ""
+    as_given = " (C as given)" if inp.has_matrix else ""
     out.print(f"operator accounted: {operator_line} (the one noise streams and the adapters stream by default)"
-              if inp.artifact is not None else f"operator accounted: {operator_line}{given}")
+              if inp.artifact is not None else f"operator accounted: {operator_line}{as_given}")
     if calibration is not None:
         from mfcli.services.account import noise_sensitivity_of
 
