@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from training_cases import check_arms_alike
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -33,17 +34,8 @@ def test_quick_run_prints_one_json_line() -> None:
     assert out["steps"] == 20 and out["epsilon_per_epoch"][-1] == out["epsilon"]
     assert out["accuracy"] > 0.2 and out["dpsgd_accuracy"] > 0.2   # chance is 0.1
     assert out["dpsgd_mechanism"] == "jax_privacy dp-sgd"
-    # like with like: both arms report the noise multiplier (std / sensitivity) and the std on C G
-    assert out["noise_multiplier"] * out["sensitivity"] == pytest.approx(out["noise_std"], rel=1e-12)
-    assert out["dpsgd_noise_multiplier"] == out["dpsgd_noise_std"] > 0   # DP-SGD: C = I, sensitivity 1
-    assert "sigma" not in out and "dpsgd_sigma" not in out
-    # the same grid for both arms, each arm's rate the best on the validation split (ties: the smaller)
-    scores = out["validation_accuracy"]
-    assert out["validation"] == 300 // 8 and set(scores) == {"mfcli", "dpsgd"}
-    for arm, key in (("mfcli", "lr"), ("dpsgd", "dpsgd_lr")):
-        assert set(scores[arm]) == {"0.5", "2.0"}
-        best = max(scores[arm].values())
-        assert out[key] == min(float(r) for r, v in scores[arm].items() if v == best)
+    # the same noise units and the same learning-rate grid for both arms
+    check_arms_alike(out, validation=300 // 8, grid={"0.5", "2.0"})
     # jax_privacy's calibrated sigma, re-accounted by dp-accounting itself: 20 Poisson steps at 30 / 300
     from dp_accounting import NeighboringRelation, dp_event
     from dp_accounting.pld import pld_privacy_accountant

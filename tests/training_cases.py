@@ -43,3 +43,21 @@ def make_arts(d: Path) -> dict[str, tuple[Path, str]]:
         "cyclic": (cyclic, _record(cyclic, sigma=2.0, sampling=0.5, settings=["cyclic-poisson"], batching="cyclic",
                                    schema=MinSeparation(separation=2))),
     }
+
+
+def check_arms_alike(out: dict, *, validation: int, grid: set[str]) -> None:
+    """The checks both plan_to_* examples' JSON lines owe (their --quick runs): both arms report
+    the noise in the same units, and both chose their learning rate the same way, each the best on
+    the validation split (ties: the smaller)."""
+    import pytest
+
+    # like with like: both arms report the noise multiplier (std / sensitivity) and the std on C G
+    assert out["noise_multiplier"] * out["sensitivity"] == pytest.approx(out["noise_std"], rel=1e-12)
+    assert out["dpsgd_noise_multiplier"] == out["dpsgd_noise_std"] > 0   # DP-SGD: C = I, sensitivity 1
+    assert "sigma" not in out and "dpsgd_sigma" not in out
+    scores = out["validation_accuracy"]
+    assert out["validation"] == validation and set(scores) == {"mfcli", "dpsgd"}
+    for arm, key in (("mfcli", "lr"), ("dpsgd", "dpsgd_lr")):
+        assert set(scores[arm]) == grid
+        best = max(scores[arm].values())
+        assert out[key] == min(float(r) for r, v in scores[arm].items() if v == best)
