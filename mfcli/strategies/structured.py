@@ -25,6 +25,7 @@ memory and time per step.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -265,7 +266,7 @@ def single_pass_epsilon(art: Any, *, sigma: float, delta: float) -> Any:
 # Noise operator
 
 
-class DenseUpToLimit:
+class DenseUpToLimit(ABC):
     """The dense C of a mechanism known by its parameters, for n <= STRUCTURED_DENSE_MAX_N only
     (n^2 doubles, 512 MiB there): :meth:`accounting_matrix` and ``no_matrix_reason`` of the
     Mechanism protocol, from ``size``, :meth:`dense_strategy` and ``matrix_name`` (what the
@@ -274,8 +275,9 @@ class DenseUpToLimit:
     size: int
     matrix_name = "the dense strategy C, which is materialised from a structured artifact"
 
+    @abstractmethod
     def dense_strategy(self) -> np.ndarray:
-        raise NotImplementedError  # pragma: no cover - every kind supplies it
+        """C as a dense matrix; each kind builds it from its own parameters."""
 
     def accounting_matrix(self) -> np.ndarray | None:
         return None if self.size > STRUCTURED_DENSE_MAX_N else self.dense_strategy()
