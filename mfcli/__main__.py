@@ -1,3 +1,3 @@
-from mfcli.cli.app import main
+from mfcli.cli.entry import main
 
 main()

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from mfcli.io.artifact import SHIPPED, is_shipped_artifact, shipped_artifact
 
@@ -184,7 +185,7 @@ sys.argv = ["mfcli", *json.loads(sys.argv[1])]
 def _exit(code):  # the CLI ends the process with os._exit; report the modules first
     raise SystemExit(code)
 os._exit = _exit
-from mfcli.cli.app import main
+from mfcli.cli.entry import main  # the console script's entry point (pyproject [project.scripts])
 try:
     main()
 except SystemExit:
@@ -233,6 +234,29 @@ def test_commands_import_only_what_they_need(args: list[str], allowed: set[str],
                       strategy_name="tree")
         args = [str(tmp_path / "small.h5") if a == "SMALL" else a for a in args]
     assert _imported(args, tmp_path) <= allowed
+
+
+def test_version_is_answered_before_the_command_framework_loads(tmp_path: Path) -> None:
+    """``mfcli --version`` (the entry point's shortcut) loads no Typer, Click or rich, and prints what
+    the Typer option prints; any other argument list still reaches Typer."""
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    def probe(args: list[str]) -> tuple[str, set[str]]:
+        res = subprocess.run([sys.executable, "-c", _PROBE.replace('"." not in m', "True"), json.dumps(args)],
+                             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        line = [ln for ln in res.stderr.splitlines() if ln.startswith("MODULES=")]
+        assert line, res.stderr
+        return res.stdout, {m.split(".")[0] for m in json.loads(line[-1][len("MODULES="):])}
+
+    out, mods = probe(["--version"])
+    assert not mods & {"typer", "click", "rich"}
+    assert out == CliRunner().invoke(app, ["--version"]).stdout == f"mfcli {__import__('mfcli').__version__}\n"
+    _, mods = probe(["--version", "--help"])
+    assert "typer" in mods
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["mfcli"] == "mfcli.cli.entry:main"
 
 
 def test_inspect_with_certificate_imports_no_accounting(tmp_path: Path) -> None:
