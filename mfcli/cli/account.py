@@ -28,9 +28,7 @@ from mfcli.cli.common import (
     EPSILON_RANGE,
     SAMPLING_RANGE,
     SIGMA_RANGE,
-    EpochsOpt,
-    MaxParticipationsOpt,
-    MinSepOpt,
+    ParticipationOptions,
     artifact_argument,
     command_line,
     emit_json,
@@ -40,9 +38,9 @@ from mfcli.cli.common import (
     key_value_table,
     library_check,
     log,
+    option_group,
     positive_n,
     refuse_unless,
-    requested_participation,
     safe_markup,
     stdout,
 )
@@ -269,6 +267,7 @@ MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.util.memory", "
 
 
 @guarded
+@option_group(ParticipationOptions, into="participation")
 def account(
     source: Path | None = typer.Argument(
         None, help="mfcli artifact (.h5), a shipped artifact's name (prefix-n256, momentum-n256) or strategy matrix "
@@ -311,9 +310,8 @@ def account(
         "C only). Without --sampling: balls-in-bins (every example in one uniformly random step of the epoch) or shuffle "
         "(one shuffled epoch); only the rows valid for the sampler are shown.",
     ),
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
+    *,
+    participation: ParticipationOptions,
     delta: float = typer.Option(DEFAULT_DELTA, "--delta", callback=DELTA_RANGE, help="delta in (0, 1)."),
     setting: str | None = typer.Option(
         None, "--setting", callback=SETTING_CHECK,
@@ -387,7 +385,7 @@ def account(
     )
 
     say = (lambda s: None) if quiet else log
-    requested = requested_participation(epochs, min_sep, max_participations)
+    requested = participation.requested()
     refuse_unless(not events or as_json, "--events adds the full events to --json output; give --json")
     refuse_unless(batching is None or batching in BATCHINGS,
                   f"--batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")

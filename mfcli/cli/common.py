@@ -1,7 +1,9 @@
 """Shared CLI plumbing: error handling, JSON envelopes, stderr logging and tables."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -10,8 +12,10 @@ import signal
 import sys
 import threading
 import traceback
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import typer
@@ -430,43 +434,52 @@ def refuse_unless(condition: bool, message: str) -> None:
         raise usage_error(message)
 
 
-def workload_kwargs(
-    workload: str,
-    *,
-    beta: float | None,
-    lr: str | None,
-    lr_factor: float | None,
-    lr_final: float | None,
-    lr_last: int | None,
-    matrix: _Path | None,
-) -> dict[str, Any]:
-    """Refuse workload options that do not apply to ``workload`` and the schedule, and return the
-    keyword arguments for :func:`mfcli.model.workloads.build_workload` (only those given: the library
-    keeps the defaults)."""
-    from mfcli.model.workloads import WORKLOAD_NAMES
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The workload as the command line names it (``--workload`` and its parameters), one option
+    group for every command that builds a workload (:func:`option_group`)."""
 
-    # a value outside an option's choices is a usage error (exit 2), as typer treats an unreadable one
-    refuse_unless(workload in WORKLOAD_NAMES, f"--workload must be one of {', '.join(WORKLOAD_NAMES)}, not {workload!r}")
-    refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
-    refuse_unless(matrix is None or workload == "custom", f"--matrix applies to --workload custom only, not {workload}")
-    refuse_unless(matrix is not None or workload != "custom", "--workload custom needs --matrix FILE")
-    refuse_unless(lr is None or workload != "custom", "--lr does not apply to --workload custom (its matrix is used as given)")
-    schedule = lr if lr is not None else "constant"
-    refuse_unless(lr_factor is None or schedule == "step-decay", f"--lr-factor applies to --lr step-decay only, not {schedule}")
-    refuse_unless(lr_final is None or schedule == "cooldown", f"--lr-final applies to --lr cooldown only, not {schedule}")
-    refuse_unless(
-        lr_last is None or schedule in ("step-decay", "cooldown"),
-        f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
-    )
-    given: dict[str, Any] = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last,
-                             "matrix_file": matrix}
-    if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
-            and matrix.stat().st_size > 0:
-        # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
-        from mfcli.io.artifact import load_workload_matrix
+    workload: WorkloadOpt = "prefix"
+    beta: BetaOpt = None
+    lr: LrOpt = None
+    lr_factor: LrFactorOpt = None
+    lr_final: LrFinalOpt = None
+    lr_last: LrLastOpt = None
+    matrix: MatrixOpt = None
 
-        given["matrix"] = load_workload_matrix(matrix)
-    return {k: v for k, v in given.items() if v is not None}
+    def build_kwargs(self) -> dict[str, Any]:
+        """Refuse workload options that do not apply to the workload and the schedule, and return the
+        keyword arguments for :func:`mfcli.model.workloads.build_workload` (only those given: the
+        library keeps the defaults)."""
+        from mfcli.model.workloads import WORKLOAD_NAMES
+
+        workload, beta, lr, matrix = self.workload, self.beta, self.lr, self.matrix
+        lr_factor, lr_final, lr_last = self.lr_factor, self.lr_final, self.lr_last
+
+        # a value outside an option's choices is a usage error (exit 2), as typer treats an unreadable one
+        refuse_unless(workload in WORKLOAD_NAMES, f"--workload must be one of {', '.join(WORKLOAD_NAMES)}, not {workload!r}")
+        refuse_unless(beta is None or workload == "momentum", f"--beta applies to --workload momentum only, not {workload}")
+        refuse_unless(matrix is None or workload == "custom", f"--matrix applies to --workload custom only, not {workload}")
+        refuse_unless(matrix is not None or workload != "custom", "--workload custom needs --matrix FILE")
+        refuse_unless(lr is None or workload != "custom",
+                      "--lr does not apply to --workload custom (its matrix is used as given)")
+        schedule = lr if lr is not None else "constant"
+        refuse_unless(lr_factor is None or schedule == "step-decay",
+                      f"--lr-factor applies to --lr step-decay only, not {schedule}")
+        refuse_unless(lr_final is None or schedule == "cooldown", f"--lr-final applies to --lr cooldown only, not {schedule}")
+        refuse_unless(
+            lr_last is None or schedule in ("step-decay", "cooldown"),
+            f"--lr-last applies to --lr step-decay or cooldown only, not {schedule}",
+        )
+        given: dict[str, Any] = {"beta": beta, "lr": lr, "lr_factor": lr_factor, "lr_final": lr_final, "lr_last": lr_last,
+                                 "matrix_file": matrix}
+        if matrix is not None and matrix.suffix.lower() in (".h5", ".hdf5") and matrix.is_file() \
+                and matrix.stat().st_size > 0:
+            # an mfcli artifact: read here, through the one artifact reader (the workload layer opens none)
+            from mfcli.io.artifact import load_workload_matrix
+
+            given["matrix"] = load_workload_matrix(matrix)
+        return {k: v for k, v in given.items() if v is not None}
 
 
 def artifact_argument(path: _Path) -> _Path:
@@ -531,27 +544,77 @@ MaxParticipationsOpt = Annotated[
 ]
 
 
-def participation_options(epochs: int | None, min_sep: int | None, max_participations: int | None) -> Any:
-    """The participation schema the options name (single participation when none is given);
-    conflicting or inapplicable combinations are refused as usage errors."""
-    from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+@dataclass(frozen=True)
+class ParticipationOptions:
+    """The participation schema as the command line names it (``--epochs``, ``--min-sep``,
+    ``--max-participations``), one option group for every command that takes one (:func:`option_group`)."""
 
-    refuse_unless(epochs is None or min_sep is None, "--epochs and --min-sep are different participation schemas; give one")
-    refuse_unless(max_participations is None or min_sep is not None, "--max-participations applies to --min-sep only")
-    if epochs is not None:
-        return FixedEpoch(epochs=epochs)
-    if min_sep is not None:
-        return MinSeparation(separation=min_sep, max_participations=max_participations)
-    return SingleParticipation()
+    epochs: EpochsOpt = None
+    min_sep: MinSepOpt = None
+    max_participations: MaxParticipationsOpt = None
+
+    def schema(self) -> Any:
+        """The participation schema the options name (single participation when none is given);
+        conflicting or inapplicable combinations are refused as usage errors."""
+        from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+
+        refuse_unless(self.epochs is None or self.min_sep is None,
+                      "--epochs and --min-sep are different participation schemas; give one")
+        refuse_unless(self.max_participations is None or self.min_sep is not None,
+                      "--max-participations applies to --min-sep only")
+        if self.epochs is not None:
+            return FixedEpoch(epochs=self.epochs)
+        if self.min_sep is not None:
+            return MinSeparation(separation=self.min_sep, max_participations=self.max_participations)
+        return SingleParticipation()
+
+    def requested(self) -> Any:
+        """The schema requested of a command that reads an artifact, or None when neither --epochs
+        nor --min-sep is given (the artifact's own schema applies); what :meth:`schema` refuses is
+        refused here too, a lone --max-participations included."""
+        schema = self.schema()
+        return schema if self.given else None
+
+    @property
+    def given(self) -> bool:
+        """Whether --epochs or --min-sep names a schema."""
+        return (self.epochs, self.min_sep) != (None, None)
 
 
-def requested_participation(epochs: int | None, min_sep: int | None, max_participations: int | None) -> Any:
-    """The participation schema the options request of a command that reads an artifact, or None
-    when neither --epochs nor --min-sep is given (the artifact's own schema applies); the
-    combinations :func:`participation_options` refuses are refused here too, a lone
-    --max-participations included."""
-    schema = participation_options(epochs, min_sep, max_participations)
-    return None if (epochs, min_sep) == (None, None) else schema
+def option_group(group: type[Any], *, into: str) -> Callable[[F], F]:
+    """Give a command the options of ``group`` in place of its keyword-only parameter ``into``, and
+    call it with ``into=group(...)`` built from them.
+
+    ``group`` is a dataclass whose fields are Annotated Typer options with defaults, so a set of
+    options that several commands share is declared once (flags, defaults, help, validation) and
+    reaches each command as one object. Typer reads the rewritten signature: ``--help`` lists the
+    options where ``into`` stands."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    members = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+               for f in dataclasses.fields(group)]
+    names = [p.name for p in members]
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command)
+        command_hints = typing.get_type_hints(command, include_extras=True)
+        if signature.parameters[into].kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"{command.__name__}: {into} must be a keyword-only parameter to hold {group.__name__}")
+        params: list[inspect.Parameter] = []
+        for p in signature.parameters.values():
+            params.extend(members if p.name == into else [p.replace(annotation=command_hints.get(p.name, p.annotation))])
+
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            kwargs[into] = group(**{name: kwargs.pop(name) for name in names if name in kwargs})
+            return command(*args, **kwargs)
+
+        run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        if "return" in command_hints:
+            run.__annotations__["return"] = command_hints["return"]
+        return typing.cast(F, run)
+
+    return decorate
 
 
 def with_schema_suffix(path: _Path, schema: Any, n: int) -> _Path:

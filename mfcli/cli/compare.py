@@ -17,27 +17,18 @@ from mfcli.cli.common import (
     DELTA_RANGE,
     EPSILON_RANGE,
     SAMPLING_RANGE,
-    BetaOpt,
-    EpochsOpt,
-    LrFactorOpt,
-    LrFinalOpt,
-    LrLastOpt,
-    LrOpt,
-    MatrixOpt,
-    MaxParticipationsOpt,
-    MinSepOpt,
     NOpt,
-    WorkloadOpt,
+    ParticipationOptions,
+    WorkloadOptions,
     artifact_argument,
     command_line,
     envelope,
     guarded,
     log,
-    participation_options,
+    option_group,
     refuse_structured,
     refuse_unless,
     stdout,
-    workload_kwargs,
 )
 from mfcli.cli.display import ProgressDisplay, SolverDisplay, duration_text
 from mfcli.cli.plots import check_plot_target, plot_per_step
@@ -82,18 +73,13 @@ def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> 
 
 
 @guarded
+@option_group(WorkloadOptions, into="workload_options")
+@option_group(ParticipationOptions, into="participation")
 def compare(
-    workload: WorkloadOpt = "prefix",
+    *,
+    workload_options: WorkloadOptions,
     n: NOpt = None,
-    beta: BetaOpt = None,
-    lr: LrOpt = None,
-    lr_factor: LrFactorOpt = None,
-    lr_final: LrFinalOpt = None,
-    lr_last: LrLastOpt = None,
-    matrix: MatrixOpt = None,
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
+    participation: ParticipationOptions,
     epsilon: float | None = typer.Option(
         None, "--epsilon", callback=EPSILON_RANGE,
         help="Compare at equal privacy: calibrate each row's sigma to this epsilon under its best valid accounting "
@@ -164,10 +150,9 @@ def compare(
     column says whether each sensitivity is exact or an upper bound. For workloads other than
     prefix, the prefix-sum baselines are post-processed (B = A S^-1 B_S).
     """
-    workload_opts = workload_kwargs(
-        workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
-    )
-    schema = participation_options(epochs, min_sep, max_participations)
+    workload_opts = workload_options.build_kwargs()
+    workload, beta, lr, matrix = workload_options.workload, workload_options.beta, workload_options.lr, workload_options.matrix
+    schema = participation.schema()
     refuse_unless(epsilon is not None or (sampling is None and delta is None),
                   "--sampling and --delta apply to the comparison at equal privacy; give --epsilon")
     privacy = None
@@ -200,7 +185,7 @@ def compare(
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
                            privacy=privacy, baselines=names)
         return
-    refuse_unless(max_participations is None or sampling is None,
+    refuse_unless(participation.max_participations is None or sampling is None,
                   "--max-participations does not apply with --sampling: cyclic Poisson sampling cannot cap the "
                   "number of participations")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
@@ -232,7 +217,7 @@ def compare(
         from mfcli.services.compare import comparison_schema
 
         # account's rule: the schema the artifacts declare unless one is given; a contradiction is refused
-        schema = comparison_schema(artifact, schema if (epochs, min_sep) != (None, None) else None)
+        schema = comparison_schema(artifact, schema if participation.given else None)
     schema.check(w.n)
     if privacy is not None and privacy.sampling is not None:
         cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work

@@ -7,9 +7,7 @@ from pathlib import Path
 import typer
 
 from mfcli.cli.common import (
-    EpochsOpt,
-    MaxParticipationsOpt,
-    MinSepOpt,
+    ParticipationOptions,
     artifact_argument,
     command_line,
     emit_json,
@@ -19,9 +17,9 @@ from mfcli.cli.common import (
     key_value_table,
     library_check,
     log,
+    option_group,
     refuse_structured,
     refuse_unless,
-    requested_participation,
     stdout,
     usage_error,
 )
@@ -36,6 +34,7 @@ RANK_CHECK = in_range("--rank", library_check("mfcli.util.validation", "step_cou
 
 
 @guarded
+@option_group(ParticipationOptions, into="participation")
 def compress(
     artifact: Path = typer.Argument(
         ..., help="Dense causal artifact to compress (never modified): a file, or a shipped name such as momentum-n256."
@@ -53,9 +52,8 @@ def compress(
     max_band: int | None = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
     max_rank: int | None = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
     max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
+    *,
+    participation: ParticipationOptions,
     out: Path | None = typer.Option(
         None, "--out", "-o",
         help="Output artifact (default <input stem>-k<K>r<R>.h5 beside the input; "
@@ -83,7 +81,7 @@ def compress(
         out = default_output_path(Path(artifact.name), band, rank)
     if max_iter < 0:
         raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
-    requested = requested_participation(epochs, min_sep, max_participations)
+    requested = participation.requested()
     from mfcli.io.artifact import load_artifact
     from mfcli.model.participation import SingleParticipation
     from mfcli.services.compare import requested_schema, schema_numbers

@@ -9,9 +9,7 @@ import typer
 from rich.table import Table
 
 from mfcli.cli.common import (
-    EpochsOpt,
-    MaxParticipationsOpt,
-    MinSepOpt,
+    ParticipationOptions,
     artifact_argument,
     emit_json,
     envelope,
@@ -20,8 +18,8 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
+    option_group,
     refuse_unless,
-    requested_participation,
     safe_markup,
     stdout,
 )
@@ -248,6 +246,7 @@ def _render_under(under: dict[str, Any]) -> None:
 
 
 @guarded
+@option_group(ParticipationOptions, into="participation")
 def inspect(
     artifact: Path = typer.Argument(..., help="The artifact to inspect: a file, or a shipped name such as prefix-n256."),
     plot: Path | None = typer.Option(
@@ -266,9 +265,8 @@ def inspect(
              "n = 256, growing with n). Without it, MMCC rows above n = 256 are shown as not re-derived (not "
              "verified).",
     ),
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
+    *,
+    participation: ParticipationOptions,
 ) -> None:
     """Show an artifact's format, provenance, workload and strategy, and every stored number next
     to its recomputation from the matrices, or from a structured artifact's parameters (sensitivity,
@@ -281,7 +279,7 @@ def inspect(
     artifact = artifact_argument(artifact)
     if plot is not None and plot.exists() and not force:
         raise fail(f"{plot} already exists (use --force to overwrite)")
-    requested = requested_participation(epochs, min_sep, max_participations)
+    requested = participation.requested()
     report = inspect_artifact(artifact, certificate=certificate, deep=deep)
     # what this kind of artifact lacks is said by the report, for every kind, before anything is written
     for option, given in (("--plot", plot is not None), ("--epochs/--min-sep", requested is not None)):

@@ -10,17 +10,9 @@ import typer
 from mfcli.cli.common import (
     BANDS_RANGE,
     BUFFERS_RANGE,
-    BetaOpt,
-    EpochsOpt,
-    LrFactorOpt,
-    LrFinalOpt,
-    LrLastOpt,
-    LrOpt,
-    MatrixOpt,
-    MaxParticipationsOpt,
-    MinSepOpt,
     NOpt,
-    WorkloadOpt,
+    ParticipationOptions,
+    WorkloadOptions,
     artifact_argument,
     command_line,
     emit_json,
@@ -28,12 +20,11 @@ from mfcli.cli.common import (
     guarded,
     key_value_table,
     log,
-    participation_options,
+    option_group,
     refuse_structured,
     refuse_unless,
     stdout,
     with_schema_suffix,
-    workload_kwargs,
 )
 from mfcli.cli.display import SolverDisplay
 from mfcli.io.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
@@ -53,18 +44,13 @@ DEFAULT_MAX_ITER = 1000
 
 
 @guarded
+@option_group(WorkloadOptions, into="workload_options")
+@option_group(ParticipationOptions, into="participation")
 def optimize(
-    workload: WorkloadOpt = "prefix",
+    *,
+    workload_options: WorkloadOptions,
     n: NOpt = None,
-    beta: BetaOpt = None,
-    lr: LrOpt = None,
-    lr_factor: LrFactorOpt = None,
-    lr_final: LrFinalOpt = None,
-    lr_last: LrLastOpt = None,
-    matrix: MatrixOpt = None,
-    epochs: EpochsOpt = None,
-    min_sep: MinSepOpt = None,
-    max_participations: MaxParticipationsOpt = None,
+    participation: ParticipationOptions,
     tol: float | None = typer.Option(
         None, "--tol", show_default=False,
         help=f"Stop at this relative duality gap (default {DEFAULT_TOL:g}). Dense optimal strategy only: "
@@ -107,6 +93,9 @@ def optimize(
     the K epochs (sensitivity 1); with --min-sep B: the optimal B-banded one with equal column
     norms (BandMF, sensitivity sqrt(K)). Or optimise a structured strategy (--strategy
     banded-toeplitz or blt) that never builds an n x n matrix."""
+    workload, beta, lr = workload_options.workload, workload_options.beta, workload_options.lr
+    lr_factor, lr_final, lr_last, matrix = (workload_options.lr_factor, workload_options.lr_final,
+                                            workload_options.lr_last, workload_options.matrix)
     if strategy != "optimal":
         refuse_unless(strategy in STRUCTURED_STRATEGIES,
                       f"--strategy must be optimal or one of {', '.join(STRUCTURED_STRATEGIES)}, not {strategy}")
@@ -121,7 +110,7 @@ def optimize(
         refuse_unless(tol is None, f"--tol is a duality-gap target and --strategy {strategy} has no duality gap "
                       "(its loss is recomputed exactly); bound its work with --max-iter")
         optimize_structured(strategy=strategy, workload=workload, n=n, beta=beta, lr=lr, bands=bands, error=error,
-                            schema=participation_options(epochs, min_sep, max_participations), out=out, force=force,
+                            schema=participation.schema(), out=out, force=force,
                             quiet=quiet, as_json=as_json, buffers=buffers, max_iter=max_iter)
         return
     tol = DEFAULT_TOL if tol is None else tol
@@ -130,10 +119,8 @@ def optimize(
     method = DEFAULT_METHOD if method is None else method
     refuse_unless(bands is None and buffers is None and error == "mean",
                   "--bands, --buffers and --error apply to --strategy banded-toeplitz or blt only")
-    schema = participation_options(epochs, min_sep, max_participations)
-    workload_opts = workload_kwargs(
-        workload, beta=beta, lr=lr, lr_factor=lr_factor, lr_final=lr_final, lr_last=lr_last, matrix=matrix
-    )
+    schema = participation.schema()
+    workload_opts = workload_options.build_kwargs()
     refuse_unless(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
     refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
