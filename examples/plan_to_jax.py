@@ -89,7 +89,8 @@ def run_arm(args: argparse.Namespace, data: tuple, workdir: Path, candidate: str
                         clip_norm=args.clip, loss_fn=loss_one, batch_size=args.batch)
     opt_state = priv.tx.init(params)
 
-    @jax.jit
+    # donated: the noise stream's buffers (for a dense C^-1 the kept rows of Z, n x d) update in place
+    @functools.partial(jax.jit, donate_argnums=(1,))
     def step(params: dict, opt_state: optax.OptState, xb: jax.Array, yb: jax.Array, mask: jax.Array) -> tuple:
         updates, opt_state = priv.tx.update(priv.clipped_grad(params, xb, yb, mask), opt_state, params)
         return optax.apply_updates(params, updates), opt_state
@@ -187,7 +188,7 @@ def run_jax_privacy(args: argparse.Namespace, data: tuple, lr: float, strategy: 
 
     grad_fn = plan.clipped_grad(loss_masked, batch_argnums=(1, 2, 3), keep_batch_dim=False)
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(1, 2))   # donated, as the mfcli arm's state
     def step(params: dict, opt_state: optax.OptState, noise_state: object, xb: jax.Array, yb: jax.Array,
              mb: jax.Array) -> tuple:
         noisy, noise_state = plan.noise_addition_transform.update(grad_fn(params, xb, yb, mb), noise_state)

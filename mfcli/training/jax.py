@@ -8,7 +8,7 @@ Example (``pip install mfcli[jax]``)::
                         seed=secrets.randbits(128), clip_norm=1.0, loss_fn=loss_one)
     opt_state = priv.tx.init(params)
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(1,))    # the noise state updates in place
     def step(params, opt_state, x, y, mask):
         grads = priv.clipped_grad(params, x, y, mask)      # clipped per example, padding masked out
         updates, opt_state = priv.tx.update(grads, opt_state, params)   # + correlated noise
