@@ -137,7 +137,7 @@ def bench_jax(args: argparse.Namespace, data: tuple, artifact: Path, coefs: np.n
                         batch_size=args.batch)
     state = {"p": params0, "o": priv.tx.init(params0)}
 
-    @functools.partial(jax.jit, donate_argnums=(1,))   # both arms donate their optimizer and noise state
+    @functools.partial(jax.jit, donate_argnums=(1,))   # both arms donate their noise state
     def step(p: dict, o: optax.OptState, xb: jax.Array, yb: jax.Array, mb: jax.Array) -> tuple:
         updates, o = priv.tx.update(priv.clipped_grad(p, xb, yb, mb), o, p)
         return optax.apply_updates(p, updates), o
@@ -157,7 +157,7 @@ def bench_jax(args: argparse.Namespace, data: tuple, artifact: Path, coefs: np.n
     grad_fn = plan.clipped_grad(lambda p, xe, ye, me: me * loss_one(p, xe, ye), batch_argnums=(1, 2, 3),
                                 keep_batch_dim=False)
 
-    @functools.partial(jax.jit, donate_argnums=(1, 2))
+    @functools.partial(jax.jit, donate_argnums=(1, 2))   # the reference's band buffers in place too
     def ref_step(p: dict, o: optax.OptState, ns: object, xb: jax.Array, yb: jax.Array, mb: jax.Array) -> tuple:
         noisy, ns = plan.noise_addition_transform.update(grad_fn(p, xb, yb, mb), ns)
         updates, o = sgd.update(noisy, o, p)
