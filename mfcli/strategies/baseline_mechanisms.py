@@ -55,7 +55,14 @@ from mfcli.strategies.baselines import (
     tree_release_steps,
     tree_strategy_matrix,
 )
-from mfcli.strategies.operators import ArrayOps, DenseLowerTriangular, Streaming, StreamState, WorkloadLoss
+from mfcli.strategies.operators import (
+    MATRIX_FREE_SETTINGS,
+    ArrayOps,
+    DenseLowerTriangular,
+    Streaming,
+    StreamState,
+    WorkloadLoss,
+)
 from mfcli.strategies.structured import DenseUpToLimit, StructuredOperator
 from mfcli.strategies.toeplitz import ToeplitzWorkload, check_n, materialize, sqrt_down, sqrt_up, toeplitz_sensitivity
 from mfcli.strategies.tree_error import (
@@ -235,6 +242,16 @@ class TreeMechanism(DenseUpToLimit):
     def is_tree(self) -> bool:
         """C is the tree encoder on n leaves (not when restarted: blocks of a smaller tree)."""
         return self.epochs == 1
+
+    @property
+    def matrix_free_settings(self) -> tuple[str, ...]:
+        """Every mechanism's (:data:`~mfcli.strategies.operators.MATRIX_FREE_SETTINGS`) and, for one
+        tree on n leaves, its own bounds: the shuffled tree and the balls-in-bins tree account the
+        0/1 encoder on n leaves from n and sigma alone (:mod:`mfcli.accounting.shuffled_tree`,
+        :func:`mfcli.accounting.balls_in_bins.tree_balls_in_bins`), which is exactly this C, so
+        they run at any n (the balls-in-bins bound for n = 2^L only, as below the limit)."""
+        own = ("shuffled-tree", "balls-in-bins-tree") if self.is_tree else ()
+        return (*MATRIX_FREE_SETTINGS, *own)
 
     @property
     def rows(self) -> int:
