@@ -151,3 +151,31 @@ def test_plan_says_why_a_row_it_cannot_compute_is_missing() -> None:
     assert "closed form for the prefix workload only" in getattr(skipped, "reason", "")
     # above the dense limit the spectral bound comes from the Gram row sums, without the matrix
     assert tree.spectral_norm == pytest.approx(math.sqrt(tree_gram_row_sum(10_000)), rel=1e-15)
+
+
+def test_restarted_momentum_tree_beyond_the_dense_limit_by_direct_recursion() -> None:
+    """Momentum (beta = 0.9), 2 epochs of s = 8200 > 8192 steps: ||B[t, :]||^2 against B built
+    here row by row from the definition, B = P R with P = 1 / (1 - beta z) (B[t] = beta B[t-1] +
+    R[t]) and R[t] the indicator of the nodes the prefix estimate at t uses: the minimal dyadic
+    decomposition of the current epoch's [0, tau] (one node per set bit l of tau + 1, node
+    ((tau + 1) >> l) - 1 of level l) plus, for each finished epoch, the decomposition of its [0, s-1]."""
+    s, epochs, beta = 8200, 2, 0.9
+    levels = (s - 1).bit_length() + 1
+    offset = np.concatenate([[0], np.cumsum([-(-s // (1 << lvl)) for lvl in range(levels)])])  # nodes per level
+    per_epoch = int(offset[-1])
+
+    def dec(tau: int, ep: int) -> list[int]:
+        return [ep * per_epoch + int(offset[lvl]) + ((tau + 1) >> lvl) - 1 for lvl in range(levels)
+                if (tau + 1) >> lvl & 1]
+
+    row = np.zeros(epochs * per_epoch)
+    want = np.empty(s * epochs)
+    for t in range(s * epochs):
+        ep, tau = divmod(t, s)
+        row *= beta
+        for e in range(ep):
+            row[dec(s - 1, e)] += 1.0
+        row[dec(tau, ep)] += 1.0
+        want[t] = row @ row
+    got = baseline_mechanism("tree", toeplitz_workload("momentum", beta=beta), s * epochs, epochs=epochs).loss().unit
+    np.testing.assert_allclose(got, want, rtol=1e-10)
