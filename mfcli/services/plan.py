@@ -21,8 +21,9 @@ sensitivity for the fixed-order rows; for DP-SGD (C = I) both are sigma. The
 released iterates are A G + B Z with B = A C^-1 (the tree: its decoder), so the noise of the
 iterate at step t has standard deviation sigma ||B[t, :]|| per coordinate. ``rmse_mean`` is the
 root mean square of that over the n steps, sqrt(mean_t sigma^2 ||B[t, :]||^2), and ``rmse_max``
-its largest value; both are computed from the operator that runs (the dense B, or the Toeplitz
-decoder's first column for the structured strategies).
+its largest value; both are computed from the operator that runs (the dense B, the Toeplitz
+decoder's first column for the structured strategies, the closed form of the tree restarted every
+epoch for the tree and Honaker rows: its mechanism's ``loss``, at any n).
 
 Training cost, of the noise stream the written artifact actually runs (mfcli.training.noise; the same
 recursion in numpy, torch and optax): ``memory_floats`` is the floats it keeps between steps per
