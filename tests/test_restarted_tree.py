@@ -6,14 +6,18 @@ sensitivities, and at large n the prefix sums' closed form (row t = E s + tau of
 s = 2^k leaves: popcount(tau + 1) + E, since each finished epoch's total is the root)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 from sensitivity_oracle import brute_sensitivity
+from typer.testing import CliRunner
 
+from mfcli.cli.app import app
 from mfcli.errors import MfcliError
 from mfcli.model.participation import FixedEpoch, SingleParticipation
+from mfcli.schemas import load_schema, validate
 from mfcli.services.plan import TrainingSetup, enumerate_candidates, evaluate, tree_mechanism, tree_spectral_upper
 from mfcli.strategies.baseline_mechanisms import baseline_mechanism
 from mfcli.strategies.baselines import build_strategy, tree_strategy_matrix
@@ -179,3 +183,24 @@ def test_restarted_momentum_tree_beyond_the_dense_limit_by_direct_recursion() ->
         want[t] = row @ row
     got = baseline_mechanism("tree", toeplitz_workload("momentum", beta=beta), s * epochs, epochs=epochs).loss().unit
     np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_cli_plan_shows_the_tree_rows_beyond_the_dense_limit() -> None:
+    """``mfcli plan`` at n = 20000 (2 epochs of 10^4 steps, prefix): the tree and Honaker rows are
+    in the JSON (it validates), with the schema sensitivity sqrt(2 x 15) and the tree's RMSE from
+    the closed form (row E s + tau: popcount(tau + 1) + E popcount(s), popcount(10^4) = 5)."""
+    r = CliRunner().invoke(app, ["plan", "--examples", "10000", "--batch", "1", "--epochs", "2", "--epsilon", "4",
+                                 "--batching", "fixed-order", "--bands", "2", "--buffers", "2", "--workers", "0",
+                                 "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert validate(obj, load_schema("plan")) == []
+    rows = {c["candidate"]: c for c in obj["candidates"]}
+    assert {"tree", "honaker"} <= set(rows)
+    tree = rows["tree"]
+    assert tree["sensitivity"] == pytest.approx(math.sqrt(2 * 15), rel=1e-15)
+    s = 10_000
+    pop = np.array([bin(t + 1).count("1") for t in range(s)], dtype=np.float64)
+    unit = np.concatenate([pop, pop + bin(s).count("1")])
+    assert tree["rmse_mean"] == pytest.approx(tree["noise_std"] * math.sqrt(float(np.mean(unit))), rel=1e-12)
+    assert rows["honaker"]["rmse_mean"] < tree["rmse_mean"]
