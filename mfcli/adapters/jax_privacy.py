@@ -54,13 +54,16 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
+from mfcli.strategies.blt import BufferedToeplitz
 from mfcli.strategies.operators import BandedLowRank, DenseLowerTriangular, select_operator
+from mfcli.strategies.toeplitz import BandedToeplitz
 
 #: The jax_privacy release these bridges are written and tested against.
 JAX_PRIVACY_VERSION = "2.0.0"
@@ -223,22 +226,64 @@ def _stopped(inner: Any, n: int) -> tuple[Callable, Callable]:
     return init, next_
 
 
-def _native_gradient(op: Any) -> Any:
-    """jax_privacy's own StreamingMatrix for C^-1 of a structured operator (banded Toeplitz:
-    ``toeplitz.inverse_as_streaming_matrix`` of its coefficients; BLT: its ``BufferedToeplitz``'s
-    ``inverse_as_streaming_matrix``), None for any other operator."""
-    kind = getattr(getattr(op, "strategy", None), "kind", None)
-    if getattr(op, "variant", None) != "structured" or kind not in ("banded-toeplitz", "blt"):
-        return None
-    if kind == "banded-toeplitz":
-        toeplitz = _require("jax_privacy.matrix_factorization.toeplitz")
-        return toeplitz.inverse_as_streaming_matrix(np.asarray(op.strategy.coefs, dtype=np.float64))
-    return native_strategy(op).inverse_as_streaming_matrix()
+@dataclass(frozen=True)
+class NativeExport:
+    """How one kind of strategy is written in jax_privacy's own types (a registry entry,
+    :func:`register_native`): ``strategy`` maps the kind's strategy object (the ``strategy`` of its
+    operator) to jax_privacy's representation of C, for its ``matrix_factorization`` functions and
+    :func:`import_strategy`; ``inverse`` maps it to jax_privacy's own ``StreamingMatrix`` of C^-1
+    (unbounded: :func:`streaming_matrix` adds the hard stop at n)."""
+
+    strategy: Callable[[Any], Any]
+    inverse: Callable[[Any], Any]
+
+
+def _toeplitz_coefs(strategy: BandedToeplitz) -> np.ndarray:
+    """A banded Toeplitz C as jax_privacy's ``toeplitz`` module represents it: its b coefficients."""
+    return np.array(strategy.coefs, dtype=np.float64)
+
+
+def _toeplitz_inverse(strategy: BandedToeplitz) -> Any:
+    return _require("jax_privacy.matrix_factorization.toeplitz").inverse_as_streaming_matrix(_toeplitz_coefs(strategy))
+
+
+def _buffered_toeplitz(strategy: BufferedToeplitz) -> Any:
+    """A BLT as jax_privacy's ``BufferedToeplitz`` (``buf_decay`` = theta, ``output_scale`` = omega:
+    the same parameterisation, c_0 = 1, c_t = sum_i omega_i theta_i^(t-1)); float64 when
+    ``jax_enable_x64`` is on (jax_privacy's recommendation), float32 else."""
+    bt = _require("jax_privacy.matrix_factorization.buffered_toeplitz")
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+    return bt.BufferedToeplitz.build(buf_decay=np.asarray(strategy.theta), output_scale=np.asarray(strategy.omega),
+                                     dtype=dtype)
+
+
+#: The kinds jax_privacy has a type of its own for, by the class of their strategy object; an
+#: operator whose strategy is of no registered class (a dense root, a compressed decoder, the
+#: baselines) is exported as its dense C.
+_NATIVE: dict[type, NativeExport] = {
+    BandedToeplitz: NativeExport(_toeplitz_coefs, _toeplitz_inverse),
+    BufferedToeplitz: NativeExport(_buffered_toeplitz, lambda st: _buffered_toeplitz(st).inverse_as_streaming_matrix()),
+}
+
+
+def register_native(strategy_type: type, export: NativeExport) -> None:
+    """Register jax_privacy's own representation of a kind of strategy (its strategy class):
+    :func:`native_strategy` and the gradient export of :func:`streaming_matrix` then use it."""
+    _NATIVE[strategy_type] = export
+
+
+def _native(op: Any) -> NativeExport | None:
+    """The registered native form of ``op``'s strategy, None where it is exported densely."""
+    return _NATIVE.get(type(getattr(op, "strategy", None)))
 
 
 def native_strategy(source: Any, *, variant: str = "auto") -> Any:
     """The strategy C of ``source`` in jax_privacy's own representation, for its
-    ``matrix_factorization`` functions (and back through :func:`import_strategy`):
+    ``matrix_factorization`` functions (and back through :func:`import_strategy`): the
+    registered form of its kind (:data:`_NATIVE`, :func:`register_native`), else the dense C:
 
     * a banded Toeplitz artifact: its b coefficients, a 1-D float64 array (jax_privacy's
       ``toeplitz`` module represents a banded Toeplitz C by them);
@@ -252,17 +297,9 @@ def native_strategy(source: Any, *, variant: str = "auto") -> Any:
         MfcliError: jax_privacy missing (BLT), an unusable artifact.
     """
     op = _operator(source, variant)
-    kind = getattr(getattr(op, "strategy", None), "kind", None)
-    if getattr(op, "variant", None) == "structured" and kind == "banded-toeplitz":
-        return np.array(op.strategy.coefs, dtype=np.float64)
-    if getattr(op, "variant", None) == "structured" and kind == "blt":
-        import jax
-        import jax.numpy as jnp
-
-        bt = _require("jax_privacy.matrix_factorization.buffered_toeplitz")
-        dtype = jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
-        return bt.BufferedToeplitz.build(buf_decay=np.asarray(op.strategy.theta), output_scale=np.asarray(
-            op.strategy.omega), dtype=dtype)
+    native = _native(op)
+    if native is not None:
+        return native.strategy(op.strategy)
     return np.array(op.factorization.strategy, dtype=np.float64)
 
 
@@ -310,9 +347,9 @@ def streaming_matrix(source: Any, *, kind: str = "gradient", variant: str = "aut
     """
     sm_mod = _require("jax_privacy.matrix_factorization.streaming_matrix")
     op = _operator(source, variant)
-    native = _native_gradient(op) if kind == "gradient" else None
+    native = _native(op) if kind == "gradient" else None
     if native is not None:
-        return sm_mod.StreamingMatrix(*_stopped(native, op.n))
+        return sm_mod.StreamingMatrix(*_stopped(native.inverse(op.strategy), op.n))
     matrix = op.streaming(kind).matrix
     exporter = _EXPORTERS.get(type(matrix))
     if exporter is None:
@@ -521,11 +558,13 @@ def save_imported_strategy(
 __all__ = [
     "IMPORT_KINDS",
     "JAX_PRIVACY_VERSION",
+    "NativeExport",
     "dense_privatizer",
     "guard_step",
     "import_strategy",
     "native_strategy",
     "register_exporter",
+    "register_native",
     "save_imported_strategy",
     "strategy_matrix",
     "streaming_matrix",

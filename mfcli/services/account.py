@@ -80,10 +80,6 @@ from mfcli.model.record_format import ATTR_CHUNK, RECORD_FORMAT, read_chunked, w
 from mfcli.util.progress import ProgressCallback
 from mfcli.util.rows import fields_of
 
-#: The settings computed without the matrix C (from the mechanism's numbers, or, DP-SGD, from n and
-#: sigma alone), so at any n; the others need C at hand.
-MATRIX_FREE_SETTINGS = ("single-pass", "deterministic", "cyclic-poisson", "dp-sgd")
-
 
 @dataclass(frozen=True)
 class StrategyInput:
@@ -705,8 +701,10 @@ def account(
     sensitivities, the cyclic numbers and causality of any kind at any n; the settings that need
     the matrix C (MMCC, the DP-SGD reduction, the tree's rows) run where the mechanism has it at
     hand (``inp.has_matrix``). Without it (a structured strategy above its dense limit) Poisson sampling
-    shows DP-SGD alone, with a note in the report's ``notes`` when MMCC was asked for, and the
-    batch samplers without a rate are refused in one line."""
+    shows DP-SGD alone, with a note in the report's ``notes`` when MMCC was asked for, and a
+    batch sampler without a rate runs the settings the mechanism runs without C
+    (``matrix_free_settings``; the binary tree's own bounds) with a note for each one left out, or
+    is refused in one line when none of the sampler's own bounds can run."""
     sigma = check_sigma(sigma)
     batching = check_batching(batching, sampling)
     notes: tuple[str, ...] = ()
@@ -739,7 +737,7 @@ def account(
         return _poisson_without_matrix(inp, sigma=sigma, sampling=sampling, opts=opts, settings=settings,
                                        schema=schema)
     if not inp.has_matrix and batching in BATCHING_SETTINGS:
-        raise MfcliError(mech.matrix_refusal(f"the {batching} batch sampler (its settings)"))
+        settings, notes = _sampler_without_matrix(mech, batching, settings)
     c = inp.strategy
     sp = dp = br = st = det = cyc = None
     cyclic_refusal: MfcliError | None = None
@@ -821,6 +819,21 @@ def account(
                             notes=notes, refused=refused)
 
 
+def _sampler_without_matrix(mech: Any, batching: str, settings: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """A batch sampler without a rate for a mechanism without its matrix C at hand: the settings
+    it runs without C (:attr:`~mfcli.strategies.operators.Mechanism.matrix_free_settings`) and a
+    note for each one left out. Refused with the mechanism's reason when the sampler's own
+    guarantees are asked for (``GUARANTEE_SETTINGS`` besides single-pass, which holds under any
+    sampler) and none of them runs without C: a table of single-pass and DP-SGD references would
+    answer another question. A request for the references alone runs them."""
+    free = mech.matrix_free_settings
+    own = [s for s in GUARANTEE_SETTINGS[batching] if s != "single-pass" and s in settings]
+    if own and not any(s in free for s in own):
+        raise MfcliError(mech.matrix_refusal(f"the {batching} batch sampler (its settings)"))
+    notes = tuple(f"{s}: not run; it needs {mech.no_matrix_reason}" for s in settings if s not in free)
+    return [s for s in settings if s in free], notes
+
+
 def _poisson_without_matrix(inp: StrategyInput, *, sigma: float, sampling: float | None, opts: AccountingOptions,
                             settings: Sequence[str], schema: Participation) -> AccountingReport:
     """Poisson sampling for a mechanism without its matrix C at hand: DP-SGD (n Poisson-subsampled
@@ -873,7 +886,7 @@ BANDED_LB_GRID = 1e-3
 def _any_n_baseline(strategy: str, *, n: int, workload: str, beta: float) -> StrategyInput:
     """A built-in baseline above the dense limit: its mechanism of any n
     (:func:`mfcli.strategies.baseline_mechanisms.baseline_mechanism`), with no matrix, so only the
-    settings that need its sensitivity, not C, apply. The workload only names the source (the
+    settings it runs without C apply (its ``matrix_free_settings``). The workload only names the source (the
     accounting of C does not depend on it) and must be one with a Toeplitz form."""
     from mfcli.strategies.baseline_mechanisms import baseline_mechanism
     from mfcli.strategies.toeplitz import toeplitz_workload
@@ -952,9 +965,8 @@ def epsilon_function(
 
         eps(1.0)  # refuse now (more bands than the cycle), not inside the search
         return eps
-    # The shuffled tree needs only n and the 0/1 tree's sigma, as the row account shows at any n.
-    tree_only = inp.is_tree and setting == "shuffled-tree"
-    if setting in SETTINGS and setting not in MATRIX_FREE_SETTINGS and not tree_only and not inp.has_matrix:
+    # which settings need C is the mechanism's to say (the tree's own bounds need only n and sigma)
+    if setting in SETTINGS and setting not in mech.matrix_free_settings and not inp.has_matrix:
         raise MfcliError(mech.matrix_refusal(f"the {setting} setting"))
     c = inp.strategy
     if setting in ("dp-sgd", "mmcc"):

@@ -21,8 +21,9 @@ sensitivity for the fixed-order rows; for DP-SGD (C = I) both are sigma. The
 released iterates are A G + B Z with B = A C^-1 (the tree: its decoder), so the noise of the
 iterate at step t has standard deviation sigma ||B[t, :]|| per coordinate. ``rmse_mean`` is the
 root mean square of that over the n steps, sqrt(mean_t sigma^2 ||B[t, :]||^2), and ``rmse_max``
-its largest value; both are computed from the operator that runs (the dense B, or the Toeplitz
-decoder's first column for the structured strategies).
+its largest value; both are computed from the operator that runs (the dense B, the Toeplitz
+decoder's first column for the structured strategies, the closed form of the tree restarted every
+epoch for the tree and Honaker rows: its mechanism's ``loss``, at any n).
 
 Training cost, of the noise stream the written artifact actually runs (mfcli.training.noise; the same
 recursion in numpy, torch and optax): ``memory_floats`` is the floats it keeps between steps per
@@ -50,7 +51,7 @@ import numpy as np
 from mfcli.accounting.calibrate import SIGMA_MAX, SIGMA_MIN, Calibration, TargetMetWithoutNoiseError, calibrate_sigma
 from mfcli.errors import MfcliError
 from mfcli.model.participation import FixedEpoch, MinSeparation, Participation, SingleParticipation
-from mfcli.util.limits import PLAN_DENSE_ARTIFACT_MAX_N, PLAN_DENSE_SOLVE_MAX_N, PLAN_MAX_N, PLAN_TREE_DECODER_MAX_N
+from mfcli.util.limits import PLAN_DENSE_ARTIFACT_MAX_N, PLAN_DENSE_SOLVE_MAX_N, PLAN_MAX_N
 from mfcli.util.validation import positive_int
 
 #: Batch samplers a trainer can allow (``--batching``).
@@ -85,6 +86,9 @@ POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of partic
 WORKLOADS = ("prefix", "momentum")
 #: Candidate kinds that are written as dense artifacts (no structured form).
 DENSE_ONLY_KINDS = ("dense", "tree", "honaker")
+#: plan's tree candidates and the baseline each runs, restarted every epoch
+#: (:class:`mfcli.strategies.baseline_mechanisms.TreeMechanism` with ``epochs``).
+TREE_BASELINE_OF = {"tree": "tree", "honaker": "honaker-online"}
 #: Default band counts (kept where they fit the setup) and BLT buffer counts.
 DEFAULT_BANDS = (2, 4, 8, 16, 32, 64)
 DEFAULT_BUFFERS = (2, 4)
@@ -380,13 +384,11 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
             for smp in ("balls-in-bins", "fixed-order"):
                 offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
             continue
-        big = (None if n <= PLAN_TREE_DECODER_MAX_N
-               else f"n = {n} > {PLAN_TREE_DECODER_MAX_N}: the tree's dense decoder is not built")
         # the tree's own balls-in-bins bound is for 2^L leaves (DP-SGD's, and so the reduction rows', for any s)
         offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
-              big or (None if _pow2(s) else f"the tree's balls-in-bins bound is for 2^L leaves; {s} steps per epoch "
-                                            "is not a power of 2"))
-        offer(Candidate(kind, kind, "fixed-order"), big)
+              None if _pow2(s) else f"the tree's balls-in-bins bound is for 2^L leaves; {s} steps per epoch "
+                                    "is not a power of 2")
+        offer(Candidate(kind, kind, "fixed-order"))
     if "balls-in-bins" in allowed:
         # every other strategy under balls-in-bins, by the DP-SGD reduction: its C as built for its own
         # sampler (BandMF for min-sep b, the others for the fixed-epoch schema)
@@ -497,7 +499,8 @@ def blt_of(setup: TrainingSetup, k: int) -> Any:
 
 
 def restarted_tree(setup: TrainingSetup, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(C_e, M_e, release) of a tree on s leaves restarted every epoch: C_e the tree encoder
+    """(C_e, M_e, release) of a tree on s leaves restarted every epoch, as dense matrices (the
+    tests' second method; the rows come from :func:`tree_mechanism`): C_e the tree encoder
     (m x s, 0/1), M_e = S^-1 B_e the gradient estimate from its nodes (s x m; B_e the tree's or
     Honaker's online prefix decoder), release the step of each node. The run's C is
     blockdiag(C_e) over the epochs and B = A blockdiag(M_e)."""
@@ -692,38 +695,59 @@ def _guarantee_at(setup: TrainingSetup, b: _Built, name: str, sigma: float) -> f
     return float(b.eps_of_sigma(sigma))
 
 
-def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
-    """The tree or Honaker (online decoder) on s leaves, restarted every epoch. Honaker post-
-    processes the same noisy nodes, so its privacy is the tree's; only the error differs."""
-    from mfcli.accounting.balls_in_bins import tree_balls_in_bins
-    from mfcli.accounting.reduction import spectral_norm_bound
+def tree_mechanism(setup: TrainingSetup, kind: str) -> Any:
+    """The tree or Honaker (online) candidate as the mechanism of any n that ``compare`` and
+    ``account`` use: one tree on s leaves per epoch (``epochs`` trees, restarted every epoch;
+    :class:`mfcli.strategies.baseline_mechanisms.TreeMechanism`)."""
+    from mfcli.strategies.baseline_mechanisms import baseline_mechanism
 
-    n, e, s = setup.n, setup.epochs, setup.steps_per_epoch
+    return baseline_mechanism(TREE_BASELINE_OF[kind], toeplitz_of(setup), setup.n, epochs=int(setup.epochs or 1))
+
+
+def tree_spectral_upper(mech: Any) -> float:
+    """A certified upper bound on ||C||_2 of a tree restarted every epoch (C = blockdiag of one
+    tree's encoder C_e, the same norm): :func:`mfcli.accounting.reduction.spectral_norm_bound` of
+    the dense C_e for s <= the dense limit; above it, without the matrix, sqrt of the largest row
+    sum of C_e^T C_e (:func:`mfcli.strategies.tree_error.tree_gram_row_sum`), rounded up."""
+    from mfcli.accounting.reduction import spectral_norm_bound
+    from mfcli.strategies.baselines import tree_strategy_matrix
+    from mfcli.strategies.toeplitz import sqrt_up
+    from mfcli.strategies.tree_error import tree_gram_row_sum
+    from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
+
+    s = int(mech.leaves)
+    if s <= STRUCTURED_DENSE_MAX_N:
+        return float(spectral_norm_bound(tree_strategy_matrix(s)).upper)
+    return sqrt_up(float(tree_gram_row_sum(s)))
+
+
+def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    """The tree or Honaker (online decoder) on s leaves, restarted every epoch, from its mechanism
+    of any n (:func:`tree_mechanism`: errors from its ``loss``, sensitivities from it). Honaker
+    post-processes the same noisy nodes, so its privacy is the tree's; only the error differs."""
+    from mfcli.accounting.balls_in_bins import tree_balls_in_bins
+    from mfcli.strategies.tree_error import tree_height
+
+    e, s = setup.epochs, setup.steps_per_epoch
     assert e is not None
-    c, m, _ = restarted_tree(setup, cand.kind)
-    # A is Toeplitz, so epoch ep's block A[:, ep s:(ep + 1) s] is the first block shifted down by
-    # ep s rows: one n x s product gives every epoch's contribution to ||B[t, :]||^2
-    a = toeplitz_of(setup).coefs(n)
-    t, j = np.indices((n, s))
-    first = np.where(t >= j, a[np.clip(t - j, 0, None)], 0.0) @ m
-    r0 = np.sum(first * first, axis=1)
-    row_sq = np.zeros(n)
-    for ep in range(e):
-        row_sq[ep * s:] += r0[:n - ep * s]
-    levels = int(np.max(np.sum(c * c, axis=0)))  # squared column norm of the 0/1 encoder = nodes per leaf
-    mech = "tree" if cand.kind == "tree" else "Honaker (online)"
+    mech = tree_mechanism(setup, cand.kind)
+    levels = tree_height(s) + 1  # nodes per leaf: the squared column norm of the 0/1 encoder
+    name = "tree" if cand.kind == "tree" else "Honaker (online)"
     what = f"binary tree on {s} leaves, restarted every epoch" + ("" if cand.kind == "tree" else ", Honaker decoder")
     if cand.sampler == "balls-in-bins":
-        return _Built(mech, what, SingleParticipation() if e == 1 else FixedEpoch(epochs=e), "balls-in-bins-tree",
-                      row_sq, levels, math.sqrt(levels),
+        loss = mech.loss(schema=SingleParticipation())  # one participation per epoch: the column norm
+        return _Built(name, what, SingleParticipation() if e == 1 else FixedEpoch(epochs=e), "balls-in-bins-tree",
+                      loss.unit, levels, loss.sensitivity.value,
                       eps_of_sigma=lambda sg: tree_balls_in_bins(n=s, sigma=sg, delta=setup.delta, epochs=e).epsilon,
-                      adaptive=False, bib_norm=spectral_norm_bound(c).upper, extra={"tree_encoder": c},
+                      adaptive=False, bib_norm=tree_spectral_upper(mech), extra={"mechanism": mech},
                       note="the balls-in-bins bound assumes non-adaptive contributions (docs/accounting.md); not "
                            "recommended for training")
-    # fixed order: epoch blocks have disjoint rows, so the schema sensitivity is sqrt(e) times the column norm
+    # fixed order: the schema sensitivity of the restarted tree (epoch blocks have disjoint rows:
+    # sqrt(e (K + 1)), exact, from the mechanism)
     schema = fixed_schema(setup)
-    return _Built(mech, what, schema, "single-pass" if e == 1 else "deterministic", row_sq, levels,
-                  math.sqrt(e * levels), gaussian=True, extra={"tree_encoder": c})
+    loss = mech.loss(schema=schema)
+    return _Built(name, what, schema, "single-pass" if e == 1 else "deterministic", loss.unit, levels,
+                  loss.sensitivity.value, gaussian=True, extra={"mechanism": mech})
 
 
 def _build_any(setup: TrainingSetup, cand: Candidate) -> _Built:
@@ -764,8 +788,8 @@ def spectral_upper(setup: TrainingSetup, b: _Built) -> float:
         return float(toeplitz_symbol_bound(coefs))
     if "factorization" in b.extra:
         return float(spectral_norm_bound(np.asarray(b.extra["factorization"].strategy)).upper)
-    if "tree_encoder" in b.extra:
-        return float(spectral_norm_bound(b.extra["tree_encoder"]).upper)
+    if "mechanism" in b.extra:
+        return tree_spectral_upper(b.extra["mechanism"])
     raise MfcliError("no spectral bound for this candidate")  # pragma: no cover
 
 

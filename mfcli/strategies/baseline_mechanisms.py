@@ -55,13 +55,23 @@ from mfcli.strategies.baselines import (
     tree_release_steps,
     tree_strategy_matrix,
 )
-from mfcli.strategies.operators import ArrayOps, DenseLowerTriangular, Streaming, StreamState, WorkloadLoss
+from mfcli.strategies.operators import (
+    MATRIX_FREE_SETTINGS,
+    ArrayOps,
+    DenseLowerTriangular,
+    Streaming,
+    StreamState,
+    WorkloadLoss,
+)
 from mfcli.strategies.structured import DenseUpToLimit, StructuredOperator
 from mfcli.strategies.toeplitz import ToeplitzWorkload, check_n, materialize, sqrt_down, sqrt_up, toeplitz_sensitivity
 from mfcli.strategies.tree_error import (
     honaker_row_norms,
+    pole,
+    restarted_row_norms,
     tree_fixed_epoch_sensitivity,
     tree_height,
+    tree_last_cross,
     tree_row_norms,
     tree_rows,
     tree_sensitivity,
@@ -168,6 +178,11 @@ def _dense_workload(workload: ToeplitzWorkload, n: int) -> np.ndarray:
     return materialize(workload.coefs(n), n)
 
 
+def _prefix_decoder(name: str, s: int) -> np.ndarray:
+    """B_S of the tree kind ``name`` on s leaves for the prefix sums (dense, s <= the dense limit)."""
+    return np.asarray(build_strategy(name, np.tril(np.ones((s, s)))).factorization.decoder)
+
+
 def _no_dense(what: str, n: int) -> MfcliError:
     return MfcliError(f"{what} is built from the dense matrices for n <= {STRUCTURED_DENSE_MAX_N} only, got n = {n}")
 
@@ -177,22 +192,39 @@ class TreeMechanism(DenseUpToLimit):
     """The binary tree and the Honaker estimators on its encoder as a
     :class:`~mfcli.strategies.operators.Mechanism` of any n (module docstring): C is the tree
     encoder restricted to n columns (m = :func:`tree_rows` rows, released as the nodes close), B
-    the kind's decoder post-processed for the workload (B = A S^-1 B_S)."""
+    the kind's decoder post-processed for the workload (B = A S^-1 B_S).
+
+    ``epochs`` > 1: the tree restarted every epoch (``mfcli plan``'s tree rows): one tree on
+    s = n / epochs leaves per epoch, C = blockdiag of its encoder, B = A blockdiag(S_s^-1 B_e);
+    every number is that C's (sensitivity, losses by
+    :func:`~mfcli.strategies.tree_error.restarted_row_norms`); it has no noise stream (one tree
+    per epoch is one artifact per epoch) and is not the tree encoder on n leaves, so the tree's own
+    settings (``is_tree``) do not apply to it."""
 
     name: str
     workload: ToeplitzWorkload
     size: int
+    epochs: int = 1
 
     #: The operator it streams is that of the dense root of a tree artifact (B Z), without the matrix.
     variant = "dense"
-    is_tree = True
     identity_sha256 = None
     matrix_name = "the dense tree encoder C, which is built"
 
     def __post_init__(self) -> None:
         if self.name not in TREE_BASELINES:
             raise MfcliError(f"a tree baseline is one of {', '.join(TREE_BASELINES)}, got {self.name!r}")
-        tree_height(self.size)  # n >= 2, within the structured limit
+        check_n(self.size)
+        e = self.epochs
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1 or self.size % e:
+            raise MfcliError(f"a tree restarted every epoch needs a number of epochs dividing n = {self.size}, "
+                             f"got {e!r}")
+        tree_height(self.leaves)  # n / epochs >= 2, within the structured limit
+
+    @property
+    def leaves(self) -> int:
+        """s = n / epochs, the leaves of each tree."""
+        return self.size // self.epochs
 
     @property
     def kind(self) -> str:
@@ -200,15 +232,30 @@ class TreeMechanism(DenseUpToLimit):
 
     @property
     def label(self) -> str:
-        return self.name
+        return self.name if self.epochs == 1 else f"{self.name} (restarted every {self.leaves} steps)"
 
     @property
     def n(self) -> int:
         return self.size
 
     @property
+    def is_tree(self) -> bool:
+        """C is the tree encoder on n leaves (not when restarted: blocks of a smaller tree)."""
+        return self.epochs == 1
+
+    @property
+    def matrix_free_settings(self) -> tuple[str, ...]:
+        """Every mechanism's (:data:`~mfcli.strategies.operators.MATRIX_FREE_SETTINGS`) and, for one
+        tree on n leaves, its own bounds: the shuffled tree and the balls-in-bins tree account the
+        0/1 encoder on n leaves from n and sigma alone (:mod:`mfcli.accounting.shuffled_tree`,
+        :func:`mfcli.accounting.balls_in_bins.tree_balls_in_bins`), which is exactly this C, so
+        they run at any n (the balls-in-bins bound for n = 2^L only, as below the limit)."""
+        own = ("shuffled-tree", "balls-in-bins-tree") if self.is_tree else ()
+        return (*MATRIX_FREE_SETTINGS, *own)
+
+    @property
     def rows(self) -> int:
-        return tree_rows(self.size)
+        return self.epochs * tree_rows(self.leaves)
 
     @property
     def causal(self) -> bool:
@@ -217,29 +264,31 @@ class TreeMechanism(DenseUpToLimit):
 
     @cached_property
     def release_steps(self) -> np.ndarray:
-        return tree_release_steps(self.size)
+        one = tree_release_steps(self.leaves)
+        return np.concatenate([one + ep * self.leaves for ep in range(self.epochs)])
 
     @property
     def max_n(self) -> Mapping[str, int | None]:
-        return {"matrix": STRUCTURED_DENSE_MAX_N, "sensitivity": None, "cyclic": None,
-                "stream": None if self.name == "tree" else STRUCTURED_DENSE_MAX_N}
+        stream = 0 if self.epochs > 1 else None if self.name == "tree" else STRUCTURED_DENSE_MAX_N
+        return {"matrix": STRUCTURED_DENSE_MAX_N, "sensitivity": None, "cyclic": None, "stream": stream}
 
     @property
     def sensitivity(self) -> float:
-        return tree_sensitivity(self.size)
+        return tree_sensitivity(self.leaves)
 
     def schema_sensitivity(self, schema: Participation) -> Sensitivity:
-        """Single participation: sqrt(K + 1) (every column lies in K + 1 nodes); fixed-epoch: exact
-        (:func:`tree_fixed_epoch_sensitivity`); min-separation: from the dense C
-        (:func:`mfcli.model.participation.sensitivity`), for n <= the dense limit only."""
+        """Single participation: sqrt(K + 1) (every column lies in K + 1 nodes, K = ceil(log2 s) for
+        trees of s leaves); fixed-epoch: exact (:func:`tree_fixed_epoch_sensitivity`, restarted
+        trees included); min-separation: from the dense C (:func:`mfcli.model.participation.sensitivity`),
+        for n <= the dense limit only."""
         n = self.size
         if isinstance(schema, SingleParticipation):
-            levels = tree_height(n) + 1
-            return Sensitivity(value=tree_sensitivity(n), exact=True, lower=sqrt_down(float(levels)),
+            levels = tree_height(self.leaves) + 1
+            return Sensitivity(value=tree_sensitivity(self.leaves), exact=True, lower=sqrt_down(float(levels)),
                                method="every column lies in K + 1 nodes", schema=schema)
         if isinstance(schema, FixedEpoch):
             schema.check(n)
-            sens2, j = tree_fixed_epoch_sensitivity(n, schema.epochs)
+            sens2, j = tree_fixed_epoch_sensitivity(n, schema.epochs, period=self.leaves)
             b = n // schema.epochs
             return Sensitivity(value=sqrt_up(float(sens2)), exact=True, lower=sqrt_down(float(sens2)),
                                method="fixed-epoch: sum over the nodes of |node cap P_j|^2 (all-plus, C >= 0), attained",
@@ -251,7 +300,7 @@ class TreeMechanism(DenseUpToLimit):
                                  f"computed from its dense C, for n <= {STRUCTURED_DENSE_MAX_N} only (got n = {n})")
             from mfcli.model.participation import sensitivity
 
-            return sensitivity(tree_strategy_matrix(n), schema)
+            return sensitivity(self.dense_strategy(), schema)
         raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
 
     def cyclic_numbers(self, schema: Participation) -> tuple[int, float]:
@@ -263,7 +312,8 @@ class TreeMechanism(DenseUpToLimit):
         its interval closes)."""
 
     def dense_strategy(self) -> np.ndarray:
-        return tree_strategy_matrix(self.size)
+        one = tree_strategy_matrix(self.leaves)
+        return one if self.epochs == 1 else np.kron(np.eye(self.epochs), one)
 
     def matrix_refusal(self, what: str) -> str:
         return f"{what} needs {self.no_matrix_reason or 'the dense tree encoder C'}"
@@ -272,7 +322,13 @@ class TreeMechanism(DenseUpToLimit):
     def factorization(self) -> Factorization:
         if self.size > STRUCTURED_DENSE_MAX_N:
             raise _no_dense(f"the {self.name} factorization", self.size)
-        return build_strategy(self.name, _dense_workload(self.workload, self.size)).factorization
+        a = _dense_workload(self.workload, self.size)
+        if self.epochs == 1:
+            return build_strategy(self.name, a).factorization
+        b_e = _prefix_decoder(self.name, self.leaves)
+        m = np.vstack([b_e[:1], np.diff(b_e, axis=0)])  # S_s^-1 B_e: each step's gradient estimate
+        return Factorization(workload=a, strategy=self.dense_strategy(), decoder=a @ np.kron(np.eye(self.epochs), m),
+                             causal=self.causal)
 
     def dense(self) -> np.ndarray:
         return np.array(self.factorization.decoder)
@@ -284,6 +340,8 @@ class TreeMechanism(DenseUpToLimit):
         limit), all scaled by :meth:`schema_sensitivity`."""
         wl = workload or self.workload
         sens = self.schema_sensitivity(schema or SingleParticipation())
+        if self.epochs > 1:
+            return WorkloadLoss.scaled(sens, *self._restarted_unit(wl))
         if self.name == "tree":
             return WorkloadLoss.scaled(sens, tree_row_norms(wl, self.size), "closed form, O(n log n)")
         if wl.name == "prefix":
@@ -296,10 +354,43 @@ class TreeMechanism(DenseUpToLimit):
         b = build_strategy(self.name, _dense_workload(wl, self.size)).factorization.decoder
         return WorkloadLoss.scaled(sens, np.einsum("ij,ij->i", b, b), "dense B")
 
+    def _restarted_unit(self, wl: ToeplitzWorkload) -> tuple[np.ndarray, str]:
+        """(||B[t, :]||^2, method) of the tree restarted every epoch
+        (:func:`~mfcli.strategies.tree_error.restarted_row_norms`), from three numbers of one tree
+        on s leaves: the tree's in closed form (prefix and momentum), the Honaker estimators' in
+        closed form on prefix sums and from one tree's dense decoder on momentum (s <= the dense
+        limit)."""
+        s = self.leaves
+        beta = pole(wl)  # refuses a workload that is not prefix sums post-processed by 1 / (1 - beta z)
+        if self.name == "tree":
+            last = float(bin(s).count("1"))  # row s - 1 of B_S: one node per set bit of s
+            cross = tree_last_cross(s, beta) if beta else last
+            single, method = tree_row_norms(wl, s), "closed form per tree, O(n log n)"
+        elif beta == 0.0:
+            single = honaker_row_norms(s, online=self.name == "honaker-online")
+            last = cross = float(single[-1])
+            method = "closed form per tree, O(n log n)"
+        else:
+            if s > STRUCTURED_DENSE_MAX_N:
+                raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
+                                 f"{wl.name} workload it is computed from one tree's dense decoder, for trees of at "
+                                 f"most {STRUCTURED_DENSE_MAX_N} leaves (got {s} steps per tree)")
+            import scipy.signal
+
+            b_e = _prefix_decoder(self.name, s)
+            d = scipy.signal.lfilter([1.0], [1.0, -beta], b_e, axis=0)  # D = P_s B_e
+            single, last, cross = np.einsum("ij,ij->i", d, d), float(b_e[-1] @ b_e[-1]), float(d[-1] @ b_e[-1])
+            method = "dense B of one tree, O(n + s^2)"
+        return restarted_row_norms(single, last, cross, beta, self.epochs), method
+
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         """Iterate noise B Z (C is not square: there is no gradient noise C^-1 Z). The tree's by
         :class:`TreeStream` at any n; the Honaker estimators' from the dense decoder (n <= the dense
-        limit; the online one only, the full one is not causal)."""
+        limit; the online one only, the full one is not causal). A tree restarted every epoch has
+        none (one tree per epoch is one artifact per epoch)."""
+        if self.epochs > 1:
+            raise MfcliError(f"{where}: the {self.label} has no noise stream of its own: one tree per epoch is one "
+                             "artifact (and one stream) per epoch")
         if kind == "gradient":
             raise MfcliError(f"{where}: the {self.name} strategy is {self.rows} x {self.size}: gradient noise C^-1 Z "
                              "needs a square strategy (use kind='iterate' for B Z)")
@@ -422,20 +513,25 @@ class TreeStream:
 # The one constructor
 
 
-def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int) -> ToeplitzBaselineMechanism | TreeMechanism:
+def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int, *,
+                       epochs: int = 1) -> ToeplitzBaselineMechanism | TreeMechanism:
     """The baseline ``name`` (identity, tree, honaker-online, honaker-full, sqrt) for the Toeplitz
-    ``workload`` over n steps, as a mechanism of any n.
+    ``workload`` over n steps, as a mechanism of any n; ``epochs`` > 1 (tree kinds only): the tree
+    restarted every n / epochs steps (:class:`TreeMechanism`).
 
     Raises:
         MfcliError: ``optimal`` or an unknown name (the certified optimum is a dense solve), n out
-            of range, a tree for n < 2.
+            of range, a tree for n < 2 (or fewer than 2 steps per epoch), ``epochs`` for a
+            Toeplitz baseline.
     """
     if name not in ANY_N_BASELINES:
         raise MfcliError(f"{name!r} is no baseline with a form of any n; choose from {', '.join(ANY_N_BASELINES)}")
     n = check_n(n)
     if name in TOEPLITZ_BASELINES:
+        if epochs != 1:
+            raise MfcliError(f"{name} is one Toeplitz strategy over all n steps; it is not restarted per epoch")
         return ToeplitzBaselineMechanism(ToeplitzBaseline(name), workload, n)
-    return TreeMechanism(name, workload, n)
+    return TreeMechanism(name, workload, n, epochs)
 
 
 __all__ = ["TOEPLITZ_BASELINES", "ToeplitzBaseline", "ToeplitzBaselineMechanism", "TreeMechanism", "TreeStream",

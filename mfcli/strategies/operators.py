@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from mfcli.accounting.defaults import REFERENCE_SETTINGS
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.artifact_format import compression_declared_problem, dataset_sha256
 from mfcli.model.factorization import Factorization, is_lower_triangular
@@ -707,6 +708,14 @@ def factorization_loss(fact: Factorization, schema: Participation | None) -> Wor
     return WorkloadLoss(s, unit, s.value**2 * unit, "dense B")
 
 
+#: The accounting settings every mechanism runs without its dense C, at any n: from its own numbers
+#: (single-pass and deterministic from its sensitivities, cyclic Poisson from its cyclic numbers)
+#: and the DP-SGD reference rows (:data:`mfcli.accounting.defaults.REFERENCE_SETTINGS`: they account
+#: C = I at the same sigma, from n and sigma alone). MMCC and the DP-SGD reduction need C; a kind
+#: adds what its own structure gives (:attr:`Mechanism.matrix_free_settings`).
+MATRIX_FREE_SETTINGS: tuple[str, ...] = ("single-pass", "deterministic", "cyclic-poisson", *REFERENCE_SETTINGS)
+
+
 @runtime_checkable
 class Mechanism(Protocol):
     """A mechanism A = B C of any kind, as every consumer sees it: what is accounted, inspected,
@@ -784,6 +793,14 @@ class Mechanism(Protocol):
     @property
     def is_tree(self) -> bool:
         """C is the binary-tree encoder (the shuffled-tree and balls-in-bins-tree settings apply)."""
+        ...
+
+    @property
+    def matrix_free_settings(self) -> tuple[str, ...]:
+        """The accounting settings it runs without its dense C (:data:`MATRIX_FREE_SETTINGS`, plus
+        what its kind's structure gives: the binary tree's own bounds need only n and sigma); the
+        others run where :meth:`accounting_matrix` gives C. ``services.account`` asks this, not
+        the kind's name."""
         ...
 
     def schema_sensitivity(self, schema: Participation) -> Sensitivity:
@@ -901,6 +918,8 @@ class MatrixAccounting:
 
     #: C is always at hand.
     no_matrix_reason: str | None = None
+    #: What would run without C (every setting runs here: C is at hand).
+    matrix_free_settings: tuple[str, ...] = MATRIX_FREE_SETTINGS
 
     def matrix_refusal(self, what: str) -> str:  # pragma: no cover - C is always at hand
         return f"{what} needs the dense strategy C"

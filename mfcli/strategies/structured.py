@@ -34,7 +34,7 @@ import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import Participation, Sensitivity, SingleParticipation
-from mfcli.strategies.operators import BufferRecursion, IirRecursion, WorkloadLoss
+from mfcli.strategies.operators import MATRIX_FREE_SETTINGS, BufferRecursion, IirRecursion, WorkloadLoss
 from mfcli.strategies.toeplitz import (
     MAX_BANDS,
     BandedToeplitz,
@@ -274,6 +274,11 @@ class DenseUpToLimit(ABC):
 
     size: int
     matrix_name = "the dense strategy C, which is materialised from a structured artifact"
+
+    @property
+    def matrix_free_settings(self) -> tuple[str, ...]:
+        """The settings run without C above the limit (a kind adds those its structure gives)."""
+        return MATRIX_FREE_SETTINGS
 
     @abstractmethod
     def dense_strategy(self) -> np.ndarray:

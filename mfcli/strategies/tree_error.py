@@ -68,7 +68,7 @@ def tree_rows(n: int) -> int:
     return sum(-(-n // (1 << lvl)) for lvl in range(tree_height(n) + 1))
 
 
-def _pole(workload: ToeplitzWorkload) -> float:
+def pole(workload: ToeplitzWorkload) -> float:
     """beta with A S^-1 = 1 / (1 - beta z), checked against the workload's filter."""
     beta = 0.0 if workload.name == "prefix" else float(workload.beta)
     # Trailing zero coefficients do not change a filter (momentum with beta = 0 is the prefix sum,
@@ -86,7 +86,7 @@ def tree_row_norms(workload: ToeplitzWorkload, n: int) -> np.ndarray:
     import scipy.signal
 
     k_levels = tree_height(n)
-    beta = _pole(workload)
+    beta = pole(workload)
     t1 = np.arange(1, n + 1, dtype=np.int64)  # t + 1
     active: np.ndarray = np.zeros(n)
     ending: np.ndarray = np.zeros(n)
@@ -159,23 +159,30 @@ def honaker_row_norms(n: int, *, online: bool) -> np.ndarray:
     return mu * mu * a[-1][0] + acc
 
 
-def tree_fixed_epoch_sensitivity(n: int, epochs: int) -> tuple[int, int]:
+def tree_fixed_epoch_sensitivity(n: int, epochs: int, *, period: int | None = None) -> tuple[int, int]:
     """(sens^2, j): the tree encoder's squared sensitivity under ``epochs`` epochs of b = n / epochs
     steps, exactly (an integer), and the first pattern P_j = {j, j + b, ...} attaining it.
+    ``period``: the tree restarted every ``period`` steps (C = blockdiag of the encoder on
+    ``period`` leaves, n / period blocks); None: one tree on n leaves.
 
     C has 0/1 entries, so C^T C >= 0 and all-plus gradient rows on a pattern give its largest value
     (mfcli.model.participation, fact 3): ||C 1_P||^2 = sum over nodes of |node cap P|^2. At level l
-    the node of column p is p >> l, and a pattern's columns are increasing, so its nodes at that
-    level come in runs; a run of r columns adds r^2 = sum_{i<r} (2i + 1). O(n log n) integers."""
-    levels = tree_height(n)  # checks n >= 2
+    the node of column p is p >> l (restarted: the block p // period, then (p mod period) >> l),
+    and a pattern's columns are increasing, so its nodes at that level come in runs; a run of r
+    columns adds r^2 = sum_{i<r} (2i + 1). O(n log n) integers."""
+    leaves = n if period is None else period
+    levels = tree_height(leaves)  # checks n >= 2
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1 or n % epochs:
         raise MfcliError(f"the number of steps n = {n} is not divisible by epochs = {epochs}")
+    if n % leaves:
+        raise MfcliError(f"the number of steps n = {n} is not a whole number of trees of {leaves} leaves")
     b = n // epochs
     cols = np.arange(b, dtype=np.int64)[:, None] + b * np.arange(epochs, dtype=np.int64)[None, :]
+    block, within = cols // leaves, cols % leaves
     total = np.zeros(b, dtype=np.int64)
     pos = np.arange(epochs, dtype=np.int64)[None, :]
     for lvl in range(levels + 1):
-        ids = cols >> lvl
+        ids = block * leaves + (within >> lvl)  # node ids of distinct blocks never meet
         start = np.ones(ids.shape, dtype=bool)
         start[:, 1:] = ids[:, 1:] != ids[:, :-1]
         first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)  # where each column's run starts
@@ -184,5 +191,63 @@ def tree_fixed_epoch_sensitivity(n: int, epochs: int) -> tuple[int, int]:
     return int(total[j]), j
 
 
-__all__ = ["honaker_level_weights", "honaker_row_norms", "tree_fixed_epoch_sensitivity", "tree_height",
-           "tree_row_norms", "tree_rows", "tree_sensitivity"]
+def tree_gram_row_sum(n: int) -> int:
+    """max_i (C^T C 1)_i = max over columns i of sum_{nodes u containing i} |u| (|u| the columns of
+    u, the tree truncated to n), an integer. C^T C is symmetric with non-negative entries, so its
+    largest eigenvalue ||C||_2^2 is at most its largest row sum (every induced norm bounds the
+    spectral radius): sqrt of this is a certified upper bound on ||C||_2 without the matrix, equal
+    to it for n = 2^K (the row sums are all 2^(K+1) - 1, so 1 is the Perron vector). O(n log n)."""
+    levels = tree_height(n)
+    cols = np.arange(n, dtype=np.int64)
+    total = np.zeros(n, dtype=np.int64)
+    for lvl in range(levels + 1):
+        start = (cols >> lvl) << lvl
+        total += np.minimum(start + (1 << lvl), n) - start
+    return int(total.max())
+
+
+def tree_last_cross(n: int, beta: float) -> float:
+    """sum_{t < n} beta^(n-1-t) <B_S[t, :], B_S[n-1, :]> for the tree's prefix decoder B_S: the
+    inner product of row n - 1 of the momentum decoder (A S^-1 B_S, A S^-1 = 1 / (1 - beta z))
+    with row n - 1 of B_S. <B_S[t], B_S[n-1]> counts the nodes the two decompositions share: at
+    level l, bit l of n set and (t + 1) >> l == n >> l (module docstring: a node serves one run
+    of steps). O(n log n)."""
+    levels = tree_height(n)
+    t1 = np.arange(1, n + 1, dtype=np.int64)
+    shared = np.zeros(n)
+    for lvl in range(levels + 1):
+        if (n >> lvl) & 1:
+            shared += (t1 >> lvl) == (n >> lvl)
+    return float(np.sum(beta ** (n - t1).astype(np.float64) * shared))
+
+
+def restarted_row_norms(single: np.ndarray, last: float, cross: float, beta: float, epochs: int) -> np.ndarray:
+    """||B[t, :]||^2 of a tree (or a Honaker estimator) on s leaves restarted every s steps, for
+    ``epochs`` epochs (n = epochs s), on the workload A = P S with P = 1 / (1 - beta z) (prefix
+    sums: beta = 0). O(n).
+
+    With B_e the prefix decoder of one tree (s x m) and D = P_s B_e the same tree's decoder for the
+    workload, C = blockdiag(C_e) and B = A blockdiag(S_s^-1 B_e). Row t = E s + tau: the block of
+    its own epoch E is D[tau]; the block of an earlier epoch, j = t - (ep + 1) s >= 0 steps after
+    that epoch ended, is beta^(j+1) D[s-1] + g_j B_e[s-1] (g_j = sum_{k<=j} beta^k: S then holds
+    the epoch's whole total, which P keeps decaying). Blocks are orthogonal (disjoint nodes), so
+    ||B[t]||^2 = single[tau] + sum_{i<E} tail(tau + i s), tail(j) = beta^(2j+2) last_D
+    + 2 beta^(j+1) g_j cross + g_j^2 last, from the three numbers of one tree: ``single`` =
+    ||D[tau]||^2, ``last`` = ||B_e[s-1]||^2, ``cross`` = <D[s-1], B_e[s-1]> (last_D = single[-1])."""
+    single = np.asarray(single, dtype=np.float64)
+    s = single.size
+    out = np.tile(single, epochs)
+    if epochs > 1:
+        j1 = np.arange(1, (epochs - 1) * s + 1, dtype=np.float64)  # j + 1
+        if beta == 0.0:
+            tail = np.full(j1.size, float(last))
+        else:
+            p = beta ** j1
+            g = (1.0 - p) / (1.0 - beta)
+            tail = p * p * single[-1] + 2.0 * p * g * cross + g * g * last
+        out[s:] += np.cumsum(tail.reshape(epochs - 1, s), axis=0).ravel()
+    return out
+
+
+__all__ = ["honaker_level_weights", "honaker_row_norms", "pole", "restarted_row_norms", "tree_fixed_epoch_sensitivity",
+           "tree_gram_row_sum", "tree_height", "tree_last_cross", "tree_row_norms", "tree_rows", "tree_sensitivity"]

@@ -32,10 +32,6 @@ BLT_MAX_N = 10**8
 #: setups use the structured strategies, whose optimisers cost O(n b) per evaluation.
 PLAN_DENSE_SOLVE_MAX_N = 512
 
-#: Largest n for which ``mfcli plan`` builds the tree and Honaker rows: their error is one n x s
-#: product and the written artifact a dense decoder, O(n^2) floats: the dense limit.
-PLAN_TREE_DECODER_MAX_N = DENSE_MAX_N
-
 #: Largest n for which ``mfcli plan --out`` writes a dense artifact, for the candidates that have
 #: no structured form (the dense optimum, the tree, Honaker) and for DP-SGD's identity; a candidate
 #: with a structured form (BandMF, banded Toeplitz, BLT) is written structured at every n, so that
@@ -56,7 +52,6 @@ __all__ = [
     "PLAN_DENSE_ARTIFACT_MAX_N",
     "PLAN_DENSE_SOLVE_MAX_N",
     "PLAN_MAX_N",
-    "PLAN_TREE_DECODER_MAX_N",
     "STRUCTURED_DENSE_MAX_N",
     "STRUCTURED_MAX_N",
 ]
