@@ -750,39 +750,42 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     weights = np.asarray(weights)[order]
     probs = np.asarray(probs)[order]
     per_step = cut / max(1, weights.size)
-    pmf = np.array([1.0])
+    # the law lives in buf[:size], updated in place (the same products and sums as forming
+    # (1 - q) pmf and adding q pmf shifted by w in a fresh array: 0 + x is x): no new array per
+    # column, which with the tail cut below was most of the time of a row of ~100 columns
+    buf = np.zeros(int(np.sum(weights[probs > 0])) + 1)
+    buf[0] = 1.0
+    size = 1
     eta = 0.0
+    cumsum = np.cumsum
     for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
-        new = np.zeros(pmf.size + w)
-        new[:pmf.size] = (1 - q) * pmf
-        new[w:] += q * pmf
-        pmf = new
+        shifted = buf[:size] * q
+        buf[:size] *= 1 - q
+        top = size + w
+        buf[size:top] = 0.0
+        buf[w:top] += shifted
+        size = top
         # cut the upper tail with mass <= per_step
-        rc = _upper_cumsum(pmf, per_step, 2 * w + 32)
-        k = int(np.searchsorted(rc, per_step, side="right"))  # rc[:k] <= per_step
-        if k > 0 and k < pmf.size:
+        # the upper-tail masses from the top, only as far as needed: a cumulative sum is sequential,
+        # so a prefix is bit-identical to the prefix of the full one, and the cut reads only up to
+        # the first value above per_step
+        rev = buf[size - 1::-1]
+        m = min(size, 2 * w + 32)
+        rc = cumsum(rev[:m])
+        while m < size and rc[-1] <= per_step:
+            m = min(size, 4 * m)
+            rc = cumsum(rev[:m])
+        k = int(rc.searchsorted(per_step, side="right"))  # rc[:k] <= per_step
+        if 0 < k < size:
             eta += float(rc[k - 1])
-            pmf = pmf[:pmf.size - k]
+            size -= k
+    pmf = buf[:size]
     support = np.flatnonzero(pmf > 0)
     pr = pmf[support]
     pr = pr / pr.sum()
     return support, pr, eta
-
-
-def _upper_cumsum(pmf: np.ndarray, level: float, start: int) -> np.ndarray:
-    """The leading part of np.cumsum(pmf[::-1]) (the upper-tail masses from the top), long enough
-    to pass ``level`` (or all of it): a cumulative sum is sequential, so a prefix is bit-identical
-    to the prefix of the full one, and the tail cut only reads up to the first value above
-    ``level``. Saves a pass over the whole law at every convolution step."""
-    rev = pmf[::-1]
-    m = min(pmf.size, start)
-    while True:
-        rc = np.cumsum(rev[:m])
-        if m == pmf.size or rc[-1] > level:
-            return rc
-        m = min(pmf.size, 4 * m)
 
 
 def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple[np.ndarray, np.ndarray]:
