@@ -60,7 +60,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 from scipy import special, stats
 
-from mfcli.accounting import mmcc_lower, mog_pld
+from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import (
@@ -328,8 +328,9 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     g = np.zeros((n, n))
     nbins = resolution + 2
     keys: dict[bytes, int] = {}
-    counts_list: list[np.ndarray] = []
-    gidx_list: list[int] = []
+    distinct = 0
+    counts_list: list[np.ndarray] = []  # blocks of rows of the histogram, in problem order
+    gidx_list: list[np.ndarray] = []
     rows_out: list[np.ndarray] = []
     cols_out: list[np.ndarray] = []
     key_out: list[np.ndarray] = []
@@ -357,18 +358,22 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             # formed for the whole row at once
             raw = np.concatenate([gq[:, None].view(np.uint8), hist.astype(np.int32).view(np.uint8)], axis=1)
             row_keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel().tolist()
+            new: list[int] = []  # the row's pairs that open a new problem, in order
             for i, kb in enumerate(row_keys):
                 u = keys.get(kb)
                 if u is None:
-                    u = len(counts_list)
+                    u = distinct
                     if room is not None and u >= room:
                         check_memory(fixed + (u + 1) * per_distinct, max_memory, way_forward=way,
                                      what=f"collecting MMCC's tail events for this {m} x {n} strategy "
                                      f"({u} distinct tail problems by row {r} of {m})")
                     keys[kb] = u
-                    counts_list.append(hist[i].astype(np.int64))
-                    gidx_list.append(int(gq[i]))
+                    distinct += 1
+                    new.append(i)
                 kidx[i] = u
+            if new:  # their histograms and g indices, one block per row
+                counts_list.append(hist[new].astype(np.int64))
+                gidx_list.append(gq[new])
             rows_out.append(np.full(pj.size, r, dtype=np.int64))
             cols_out.append(pj)
             key_out.append(kidx)
@@ -379,7 +384,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     tick.finish()
     if counts_list:
         counts = np.vstack(counts_list)
-        gidx = np.asarray(gidx_list, dtype=np.int64)
+        gidx = np.concatenate(gidx_list).astype(np.int64)
         rows_a, cols_a, key_a = np.concatenate(rows_out), np.concatenate(cols_out), np.concatenate(key_out)
     else:
         counts = np.zeros((0, nbins), dtype=np.int64)
@@ -1016,7 +1021,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
     for g in groups:
         pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)
         if g.count > 1:
-            pld = pld.self_compose(int(g.count))
+            pld = pld_ops.self_compose(pld, int(g.count))
         plds.append(pld)
     # balanced pairwise composition: each level's FFTs add up to the total length once
     while len(plds) > 1:
@@ -1152,7 +1157,7 @@ def mmcc(
         d_used = d if engine == "dp-accounting" else choose_discretization(
             groups, sigma=sig, resolution=mixture_resolution, requested=d, budget=pld_work_budget)
         pld = _compose(groups, sigma=sig, resolution=mixture_resolution, d=d_used, engine=engine)
-        eps = float(pld.get_epsilon_for_delta(delta_pld))
+        eps = float(pld_ops.epsilon_for_delta(pld, delta_pld))
         tried[f_eff] = eps
         if best is None or eps < best[0]:
             best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used)

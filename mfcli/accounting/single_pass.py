@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import event_to_json as event_json
 from mfcli.accounting.events import poisson_gaussian_event
@@ -318,8 +319,8 @@ def _poisson_gaussian_epsilon(sigma: float, sampling: float, steps: int, delta: 
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
     pld = _poisson_gaussian_pld(sigma, sampling, d)
-    total = pld_lib.identity(value_discretization_interval=d).compose(pld.self_compose(steps))
-    return float(total.get_epsilon_for_delta(delta))
+    total = pld_lib.identity(value_discretization_interval=d).compose(pld_ops.self_compose(pld, steps))
+    return float(pld_ops.epsilon_for_delta(total, delta))
 
 
 def _poisson_gaussian_pld(sigma: float, sampling: float, d: float) -> Any:
