@@ -762,7 +762,6 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     buf[0] = 1.0
     size = 1
     eta = 0.0
-    cumsum = np.cumsum
     for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
@@ -777,11 +776,11 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
         # so a prefix is bit-identical to the prefix of the full one, and the cut reads only up to
         # the first value above per_step
         rev = buf[size - 1::-1]
-        m = min(size, 2 * w + 32)
-        rc = cumsum(rev[:m])
+        m = 2 * w + 32
+        rc = rev[:m].cumsum()  # (a slice past the end is the whole law)
         while m < size and rc[-1] <= per_step:
-            m = min(size, 4 * m)
-            rc = cumsum(rev[:m])
+            m *= 4
+            rc = rev[:m].cumsum()
         k = int(rc.searchsorted(per_step, side="right"))  # rc[:k] <= per_step
         if 0 < k < size:
             eta += float(rc[k - 1])
