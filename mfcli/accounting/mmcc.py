@@ -528,11 +528,13 @@ def _fft_factors(nk: int, p: float, length: int) -> tuple[np.ndarray, np.ndarray
 _F_ZERO_Z = 40.0
 
 
-def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
-    """-z of :func:`_tail_T` (rows: problems, columns: x = 0..n-1), i.e. -y / tau(y). Formed as
+def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
+            start: int = 0) -> np.ndarray:
+    """-z of :func:`_tail_T` (rows: problems, columns: x = start..n-1), i.e. -y / tau(y). Formed as
     x h - (eps sigma^2 + g_lo/2) and scaled: the exact negatives of the values z would have
-    (IEEE rounding is symmetric), without a pass to negate them."""
-    x = np.arange(n) * h
+    (IEEE rounding is symmetric), without a pass to negate them. Every entry is computed on its
+    own, so the columns from ``start`` on equal those of the full array bit for bit."""
+    x = np.arange(start, n) * h
     nz = x[None, :] - (eps * sigma * sigma + g_lo / 2)[:, None]  # -y
     neg = nz > 0  # y < 0
     nz *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
@@ -580,7 +582,7 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     """
     b, n = pmf.shape
     out = np.empty(b, dtype=bool)
-    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)[:, -1] if n else np.full(b, -np.inf)
+    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi, start=n - 1)[:, 0] if n else np.full(b, -np.inf)
     zero = last <= -_F_ZERO_Z
     out[zero] = extra[zero] * slack <= delta[zero]
     first = np.zeros(b)
