@@ -22,7 +22,10 @@ only dp-accounting) in the same run; with ``--before``, the same command from an
 (e.g. the main one before the speed work), runs alternating so that all see the same load, and the
 outputs (table and ``--json``, once each, JSON with the ``seconds`` fields dropped) compared with
 this tree's: the numbers must be identical. The BLAS threads of the children are reported (read
-with threadpoolctl in a child with the same environment).
+with threadpoolctl in a child with the same environment). ``--phases`` adds, first, the CPU seconds
+of each phase (imports, the DP-SGD rows, MMCC's steps, the reduction's eigenvalue certificate),
+timed inside the command by wrapping the library functions it calls, median of ``--repeats`` per
+tree, alternating.
 """
 from __future__ import annotations
 
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--headline", action="store_true", help="time the README's headline command only")
     ap.add_argument("--before", type=Path, default=None, help="with --headline: another checkout to compare with")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --headline: also the CPU seconds of each phase, timed inside the command")
     args = ap.parse_args(argv)
     if args.headline:
         return headline(args)
@@ -198,12 +203,84 @@ BLAS_CHILD = (
 )
 
 
+#: The headline run in a child that times its phases (CPU seconds, ``time.process_time``) by wrapping
+#: the library functions the service calls; prints one JSON object {phase: seconds} on stderr. A
+#: function the tree lacks is skipped (the other checkout may predate it).
+PHASES_CHILD = r"""
+import collections, functools, json, sys, time
+t0 = time.process_time()
+from mfcli.cli.app import app
+import dp_accounting
+import mfcli.services.account as sa
+imports = time.process_time() - t0
+from mfcli.accounting import mmcc, reduction
+acc = collections.defaultdict(float)
+def wrap(mod, name, label):
+    f = getattr(mod, name, None)
+    if f is None:
+        return
+    @functools.wraps(f)
+    def w(*a, **k):
+        t = time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] += time.process_time() - t
+    setattr(mod, name, w)
+wrap(mmcc, "collect_tail_pairs", "MMCC: tail events collected")
+wrap(mmcc, "tail_epsilons", "MMCC: tail epsilons")
+wrap(mmcc, "build_row_groups", "MMCC: row mixtures")
+wrap(mmcc, "choose_discretization", "MMCC: PLD grid choice")
+wrap(mmcc, "_compose", "MMCC: row PLDs built and composed")
+wrap(sa, "lower_bound", "MMCC: lower bound")
+wrap(sa, "dpsgd", "DP-SGD reference row")
+wrap(reduction, "_certified_eig_bound", "reduction: eigenvalue certificate (BLAS as configured)")
+wrap(sa, "reduction", "reduction row, all of it")
+wrap(sa, "account", "services.account, all of it")
+try:
+    app(["account", "--sigma", "4", "--sampling", "0.01", "-q"])
+except SystemExit:
+    pass
+acc["imports (CLI, services, dp-accounting)"] = imports
+acc["whole process"] = time.process_time() - t0
+print(json.dumps(acc), file=sys.stderr)
+"""
+
+
+def phases(trees: list[tuple[str, Path]], repeats: int) -> None:
+    """Median CPU seconds per phase of the headline in each tree (runs alternating)."""
+    runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+    for _ in range(repeats):
+        for label, tree in trees:
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            err = subprocess.run([sys.executable, "-c", PHASES_CHILD], env=env, cwd=tree, capture_output=True,
+                                 text=True, check=True).stderr
+            runs[label].append(json.loads(err.strip().splitlines()[-1]))
+    keys: list[str] = []
+    for label, _ in trees:
+        for r in runs[label]:
+            keys += [k for k in r if k not in keys]
+    print(f"CPU seconds per phase (time.process_time inside the command), median of {repeats} runs, "
+          f"alternating; load average after: {os.getloadavg()[0]:.1f}")
+    print()
+    print("| phase | " + " | ".join(label for label, _ in trees) + " | runs (" +
+          "; ".join(label for label, _ in trees) + ") |")
+    print("|---|" + "---|" * len(trees) + "---|")
+    for k in keys:
+        cells = [statistics.median([r.get(k, 0.0) for r in runs[label]]) for label, _ in trees]
+        alls = "; ".join(", ".join(f"{r.get(k, 0.0):.2f}" for r in runs[label]) for label, _ in trees)
+        print(f"| {k} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {alls} |")
+    print()
+
+
 def headline(args: argparse.Namespace) -> int:
     here = Path(__file__).resolve().parent.parent
     trees = [("this tree", here)] + ([("before", args.before.resolve())] if args.before else [])
     print(header())
     print(f"BLAS threads of the children: {_run_child(['-c', BLAS_CHILD], here)[2].strip()}")
     print()
+    if args.phases:
+        phases(trees, args.repeats)
     cpu: dict[str, list[float]] = {label: [] for label, _ in [*trees, ("dp-accounting", here)]}
     wall: dict[str, list[float]] = {label: [] for label in cpu}
     dp_eps = ""

@@ -357,3 +357,20 @@ def test_tail_bracket_decisions_equal_the_full_evaluation(seed: int) -> None:
             got = M._tail_T_meets(pmf, extra, M.FFT_ERROR_L2, eps, delta, slack, sigma=sigma, h=h,
                                          g_lo=g_lo, g_hi=g_hi)
             np.testing.assert_array_equal(got, t * slack <= delta)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tail_z_from_a_start_column_equals_the_full_array(seed: int) -> None:
+    """``_tail_z(..., start=k)`` (the bracket's certificate needs the last column only) gives the
+    full array's columns k.. bit for bit, y < 0 (the rescaled entries) included."""
+    rng = np.random.default_rng(seed)
+    b, n, sigma, h = 50, 40, float(rng.uniform(0.5, 4)), 0.05
+    eps = rng.uniform(0, 0.5, b)
+    g_hi = rng.uniform(0.05, 1.0, b)
+    g_lo = np.maximum(g_hi - M.G_QUANTUM, 0.0)
+    g_lo[:3] = 0.0  # tau's ratio infinite for y < 0
+    full = M._tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    assert (full > 0).any() and (full < 0).any()
+    for start in (0, 1, n // 2, n - 1):
+        part = M._tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi, start=start)
+        assert part.tobytes() == np.ascontiguousarray(full[:, start:]).tobytes()

@@ -163,3 +163,26 @@ def test_gaussian_delta_vectorised() -> None:
     e = np.array([0.0, 0.5, 1.0])
     d = gaussian_delta(e, 1.0)
     assert d.shape == (3,) and np.all(np.diff(d) < 0)
+
+
+@pytest.mark.parametrize(("sigma", "p", "d"), [(c[0], c[1], c[4]) for c in DPSGD_CASES] + [(50.0, 0.3, 1e-2)])
+def test_poisson_gaussian_pld_is_dp_accountings_bit_for_bit(sigma: float, p: float, d: float) -> None:
+    """The PLD of one Poisson-sampled Gaussian (built as an array where dp-accounting's is dense,
+    by dp-accounting where it is sparse) equals dp-accounting's ``from_gaussian_mechanism``, as its
+    accountant builds it: same PMF type, grid, probabilities and infinity mass, both directions."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    from mfcli.accounting.single_pass import _poisson_gaussian_pld
+
+    ours = _poisson_gaussian_pld(sigma, p, d)
+    theirs = pld_lib.from_gaussian_mechanism(standard_deviation=sigma, value_discretization_interval=d,
+                                             sampling_prob=p)
+    assert ours._symmetric == theirs._symmetric
+    for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+        assert type(a) is type(b)
+        assert a._infinity_mass == b._infinity_mass
+        if hasattr(b, "_probs"):
+            assert a._lower_loss == b._lower_loss
+            assert a._probs.tobytes() == b._probs.tobytes()
+        else:
+            assert a._loss_probs == b._loss_probs

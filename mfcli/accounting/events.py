@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,8 +11,12 @@ from mfcli.errors import MfcliError
 
 
 def _to_plain(obj: Any) -> Any:
-    if hasattr(obj, "to_named_tuple") and hasattr(obj, "__attrs_attrs__"):
-        obj = obj.to_named_tuple()
+    fields = getattr(type(obj), "__attrs_attrs__", None)
+    if fields is not None and hasattr(obj, "to_named_tuple"):
+        # what ``to_named_tuple`` gives, less its module_name, read from the attrs fields directly:
+        # to_named_tuple builds a NamedTuple class per event and walks every element of every list
+        # (a mixture's sensitivities), about 0.3 s for the headline MMCC event of 256 rows
+        return {"class_name": type(obj).__name__, **{f.name: _plain_field(getattr(obj, f.name)) for f in fields}}
     if hasattr(obj, "_asdict"):
         d = obj._asdict()
         d.pop("module_name", None)
@@ -25,6 +30,14 @@ def _to_plain(obj: Any) -> Any:
     if isinstance(obj, (np.floating, np.integer)):
         return obj.item()
     return obj
+
+
+def _plain_field(value: Any) -> Any:
+    """One field of an event, as :func:`_to_plain` of its ``to_named_tuple`` form: a mapping
+    field keeps that form (its values as named tuples), the rest is :func:`_to_plain` itself."""
+    if isinstance(value, Mapping):
+        return {k: v.to_named_tuple() if hasattr(type(v), "__attrs_attrs__") else v for k, v in value.items()}
+    return _to_plain(value)
 
 
 def event_to_json(event: Any) -> str:

@@ -60,7 +60,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 from scipy import special, stats
 
-from mfcli.accounting import mmcc_lower, mog_pld
+from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import event_to_json
 from mfcli.accounting.single_pass import (
@@ -328,8 +328,9 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     g = np.zeros((n, n))
     nbins = resolution + 2
     keys: dict[bytes, int] = {}
-    counts_list: list[np.ndarray] = []
-    gidx_list: list[int] = []
+    distinct = 0
+    counts_list: list[np.ndarray] = []  # blocks of rows of the histogram, in problem order
+    gidx_list: list[np.ndarray] = []
     rows_out: list[np.ndarray] = []
     cols_out: list[np.ndarray] = []
     key_out: list[np.ndarray] = []
@@ -357,18 +358,22 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             # formed for the whole row at once
             raw = np.concatenate([gq[:, None].view(np.uint8), hist.astype(np.int32).view(np.uint8)], axis=1)
             row_keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel().tolist()
+            new: list[int] = []  # the row's pairs that open a new problem, in order
             for i, kb in enumerate(row_keys):
                 u = keys.get(kb)
                 if u is None:
-                    u = len(counts_list)
+                    u = distinct
                     if room is not None and u >= room:
                         check_memory(fixed + (u + 1) * per_distinct, max_memory, way_forward=way,
                                      what=f"collecting MMCC's tail events for this {m} x {n} strategy "
                                      f"({u} distinct tail problems by row {r} of {m})")
                     keys[kb] = u
-                    counts_list.append(hist[i].astype(np.int64))
-                    gidx_list.append(int(gq[i]))
+                    distinct += 1
+                    new.append(i)
                 kidx[i] = u
+            if new:  # their histograms and g indices, one block per row
+                counts_list.append(hist[new].astype(np.int64))
+                gidx_list.append(gq[new])
             rows_out.append(np.full(pj.size, r, dtype=np.int64))
             cols_out.append(pj)
             key_out.append(kidx)
@@ -379,7 +384,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     tick.finish()
     if counts_list:
         counts = np.vstack(counts_list)
-        gidx = np.asarray(gidx_list, dtype=np.int64)
+        gidx = np.concatenate(gidx_list).astype(np.int64)
         rows_a, cols_a, key_a = np.concatenate(rows_out), np.concatenate(cols_out), np.concatenate(key_out)
     else:
         counts = np.zeros((0, nbins), dtype=np.int64)
@@ -523,11 +528,13 @@ def _fft_factors(nk: int, p: float, length: int) -> tuple[np.ndarray, np.ndarray
 _F_ZERO_Z = 40.0
 
 
-def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
-    """-z of :func:`_tail_T` (rows: problems, columns: x = 0..n-1), i.e. -y / tau(y). Formed as
+def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
+            start: int = 0) -> np.ndarray:
+    """-z of :func:`_tail_T` (rows: problems, columns: x = start..n-1), i.e. -y / tau(y). Formed as
     x h - (eps sigma^2 + g_lo/2) and scaled: the exact negatives of the values z would have
-    (IEEE rounding is symmetric), without a pass to negate them."""
-    x = np.arange(n) * h
+    (IEEE rounding is symmetric), without a pass to negate them. Every entry is computed on its
+    own, so the columns from ``start`` on equal those of the full array bit for bit."""
+    x = np.arange(start, n) * h
     nz = x[None, :] - (eps * sigma * sigma + g_lo / 2)[:, None]  # -y
     neg = nz > 0  # y < 0
     nz *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
@@ -575,7 +582,7 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     """
     b, n = pmf.shape
     out = np.empty(b, dtype=bool)
-    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)[:, -1] if n else np.full(b, -np.inf)
+    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi, start=n - 1)[:, 0] if n else np.full(b, -np.inf)
     zero = last <= -_F_ZERO_Z
     out[zero] = extra[zero] * slack <= delta[zero]
     first = np.zeros(b)
@@ -750,39 +757,41 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     weights = np.asarray(weights)[order]
     probs = np.asarray(probs)[order]
     per_step = cut / max(1, weights.size)
-    pmf = np.array([1.0])
+    # the law lives in buf[:size], updated in place (the same products and sums as forming
+    # (1 - q) pmf and adding q pmf shifted by w in a fresh array: 0 + x is x): no new array per
+    # column, which with the tail cut below was most of the time of a row of ~100 columns
+    buf = np.zeros(int(np.sum(weights[probs > 0])) + 1)
+    buf[0] = 1.0
+    size = 1
     eta = 0.0
     for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
-        new = np.zeros(pmf.size + w)
-        new[:pmf.size] = (1 - q) * pmf
-        new[w:] += q * pmf
-        pmf = new
+        shifted = buf[:size] * q
+        buf[:size] *= 1 - q
+        top = size + w
+        buf[size:top] = 0.0
+        buf[w:top] += shifted
+        size = top
         # cut the upper tail with mass <= per_step
-        rc = _upper_cumsum(pmf, per_step, 2 * w + 32)
-        k = int(np.searchsorted(rc, per_step, side="right"))  # rc[:k] <= per_step
-        if k > 0 and k < pmf.size:
+        # the upper-tail masses from the top, only as far as needed: a cumulative sum is sequential,
+        # so a prefix is bit-identical to the prefix of the full one, and the cut reads only up to
+        # the first value above per_step
+        rev = buf[size - 1::-1]
+        m = 2 * w + 32
+        rc = rev[:m].cumsum()  # (a slice past the end is the whole law)
+        while m < size and rc[-1] <= per_step:
+            m *= 4
+            rc = rev[:m].cumsum()
+        k = int(rc.searchsorted(per_step, side="right"))  # rc[:k] <= per_step
+        if 0 < k < size:
             eta += float(rc[k - 1])
-            pmf = pmf[:pmf.size - k]
+            size -= k
+    pmf = buf[:size]
     support = np.flatnonzero(pmf > 0)
     pr = pmf[support]
     pr = pr / pr.sum()
     return support, pr, eta
-
-
-def _upper_cumsum(pmf: np.ndarray, level: float, start: int) -> np.ndarray:
-    """The leading part of np.cumsum(pmf[::-1]) (the upper-tail masses from the top), long enough
-    to pass ``level`` (or all of it): a cumulative sum is sequential, so a prefix is bit-identical
-    to the prefix of the full one, and the tail cut only reads up to the first value above
-    ``level``. Saves a pass over the whole law at every convolution step."""
-    rev = pmf[::-1]
-    m = min(pmf.size, start)
-    while True:
-        rc = np.cumsum(rev[:m])
-        if m == pmf.size or rc[-1] > level:
-            return rc
-        m = min(pmf.size, 4 * m)
 
 
 def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1013,7 +1022,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
     for g in groups:
         pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)
         if g.count > 1:
-            pld = pld.self_compose(int(g.count))
+            pld = pld_ops.self_compose(pld, int(g.count))
         plds.append(pld)
     # balanced pairwise composition: each level's FFTs add up to the total length once
     while len(plds) > 1:
@@ -1149,7 +1158,7 @@ def mmcc(
         d_used = d if engine == "dp-accounting" else choose_discretization(
             groups, sigma=sig, resolution=mixture_resolution, requested=d, budget=pld_work_budget)
         pld = _compose(groups, sigma=sig, resolution=mixture_resolution, d=d_used, engine=engine)
-        eps = float(pld.get_epsilon_for_delta(delta_pld))
+        eps = float(pld_ops.epsilon_for_delta(pld, delta_pld))
         tried[f_eff] = eps
         if best is None or eps < best[0]:
             best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma
@@ -303,10 +304,10 @@ def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[
         # pessimistic), its inverse privacy loss on arrays (the fast path of single_pass.dpsgd)
         total = None
         for m, k in groups:
-            g = _poisson_gaussian_pld(float(m), sampling, value_discretization).self_compose(int(k))
+            g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
             total = g if total is None else total.compose(g)
         if total is not None:
-            return float(total.get_epsilon_for_delta(delta))
+            return float(pld_ops.epsilon_for_delta(total, delta))
     except _NoFastPath:
         pass
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
