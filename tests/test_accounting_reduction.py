@@ -423,3 +423,21 @@ def test_quantise_down_never_raises_a_multiplier(values: list[float], levels: in
     assert np.all(q <= d) and np.all(q > 0)
     assert q.min() == d.min()
     assert len(np.unique(q)) <= max(levels, 1)
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_spectral_bound_does_not_depend_on_the_blas_threads(n: int) -> None:
+    """Up to ONE_THREAD_MAX_N the certificate runs on one BLAS thread whatever the caller allows, so
+    the bound (and every epsilon built on it) is the same number on any machine; still above the SVD."""
+    from threadpoolctl import threadpool_limits
+
+    from mfcli.accounting.reduction import ONE_THREAD_MAX_N
+
+    assert n <= ONE_THREAD_MAX_N
+    c = np.tril(np.random.default_rng(n).standard_normal((n, n)))
+    bounds = []
+    for limit in (1, 2):
+        with threadpool_limits(limits=limit, user_api="blas"):
+            bounds.append(spectral_norm_bound(c).upper)
+    assert bounds[0] == bounds[1]
+    assert bounds[0] >= np.linalg.svd(c, compute_uv=False)[0]

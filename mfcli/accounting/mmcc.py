@@ -49,11 +49,10 @@ sanity bound (a Gaussian with sensitivity ||C 1||_2).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -73,6 +72,7 @@ from mfcli.accounting.single_pass import (
     gaussian_epsilon,
 )
 from mfcli.errors import MfcliError
+from mfcli.util.blas import blas_threads
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.rows import fields_of
@@ -99,29 +99,16 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-@contextlib.contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    """BLAS limited to one thread (threadpoolctl) while MMCC runs: its matrix products are small
-    (about 10^3 x 20 by 20 x 10^2, and matrix-vector products inside the PLD builder), where a
-    second thread adds CPU time (it spins, and stalls under load: the headline account took 17 s
-    of CPU with two threads and 12 s with one, on 2 cores under load ~8) and saves little wall
-    time. Each product's entries are summed in the same order either way: the numbers are those
-    of the default."""
-    try:
-        from threadpoolctl import threadpool_limits
-
-        ctx: Any = threadpool_limits(limits=1, user_api="blas")
-    except Exception:  # threadpoolctl unable to act: run as is
-        ctx = contextlib.nullcontext()
-    with ctx:
-        yield
-
-
 def _single_blas_thread(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Run ``fn`` inside :func:`_one_blas_thread`."""
+    """Run ``fn`` with BLAS limited to one thread (:func:`mfcli.util.blas.blas_threads`): MMCC's matrix
+    products are small (about 10^3 x 20 by 20 x 10^2, and matrix-vector products inside the PLD
+    builder), where a second thread adds CPU time (it spins, and stalls under load: the headline
+    account took 17 s of CPU with two threads and 12 s with one, on 2 cores under load ~8) and
+    saves little wall time. Each product's entries are summed in the same order either way: the
+    numbers are those of the default."""
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with _one_blas_thread():
+        with blas_threads(1):
             return fn(*args, **kwargs)
     return wrapper
 

@@ -38,9 +38,12 @@ from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma
 from mfcli.errors import MfcliError
+from mfcli.util.blas import blas_threads
 
 #: Unit roundoff of IEEE double precision.
 UNIT_ROUNDOFF = 2.0**-53
+#: Largest dimension for which the eigenvalue certificate runs on one BLAS thread.
+ONE_THREAD_MAX_N = 1024
 #: Largest dimension for which the eigenvalue certificate runs (cost: one eigh and four n x n products).
 CERTIFICATE_MAX_N = 2048
 #: Grid points per unit of bandwidth (at least 2^16 in all) when bounding a Toeplitz symbol's
@@ -212,7 +215,11 @@ def spectral_norm_bound(c: np.ndarray, *, certificate_max_n: int = CERTIFICATE_M
     # a smooth symbol: 1.4e-6 relative for the 4-banded n = 2048): the eigenvalue certificate, an
     # n x n eigen-decomposition (14 s at n = 2048 on one core), is skipped above TOEPLITZ_CERTIFY_N.
     if min(c.shape) <= certificate_max_n and (tz is None or c.shape[0] <= TOEPLITZ_CERTIFY_N):
-        upper, estimate = _certified_eig_bound(c)
+        # one BLAS thread up to ONE_THREAD_MAX_N: the certificate's eigh and products are small there,
+        # a second thread only spins (up to seconds of CPU under load), and the bound's last bits then
+        # do not depend on the machine's thread count (it is certified either way)
+        with blas_threads(1 if min(c.shape) <= ONE_THREAD_MAX_N else None):
+            upper, estimate = _certified_eig_bound(c)
         if math.isfinite(upper):
             cands["eigenvalue certificate (Gershgorin on Q^T C^T C Q, Ostrowski)"] = upper
     method = min(cands, key=lambda k: cands[k])

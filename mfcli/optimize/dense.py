@@ -63,8 +63,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -73,6 +72,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.model.factorization import Factorization, total_loss
+from mfcli.util.blas import blas_threads
 
 # scipy.linalg is imported inside the functions that use it, not here: `mfcli optimize --help`
 # and `mfcli compare --help` import this module for option defaults and need no scipy.
@@ -96,25 +96,6 @@ COARSE_MAX_ITER = 40
 # eigh at n = 2048 took 20 s with 2 threads and 3.5 s with 1, Cholesky 8.7 s vs 0.44 s, and a
 # whole n = 256 solve 15 s vs 0.16 s; GEMM/SYRK at n = 2048 were unaffected (0.60 s vs 0.67 s).
 # On an idle machine 2 threads are faster (eigh 1.0 s vs 1.45 s). Hence ``threads="auto"``.
-
-
-@contextmanager
-def blas_threads(limit: int | None) -> Iterator[None]:
-    """Limit the BLAS thread pools (threadpoolctl) for the duration of a solve."""
-    if limit is None:
-        yield
-        return
-    try:
-        # threadpoolctl limits only the BLAS libraries already loaded; scipy (its own OpenBLAS in
-        # the wheels) is otherwise first imported inside the solve and would run unlimited.
-        import scipy.linalg  # noqa: F401
-        from threadpoolctl import threadpool_limits
-
-        ctx = threadpool_limits(limits=limit, user_api="blas")
-    except Exception:  # threadpoolctl missing or unable to act: run as is
-        ctx = nullcontext()
-    with ctx:
-        yield
 
 
 def auto_threads() -> int | None:
