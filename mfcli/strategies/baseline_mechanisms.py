@@ -117,6 +117,10 @@ class ToeplitzBaseline:
         n = check_n(n)
         return _impulse(n) if self.kind == "identity" else sqrt_coefficients(n)
 
+    def is_identity(self, n: int) -> bool:
+        """C (n x n) == I: its first column is the unit impulse (identity at any n; sqrt at n = 1)."""
+        return bool(np.array_equal(self.strategy_coefs(n), _impulse(n)))
+
     def noising_coefs(self, n: int) -> np.ndarray:
         """First column of C^-1: 1 (identity); (1 - z)^(1/2), d_k = d_{k-1} (2k - 3) / (2k) (sqrt)."""
         n = check_n(n)
@@ -242,6 +246,9 @@ class TreeMechanism(DenseUpToLimit):
     def is_tree(self) -> bool:
         """C is the tree encoder on n leaves (not when restarted: blocks of a smaller tree)."""
         return self.epochs == 1
+
+    #: The tree has s >= 2 leaves: C has more rows than columns, never I.
+    is_identity = False
 
     @property
     def matrix_free_settings(self) -> tuple[str, ...]:

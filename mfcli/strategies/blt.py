@@ -415,6 +415,13 @@ class BufferedToeplitz:
                     c[1:] += om * np.power(th, powers)
         return c
 
+    def is_identity(self, n: int) -> bool:
+        """C (n x n) == I: n = 1, or every scale omega is 0 (then every c_t, t >= 1, is 0 in any
+        arithmetic). With distinct decays the converse holds for n > d (the c_t, 1 <= t <= d,
+        form a non-singular Vandermonde system in omega); for n <= d a C that is I with some
+        omega != 0 is answered False, the safe side (DP-SGD's accounting is then not claimed)."""
+        return _check_n(n) == 1 or not np.any(self.omega)
+
     def noising_coefs(self, n: int) -> np.ndarray:
         """First column of C^-1 (the noising matrix), length n, in O(n d): d_0 = 1,
         d_t = sum_k omega'_k lambda_k^(t-1) with the inverse BLT's parameters (complex conjugate

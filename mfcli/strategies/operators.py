@@ -796,6 +796,12 @@ class Mechanism(Protocol):
         ...
 
     @property
+    def is_identity(self) -> bool:
+        """C is exactly the identity, entry by entry (then the mechanism is DP-SGD and DP-SGD's
+        accounting holds for it); False where the kind cannot tell exactly (the safe side)."""
+        ...
+
+    @property
     def matrix_free_settings(self) -> tuple[str, ...]:
         """The accounting settings it runs without its dense C (:data:`MATRIX_FREE_SETTINGS`, plus
         what its kind's structure gives: the binary tree's own bounds need only n and sigma); the
@@ -907,6 +913,12 @@ class MatrixAccounting:
     def is_tree(self) -> bool:
         """C is (a multiple of) the binary-tree encoder: the tree's own settings apply."""
         return tree_release(np.asarray(self.strategy, dtype=np.float64)) is not None
+
+    @property
+    def is_identity(self) -> bool:
+        """C == I entry by entry (a square C only)."""
+        c = np.asarray(self.strategy)
+        return c.ndim == 2 and c.shape[0] == c.shape[1] and bool(np.array_equal(c, np.eye(c.shape[0])))
 
     def check_causal(self, what: str) -> None:
         from mfcli.accounting.mmcc import check_causal

@@ -348,6 +348,11 @@ class StructuredOperator(DenseUpToLimit):
 
     #: A Toeplitz C is square: never the binary tree.
     is_tree = False
+
+    @property
+    def is_identity(self) -> bool:
+        """C == I exactly, as its kind answers from its parameters (``is_identity(n)``)."""
+        return bool(self.strategy.is_identity(self.size))
     #: C and B = A C^-1 are lower-triangular Toeplitz.
     causal = True
 

@@ -494,6 +494,11 @@ class BandedToeplitz:
         """First column of C^-1, length n."""
         return inverse_coefs(self.coefs, n)
 
+    def is_identity(self, n: int) -> bool:
+        """C (n x n) == I exactly: c_0 = 1 and every later coefficient within n is 0."""
+        c = self.coefs[: check_n(n)]
+        return float(c[0]) == 1.0 and not np.any(c[1:])
+
     def decoder_coefs(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
         """First column of B = A C^-1, length n."""
         return decoder_coefs(self.coefs, workload, n)
