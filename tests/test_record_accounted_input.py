@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mfcli.io.artifact import load_artifact, save_artifact, save_structured_artifact
-from mfcli.model.workloads import prefix_workload
+from mfcli.model.workloads import momentum_workload
 from mfcli.optimize.dense import optimal_factorization
 from mfcli.services.compress import compress_artifact
 from mfcli.strategies.blt import BufferedToeplitz
@@ -30,25 +30,28 @@ def _toeplitz(first_column: np.ndarray) -> np.ndarray:
     return np.array([[col[i - j] if i >= j else 0.0 for j in range(N)] for i in range(N)])
 
 
+def _optimum_file(path: Path) -> Path:
+    """The certified optimum for the momentum workload of N steps, as a dense artifact."""
+    w = momentum_workload(N, beta=0.5)
+    res = optimal_factorization(w.matrix, tol=1e-10)
+    save_artifact(path, res.factorization, workload_name=w.name, workload_params=w.params, strategy_name="optimal",
+                  solver=res.certificate(), dual_weights=res.dual_weights)
+    return path
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("accounted")
-    w = prefix_workload(N)
-    res = optimal_factorization(w.matrix, tol=1e-10)
-    dense = d / "dense.h5"
-    save_artifact(dense, res.factorization, workload_name=w.name, workload_params=w.params, strategy_name="optimal",
-                  solver=res.certificate(), dual_weights=res.dual_weights)
-    compressed = d / "compressed.h5"
-    compress_artifact(dense, band=3, rank=1, out=compressed)
-    banded, blt = d / "banded.h5", d / "blt.h5"
+    out = {"dense": _optimum_file(d / "dense.h5"), "compressed": d / "compressed.h5",
+           "banded": d / "banded.h5", "blt": d / "blt.h5"}
+    compress_artifact(out["dense"], band=2, rank=1, out=out["compressed"])
     bt = BandedToeplitz(np.array([1.0, 0.5, 0.25]))
-    save_structured_artifact(banded, bt, workload=TOEPLITZ_PREFIX, n=N)
+    save_structured_artifact(out["banded"], bt, workload=TOEPLITZ_PREFIX, n=N)
     bl = BufferedToeplitz(theta=np.array([0.9, 0.4]), omega=np.array([0.2, 0.1]))
-    save_structured_artifact(blt, bl, workload=TOEPLITZ_PREFIX, n=N)
+    save_structured_artifact(out["blt"], bl, workload=TOEPLITZ_PREFIX, n=N)
     t = np.arange(1, N)
     blt_col = np.concatenate([[1.0], (bl.omega[None, :] * bl.theta[None, :] ** (t[:, None] - 1)).sum(axis=1)])
-    return {"dense": dense, "compressed": compressed, "banded": banded, "blt": blt,
-            "banded_c": _toeplitz(bt.coefs), "blt_c": _toeplitz(blt_col)}
+    return out | {"banded_c": _toeplitz(bt.coefs), "blt_c": _toeplitz(blt_col)}
 
 
 def _rec(path: Path, label: str, sha: str | None) -> SimpleNamespace:
