@@ -719,7 +719,7 @@ def structured_rows(
     under min-separation, the Honaker estimators on a momentum workload, above the dense limit)
     is refused (:class:`MfcliError`); with ``skipped`` (a list) the ``tree`` switch's row is
     left out instead and the reason appended."""
-    from mfcli.model.kinds import ANY_N_BASELINES, DESCRIPTIONS
+    from mfcli.model.kinds import ANY_N_BASELINES
     from mfcli.strategies.baseline_mechanisms import baseline_mechanism
     from mfcli.strategies.structured import StructuredOperator
     from mfcli.strategies.toeplitz import check_bands, check_n, optimize_banded_toeplitz
@@ -728,14 +728,11 @@ def structured_rows(
     schema = participation or SingleParticipation()
     schema.check(n)
     wanted = set(baselines) | ({"identity"} if identity else set()) | ({"tree"} if tree else set())
-    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
     rows = []
     for name in (k for k in ANY_N_BASELINES if k in wanted):
         mech = baseline_mechanism(name, workload, n)
-        description = ("C = I (1-band Toeplitz), B = A" if name == "identity"
-                       else DESCRIPTIONS[name] + post + " (closed form, no dense matrix)")
         try:
-            rows.append(mechanism_row(name, description, mech, schema, privacy))
+            rows.append(mechanism_row(name, mech.description, mech, schema, privacy))
         except MfcliError as exc:
             if skipped is None or name in baselines or name != "tree":
                 raise

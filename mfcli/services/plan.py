@@ -84,11 +84,6 @@ SAMPLER_TEXT = {
 POISSON_PARTICIPATION = {"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"}
 #: Workloads plan supports: the Toeplitz ones (structured strategies run at any n).
 WORKLOADS = ("prefix", "momentum")
-#: Candidate kinds that are written as dense artifacts (no structured form).
-DENSE_ONLY_KINDS = ("dense", "tree", "honaker")
-#: plan's tree candidates and the baseline each runs, restarted every epoch
-#: (:class:`mfcli.strategies.baseline_mechanisms.TreeMechanism` with ``epochs``).
-TREE_BASELINE_OF = {"tree": "tree", "honaker": "honaker-online"}
 #: Default band counts (kept where they fit the setup) and BLT buffer counts.
 DEFAULT_BANDS = (2, 4, 8, 16, 32, 64)
 DEFAULT_BUFFERS = (2, 4)
@@ -227,6 +222,10 @@ class Candidate:
     size: int | None = None
 
 
+#: A candidate a family offers, with the reason it is skipped (None: it is evaluated).
+Offer = tuple[Candidate, "str | None"]
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A candidate that is not evaluated (or failed to calibrate), with the reason."""
@@ -284,7 +283,7 @@ class CandidateResult:
         """A strategy other than DP-SGD and the tree accounted under balls-in-bins through the DP-SGD
         reduction only (hidden from the default table: it never beats DP-SGD's own balls-in-bins row
         at equal epsilon, docs/plan.md)."""
-        return self.sampler == "balls-in-bins" and self.kind not in ("dp-sgd", "tree", "honaker")
+        return self.sampler == "balls-in-bins" and not family(self.kind).own_balls_in_bins
 
     def participation_text(self, n: int) -> str:
         """The participation the accounting assumes, in words."""
@@ -343,11 +342,66 @@ def _pow2(k: int) -> bool:
     return k >= 2 and k & (k - 1) == 0
 
 
+def _dpsgd_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    e = setup.epochs
+    return [(Candidate("dp-sgd", kind, "poisson"), None),
+            (Candidate("dp-sgd (balls-in-bins)", kind, "balls-in-bins"), None),
+            (Candidate("dp-sgd (shuffle)", kind, "shuffle"),
+             "the shuffled DP-SGD bound (Feldman-McMillan-Talwar) covers one epoch of batch size 1 with "
+             f"replace-one neighbours; this setup has batch {setup.batch} and {e} epoch{'s' if e != 1 else ''}, and the "
+             "other rows are add-or-remove, so no shuffle row is shown")]
+
+
+def _bandmf_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    out: list[Offer] = []
+    for k in setup.band_counts():
+        why = None
+        if k > setup.max_groups:
+            why = (f"{k} bands need {k} groups at rate {k} q = {k * setup.sampling:.3g} > 1 or more groups than the "
+                   f"{setup.steps_per_epoch} steps per epoch; at most {setup.max_groups} bands")
+        out.append((Candidate(f"{kind}-{k}", kind, "cyclic", k), why))
+    return out
+
+
+def _dense_solve_refusal(setup: TrainingSetup) -> str | None:
+    """Why the dense multi-epoch optimum is not solved for this setup (None: it is)."""
+    n = setup.n
+    return None if n <= PLAN_DENSE_SOLVE_MAX_N else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow"
+
+
+def _dense_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    why = _dense_solve_refusal(setup)
+    return [(Candidate(kind, kind, "fixed-order"),
+             None if why is None else why + " (n^3 per iteration); the banded Toeplitz and BLT rows stand in for it")]
+
+
+def _banded_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    return [(Candidate(f"{kind}-{k}", kind, "fixed-order", k), None) for k in setup.band_counts()]
+
+
+def _blt_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    return [(Candidate(f"{kind}-{k}", kind, "fixed-order", k), None if setup.n >= 2 else "a BLT needs n >= 2 steps")
+            for k in setup.buffers]
+
+
+def _tree_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
+    s = setup.steps_per_epoch
+    if s < 2:
+        return [(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
+                for smp in ("balls-in-bins", "fixed-order")]
+    # the tree's own balls-in-bins bound is for 2^L leaves (DP-SGD's, and so the reduction rows', for any s)
+    return [(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
+             None if _pow2(s) else f"the tree's balls-in-bins bound is for 2^L leaves; {s} steps per epoch "
+                                   "is not a power of 2"),
+            (Candidate(kind, kind, "fixed-order"), None)]
+
+
 def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Skipped]]:
     """Every candidate whose accounting applies to an allowed sampler, and the skipped ones with
-    the reason. A candidate is never listed under a sampler the trainer did not allow."""
+    the reason. A candidate is never listed under a sampler the trainer did not allow. Each family
+    (:data:`FAMILIES`, in order) offers its own candidates; under balls-in-bins every family without
+    a balls-in-bins bound of its own is offered again, accounted by the DP-SGD reduction."""
     allowed = set(setup.batching)
-    n, s, e = setup.n, setup.steps_per_epoch, setup.epochs
     out: list[Candidate] = []
     skip: list[Skipped] = []
 
@@ -359,46 +413,18 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
         else:
             skip.append(Skipped(c.key, c.sampler, why_not))
 
-    offer(Candidate("dp-sgd", "dp-sgd", "poisson"))
-    offer(Candidate("dp-sgd (balls-in-bins)", "dp-sgd", "balls-in-bins"))
-    offer(Candidate("dp-sgd (shuffle)", "dp-sgd", "shuffle"),
-          "the shuffled DP-SGD bound (Feldman-McMillan-Talwar) covers one epoch of batch size 1 with "
-          f"replace-one neighbours; this setup has batch {setup.batch} and {e} epoch{'s' if e != 1 else ''}, and the "
-          "other rows are add-or-remove, so no shuffle row is shown")
-    for k in setup.band_counts():
-        why = None
-        if k > setup.max_groups:
-            why = (f"{k} bands need {k} groups at rate {k} q = {k * setup.sampling:.3g} > 1 or more groups than the "
-                   f"{s} steps per epoch; at most {setup.max_groups} bands")
-        offer(Candidate(f"bandmf-{k}", "bandmf", "cyclic", k), why)
-    offer(Candidate("dense", "dense", "fixed-order"),
-          None if n <= PLAN_DENSE_SOLVE_MAX_N else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow "
-          "(n^3 per iteration); the banded Toeplitz and BLT rows stand in for it")
-    for k in setup.band_counts():
-        offer(Candidate(f"banded-{k}", "banded", "fixed-order", k))
-    for k in setup.buffers:
-        offer(Candidate(f"blt-{k}", "blt", "fixed-order", k),
-              None if n >= 2 else "a BLT needs n >= 2 steps")
-    for kind in ("tree", "honaker"):
-        if s < 2:
-            for smp in ("balls-in-bins", "fixed-order"):
-                offer(Candidate(kind, kind, smp), "a tree needs at least 2 steps per epoch")
-            continue
-        # the tree's own balls-in-bins bound is for 2^L leaves (DP-SGD's, and so the reduction rows', for any s)
-        offer(Candidate(f"{kind} (balls-in-bins)", kind, "balls-in-bins"),
-              None if _pow2(s) else f"the tree's balls-in-bins bound is for 2^L leaves; {s} steps per epoch "
-                                    "is not a power of 2")
-        offer(Candidate(kind, kind, "fixed-order"))
+    for fam in FAMILIES.values():
+        for c, why in fam.offers(setup, fam.kind):
+            offer(c, why)
     if "balls-in-bins" in allowed:
         # every other strategy under balls-in-bins, by the DP-SGD reduction: its C as built for its own
         # sampler (BandMF for min-sep b, the others for the fixed-epoch schema)
-        bib = [Candidate(f"bandmf-{k} (balls-in-bins)", "bandmf", "balls-in-bins", k) for k in setup.band_counts()]
-        bib.append(Candidate("dense (balls-in-bins)", "dense", "balls-in-bins"))
-        bib += [Candidate(f"banded-{k} (balls-in-bins)", "banded", "balls-in-bins", k) for k in setup.band_counts()]
-        bib += [Candidate(f"blt-{k} (balls-in-bins)", "blt", "balls-in-bins", k) for k in setup.buffers]
-        for c in bib:
-            offer(c, None if c.kind != "dense" or n <= PLAN_DENSE_SOLVE_MAX_N
-                  else f"n = {n} > {PLAN_DENSE_SOLVE_MAX_N}: the dense multi-epoch solve is too slow")
+        for fam in FAMILIES.values():
+            if fam.own_balls_in_bins:
+                continue
+            for k in fam.sizes(setup):
+                key = fam.kind if k is None else f"{fam.kind}-{k}"
+                offer(Candidate(f"{key} (balls-in-bins)", fam.kind, "balls-in-bins", k), fam.solve_refusal(setup))
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
@@ -478,7 +504,7 @@ def bib_accounting(kind: str) -> str:
     """The name of DP-SGD's balls-in-bins bound as a guarantee of a ``kind`` row: DP-SGD's own
     bound (``balls-in-bins-dp-sgd``) for DP-SGD, whose C is I; the DP-SGD reduction
     (``dp-sgd-reduction``, the same bound at sigma / ||C||_2) for every other C."""
-    return "balls-in-bins-dp-sgd" if kind == "dp-sgd" else "dp-sgd-reduction"
+    return "balls-in-bins-dp-sgd" if family(kind).identity else "dp-sgd-reduction"
 
 
 def banded_coefs(setup: TrainingSetup, k: int, schema: Participation) -> np.ndarray:
@@ -508,78 +534,100 @@ def restarted_tree(setup: TrainingSetup, kind: str) -> tuple[np.ndarray, np.ndar
 
     s = setup.steps_per_epoch
     c = tree_strategy_matrix(s)
-    b = tree_decoder(s) if kind == "tree" else honaker_online_decoder(s)
+    decoders = {"tree": tree_decoder, "honaker-online": honaker_online_decoder}  # by baseline name
+    b = decoders[str(family(kind).tree_baseline)](s)
     m = np.vstack([b[:1], np.diff(b, axis=0)])  # S^-1 B: the gradient estimates
     return c, m, np.asarray(tree_nodes(s).end)
 
 
-def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
-    from mfcli.strategies.toeplitz import decoder_coefs, toeplitz_sensitivity
-
+def _dpsgd_built(setup: TrainingSetup, cand: Candidate) -> _Built:
     n, e = setup.n, setup.epochs
     assert e is not None
-    tw = toeplitz_of(setup)
-    if cand.kind == "dp-sgd" and cand.sampler == "balls-in-bins":
-        a = tw.coefs(n)
-        return _Built("DP-SGD", "identity (C = I)", SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
+    a = toeplitz_of(setup).coefs(n)
+    if cand.sampler == "balls-in-bins":
+        return _Built(family(cand.kind).mechanism, "identity (C = I)", SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
                       "balls-in-bins-dp-sgd", np.cumsum(a * a), 0, 1.0, bib_norm=1.0, spectral=1.0,
                       adaptive=False,
                       note="the balls-in-bins DP-SGD bound assumes non-adaptive contributions (docs/accounting.md); "
                            "not recommended for training")
-    if cand.kind == "dp-sgd":
-        a = tw.coefs(n)
-        return _Built("DP-SGD", "identity (C = I)", MinSeparation(separation=1), "dp-sgd", np.cumsum(a * a), 0, 1.0,
-                      sampling=setup.sampling, spectral=1.0, eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
-    if cand.kind == "bandmf":
-        from mfcli.accounting.multi import reduced_dpsgd
-        from mfcli.strategies.structured import banded_numbers
-        from mfcli.strategies.toeplitz import BandedToeplitz
+    return _Built(family(cand.kind).mechanism, "identity (C = I)", MinSeparation(separation=1), "dp-sgd",
+                  np.cumsum(a * a), 0, 1.0, sampling=setup.sampling, spectral=1.0,
+                  eps_of_sigma=_dpsgd_eps(setup, sampling=setup.sampling, steps=n))
 
-        k = int(cand.size or 1)
-        sep = MinSeparation(separation=k)
-        coefs = banded_coefs(setup, k, sep)
-        # the two numbers 2306.08153 Thm. 3 needs, counted as `mfcli account` counts them on the artifact
-        bands, col = banded_numbers(BandedToeplitz(coefs), n)
-        p = k * setup.sampling
-        beta = decoder_coefs(coefs, tw, n)
 
-        def cyclic_eps(sg: float) -> float:
-            return reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=sep, sigma=sg, sampling=p,
-                                 delta=setup.delta, value_discretization=PLD_DISCRETIZATION).epsilon
+def _bandmf_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    from mfcli.accounting.multi import reduced_dpsgd
+    from mfcli.strategies.structured import banded_numbers
+    from mfcli.strategies.toeplitz import BandedToeplitz, decoder_coefs
 
-        return _Built("BandMF", f"banded Toeplitz, {k} bands (optimised for min-sep {k})", sep, "cyclic-poisson",
-                      np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=cyclic_eps,
-                      extra={"coefs": coefs})
-    if cand.kind in ("banded", "blt", "dense"):
-        schema = fixed_schema(setup)
-        acc = "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
-        if cand.kind == "banded":
-            k = int(cand.size or 1)
-            coefs = banded_coefs(setup, k, schema)
-            sens = toeplitz_sensitivity(coefs, n, schema)
-            beta = decoder_coefs(coefs, tw, n)
-            return _Built("banded Toeplitz", f"banded Toeplitz, {k} bands (optimised for {schema.describe(n)})", schema,
-                          acc, np.cumsum(beta * beta), k - 1, sens.value, gaussian=True,
-                          note="" if sens.exact else "schema sensitivity is an upper bound", extra={"coefs": coefs})
-        if cand.kind == "blt":
-            k = int(cand.size or 1)
-            blt = blt_of(setup, k)
-            sens = blt.sensitivity(n, schema)
-            beta = blt.decoder_coefs(n, setup.workload, beta=setup.beta if setup.workload == "momentum" else None)
-            return _Built("BLT", f"buffered linear Toeplitz, {k} buffers", schema, acc, np.cumsum(beta * beta), k,
-                          sens.value, gaussian=True, note="" if sens.exact else "schema sensitivity is an upper bound",
-                          extra={"blt": blt})
-        from mfcli.model.participation import sensitivity as schema_sensitivity
-        from mfcli.optimize.multi_solver import multi_participation_factorization
+    n = setup.n
+    k = int(cand.size or 1)
+    sep = MinSeparation(separation=k)
+    coefs = banded_coefs(setup, k, sep)
+    # the two numbers 2306.08153 Thm. 3 needs, counted as `mfcli account` counts them on the artifact
+    bands, col = banded_numbers(BandedToeplitz(coefs), n)
+    p = k * setup.sampling
+    beta = decoder_coefs(coefs, toeplitz_of(setup), n)
 
-        w = dense_workload(setup)
-        res = multi_participation_factorization(w.matrix, FixedEpoch(epochs=e), threads=1)
-        f = res.factorization
-        sens = schema_sensitivity(f.strategy, schema)
-        return _Built("multi-epoch optimal", f"dense optimum for {FixedEpoch(epochs=e).describe(n)}", schema, acc,
-                      np.sum(np.asarray(f.decoder) ** 2, axis=1), n - 1, sens.value, gaussian=True,
-                      extra={"factorization": f})
-    raise MfcliError(f"unknown candidate kind {cand.kind!r}")  # pragma: no cover
+    def cyclic_eps(sg: float) -> float:
+        return reduced_dpsgd(bands=bands, column_norm=col, n=n, schema=sep, sigma=sg, sampling=p,
+                             delta=setup.delta, value_discretization=PLD_DISCRETIZATION).epsilon
+
+    return _Built(family(cand.kind).mechanism, f"banded Toeplitz, {k} bands (optimised for min-sep {k})", sep, "cyclic-poisson",
+                  np.cumsum(beta * beta), k - 1, col, sampling=p, eps_of_sigma=cyclic_eps,
+                  extra={"coefs": coefs})
+
+
+def _fixed_order(setup: TrainingSetup) -> tuple[Participation, str]:
+    """The fixed-order schema and the accounting of a Gaussian at its sensitivity."""
+    schema = fixed_schema(setup)
+    return schema, "single-pass" if isinstance(schema, SingleParticipation) else "deterministic"
+
+
+def _banded_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    from mfcli.strategies.toeplitz import decoder_coefs, toeplitz_sensitivity
+
+    n = setup.n
+    schema, acc = _fixed_order(setup)
+    k = int(cand.size or 1)
+    coefs = banded_coefs(setup, k, schema)
+    sens = toeplitz_sensitivity(coefs, n, schema)
+    beta = decoder_coefs(coefs, toeplitz_of(setup), n)
+    return _Built(family(cand.kind).mechanism, f"banded Toeplitz, {k} bands (optimised for {schema.describe(n)})", schema,
+                  acc, np.cumsum(beta * beta), k - 1, sens.value, gaussian=True,
+                  note="" if sens.exact else "schema sensitivity is an upper bound", extra={"coefs": coefs})
+
+
+def _blt_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    n = setup.n
+    schema, acc = _fixed_order(setup)
+    k = int(cand.size or 1)
+    blt = blt_of(setup, k)
+    sens = blt.sensitivity(n, schema)
+    beta = blt.decoder_coefs(n, setup.workload, beta=setup.beta if setup.workload == "momentum" else None)
+    return _Built(family(cand.kind).mechanism, f"buffered linear Toeplitz, {k} buffers", schema, acc, np.cumsum(beta * beta), k,
+                  sens.value, gaussian=True, note="" if sens.exact else "schema sensitivity is an upper bound",
+                  extra={"blt": blt})
+
+
+def _dense_built(setup: TrainingSetup, cand: Candidate) -> _Built:
+    from mfcli.model.participation import sensitivity as schema_sensitivity
+    from mfcli.optimize.multi_solver import multi_participation_factorization
+
+    n, e = setup.n, int(setup.epochs or 1)
+    schema, acc = _fixed_order(setup)
+    w = dense_workload(setup)
+    res = multi_participation_factorization(w.matrix, FixedEpoch(epochs=e), threads=1)
+    f = res.factorization
+    sens = schema_sensitivity(f.strategy, schema)
+    return _Built(family(cand.kind).mechanism, f"dense optimum for {FixedEpoch(epochs=e).describe(n)}", schema, acc,
+                  np.sum(np.asarray(f.decoder) ** 2, axis=1), n - 1, sens.value, gaussian=True,
+                  extra={"factorization": f})
+
+
+def _build(setup: TrainingSetup, cand: Candidate) -> _Built:
+    """The candidate's operator as its family builds it (:data:`FAMILIES`)."""
+    return family(cand.kind).build(setup, cand)
 
 
 def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped:
@@ -629,11 +677,10 @@ def stream_cost(kind: str, kept_floats: int, n: int) -> tuple[int, float]:
     >>> stream_cost("blt", 4, 1000), stream_cost("bandmf", 31, 1000), stream_cost("dense", 999, 1000)
     ((4, 8.0), (31, 31.0), (1000, 499.5))
     """
-    if kind in DENSE_ONLY_KINDS:
+    fam = family(kind)
+    if fam.dense_stream:
         return n, (n - 1) / 2
-    if kind == "blt":
-        return kept_floats, 2.0 * kept_floats
-    return kept_floats, float(kept_floats)
+    return kept_floats, fam.madds_per_float * kept_floats
 
 
 def _calibrate(setup: TrainingSetup, b: _Built, target: float, start: float = 1.0) -> tuple[str, Calibration]:
@@ -701,7 +748,8 @@ def tree_mechanism(setup: TrainingSetup, kind: str) -> Any:
     :class:`mfcli.strategies.baseline_mechanisms.TreeMechanism`)."""
     from mfcli.strategies.baseline_mechanisms import baseline_mechanism
 
-    return baseline_mechanism(TREE_BASELINE_OF[kind], toeplitz_of(setup), setup.n, epochs=int(setup.epochs or 1))
+    return baseline_mechanism(str(family(kind).tree_baseline), toeplitz_of(setup), setup.n,
+                              epochs=int(setup.epochs or 1))
 
 
 def tree_spectral_upper(mech: Any) -> float:
@@ -732,8 +780,9 @@ def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
     assert e is not None
     mech = tree_mechanism(setup, cand.kind)
     levels = tree_height(s) + 1  # nodes per leaf: the squared column norm of the 0/1 encoder
-    name = "tree" if cand.kind == "tree" else "Honaker (online)"
-    what = f"binary tree on {s} leaves, restarted every epoch" + ("" if cand.kind == "tree" else ", Honaker decoder")
+    fam = family(cand.kind)
+    name = fam.mechanism
+    what = f"binary tree on {s} leaves, restarted every epoch{fam.decoder_words}"
     if cand.sampler == "balls-in-bins":
         loss = mech.loss(schema=SingleParticipation())  # one participation per epoch: the column norm
         return _Built(name, what, SingleParticipation() if e == 1 else FixedEpoch(epochs=e), "balls-in-bins-tree",
@@ -751,9 +800,7 @@ def _tree_built(setup: TrainingSetup, cand: Candidate) -> _Built:
 
 
 def _build_any(setup: TrainingSetup, cand: Candidate) -> _Built:
-    if cand.kind in ("tree", "honaker"):
-        b = _tree_built(setup, cand)
-    elif cand.sampler == "balls-in-bins" and cand.kind != "dp-sgd":
+    if cand.sampler == "balls-in-bins" and not family(cand.kind).own_balls_in_bins:
         b = _reduction_built(setup, cand)
     else:
         b = _build(setup, cand)
@@ -807,7 +854,7 @@ def _reduction_built(setup: TrainingSetup, cand: Candidate) -> _Built:
     (BandMF under cyclic Poisson, the others under a fixed order), accounted as DP-SGD under
     balls-in-bins at noise multiplier sigma / ||C||_2 (:mod:`mfcli.accounting.reduction`)."""
     e = int(setup.epochs or 1)
-    home = _build(setup, replace(cand, sampler="cyclic" if cand.kind == "bandmf" else "fixed-order"))
+    home = _build(setup, replace(cand, sampler=family(cand.kind).home_sampler))
     norm = spectral_upper(setup, home)
     return _Built(home.mechanism, home.strategy, SingleParticipation() if e == 1 else FixedEpoch(epochs=e),
                   "dp-sgd-reduction", home.row_sq, home.memory_floats, column_norm(setup, home), bib_norm=norm,
@@ -1122,18 +1169,29 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
     the accounting session accounts from its parameters; the dense optimum, the tree and Honaker
     dense at n <= PLAN_DENSE_ARTIFACT_MAX_N (DP-SGD's Poisson accounting needs no C, so C = I is
     written and re-accounted at any n)."""
-    if r.sampler == "balls-in-bins" and r.kind not in ("tree", "honaker"):
-        return False, ("the balls-in-bins DP-SGD bound assumes non-adaptive contributions" if r.kind == "dp-sgd" else
-                       "its balls-in-bins guarantee (the DP-SGD reduction) assumes non-adaptive contributions")
-    if r.kind in ("tree", "honaker"):
-        if not isinstance(r.participation, SingleParticipation):
-            return False, "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
-        if r.sampler != "fixed-order":
-            return False, "the balls-in-bins tree's bound assumes non-adaptive contributions"
-        if n is not None and n > PLAN_DENSE_ARTIFACT_MAX_N:
-            return False, (f"a tree has no structured form; it is written as a dense artifact for n <= "
-                           f"{PLAN_DENSE_ARTIFACT_MAX_N} only (n = {n})")
-    return True, ""
+    why = family(r.kind).write_refusal(r, n)
+    return not why, why
+
+
+def _identity_write_refusal(r: CandidateResult, n: int | None) -> str:
+    return "the balls-in-bins DP-SGD bound assumes non-adaptive contributions" if r.sampler == "balls-in-bins" else ""
+
+
+def _reduction_write_refusal(r: CandidateResult, n: int | None) -> str:
+    if r.sampler == "balls-in-bins":
+        return "its balls-in-bins guarantee (the DP-SGD reduction) assumes non-adaptive contributions"
+    return ""
+
+
+def _tree_write_refusal(r: CandidateResult, n: int | None) -> str:
+    if not isinstance(r.participation, SingleParticipation):
+        return "a tree restarted every epoch has no single-artifact form (one tree per epoch)"
+    if r.sampler != "fixed-order":
+        return "the balls-in-bins tree's bound assumes non-adaptive contributions"
+    if n is not None and n > PLAN_DENSE_ARTIFACT_MAX_N:
+        return (f"a tree has no structured form; it is written as a dense artifact for n <= "
+                f"{PLAN_DENSE_ARTIFACT_MAX_N} only (n = {n})")
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1141,40 +1199,185 @@ def writable(r: CandidateResult, n: int | None = None) -> tuple[bool, str]:
 
 
 def _dense_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
-    """The candidate as a dense :class:`mfcli.strategies.baselines.Strategy` (n <= PLAN_DENSE_ARTIFACT_MAX_N)."""
+    """The candidate as a dense :class:`mfcli.strategies.baselines.Strategy` (n <= PLAN_DENSE_ARTIFACT_MAX_N);
+    the dense optimum as (factorization, ``"optimal"``)."""
+    return family(r.kind).dense_strategy(setup, r)
+
+
+def _baseline_dense(setup: TrainingSetup, r: CandidateResult) -> Any:
+    """DP-SGD (the identity) and the tree kinds: the built-in baseline of their name."""
+    from mfcli.strategies.baselines import build_strategy
+
+    return build_strategy(str(family(r.kind).baseline), dense_workload(setup))
+
+
+def _optimum_dense(setup: TrainingSetup, r: CandidateResult) -> Any:
+    return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["factorization"], "optimal"
+
+
+def _toeplitz_dense(setup: TrainingSetup, r: CandidateResult) -> Any:
+    """A Toeplitz candidate (BandMF, banded, BLT) materialised: C from its first column, B = A C^-1."""
     import scipy.linalg
 
     from mfcli.model.factorization import Factorization
-    from mfcli.strategies.baselines import Strategy, build_strategy
+    from mfcli.strategies.baselines import Strategy
     from mfcli.strategies.toeplitz import materialize
 
     w = dense_workload(setup)
-    if r.kind == "dp-sgd":
-        return build_strategy("identity", w)
-    if r.kind in ("tree", "honaker"):
-        return build_strategy("tree" if r.kind == "tree" else "honaker-online", w)
-    if r.kind == "dense":
-        return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["factorization"], "optimal"
     b = _build(setup, Candidate(r.key, r.kind, r.sampler, r.size))
     coefs = b.extra["coefs"] if "coefs" in b.extra else b.extra["blt"].strategy_coefs(setup.n)
     c = materialize(coefs, setup.n)
     a = np.asarray(w.matrix)
     dec = scipy.linalg.solve_triangular(c.T, a.T, lower=False).T  # B = A C^-1
     f = Factorization(workload=a, strategy=c, decoder=dec, causal=True)
-    return Strategy("banded-toeplitz" if r.kind != "blt" else "blt", f, True, r.strategy)
+    return Strategy(family(r.kind).artifact_kind, f, True, r.strategy)
 
 
 def _structured_strategy(setup: TrainingSetup, r: CandidateResult) -> Any:
+    make = family(r.kind).structured_strategy
+    if make is None:
+        raise MfcliError(f"the {r.mechanism} candidate has no structured form at n = {setup.n}; "
+                         f"it is written for n <= {PLAN_DENSE_ARTIFACT_MAX_N}")
+    return make(setup, r)
+
+
+def _identity_structured(setup: TrainingSetup, r: CandidateResult) -> Any:
     from mfcli.strategies.toeplitz import BandedToeplitz
 
-    if r.kind == "dp-sgd":
-        return BandedToeplitz(np.ones(1))
-    if r.kind in ("bandmf", "banded"):
-        return BandedToeplitz(_build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["coefs"])
-    if r.kind == "blt":
-        return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["blt"]
-    raise MfcliError(f"the {r.mechanism} candidate has no structured form at n = {setup.n}; "
-                     f"it is written for n <= {PLAN_DENSE_ARTIFACT_MAX_N}")
+    return BandedToeplitz(np.ones(1))
+
+
+def _banded_structured(setup: TrainingSetup, r: CandidateResult) -> Any:
+    from mfcli.strategies.toeplitz import BandedToeplitz
+
+    return BandedToeplitz(_build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["coefs"])
+
+
+def _blt_structured(setup: TrainingSetup, r: CandidateResult) -> Any:
+    return _build(setup, Candidate(r.key, r.kind, r.sampler, r.size)).extra["blt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The candidate families: what differs between them, in one table
+
+
+def _identity_fixed_sensitivity(setup: TrainingSetup, operator: Callable[[], _Built]) -> float:
+    return math.sqrt(int(setup.epochs or 1))  # C = I: one unit column per epoch, orthogonal
+
+
+def _banded_fixed_sensitivity(setup: TrainingSetup, operator: Callable[[], _Built]) -> float:
+    from mfcli.strategies.toeplitz import toeplitz_sensitivity
+
+    return float(toeplitz_sensitivity(operator().extra["coefs"], setup.n, fixed_schema(setup)).value)
+
+
+def _no_refusal(setup: TrainingSetup) -> str | None:
+    return None
+
+
+def _no_sizes(setup: TrainingSetup) -> tuple[int | None, ...]:
+    return (None,)
+
+
+@dataclass(frozen=True)
+class PlanFamily:
+    """One family of plan candidates (a ``Candidate.kind``) and everything plan does differently
+    for it, so that the plan code asks its family instead of testing the kind's name.
+
+    Attributes:
+        kind: the candidates' ``kind`` (and key prefix).
+        mechanism: its name in the table (the tree kinds; the others' builders name theirs).
+        offers: its own candidates for a setup, each with the reason it is skipped (or None).
+        build: its operator (:class:`_Built`) for a candidate, at its own sampler.
+        home_sampler: the sampler its C is built for; its balls-in-bins row (the DP-SGD
+            reduction) reuses that C.
+        own_balls_in_bins: it has a balls-in-bins bound of its own (DP-SGD, the tree), so no
+            reduction row is offered and its balls-in-bins row is built by ``build``.
+        sizes: its size parameters (band or buffer counts; (None,) without one), for the
+            reduction rows.
+        solve_refusal: why its C is not built for a setup (None: it is), for the reduction rows.
+        identity: C = I (DP-SGD): accounted without a schema, DP-SGD's own balls-in-bins bound.
+        baseline: the built-in baseline it is (``build_strategy``'s name), or None.
+        is_tree: a binary tree restarted every epoch (the baseline's
+            :class:`~mfcli.strategies.baseline_mechanisms.TreeMechanism`), with the tree's own
+            balls-in-bins bound for 2^L leaves.
+        decoder_words: the decoder, in words, after the tree's description.
+        dense_stream: its artifact streams the dense history (all n noise rows).
+        madds_per_float: multiply-adds per kept float and step of its noise stream otherwise.
+        dense_artifact_max_n: the largest n at which --out writes it as a dense artifact (above
+            it: its structured form).
+        artifact_kind: the structured kind of its artifact (``structured_strategy``'s class).
+        dense_strategy: it as a dense ``Strategy`` (n <= PLAN_DENSE_ARTIFACT_MAX_N).
+        structured_strategy: its structured strategy (None: it has no structured form).
+        write_refusal: why its row cannot be written as an artifact at n steps ("" when it can).
+        fixed_order_sensitivity: its C's sensitivity under the fixed order, for the guarantee of
+            that sampler beside its own (None: its own sampler is the fixed order).
+        cyclic_reaccount: a banded C built for the fixed order, also accounted under cyclic Poisson.
+    """
+
+    kind: str
+    offers: Callable[[TrainingSetup, str], list[Offer]]
+    build: Callable[[TrainingSetup, Candidate], _Built]
+    dense_strategy: Callable[[TrainingSetup, CandidateResult], Any]
+    write_refusal: Callable[[CandidateResult, int | None], str]
+    mechanism: str = ""
+    home_sampler: str = "fixed-order"
+    own_balls_in_bins: bool = False
+    sizes: Callable[[TrainingSetup], tuple[int | None, ...]] = _no_sizes
+    solve_refusal: Callable[[TrainingSetup], str | None] = _no_refusal
+    identity: bool = False
+    baseline: str | None = None
+    is_tree: bool = False
+    decoder_words: str = ""
+    dense_stream: bool = False
+    madds_per_float: float = 1.0
+    dense_artifact_max_n: int = 0
+    artifact_kind: str = "banded-toeplitz"
+    structured_strategy: Callable[[TrainingSetup, CandidateResult], Any] | None = None
+    fixed_order_sensitivity: Callable[[TrainingSetup, Callable[[], _Built]], float] | None = None
+    cyclic_reaccount: bool = False
+
+    @property
+    def tree_baseline(self) -> str | None:
+        """The tree baseline it runs restarted every epoch (None: not a tree)."""
+        return self.baseline if self.is_tree else None
+
+
+def _tree_family(kind: str, baseline: str, mechanism: str, decoder_words: str) -> PlanFamily:
+    # no structured form: written dense (writable refuses n > PLAN_DENSE_ARTIFACT_MAX_N)
+    return PlanFamily(kind, _tree_offers, _tree_built, _baseline_dense, _tree_write_refusal, mechanism=mechanism,
+                      own_balls_in_bins=True, baseline=baseline, is_tree=True, decoder_words=decoder_words,
+                      dense_stream=True, dense_artifact_max_n=PLAN_MAX_N)
+
+
+#: Every family of candidates, in the order plan offers (and lists) them.
+FAMILIES: dict[str, PlanFamily] = {f.kind: f for f in (
+    PlanFamily("dp-sgd", _dpsgd_offers, _dpsgd_built, _baseline_dense, _identity_write_refusal, mechanism="DP-SGD",
+               home_sampler="poisson", own_balls_in_bins=True, identity=True, baseline="identity",
+               dense_artifact_max_n=PLAN_DENSE_ARTIFACT_MAX_N, structured_strategy=_identity_structured,
+               fixed_order_sensitivity=_identity_fixed_sensitivity),
+    PlanFamily("bandmf", _bandmf_offers, _bandmf_built, _toeplitz_dense, _reduction_write_refusal, mechanism="BandMF",
+               home_sampler="cyclic", sizes=lambda setup: setup.band_counts(), structured_strategy=_banded_structured,
+               fixed_order_sensitivity=_banded_fixed_sensitivity),
+    PlanFamily("dense", _dense_offers, _dense_built, _optimum_dense, _reduction_write_refusal,
+               mechanism="multi-epoch optimal", solve_refusal=_dense_solve_refusal, dense_stream=True,
+               dense_artifact_max_n=PLAN_MAX_N),
+    PlanFamily("banded", _banded_offers, _banded_built, _toeplitz_dense, _reduction_write_refusal,
+               mechanism="banded Toeplitz", sizes=lambda setup: setup.band_counts(),
+               structured_strategy=_banded_structured, cyclic_reaccount=True),
+    PlanFamily("blt", _blt_offers, _blt_built, _toeplitz_dense, _reduction_write_refusal, mechanism="BLT",
+               sizes=lambda setup: setup.buffers, madds_per_float=2.0, artifact_kind="blt",
+               structured_strategy=_blt_structured),
+    _tree_family("tree", "tree", "tree", ""),
+    _tree_family("honaker", "honaker-online", "Honaker (online)", ", Honaker decoder"),
+)}
+
+
+def family(kind: str) -> PlanFamily:
+    """The family of candidates of ``kind``; :class:`MfcliError` for an unknown one."""
+    if kind not in FAMILIES:
+        raise MfcliError(f"unknown candidate kind {kind!r}; one of {', '.join(FAMILIES)}")
+    return FAMILIES[kind]
 
 
 def _setting_of(r: CandidateResult) -> tuple[str, float | None, str | None]:
@@ -1214,7 +1417,8 @@ def write_artifact(setup: TrainingSetup, r: CandidateResult, path: Any, *, comma
     # built beside the target and renamed over it once the record is in and meets the target
     tmp = target.with_name(f".{target.name}.plan-{os.getpid()}.tmp.h5")
     setting, sampling, batching = _setting_of(r)
-    schema = None if isinstance(r.participation, SingleParticipation) or r.kind == "dp-sgd" else r.participation
+    # DP-SGD (C = I) is accounted without a schema (Poisson sampling in every step)
+    schema = None if isinstance(r.participation, SingleParticipation) or family(r.kind).identity else r.participation
     # rebuilt as evaluate built it (BLAS on one thread), so the written operator is the calibrated one
     with threadpool_limits(1):
         return _write(setup, r, target, tmp, setting, sampling, batching, schema, command, force)
@@ -1244,7 +1448,7 @@ def _write_via(setup: TrainingSetup, r: CandidateResult, target: Any, tmp: Any, 
 
     from mfcli.services import account as session
 
-    if r.kind in DENSE_ONLY_KINDS or (r.kind == "dp-sgd" and setup.n <= PLAN_DENSE_ARTIFACT_MAX_N):
+    if setup.n <= family(r.kind).dense_artifact_max_n:
         from mfcli.io.artifact import save_strategy
         from mfcli.strategies.baselines import Strategy
 
@@ -1323,14 +1527,10 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
         if sampler in (r.sampler, "shuffle"):
             continue
         try:
-            if sampler == "fixed-order" and r.kind in ("dp-sgd", "bandmf"):
+            fixed_sens = family(r.kind).fixed_order_sensitivity
+            if sampler == "fixed-order" and fixed_sens is not None:
                 schema = fixed_schema(setup)
-                if r.kind == "dp-sgd":
-                    sens = math.sqrt(e)  # C = I: one unit column per epoch, orthogonal
-                else:
-                    from mfcli.strategies.toeplitz import toeplitz_sensitivity
-
-                    sens = toeplitz_sensitivity(operator().extra["coefs"], n, schema).value
+                sens = fixed_sens(setup, operator)
                 add(sampler, "single-pass" if e == 1 else "deterministic", gaussian_epsilon(setup.delta, sens / r.sigma),
                     schema.describe(n))
             elif sampler == "poisson" and r.spectral_norm is not None:
@@ -1344,12 +1544,12 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
                 words = SingleParticipation().describe(n) if e == 1 else FixedEpoch(epochs=e).describe(n)
                 eps = bib_dpsgd_epsilon(s, e, setup.delta, r.sigma / r.spectral_norm)
                 name = bib_accounting(r.kind)
-                if r.kind in ("tree", "honaker") and _pow2(s):  # the tree's own bound: 2^L leaves only
+                if family(r.kind).tree_baseline is not None and _pow2(s):  # the tree's own bound: 2^L leaves only
                     tree = tree_balls_in_bins(n=s, sigma=r.sigma, delta=setup.delta, epochs=e).epsilon
                     if tree < eps:
                         eps, name = tree, "balls-in-bins-tree"
                 add(sampler, name, eps, words, adaptive=False)
-            elif sampler == "cyclic" and r.kind == "banded" and (r.size or 1) <= setup.max_groups:
+            elif sampler == "cyclic" and family(r.kind).cyclic_reaccount and (r.size or 1) <= setup.max_groups:
                 from mfcli.accounting.multi import reduced_dpsgd
                 from mfcli.strategies.structured import banded_numbers
                 from mfcli.strategies.toeplitz import BandedToeplitz

@@ -39,7 +39,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.model.factorization import Factorization
-from mfcli.model.kinds import ANY_N_BASELINES, TREE_BASELINES
+from mfcli.model.kinds import ANY_N_BASELINES, DESCRIPTIONS, TREE_BASELINES
 from mfcli.model.participation import (
     FixedEpoch,
     MinSeparation,
@@ -58,13 +58,23 @@ from mfcli.strategies.baselines import (
 from mfcli.strategies.operators import (
     MATRIX_FREE_SETTINGS,
     ArrayOps,
+    BoundedState,
     DenseLowerTriangular,
     Streaming,
     StreamState,
     WorkloadLoss,
 )
 from mfcli.strategies.structured import DenseUpToLimit, StructuredOperator
-from mfcli.strategies.toeplitz import ToeplitzWorkload, check_n, materialize, sqrt_down, sqrt_up, toeplitz_sensitivity
+from mfcli.strategies.toeplitz import (
+    RationalToeplitz,
+    ToeplitzWorkload,
+    check_n,
+    materialize,
+    rational_recursion,
+    sqrt_down,
+    sqrt_up,
+    toeplitz_sensitivity,
+)
 from mfcli.strategies.tree_error import (
     honaker_row_norms,
     pole,
@@ -98,6 +108,13 @@ def _over_prefix(workload: ToeplitzWorkload) -> np.ndarray:
     return q
 
 
+def closed_form_description(name: str, workload: ToeplitzWorkload) -> str:
+    """What the baseline ``name`` is, in words, as a row of any n names it (compare): the kind's
+    description, the post-processing for a workload other than the prefix sums."""
+    post = "" if workload.name == "prefix" else "; post-processed B = A S^-1 B_S"
+    return DESCRIPTIONS[name] + post + " (closed form, no dense matrix)"
+
+
 @dataclass(frozen=True)
 class ToeplitzBaseline:
     """identity (C = I) or sqrt (C = S^1/2) as a lower-triangular Toeplitz strategy: the interface
@@ -112,10 +129,19 @@ class ToeplitzBaseline:
     def _coefs(self, n: int) -> np.ndarray:
         return np.array([1.0]) if self.kind == "identity" else sqrt_coefficients(n)
 
+    def description(self, workload: ToeplitzWorkload) -> str:
+        """In words (identity: C = I and B = A for every workload, nothing post-processed)."""
+        return "C = I (1-band Toeplitz), B = A" if self.kind == "identity" else \
+            closed_form_description(self.kind, workload)
+
     def strategy_coefs(self, n: int) -> np.ndarray:
         """First column of C, length n."""
         n = check_n(n)
         return _impulse(n) if self.kind == "identity" else sqrt_coefficients(n)
+
+    def is_identity(self, n: int) -> bool:
+        """C (n x n) == I: its first column is the unit impulse (identity at any n; sqrt at n = 1)."""
+        return bool(np.array_equal(self.strategy_coefs(n), _impulse(n)))
 
     def noising_coefs(self, n: int) -> np.ndarray:
         """First column of C^-1: 1 (identity); (1 - z)^(1/2), d_k = d_{k-1} (2k - 3) / (2k) (sqrt)."""
@@ -151,6 +177,10 @@ class ToeplitzBaseline:
         raise MfcliError("the sqrt strategy's noise C^-1 = (1 - z)^(1/2) is no rational filter: no recursion streams "
                          f"it; its dense operator is streamed for n <= {STRUCTURED_DENSE_MAX_N} only")
 
+    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> RationalToeplitz:
+        """The streamed operator of the rational form (identity; sqrt has none and refuses)."""
+        return rational_recursion(*self.rational(), workload, kind, n)
+
 
 @dataclass(frozen=True, eq=False)
 class ToeplitzBaselineMechanism(StructuredOperator):
@@ -159,6 +189,11 @@ class ToeplitzBaselineMechanism(StructuredOperator):
     and the sqrt noise stream from its dense operator up to the dense limit."""
 
     matrix_name = "the dense strategy C of a built-in baseline, which is built"
+
+    @property
+    def description(self) -> str:
+        """What it is, in words (a compare row's description)."""
+        return str(self.strategy.description(self.workload))
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
         if self.strategy.kind == "identity" or kind not in ("gradient", "iterate"):
@@ -222,6 +257,11 @@ class TreeMechanism(DenseUpToLimit):
         tree_height(self.leaves)  # n / epochs >= 2, within the structured limit
 
     @property
+    def description(self) -> str:
+        """What it is, in words (a compare row's description)."""
+        return closed_form_description(self.name, self.workload)
+
+    @property
     def leaves(self) -> int:
         """s = n / epochs, the leaves of each tree."""
         return self.size // self.epochs
@@ -242,6 +282,9 @@ class TreeMechanism(DenseUpToLimit):
     def is_tree(self) -> bool:
         """C is the tree encoder on n leaves (not when restarted: blocks of a smaller tree)."""
         return self.epochs == 1
+
+    #: The tree has s >= 2 leaves: C has more rows than columns, never I.
+    is_identity = False
 
     @property
     def matrix_free_settings(self) -> tuple[str, ...]:
@@ -414,7 +457,7 @@ class TreeMechanism(DenseUpToLimit):
 
 
 @dataclass(frozen=True, eq=False)
-class TreeStream:
+class TreeStream(BoundedState):
     """B Z for the binary tree (B = A S^-1 B_S), streamed with one row of state per level.
 
     Z has one row per node, in release order (the row index of a node in the tree encoder, as the

@@ -175,6 +175,11 @@ class StreamingMatrix(Protocol):
         """sum_j |M[t, j]| for each t (float64; inf where it overflows): bounds each row's size."""
         ...
 
+    def memory_advice(self, kind: str, d: int) -> str:
+        """What to do when its state for d columns is over a memory budget (``kind``: the noise
+        kind, gradient or iterate), in words: each kind knows what its state grows with."""
+        ...
+
 
 def init_state(matrix: StreamingMatrix, d: int, xp: ArrayOps) -> StreamState:
     """The state before step 0: zero rows (``init(d, dtype)`` of the protocol; the dtype is xp's)."""
@@ -205,26 +210,52 @@ def _dense_row_sums(matrix: np.ndarray) -> np.ndarray:
     return out
 
 
-class IirRecursion:
+class BoundedState:
+    """:meth:`StreamingMatrix.memory_advice` of every kind whose state does not grow with t (all
+    but the dense history): fewer parameters, fewer bands or buffers, or a larger budget."""
+
+    if TYPE_CHECKING:  # supplied by each kind
+
+        method: str
+
+        @property
+        def width(self) -> int: ...
+
+        @property
+        def rank(self) -> int: ...
+
+    def memory_advice(self, kind: str, d: int) -> str:
+        return (f"its {self.method} keeps {self.width + self.rank} row(s) of d = {d} floats besides the row "
+                "it returns; use fewer parameters, fewer bands or buffers, or pass a larger max_memory")
+
+
+class IirRecursion(BoundedState):
     """C^-1 (or A C^-1) of a structured Toeplitz strategy as the rational filter num(z) / den(z):
     ``den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}``. State: the W most
     recent noise rows and the R most recent outputs. O((W + R) d) per step, whatever n.
 
-    A mixin: the class using it has ``numerator``, ``denominator``, ``n``, ``width`` and ``rank``.
+    A mixin: the class using it has ``numerator``, ``denominator``, ``size`` (n), ``width`` and ``rank``.
     """
 
     method = "recursion"
     numerator: np.ndarray
     denominator: np.ndarray
 
+    if TYPE_CHECKING:  # a field of each kind
+        size: int
+
+    @property
+    def n(self) -> int:
+        return self.size
+
     def tables(self) -> dict[str, np.ndarray]:
-        w, r = self.width, self.rank  # type: ignore[attr-defined]
+        w, r = self.width, self.rank
         num, den = np.asarray(self.numerator, float), np.asarray(self.denominator, float)
         return {"num0": num[:1], "den0": den[:1], "numrot": _rotation(num[1:], w), "denrot": _rotation(den[1:], r)}
 
     def step(self, t: Any, draw: Callable[[Any], Any], state: StreamState, tab: Mapping[str, Any],
              xp: ArrayOps) -> tuple[Any, StreamState]:
-        w, r = self.width, self.rank  # type: ignore[attr-defined]
+        w, r = self.width, self.rank
         ring, outs = state
         z = draw(t)
         acc = z if float(self.numerator[0]) == 1.0 else z * tab["num0"][0]   # static: skip a pass when 1
@@ -239,20 +270,20 @@ class IirRecursion:
         return x, (ring, outs)
 
     def kept_rows(self, t: int) -> list[tuple[int, int]]:
-        w = self.width  # type: ignore[attr-defined]
+        w = self.width
         return [(j % w, j) for j in range(max(0, t - w), t)]
 
     def abs_row_sums(self) -> np.ndarray:
         return _toeplitz_row_sums(self.coefs())  # type: ignore[attr-defined]
 
 
-class BufferRecursion:
+class BufferRecursion(BoundedState):
     """A BLT's C^-1 in its buffer form: ``x_t = z_t - sum_i omega_i s_i``, then each buffer
     ``s_i <- theta_i s_i + x_t``; for iterate noise the output then runs through the workload's
     all-pole filter, ``y_t = (x_t - sum_{k>=1} post_k y_{t-k}) / post_0``. State: the buffers and
     the P recent outputs y. O((buffers + P) d) per step, whatever n.
 
-    A mixin: the class using it has ``theta``, ``omega``, ``post_den``, ``n``, ``buffers``.
+    A mixin: the class using it has ``theta``, ``omega``, ``post_den``, ``size`` (n), ``buffers``.
     """
 
     method = "recursion"   # as every structured kind: the name says "no growth with t", the fingerprint which one
@@ -263,6 +294,13 @@ class BufferRecursion:
     @property
     def _post(self) -> int:
         return int(np.asarray(self.post_den).size - 1)
+
+    if TYPE_CHECKING:  # a field of each kind
+        size: int
+
+    @property
+    def n(self) -> int:
+        return self.size
 
     def tables(self) -> dict[str, np.ndarray]:
         post = np.asarray(self.post_den, float)
@@ -300,7 +338,7 @@ def band_values(matrix: np.ndarray, band: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class BandedLowRank:
+class BandedLowRank(BoundedState):
     """A lower-triangular n x n matrix M = band_W(M) + mask_W(U V^T).
 
     Attributes:
@@ -411,7 +449,7 @@ class BandedLowRank:
 
 
 @dataclass(frozen=True, eq=False)
-class BandedInverse:
+class BandedInverse(BoundedState):
     """M^-1 for a lower-triangular M with p sub-diagonals (a BandMF strategy C, or B^-1 = C A^-1
     when that is banded): ``x_t = (z_t - sum_{1<=k<=p} M[t, t-k] x_{t-k}) / M[t, t]``. State: the
     p most recent outputs. O(p d) per step, whatever t.
@@ -555,6 +593,13 @@ class DenseLowerTriangular:
     def kept_rows(self, t: int) -> list[tuple[int, int]]:
         held = int(self._need()[t - 1]) if t > 0 else 0
         return [(j, j) for j in range(held)]
+
+    def memory_advice(self, kind: str, d: int) -> str:
+        """The dense history grows with t: stream a compressed or structured form instead."""
+        return (f"a dense {kind} operator keeps all {self.width} rows of Z (t multiply-adds per step); "
+                "stream it in O(band) memory instead: compress it (mfcli compress --band K --rank R) or "
+                "use a structured strategy (banded Toeplitz, BLT or BandMF: mfcli plan --out), or pass a "
+                "larger max_memory")
 
     def abs_row_sums(self) -> np.ndarray:
         return _dense_row_sums(self.matrix)
@@ -796,6 +841,12 @@ class Mechanism(Protocol):
         ...
 
     @property
+    def is_identity(self) -> bool:
+        """C is exactly the identity, entry by entry (then the mechanism is DP-SGD and DP-SGD's
+        accounting holds for it); False where the kind cannot tell exactly (the safe side)."""
+        ...
+
+    @property
     def matrix_free_settings(self) -> tuple[str, ...]:
         """The accounting settings it runs without its dense C (:data:`MATRIX_FREE_SETTINGS`, plus
         what its kind's structure gives: the binary tree's own bounds need only n and sigma); the
@@ -907,6 +958,12 @@ class MatrixAccounting:
     def is_tree(self) -> bool:
         """C is (a multiple of) the binary-tree encoder: the tree's own settings apply."""
         return tree_release(np.asarray(self.strategy, dtype=np.float64)) is not None
+
+    @property
+    def is_identity(self) -> bool:
+        """C == I entry by entry (a square C only)."""
+        c = np.asarray(self.strategy)
+        return c.ndim == 2 and c.shape[0] == c.shape[1] and bool(np.array_equal(c, np.eye(c.shape[0])))
 
     def check_causal(self, what: str) -> None:
         from mfcli.accounting.mmcc import check_causal

@@ -34,11 +34,13 @@ import numpy as np
 
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import Participation, Sensitivity, SingleParticipation
-from mfcli.strategies.operators import MATRIX_FREE_SETTINGS, BufferRecursion, IirRecursion, WorkloadLoss
+from mfcli.strategies.blt import BltRecursion, BufferedToeplitz
+from mfcli.strategies.operators import MATRIX_FREE_SETTINGS, WorkloadLoss
 from mfcli.strategies.toeplitz import (
     MAX_BANDS,
     BandedToeplitz,
     Loss,
+    RationalToeplitz,
     ToeplitzWorkload,
     check_n,
     loss_from_decoder,
@@ -59,8 +61,6 @@ IDENTITY_TAG = "mfcli.operator.structured.v1"
 
 def strategy_class(kind: str) -> Any:
     """The class of a structured kind; :class:`MfcliError` for an unknown one."""
-    from mfcli.strategies.blt import BufferedToeplitz
-
     # each class names its own kind (tests/test_kinds.py checks them against mfcli.model.kinds.STRUCTURED)
     kinds: dict[str, Any] = {cls.kind: cls for cls in (BandedToeplitz, BufferedToeplitz)}
     if kind not in kinds:
@@ -69,122 +69,16 @@ def strategy_class(kind: str) -> Any:
 
 
 def rational(strategy: Any) -> tuple[np.ndarray, np.ndarray]:
-    """C^-1 as num(z) / den(z): banded Toeplitz C^-1 = 1 / c(z); other kinds provide ``rational()``."""
-    if isinstance(strategy, BandedToeplitz):
-        return np.array([1.0]), np.array(strategy.coefs)
+    """C^-1 as num(z) / den(z), as the strategy's kind gives it (``rational()``)."""
     num, den = strategy.rational()
     return np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
 
 
 def decoder_coefs(strategy: Any, workload: ToeplitzWorkload, n: int) -> np.ndarray:
-    """First column of B = A C^-1 for any kind, from its rational form (O(n order)); a BLT's from
-    the exponential-sum form of C^-1 (:meth:`mfcli.strategies.blt.BufferedToeplitz.noising_coefs`), which
-    stays accurate where the polynomial form's poles cluster near 1."""
-    import scipy.signal
-
-    if hasattr(strategy, "workload_decoder"):  # a kind with its own closed form of B (the sqrt baseline)
-        return np.asarray(strategy.workload_decoder(workload, check_n(n)), dtype=np.float64)
-    if not isinstance(strategy, BandedToeplitz) and hasattr(strategy, "noising_coefs"):
-        return scipy.signal.lfilter(workload.numerator, workload.denominator, strategy.noising_coefs(check_n(n)))
-    num, den = rational(strategy)
-    x = np.zeros(check_n(n))
-    x[0] = 1.0
-    return scipy.signal.lfilter(np.convolve(num, workload.numerator), np.convolve(den, workload.denominator), x)
-
-
-# ---------------------------------------------------------------------------------------------
-# The streamed operator
-
-
-@dataclass(frozen=True, eq=False)
-class RationalToeplitz(IirRecursion):
-    """The n x n lower-triangular Toeplitz matrix of num(z) / den(z), streamed by the recursion
-    den_0 x_t = sum_{k<W+1} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}.
-
-    ``width`` W = len(num) - 1 recent noise rows (regenerated from the seed on resume) and
-    ``rank`` R = len(den) - 1 recent outputs (kept in checkpoints, like running sums).
-    """
-
-    numerator: np.ndarray
-    denominator: np.ndarray
-    size: int
-
-    @property
-    def n(self) -> int:
-        return self.size
-
-    @property
-    def width(self) -> int:
-        return int(self.numerator.size - 1)
-
-    @property
-    def rank(self) -> int:
-        return int(self.denominator.size - 1)
-
-    def coefs(self) -> np.ndarray:
-        """The first column (impulse response), length n."""
-        import scipy.signal
-
-        x = np.zeros(self.size)
-        x[0] = 1.0
-        return scipy.signal.lfilter(self.numerator, self.denominator, x)
-
-    def dense(self) -> np.ndarray:
-        return materialize(self.coefs(), self.size)
-
-    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.numerator, self.denominator, np.array([float(self.size)]))
-
-
-@dataclass(frozen=True, eq=False)
-class BltRecursion(BufferRecursion):
-    """The noise operator of a BLT strategy, streamed in its parallel (buffer) form rather than
-    as a polynomial ratio: x = C^-1 z by C's own buffers, x_t = z_t - sum_i omega_i s_i, then
-    s_i <- theta_i s_i + x_t (as :func:`mfcli.training.noise.strategy_stream`); for iterate noise the
-    output then runs through the workload's filter 1 / post_den (y_t = x_t - sum_k post_den_k
-    y_{t-k}). The polynomial form of C^-1 moves poles that cluster near 1: in float32 an
-    optimised 4-buffer BLT at n = 10^5 gets a different operator (coefficients off by 5e-4);
-    the buffer form keeps each decay as its own number.
-
-    ``width`` 0 (no noise rows are kept) and ``rank`` = buffers + len(post_den) - 1 state rows
-    (kept in checkpoints, like running sums).
-    """
-
-    theta: np.ndarray
-    omega: np.ndarray
-    post_den: np.ndarray
-    size: int
-
-    @property
-    def n(self) -> int:
-        return self.size
-
-    @property
-    def buffers(self) -> int:
-        return int(self.theta.size)
-
-    @property
-    def width(self) -> int:
-        return 0
-
-    @property
-    def rank(self) -> int:
-        return self.buffers + int(self.post_den.size - 1)
-
-    def coefs(self) -> np.ndarray:
-        """The first column (impulse response), length n, from the exponential-sum form."""
-        import scipy.signal
-
-        from mfcli.strategies.blt import BufferedToeplitz
-
-        d = BufferedToeplitz(theta=self.theta, omega=self.omega).noising_coefs(self.size)
-        return scipy.signal.lfilter([1.0], self.post_den, d)
-
-    def dense(self) -> np.ndarray:
-        return materialize(self.coefs(), self.size)
-
-    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.theta, self.omega, self.post_den, np.array([float(self.size)]))
+    """First column of B = A C^-1 for any kind, as the kind computes it (``workload_decoder``: the
+    rational form for banded Toeplitz, the exponential-sum form of C^-1 for a BLT, closed forms for
+    the baselines)."""
+    return np.asarray(strategy.workload_decoder(workload, check_n(n)), dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +136,7 @@ def banded_numbers(strategy: Any, n: int) -> tuple[int, float]:
     Raises:
         MfcliError: an all-zero C.
     """
-    c = np.asarray(strategy.coefs if isinstance(strategy, BandedToeplitz) else strategy.strategy_coefs(n),
-                   dtype=np.float64)[:n]
+    c = np.asarray(strategy.strategy_coefs(n), dtype=np.float64)
     nz = np.nonzero(c)[0]
     if nz.size == 0:
         raise MfcliError("the strategy is all zeros")
@@ -348,6 +241,11 @@ class StructuredOperator(DenseUpToLimit):
 
     #: A Toeplitz C is square: never the binary tree.
     is_tree = False
+
+    @property
+    def is_identity(self) -> bool:
+        """C == I exactly, as its kind answers from its parameters (``is_identity(n)``)."""
+        return bool(self.strategy.is_identity(self.size))
     #: C and B = A C^-1 are lower-triangular Toeplitz.
     causal = True
 
@@ -398,23 +296,12 @@ class StructuredOperator(DenseUpToLimit):
         return materialize(decoder_coefs(self.strategy, self.workload, self.size), self.size)
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Any:
-        from mfcli.strategies.blt import BufferedToeplitz
         from mfcli.strategies.operators import Streaming
 
         if kind not in ("gradient", "iterate"):
             raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
-        if isinstance(self.strategy, BufferedToeplitz):
-            if tuple(self.workload.numerator) != (1.0,):
-                raise MfcliError(f"a BLT iterate stream needs an all-pole workload filter, got {self.workload.name}")
-            post = np.asarray(self.workload.denominator if kind == "iterate" else (1.0,), dtype=np.float64)
-            return Streaming(BltRecursion(np.array(self.strategy.theta), np.array(self.strategy.omega), post,
-                                          self.size), None)
-        num, den = rational(self.strategy)
-        if kind == "iterate":
-            num, den = np.convolve(num, self.workload.numerator), np.convolve(den, self.workload.denominator)
-        elif kind != "gradient":
-            raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
-        return Streaming(RationalToeplitz(np.asarray(num, float), np.asarray(den, float), self.size), None)
+        # each kind streams its own recursion (banded Toeplitz: 1 / c(z); BLT: its buffers)
+        return Streaming(self.strategy.recursion(self.workload, kind, self.size), None)
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return {"datasets": self.strategy.parameters(), "attrs": {"kind": self.strategy.kind}}

@@ -60,6 +60,7 @@ from mfcli.model.participation import (
     Sensitivity,
     SingleParticipation,
 )
+from mfcli.strategies.operators import IirRecursion
 from mfcli.util.limits import STRUCTURED_DENSE_MAX_N, STRUCTURED_MAX_N
 from mfcli.util.validation import step_count
 
@@ -454,6 +455,57 @@ def check_bands(bands: Any, n: int | None = None) -> int:
 
 
 @dataclass(frozen=True, eq=False)
+class RationalToeplitz(IirRecursion):
+    """The n x n lower-triangular Toeplitz matrix of num(z) / den(z), streamed by the recursion
+    den_0 x_t = sum_{k<W+1} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}.
+
+    ``width`` W = len(num) - 1 recent noise rows (regenerated from the seed on resume) and
+    ``rank`` R = len(den) - 1 recent outputs (kept in checkpoints, like running sums).
+    """
+
+    numerator: np.ndarray
+    denominator: np.ndarray
+    size: int
+
+    @property
+    def width(self) -> int:
+        return int(self.numerator.size - 1)
+
+    @property
+    def rank(self) -> int:
+        return int(self.denominator.size - 1)
+
+    def coefs(self) -> np.ndarray:
+        """The first column (impulse response), length n."""
+        import scipy.signal
+
+        x = np.zeros(self.size)
+        x[0] = 1.0
+        return scipy.signal.lfilter(self.numerator, self.denominator, x)
+
+    def dense(self) -> np.ndarray:
+        return materialize(self.coefs(), self.size)
+
+    def fingerprint_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.numerator, self.denominator, np.array([float(self.size)]))
+
+
+def rational_recursion(num: np.ndarray, den: np.ndarray, workload: ToeplitzWorkload, kind: str,
+                       n: int) -> RationalToeplitz:
+    """The streamed operator of a kind whose C^-1 is num(z) / den(z): C^-1 itself for gradient
+    noise, B = A C^-1 (the workload's filter after it) for iterate noise."""
+    if kind == "iterate":
+        num, den = np.convolve(num, workload.numerator), np.convolve(den, workload.denominator)
+    return RationalToeplitz(np.asarray(num, float), np.asarray(den, float), n)
+
+
+def rational_decoder(num: np.ndarray, den: np.ndarray, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+    """First column of B = A C^-1 for C^-1 = num(z) / den(z): the impulse response of the product
+    filter, O(n order)."""
+    return _impulse(np.convolve(num, workload.numerator), np.convolve(den, workload.denominator), check_n(n))
+
+
+@dataclass(frozen=True, eq=False)
 class BandedToeplitz:
     """A banded lower-triangular Toeplitz strategy: C[i, j] = c_{i-j} for 0 <= i - j < b, else 0.
 
@@ -494,9 +546,26 @@ class BandedToeplitz:
         """First column of C^-1, length n."""
         return inverse_coefs(self.coefs, n)
 
+    def is_identity(self, n: int) -> bool:
+        """C (n x n) == I exactly: c_0 = 1 and every later coefficient within n is 0."""
+        c = self.coefs[: check_n(n)]
+        return float(c[0]) == 1.0 and not np.any(c[1:])
+
     def decoder_coefs(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
         """First column of B = A C^-1, length n."""
         return decoder_coefs(self.coefs, workload, n)
+
+    def rational(self) -> tuple[np.ndarray, np.ndarray]:
+        """C^-1 as num(z) / den(z) = 1 / c(z)."""
+        return np.array([1.0]), np.array(self.coefs)
+
+    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+        """First column of B = A C^-1 from the rational form (what the structured mechanism runs)."""
+        return rational_decoder(*self.rational(), workload, n)
+
+    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> RationalToeplitz:
+        """The streamed operator (``kind``: gradient C^-1, iterate B): the IIR recursion of 1 / c(z)."""
+        return rational_recursion(*self.rational(), workload, kind, n)
 
     def parameters(self) -> dict[str, np.ndarray]:
         """What an artifact stores: ``{"coefs": c_0..c_{b-1}}``."""

@@ -76,7 +76,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mfcli.errors import MfcliError, NoiseStreamExhaustedError
-from mfcli.strategies.operators import CHOICES, KINDS, DenseLowerTriangular, StreamingMatrix, select_operator
+from mfcli.strategies.operators import CHOICES, KINDS, StreamingMatrix, select_operator
 from mfcli.util.memory import check_memory, default_max_memory
 from mfcli.util.validation import positive_int
 
@@ -925,14 +925,7 @@ def _check_budget(matrix: StreamingMatrix, d: int, dtype: np.dtype, max_memory: 
                   kind: str) -> None:
     """Refuse a stream whose state ((width + rank + 1) d floats) exceeds ``max_memory``."""
     estimate = stream_floats(matrix, d) * dtype.itemsize
-    if isinstance(matrix, DenseLowerTriangular):
-        forward = (f"a dense {kind} operator keeps all {matrix.width} rows of Z (t multiply-adds per step); "
-                   "stream it in O(band) memory instead: compress it (mfcli compress --band K --rank R) or "
-                   "use a structured strategy (banded Toeplitz, BLT or BandMF: mfcli plan --out), or pass a "
-                   "larger max_memory")
-    else:
-        forward = (f"its {matrix.method} keeps {matrix.width + matrix.rank} row(s) of d = {d} floats besides the row "
-                   "it returns; use fewer parameters, fewer bands or buffers, or pass a larger max_memory")
+    forward = matrix.memory_advice(kind, d)
     check_memory(estimate, max_memory, what=f"the noise stream of {where} (its state)",
                  way_forward=forward)
 

@@ -200,11 +200,15 @@ def _accounted_input_of(rec: TrainingRecord) -> Any:
     """The operator the record accounted, as a dense StrategyInput; None when it is not available
     as a matrix (a structured artifact above the materialisation limit) or is not the record's
     (its identity hash differs)."""
-    from mfcli.services import account as session
+    from mfcli.io.artifact import load_any_artifact
+    from mfcli.services.records import subject_of
 
-    label = str(rec.attrs.get("operator", "dense"))
-    operator = "dense" if label == "dense" else ("compressed" if label.startswith("compressed") else "auto")
-    inp = session.resolve_strategy(rec.artifact, operator=operator)
+    # the artifact's operators by label, as the record verifier reads them: no branch on the kind
+    subject = subject_of(load_any_artifact(rec.artifact))
+    op = subject.operators.get(str(rec.attrs.get("operator", "dense")))
+    if op is None:
+        return None
+    inp = subject.make_input(op, True)
     if not inp.dense:
         return None
     if inp.operator_sha256 is not None and inp.operator_sha256 != rec.attrs.get("strategy_sha256"):

@@ -678,20 +678,6 @@ HELD_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _identity_operator(op: Any, n: int) -> bool:
-    """Whether an operator's strategy C is exactly the identity (dense or compressed: C == I entry
-    by entry; structured: a banded Toeplitz C with the one coefficient 1), so that its mechanism
-    is DP-SGD."""
-    from mfcli.strategies.structured import StructuredOperator
-    from mfcli.strategies.toeplitz import BandedToeplitz
-
-    if isinstance(op, StructuredOperator):
-        s = op.strategy
-        return isinstance(s, BandedToeplitz) and s.coefs.size == 1 and float(s.coefs[0]) == 1.0
-    c = np.asarray(op.factorization.strategy)
-    return c.shape == (n, n) and bool(np.array_equal(c, np.eye(n)))
-
-
 def held_epsilons(artifact: str | Path, record: str | None = None) -> tuple[str, dict[str, float]]:
     """(record id, {setting: epsilon}) for the settings of the record :func:`verified_record` picks
     and verifies whose guarantee holds under the sampler :func:`sampler_for` builds from it
@@ -714,7 +700,7 @@ def held_epsilons_of(check: Any, subject: Any) -> dict[str, float]:
     claim = check.claim
     names = HELD_SETTINGS.get(claim.sampler, ())
     if claim.batching == "poisson" and "dp-sgd" in claim.settings \
-            and _identity_operator(subject.operators[claim.operator], subject.n):
+            and subject.operators[claim.operator].is_identity:
         names = (*names, "dp-sgd")
     return {name: float(claim.epsilons[name]) for name in names if name in claim.epsilons}
 
