@@ -98,7 +98,7 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
 
     def row(*cells: str) -> None:  # the details cell only with --details (the JSON always has them)
         add_row(*(cells if details else cells[:3]))
-    rows = report.rows  # the assumptions as the JSON states them (neighbouring relation included)
+    rows = report.row_dicts(include_events=False)  # the assumptions as the JSON states them (neighbouring relation included)
 
     def assumes(name: str) -> str:
         schema, sampler = report.row_labels(name)

@@ -614,14 +614,22 @@ class AccountingReport:
 
     @property
     def rows(self) -> dict[str, dict]:
-        """The JSON rows (``as_dict()`` of each result, events included); every row names the
+        """The JSON rows, events included (:meth:`row_dicts`)."""
+        return self.row_dicts()
+
+    def row_dicts(self, *, include_events: bool = True) -> dict[str, dict]:
+        """The JSON rows (``as_dict()`` of each result; the dp-accounting events only with
+        ``include_events``: MMCC's is the composition of every row's mixture, costly to write out, and
+        a table shows none of them); every row names the
         participation schema and the batch sampler it assumes, and its neighbouring relation
         (``neighbouring``: ``add-remove`` one example, ``replace-one`` for the shuffled DP-SGD
         reference, ``zero-out`` on a fixed N for the other rows under shuffle batching), since rows
         with different relations can sit side by side."""
         out = {}
         for name, r in self.results.items():
-            row = r.as_dict()
+            row = r.as_dict() if include_events or not isinstance(r, MMCCBracket) else r.as_dict(include_event=False)
+            if not include_events:
+                row.pop("dp_event", None)
             row["participation"], row["batch_sampler"] = self.row_labels(name)
             row["neighbouring"] = neighbouring_of(name, self.batching)
             if row["neighbouring"] == "zero-out" and isinstance(row.get("assumptions"), str):
@@ -633,11 +641,7 @@ class AccountingReport:
         return out
 
     def as_dict(self, *, include_events: bool = True) -> dict:
-        rows = {}
-        for k, v in self.rows.items():
-            if not include_events:
-                v.pop("dp_event", None)
-            rows[k] = v
+        rows = self.row_dicts(include_events=include_events)
         return {
             "strategy": self.strategy.name,
             "operator": self.strategy.operator,
