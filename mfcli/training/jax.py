@@ -2,6 +2,7 @@
 
 Example (``pip install mfcli[jax]``)::
 
+    import functools
     from mfcli.training.jax import make_private
 
     priv = make_private(params, optax.sgd(0.5), (x_train, y_train), artifact="run.h5",
