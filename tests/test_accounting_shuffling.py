@@ -84,3 +84,25 @@ def test_monotone_in_sigma_and_n() -> None:
 def test_refuses_bad_parameters(kw: dict) -> None:
     with pytest.raises(MfcliError):
         shuffled_dpsgd(**{"n": 16, "sigma": 1.0, **kw})
+
+
+@pytest.mark.parametrize("n, sigma", [(16, 0.05), (2, 0.01), (1000, 0.08)])
+def test_tiny_sigma_has_no_amplification_and_no_overflow(n: int, sigma: float) -> None:
+    """At a tiny sigma eps0 is in the thousands (e^eps0 overflows a float): the amplified bound does
+    not apply and the row is the unamplified Gaussian bound, not a crash (reviewer's repro)."""
+    from mfcli.accounting.shuffling import delta0_charge, shuffled_dpsgd
+
+    res = shuffled_dpsgd(n=n, sigma=sigma, delta=1e-6)
+    assert res.amplified is None and res.eps0 is None
+    assert res.epsilon == res.unamplified == gaussian_epsilon(1e-6, 2.0 / sigma)
+    assert delta0_charge(n, 1e4, 1e-9) == math.inf
+
+
+def test_cli_tiny_sigma_under_shuffle_is_a_number(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    res = CliRunner().invoke(app, ["account", "--strategy", "identity", "--n", "16", "--sigma", "0.05",
+                                   "--batching", "shuffle", "--json"])
+    assert res.exit_code == 0, res.output

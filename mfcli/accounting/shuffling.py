@@ -39,6 +39,7 @@ is never above it, which the tests check. It is not used for any printed number.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,6 +114,10 @@ class _ClonePair:
         return max(d1, d2) + self.lost + ROUNDOFF * (1.0 + e)
 
 
+#: log of the largest float: e^x overflows above it.
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 def delta0_charge(n: int, eps0: float, delta0: float) -> float:
     """Total variation eta between n shuffled Gaussian reports and the eps0-DP surrogate, as charged.
 
@@ -120,6 +125,8 @@ def delta0_charge(n: int, eps0: float, delta0: float) -> float:
     (1 + 2 (n - 1) e^-eps0) delta0 (the surrogate built in docs/accounting.md); the delta of the
     shuffled output grows by (1 + e^eps) times this.
     """
+    if eps0 > _LOG_FLOAT_MAX:  # e^eps0 is beyond a float: the charge exceeds any delta
+        return math.inf
     published = (1.0 + math.exp(eps0) / 2.0) * n * delta0
     proven = (1.0 + 2.0 * (n - 1) * math.exp(-eps0)) * delta0
     return max(published, proven)
@@ -190,8 +197,12 @@ def _amplified_at(n: int, sigma: float, delta: float, delta0: float) -> tuple[fl
     if not 0 < delta0 < delta:
         return None
     eps0 = gaussian_epsilon(delta0, 2.0 / sigma)
-    pair = _ClonePair(n, eps0)
     eta = delta0_charge(n, eps0, delta0)
+    if 2.0 * eta >= delta:
+        # spare(e) = delta - (e^e + 1) eta <= delta - 2 eta <= 0 for every e >= 0: no epsilon meets delta
+        # (and at a small sigma e^eps0 would overflow below)
+        return None
+    pair = _ClonePair(n, eps0)
 
     def spare(e: float) -> float:  # the share of delta left to the pair at epsilon e
         return delta - (math.exp(e) + 1.0) * eta
