@@ -233,3 +233,21 @@ def test_default_table_is_short_and_details_add_the_method() -> None:
         last = out.strip().splitlines()[-1]
         assert last.startswith("report: epsilon <= ") and "Poisson sampling at rate 0.01" in last
         assert "references, another mechanism" in out  # the DP-SGD row is labelled as a reference
+
+
+@pytest.mark.parametrize("setting, batching, instead", [
+    ("dp-sgd", ["--sampling", "0.01"], "mmcc"),
+    ("shuffled-dp-sgd", ["--batching", "shuffle"], "shuffled-tree or single-pass"),
+])
+def test_a_reference_calibration_says_it_is_not_this_c(setting: str, batching: list[str], instead: str) -> None:
+    """Calibrating a DP-SGD reference row (C = I) for another C labels the sigma as the reference's
+    (reviewer: shuffled-dp-sgd's box did not)."""
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    res = CliRunner().invoke(app, ["account", "--strategy", "tree", "--n", "64", "--epsilon", "2", "--setting", setting,
+                                   *batching])
+    assert res.exit_code == 0, res.output
+    assert (f"calibration: {setting} (the DP-SGD reference, C = I: NOT a sigma for this C; calibrate {instead} for it)"
+            in " ".join(res.stdout.split()))

@@ -19,6 +19,7 @@ from mfcli.accounting.defaults import (
     DEFAULT_ARTIFACT,
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
+    REFERENCE_SETTINGS,
     SAMPLED_BATCHINGS,
     SETTINGS,
 )
@@ -555,9 +556,10 @@ def account(
         assert calibration.sensitivity is not None and calibration.noise_multiplier is not None  # session.calibrate sets it
         sens, mult = calibration.sensitivity, calibration.noise_multiplier
         sens_of = noise_sensitivity_of(schema, fixed_order=chosen == "deterministic")
-        for_c = chosen != "dp-sgd" or _is_identity(inp)
+        for_c = chosen not in REFERENCE_SETTINGS or _is_identity(inp)
+        instead = {"dp-sgd": "mmcc", "shuffled-dp-sgd": "shuffled-tree or single-pass"}.get(str(chosen), "a setting of this C")
         out.print(key_value_table(f"calibration: {chosen}" + ("" if for_c else " (the DP-SGD reference, C = I: NOT a "
-                                                                             "sigma for this C; calibrate mmcc for it)"), [
+                                                                             f"sigma for this C; calibrate {instead} for it)"), [
             ("target epsilon", calibration.target_epsilon),
             ("delta", delta),
             ("noise multiplier (smallest found, rounded up)", pessimistic(float(mult))),
