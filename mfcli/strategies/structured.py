@@ -260,8 +260,8 @@ class StructuredOperator(DenseUpToLimit):
         return materialize(self.strategy.strategy_coefs(self.size), self.size)
 
     def matrix_refusal(self, what: str) -> str:
-        return (f"{what} needs the dense strategy C, which is materialised from a structured artifact for "
-                f"n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {self.size}); above that, a structured artifact is "
+        return (f"{what} needs {self.matrix_name} for "
+                f"n <= {STRUCTURED_DENSE_MAX_N} only (this one has n = {self.size}); above that, it is "
                 "accounted without sampling (Gaussian at the schema sensitivity), under Poisson sampling by DP-SGD "
                 "only (it needs no C) or, for banded Toeplitz, under cyclic Poisson sampling")
 
