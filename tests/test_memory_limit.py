@@ -94,8 +94,10 @@ def test_mmcc_refuses_before_allocating_and_runs_under_the_limit() -> None:
     prep = prepare_strategy(c)
     free = mmcc(prep, sigma=1.0, sampling=0.1)
     fixed, worst = tail_pairs_memory(prep, resolution=free.tail_resolution)
-    with pytest.raises(MemoryLimitError, match=rf"needs about {format_size(fixed)} of memory, over the limit of 1.00 MiB"):
-        mmcc(prep, sigma=1.0, sampling=0.1, max_memory=2**20)
+    # Below the fixed part: refused before anything is allocated.
+    with pytest.raises(MemoryLimitError,
+                       match=rf"needs about {format_size(fixed)} of memory, over the limit of {format_size(fixed // 2)}"):
+        mmcc(prep, sigma=1.0, sampling=0.1, max_memory=fixed // 2)
     # Between the fixed part and the worst case: refused while the distinct problems are collected.
     with pytest.raises(MemoryLimitError, match="distinct tail problems by row"):
         mmcc(prep, sigma=1.0, sampling=0.1, max_memory=(fixed + worst) // 2)

@@ -261,15 +261,14 @@ G_QUANTUM = 2.0 ** -40
 
 
 def _bytes_per_distinct(nbins: int) -> int:
-    """Bytes per distinct tail problem while collecting: its int64 histogram (an array object,
-    ~112 bytes of header), its dictionary key (int32 histogram + 8 bytes, ~33 of header), the
-    dictionary slot (up to twice while it resizes), the g index and list slots, and the stacked
-    copy made at the end."""
-    return 8 * nbins + 112 + (4 * nbins + 8 + 33) + 2 * 48 + 28 + 2 * 8 + 8 * nbins
+    """Bytes per distinct tail problem while collecting: its int64 histogram (a row of its row's
+    block), its dictionary key (int32 histogram + 8 bytes, ~33 of header), the dictionary slot (up
+    to twice while it resizes), its g index, and the stacked copies of both made at the end."""
+    return 8 * nbins + (4 * nbins + 8 + 33) + 2 * 48 + 8 + 8 * nbins + 8
 
 
 #: Slack on the memory estimates: interpreter and allocator overheads the byte count leaves out.
-_MEMORY_SLACK = (1.1, 2**20)
+_MEMORY_SLACK = (1.1, 2**19)
 
 
 def tail_pairs_memory(prep: PreparedStrategy, *, resolution: int) -> tuple[int, int]:
