@@ -135,7 +135,7 @@ def test_fixed_order_candidates_meet_the_target_by_brute_force() -> None:
     schema = FixedEpoch(epochs=2)
     for r in plan.ranked:
         if r.kind in ("tree", "honaker"):
-            from mfcli.services.plan import restarted_tree
+            from tree_oracles import restarted_tree
 
             ce, me, _ = restarted_tree(setup, r.kind)
             c = np.kron(np.eye(2), ce)  # one tree per epoch

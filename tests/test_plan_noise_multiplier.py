@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from accounting_oracles import gaussian_delta
 from sensitivity_oracle import brute_sensitivity
+from tree_oracles import restarted_tree
 from typer.testing import CliRunner
 
 from mfcli.cli.app import app
@@ -33,7 +34,6 @@ from mfcli.services.plan import (
     enumerate_candidates,
     evaluate,
     other_sampler_guarantees,
-    restarted_tree,
 )
 
 # 1000 examples, batch 100: 10 steps per epoch, 2 epochs (n = 20); momentum

@@ -524,22 +524,6 @@ def blt_of(setup: TrainingSetup, k: int) -> Any:
                         schema=fixed_schema(setup)).blt
 
 
-def restarted_tree(setup: TrainingSetup, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(C_e, M_e, release) of a tree on s leaves restarted every epoch, as dense matrices (the
-    tests' second method; the rows come from :func:`tree_mechanism`): C_e the tree encoder
-    (m x s, 0/1), M_e = S^-1 B_e the gradient estimate from its nodes (s x m; B_e the tree's or
-    Honaker's online prefix decoder), release the step of each node. The run's C is
-    blockdiag(C_e) over the epochs and B = A blockdiag(M_e)."""
-    from mfcli.strategies.baselines import honaker_online_decoder, tree_decoder, tree_nodes, tree_strategy_matrix
-
-    s = setup.steps_per_epoch
-    c = tree_strategy_matrix(s)
-    decoders = {"tree": tree_decoder, "honaker-online": honaker_online_decoder}  # by baseline name
-    b = decoders[str(family(kind).tree_baseline)](s)
-    m = np.vstack([b[:1], np.diff(b, axis=0)])  # S^-1 B: the gradient estimates
-    return c, m, np.asarray(tree_nodes(s).end)
-
-
 def _dpsgd_built(setup: TrainingSetup, cand: Candidate) -> _Built:
     n, e = setup.n, setup.epochs
     assert e is not None
