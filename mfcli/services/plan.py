@@ -732,7 +732,7 @@ def tree_mechanism(setup: TrainingSetup, kind: str) -> Any:
     :class:`mfcli.strategies.baseline_mechanisms.TreeMechanism`)."""
     from mfcli.strategies.baseline_mechanisms import baseline_mechanism
 
-    return baseline_mechanism(str(family(kind).tree_baseline), toeplitz_of(setup), setup.n,
+    return baseline_mechanism(str(family(kind).baseline), toeplitz_of(setup), setup.n,
                               epochs=int(setup.epochs or 1))
 
 
@@ -1321,11 +1321,6 @@ class PlanFamily:
     fixed_order_sensitivity: Callable[[TrainingSetup, Callable[[], _Built]], float] | None = None
     cyclic_reaccount: bool = False
 
-    @property
-    def tree_baseline(self) -> str | None:
-        """The tree baseline it runs restarted every epoch (None: not a tree)."""
-        return self.baseline if self.is_tree else None
-
 
 def _tree_family(kind: str, baseline: str, mechanism: str, decoder_words: str) -> PlanFamily:
     # no structured form: written dense (writable refuses n > PLAN_DENSE_ARTIFACT_MAX_N)
@@ -1528,7 +1523,7 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
                 words = SingleParticipation().describe(n) if e == 1 else FixedEpoch(epochs=e).describe(n)
                 eps = bib_dpsgd_epsilon(s, e, setup.delta, r.sigma / r.spectral_norm)
                 name = bib_accounting(r.kind)
-                if family(r.kind).tree_baseline is not None and _pow2(s):  # the tree's own bound: 2^L leaves only
+                if family(r.kind).is_tree and _pow2(s):  # the tree's own bound: 2^L leaves only
                     tree = tree_balls_in_bins(n=s, sigma=r.sigma, delta=setup.delta, epochs=e).epsilon
                     if tree < eps:
                         eps, name = tree, "balls-in-bins-tree"
