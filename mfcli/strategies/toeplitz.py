@@ -477,11 +477,7 @@ class RationalToeplitz(IirRecursion):
 
     def coefs(self) -> np.ndarray:
         """The first column (impulse response), length n."""
-        import scipy.signal
-
-        x = np.zeros(self.size)
-        x[0] = 1.0
-        return scipy.signal.lfilter(self.numerator, self.denominator, x)
+        return _impulse(self.numerator, self.denominator, self.size)
 
     def dense(self) -> np.ndarray:
         return materialize(self.coefs(), self.size)
