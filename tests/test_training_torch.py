@@ -277,6 +277,22 @@ def test_deterministic_epsilon_per_epoch_is_the_analytic_gaussian(arts) -> None:
     assert per[-1] == opt.epsilon()
 
 
+def test_epsilon_per_epoch_reads_the_operator_the_verifier_read(arts, monkeypatch) -> None:
+    """The per-epoch accounting takes C from the subject the record's verifier built: the artifact
+    is not opened again (it was once per epoch and setting)."""
+    import mfcli.io.artifact as artifact_io
+
+    _, opt, _ = _setup(arts, "fixed-order")
+    assert opt.record.subject is not None
+
+    def no_reread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the artifact was read again")
+
+    monkeypatch.setattr(artifact_io, "load_any_artifact", no_reread)
+    per = opt.epsilon_per_epoch()
+    assert len(per) == 3 and all(e is not None for e in per) and per[-1] == opt.epsilon()
+
+
 # ---------------------------------------------------------------------------------------------
 # make_private_with_epsilon: plan's library path
 

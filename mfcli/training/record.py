@@ -39,13 +39,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.services.records import accounted_sensitivity, read_claim
+from mfcli.services.records import RecordSubject, accounted_sensitivity, read_claim
 from mfcli.training.noise import AccountedOperator
 
 #: The records' epsilon attribute names and the settings they belong to, for a deterministic
@@ -87,6 +88,9 @@ class TrainingRecord:
         accounted: the operator the record accounted (its claim's ``operator`` and
             ``strategy_sha256``): the noise stream is built for it (:func:`record_stream`).
         attrs: the record's attributes as stored.
+        subject: the artifact as the record's verifier read it (None when the record was not
+            verified here): the per-epoch accounting takes the operator from it instead of
+            reading the file again.
     """
 
     artifact: Path
@@ -103,6 +107,7 @@ class TrainingRecord:
     sensitivity: float
     accounted: AccountedOperator
     attrs: dict[str, Any] = field(repr=False, default_factory=dict)
+    subject: RecordSubject | None = field(repr=False, compare=False, default=None)
 
     @property
     def noise_std(self) -> float:
@@ -153,7 +158,9 @@ class TrainingRecord:
         out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch) for j in range(1, e)]
         return [*out, self.epsilon]
 
+    @cached_property
     def _accounted_input(self) -> Any:
+        # one read of the operator per record, not one per epoch and setting (a dense C is n x n)
         return _accounted_input_of(self)
 
     def _prefix_epsilon(self, m: int) -> float | None:
@@ -183,7 +190,7 @@ class TrainingRecord:
             elif setting in ("deterministic", "cyclic-poisson"):
                 from mfcli.accounting.prefix import prefix_epsilon
 
-                inp = self._accounted_input()
+                inp = self._accounted_input
                 if inp is None:
                     continue
                 # the prefix's own sensitivity under the schema cut to m steps (docs/accounting.md)
@@ -204,7 +211,7 @@ def _accounted_input_of(rec: TrainingRecord) -> Any:
     from mfcli.services.records import subject_of
 
     # the artifact's operators by label, as the record verifier reads them: no branch on the kind
-    subject = subject_of(load_any_artifact(rec.artifact))
+    subject = rec.subject if rec.subject is not None else subject_of(load_any_artifact(rec.artifact))
     op = subject.operators.get(str(rec.attrs.get("operator", "dense")))
     if op is None:
         return None
@@ -291,7 +298,8 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     if verify_record and verified is None:
         _, check, subject = verified_record(path, rid)
         verified = (check, subject)
-    n = int(load_any_artifact(path).n)
+    # the verifier's subject was read from the same file: its n, without opening it again
+    n = int(verified[1].n) if verified is not None else int(load_any_artifact(path).n)
     sigma, delta = _num(attrs.get("sigma")), _num(attrs.get("delta"))
     if sigma is None or delta is None:
         raise MfcliError(f"accounting record {rid!r} of {path} stores no sigma or delta")
@@ -331,7 +339,8 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
-                          accounted=accounted_operator(rid, claim), attrs=dict(attrs))
+                          accounted=accounted_operator(rid, claim), attrs=dict(attrs),
+                          subject=verified[1] if verified is not None else None)
 
 
 #: The one line that refuses ``noise_multiplier=`` without an accounting record.
