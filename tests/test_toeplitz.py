@@ -25,6 +25,7 @@ from mfcli.strategies.toeplitz import (
     inverse_coefs,
     materialize,
     optimize_banded_toeplitz,
+    rational_decoder,
     toeplitz_sensitivity,
     toeplitz_workload,
 )
@@ -276,3 +277,20 @@ def test_jax_privacy_banded_toeplitz_is_never_better():
         theirs = BandedToeplitz(np.asarray(jp.optimize_banded_toeplitz(n, bands), dtype=np.float64))
         ours = optimize_banded_toeplitz(n, bands)
         assert ours.loss.mean <= theirs.loss(n, TOEPLITZ_PREFIX).mean * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("bands,n", [(1, 1), (3, 2), (8, 5), (8, 8), (40, 7), (16, 300), (64, 1000)])
+@pytest.mark.parametrize("workload", [TOEPLITZ_PREFIX, toeplitz_workload("momentum", beta=0.9)])
+def test_decoder_is_the_rational_forms_impulse_response_bit_for_bit(bands, n, workload):
+    """B's first column of a banded C, the structured mechanism's route (c truncated to n steps),
+    against the impulse response of the rational form A(z) / c(z) with every band kept; C is not
+    truncated there, so bands beyond n must not change a bit. The dense product A C^-1 checks the
+    values."""
+    rng = np.random.default_rng(bands * 1000 + n)
+    c = np.concatenate([[rng.uniform(0.5, 2.0)], 0.3 * rng.normal(size=bands - 1)])
+    bt = BandedToeplitz(c)
+    got = bt.workload_decoder(workload, n)
+    assert np.array_equal(got, rational_decoder(*bt.rational(), workload, n))
+    if n <= 300:
+        dense = dense_workload(workload, n) @ np.linalg.inv(bt.dense(n))
+        assert np.allclose(got, dense[:, 0], rtol=1e-9, atol=1e-9 * np.abs(dense).max())

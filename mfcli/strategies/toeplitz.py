@@ -556,8 +556,10 @@ class BandedToeplitz:
         return np.array([1.0]), np.array(self.coefs)
 
     def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
-        """First column of B = A C^-1 from the rational form (what the structured mechanism runs)."""
-        return rational_decoder(*self.rational(), workload, n)
+        """First column of B = A C^-1 (what the structured mechanism runs): :meth:`decoder_coefs`,
+        the one route for a banded C (its rational form 1 / c(z) gives the same bits,
+        tests/test_toeplitz.py holds the two equal, bands beyond n included)."""
+        return self.decoder_coefs(workload, n)
 
     def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> RationalToeplitz:
         """The streamed operator (``kind``: gradient C^-1, iterate B): the IIR recursion of 1 / c(z)."""
