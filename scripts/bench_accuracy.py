@@ -48,8 +48,9 @@ for p in (ROOT, ROOT / "examples"):
 GRID = "0.25,0.35,0.5,0.7,1,1.4"
 
 
-def _config(batching: str | None, bands: str | None) -> str:
-    return "plan" if not (batching or bands) else f"batching={batching or '*'} bands={bands or '*'}"
+def _config(batching: str | None, bands: str | None, momentum: float = 0.0) -> str:
+    base = "plan" if not (batching or bands) else f"batching={batching or '*'} bands={bands or '*'}"
+    return base + (f" momentum={momentum:g}" if momentum else "")
 
 
 def _key(row: dict) -> tuple:
@@ -65,6 +66,7 @@ def _example_args(module: Any, fw: str, bench: argparse.Namespace, epsilon: floa
     argv += ["--bands", bench.bands] if bench.bands else []
     argv += ["--no-dpsgd"] if bench.no_dpsgd else []
     argv += ["--threads", str(bench.threads)] if fw == "torch" else []
+    argv += ["--momentum", str(bench.momentum)] if bench.momentum else []
     return module.finish_args(module.parser().parse_args(argv))
 
 
@@ -72,7 +74,10 @@ def bench(args: argparse.Namespace) -> int:
     done = set()
     if args.out and Path(args.out).exists():
         done = {_key(json.loads(line)) for line in Path(args.out).read_text().splitlines() if line.strip()}
-    config = _config(args.batching, args.bands)
+    config = _config(args.batching, args.bands, args.momentum)
+    if args.momentum and "jax" in args.frameworks.split(","):
+        print("error: --momentum is an option of the PyTorch example only", file=sys.stderr)
+        return 2
     for fw in args.frameworks.split(","):
         if fw == "torch":
             import plan_to_torch as example
@@ -155,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--batching", default=None, help="samplers plan may use (default: plan's; a candidate study)")
     ap.add_argument("--bands", default=None, help="band counts plan may try (default: plan's)")
+    ap.add_argument("--momentum", type=float, default=0.0,
+                    help="SGD momentum of both arms (mfcli plans for the momentum workload)")
     ap.add_argument("--no-dpsgd", action="store_true", help="the mfcli arm only (e.g. another candidate)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads; JAX: one XLA thread if 1")
     ap.add_argument("--out", default=None, help="append each run's JSON line here; runs already in it are skipped")
