@@ -33,7 +33,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, overload, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from mfcli.accounting.defaults import REFERENCE_SETTINGS
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.artifact_format import compression_declared_problem, dataset_sha256
 from mfcli.model.factorization import Factorization, is_lower_triangular
+from mfcli.util.forward import Forwarded
 
 if TYPE_CHECKING:
     from mfcli.model.participation import Participation, Sensitivity
@@ -1051,31 +1052,6 @@ class MatrixStrategy(MatrixAccounting):
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         return None
-
-
-_T = TypeVar("_T")
-
-
-class Forwarded(Generic[_T]):
-    """A read-only member that is a member of one of the object's own parts (``part.attr``),
-    converted by ``convert`` where given: what a kind passes through unchanged from what it is
-    built on (the verified factorization, the banded plus low-rank decoder), one line each."""
-
-    def __init__(self, part: str, attr: str, convert: Callable[[Any], _T] | None = None, *, doc: str | None = None):
-        self.part, self.attr, self.convert = part, attr, convert
-        self.__doc__ = doc
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> Forwarded[_T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
-
-    def __get__(self, obj: object | None, owner: type | None = None) -> Forwarded[_T] | _T:
-        if obj is None:
-            return self
-        value = getattr(getattr(obj, self.part), self.attr)
-        return value if self.convert is None else self.convert(value)
 
 
 class FactorizationMechanism(MatrixAccounting):
