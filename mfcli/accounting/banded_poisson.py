@@ -205,12 +205,10 @@ class DirectionEstimate:
 
 @dataclass(frozen=True)
 class EpsilonEstimate:
-    """ESTIMATE of the true epsilon of the banded Poisson pair (max of both directions), with an
-    approximate confidence interval; never a guarantee."""
+    """ESTIMATE of the true epsilon of the banded Poisson pair, with an approximate confidence
+    interval; never a guarantee. The pair's epsilon and each end of its interval are the larger
+    of the two directions' (computed from ``remove`` and ``add``, not stored beside them)."""
 
-    epsilon: float
-    low: float
-    high: float
     delta: float
     band: int
     z: float
@@ -218,6 +216,18 @@ class EpsilonEstimate:
     remove: DirectionEstimate
     seed: int
     seconds: float
+
+    @property
+    def epsilon(self) -> float:
+        return max(self.remove.epsilon, self.add.epsilon)
+
+    @property
+    def low(self) -> float:
+        return max(self.remove.low, self.add.low)
+
+    @property
+    def high(self) -> float:
+        return max(self.remove.high, self.add.high)
 
     def as_dict(self) -> dict:
         return fields_of(
@@ -394,10 +404,7 @@ def estimate_epsilon(
     add = _estimate_direction(rng, c, b, p=p, sigma=sig, delta=delta, samples=samples, z=z, direction="add",
                               tick=tick)
     ticker.finish()
-    return EpsilonEstimate(
-        epsilon=max(remove.epsilon, add.epsilon), low=max(remove.low, add.low), high=max(remove.high, add.high),
-        delta=delta, band=b, z=z, remove=remove, add=add, seed=seed, seconds=time.perf_counter() - t0,
-    )
+    return EpsilonEstimate(delta=delta, band=b, z=z, remove=remove, add=add, seed=seed, seconds=time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from mfcli.adapters import check_gradient_stream, check_noise_options
 from mfcli.errors import MfcliError
 from mfcli.training.noise import NoiseState, NoiseStream, cast_tables, check_step, noise_stream
 from mfcli.training.record import record_stream, resolve_noise_std
+from mfcli.util.forward import Forwarded
 
 #: Generators of the noise rows: ``numpy`` (the reference stream, drawn on the host), ``torch``
 #: (drawn on the parameters' device), ``auto`` (numpy for CPU parameters, torch elsewhere).
@@ -427,29 +428,9 @@ class CorrelatedNoiseOptimizer(StreamFacts, torch.optim.Optimizer):
         return scale / self.batch_size if self.batch_size else scale
 
     # The inner optimizer owns these; schedulers and user code read and write them through here.
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict) -> None:
-        self.optimizer.defaults = value
+    param_groups = Forwarded[list]("optimizer", "param_groups", writable=True)
+    state = Forwarded[Any]("optimizer", "state", writable=True)
+    defaults = Forwarded[dict]("optimizer", "defaults", writable=True)
 
     # ------------------------------------------------------------------ optimizer interface
 

@@ -617,6 +617,19 @@ def option_group(group: type[Any], *, into: str) -> Callable[[F], F]:
     return decorate
 
 
+def solver_stop(tol: float | None, max_iter: int | None) -> tuple[float, int]:
+    """The dense solver's stopping rule from --tol and --max-iter: the library's defaults
+    (:data:`mfcli.optimize.dense.DEFAULT_TOL`, ``DEFAULT_MAX_ITER``) where not given; a gap
+    outside (0, 1) or fewer than one iteration is a usage error."""
+    from mfcli.optimize.dense import DEFAULT_MAX_ITER, DEFAULT_TOL
+
+    tol = DEFAULT_TOL if tol is None else tol
+    max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
+    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
+    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
+    return tol, max_iter
+
+
 def with_schema_suffix(path: _Path, schema: Any, n: int) -> _Path:
     """A default output path named for its participation schema: ``-epochs<K>`` for fixed-epoch,
     ``-minsep<B>-k<K>`` for min-separation (K participations at most), unchanged for single

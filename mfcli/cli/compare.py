@@ -28,6 +28,7 @@ from mfcli.cli.common import (
     option_group,
     refuse_structured,
     refuse_unless,
+    solver_stop,
     stdout,
 )
 from mfcli.cli.display import ProgressDisplay, SolverDisplay, duration_text
@@ -205,10 +206,7 @@ def compare(
     refuse_unless(solves or (tol is None and max_iter is None),
                   "--tol and --max-iter apply to the optimal solve, which this command does not run"
                   + (" (--artifact replaces it)" if artifact else ""))
-    tol = 1e-6 if tol is None else tol
-    max_iter = 1000 if max_iter is None else max_iter
-    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
-    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
+    tol, max_iter = solver_stop(tol, max_iter)
     w = build_workload(workload, n, **workload_opts)
     for path in artifact or ():
         if not path.exists():

@@ -23,6 +23,7 @@ from mfcli.cli.common import (
     option_group,
     refuse_structured,
     refuse_unless,
+    solver_stop,
     stdout,
     with_schema_suffix,
 )
@@ -31,16 +32,14 @@ from mfcli.io.artifact import check_output_path, default_artifact_path, load_art
 from mfcli.model.participation import Participation, SingleParticipation, schema_dict
 from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
 from mfcli.optimize.dense import (
+    DEFAULT_MAX_ITER,
     DEFAULT_METHOD,
+    DEFAULT_TOL,
     METHODS,
     optimal_factorization,
     warm_start_weights,
 )
 from mfcli.optimize.multi_solver import multi_participation_factorization
-
-#: The dense solvers' stopping rule when --tol / --max-iter are not given.
-DEFAULT_TOL = 1e-6
-DEFAULT_MAX_ITER = 1000
 
 
 @guarded
@@ -113,8 +112,6 @@ def optimize(
                             schema=participation.schema(), out=out, force=force,
                             quiet=quiet, as_json=as_json, buffers=buffers, max_iter=max_iter)
         return
-    tol = DEFAULT_TOL if tol is None else tol
-    max_iter = DEFAULT_MAX_ITER if max_iter is None else max_iter
     method_given = method is not None
     method = DEFAULT_METHOD if method is None else method
     refuse_unless(bands is None and buffers is None and error == "mean",
@@ -122,8 +119,7 @@ def optimize(
     schema = participation.schema()
     workload_opts = workload_options.build_kwargs()
     refuse_unless(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    refuse_unless(0 < tol < 1, f"--tol must be in (0, 1), got {tol:g}")
-    refuse_unless(max_iter >= 1, f"--max-iter must be at least 1, got {max_iter}")
+    tol, max_iter = solver_stop(tol, max_iter)
     w = build_workload(workload, n, **workload_opts)
     schema.check(w.n)
     # One participation at most (--epochs 1, --min-sep n, --max-participations 1): the problem is

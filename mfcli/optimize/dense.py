@@ -79,6 +79,10 @@ from mfcli.util.blas import blas_threads
 
 METHODS = ("newton", "anderson", "fixed-point")
 DEFAULT_METHOD = "newton"
+#: The dense solver's stopping rule (:func:`optimal_factorization`; ``optimize`` and ``compare``
+#: when --tol / --max-iter are not given): relative duality gap, full-size iterations.
+DEFAULT_TOL = 1e-6
+DEFAULT_MAX_ITER = 1000
 
 #: Coarse-to-fine start: used for n >= 2 * COARSE_MIN_N; the coarsest level has between
 #: COARSE_MIN_N and 2 * COARSE_MIN_N steps.
@@ -565,8 +569,8 @@ def _coarse_start(gram: np.ndarray, terms: int | None) -> tuple[np.ndarray | Non
 def optimal_factorization(
     workload: np.ndarray,
     *,
-    tol: float = 1e-6,
-    max_iter: int = 1000,
+    tol: float = DEFAULT_TOL,
+    max_iter: int = DEFAULT_MAX_ITER,
     method: str = DEFAULT_METHOD,
     v0: np.ndarray | None = None,
     memory: int = 6,

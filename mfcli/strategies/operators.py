@@ -41,6 +41,7 @@ from mfcli.accounting.defaults import REFERENCE_SETTINGS
 from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.artifact_format import compression_declared_problem, dataset_sha256
 from mfcli.model.factorization import Factorization, is_lower_triangular
+from mfcli.util.forward import Forwarded
 
 if TYPE_CHECKING:
     from mfcli.model.participation import Participation, Sensitivity
@@ -229,24 +230,39 @@ class BoundedState:
                 "it returns; use fewer parameters, fewer bands or buffers, or pass a larger max_memory")
 
 
-class IirRecursion(BoundedState):
-    """C^-1 (or A C^-1) of a structured Toeplitz strategy as the rational filter num(z) / den(z):
-    ``den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}``. State: the W most
-    recent noise rows and the R most recent outputs. O((W + R) d) per step, whatever n.
-
-    A mixin: the class using it has ``numerator``, ``denominator``, ``size`` (n), ``width`` and ``rank``.
-    """
+class ToeplitzRecursion(BoundedState):
+    """What the two recursions of a structured Toeplitz strategy (:class:`IirRecursion`,
+    :class:`BufferRecursion`) share: n is the kind's ``size`` field, the stream's name is
+    "recursion" (it says "no growth with t"; the fingerprint says which one), and the row sums
+    are those of the Toeplitz matrix of the kind's ``coefs()``."""
 
     method = "recursion"
-    numerator: np.ndarray
-    denominator: np.ndarray
 
-    if TYPE_CHECKING:  # a field of each kind
+    if TYPE_CHECKING:  # supplied by each kind
+
         size: int
+
+        def coefs(self) -> np.ndarray: ...
 
     @property
     def n(self) -> int:
         return self.size
+
+    def abs_row_sums(self) -> np.ndarray:
+        return _toeplitz_row_sums(self.coefs())
+
+
+class IirRecursion(ToeplitzRecursion):
+    """C^-1 (or A C^-1) of a structured Toeplitz strategy as the rational filter num(z) / den(z):
+    ``den_0 x_t = sum_{k<=W} num_k z_{t-k} - sum_{1<=k<=R} den_k x_{t-k}``. State: the W most
+    recent noise rows and the R most recent outputs. O((W + R) d) per step, whatever n.
+
+    A mixin: the class using it has ``numerator``, ``denominator``, ``size`` (n), ``width``, ``rank``
+    and ``coefs()``.
+    """
+
+    numerator: np.ndarray
+    denominator: np.ndarray
 
     def tables(self) -> dict[str, np.ndarray]:
         w, r = self.width, self.rank
@@ -273,20 +289,17 @@ class IirRecursion(BoundedState):
         w = self.width
         return [(j % w, j) for j in range(max(0, t - w), t)]
 
-    def abs_row_sums(self) -> np.ndarray:
-        return _toeplitz_row_sums(self.coefs())  # type: ignore[attr-defined]
 
-
-class BufferRecursion(BoundedState):
+class BufferRecursion(ToeplitzRecursion):
     """A BLT's C^-1 in its buffer form: ``x_t = z_t - sum_i omega_i s_i``, then each buffer
     ``s_i <- theta_i s_i + x_t``; for iterate noise the output then runs through the workload's
     all-pole filter, ``y_t = (x_t - sum_{k>=1} post_k y_{t-k}) / post_0``. State: the buffers and
     the P recent outputs y. O((buffers + P) d) per step, whatever n.
 
-    A mixin: the class using it has ``theta``, ``omega``, ``post_den``, ``size`` (n), ``buffers``.
+    A mixin: the class using it has ``theta``, ``omega``, ``post_den``, ``size`` (n), ``buffers``
+    and ``coefs()``.
     """
 
-    method = "recursion"   # as every structured kind: the name says "no growth with t", the fingerprint which one
     theta: np.ndarray
     omega: np.ndarray
     post_den: np.ndarray
@@ -294,13 +307,6 @@ class BufferRecursion(BoundedState):
     @property
     def _post(self) -> int:
         return int(np.asarray(self.post_den).size - 1)
-
-    if TYPE_CHECKING:  # a field of each kind
-        size: int
-
-    @property
-    def n(self) -> int:
-        return self.size
 
     def tables(self) -> dict[str, np.ndarray]:
         post = np.asarray(self.post_den, float)
@@ -322,9 +328,6 @@ class BufferRecursion(BoundedState):
 
     def kept_rows(self, t: int) -> list[tuple[int, int]]:
         return []
-
-    def abs_row_sums(self) -> np.ndarray:
-        return _toeplitz_row_sums(self.coefs())  # type: ignore[attr-defined]
 
 
 def band_values(matrix: np.ndarray, band: int) -> np.ndarray:
@@ -789,22 +792,35 @@ class Mechanism(Protocol):
     """
 
     @property
-    def kind(self) -> str: ...
+    def kind(self) -> str:
+        """The registry key of its kind (:data:`mfcli.model.kinds.KINDS`)."""
+        ...
 
     @property
-    def variant(self) -> str: ...
+    def variant(self) -> str:
+        """Its noise stream variant (``"dense"``, ``"compressed"`` or ``"structured"``): what a stream
+        records and :func:`mfcli.training.noise.noise_stream`'s ``variant`` selects."""
+        ...
 
     @property
-    def label(self) -> str: ...
+    def label(self) -> str:
+        """What account prints and records name (``"compressed (band 4, rank 2)"``)."""
+        ...
 
     @property
-    def n(self) -> int: ...
+    def n(self) -> int:
+        """The number of steps."""
+        ...
 
     @property
-    def factorization(self) -> Factorization: ...
+    def factorization(self) -> Factorization:
+        """A, C and B as matrices (size limited as :meth:`dense`)."""
+        ...
 
     @property
-    def sensitivity(self) -> float: ...
+    def sensitivity(self) -> float:
+        """The L2 sensitivity of C under single participation (clip norm 1)."""
+        ...
 
     @property
     def identity_sha256(self) -> str | None:
@@ -1054,22 +1070,10 @@ class FactorizationMechanism(MatrixAccounting):
     def release_steps(self) -> np.ndarray:
         return _matrix_release(np.asarray(self.factorization.strategy, dtype=np.float64), "artifact")
 
-    @property
-    def n(self) -> int:
-        return self.factorization.n
-
-    @property
-    def strategy(self) -> np.ndarray:
-        """C, the strategy that is accounted."""
-        return self.factorization.strategy
-
-    @property
-    def sensitivity(self) -> float:
-        return float(self.factorization.sensitivity)
-
-    @property
-    def causal(self) -> bool:
-        return bool(self.factorization.causal)
+    n = Forwarded[int]("factorization", "n")
+    strategy = Forwarded[np.ndarray]("factorization", "strategy", doc="C, the strategy that is accounted.")
+    sensitivity = Forwarded("factorization", "sensitivity", float)
+    causal = Forwarded("factorization", "causal", bool)
 
     def dense(self) -> np.ndarray:
         return np.array(self.factorization.decoder)
@@ -1238,28 +1242,11 @@ class CompressedOperator(FactorizationMechanism):
             als_iterations=int(als_iterations),
         )
 
-    @property
-    def band(self) -> int:
-        """K, the number of exact diagonals kept."""
-        return self.decoder_matrix.width
-
-    @property
-    def rank(self) -> int:
-        """R, the rank of the masked low-rank part."""
-        return self.decoder_matrix.rank
-
-    @property
-    def band_values(self) -> np.ndarray:
-        """n x K, ``band_values[t, i] = B^[t, t - i]``."""
-        return self.decoder_matrix.band
-
-    @property
-    def u(self) -> np.ndarray:
-        return self.decoder_matrix.u
-
-    @property
-    def v(self) -> np.ndarray:
-        return self.decoder_matrix.v
+    band = Forwarded[int]("decoder_matrix", "width", doc="K, the number of exact diagonals kept.")
+    rank = Forwarded[int]("decoder_matrix", "rank", doc="R, the rank of the masked low-rank part.")
+    band_values = Forwarded[np.ndarray]("decoder_matrix", "band", doc="n x K, ``band_values[t, i] = B^[t, t - i]``.")
+    u = Forwarded[np.ndarray]("decoder_matrix", "u")
+    v = Forwarded[np.ndarray]("decoder_matrix", "v")
 
     @property
     def label(self) -> str:
