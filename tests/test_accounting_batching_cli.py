@@ -156,3 +156,22 @@ def test_subprocess_json() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["settings"]["balls-in-bins-tree"]["epsilon"] == tree_balls_in_bins(n=4, sigma=2.0).epsilon
+
+
+def test_calibrating_the_shuffled_tree_without_a_sampler_reports_its_guarantee() -> None:
+    """The shuffled tree's number is the single-epoch Gaussian bound, valid for any order: asked
+    for without --batching it is the reported guarantee (it was shown, then "no guarantee"), and
+    it is the Gaussian mechanism's epsilon at sensitivity sqrt(L + 1) (Balle-Wang, by bisection here)."""
+    import math
+
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    out = _json(run("--strategy", "tree", "--n", "64", "--epsilon", "2", "--setting", "shuffled-tree", "--json", "-q"))
+    rep, sigma = out["report"], out["calibration"]["sigma"]
+    assert rep["setting"] == "shuffled-tree" and rep["batching"] is None and rep["epsilon"] <= 2.0
+    mu = math.sqrt(7) / sigma   # 64 leaves: every column in L + 1 = 7 nodes
+
+    def excess(eps: float) -> float:
+        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu) - 1e-6
+    assert rep["epsilon"] == pytest.approx(brentq(excess, 0.0, 50.0, xtol=1e-12), rel=1e-6)

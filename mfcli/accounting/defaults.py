@@ -42,7 +42,10 @@ BATCHING_SETTINGS = {
 #: The rows whose epsilon is a guarantee for the strategy under each batch sampler (None: no
 #: sampling, deterministic participation): the reported number is the smallest of them.
 GUARANTEE_SETTINGS = {
-    None: ("single-pass", "deterministic"),
+    # the shuffled tree's number is the single-epoch Gaussian bound, valid for any order of the
+    # data (accounting/shuffled_tree.py): a guarantee without a sampler too, where it is computed
+    # (one participation; it equals single-pass there, which stays first among ties)
+    None: ("single-pass", "deterministic", "shuffled-tree"),
     "poisson": ("mmcc", "dp-sgd-reduction"),
     "cyclic": ("single-pass", "cyclic-poisson", "dp-sgd-reduction"),
     "balls-in-bins": ("single-pass", "balls-in-bins-tree", "dp-sgd-reduction"),
