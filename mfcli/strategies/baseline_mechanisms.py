@@ -3,7 +3,11 @@ the :class:`~mfcli.strategies.operators.Mechanism` protocol without n x n matric
 prefix-sum and momentum workloads (Toeplitz, :class:`~mfcli.strategies.toeplitz.ToeplitzWorkload`).
 :mod:`mfcli.strategies.baselines` builds the same strategies as dense matrices (n <= the dense
 limit, any workload); this module is what ``compare`` runs above that limit, from
-:func:`baseline_mechanism`.
+:func:`baseline_mechanism`. Each kind is its own class and answers for itself (no switch on its
+name): :class:`IdentityBaseline` and :class:`SqrtBaseline` (strategies of
+:class:`ToeplitzBaselineMechanism`), :class:`TreeMechanism` and :class:`HonakerMechanism`
+(``online`` a constructor flag: the online and the full estimator differ in that parameter, not
+in their class), both on :class:`TreeEncoderMechanism`.
 
 * identity, sqrt: a lower-triangular Toeplitz C. Sensitivity under every schema from the first
   column (:func:`~mfcli.strategies.toeplitz.toeplitz_sensitivity`; exact, the coefficients are
@@ -688,7 +692,7 @@ def _honaker(online: bool) -> Callable[[ToeplitzWorkload, int, int], HonakerMech
 
 
 #: {name: constructor (workload, n, epochs)} of every baseline with a form of any n
-#: (:data:`mfcli.model.kinds.ANY_N_BASELINES`; tests/test_baseline_mechanisms.py checks the keys).
+#: (:data:`mfcli.model.kinds.ANY_N_BASELINES`; tests/test_kind_answers.py checks the keys).
 ANY_N_CONSTRUCTORS: dict[str, Callable[[ToeplitzWorkload, int, int], ToeplitzBaselineMechanism | TreeEncoderMechanism]] = {
     "identity": _toeplitz(IdentityBaseline()),
     "tree": TreeMechanism,

@@ -455,7 +455,7 @@ def _post_processed(encoded: Callable[[int], _Encoded]) -> _Builder:
     return build
 
 
-#: {name: builder} of every baseline (:data:`STRATEGY_NAMES`; tests/test_baselines.py checks the
+#: {name: builder} of every baseline (:data:`STRATEGY_NAMES`; tests/test_kind_answers.py checks the
 #: keys): each kind's construction is its entry; :func:`build_strategy` only looks it up.
 BUILDERS: dict[str, _Builder] = {
     "identity": _identity,
