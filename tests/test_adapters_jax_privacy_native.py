@@ -17,7 +17,7 @@ from mfcli.adapters import jax_privacy as bridge
 from mfcli.errors import MfcliError
 from mfcli.model.kinds import STRUCTURED
 from mfcli.model.workloads import build_workload
-from mfcli.strategies.baseline_mechanisms import ToeplitzBaseline, baseline_mechanism
+from mfcli.strategies.baseline_mechanisms import SqrtBaseline, ToeplitzBaseline, baseline_mechanism
 from mfcli.strategies.structured import strategy_class
 from mfcli.strategies.toeplitz import toeplitz_workload
 
@@ -76,14 +76,15 @@ def test_the_tree_is_refused_in_one_line(jp) -> None:
 
 
 def test_a_registered_kind_exports_through_its_entry(jp, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new kind needs one entry: registered here for the Toeplitz baselines (their first column
-    is jax_privacy's Toeplitz form), sqrt then exports as its coefficients and streams C^-1 by
-    jax_privacy's own Toeplitz inverse, equal to the triangular solve."""
+    """A new kind needs one entry: registered here for the sqrt baseline (its strategy class
+    :class:`SqrtBaseline`; its first column is jax_privacy's Toeplitz form), sqrt then exports as
+    its coefficients and streams C^-1 by jax_privacy's own Toeplitz inverse, equal to the
+    triangular solve."""
     import jax
     import jax.numpy as jnp
     from jax_privacy.matrix_factorization import toeplitz
 
-    monkeypatch.setitem(bridge._NATIVE, ToeplitzBaseline, bridge.NativeExport(
+    monkeypatch.setitem(bridge._NATIVE, SqrtBaseline, bridge.NativeExport(
         lambda st: np.asarray(st.strategy_coefs(N), dtype=np.float64),
         lambda st: toeplitz.inverse_as_streaming_matrix(np.asarray(st.strategy_coefs(N), dtype=np.float64))))
     mech = baseline_mechanism("sqrt", toeplitz_workload("prefix"), N)
@@ -97,3 +98,21 @@ def test_a_registered_kind_exports_through_its_entry(jp, monkeypatch: pytest.Mon
     np.testing.assert_allclose(got, scipy.linalg.solve_triangular(c, np.eye(N), lower=True), rtol=0, atol=1e-10)
     back = bridge.import_strategy(native, build_workload("prefix", N))
     np.testing.assert_allclose(back.factorization.strategy, c, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize(("registered", "native"), [
+    (SqrtBaseline, {"sqrt"}),                  # its own class: identity stays dense
+    (ToeplitzBaseline, {"identity", "sqrt"}),  # a base class: every kind on it
+])
+def test_an_entry_for_a_class_covers_its_subclasses(jp, monkeypatch: pytest.MonkeyPatch, registered, native) -> None:
+    """The export registry is keyed by strategy class and looked up along the class's bases: an
+    entry for the shared ToeplitzBaseline exports identity and sqrt as their coefficients, one
+    for SqrtBaseline only sqrt; the coefficients are C's first column from its definition."""
+    monkeypatch.setitem(bridge._NATIVE, registered, bridge.NativeExport(
+        lambda st: np.asarray(st.strategy_coefs(N), dtype=np.float64), lambda st: None))
+    for name in ("identity", "sqrt"):
+        got = bridge.native_strategy(baseline_mechanism(name, toeplitz_workload("prefix"), N))
+        if name in native:
+            np.testing.assert_allclose(got, _baseline_c(name, N)[:, 0], rtol=0, atol=1e-15)
+        else:
+            np.testing.assert_allclose(got, _baseline_c(name, N), rtol=0, atol=1e-14)

@@ -1,5 +1,5 @@
 """The binary tree (and the Honaker estimators) restarted every epoch, as a mechanism of any n
-(``TreeMechanism(..., epochs=e)``, what ``mfcli plan``'s tree rows run), against independent
+(``TreeMechanism`` and ``HonakerMechanism`` with ``epochs=e``, what ``mfcli plan``'s tree rows run), against independent
 derivations: the dense matrices built here from their definitions at small n (C = blockdiag of
 one tree's encoder, B = A blockdiag(S^-1 B_e), A from the momentum recursion), brute-force
 sensitivities, and at large n the prefix sums' closed form (row t = E s + tau of a tree on

@@ -1,6 +1,6 @@
 """Dense twin of plan's tree and Honaker rows (not a test module): the tree restarted every epoch
 built from the baselines' dense matrices, the second method the plan tests compare
-:class:`mfcli.strategies.baseline_mechanisms.TreeMechanism` (``epochs`` > 1) against."""
+:class:`mfcli.strategies.baseline_mechanisms.TreeEncoderMechanism` (``epochs`` > 1) against."""
 from __future__ import annotations
 
 from typing import Any

@@ -270,14 +270,19 @@ _NATIVE: dict[type, NativeExport] = {
 
 
 def register_native(strategy_type: type, export: NativeExport) -> None:
-    """Register jax_privacy's own representation of a kind of strategy (its strategy class):
-    :func:`native_strategy` and the gradient export of :func:`streaming_matrix` then use it."""
+    """Register jax_privacy's own representation of a kind of strategy (its strategy class, or a
+    base class its kinds share): :func:`native_strategy` and the gradient export of
+    :func:`streaming_matrix` then use it."""
     _NATIVE[strategy_type] = export
 
 
 def _native(op: Any) -> NativeExport | None:
-    """The registered native form of ``op``'s strategy, None where it is exported densely."""
-    return _NATIVE.get(type(getattr(op, "strategy", None)))
+    """The registered native form of ``op``'s strategy (its own class's entry, else the nearest
+    base class's), None where it is exported densely."""
+    for cls in type(getattr(op, "strategy", None)).__mro__:
+        if cls in _NATIVE:
+            return _NATIVE[cls]
+    return None
 
 
 def native_strategy(source: Any, *, variant: str = "auto") -> Any:

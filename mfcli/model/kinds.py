@@ -34,6 +34,8 @@ class Kind:
         any_n: a mechanism of any n without n x n matrices
             (:func:`mfcli.strategies.baseline_mechanisms.baseline_mechanism`): ``compare`` lists it
             above the dense limit.
+        solved: built by a certified solver, not in closed form (seconds to minutes; a stored
+            artifact of it can stand in for the solve: ``compare --artifact``).
     """
 
     name: str
@@ -42,6 +44,7 @@ class Kind:
     accountable: bool = False
     tree: bool = False
     any_n: bool = False
+    solved: bool = False
 
 
 KINDS: tuple[Kind, ...] = (
@@ -56,7 +59,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("sqrt", "baseline", "C = S^1/2, lower-triangular Toeplitz, coefficients binom(2k,k)/4^k", accountable=True,
          any_n=True),
     Kind("optimal", "baseline", "optimal lower-triangular factorization, certified by a duality gap",
-         accountable=True),
+         accountable=True, solved=True),
     Kind("banded-toeplitz", "structured", "banded Toeplitz C, stored as its b coefficients"),
     Kind("blt", "structured", "buffered linear Toeplitz C, stored as its buffers' theta and omega"),
     Kind("dense", "operator", "the dense root of an artifact: strategy C, decoder B"),
@@ -83,8 +86,10 @@ TREE_BASELINES = names("baseline", tree=True)
 ANY_N_BASELINES = names("baseline", any_n=True)
 #: The kinds stored as parameters (``optimize --strategy`` besides ``optimal``).
 STRUCTURED = names("structured")
+#: The baselines a certified solver builds (``compare --artifact`` rows stand for them).
+SOLVED = tuple(k.name for k in KINDS if k.family == "baseline" and k.solved)
 #: {name: description} of every kind.
 DESCRIPTIONS = {k.name: k.description for k in KINDS}
 
-__all__ = ["ACCOUNTABLE", "ANY_N_BASELINES", "BASELINES", "DESCRIPTIONS", "KINDS", "STRUCTURED", "TREE_BASELINES",
-           "Kind", "names"]
+__all__ = ["ACCOUNTABLE", "ANY_N_BASELINES", "BASELINES", "DESCRIPTIONS", "KINDS", "SOLVED", "STRUCTURED",
+           "TREE_BASELINES", "Kind", "names"]

@@ -246,7 +246,7 @@ def multi_participation_factorization(
         raise MfcliError(f"threads must be a positive integer, None or 'auto', got {threads!r}")
     if storage not in ("auto", "dense", "banded"):
         raise MfcliError(f"storage must be 'auto', 'dense' or 'banded', got {storage!r}")
-    band_ok = st.name == "banded" and bool(st.mask.any())  # k > 1: the band is imposed
+    band_ok = st.banded
     if storage == "banded" and not band_ok:
         raise MfcliError("banded storage needs a min-separation schema with more than one participation")
     if method not in ("auto", "dual", "primal"):

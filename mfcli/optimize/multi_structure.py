@@ -20,7 +20,9 @@ from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
 
 class Structure:
     """The feasible set of one problem: its mask, its diagonal constraints, and the matching
-    dual support. ``classes[i]`` is the diagonal constraint that index i belongs to."""
+    dual support. ``classes[i]`` is the diagonal constraint that index i belongs to; ``banded``:
+    the feasible X is banded (min-separation with more than one participation), so it can be
+    stored in band storage."""
 
     def __init__(self, n: int, schema: Participation) -> None:
         self.n = n
@@ -29,6 +31,7 @@ class Structure:
             k = schema.participations(n)
             b = n // k
             self.name = "fixed-epoch"
+            self.banded = False
             self.classes = idx % b
             self.scale = 1.0  # sens^2 = max class sum of diag X = 1
             mask = (idx[:, None] % b == idx[None, :] % b) & (idx[:, None] != idx[None, :])
@@ -40,6 +43,7 @@ class Structure:
             self.scale = float(k)  # sens^2 = k max diag X = k
             # k = 1: one participation, no cross terms: the dense problem (bands would only restrict).
             mask = np.abs(idx[:, None] - idx[None, :]) >= b if k > 1 else np.zeros((n, n), dtype=bool)
+            self.banded = bool(mask.any())  # k > 1: the band is imposed (band storage applies)
         else:
             raise MfcliError(f"no multi-participation solver for {schema.describe()}; use the single-participation solver")
         self.mask = mask  # X is zero here; the dual Z lives here

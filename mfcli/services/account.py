@@ -214,21 +214,23 @@ def resolve_strategy(
             raise MfcliError(f"unknown strategy {strategy!r}; choose from {', '.join(BUILTIN)}")
         if n is None:
             raise MfcliError(f"the built-in strategy {strategy} needs n (the number of steps)")
+        from mfcli.model.kinds import ANY_N_BASELINES, SOLVED
         from mfcli.model.workloads import build_workload
         from mfcli.strategies.baselines import build_strategy
         from mfcli.util.limits import DENSE_MAX_N
 
-        if strategy != "optimal" and n > DENSE_MAX_N:
+        # above the dense limit, a baseline with a form of any n runs that form (the registry says which)
+        if strategy in ANY_N_BASELINES and n > DENSE_MAX_N:
             return _any_n_baseline(strategy, n=n, workload=workload, beta=beta)
         w = build_workload(workload, n, beta=beta)
-        if strategy == "optimal":
-            say(f"solving for the optimal factorization of the {w.name} workload, n = {w.n}")
+        if strategy in SOLVED:
+            say(f"solving for the {strategy} factorization of the {w.name} workload, n = {w.n}")
         st = build_strategy(strategy, w, tol=tol)
         c = np.asarray(st.factorization.strategy, dtype=np.float64)
         return StrategyInput(
             name=strategy, strategy=c, release_steps=np.asarray(st.release_steps),
             source=f"built-in strategy {strategy} for the {w.name} workload, n = {w.n}",
-            is_tree=strategy == "tree",
+            is_tree=st.is_tree,
         )
     default = path is None
     if path is None:
@@ -499,6 +501,32 @@ class Report:
                          references=dict(self.references))
 
 
+def _single_pass_under(sampler: str) -> Callable[[AccountingReport], tuple[dict, str]]:
+    return lambda rep: (schema_dict(SingleParticipation(), rep.strategy.n), sampler)
+
+
+def _poisson_labels(rep: AccountingReport) -> tuple[dict, str]:
+    return ({"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"},
+            f"Poisson: every example in every step with probability {rep.sampling:g}")
+
+
+_BALLS_IN_BINS = "balls-in-bins: each example in exactly one uniformly random step of the epoch"
+
+#: {setting: its row's (participation, batch sampler) as the JSON names them} for the settings that
+#: fix both (:meth:`AccountingReport.row_labels`; the others' come from their result).
+_ROW_LABELS: dict[str, Callable[[AccountingReport], tuple[dict, str]]] = {
+    "single-pass": _single_pass_under("deterministic"),
+    "dp-sgd": _poisson_labels,
+    "mmcc": _poisson_labels,
+    "shuffled-tree": _single_pass_under("one shuffled epoch"),
+    "balls-in-bins-tree": _single_pass_under(_BALLS_IN_BINS),
+    "shuffled-dp-sgd": _single_pass_under(
+        "one shuffled epoch, batch size 1, replace-one neighbours (Feldman-McMillan-Talwar)"),
+    "balls-in-bins-dp-sgd": _single_pass_under(_BALLS_IN_BINS),
+    "dp-sgd-reduction": lambda rep: rep._reduction_labels(),
+}
+
+
 @dataclass(frozen=True)
 class AccountingReport:
     """Every setting that applies for one strategy at one sigma: one typed result per setting
@@ -577,25 +605,9 @@ class AccountingReport:
 
     def row_labels(self, name: str) -> tuple[dict, str]:
         """(participation, batch sampler) that the row ``name`` assumes, as its JSON names them."""
-        n = self.strategy.n
-        if name == "single-pass":
-            return schema_dict(SingleParticipation(), n), "deterministic"
-        if name in ("dp-sgd", "mmcc"):
-            return ({"kind": "poisson", "description": "any number of participations (Poisson sampling in every step)"},
-                    f"Poisson: every example in every step with probability {self.sampling:g}")
-        if name == "shuffled-tree":
-            return schema_dict(SingleParticipation(), n), "one shuffled epoch"
-        if name == "balls-in-bins-tree":
-            return (schema_dict(SingleParticipation(), n),
-                    "balls-in-bins: each example in exactly one uniformly random step of the epoch")
-        if name == "shuffled-dp-sgd":
-            return (schema_dict(SingleParticipation(), n),
-                    "one shuffled epoch, batch size 1, replace-one neighbours (Feldman-McMillan-Talwar)")
-        if name == "balls-in-bins-dp-sgd":
-            return (schema_dict(SingleParticipation(), n),
-                    "balls-in-bins: each example in exactly one uniformly random step of the epoch")
-        if name == "dp-sgd-reduction":
-            return self._reduction_labels()
+        labels = _ROW_LABELS.get(name)
+        if labels is not None:
+            return labels(self)
         row = self.results[name].as_dict()
         return row["participation"], row["batch_sampler"]
 
@@ -899,7 +911,7 @@ def _any_n_baseline(strategy: str, *, n: int, workload: str, beta: float) -> Str
     return StrategyInput(
         name=strategy, strategy=np.zeros((0, 0)), release_steps=np.zeros(0, dtype=np.int64),
         source=f"built-in strategy {strategy} for the {workload} workload, n = {n} (its form of any n, no matrix)",
-        is_tree=strategy == "tree", operator="form of any n, no matrix", mechanism=mech,
+        is_tree=mech.is_tree, operator="form of any n, no matrix", mechanism=mech,
     )
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.io.artifact import strategy_from_artifact
+from mfcli.model.kinds import SOLVED
 from mfcli.model.participation import Participation, SingleParticipation, declared_or_requested, schema_dict
 from mfcli.model.participation import sensitivity as schema_sensitivity
 from mfcli.model.workloads import Workload
@@ -641,9 +642,10 @@ def run_comparison(
             raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
     if keep is not None and keep not in STRATEGY_NAMES:
         raise MfcliError(f"unknown strategy {keep!r} to save; choose from {', '.join(STRATEGY_NAMES)}")
+    # The artifacts stand for the solved kind (the certified optimum): its rows come from them, unsolved.
+    stand_in = SOLVED if artifacts else ()
     wanted = list(names)
-    if artifacts and "optimal" not in wanted:
-        wanted.append("optimal")
+    wanted += [name for name in stand_in if name not in wanted]
     if keep is not None and keep not in wanted:
         wanted.append(keep)
     trees = [name for name in wanted if name in TREE_STRATEGIES]
@@ -655,24 +657,24 @@ def run_comparison(
     rows: list[ComparisonRow] = []
     kept: Strategy | None = None
     for name in wanted:
-        in_table = name in names or (name == "optimal" and bool(artifacts))
-        if name == "optimal" and artifacts and in_table:
+        if name in stand_in:
             for path in artifacts:
                 if progress:
                     progress(f"loading {path}")
                 s = strategy_from_artifact(path, workload)
                 rows.append(row_for(s, label=f"{s.name} ({Path(path).name})", participation=schema, privacy=privacy,
                                     on_progress=on_progress))
-            if keep == "optimal":
+            if keep == name:
                 kept = strategy_from_artifact(artifacts[0], workload)
             continue
+        solved = name in SOLVED
         if progress:
-            progress(f"building {name}" + (" (solving)" if name == "optimal" else ""))
+            progress(f"building {name}" + (" (solving)" if solved else ""))
         s = build_strategy(name, workload, tol=tol, max_iter=max_iter, callback=solver_callback)
-        if in_table:
+        if name in names:
             if progress and privacy is not None:
                 progress(f"calibrating {name} at epsilon {privacy.epsilon:g}")
-            single_optimum = name == "optimal" and schema.participations(workload.n) > 1
+            single_optimum = solved and schema.participations(workload.n) > 1
             rows.append(row_for(
                 s, participation=schema, privacy=privacy, on_progress=on_progress,
                 label=SINGLE_OPTIMUM_ROW if single_optimum else None,
@@ -728,13 +730,15 @@ def structured_rows(
     schema = participation or SingleParticipation()
     schema.check(n)
     wanted = set(baselines) | ({"identity"} if identity else set()) | ({"tree"} if tree else set())
+    # the row the tree switch adds (not named in baselines) may be left out with its reason
+    optional = (({"tree"} if tree else set()) - set(baselines)) if skipped is not None else set()
     rows = []
     for name in (k for k in ANY_N_BASELINES if k in wanted):
         mech = baseline_mechanism(name, workload, n)
         try:
             rows.append(mechanism_row(name, mech.description, mech, schema, privacy))
         except MfcliError as exc:
-            if skipped is None or name in baselines or name != "tree":
+            if skipped is None or name not in optional:
                 raise
             skipped.append(f"{name}: {exc}")
     for b in bands:

@@ -3,7 +3,11 @@ the :class:`~mfcli.strategies.operators.Mechanism` protocol without n x n matric
 prefix-sum and momentum workloads (Toeplitz, :class:`~mfcli.strategies.toeplitz.ToeplitzWorkload`).
 :mod:`mfcli.strategies.baselines` builds the same strategies as dense matrices (n <= the dense
 limit, any workload); this module is what ``compare`` runs above that limit, from
-:func:`baseline_mechanism`.
+:func:`baseline_mechanism`. Each kind is its own class and answers for itself (no switch on its
+name): :class:`IdentityBaseline` and :class:`SqrtBaseline` (strategies of
+:class:`ToeplitzBaselineMechanism`), :class:`TreeMechanism` and :class:`HonakerMechanism`
+(``online`` a constructor flag: the online and the full estimator differ in that parameter, not
+in their class), both on :class:`TreeEncoderMechanism`.
 
 * identity, sqrt: a lower-triangular Toeplitz C. Sensitivity under every schema from the first
   column (:func:`~mfcli.strategies.toeplitz.toeplitz_sensitivity`; exact, the coefficients are
@@ -30,16 +34,17 @@ Philox rows (tests/test_baseline_mechanisms.py).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from mfcli.errors import MfcliError
 from mfcli.model.factorization import Factorization
-from mfcli.model.kinds import ANY_N_BASELINES, DESCRIPTIONS, TREE_BASELINES
+from mfcli.model.kinds import ANY_N_BASELINES, DESCRIPTIONS
 from mfcli.model.participation import (
     FixedEpoch,
     MinSeparation,
@@ -88,7 +93,7 @@ from mfcli.strategies.tree_error import (
 )
 from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
-#: The baselines on a lower-triangular Toeplitz C.
+#: The baselines on a lower-triangular Toeplitz C (their classes below answer for them).
 TOEPLITZ_BASELINES = ("identity", "sqrt")
 
 
@@ -116,77 +121,138 @@ def closed_form_description(name: str, workload: ToeplitzWorkload) -> str:
 
 
 @dataclass(frozen=True)
-class ToeplitzBaseline:
-    """identity (C = I) or sqrt (C = S^1/2) as a lower-triangular Toeplitz strategy: the interface
-    :class:`~mfcli.strategies.structured.StructuredOperator` runs (no stored parameters)."""
+class ToeplitzBaseline(ABC):
+    """A baseline on a lower-triangular Toeplitz C as the strategy interface
+    :class:`~mfcli.strategies.structured.StructuredOperator` runs (no stored parameters). Each
+    kind is a subclass (:class:`IdentityBaseline`, :class:`SqrtBaseline`) that answers for its
+    own coefficients, decoder and noise operator; what they share is here."""
 
-    kind: str
+    #: The kind's name in the registry (:mod:`mfcli.model.kinds`).
+    kind: ClassVar[str]
 
-    def __post_init__(self) -> None:
-        if self.kind not in TOEPLITZ_BASELINES:
-            raise MfcliError(f"a Toeplitz baseline is one of {', '.join(TOEPLITZ_BASELINES)}, got {self.kind!r}")
-
-    def _coefs(self, n: int) -> np.ndarray:
-        return np.array([1.0]) if self.kind == "identity" else sqrt_coefficients(n)
-
+    @abstractmethod
     def description(self, workload: ToeplitzWorkload) -> str:
-        """In words (identity: C = I and B = A for every workload, nothing post-processed)."""
-        return "C = I (1-band Toeplitz), B = A" if self.kind == "identity" else \
-            closed_form_description(self.kind, workload)
+        """In words, as a compare row describes it."""
 
+    @abstractmethod
     def strategy_coefs(self, n: int) -> np.ndarray:
         """First column of C, length n."""
-        n = check_n(n)
-        return _impulse(n) if self.kind == "identity" else sqrt_coefficients(n)
+
+    @abstractmethod
+    def noising_coefs(self, n: int) -> np.ndarray:
+        """First column of C^-1, length n."""
+
+    @abstractmethod
+    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+        """First column of B = A S^-1 B_S (B_S = C), length n."""
+
+    @abstractmethod
+    def rational(self) -> tuple[np.ndarray, np.ndarray]:
+        """C^-1 as a rational filter (numerator, denominator); :class:`MfcliError` where it has none."""
+
+    @abstractmethod
+    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> Any:
+        """The streamed operator of C^-1 (``kind`` gradient) or B (iterate)."""
+
+    def _sensitivity_coefs(self, n: int) -> np.ndarray:
+        """The first column of C that the sensitivity is computed from (n already checked)."""
+        return self.strategy_coefs(n)
 
     def is_identity(self, n: int) -> bool:
         """C (n x n) == I: its first column is the unit impulse (identity at any n; sqrt at n = 1)."""
         return bool(np.array_equal(self.strategy_coefs(n), _impulse(n)))
 
-    def noising_coefs(self, n: int) -> np.ndarray:
-        """First column of C^-1: 1 (identity); (1 - z)^(1/2), d_k = d_{k-1} (2k - 3) / (2k) (sqrt)."""
-        n = check_n(n)
-        if self.kind == "identity":
-            return _impulse(n)
-        k = np.arange(1, n)
-        return np.concatenate([[1.0], np.cumprod((2 * k - 3) / (2 * k))])
-
-    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
-        """First column of B = A S^-1 B_S (B_S = C): A itself for identity; for sqrt the filter
-        num / q applied to the coefficients of S^1/2 (q = den / (1 - z)), which for prefix sums is
-        S^1/2 exactly, with no cancelling sum."""
-        import scipy.signal
-
-        n = check_n(n)
-        if self.kind == "identity":
-            return workload.coefs(n)
-        return scipy.signal.lfilter(np.asarray(workload.numerator), _over_prefix(workload), sqrt_coefficients(n))
-
     def sensitivity(self, n: int, schema: Participation) -> Sensitivity:
         """:func:`mfcli.strategies.toeplitz.toeplitz_sensitivity` of the first column (exact under
         every schema: the coefficients are non-negative and non-increasing)."""
-        return toeplitz_sensitivity(self._coefs(check_n(n)), n, schema)
+        return toeplitz_sensitivity(self._sensitivity_coefs(check_n(n)), n, schema)
 
     def parameters(self) -> dict[str, np.ndarray]:
         return {}
 
+
+@dataclass(frozen=True)
+class IdentityBaseline(ToeplitzBaseline):
+    """C = I (a 1-band Toeplitz C), B = A for every workload: DP-SGD's independent noise, streamed
+    by the recursion C^-1 = 1 / 1 at any n."""
+
+    kind: ClassVar[str] = "identity"
+
+    def description(self, workload: ToeplitzWorkload) -> str:
+        """In words (C = I and B = A for every workload, nothing post-processed)."""
+        return "C = I (1-band Toeplitz), B = A"
+
+    def strategy_coefs(self, n: int) -> np.ndarray:
+        return _impulse(check_n(n))
+
+    def _sensitivity_coefs(self, n: int) -> np.ndarray:
+        # the one non-zero coefficient: the schema sensitivity of I without an n-long column
+        return np.array([1.0])
+
+    def noising_coefs(self, n: int) -> np.ndarray:
+        """1: C^-1 = I."""
+        return _impulse(check_n(n))
+
+    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+        """A itself."""
+        return workload.coefs(check_n(n))
+
     def rational(self) -> tuple[np.ndarray, np.ndarray]:
-        """C^-1 as a rational filter: 1 / 1 for identity; sqrt has none ((1 - z)^(1/2))."""
-        if self.kind == "identity":
-            return np.array([1.0]), np.array([1.0])
+        """C^-1 = 1 / 1."""
+        return np.array([1.0]), np.array([1.0])
+
+    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> RationalToeplitz:
+        """The streamed operator of the rational form."""
+        return rational_recursion(*self.rational(), workload, kind, n)
+
+
+@dataclass(frozen=True)
+class SqrtBaseline(ToeplitzBaseline):
+    """C = S^1/2, lower-triangular Toeplitz with coefficients binom(2k, k) / 4^k. C^-1 =
+    (1 - z)^(1/2) is no rational filter: its noise is streamed from the dense operator, for n <=
+    the dense limit only."""
+
+    kind: ClassVar[str] = "sqrt"
+
+    def description(self, workload: ToeplitzWorkload) -> str:
+        return closed_form_description(self.kind, workload)
+
+    def strategy_coefs(self, n: int) -> np.ndarray:
+        return sqrt_coefficients(check_n(n))
+
+    def noising_coefs(self, n: int) -> np.ndarray:
+        """(1 - z)^(1/2): d_k = d_{k-1} (2k - 3) / (2k)."""
+        n = check_n(n)
+        k = np.arange(1, n)
+        return np.concatenate([[1.0], np.cumprod((2 * k - 3) / (2 * k))])
+
+    def workload_decoder(self, workload: ToeplitzWorkload, n: int) -> np.ndarray:
+        """The filter num / q applied to the coefficients of S^1/2 (q = den / (1 - z)), which for
+        prefix sums is S^1/2 exactly, with no cancelling sum."""
+        import scipy.signal
+
+        n = check_n(n)
+        return scipy.signal.lfilter(np.asarray(workload.numerator), _over_prefix(workload), sqrt_coefficients(n))
+
+    def rational(self) -> tuple[np.ndarray, np.ndarray]:
+        """None: (1 - z)^(1/2) has no rational form (raises)."""
         raise MfcliError("the sqrt strategy's noise C^-1 = (1 - z)^(1/2) is no rational filter: no recursion streams "
                          f"it; its dense operator is streamed for n <= {STRUCTURED_DENSE_MAX_N} only")
 
-    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> RationalToeplitz:
-        """The streamed operator of the rational form (identity; sqrt has none and refuses)."""
-        return rational_recursion(*self.rational(), workload, kind, n)
+    def recursion(self, workload: ToeplitzWorkload, kind: str, n: int) -> DenseLowerTriangular:
+        """No recursion: the dense operator of C^-1 (gradient) or B (iterate), n <= the dense
+        limit (above it, the refusal of :meth:`rational`)."""
+        if n > STRUCTURED_DENSE_MAX_N:
+            self.rational()  # raises: the sqrt noise has no recursion
+        coefs = self.noising_coefs(n) if kind == "gradient" else self.workload_decoder(workload, n)
+        return DenseLowerTriangular(materialize(coefs, n))
 
 
 @dataclass(frozen=True, eq=False)
 class ToeplitzBaselineMechanism(StructuredOperator):
     """identity or sqrt as a :class:`~mfcli.strategies.operators.Mechanism` of any n: the structured
-    operator of a :class:`ToeplitzBaseline` (numbers from the first column), with no artifact group
-    and the sqrt noise stream from its dense operator up to the dense limit."""
+    operator of a :class:`ToeplitzBaseline` (numbers from the first column, noise from its
+    ``recursion``), with no artifact group."""
 
     matrix_name = "the dense strategy C of a built-in baseline, which is built"
 
@@ -194,15 +260,6 @@ class ToeplitzBaselineMechanism(StructuredOperator):
     def description(self) -> str:
         """What it is, in words (a compare row's description)."""
         return str(self.strategy.description(self.workload))
-
-    def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
-        if self.strategy.kind == "identity" or kind not in ("gradient", "iterate"):
-            return super().streaming(kind, where=where)
-        if self.size > STRUCTURED_DENSE_MAX_N:
-            self.strategy.rational()  # raises: the sqrt noise has no recursion
-        coefs = self.strategy.noising_coefs(self.size) if kind == "gradient" else \
-            self.strategy.workload_decoder(self.workload, self.size)
-        return Streaming(DenseLowerTriangular(materialize(coefs, self.size)), None)
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         """None: a baseline is rebuilt from its name and n; it stores no group."""
@@ -223,11 +280,13 @@ def _no_dense(what: str, n: int) -> MfcliError:
 
 
 @dataclass(frozen=True, eq=False)
-class TreeMechanism(DenseUpToLimit):
-    """The binary tree and the Honaker estimators on its encoder as a
-    :class:`~mfcli.strategies.operators.Mechanism` of any n (module docstring): C is the tree
-    encoder restricted to n columns (m = :func:`tree_rows` rows, released as the nodes close), B
-    the kind's decoder post-processed for the workload (B = A S^-1 B_S).
+class TreeEncoderMechanism(DenseUpToLimit):
+    """A strategy on the binary-tree encoder as a :class:`~mfcli.strategies.operators.Mechanism`
+    of any n (module docstring): C is the tree encoder restricted to n columns (m =
+    :func:`tree_rows` rows, released as the nodes close), B the kind's decoder post-processed for
+    the workload (B = A S^-1 B_S). What the kinds share (C, its sensitivity, the restarted
+    blocks) is here; each kind (:class:`TreeMechanism`, :class:`HonakerMechanism`) answers for its
+    decoder: its errors, its causality and its noise stream.
 
     ``epochs`` > 1: the tree restarted every epoch (``mfcli plan``'s tree rows): one tree on
     s = n / epochs leaves per epoch, C = blockdiag of its encoder, B = A blockdiag(S_s^-1 B_e);
@@ -236,7 +295,6 @@ class TreeMechanism(DenseUpToLimit):
     per epoch is one artifact per epoch) and is not the tree encoder on n leaves, so the tree's own
     settings (``is_tree``) do not apply to it."""
 
-    name: str
     workload: ToeplitzWorkload
     size: int
     epochs: int = 1
@@ -245,16 +303,39 @@ class TreeMechanism(DenseUpToLimit):
     variant = "dense"
     identity_sha256 = None
     matrix_name = "the dense tree encoder C, which is built"
+    #: The largest n of the kind's own noise stream (None: any n).
+    stream_max_n: ClassVar[int | None] = None
 
     def __post_init__(self) -> None:
-        if self.name not in TREE_BASELINES:
-            raise MfcliError(f"a tree baseline is one of {', '.join(TREE_BASELINES)}, got {self.name!r}")
         check_n(self.size)
         e = self.epochs
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 1 or self.size % e:
             raise MfcliError(f"a tree restarted every epoch needs a number of epochs dividing n = {self.size}, "
                              f"got {e!r}")
         tree_height(self.leaves)  # n / epochs >= 2, within the structured limit
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The kind's name in the registry (:mod:`mfcli.model.kinds`)."""
+
+    @property
+    @abstractmethod
+    def causal(self) -> bool:
+        """B uses only the nodes closed by each step."""
+
+    @abstractmethod
+    def _unit(self, wl: ToeplitzWorkload) -> tuple[np.ndarray, str]:
+        """(||B[t, :]||^2 at sensitivity 1, method) of one tree on n leaves for the workload ``wl``."""
+
+    @abstractmethod
+    def _one_tree(self, wl: ToeplitzWorkload, beta: float) -> tuple[np.ndarray, float, float, str]:
+        """(single, last, cross, method) of one tree on s leaves, as
+        :func:`~mfcli.strategies.tree_error.restarted_row_norms` takes them (``beta`` the workload's pole)."""
+
+    @abstractmethod
+    def _iterate_stream(self, where: str) -> Streaming:
+        """The iterate noise B Z of one tree on n leaves."""
 
     @property
     def description(self) -> str:
@@ -300,11 +381,6 @@ class TreeMechanism(DenseUpToLimit):
     def rows(self) -> int:
         return self.epochs * tree_rows(self.leaves)
 
-    @property
-    def causal(self) -> bool:
-        """The offline Honaker estimator's B uses nodes that close later; the others are causal."""
-        return self.name != "honaker-full"
-
     @cached_property
     def release_steps(self) -> np.ndarray:
         one = tree_release_steps(self.leaves)
@@ -312,7 +388,7 @@ class TreeMechanism(DenseUpToLimit):
 
     @property
     def max_n(self) -> Mapping[str, int | None]:
-        stream = 0 if self.epochs > 1 else None if self.name == "tree" else STRUCTURED_DENSE_MAX_N
+        stream = 0 if self.epochs > 1 else self.stream_max_n
         return {"matrix": STRUCTURED_DENSE_MAX_N, "sensitivity": None, "cyclic": None, "stream": stream}
 
     @property
@@ -377,60 +453,27 @@ class TreeMechanism(DenseUpToLimit):
         return np.array(self.factorization.decoder)
 
     def loss(self, workload: ToeplitzWorkload | None = None, *, schema: Participation | None = None) -> WorkloadLoss:
-        """The errors on ``workload`` (None: its own) under ``schema``: the tree's from
-        :func:`tree_row_norms` (prefix and momentum), the Honaker estimators' from
-        :func:`honaker_row_norms` (prefix sums; another workload from the dense B, n <= the dense
-        limit), all scaled by :meth:`schema_sensitivity`."""
+        """The errors on ``workload`` (None: its own) under ``schema``: the kind's per-step errors
+        (restarted: :func:`~mfcli.strategies.tree_error.restarted_row_norms` of one tree's), scaled
+        by :meth:`schema_sensitivity`."""
         wl = workload or self.workload
         sens = self.schema_sensitivity(schema or SingleParticipation())
         if self.epochs > 1:
             return WorkloadLoss.scaled(sens, *self._restarted_unit(wl))
-        if self.name == "tree":
-            return WorkloadLoss.scaled(sens, tree_row_norms(wl, self.size), "closed form, O(n log n)")
-        if wl.name == "prefix":
-            unit = honaker_row_norms(self.size, online=self.name == "honaker-online")
-            return WorkloadLoss.scaled(sens, unit, "closed form, O(n log n)")
-        if self.size > STRUCTURED_DENSE_MAX_N:
-            raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
-                             f"{wl.name} workload it is computed from the dense decoder, for n <= "
-                             f"{STRUCTURED_DENSE_MAX_N} only (got n = {self.size})")
-        b = build_strategy(self.name, _dense_workload(wl, self.size)).factorization.decoder
-        return WorkloadLoss.scaled(sens, np.einsum("ij,ij->i", b, b), "dense B")
+        return WorkloadLoss.scaled(sens, *self._unit(wl))
 
     def _restarted_unit(self, wl: ToeplitzWorkload) -> tuple[np.ndarray, str]:
         """(||B[t, :]||^2, method) of the tree restarted every epoch
         (:func:`~mfcli.strategies.tree_error.restarted_row_norms`), from three numbers of one tree
-        on s leaves: the tree's in closed form (prefix and momentum), the Honaker estimators' in
-        closed form on prefix sums and from one tree's dense decoder on momentum (s <= the dense
-        limit)."""
-        s = self.leaves
+        on s leaves (:meth:`_one_tree`)."""
         beta = pole(wl)  # refuses a workload that is not prefix sums post-processed by 1 / (1 - beta z)
-        if self.name == "tree":
-            last = float(bin(s).count("1"))  # row s - 1 of B_S: one node per set bit of s
-            cross = tree_last_cross(s, beta) if beta else last
-            single, method = tree_row_norms(wl, s), "closed form per tree, O(n log n)"
-        elif beta == 0.0:
-            single = honaker_row_norms(s, online=self.name == "honaker-online")
-            last = cross = float(single[-1])
-            method = "closed form per tree, O(n log n)"
-        else:
-            if s > STRUCTURED_DENSE_MAX_N:
-                raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
-                                 f"{wl.name} workload it is computed from one tree's dense decoder, for trees of at "
-                                 f"most {STRUCTURED_DENSE_MAX_N} leaves (got {s} steps per tree)")
-            import scipy.signal
-
-            b_e = _prefix_decoder(self.name, s)
-            d = scipy.signal.lfilter([1.0], [1.0, -beta], b_e, axis=0)  # D = P_s B_e
-            single, last, cross = np.einsum("ij,ij->i", d, d), float(b_e[-1] @ b_e[-1]), float(d[-1] @ b_e[-1])
-            method = "dense B of one tree, O(n + s^2)"
+        single, last, cross, method = self._one_tree(wl, beta)
         return restarted_row_norms(single, last, cross, beta, self.epochs), method
 
     def streaming(self, kind: str, *, where: str = "artifact") -> Streaming:
-        """Iterate noise B Z (C is not square: there is no gradient noise C^-1 Z). The tree's by
-        :class:`TreeStream` at any n; the Honaker estimators' from the dense decoder (n <= the dense
-        limit; the online one only, the full one is not causal). A tree restarted every epoch has
-        none (one tree per epoch is one artifact per epoch)."""
+        """Iterate noise B Z (C is not square: there is no gradient noise C^-1 Z), the kind's own
+        (:meth:`_iterate_stream`). A tree restarted every epoch has none (one tree per epoch is one
+        artifact per epoch)."""
         if self.epochs > 1:
             raise MfcliError(f"{where}: the {self.label} has no noise stream of its own: one tree per epoch is one "
                              "artifact (and one stream) per epoch")
@@ -439,17 +482,94 @@ class TreeMechanism(DenseUpToLimit):
                              "needs a square strategy (use kind='iterate' for B Z)")
         if kind != "iterate":
             raise MfcliError(f"noise kind must be 'gradient' (C^-1 Z) or 'iterate' (B Z), got {kind!r}")
-        if self.name == "tree":
-            return Streaming(TreeStream.of(self.workload, self.size), None)
-        if self.name == "honaker-full":
-            raise MfcliError(f"{where}: honaker-full is not causal (an offline-only strategy): it cannot be streamed")
-        if self.size > STRUCTURED_DENSE_MAX_N:
-            raise _no_dense("the honaker-online noise stream", self.size)
-        return Streaming(DenseLowerTriangular(self.dense()), None)
+        return self._iterate_stream(where)
 
     def group(self, *, source: Mapping[str, Any] | None = None) -> dict | None:
         """None: a baseline is rebuilt from its name and n; it stores no group."""
         return None
+
+
+@dataclass(frozen=True, eq=False)
+class TreeMechanism(TreeEncoderMechanism):
+    """The binary tree (each prefix sum from its minimal dyadic decomposition) as a mechanism of
+    any n: per-step errors :func:`~mfcli.strategies.tree_error.tree_row_norms` (prefix and
+    momentum) in O(n log n), iterate noise B Z with O(log n) rows of state per parameter
+    (:class:`TreeStream`) at any n."""
+
+    #: Causal: row t of B uses the nodes closed by step t.
+    causal = True
+
+    @property
+    def name(self) -> str:
+        return "tree"
+
+    def _unit(self, wl: ToeplitzWorkload) -> tuple[np.ndarray, str]:
+        return tree_row_norms(wl, self.size), "closed form, O(n log n)"
+
+    def _one_tree(self, wl: ToeplitzWorkload, beta: float) -> tuple[np.ndarray, float, float, str]:
+        s = self.leaves
+        last = float(bin(s).count("1"))  # row s - 1 of B_S: one node per set bit of s
+        cross = tree_last_cross(s, beta) if beta else last
+        return tree_row_norms(wl, s), last, cross, "closed form per tree, O(n log n)"
+
+    def _iterate_stream(self, where: str) -> Streaming:
+        return Streaming(TreeStream.of(self.workload, self.size), None)
+
+
+@dataclass(frozen=True, eq=False)
+class HonakerMechanism(TreeEncoderMechanism):
+    """A Honaker estimator on the tree's encoder as a mechanism of any n: ``online`` (the
+    minimum-norm estimate over the nodes closed so far, causal) or the full, offline one (B = S C^+
+    over all nodes, not causal). Per-step errors on prefix sums
+    :func:`~mfcli.strategies.tree_error.honaker_row_norms` in O(n log n), on another workload from
+    the dense B (n <= the dense limit); noise from the dense decoder (online only, n <= the dense
+    limit)."""
+
+    online: bool = True
+
+    stream_max_n = STRUCTURED_DENSE_MAX_N
+
+    @property
+    def name(self) -> str:
+        return "honaker-online" if self.online else "honaker-full"
+
+    @property
+    def causal(self) -> bool:
+        """The offline estimator's B uses nodes that close later."""
+        return bool(self.online)
+
+    def _unit(self, wl: ToeplitzWorkload) -> tuple[np.ndarray, str]:
+        if wl.name == "prefix":
+            return honaker_row_norms(self.size, online=self.online), "closed form, O(n log n)"
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
+                             f"{wl.name} workload it is computed from the dense decoder, for n <= "
+                             f"{STRUCTURED_DENSE_MAX_N} only (got n = {self.size})")
+        b = build_strategy(self.name, _dense_workload(wl, self.size)).factorization.decoder
+        return np.einsum("ij,ij->i", b, b), "dense B"
+
+    def _one_tree(self, wl: ToeplitzWorkload, beta: float) -> tuple[np.ndarray, float, float, str]:
+        s = self.leaves
+        if beta == 0.0:
+            single = honaker_row_norms(s, online=self.online)
+            return single, float(single[-1]), float(single[-1]), "closed form per tree, O(n log n)"
+        if s > STRUCTURED_DENSE_MAX_N:
+            raise MfcliError(f"the {self.name} error has a closed form for the prefix workload only; on the "
+                             f"{wl.name} workload it is computed from one tree's dense decoder, for trees of at "
+                             f"most {STRUCTURED_DENSE_MAX_N} leaves (got {s} steps per tree)")
+        import scipy.signal
+
+        b_e = _prefix_decoder(self.name, s)
+        d = scipy.signal.lfilter([1.0], [1.0, -beta], b_e, axis=0)  # D = P_s B_e
+        return np.einsum("ij,ij->i", d, d), float(b_e[-1] @ b_e[-1]), float(d[-1] @ b_e[-1]), \
+            "dense B of one tree, O(n + s^2)"
+
+    def _iterate_stream(self, where: str) -> Streaming:
+        if not self.online:
+            raise MfcliError(f"{where}: honaker-full is not causal (an offline-only strategy): it cannot be streamed")
+        if self.size > STRUCTURED_DENSE_MAX_N:
+            raise _no_dense("the honaker-online noise stream", self.size)
+        return Streaming(DenseLowerTriangular(self.dense()), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,11 +676,38 @@ class TreeStream(BoundedState):
 # The one constructor
 
 
+def _toeplitz(strategy: ToeplitzBaseline) -> Callable[[ToeplitzWorkload, int, int], ToeplitzBaselineMechanism]:
+    """The constructor of a Toeplitz baseline's mechanism: one strategy over all n steps."""
+
+    def build(workload: ToeplitzWorkload, n: int, epochs: int) -> ToeplitzBaselineMechanism:
+        if epochs != 1:
+            raise MfcliError(f"{strategy.kind} is one Toeplitz strategy over all n steps; it is not restarted per epoch")
+        return ToeplitzBaselineMechanism(strategy, workload, n)
+
+    return build
+
+
+def _honaker(online: bool) -> Callable[[ToeplitzWorkload, int, int], HonakerMechanism]:
+    return lambda workload, n, epochs: HonakerMechanism(workload, n, epochs, online=online)
+
+
+#: {name: constructor (workload, n, epochs)} of every baseline with a form of any n
+#: (:data:`mfcli.model.kinds.ANY_N_BASELINES`; tests/test_kind_answers.py checks the keys).
+ANY_N_CONSTRUCTORS: dict[str, Callable[[ToeplitzWorkload, int, int], ToeplitzBaselineMechanism | TreeEncoderMechanism]] = {
+    "identity": _toeplitz(IdentityBaseline()),
+    "tree": TreeMechanism,
+    "honaker-online": _honaker(True),
+    "honaker-full": _honaker(False),
+    "sqrt": _toeplitz(SqrtBaseline()),
+}
+
+
 def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int, *,
-                       epochs: int = 1) -> ToeplitzBaselineMechanism | TreeMechanism:
+                       epochs: int = 1) -> ToeplitzBaselineMechanism | TreeEncoderMechanism:
     """The baseline ``name`` (identity, tree, honaker-online, honaker-full, sqrt) for the Toeplitz
-    ``workload`` over n steps, as a mechanism of any n; ``epochs`` > 1 (tree kinds only): the tree
-    restarted every n / epochs steps (:class:`TreeMechanism`).
+    ``workload`` over n steps, as a mechanism of any n (its constructor in
+    :data:`ANY_N_CONSTRUCTORS`); ``epochs`` > 1 (tree kinds only): the tree restarted every n /
+    epochs steps (:class:`TreeEncoderMechanism`).
 
     Raises:
         MfcliError: ``optimal`` or an unknown name (the certified optimum is a dense solve), n out
@@ -569,13 +716,9 @@ def baseline_mechanism(name: str, workload: ToeplitzWorkload, n: int, *,
     """
     if name not in ANY_N_BASELINES:
         raise MfcliError(f"{name!r} is no baseline with a form of any n; choose from {', '.join(ANY_N_BASELINES)}")
-    n = check_n(n)
-    if name in TOEPLITZ_BASELINES:
-        if epochs != 1:
-            raise MfcliError(f"{name} is one Toeplitz strategy over all n steps; it is not restarted per epoch")
-        return ToeplitzBaselineMechanism(ToeplitzBaseline(name), workload, n)
-    return TreeMechanism(name, workload, n, epochs)
+    return ANY_N_CONSTRUCTORS[name](workload, check_n(n), epochs)
 
 
-__all__ = ["TOEPLITZ_BASELINES", "ToeplitzBaseline", "ToeplitzBaselineMechanism", "TreeMechanism", "TreeStream",
+__all__ = ["ANY_N_CONSTRUCTORS", "TOEPLITZ_BASELINES", "HonakerMechanism", "IdentityBaseline", "SqrtBaseline",
+           "ToeplitzBaseline", "ToeplitzBaselineMechanism", "TreeEncoderMechanism", "TreeMechanism", "TreeStream",
            "baseline_mechanism"]

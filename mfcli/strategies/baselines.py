@@ -75,6 +75,8 @@ class Strategy:
         release_steps: length m; row i of C is released at step release_steps[i].
         source: the artifact a stored strategy was read from, else None.
         solver: the solver certificate (gap, iterations, ...) for ``optimal``, else None.
+        is_tree: C is the binary-tree encoder (the tree kinds' builders say so; a stored strategy
+            does not claim it, the safe side: the tree's own accounting settings then do not apply).
     """
 
     name: str
@@ -84,6 +86,7 @@ class Strategy:
     release_steps: np.ndarray | None = None
     source: str | None = None
     solver: Mapping[str, Any] | None = field(default=None, repr=False)
+    is_tree: bool = False
 
     def __post_init__(self) -> None:
         r = self.release_steps
@@ -378,6 +381,92 @@ def _as_workload(workload: Workload | np.ndarray) -> np.ndarray:
     return check_workload_matrix(workload)
 
 
+class _Encoded(NamedTuple):
+    """What a prefix-sum strategy gives before post-processing: C, C as its reconstruction check
+    takes it (sparse for the tree), the release steps, B_S, whether it is causal and whether C is
+    the binary-tree encoder."""
+
+    c: np.ndarray
+    c_check: Any
+    release: np.ndarray
+    b_s: np.ndarray
+    causal: bool
+    is_tree: bool
+
+
+#: A builder: (name, A, tol, max_iter, callback) -> the verified Strategy.
+_Builder = Callable[[str, np.ndarray, float, int, "Callable[[Any], None] | None"], Strategy]
+
+
+def _optimal(name: str, a: np.ndarray, tol: float, max_iter: int, callback: Callable[[Any], None] | None) -> Strategy:
+    """The certified solution (:func:`mfcli.optimize.dense.optimal_factorization`)."""
+    from mfcli.optimize.dense import optimal_factorization
+
+    res = optimal_factorization(a, tol=tol, max_iter=max_iter, callback=callback)
+    desc = DESCRIPTIONS[name] + f" (gap {res.gap:.1e})"
+    return Strategy(name, res.factorization, True, desc, solver=res.certificate())
+
+
+def _identity(name: str, a: np.ndarray, tol: float, max_iter: int, callback: Callable[[Any], None] | None) -> Strategy:
+    """C = I, B = A (checked against the sparse identity)."""
+    import scipy.sparse
+
+    n = a.shape[0]
+    fact = Factorization(workload=a, strategy=np.eye(n), decoder=a.copy(), causal=True)
+    _check_reconstruction(a, fact.decoder, scipy.sparse.identity(n, format="csr"), name)
+    return Strategy(name, fact, True, DESCRIPTIONS[name])
+
+
+def _sqrt_encoded(n: int) -> _Encoded:
+    c = sqrt_strategy_matrix(n)
+    return _Encoded(c, c, np.arange(n), c.copy(), causal=True, is_tree=False)
+
+
+def _tree_encoded(decoder: Callable[[int], np.ndarray], *, causal: bool) -> Callable[[int], _Encoded]:
+    """The tree encoder on n leaves with the kind's ``decoder`` B_S."""
+
+    def encoded(n: int) -> _Encoded:
+        nodes = tree_nodes(n)
+        return _Encoded(tree_strategy_matrix(n), _tree_sparse(nodes, n), nodes.end, decoder(n), causal=causal,
+                        is_tree=True)
+
+    return encoded
+
+
+def _post_processed(encoded: Callable[[int], _Encoded]) -> _Builder:
+    """The builder of a prefix-sum strategy: B = A S^-1 B_S, exact zeros where causality demands
+    them, causality in release order and A = B C checked."""
+
+    def build(name: str, a: np.ndarray, tol: float, max_iter: int,
+              callback: Callable[[Any], None] | None) -> Strategy:
+        n = a.shape[0]
+        post = prefix_postprocessor(a)
+        e = encoded(n)
+        b = e.b_s if post is None else post @ e.b_s
+        if e.causal:
+            b[np.arange(n)[:, None] < e.release[None, :]] = 0.0  # exact zeros where causality demands them
+            if not is_causal_in_release_order(strategy=e.c, decoder=b, release_steps=e.release):
+                raise MfcliError(f"strategy {name} is not causal in release order")  # pragma: no cover
+        _check_reconstruction(a, b, e.c_check, name)
+        fact = Factorization(workload=a, strategy=e.c, decoder=b, causal=e.causal)
+        desc = DESCRIPTIONS[name] + ("" if post is None else "; post-processed B = A S^-1 B_S")
+        return Strategy(name, fact, e.causal, desc, release_steps=e.release, is_tree=e.is_tree)
+
+    return build
+
+
+#: {name: builder} of every baseline (:data:`STRATEGY_NAMES`; tests/test_kind_answers.py checks the
+#: keys): each kind's construction is its entry; :func:`build_strategy` only looks it up.
+BUILDERS: dict[str, _Builder] = {
+    "identity": _identity,
+    "tree": _post_processed(_tree_encoded(tree_decoder, causal=True)),
+    "honaker-online": _post_processed(_tree_encoded(honaker_online_decoder, causal=True)),
+    "honaker-full": _post_processed(_tree_encoded(honaker_full_decoder, causal=False)),
+    "sqrt": _post_processed(_sqrt_encoded),
+    "optimal": _optimal,
+}
+
+
 def build_strategy(
     name: str,
     workload: Workload | np.ndarray,
@@ -386,7 +475,8 @@ def build_strategy(
     max_iter: int = 1000,
     callback: Callable[[Any], None] | None = None,
 ) -> Strategy:
-    """Build strategy ``name`` for ``workload`` (A), as a verified factorization A = B C.
+    """Build strategy ``name`` for ``workload`` (A), as a verified factorization A = B C, by its
+    entry in :data:`BUILDERS`.
 
     Args:
         name: one of :data:`STRATEGY_NAMES`.
@@ -403,48 +493,4 @@ def build_strategy(
     """
     if name not in STRATEGY_NAMES:
         raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    a = _as_workload(workload)
-    n = a.shape[0]
-
-    if name == "optimal":
-        from mfcli.optimize.dense import optimal_factorization
-
-        res = optimal_factorization(a, tol=tol, max_iter=max_iter, callback=callback)
-        desc = DESCRIPTIONS["optimal"] + f" (gap {res.gap:.1e})"
-        return Strategy("optimal", res.factorization, True, desc, solver=res.certificate())
-
-    if name == "identity":
-        import scipy.sparse
-
-        fact = Factorization(workload=a, strategy=np.eye(n), decoder=a.copy(), causal=True)
-        _check_reconstruction(a, fact.decoder, scipy.sparse.identity(n, format="csr"), name)
-        return Strategy(name, fact, True, DESCRIPTIONS[name])
-
-    post = prefix_postprocessor(a)
-    release: np.ndarray
-    if name == "sqrt":
-        c = sqrt_strategy_matrix(n)
-        b_s = c.copy()
-        release = np.arange(n)
-        c_check: Any = c
-    else:
-        nodes = tree_nodes(n)
-        c = tree_strategy_matrix(n)
-        c_check = _tree_sparse(nodes, n)
-        release = nodes.end
-        if name == "tree":
-            b_s = tree_decoder(n)
-        elif name == "honaker-online":
-            b_s = honaker_online_decoder(n)
-        else:
-            b_s = honaker_full_decoder(n)
-    b = b_s if post is None else post @ b_s
-    causal = name != "honaker-full"
-    if causal:
-        b[np.arange(n)[:, None] < release[None, :]] = 0.0  # exact zeros where causality demands them
-        if not is_causal_in_release_order(strategy=c, decoder=b, release_steps=release):
-            raise MfcliError(f"strategy {name} is not causal in release order")  # pragma: no cover
-    _check_reconstruction(a, b, c_check, name)
-    fact = Factorization(workload=a, strategy=c, decoder=b, causal=causal)
-    desc = DESCRIPTIONS[name] + ("" if post is None else "; post-processed B = A S^-1 B_S")
-    return Strategy(name, fact, causal, desc, release_steps=release)
+    return BUILDERS[name](name, _as_workload(workload), tol, max_iter, callback)
