@@ -8,6 +8,7 @@ exact partition); a 2-process data-parallel run against the single-process run.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -277,20 +278,46 @@ def test_deterministic_epsilon_per_epoch_is_the_analytic_gaussian(arts) -> None:
     assert per[-1] == opt.epsilon()
 
 
-def test_epsilon_per_epoch_reads_the_operator_the_verifier_read(arts, monkeypatch) -> None:
-    """The per-epoch accounting takes C from the subject the record's verifier built: the artifact
-    is not opened again (it was once per epoch and setting)."""
+def test_epsilon_per_epoch_reads_the_operator_once_and_keeps_nothing(arts, monkeypatch) -> None:
+    """The per-epoch accounting reads the artifact once for all its epochs (it read it once per
+    epoch and setting), and the record keeps no operator between calls (a training run holds the
+    record for its whole length; a dense C is n x n)."""
     import mfcli.io.artifact as artifact_io
 
     _, opt, _ = _setup(arts, "fixed-order")
-    assert opt.record.subject is not None
+    reads: list[object] = []
+    real = artifact_io.load_any_artifact
 
-    def no_reread(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the artifact was read again")
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(artifact_io, "load_any_artifact", no_reread)
+    monkeypatch.setattr(artifact_io, "load_any_artifact", counted)
     per = opt.epsilon_per_epoch()
     assert len(per) == 3 and all(e is not None for e in per) and per[-1] == opt.epsilon()
+    assert len(reads) == 1
+    assert not any(isinstance(v, np.ndarray) and v.size > 1 for v in vars(opt.record).values())
+
+
+def test_a_tree_record_calibrated_to_the_shuffled_tree_trains_in_fixed_order(tmp_path: Path) -> None:
+    """`account --setting shuffled-tree` without a sampler reports the tree's single-epoch Gaussian
+    bound as its guarantee; the trainer holds the same row (it refused the record: no row held)."""
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    path = tmp_path / "tree.h5"
+    runner = CliRunner()
+    r = runner.invoke(app, ["compare", "--n", "37", "--strategies", "tree", "--save-strategy", "tree", "--out", str(path),
+                            "-q"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["account", str(path), "--epsilon", "2", "--setting", "shuffled-tree", "--write", "--json",
+                            "-q"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)["report"]
+    rec = training_record(path)
+    assert rec.sampler == "fixed-order" and rec.setting == "shuffled-tree"
+    assert rec.epsilon == report["epsilon"] <= 2.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from mfcli.accounting.single_pass import DEFAULT_DELTA, check_delta, check_sigma, gaussian_epsilon
+from mfcli.util.directed import sqrt_up
 from mfcli.util.rows import fields_of
 from mfcli.util.validation import step_count
 
@@ -101,7 +102,7 @@ def shuffled_tree(*, n: int, sigma: float, delta: float = DEFAULT_DELTA) -> Shuf
     sigma = check_sigma(sigma)
     delta = check_delta(delta)
     levels = tree_levels(n) + 1
-    sens = math.sqrt(levels)
+    sens = sqrt_up(float(levels))   # rounded up: the guarantee's sensitivity
     eps = gaussian_epsilon(delta, sens / sigma)
     # one Gaussian report of sensitivity 1 at delta0 = delta / n (the share a union over n reports
     # would leave each), the usual way to turn it into an eps0-DP-like randomizer

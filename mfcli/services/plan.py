@@ -743,8 +743,8 @@ def tree_spectral_upper(mech: Any) -> float:
     sum of C_e^T C_e (:func:`mfcli.strategies.tree_error.tree_gram_row_sum`), rounded up."""
     from mfcli.accounting.reduction import spectral_norm_bound
     from mfcli.strategies.baselines import tree_strategy_matrix
-    from mfcli.strategies.toeplitz import sqrt_up
     from mfcli.strategies.tree_error import tree_gram_row_sum
+    from mfcli.util.directed import sqrt_up
     from mfcli.util.limits import STRUCTURED_DENSE_MAX_N
 
     s = int(mech.leaves)

@@ -59,6 +59,7 @@ from mfcli.model.participation import (
 )
 from mfcli.strategies import toeplitz as _toeplitz
 from mfcli.strategies.operators import BufferRecursion
+from mfcli.util.directed import sqrt_down, sqrt_up
 from mfcli.util.limits import BLT_MAX_N
 from mfcli.util.validation import step_count
 
@@ -572,7 +573,7 @@ class BufferedToeplitz:
         if isinstance(schema, SingleParticipation):
             schema.check(n)
             lo, hi = self._sens2_bounds(n)
-            value, lower = _toeplitz.sqrt_up(hi), _toeplitz.sqrt_down(lo)
+            value, lower = sqrt_up(hi), sqrt_down(lo)
             return Sensitivity(value=value, exact=lower >= value * (1 - EXACT_RTOL), lower=lower,
                                method="BLT: closed-form column norm, certified by exact interval arithmetic",
                                schema=schema)

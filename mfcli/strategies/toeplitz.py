@@ -61,6 +61,7 @@ from mfcli.model.participation import (
     SingleParticipation,
 )
 from mfcli.strategies.operators import IirRecursion
+from mfcli.util.directed import sqrt_down, sqrt_up
 from mfcli.util.limits import STRUCTURED_DENSE_MAX_N, STRUCTURED_MAX_N
 from mfcli.util.validation import step_count
 
@@ -407,27 +408,6 @@ def toeplitz_sensitivity(coefs: np.ndarray, n: int, schema: Participation, *,
                        method=how + (", attained" if exact else " (upper bound)"), schema=schema)
 
 
-def sqrt_up(x: float) -> float:
-    """The smallest float whose square is >= x (x >= 0).
-
-    Raises:
-        MfcliError: x is not finite (a sensitivity that overflows is no sensitivity)."""
-    if not math.isfinite(x):
-        raise MfcliError(f"the sensitivity overflows a float (its square is {x!r}): the strategy's coefficients are too large")
-    r = math.sqrt(x)
-    a, b = r.as_integer_ratio()
-    xa, xb = x.as_integer_ratio()
-    return math.nextafter(r, math.inf) if a * a * xb < xa * b * b else r
-
-
-def sqrt_down(x: float) -> float:
-    """The largest float whose square is <= x (x >= 0)."""
-    r = math.sqrt(x)
-    a, b = r.as_integer_ratio()
-    xa, xb = x.as_integer_ratio()
-    return math.nextafter(r, -math.inf) if a * a * xb > xa * b * b else r
-
-
 def _sens2_and_grad(c: np.ndarray, n: int, sep: int, k: int) -> tuple[float, np.ndarray]:
     """||v||^2 for v = C 1_{P_0} and its gradient in c: d/dc_j = 2 sum_m v[m sep + j]."""
     v, _ = pattern_vector(c, n, sep, k)
@@ -722,8 +702,6 @@ __all__ = [
     "optimize_banded_toeplitz",
     "per_step_error",
     "reverse_cummax",
-    "sqrt_down",
-    "sqrt_up",
     "sum_squares_bounds",
     "toeplitz_sensitivity",
     "toeplitz_workload",

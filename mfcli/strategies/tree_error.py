@@ -58,7 +58,7 @@ def tree_height(n: int) -> int:
 def tree_sensitivity(n: int) -> float:
     """Single-participation sensitivity of the tree encoder: sqrt(K + 1) (each column has K + 1
     ones), rounded up so that the float is never below the true value."""
-    from mfcli.strategies.toeplitz import sqrt_up
+    from mfcli.util.directed import sqrt_up
 
     return sqrt_up(float(tree_height(n) + 1))
 

@@ -36,22 +36,24 @@ given for the whole run only.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.services.records import RecordSubject, accounted_sensitivity, read_claim
+from mfcli.services.records import accounted_sensitivity, read_claim
 from mfcli.training.noise import AccountedOperator
 
 #: The records' epsilon attribute names and the settings they belong to, for a deterministic
-#: record: ``deterministic`` (a multi-participation schema) or ``single-pass`` (one participation).
-DETERMINISTIC_SETTINGS = ("deterministic", "single-pass")
+#: record: ``deterministic`` (a multi-participation schema) or ``single-pass`` and, for the binary
+#: tree, ``shuffled-tree`` (one participation; the latter is the single-epoch Gaussian bound, valid
+#: for any order of the data).
+DETERMINISTIC_SETTINGS = ("deterministic", "single-pass", "shuffled-tree")
 #: The record's batching attribute as a batch sampler name (deterministic records: fixed order).
 FIXED_ORDER = "fixed-order"
 #: Relative tolerance for declared numbers (sigma, rate) against the record's: float round-trips only.
@@ -88,9 +90,6 @@ class TrainingRecord:
         accounted: the operator the record accounted (its claim's ``operator`` and
             ``strategy_sha256``): the noise stream is built for it (:func:`record_stream`).
         attrs: the record's attributes as stored.
-        subject: the artifact as the record's verifier read it (None when the record was not
-            verified here): the per-epoch accounting takes the operator from it instead of
-            reading the file again.
     """
 
     artifact: Path
@@ -107,7 +106,6 @@ class TrainingRecord:
     sensitivity: float
     accounted: AccountedOperator
     attrs: dict[str, Any] = field(repr=False, default_factory=dict)
-    subject: RecordSubject | None = field(repr=False, compare=False, default=None)
 
     @property
     def noise_std(self) -> float:
@@ -155,15 +153,15 @@ class TrainingRecord:
         if e is None:
             return []
         assert self.steps_per_epoch is not None
-        out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch) for j in range(1, e)]
+        # the operator is read once for all epochs and let go after: a training run keeps the
+        # record for its whole length, and a dense C is n x n
+        accounted = functools.cache(lambda: _accounted_input_of(self))
+        out: list[float | None] = [self._prefix_epsilon(j * self.steps_per_epoch, accounted)
+                                   for j in range(1, e)]
         return [*out, self.epsilon]
 
-    @cached_property
-    def _accounted_input(self) -> Any:
-        # one read of the operator per record, not one per epoch and setting (a dense C is n x n)
-        return _accounted_input_of(self)
 
-    def _prefix_epsilon(self, m: int) -> float | None:
+    def _prefix_epsilon(self, m: int, accounted: Callable[[], Any]) -> float | None:
         """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
         from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, participation_from_json
         from mfcli.services import account as session
@@ -190,7 +188,7 @@ class TrainingRecord:
             elif setting in ("deterministic", "cyclic-poisson"):
                 from mfcli.accounting.prefix import prefix_epsilon
 
-                inp = self._accounted_input
+                inp = accounted()
                 if inp is None:
                     continue
                 # the prefix's own sensitivity under the schema cut to m steps (docs/accounting.md)
@@ -211,7 +209,7 @@ def _accounted_input_of(rec: TrainingRecord) -> Any:
     from mfcli.services.records import subject_of
 
     # the artifact's operators by label, as the record verifier reads them: no branch on the kind
-    subject = rec.subject if rec.subject is not None else subject_of(load_any_artifact(rec.artifact))
+    subject = subject_of(load_any_artifact(rec.artifact))
     op = subject.operators.get(str(rec.attrs.get("operator", "dense")))
     if op is None:
         return None
@@ -339,8 +337,7 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     return TrainingRecord(artifact=path, record=rid, sampler=sampler, sigma=sigma, delta=delta, sampling=sampling,
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
-                          accounted=accounted_operator(rid, claim), attrs=dict(attrs),
-                          subject=verified[1] if verified is not None else None)
+                          accounted=accounted_operator(rid, claim), attrs=dict(attrs))
 
 
 #: The one line that refuses ``noise_multiplier=`` without an accounting record.

@@ -668,13 +668,14 @@ def record_noise_stream(
 #: (``mfcli plan``'s DP-SGD), the mechanism *is* DP-SGD and ``dp-sgd`` holds under Poisson
 #: sampling. ``fixed-order`` (a record without a batch sampler): every example takes part exactly
 #: in the steps its schema allows, so the single-pass (single participation) or deterministic
-#: (multi-participation) row holds.
+#: (multi-participation) row holds, and for the binary tree over one epoch the shuffled-tree row
+#: (the single-epoch Gaussian bound, which holds for any order of the data).
 HELD_SETTINGS: dict[str, tuple[str, ...]] = {
     "poisson": ("mmcc",),
     "cyclic": ("cyclic-poisson",),
     "balls-in-bins": ("single-pass", "balls-in-bins-tree"),
     "shuffle": ("single-pass", "shuffled-tree"),
-    "fixed-order": ("single-pass", "deterministic"),
+    "fixed-order": ("single-pass", "deterministic", "shuffled-tree"),
 }
 
 
