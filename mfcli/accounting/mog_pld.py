@@ -42,6 +42,9 @@ LOG_MASS_TRUNCATION_BOUND = -50.0
 
 _CHUNK = 4096
 
+#: Points of :func:`_invert`'s starting grid over [lower_x, upper_x].
+_START_GRID = 257
+
 
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(sens, dtype=np.float64).ravel()
@@ -183,7 +186,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
         grid = np.concatenate([
             [lower_x - 4 * span],
-            np.linspace(lower_x, upper_x, 1025),
+            np.linspace(lower_x, upper_x, _START_GRID),
             [upper_x + 4 * span, upper_x + 64 * span],
         ])
         loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
@@ -200,17 +203,21 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
         # from the wrong side of the root overshoots once and then converges monotonically
         x = x0 + frac * (x1 - x0)
+        live = np.arange(e.size)  # the points not yet converged: only they are evaluated again
         for _ in range(100):
-            val, slope = loss.value_and_slope(x)
+            xl, el = x[live], e[live]
+            val, slope = loss.value_and_slope(xl)
             with np.errstate(divide="ignore", invalid="ignore"):
-                step = (val - e) / slope
+                step = (val - el) / slope
             step = np.where(np.isfinite(step), step, 0.0)
-            x = x - step
+            xl = xl - step
+            x[live] = xl
             # converged: the step is negligible, or the loss already equals eps to rounding (then
             # the step is round-off divided by a tiny slope and x cannot be pinned further; the
             # delta evaluated there is off by second order in that step)
-            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(x))) | (np.abs(val - e) <= 1e-15 * (1.0 + np.abs(e)))
-            if np.all(done):
+            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl))) | (np.abs(val - el) <= 1e-15 * (1.0 + np.abs(el)))
+            live = live[~done]
+            if live.size == 0:
                 break
         else:  # pragma: no cover - Newton on a monotone log-sum-exp always converges
             raise RuntimeError("privacy-loss inversion did not converge")
