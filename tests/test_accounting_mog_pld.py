@@ -130,8 +130,10 @@ def test_bad_mixtures(sigma, sens, probs) -> None:
 
 #: Mixtures for the inversion check: the table above plus rows like MMCC's (a hundred grid points
 #: 1/50 apart with Poisson-binomial-like weights, with and without an atom at 0).
-_ROWS = MIXTURES + [
-    (4.0, list(np.arange(150) / 50), list(stats.binom.pmf(np.arange(150), 400, 0.01) / stats.binom.pmf(np.arange(150), 400, 0.01).sum())),
+_BINOM = stats.binom.pmf(np.arange(150), 400, 0.01)
+_ROWS = [
+    *MIXTURES,
+    (4.0, list(np.arange(150) / 50), list(_BINOM / _BINOM.sum())),
     (2.5, list(np.arange(1, 90) / 50), list(np.full(89, 1 / 89))),
 ]
 

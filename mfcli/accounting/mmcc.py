@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
@@ -396,6 +396,10 @@ def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tup
     Formal guarantees: every operation adds products of non-negative numbers (no cancellation);
     mass that is not tracked is counted in ``overflow``.
     """
+    # scipy.stats costs about a second to import (docstring processing); only this reference path
+    # uses it, the default FFT path does not
+    from scipy import stats
+
     bsz, nb = counts.shape
     pmf = np.zeros((bsz, cap))
     pmf[:, 0] = 1.0
