@@ -166,3 +166,40 @@ def test_inversion_matches_an_independent_root_finder(sigma, sens, probs, remove
         return loss.upper_cdf(x) - np.exp(eps) * loss.lower_cdf(x)
 
     np.testing.assert_allclose(delta_at(ours), delta_at(ref), rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("sigma,sens,probs", _ROWS)
+@pytest.mark.parametrize("max_points", [None, 37])
+def test_paired_deltas_match_each_direction_on_its_own(sigma, sens, probs, max_points) -> None:
+    """``mixture_pld``'s deltas of both directions from shared roots and shared CDF entries (the
+    ADD loss as the mirrored REMOVE loss, both tails from one erfc) against the path it replaced,
+    each direction inverted and its CDFs formed with ``ndtr`` on its own (:func:`_deltas`), at every
+    connect-the-dots point, strided grids included: equal to round-off (a few ulps of 1, and 1e-9
+    relative where delta is not tiny)."""
+    d = 1e-3
+    s, q = mog_pld._check_mixture(sigma, sens, probs)
+    remove, add = mog_pld._Loss(float(sigma), s, q, True), mog_pld._Loss(float(sigma), s, q, False)
+    ks_r, ks_a = mog_pld._grid_points(remove, d, max_points), mog_pld._grid_points(add, d, max_points)
+    paired = mog_pld._paired_deltas(remove, add, ks_r * d, ks_a * d)
+    alone = mog_pld._deltas(remove, ks_r * d), mog_pld._deltas(add, ks_a * d)
+    for ours, ref in zip(paired, alone, strict=True):
+        assert ours.shape == ref.shape
+        np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=2e-15)
+
+
+@pytest.mark.parametrize("sigma,sens,probs", _ROWS)
+def test_paired_deltas_match_dp_accountings_loss(sigma, sens, probs) -> None:
+    """The same deltas against dp-accounting's ``MixtureGaussianPrivacyLoss.get_delta_for_epsilon``
+    (its own inversion, up to 1e-6 from the maximiser: ours never smaller beyond round-off)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    s, q = mog_pld._check_mixture(sigma, sens, probs)
+    remove, add = mog_pld._Loss(float(sigma), s, q, True), mog_pld._Loss(float(sigma), s, q, False)
+    eps_r = mog_pld._grid_points(remove, 0.01, 25) * 0.01
+    eps_a = mog_pld._grid_points(add, 0.01, 25) * 0.01
+    ours = mog_pld._paired_deltas(remove, add, eps_r, eps_a)
+    for got, eps, adj in ((ours[0], eps_r, plm.AdjacencyType.REMOVE), (ours[1], eps_a, plm.AdjacencyType.ADD)):
+        ref = np.asarray(plm.MixtureGaussianPrivacyLoss(sigma, list(s), list(q), adjacency_type=adj)
+                         .get_delta_for_epsilon(list(eps)))
+        assert np.all(got >= ref - 1e-12)
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-12)
