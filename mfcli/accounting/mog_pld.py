@@ -12,6 +12,9 @@ computes the same quantities with array operations:
   convex (REMOVE) or concave (ADD) and monotone; its inverse x*(eps) on the whole eps grid is
   found by a vectorised Newton iteration started on the safe side of the root (monotone,
   quadratic convergence) instead of a 1e-6 bisection;
+* the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
+  mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
+  of both come from one ``erfc`` each (:func:`_paired_deltas`);
 * delta(eps) = mu_upper_cdf(x*) - e^eps mu_lower_cdf(x*) is then evaluated exactly at the
   maximiser x*, which is the hockey-stick divergence itself (dp-accounting evaluates it at a point
   up to 1e-6 away from x*, which can only give a value up to second order smaller);
