@@ -21,8 +21,10 @@ PLDAccountant, sigma 4, p 0.01, 256 steps, delta 1e-6, grid 1e-4, in a subproces
 only dp-accounting) in the same run; with ``--before``, the same command from another checkout
 (e.g. the main one before the speed work), runs alternating so that all see the same load, and the
 outputs (table and ``--json``, once each, JSON with the ``seconds`` fields dropped) compared with
-this tree's: the numbers must be identical. The BLAS threads of the children are reported (read
-with threadpoolctl in a child with the same environment). ``--phases`` adds, first, the CPU seconds
+this tree's, every differing JSON value listed with its relative change. ``--blas`` default, one or
+both (default both): the children's BLAS as configured, and/or limited to one thread
+(``OPENBLAS_NUM_THREADS=1``, OMP, MKL), one CPU table each. The BLAS threads of the children are
+reported (read with threadpoolctl in a child with the default environment). ``--phases`` adds, first, the CPU seconds
 of each phase (imports, the DP-SGD rows, MMCC's steps, the reduction's eigenvalue certificate),
 timed inside the command by wrapping the library functions it calls, median of ``--repeats`` per
 tree, alternating.
