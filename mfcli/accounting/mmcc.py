@@ -66,7 +66,7 @@ from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
     check_delta,
-    check_discretization,
+    check_pld_inputs,
     check_sampling,
     check_sigma,
     gaussian_epsilon,
@@ -1090,10 +1090,7 @@ def mmcc(
     For C = I it equals DP-SGD (K = 0, all of delta to the PLD).
     """
     t0 = time.perf_counter()
-    sigma = check_sigma(sigma)
-    p = check_sampling(sampling)
-    delta = check_delta(delta)
-    d = check_discretization(value_discretization)
+    sigma, p, delta, d = check_pld_inputs(sigma, sampling, delta, value_discretization)
     if engine not in ("fast", "dp-accounting"):
         raise MfcliError(f"unknown accounting engine {engine!r} (fast or dp-accounting)")
     if isinstance(mixture_resolution, bool) or int(mixture_resolution) != mixture_resolution or mixture_resolution < 1:
