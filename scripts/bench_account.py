@@ -21,8 +21,10 @@ PLDAccountant, sigma 4, p 0.01, 256 steps, delta 1e-6, grid 1e-4, in a subproces
 only dp-accounting) in the same run; with ``--before``, the same command from another checkout
 (e.g. the main one before the speed work), runs alternating so that all see the same load, and the
 outputs (table and ``--json``, once each, JSON with the ``seconds`` fields dropped) compared with
-this tree's: the numbers must be identical. The BLAS threads of the children are reported (read
-with threadpoolctl in a child with the same environment). ``--phases`` adds, first, the CPU seconds
+this tree's, every differing JSON value listed with its relative change. ``--blas`` default, one or
+both (default both): the children's BLAS as configured, and/or limited to one thread
+(``OPENBLAS_NUM_THREADS=1``, OMP, MKL), one CPU table each. The BLAS threads of the children are
+reported (read with threadpoolctl in a child with the default environment). ``--phases`` adds, first, the CPU seconds
 of each phase (imports, the DP-SGD rows, MMCC's steps, the reduction's eigenvalue certificate),
 timed inside the command by wrapping the library functions it calls, median of ``--repeats`` per
 tree, alternating.
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--headline", action="store_true", help="time the README's headline command only")
     ap.add_argument("--before", type=Path, default=None, help="with --headline: another checkout to compare with")
+    ap.add_argument("--blas", choices=("default", "one", "both"), default="both",
+                    help="with --headline: BLAS threads of the children (default, OPENBLAS_NUM_THREADS=1 etc., "
+                         "or both, one table each)")
     ap.add_argument("--phases", action="store_true",
                     help="with --headline: also the CPU seconds of each phase, timed inside the command")
     args = ap.parse_args(argv)
@@ -166,9 +171,31 @@ def _strip_seconds(obj: object) -> object:
     return obj
 
 
-def _run_child(argv: list[str], tree: Path) -> tuple[float, float, str]:
+def _json_differences(before: object, after: object, path: str = "") -> list[str]:
+    """Every leaf that differs between two JSON documents, as 'path: before -> after' (floats with
+    their relative difference)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for k in list(before) + [k for k in after if k not in before]:
+            out += _json_differences(before.get(k), after.get(k), f"{path}/{k}")
+        return out
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [d for i, (a, b) in enumerate(zip(before, after, strict=True))
+                for d in _json_differences(a, b, f"{path}[{i}]")]
+    if before == after:
+        return []
+    if isinstance(before, float) and isinstance(after, float) and before:
+        return [f"{path}: {before!r} -> {after!r} (relative {(after - before) / abs(before):+.2e})"]
+    return [f"{path}: {before!r} -> {after!r}"]
+
+
+#: Environment of a child limited to one BLAS (and OpenMP) thread.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _run_child(argv: list[str], tree: Path, extra_env: dict | None = None) -> tuple[float, float, str]:
     """(CPU seconds of the child, wall seconds, stdout) of ``python argv`` run from ``tree``."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=str(tree), **(extra_env or {}))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, *argv], env=env, cwd=tree, capture_output=True, text=True,
@@ -179,9 +206,9 @@ def _run_child(argv: list[str], tree: Path) -> tuple[float, float, str]:
     return cpu, wall, out
 
 
-def _run_cli(tree: Path, extra: list[str]) -> tuple[float, float, str]:
+def _run_cli(tree: Path, extra: list[str], extra_env: dict | None = None) -> tuple[float, float, str]:
     """(CPU seconds of the child, wall seconds, stdout) of ``mfcli`` + HEADLINE + extra from ``tree``."""
-    cpu, wall, out = _run_child(["-m", "mfcli", *HEADLINE, *extra], tree)
+    cpu, wall, out = _run_child(["-m", "mfcli", *HEADLINE, *extra], tree, extra_env)
     # the shipped artifact's path names the checkout: the one difference allowed
     return cpu, wall, out.replace(str(tree), "<tree>")
 
@@ -281,29 +308,33 @@ def headline(args: argparse.Namespace) -> int:
     print()
     if args.phases:
         phases(trees, args.repeats)
-    cpu: dict[str, list[float]] = {label: [] for label, _ in [*trees, ("dp-accounting", here)]}
-    wall: dict[str, list[float]] = {label: [] for label in cpu}
-    dp_eps = ""
-    for _ in range(args.repeats):
-        for label, tree in trees:  # alternating, so all see the same load
-            c, w, _ = _run_cli(tree, [])
-            cpu[label].append(c)
-            wall[label].append(w)
-        c, w, dp_eps = _run_child(["-c", DPSGD_CHILD], here)
-        cpu["dp-accounting"].append(c)
-        wall["dp-accounting"].append(w)
-    print(f"`mfcli {' '.join(HEADLINE)}` and dp-accounting's DP-SGD at the same settings: CPU seconds "
-          f"(user + system) per run, {args.repeats} runs each, alternating; load average after: "
-          f"{os.getloadavg()[0]:.1f}")
-    print()
-    print("| code | CPU s (median) | CPU s (all runs) | wall s (median) |")
-    print("|---|---|---|---|")
-    rows = [*trees, ("dp-accounting", here)]
-    for label, tree in rows:
-        what = ("PLDAccountant, Poisson-sampled Gaussian x 256, epsilon " + dp_eps.strip()
-                if label == "dp-accounting" else f"{label} ({tree})")
-        runs = ", ".join(f"{v:.2f}" for v in cpu[label])
-        print(f"| {what} | {statistics.median(cpu[label]):.2f} | {runs} | {statistics.median(wall[label]):.1f} |")
+    modes = {"default": [("BLAS as configured", None)], "one": [("one BLAS thread", ONE_THREAD)],
+             "both": [("BLAS as configured", None), ("one BLAS thread", ONE_THREAD)]}[args.blas]
+    for mode, env in modes:
+        cpu: dict[str, list[float]] = {label: [] for label, _ in [*trees, ("dp-accounting", here)]}
+        wall: dict[str, list[float]] = {label: [] for label in cpu}
+        dp_eps = ""
+        for _ in range(args.repeats):
+            for label, tree in trees:  # alternating, so all see the same load
+                c, w, _ = _run_cli(tree, [], env)
+                cpu[label].append(c)
+                wall[label].append(w)
+            c, w, dp_eps = _run_child(["-c", DPSGD_CHILD], here, env)
+            cpu["dp-accounting"].append(c)
+            wall["dp-accounting"].append(w)
+        print(f"`mfcli {' '.join(HEADLINE)}` and dp-accounting's DP-SGD at the same settings, {mode}: CPU "
+              f"seconds (user + system) per run, {args.repeats} runs each, alternating; load average after: "
+              f"{os.getloadavg()[0]:.1f}")
+        print()
+        print("| code | CPU s (median) | CPU s (all runs) | wall s (median) |")
+        print("|---|---|---|---|")
+        rows = [*trees, ("dp-accounting", here)]
+        for label, tree in rows:
+            what = ("PLDAccountant, Poisson-sampled Gaussian x 256, epsilon " + dp_eps.strip()
+                    if label == "dp-accounting" else f"{label} ({tree})")
+            runs = ", ".join(f"{v:.2f}" for v in cpu[label])
+            print(f"| {what} | {statistics.median(cpu[label]):.2f} | {runs} | {statistics.median(wall[label]):.1f} |")
+        print()
     if args.before:
         outputs = {}
         for label, tree in trees:
@@ -315,6 +346,8 @@ def headline(args: argparse.Namespace) -> int:
         print()
         print(f"table output identical: {same_table}; --json identical (timing fields dropped): {same_json} "
               "(the checkout's path in the source line replaced by <tree>)")
+        for line in _json_differences(outputs["before"][1], outputs["this tree"][1]):
+            print(f"  --json differs: {line}")
         if not same_table:
             import difflib
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
@@ -66,7 +66,7 @@ from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
     check_delta,
-    check_discretization,
+    check_pld_inputs,
     check_sampling,
     check_sigma,
     gaussian_epsilon,
@@ -396,6 +396,10 @@ def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tup
     Formal guarantees: every operation adds products of non-negative numbers (no cancellation);
     mass that is not tracked is counted in ``overflow``.
     """
+    # scipy.stats costs about a second to import (docstring processing); only this reference path
+    # uses it, the default FFT path does not
+    from scipy import stats
+
     bsz, nb = counts.shape
     pmf = np.zeros((bsz, cap))
     pmf[:, 0] = 1.0
@@ -1086,10 +1090,7 @@ def mmcc(
     For C = I it equals DP-SGD (K = 0, all of delta to the PLD).
     """
     t0 = time.perf_counter()
-    sigma = check_sigma(sigma)
-    p = check_sampling(sampling)
-    delta = check_delta(delta)
-    d = check_discretization(value_discretization)
+    sigma, p, delta, d = check_pld_inputs(sigma, sampling, delta, value_discretization)
     if engine not in ("fast", "dp-accounting"):
         raise MfcliError(f"unknown accounting engine {engine!r} (fast or dp-accounting)")
     if isinstance(mixture_resolution, bool) or int(mixture_resolution) != mixture_resolution or mixture_resolution < 1:

@@ -12,6 +12,9 @@ computes the same quantities with array operations:
   convex (REMOVE) or concave (ADD) and monotone; its inverse x*(eps) on the whole eps grid is
   found by a vectorised Newton iteration started on the safe side of the root (monotone,
   quadratic convergence) instead of a 1e-6 bisection;
+* the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
+  mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
+  of both come from one ``erfc`` each (:func:`_paired_deltas`);
 * delta(eps) = mu_upper_cdf(x*) - e^eps mu_lower_cdf(x*) is then evaluated exactly at the
   maximiser x*, which is the hockey-stick divergence itself (dp-accounting evaluates it at a point
   up to 1e-6 away from x*, which can only give a value up to second order smaller);
@@ -41,6 +44,9 @@ from mfcli.util.validation import positive_number
 LOG_MASS_TRUNCATION_BOUND = -50.0
 
 _CHUNK = 4096
+
+#: Points of :func:`_invert`'s starting grid over [lower_x, upper_x].
+_START_GRID = 257
 
 
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -183,7 +189,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
         grid = np.concatenate([
             [lower_x - 4 * span],
-            np.linspace(lower_x, upper_x, 1025),
+            np.linspace(lower_x, upper_x, _START_GRID),
             [upper_x + 4 * span, upper_x + 64 * span],
         ])
         loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
@@ -200,17 +206,21 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
         # from the wrong side of the root overshoots once and then converges monotonically
         x = x0 + frac * (x1 - x0)
+        live = np.arange(e.size)  # the points not yet converged: only they are evaluated again
         for _ in range(100):
-            val, slope = loss.value_and_slope(x)
+            xl, el = x[live], e[live]
+            val, slope = loss.value_and_slope(xl)
             with np.errstate(divide="ignore", invalid="ignore"):
-                step = (val - e) / slope
+                step = (val - el) / slope
             step = np.where(np.isfinite(step), step, 0.0)
-            x = x - step
+            xl = xl - step
+            x[live] = xl
             # converged: the step is negligible, or the loss already equals eps to rounding (then
             # the step is round-off divided by a tiny slope and x cannot be pinned further; the
             # delta evaluated there is off by second order in that step)
-            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(x))) | (np.abs(val - e) <= 1e-15 * (1.0 + np.abs(e)))
-            if np.all(done):
+            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl))) | (np.abs(val - el) <= 1e-15 * (1.0 + np.abs(el)))
+            live = live[~done]
+            if live.size == 0:
                 break
         else:  # pragma: no cover - Newton on a monotone log-sum-exp always converges
             raise RuntimeError("privacy-loss inversion did not converge")
@@ -272,7 +282,10 @@ def _deltas(loss: _Loss, eps: np.ndarray) -> np.ndarray:
     return np.clip(delta, 0.0, 1.0)
 
 
-def _pmf_one_direction(loss: _Loss, discretization: float, max_points: int | None):
+def _grid_points(loss: _Loss, discretization: float, max_points: int | None) -> np.ndarray:
+    """The integers k of the connect-the-dots points eps = k d of one direction: dp-accounting's
+    range (the loss at the truncation points, rounded out to the grid), every ``stride``-th point
+    when ``max_points`` binds, both ends always included."""
     lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
     eps_upper = float(loss.value(np.array([lower_x]))[0])
     eps_lower = float(loss.value(np.array([upper_x]))[0])
@@ -284,10 +297,63 @@ def _pmf_one_direction(loss: _Loss, discretization: float, max_points: int | Non
     ks = np.arange(k_lo, k_hi + 1, stride)
     if ks[-1] != k_hi:
         ks = np.append(ks, k_hi)
-    deltas = _deltas(loss, ks * discretization)
+    return ks
+
+
+def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray):
     # same post-hoc monotonicity fix as dp-accounting (can only raise deltas)
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     return connect_dots_pmf(discretization, ks, deltas)
+
+
+def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """delta(eps) of both directions of one mixture, each root and each mixture CDF entry computed
+    once for the two.
+
+    Why they can be shared: the ADD loss is the REMOVE loss mirrored, L_add(x) = -L_remove(-x)
+    (the same exponents, with x and the slopes negated: bit for bit), so the ADD root at eps is
+    minus the REMOVE root at -eps, and on the connect-the-dots lattice -eps = (-k) d is a REMOVE
+    point too (for MMCC's rows the mirrored ADD points are a subset of the REMOVE points: half of
+    the roots and half of the mixture CDF entries). At that root y the ADD mixture CDF is
+    sum_i q_i Phi(-(y + s_i) / sigma), the upper tail of the very arguments t = (y + s_i) / sigma
+    of the REMOVE CDF; one ``erfc`` per entry gives both tails accurately (e = Phi(-|t|), the
+    other tail 1 - e, as ``ndtr`` forms them), where ``ndtr(t)`` and ``ndtr(-t)`` took two.
+    The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
+    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs."""
+    delta_r = np.zeros_like(eps_r)
+    trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
+    delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
+    delta_a = np.zeros_like(eps_a)
+    in_r = ~trivial_r
+    in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
+    # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
+    # so the mirrored ADD points are inside the REMOVE range)
+    pts = np.union1d(eps_r[in_r], -eps_a[in_a])
+    if pts.size:
+        lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
+        y = _invert(remove, pts, lower_x, upper_x)
+        cdf_sum = np.empty(pts.size)  # sum_i q_i Phi(t_i): REMOVE's mu_upper_cdf at y
+        sf_sum = np.empty(pts.size)  # sum_i q_i Phi(-t_i): ADD's mu_lower_cdf at -y
+        for start in range(0, pts.size, _CHUNK):
+            t = np.add.outer(y[start:start + _CHUNK], remove.s)
+            t /= remove.sigma  # the arguments of remove.upper_cdf, formed as it forms them
+            small = t < 0
+            np.abs(t, out=t)
+            t *= math.sqrt(0.5)
+            e = special.erfc(t, out=t)
+            e *= 0.5  # Phi(-|t|)
+            big = 1.0 - e  # Phi(|t|)
+            cdf_sum[start:start + _CHUNK] = np.where(small, e, big) @ remove.q
+            sf_sum[start:start + _CHUNK] = np.where(small, big, e) @ remove.q
+        if in_r.any():
+            i = np.searchsorted(pts, eps_r[in_r])
+            e_in = eps_r[in_r]
+            delta_r[in_r] = cdf_sum[i] - np.exp(e_in) * remove.lower_cdf(y[i])
+        if in_a.any():
+            i = np.searchsorted(pts, -eps_a[in_a])
+            e_in = eps_a[in_a]
+            delta_a[in_a] = add.upper_cdf(-y[i]) - np.exp(e_in) * sf_sum[i]
+    return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0)
 
 
 def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas: np.ndarray):
@@ -415,8 +481,12 @@ def mixture_pld(
     if not (value_discretization_interval > 0):
         raise MfcliError("the value discretization interval must be positive")
     s, q = _check_mixture(sigma, sensitivities, probabilities)
-    pmf_remove = _pmf_one_direction(_Loss(float(sigma), s, q, True), value_discretization_interval, max_points)
-    pmf_add = _pmf_one_direction(_Loss(float(sigma), s, q, False), value_discretization_interval, max_points)
+    d = value_discretization_interval
+    remove, add = _Loss(float(sigma), s, q, True), _Loss(float(sigma), s, q, False)
+    ks_r, ks_a = _grid_points(remove, d, max_points), _grid_points(add, d, max_points)
+    delta_r, delta_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
+    pmf_remove = _pmf_from_deltas(d, ks_r, delta_r)
+    pmf_add = _pmf_from_deltas(d, ks_a, delta_a)
     return pld_lib.PrivacyLossDistribution(pmf_remove, pmf_add)
 
 

@@ -43,7 +43,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma, gaussian_epsilon
@@ -79,6 +79,10 @@ class _ClonePair:
     """FMT's pair for n reports of an eps0-DP randomizer, tabulated for hockey-stick divergences."""
 
     def __init__(self, n: int, eps0: float) -> None:
+        # imported here: scipy.stats takes about a second to import, and the module is imported by
+        # every ``mfcli account`` run, most of which never shuffle
+        from scipy import stats
+
         q = math.exp(-eps0)
         cs = np.arange(n)
         logpc = stats.binom.logpmf(cs, n - 1, q)
