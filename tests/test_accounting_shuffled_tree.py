@@ -77,11 +77,10 @@ def test_bad_input(kwargs) -> None:
         shuffled_tree(**kwargs)
 
 
-@pytest.mark.parametrize("eps0", [700.5, 709.0, 800.0, 1e6])
+@pytest.mark.parametrize("eps0", [705.0, 709.0, 800.0, 1e6])
 def test_fmt_report_count_is_infinite_where_e_to_the_eps0_overflows(eps0) -> None:
-    """16 log(4/delta) e^eps0 is beyond any float for these eps0 (it raised OverflowError, a traceback
-    at tiny noise); below the cut the closed form is unchanged."""
-    from mfcli.accounting.shuffled_tree import fmt_min_reports
-
+    """16 log(4/delta) e^eps0 is beyond any float for these eps0 (e^eps0 alone from 709.79 on: it
+    raised OverflowError, a traceback at tiny noise); within the range the closed form is unchanged."""
     assert fmt_min_reports(eps0, 1e-6) == math.inf
     assert fmt_min_reports(1.0, 1e-6) == 16.0 * math.log(4e6) * math.e
+    assert fmt_min_reports(700.5, 1e-6) == 16.0 * math.log(4e6) * math.exp(700.5) < math.inf

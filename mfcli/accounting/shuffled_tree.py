@@ -54,10 +54,11 @@ def tree_levels(n: int) -> int:
 def fmt_min_reports(eps0: float, delta: float) -> float:
     """Smallest number M of shuffled eps0-DP reports for which the Feldman-McMillan-Talwar closed
     form applies: eps0 <= log(M / (16 log(4 / delta))), i.e. M >= 16 log(4/delta) e^eps0
-    (infinite where e^eps0 overflows a float: no number of reports suffices in practice)."""
-    if eps0 > 700.0:
+    (infinite where it exceeds the float range: no number of reports suffices in practice)."""
+    try:
+        return 16.0 * math.log(4.0 / delta) * math.exp(eps0)  # a product beyond the range is inf
+    except OverflowError:  # e^eps0 itself beyond the range
         return math.inf
-    return 16.0 * math.log(4.0 / delta) * math.exp(eps0)
 
 
 @dataclass(frozen=True)
