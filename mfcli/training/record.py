@@ -160,7 +160,6 @@ class TrainingRecord:
                                    for j in range(1, e)]
         return [*out, self.epsilon]
 
-
     def _prefix_epsilon(self, m: int, accounted: Callable[[], Any]) -> float | None:
         """The record's accounting of the first m steps (C[:m, :m], the schema cut to m steps)."""
         from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation, participation_from_json
