@@ -103,3 +103,51 @@ def test_non_dense_pmfs_go_to_dp_accounting() -> None:
     assert pld_ops.epsilon_for_delta(ident, 1e-6) == ident.get_epsilon_for_delta(1e-6)
     composed = pld_ops.self_compose(ident, 5)
     assert composed.get_epsilon_for_delta(1e-6) == ident.self_compose(5).get_epsilon_for_delta(1e-6)
+
+
+def _hockey_stick_delta(pmf, eps: float) -> float:
+    """delta(eps) of one direction, summed straight from its definition (the independent side):
+    infinity mass + sum over losses l > eps of p (1 - e^(eps - l))."""
+    losses = (pmf._lower_loss + np.arange(pmf._probs.size)) * pmf._discretization
+    keep = losses > eps
+    return float(pmf._infinity_mass + np.sum(pmf._probs[keep] * -np.expm1(eps - losses[keep])))
+
+
+# (probabilities of the losses 5 + k d for k = 0, -1, ... down past -709, the delta asked):
+# most of the mass far below -709, where math.exp(-l) overflows and dp-accounting's own loop
+# raises OverflowError (a tiny noise multiplier leads there: tree, n = 8, sigma 0.1, rate 0.5).
+_DEEP_CASES = [
+    pytest.param(1e-6, 0.5, id="delta-above-top-mass"),
+    pytest.param(1e-12, 1e-3, id="tiny-top-mass"),
+    pytest.param(0.3, 0.31, id="top-mass-just-below-delta"),
+]
+
+
+@pytest.mark.parametrize("top, delta", _DEEP_CASES)
+def test_epsilon_for_delta_past_the_float_range_is_zero_where_it_is(top: float, delta: float) -> None:
+    d = 0.5
+    losses = 5.0 - d * np.arange(0, 2000)  # 5 down to -994.5
+    probs = np.zeros(losses.size)
+    probs[0] = top
+    probs[-1] = 1.0 - top  # at loss -994.5
+    pmf = pld_pmf.DensePLDPmf(d, round(losses[-1] / d), np.flip(probs), 0.0, True)
+    with pytest.raises(OverflowError):
+        pmf.get_epsilon_for_delta(delta)  # what the fallback used to call
+    pld = pld_lib.PrivacyLossDistribution(pmf)
+    eps = pld_ops.epsilon_for_delta(pld, delta)
+    assert eps == 0
+    assert _hockey_stick_delta(pmf, 0.0) <= delta
+
+
+def test_epsilon_for_delta_stopping_above_the_float_range_is_dp_accountings() -> None:
+    # the same kind of PMF with a delta the top mass does not meet: the loop stops at a positive
+    # loss, before the overflow, and both give the same epsilon bit for bit
+    d = 0.5
+    n = 2000
+    probs = np.zeros(n)
+    probs[0], probs[1], probs[-1] = 1e-3, 1e-3, 1.0 - 2e-3
+    pmf = pld_pmf.DensePLDPmf(d, round((5.0 - d * (n - 1)) / d), np.flip(probs), 0.0, True)
+    eps_theirs = pmf.get_epsilon_for_delta(1e-4)
+    eps_ours = pld_ops.epsilon_for_delta(pld_lib.PrivacyLossDistribution(pmf), 1e-4)
+    assert eps_ours == eps_theirs > 0
+    assert _hockey_stick_delta(pmf, eps_ours) <= 1e-4 * (1 + 1e-12)

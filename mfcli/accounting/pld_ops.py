@@ -35,6 +35,10 @@ import numpy as np
 #: Unit roundoff of float64.
 _U = 2.0 ** -53
 
+#: Losses below this end :func:`epsilon_for_delta`'s scan with epsilon 0 (``math.exp(-l)``
+#: overflows a float below -709.78; any loss <= 0 would do, see ``_pmf_epsilon``).
+_EXP_OVERFLOW_LOSS = -709.0
+
 #: First block of losses scanned by :func:`epsilon_for_delta` (then 4x larger each time).
 _FIRST_BLOCK = 2048
 
@@ -153,6 +157,15 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     stop before i if U > delta, V > 0 and log((U - delta) / V) >= l_i; else U += p_i,
     V += exp(-l_i) p_i, and return max(0, l_i) if then U >= delta and V == 0. After the loop (or
     the stop): 0 if U <= V + delta, else log((U - delta) / V).
+
+    Where the loop would reach a loss below -709 (``math.exp(-l)`` overflows: dp-accounting raises
+    OverflowError there, e.g. for a tiny noise multiplier) the answer is 0, returned without
+    going on: U - delta <= V holds once the loop has passed, without stopping, a loss l_k in
+    (-d, 0] (U <= delta, or (U - delta) / V < e^(l_k) <= 1), or at the start if every loss is
+    below 0 (U = infinity mass <= delta, V = 0), and every later loss l <= 0 adds p to
+    U and e^(-l) p >= p to V, which keeps U - delta <= V to the end: the final test returns 0, and
+    so does any later stop (its result is the same final test) or early return (max(0, l) with
+    l <= 0).
     """
     if not _is_dense(pmf):
         return pmf.get_epsilon_for_delta(delta)
@@ -174,11 +187,15 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
         steps[0] = loss
         steps[1:] = -d
         losses = np.cumsum(steps)  # sequential: l_{i+1} = l_i + (-d), the loop's own roundings
+        # A loss below _EXP_OVERFLOW_LOSS ends the scan (docstring): the block stops before it.
+        below = np.flatnonzero(losses < _EXP_OVERFLOW_LOSS)
+        overflows = below.size > 0
+        if overflows:
+            stop = start + int(below[0])
+            m = stop - start
+            losses = losses[:m]
         p = rev[start:stop]
-        try:
-            e = np.array([math.exp(-v) for v in losses.tolist()])
-        except OverflowError:  # a loss below -709 in this block: the loop would overflow only if it got there
-            return pmf.get_epsilon_for_delta(delta)
+        e = np.array([math.exp(-v) for v in losses.tolist()])
         up = np.empty(m + 1)
         up[0] = mass_upper
         up[1:] = p
@@ -209,6 +226,8 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
         if first_stop < m:
             mass_upper, mass_lower = up[first_stop], lw[first_stop]
             break
+        if overflows:
+            return 0
         mass_upper, mass_lower = up[m], lw[m]
         loss = float(losses[-1]) - d
         start = stop
