@@ -203,3 +203,28 @@ def test_paired_deltas_match_dp_accountings_loss(sigma, sens, probs) -> None:
                          .get_delta_for_epsilon(list(eps)))
         assert np.all(got >= ref - 1e-12)
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-12)
+
+
+# Noise so small that the loss grid reaches eps > 709, where e^eps overflows: the product e^eps x
+# mu_lower_cdf was NaN there (inf x an underflowed CDF), the whole PMF NaN and MMCC's epsilon NaN
+# (tree, n = 8, sigma 0.1, rate 0.5). dp-accounting's builder (the oracle) forms it in log space.
+@pytest.mark.parametrize("sens", [10.0, 25.0, 40.0])
+def test_far_tails_match_dp_accounting_builder(sens: float) -> None:
+    ours = mog_pld.mixture_pld(1.0, [0.0, sens], [0.5, 0.5], value_discretization_interval=1e-2)
+    ref = mog_pld.reference_mixture_pld(1.0, [0.0, sens], [0.5, 0.5], value_discretization_interval=1e-2)
+    assert np.all(np.isfinite(ours._pmf_remove._probs))
+    assert np.all(np.isfinite(ours._pmf_add._probs))
+    for delta in (1e-3, 1e-6):
+        a, b = ours.get_epsilon_for_delta(delta), ref.get_epsilon_for_delta(delta)
+        assert a == pytest.approx(b, rel=1e-11)
+
+
+def test_far_tail_hockey_stick_matches_log_space_quadrature() -> None:
+    # delta(eps) at eps = 750 for sigma 1, s = 40 (REMOVE: H_eps(N(-40) || N(0))): the plain
+    # Gaussian's closed form Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), mu = 40, with the
+    # second term in log space
+    eps, mu = 750.0, 40.0
+    ref = math.exp(stats.norm.logcdf(-eps / mu + mu / 2)) - math.exp(eps + stats.norm.logcdf(-eps / mu - mu / 2))
+    ours = mog_pld.hockey_stick(1.0, [mu], [1.0], np.array([eps]), remove=True)[0]
+    assert np.isfinite(ours)
+    assert ours == pytest.approx(ref, rel=1e-9)

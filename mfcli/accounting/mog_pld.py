@@ -137,6 +137,35 @@ class _Loss:
         return special.ndtr(w, out=w) @ self.q
 
 
+    def lower_log_cdf(self, x: np.ndarray) -> np.ndarray:
+        """log mu_lower_cdf(x), accurate where the CDF underflows (log_ndtr, then log-sum-exp
+        over the mixture)."""
+        if self.remove:
+            return special.log_ndtr(x / self.sigma)
+        w = np.subtract.outer(x, self.s)
+        w /= self.sigma
+        return special.logsumexp(special.log_ndtr(w) + self.logq, axis=1)
+
+
+#: Above this eps, e^eps mu_lower_cdf(x) is formed as exp(eps + log mu_lower_cdf(x)): e^eps
+#: overflows a float above 709.78, and e^eps times a CDF that underflowed to 0 is NaN, not the
+#: small number it is. Below it the product is formed directly (the values of every earlier
+#: version, bit for bit).
+_EXP_SAFE_EPS = 700.0
+
+
+def _scaled_lower(loss: _Loss, x: np.ndarray, eps: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """e^eps mu_lower_cdf(x) of ``loss``, given ``lower`` = mu_lower_cdf(x)."""
+    big = eps > _EXP_SAFE_EPS
+    if not big.any():
+        return np.exp(eps) * lower
+    out = np.empty_like(eps)
+    out[~big] = np.exp(eps[~big]) * lower[~big]
+    with np.errstate(over="ignore"):
+        out[big] = np.exp(eps[big] + loss.lower_log_cdf(x[big]))
+    return out
+
+
 def _truncation(loss: _Loss, log_mass_bound: float) -> tuple[float, float]:
     """dp-accounting's ``privacy_loss_tail`` truncation points (lower_x, upper_x) of mu_upper
     (computed once per loss and bound)."""
@@ -277,7 +306,7 @@ def _deltas(loss: _Loss, eps: np.ndarray) -> np.ndarray:
         for start in range(0, x.size, _CHUNK):
             xs = x[start:start + _CHUNK]
             es = e_in[start:start + _CHUNK]
-            d[start:start + _CHUNK] = loss.upper_cdf(xs) - np.exp(es) * loss.lower_cdf(xs)
+            d[start:start + _CHUNK] = loss.upper_cdf(xs) - _scaled_lower(loss, xs, es, loss.lower_cdf(xs))
         delta[inside] = d
     return np.clip(delta, 0.0, 1.0)
 
@@ -348,11 +377,11 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
         if in_r.any():
             i = np.searchsorted(pts, eps_r[in_r])
             e_in = eps_r[in_r]
-            delta_r[in_r] = cdf_sum[i] - np.exp(e_in) * remove.lower_cdf(y[i])
+            delta_r[in_r] = cdf_sum[i] - _scaled_lower(remove, y[i], e_in, remove.lower_cdf(y[i]))
         if in_a.any():
             i = np.searchsorted(pts, -eps_a[in_a])
             e_in = eps_a[in_a]
-            delta_a[in_a] = add.upper_cdf(-y[i]) - np.exp(e_in) * sf_sum[i]
+            delta_a[in_a] = add.upper_cdf(-y[i]) - _scaled_lower(add, -y[i], e_in, sf_sum[i])
     return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0)
 
 
