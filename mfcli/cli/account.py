@@ -23,7 +23,9 @@ from mfcli.accounting.defaults import (
     SAMPLED_BATCHINGS,
     SETTINGS,
 )
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, emit_json, key_value_table, log, refuse_unless, safe_markup, stdout
+from mfcli.cli.display import ProgressDisplay, describe_estimate
+from mfcli.cli.options import (
     BETA_RANGE,
     DELTA_RANGE,
     EPSILON_RANGE,
@@ -31,21 +33,11 @@ from mfcli.cli.common import (
     SIGMA_RANGE,
     ParticipationOptions,
     artifact_argument,
-    command_line,
-    emit_json,
-    envelope,
-    guarded,
     in_range,
-    key_value_table,
     library_check,
-    log,
     option_group,
     positive_n,
-    refuse_unless,
-    safe_markup,
-    stdout,
 )
-from mfcli.cli.display import ProgressDisplay, describe_estimate
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 from mfcli.util.limits import DENSE_MAX_N
@@ -267,7 +259,6 @@ OPERATOR_CHECK = in_range("--operator", library_check("mfcli.strategies.operator
 MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.util.memory", "parse_size"))
 
 
-@guarded
 @option_group(ParticipationOptions, into="participation")
 def account(
     source: Path | None = typer.Argument(
@@ -540,7 +531,7 @@ def account(
 
         rep = payload.pop("report")
         payload["report"] = {**rep, "line": report_line(rep)}
-        emit_json(envelope("account", **payload))
+        emit_json("account", payload)
         return
     out = stdout()
     out.print(f"strategy: {safe_markup(inp.source)}")

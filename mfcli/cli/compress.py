@@ -6,22 +6,14 @@ from pathlib import Path
 
 import typer
 
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, emit_json, key_value_table, log, refuse_unless, stdout, usage_error
+from mfcli.cli.options import (
     ParticipationOptions,
     artifact_argument,
-    command_line,
-    emit_json,
-    envelope,
-    guarded,
     in_range,
-    key_value_table,
     library_check,
-    log,
     option_group,
     refuse_structured,
-    refuse_unless,
-    stdout,
-    usage_error,
 )
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
@@ -33,7 +25,6 @@ BAND_CHECK = in_range("--band", library_check("mfcli.util.validation", "step_cou
 RANK_CHECK = in_range("--rank", library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
 
 
-@guarded
 @option_group(ParticipationOptions, into="participation")
 def compress(
     artifact: Path = typer.Argument(
@@ -141,7 +132,7 @@ def compress(
         summary["participation"] = under["compressed"]["participation"]
         summary["under_schema"] = under
     if as_json:
-        emit_json(envelope("compress", **summary))
+        emit_json("compress", summary)
         return
     single = " (single participation)" if under is not None else ""
     rows = [
