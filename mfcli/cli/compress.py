@@ -21,8 +21,8 @@ from mfcli.io.artifact import is_shipped_artifact
 from mfcli.services.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 
 # K <= n and R <= n - K are checked against the artifact's n (exit 1); alone: K >= 1, R >= 0.
-BAND_CHECK = in_range("--band", library_check("mfcli.util.validation", "step_count", name="band K"))
-RANK_CHECK = in_range("--rank", library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
+BAND_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="band K"))
+RANK_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
 
 
 @option_group(ParticipationOptions, into="participation")

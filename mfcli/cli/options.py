@@ -34,19 +34,21 @@ def positive_n(value: int | None) -> int | None:
 NOpt = Annotated[int | None, typer.Option("--n", "-n", callback=positive_n, help="Number of steps (rows of A).")]
 
 
-def in_range(flag: str, check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def in_range(check: Callable[[Any], Any]) -> Callable[..., Any]:
     """An option callback that refuses a value outside the range the option alone allows as a
-    usage error (exit 2, one line naming ``flag``), while the command line is parsed, like --n 0.
-    ``check`` is the library's own validator of that one value (it raises MfcliError), so the
-    range is stated once; ranges that depend on n or on another option stay with the library
-    (exit 1). None (not given) passes; a repeated option's values are checked one by one."""
+    usage error (exit 2, one line naming the option by its long flag), while the command line is
+    parsed, like --n 0. ``check`` is the library's own validator of that one value (it raises
+    MfcliError), so the range is stated once; ranges that depend on n or on another option stay
+    with the library (exit 1). None (not given) passes; a repeated option's values are checked one
+    by one. The flag is read from the option the callback is attached to, so it is never written
+    twice."""
 
-    def callback(value: Any) -> Any:
+    def callback(param: typer.CallbackParam, value: Any) -> Any:
         for v in value if isinstance(value, list) else () if value is None else (value,):
             try:
                 check(v)
             except MfcliError as err:
-                raise usage_error(f"{flag}: {err}") from None
+                raise usage_error(f"{_flag(param)}: {err}") from None
         return value
 
     return callback
@@ -97,13 +99,13 @@ def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]
 
 
 #: Callbacks for the options whose range needs no other option (see :func:`in_range`).
-BETA_RANGE = in_range("--beta", library_check("mfcli.model.workloads", "check_beta"))
-BANDS_RANGE = in_range("--bands", library_check("mfcli.strategies.toeplitz", "check_bands"))
-BUFFERS_RANGE = in_range("--buffers", library_check("mfcli.strategies.blt", "check_buffers"))
-SIGMA_RANGE = in_range("--sigma", library_check("mfcli.accounting.single_pass", "check_sigma"))
-DELTA_RANGE = in_range("--delta", library_check("mfcli.accounting.single_pass", "check_delta"))
-SAMPLING_RANGE = in_range("--sampling", library_check("mfcli.accounting.single_pass", "check_sampling"))
-EPSILON_RANGE = in_range("--epsilon", library_check("mfcli.util.validation", "positive_number", "the target epsilon"))
+BETA_RANGE = in_range(library_check("mfcli.model.workloads", "check_beta"))
+BANDS_RANGE = in_range(library_check("mfcli.strategies.toeplitz", "check_bands"))
+BUFFERS_RANGE = in_range(library_check("mfcli.strategies.blt", "check_buffers"))
+SIGMA_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_sigma"))
+DELTA_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_delta"))
+SAMPLING_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_sampling"))
+EPSILON_RANGE = in_range(library_check("mfcli.util.validation", "positive_number", "the target epsilon"))
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
 
 # Options that apply to one mode only default to None (not given), so that giving one where it
@@ -229,19 +231,19 @@ def _max_participations(v: int) -> None:
 
 EpochsOpt = Annotated[
     int | None,
-    typer.Option("--epochs", callback=in_range("--epochs", _epochs),
+    typer.Option("--epochs", callback=in_range(_epochs),
                  help="Fixed-epoch participation: K epochs of n/K steps in the same data order every "
                  "epoch (default: single participation). Reshuffled between epochs: use --min-sep 1 "
                  "--max-participations K instead."),
 ]
 MinSepOpt = Annotated[
     int | None,
-    typer.Option("--min-sep", callback=in_range("--min-sep", _min_sep),
+    typer.Option("--min-sep", callback=in_range(_min_sep),
                  help="Min-separation participation: any two participations at least B steps apart."),
 ]
 MaxParticipationsOpt = Annotated[
     int | None,
-    typer.Option("--max-participations", callback=in_range("--max-participations", _max_participations),
+    typer.Option("--max-participations", callback=in_range(_max_participations),
                  help="--min-sep only: at most K participations (default: as many as fit)."),
 ]
 

@@ -41,7 +41,7 @@ def _sampler_names(value: str) -> None:
 
 
 #: An unknown sampler name needs no other option to be refused: a usage error at parse time.
-BATCHING_NAMES = in_range("--batching", _sampler_names)
+BATCHING_NAMES = in_range(_sampler_names)
 
 
 def _plan_workload(v: str) -> None:
@@ -51,10 +51,10 @@ def _plan_workload(v: str) -> None:
     one_of(v, WORKLOADS, "plan workload")
 
 
-EXAMPLES_CHECK = in_range("--examples", library_check("mfcli.util.validation", "positive_int", "the number of examples"))
-BATCH_CHECK = in_range("--batch", library_check("mfcli.util.validation", "positive_int", "the batch size"))
-PARAMS_CHECK = in_range("--params", library_check("mfcli.util.validation", "positive_int", "the number of parameters"))
-PLAN_WORKLOAD_CHECK = in_range("--workload", _plan_workload)
+EXAMPLES_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the number of examples"))
+BATCH_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the batch size"))
+PARAMS_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the number of parameters"))
+PLAN_WORKLOAD_CHECK = in_range(_plan_workload)
 
 
 def _bytes(b: int) -> str:
@@ -207,8 +207,8 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 
-EPOCH_COUNT = in_range("--epochs", library_check("mfcli.services.plan", "check_epochs"))
-MAX_STREAM_MEMORY_CHECK = in_range("--max-stream-memory", library_check("mfcli.util.memory", "parse_size"))
+EPOCH_COUNT = in_range(library_check("mfcli.services.plan", "check_epochs"))
+MAX_STREAM_MEMORY_CHECK = in_range(library_check("mfcli.util.memory", "parse_size"))
 
 
 def plan(
