@@ -1,4 +1,4 @@
-"""Option groups (mfcli.cli.common.option_group): options several commands share are declared once
+"""Option groups (mfcli.cli.options.option_group): options several commands share are declared once
 and reach each command as one object; Typer sees them as ordinary options."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from mfcli.cli.app import COMMANDS
-from mfcli.cli.common import ParticipationOptions, WorkloadOptions, option_group
+from mfcli.cli.options import ParticipationOptions, ProblemOptions, WorkloadOptions, option_group
 
 PARTICIPATION_FLAGS = {"--epochs", "--min-sep", "--max-participations"}
-WORKLOAD_FLAGS = {"--workload", "--beta", "--lr", "--lr-factor", "--lr-final", "--lr-last", "--matrix"}
+WORKLOAD_FLAGS = {"--workload", "--beta", "--lr", "--lr-factor", "--lr-final", "--lr-last", "--matrix", "--n"}
 
 
 def _flags(command: str) -> list[str]:
@@ -70,6 +70,27 @@ def test_a_group_arrives_as_one_object(args: list[str], workload: WorkloadOption
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert seen == [(workload, count, participation)]
+
+
+def test_the_problem_group_is_the_workload_then_the_schema() -> None:
+    """optimize and compare take both groups as one: the workload's options (with --n), then the
+    schema's, in that order on the command line and in --help, and each group's methods answer."""
+    app = typer.Typer(add_completion=False)
+    seen: list[ProblemOptions] = []
+
+    @app.command()
+    @option_group(ProblemOptions, into="problem")
+    def toy(*, problem: ProblemOptions) -> None:
+        seen.append(problem)
+
+    flags = [opt for p in get_command(app).params for opt in p.opts if opt.startswith("--")]
+    assert flags == ["--workload", "--beta", "--lr", "--lr-factor", "--lr-final", "--lr-last", "--matrix", "--n",
+                     "--epochs", "--min-sep", "--max-participations"]
+    res = CliRunner().invoke(app, ["-w", "momentum", "--beta", "0.5", "--n", "8", "--min-sep", "2"])
+    assert res.exit_code == 0, res.output
+    assert seen == [ProblemOptions(workload="momentum", beta=0.5, n=8, min_sep=2)]
+    assert seen[0].build_kwargs() == {"beta": 0.5}
+    assert type(seen[0].schema()).__name__ == "MinSeparation" and seen[0].given
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""One parse-time rule for every integer option (mfcli.cli.common.bound_integer_options): a value
+"""One parse-time rule for every integer option (mfcli.cli.options.bound_integer_options): a value
 past 2^53 (a 400-digit --n, --examples, --epochs, ...) is a usage error, exit 2, one line naming
 the flag, before any command code runs; and the library validators refuse such counts by the
 same bound instead of overflowing in float(n).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,9 @@ from mfcli.accounting.defaults import (
     SAMPLED_BATCHINGS,
     SETTINGS,
 )
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, emit_json, key_value_table, log, refuse_unless, safe_markup, stdout
+from mfcli.cli.display import ProgressDisplay, describe_estimate
+from mfcli.cli.options import (
     BETA_RANGE,
     DELTA_RANGE,
     EPSILON_RANGE,
@@ -31,21 +34,11 @@ from mfcli.cli.common import (
     SIGMA_RANGE,
     ParticipationOptions,
     artifact_argument,
-    command_line,
-    emit_json,
-    envelope,
-    guarded,
     in_range,
-    key_value_table,
     library_check,
-    log,
     option_group,
     positive_n,
-    refuse_unless,
-    safe_markup,
-    stdout,
 )
-from mfcli.cli.display import ProgressDisplay, describe_estimate
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 from mfcli.util.limits import DENSE_MAX_N
@@ -77,9 +70,8 @@ def _is_identity(inp: Any) -> bool:
 
 def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table, list[str]]:
     """The rows table (setting, epsilon, what it assumes; with ``details`` each row's method and
-    numbers) and the assumption lines printed after it."""
-    from mfcli.services.account import ESTIMATE_NOT_REQUESTED
-
+    numbers) and the assumption lines printed after it: the rows of each setting that ran, in the
+    order of :data:`_ROWS`, each with the participation schema and batch sampler it assumes."""
     # The strategy name comes from the file: shown literally (safe_markup), never as markup.
     # Only the DP-SGD reference row: its epsilon (and a sigma calibrated for it) is for C = I, not this C.
     reference_only = set(report.results) == {"dp-sgd"} and not _is_identity(report.strategy)
@@ -95,151 +87,185 @@ def _rows_table(report: AccountingReport, details: bool = False) -> tuple[Table,
     if details:
         t.add_column("details")
     notes: list[str] = []
-    add_row = t.add_row
 
-    def row(*cells: str) -> None:  # the details cell only with --details (the JSON always has them)
-        add_row(*(cells if details else cells[:3]))
-    rows = report.row_dicts(include_events=False)  # the assumptions as the JSON states them (neighbouring relation included)
+    def row(setting: str, label: str, epsilon: str, detail: str) -> None:
+        # the details cell only with --details (the JSON always has them)
+        schema, sampler = report.row_labels(setting)
+        cells = (label, epsilon, safe_markup(f"{schema['description']}; {sampler}"), detail)
+        t.add_row(*(cells if details else cells[:3]))
 
-    def assumes(name: str) -> str:
-        schema, sampler = report.row_labels(name)
-        return safe_markup(f"{schema['description']}; {sampler}")
-
-    def entry(setting: str, label: str, epsilon: str, detail: str, note: str) -> None:
-        """The row of ``setting`` (what it assumes from the report) and its line below the table."""
-        row(label, epsilon, assumes(setting), detail)
-        notes.append(note)
-
-    def bracket(r: Any) -> str:  # a guarantee with the lower end of its bracket
-        return f"{pessimistic(r.epsilon)} [{pessimistic(r.lower, down=True)}, {pessimistic(r.epsilon)}]"
-
-    sp = report.single_pass
-    if sp is not None:
-        entry("single-pass", "single pass", pessimistic(sp.epsilon),
-              f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
-              f"({safe_markup(report.strategy.operator)} operator), "
-              f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian",
-              f"single pass: {rows['single-pass']['assumptions']}")
-    dp = report.dp_sgd
-    if dp is not None:
-        entry("dp-sgd", "DP-SGD (reference)", pessimistic(dp.epsilon),
-              f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
-              f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}",
-              f"DP-SGD: {_text(dp, 'assumptions')}")
-    br = report.mmcc
-    if br is not None:
-        u = br.upper
-        row(
-            "MMCC (Poisson) [lower, upper]",
-            f"[{pessimistic(br.lower_epsilon, down=True)}, {pessimistic(u.epsilon)}]", assumes("mmcc"),
-            f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
-            f"(tail, f = {u.tail_fraction:g}) + "
-            f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
-            f"{pessimistic(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
-            f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g} (rows convolved on "
-            f"{1.0 / (u.mixture_resolution * u.mixture_refinement):g}); "
-            f"example in every step (sanity bound): {pessimistic(br.full.epsilon)}",
-        )
-        notes.append(f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
-                     f"post-processed statistic {_LOWER_STAT.get(br.lower.statistic, 'v^T C^+ y')} (the best of "
-                     "1^T C^+ y, (C 1)^T y, (C C^T C 1)^T y)"
-                     + (", or of the rows with disjoint windows (banded C)" if br.lower_rows is not None else ""))
-        est = br.estimate
-        if est is not None:
-            row(
-                "MMCC pair (Poisson) ESTIMATE, not a bound",
-                f"~{est.epsilon:.4g} [{pessimistic(est.low, down=True)}, {pessimistic(est.high)}]", assumes("mmcc"),
-                f"Monte Carlo estimate of the exact pair's epsilon (banded C, b = {est.band}): exact likelihood "
-                f"ratio by forward recursion, importance sampling ({est.add.samples} samples a direction, seed "
-                f"{est.seed}); interval = +-{est.z:g} standard errors on delta. Never used to calibrate.",
-            )
-        elif br.banded_note == ESTIMATE_NOT_REQUESTED and br.lower_rows is not None:
-            notes.append(f"MMCC estimate: not computed; --banded-estimate adds an importance-sampled ESTIMATE of the "
-                         f"exact pair's epsilon for this banded C (b = {br.lower_rows.band}; seconds of CPU; never a "
-                         "bound, never used to calibrate)")
-        elif br.banded_note is not None:
-            notes.append(f"MMCC estimate: {br.banded_note}")
-    if "mmcc" in report.refused:
-        row("MMCC (Poisson)", "not run", assumes("mmcc"),
-                  "its assumptions fail for this C (see below); no amplified bound is claimed")
-    # The library says which bound holds; the flag that asks for it is the CLI's to name.
-    hint = "mmcc" in report.refused and report.deterministic is None
-    notes.extend(line + (" (add --min-sep 1 for that row)" if hint and line.startswith("MMCC: not run") else "")
-                 for line in report.notes)
-    st = report.shuffled_tree
-    if st is not None:
-        entry("shuffled-tree", "binary tree, one shuffled epoch", pessimistic(st.epsilon),
-              f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
-              f"amplified bound {st.amplified_note}", f"shuffled tree: {rows['shuffled-tree']['assumptions']}")
-    det = report.deterministic
-    if det is not None:
-        s = det.sensitivity
-        if s.exact:
-            eps_text = pessimistic(det.epsilon)
-            sens_text = f"sensitivity {pessimistic(s.value)} (exact: {safe_markup(s.method)})"
-        else:
-            low = pessimistic(det.epsilon_lower, down=True)
-            eps_text = f"{pessimistic(det.epsilon)} (true in [{low}, {pessimistic(det.epsilon)}])"
-            sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
-                         f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
-        entry("deterministic", "deterministic participation", eps_text,
-              f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
-              f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian",
-              f"deterministic: {_text(det, 'assumptions')}")
-        if not s.exact:  # shown without --details too: the row's sensitivity is only bounded
-            notes.append(f"deterministic: {sens_text}")
-    cyc = report.cyclic_poisson
-    if cyc is not None:
-        # the rate's meaning stays in the default output (it is easy to pass batch / examples instead)
-        entry("cyclic-poisson", "cyclic Poisson (banded C)", pessimistic(cyc.epsilon),
-              f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
-              f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
-              f"of the examples), noise multiplier sigma / max column norm "
-              f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
-              f"discretization {cyc.value_discretization:g}",
-              f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
-              f"sampled with probability p at its group's steps; expected batch p / b = "
-              f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
-              f"{_text(cyc, 'method')}")
-    bib = report.balls_in_bins_tree
-    if bib is not None:
-        entry("balls-in-bins-tree", "binary tree, balls-in-bins: guarantee [lower, upper]", bracket(bib),
-              f"batch sampler: balls-in-bins (every example in one uniformly random step); "
-              f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
-              f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling",
-              f"balls-in-bins tree: {_text(bib, 'assumptions')}")
-    red = report.reduction
-    if red is not None:
-        sn = red.spectral
-        ps = red.per_step
-        if red.variant == "per-step" and ps is not None:
-            row("DP-SGD reduction (any causal C), per-step", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
-                f"DP-SGD's epsilon under Poisson sampling with per-step noise multipliers d_t "
-                f"({len(ps.groups)} groups, smallest {pessimistic(min(d for d, _ in ps.groups), down=True)}), "
-                f"||C diag(d)||_2 <= sigma certified; below the scalar bound {pessimistic(red.scalar_epsilon)}; "
-                "a post-processing of that DP-SGD run (docs/accounting.md)")
-        else:
-            row("DP-SGD reduction (any causal C)", pessimistic(red.epsilon), assumes("dp-sgd-reduction"),
-                f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
-                f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
-                f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
-        notes.append(f"DP-SGD reduction: {_text(red, 'assumptions')}")
-    bdp = report.balls_in_bins_dp_sgd
-    if bdp is not None:
-        entry("balls-in-bins-dp-sgd", "DP-SGD, balls-in-bins (reference)", bracket(bdp),
-              f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
-              f"law of the random-allocation pair on a grid of {bdp.grid:g}, rounded up and down",
-              f"balls-in-bins DP-SGD (reference): {_text(bdp, 'assumptions')}")
-    sdp = report.shuffled_dp_sgd
-    if sdp is not None:
-        amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
-        entry("shuffled-dp-sgd", "DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon),
-              f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
-              f"FMT amplified {amp}"
-              + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
-              + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours",
-              f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}")
+    results = report.results
+    json_rows = report.row_dicts(include_events=False)
+    for setting, (name, build) in _ROWS.items():
+        if setting in results:
+            built_rows, own_notes = build(report, results[setting])
+            for cells in built_rows:
+                row(setting, *cells)
+            if name is not None:  # the assumptions as the JSON states them (neighbouring relation included)
+                notes.append(f"{name}: {json_rows[setting]['assumptions']}")
+            notes.extend(own_notes)
+        if setting == "mmcc":  # after MMCC's rows (or in their place): its refusal and the report's notes
+            if "mmcc" in report.refused:
+                row("mmcc", "MMCC (Poisson)", "not run",
+                    "its assumptions fail for this C (see below); no amplified bound is claimed")
+            # The library says which bound holds; the flag that asks for it is the CLI's to name.
+            hint = "mmcc" in report.refused and report.deterministic is None
+            notes.extend(line + (" (add --min-sep 1 for that row)" if hint and line.startswith("MMCC: not run") else "")
+                         for line in report.notes)
     return t, notes
+
+
+#: What one setting adds to the rows table: its rows (label, epsilon, details) and its lines below the table.
+_Rows = tuple[list[tuple[str, str, str]], list[str]]
+
+
+def _bracket(r: Any) -> str:
+    """A guarantee with the lower end of its bracket."""
+    return f"{pessimistic(r.epsilon)} [{pessimistic(r.lower, down=True)}, {pessimistic(r.epsilon)}]"
+
+
+def _single_pass_rows(report: AccountingReport, sp: Any) -> _Rows:
+    return [("single pass", pessimistic(sp.epsilon),
+             f"rho-zCDP {pessimistic(sp.rho_zcdp)}, mu-GDP {pessimistic(sp.mu_gdp)}; sens(C) {pessimistic(sp.sensitivity)} "
+             f"({safe_markup(report.strategy.operator)} operator), "
+             f"noise multiplier sigma/sens {pessimistic(sp.noise_multiplier, down=True)}; exact analytic Gaussian")], []
+
+
+def _dp_sgd_rows(report: AccountingReport, dp: Any) -> _Rows:
+    return [("DP-SGD (reference)", pessimistic(dp.epsilon),
+             f"C = I with noise multiplier sigma = {report.sigma:g} (the same noise per step, not sigma/sens), "
+             f"p = {dp.sampling:g}, n = {dp.steps}; PLD, discretization {dp.value_discretization:g}")], []
+
+
+def _mmcc_rows(report: AccountingReport, br: Any) -> _Rows:
+    from mfcli.services.account import ESTIMATE_NOT_REQUESTED
+
+    u = br.upper
+    rows = [(
+        "MMCC (Poisson) [lower, upper]",
+        f"[{pessimistic(br.lower_epsilon, down=True)}, {pessimistic(u.epsilon)}]",
+        f"delta = {pessimistic(u.delta_pld, digits=3)} (PLD) + {pessimistic(u.delta_tail, digits=3)} "
+        f"(tail, f = {u.tail_fraction:g}) + "
+        f"{pessimistic(u.delta_trunc, digits=2)} (cut mixture tails); K = {u.pairs} tail events, max p~ = "
+        f"{pessimistic(u.max_p_tilde, digits=4)}; {u.distinct_rows} distinct of {u.rows} rows; PLD grid "
+        f"{u.value_discretization:g}, mixture grid {1.0 / u.mixture_resolution:g} (rows convolved on "
+        f"{1.0 / (u.mixture_resolution * u.mixture_refinement):g}); "
+        f"example in every step (sanity bound): {pessimistic(br.full.epsilon)}",
+    )]
+    notes = [f"MMCC: {_text(u, 'assumptions')}. {_text(u, 'method')}. Lower bound: exact epsilon of the "
+             f"post-processed statistic {_LOWER_STAT.get(br.lower.statistic, 'v^T C^+ y')} (the best of "
+             "1^T C^+ y, (C 1)^T y, (C C^T C 1)^T y)"
+             + (", or of the rows with disjoint windows (banded C)" if br.lower_rows is not None else "")]
+    est = br.estimate
+    if est is not None:
+        rows.append((
+            "MMCC pair (Poisson) ESTIMATE, not a bound",
+            f"~{est.epsilon:.4g} [{pessimistic(est.low, down=True)}, {pessimistic(est.high)}]",
+            f"Monte Carlo estimate of the exact pair's epsilon (banded C, b = {est.band}): exact likelihood "
+            f"ratio by forward recursion, importance sampling ({est.add.samples} samples a direction, seed "
+            f"{est.seed}); interval = +-{est.z:g} standard errors on delta. Never used to calibrate.",
+        ))
+    elif br.banded_note == ESTIMATE_NOT_REQUESTED and br.lower_rows is not None:
+        notes.append(f"MMCC estimate: not computed; --banded-estimate adds an importance-sampled ESTIMATE of the "
+                     f"exact pair's epsilon for this banded C (b = {br.lower_rows.band}; seconds of CPU; never a "
+                     "bound, never used to calibrate)")
+    elif br.banded_note is not None:
+        notes.append(f"MMCC estimate: {br.banded_note}")
+    return rows, notes
+
+
+def _shuffled_tree_rows(report: AccountingReport, st: Any) -> _Rows:
+    return [("binary tree, one shuffled epoch", pessimistic(st.epsilon),
+             f"valid single-epoch bound (Gaussian, sensitivity sqrt(L + 1) = {pessimistic(st.sensitivity)}); "
+             f"amplified bound {st.amplified_note}")], []
+
+
+def _deterministic_rows(report: AccountingReport, det: Any) -> _Rows:
+    s = det.sensitivity
+    if s.exact:
+        eps_text = pessimistic(det.epsilon)
+        sens_text = f"sensitivity {pessimistic(s.value)} (exact: {safe_markup(s.method)})"
+    else:
+        low = pessimistic(det.epsilon_lower, down=True)
+        eps_text = f"{pessimistic(det.epsilon)} (true in [{low}, {pessimistic(det.epsilon)}])"
+        sens_text = (f"sensitivity <= {pessimistic(s.value)} (an upper bound: {safe_markup(s.method)}; a witness "
+                     f"attains {pessimistic(s.lower, down=True)}); the epsilon at the bound is still a guarantee")
+    # shown without --details too: the row's sensitivity is only bounded
+    notes = [] if s.exact else [f"deterministic: {sens_text}"]
+    return [("deterministic participation", eps_text,
+             f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
+             f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")], notes
+
+
+def _cyclic_poisson_rows(report: AccountingReport, cyc: Any) -> _Rows:
+    # the rate's meaning stays in the default output (it is easy to pass batch / examples instead)
+    note = (f"cyclic Poisson: p = {cyc.sampling:g} is the rate per group (per group: each example's group is "
+            f"sampled with probability p at its group's steps; expected batch p / b = "
+            f"{cyc.sampling / cyc.cycle:.6g} of the examples). {_text(cyc, 'assumptions')}. "
+            f"{_text(cyc, 'method')}")
+    return [("cyclic Poisson (banded C)", pessimistic(cyc.epsilon),
+             f"as DP-SGD with {cyc.steps} steps at p = {cyc.sampling:g} (per group: each example's group is sampled "
+             f"with probability p at its group's steps; expected batch p / b = {cyc.sampling / cyc.cycle:.6g} "
+             f"of the examples), noise multiplier sigma / max column norm "
+             f"{pessimistic(cyc.noise_multiplier, down=True)}; C has {cyc.bands} bands <= b = {cyc.cycle}; PLD, "
+             f"discretization {cyc.value_discretization:g}")], [note]
+
+
+def _balls_in_bins_tree_rows(report: AccountingReport, bib: Any) -> _Rows:
+    return [("binary tree, balls-in-bins: guarantee [lower, upper]", _bracket(bib),
+             f"batch sampler: balls-in-bins (every example in one uniformly random step); "
+             f"exact law of the tree's likelihood ratio on a grid of {bib.grid:g}, rounded up (guarantee) and down "
+             f"(lower bound); {bib.epochs} epoch(s); not valid for shuffling or Poisson sampling")], []
+
+
+def _reduction_rows(report: AccountingReport, red: Any) -> _Rows:
+    sn = red.spectral
+    ps = red.per_step
+    if red.variant == "per-step" and ps is not None:
+        row = ("DP-SGD reduction (any causal C), per-step", pessimistic(red.epsilon),
+               f"DP-SGD's epsilon under Poisson sampling with per-step noise multipliers d_t "
+               f"({len(ps.groups)} groups, smallest {pessimistic(min(d for d, _ in ps.groups), down=True)}), "
+               f"||C diag(d)||_2 <= sigma certified; below the scalar bound {pessimistic(red.scalar_epsilon)}; "
+               "a post-processing of that DP-SGD run (docs/accounting.md)")
+    else:
+        row = ("DP-SGD reduction (any causal C)", pessimistic(red.epsilon),
+               f"DP-SGD's epsilon under the same batch sampler at noise multiplier sigma / ||C||_2 = "
+               f"{pessimistic(red.noise_multiplier, down=True)}; ||C||_2 <= {pessimistic(sn.upper)} "
+               f"({safe_markup(sn.method)}); a post-processing of that DP-SGD run (docs/accounting.md)")
+    return [row], []
+
+
+def _balls_in_bins_dp_sgd_rows(report: AccountingReport, bdp: Any) -> _Rows:
+    return [("DP-SGD, balls-in-bins (reference)", _bracket(bdp),
+             f"another mechanism: C = I with noise multiplier sigma = {report.sigma:g}, n = {bdp.steps}; exact "
+             f"law of the random-allocation pair on a grid of {bdp.grid:g}, rounded up and down")], []
+
+
+def _shuffled_dp_sgd_rows(report: AccountingReport, sdp: Any) -> _Rows:
+    amp = "none applies" if sdp.amplified is None else pessimistic(sdp.amplified)
+    row = ("DP-SGD, one shuffled epoch (reference)", pessimistic(sdp.epsilon),
+           f"batch sampler: shuffle; C = I, batch size 1, noise multiplier sigma = {report.sigma:g}; "
+           f"FMT amplified {amp}"
+           + ("" if sdp.eps0 is None else f" (eps0 {pessimistic(sdp.eps0)}, delta0 {sdp.delta0:.3g})")
+           + f", unamplified {pessimistic(sdp.unamplified)}; replace-one neighbours")
+    return [row], [f"shuffled DP-SGD: {_text(sdp, 'assumptions')}. {_text(sdp, 'method')}"]
+
+
+#: The table's settings in display order: the name that begins the setting's line below the table
+#: (followed by the assumptions its JSON row states; None: the setting writes its lines itself),
+#: and its rows and further lines, built from the report and the setting's result.
+_ROWS: dict[str, tuple[str | None, Callable[[AccountingReport, Any], _Rows]]] = {
+    "single-pass": ("single pass", _single_pass_rows),
+    "dp-sgd": ("DP-SGD", _dp_sgd_rows),
+    "mmcc": (None, _mmcc_rows),
+    "shuffled-tree": ("shuffled tree", _shuffled_tree_rows),
+    "deterministic": ("deterministic", _deterministic_rows),
+    "cyclic-poisson": (None, _cyclic_poisson_rows),
+    "balls-in-bins-tree": ("balls-in-bins tree", _balls_in_bins_tree_rows),
+    "dp-sgd-reduction": ("DP-SGD reduction", _reduction_rows),
+    "balls-in-bins-dp-sgd": ("balls-in-bins DP-SGD (reference)", _balls_in_bins_dp_sgd_rows),
+    "shuffled-dp-sgd": (None, _shuffled_dp_sgd_rows),
+}
 
 
 def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
@@ -255,19 +281,20 @@ def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
 
 
 #: Parse-time checks (exit 2) of the options whose range or choices need no other option.
-STRATEGY_CHECK = in_range("--strategy", library_check("mfcli.util.validation", "one_of", BUILTIN, "strategy"))
-WORKLOAD_CHECK = in_range("--workload", library_check("mfcli.util.validation", "one_of", ("prefix", "momentum"), "workload"))
-SETTING_CHECK = in_range("--setting", library_check("mfcli.util.validation", "one_of", SETTINGS, "setting"))
-VALUE_DISCRETIZATION_CHECK = in_range(
-    "--value-discretization", library_check("mfcli.accounting.single_pass", "check_discretization"))
-TAIL_FRACTION_CHECK = in_range("--tail-fraction", library_check("mfcli.accounting.mmcc", "check_tail_fraction"))
-MIXTURE_GRID_CHECK = in_range("--mixture-grid", library_check(
+
+
+#: Parse-time checks (exit 2) of the options whose range or choices need no other option.
+STRATEGY_CHECK = in_range(library_check("mfcli.util.validation", "one_of", BUILTIN, "strategy"))
+WORKLOAD_CHECK = in_range(library_check("mfcli.util.validation", "one_of", ("prefix", "momentum"), "workload"))
+SETTING_CHECK = in_range(library_check("mfcli.util.validation", "one_of", SETTINGS, "setting"))
+VALUE_DISCRETIZATION_CHECK = in_range(library_check("mfcli.accounting.single_pass", "check_discretization"))
+TAIL_FRACTION_CHECK = in_range(library_check("mfcli.accounting.mmcc", "check_tail_fraction"))
+MIXTURE_GRID_CHECK = in_range(library_check(
     "mfcli.util.validation", "positive_number", "the mixture grid", upper=1.0, upper_closed=True))
-OPERATOR_CHECK = in_range("--operator", library_check("mfcli.strategies.operators", "check_operator_choice"))
-MAX_MEMORY_CHECK = in_range("--max-memory", library_check("mfcli.util.memory", "parse_size"))
+OPERATOR_CHECK = in_range(library_check("mfcli.strategies.operators", "check_operator_choice"))
+MAX_MEMORY_CHECK = in_range(library_check("mfcli.util.memory", "parse_size"))
 
 
-@guarded
 @option_group(ParticipationOptions, into="participation")
 def account(
     source: Path | None = typer.Argument(
@@ -540,7 +567,7 @@ def account(
 
         rep = payload.pop("report")
         payload["report"] = {**rep, "line": report_line(rep)}
-        emit_json(envelope("account", **payload))
+        emit_json("account", payload)
         return
     out = stdout()
     out.print(f"strategy: {safe_markup(inp.source)}")

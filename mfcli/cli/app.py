@@ -19,7 +19,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from mfcli.cli.common import bound_integer_options, fail, run_cli
+from mfcli.cli.common import fail, guarded, run_cli
+from mfcli.cli.options import bound_integer_options
 from mfcli.version import __version__
 
 #: name -> (module under mfcli.cli, function, one-line help shown by ``mfcli --help``).
@@ -49,7 +50,8 @@ def _click_exceptions() -> Any:
 
 class LazyGroup(TyperGroup):
     """A Typer group that imports a subcommand's module only when that subcommand is needed, and
-    renders usage errors as one plain line instead of Typer's boxed panel."""
+    renders usage errors as one plain line instead of Typer's boxed panel. Each subcommand it builds
+    runs under :func:`mfcli.cli.common.guarded` and :func:`mfcli.cli.options.bound_integer_options`."""
 
     _listing = False
 
@@ -65,7 +67,9 @@ class LazyGroup(TyperGroup):
             return TyperCommand(name=cmd_name, short_help=short, help=short, rich_markup_mode=None)
         fn = getattr(importlib.import_module(f"mfcli.cli.{module}"), attr)
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-        single.command(cmd_name, short_help=short)(fn)
+        # Every subcommand ends through guarded (one error: line and an exit status), set here once
+        # rather than by each module, so a command added later is covered too.
+        single.command(cmd_name, short_help=short)(guarded(fn))
         return bound_integer_options(typer.main.get_command(single))
 
     def format_help(self, ctx: Any, formatter: Any) -> None:

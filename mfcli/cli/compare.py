@@ -11,27 +11,19 @@ from typing import NamedTuple
 import typer
 from rich.console import Console
 
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, envelope, log, refuse_unless, solver_stop, stdout
+from mfcli.cli.display import ProgressDisplay, SolverDisplay, duration_text
+from mfcli.cli.options import (
     BANDS_RANGE,
     BUFFERS_RANGE,
     DELTA_RANGE,
     EPSILON_RANGE,
     SAMPLING_RANGE,
-    NOpt,
-    ParticipationOptions,
-    WorkloadOptions,
+    ProblemOptions,
     artifact_argument,
-    command_line,
-    envelope,
-    guarded,
-    log,
     option_group,
     refuse_structured,
-    refuse_unless,
-    solver_stop,
-    stdout,
 )
-from mfcli.cli.display import ProgressDisplay, SolverDisplay, duration_text
 from mfcli.cli.plots import check_plot_target, plot_per_step
 from mfcli.cli.render import (
     parse_strategy_names,
@@ -67,20 +59,16 @@ def render(table: Comparison, fmt: str, *, curves: bool, saved: dict | None) -> 
         payload = table.as_dict(curves=curves)
         if saved is not None:
             payload["saved"] = saved
-        return json.dumps(envelope("compare", **payload), indent=2) + "\n"
+        return json.dumps(envelope("compare", payload), indent=2) + "\n"
     buf = io.StringIO()
     Console(file=buf, width=160 if table.privacy is None else 200, color_system=None, soft_wrap=True).print(rich_table(table))
     return buf.getvalue()
 
 
-@guarded
-@option_group(WorkloadOptions, into="workload_options")
-@option_group(ParticipationOptions, into="participation")
+@option_group(ProblemOptions, into="problem")
 def compare(
     *,
-    workload_options: WorkloadOptions,
-    n: NOpt = None,
-    participation: ParticipationOptions,
+    problem: ProblemOptions,
     epsilon: float | None = typer.Option(
         None, "--epsilon", callback=EPSILON_RANGE,
         help="Compare at equal privacy: calibrate each row's sigma to this epsilon under its best valid accounting "
@@ -151,9 +139,9 @@ def compare(
     column says whether each sensitivity is exact or an upper bound. For workloads other than
     prefix, the prefix-sum baselines are post-processed (B = A S^-1 B_S).
     """
-    workload_opts = workload_options.build_kwargs()
-    workload, beta, lr, matrix = workload_options.workload, workload_options.beta, workload_options.lr, workload_options.matrix
-    schema = participation.schema()
+    workload_opts = problem.build_kwargs()
+    workload, n, beta, lr, matrix = problem.workload, problem.n, problem.beta, problem.lr, problem.matrix
+    schema = problem.schema()
     refuse_unless(epsilon is not None or (sampling is None and delta is None),
                   "--sampling and --delta apply to the comparison at equal privacy; give --epsilon")
     privacy = None
@@ -186,7 +174,7 @@ def compare(
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
                            privacy=privacy, baselines=names)
         return
-    refuse_unless(participation.max_participations is None or sampling is None,
+    refuse_unless(problem.max_participations is None or sampling is None,
                   "--max-participations does not apply with --sampling: cyclic Poisson sampling cannot cap the "
                   "number of participations")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
@@ -215,7 +203,7 @@ def compare(
         from mfcli.services.compare import comparison_schema
 
         # account's rule: the schema the artifacts declare unless one is given; a contradiction is refused
-        schema = comparison_schema(artifact, schema if participation.given else None)
+        schema = comparison_schema(artifact, schema if problem.given else None)
     schema.check(w.n)
     if privacy is not None and privacy.sampling is not None:
         cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work

@@ -6,22 +6,14 @@ from pathlib import Path
 
 import typer
 
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, emit_json, key_value_table, log, refuse_unless, stdout, usage_error
+from mfcli.cli.options import (
     ParticipationOptions,
     artifact_argument,
-    command_line,
-    emit_json,
-    envelope,
-    guarded,
     in_range,
-    key_value_table,
     library_check,
-    log,
     option_group,
     refuse_structured,
-    refuse_unless,
-    stdout,
-    usage_error,
 )
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
@@ -29,11 +21,10 @@ from mfcli.io.artifact import is_shipped_artifact
 from mfcli.services.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
 
 # K <= n and R <= n - K are checked against the artifact's n (exit 1); alone: K >= 1, R >= 0.
-BAND_CHECK = in_range("--band", library_check("mfcli.util.validation", "step_count", name="band K"))
-RANK_CHECK = in_range("--rank", library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
+BAND_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="band K"))
+RANK_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
 
 
-@guarded
 @option_group(ParticipationOptions, into="participation")
 def compress(
     artifact: Path = typer.Argument(
@@ -141,7 +132,7 @@ def compress(
         summary["participation"] = under["compressed"]["participation"]
         summary["under_schema"] = under
     if as_json:
-        emit_json(envelope("compress", **summary))
+        emit_json("compress", summary)
         return
     single = " (single participation)" if under is not None else ""
     rows = [

@@ -8,21 +8,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from mfcli.cli.common import (
-    ParticipationOptions,
-    artifact_argument,
-    emit_json,
-    envelope,
-    fail,
-    fmt,
-    guarded,
-    key_value_table,
-    log,
-    option_group,
-    refuse_unless,
-    safe_markup,
-    stdout,
-)
+from mfcli.cli.common import emit_json, fail, fmt, key_value_table, log, refuse_unless, safe_markup, stdout
+from mfcli.cli.options import ParticipationOptions, artifact_argument, option_group
 from mfcli.cli.plots import plot_report
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
@@ -245,7 +232,6 @@ def _render_under(under: dict[str, Any]) -> None:
                                    [(k, fmt(v)) for k, v in rows]))
 
 
-@guarded
 @option_group(ParticipationOptions, into="participation")
 def inspect(
     artifact: Path = typer.Argument(..., help="The artifact to inspect: a file, or a shipped name such as prefix-n256."),
@@ -295,9 +281,7 @@ def inspect(
             payload["plot"] = str(written)
         if under is not None:
             payload["under_requested_schema"] = under
-        obj = envelope("inspect", **payload)
-        obj["schema_version"] = INSPECT_JSON_SCHEMA_VERSION
-        emit_json(obj)
+        emit_json("inspect", payload, schema_version=INSPECT_JSON_SCHEMA_VERSION)
     else:
         _render(report)
         if under is not None:

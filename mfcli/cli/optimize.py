@@ -8,26 +8,24 @@ from typing import Any
 import typer
 
 from mfcli.cli.common import (
-    BANDS_RANGE,
-    BUFFERS_RANGE,
-    NOpt,
-    ParticipationOptions,
-    WorkloadOptions,
-    artifact_argument,
     command_line,
     emit_json,
-    envelope,
-    guarded,
     key_value_table,
     log,
-    option_group,
-    refuse_structured,
     refuse_unless,
     solver_stop,
     stdout,
     with_schema_suffix,
 )
 from mfcli.cli.display import SolverDisplay
+from mfcli.cli.options import (
+    BANDS_RANGE,
+    BUFFERS_RANGE,
+    ProblemOptions,
+    artifact_argument,
+    option_group,
+    refuse_structured,
+)
 from mfcli.io.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
 from mfcli.model.participation import Participation, SingleParticipation, schema_dict
 from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
@@ -42,14 +40,10 @@ from mfcli.optimize.dense import (
 from mfcli.optimize.multi_solver import multi_participation_factorization
 
 
-@guarded
-@option_group(WorkloadOptions, into="workload_options")
-@option_group(ParticipationOptions, into="participation")
+@option_group(ProblemOptions, into="problem")
 def optimize(
     *,
-    workload_options: WorkloadOptions,
-    n: NOpt = None,
-    participation: ParticipationOptions,
+    problem: ProblemOptions,
     tol: float | None = typer.Option(
         None, "--tol", show_default=False,
         help=f"Stop at this relative duality gap (default {DEFAULT_TOL:g}). Dense optimal strategy only: "
@@ -92,9 +86,9 @@ def optimize(
     the K epochs (sensitivity 1); with --min-sep B: the optimal B-banded one with equal column
     norms (BandMF, sensitivity sqrt(K)). Or optimise a structured strategy (--strategy
     banded-toeplitz or blt) that never builds an n x n matrix."""
-    workload, beta, lr = workload_options.workload, workload_options.beta, workload_options.lr
-    lr_factor, lr_final, lr_last, matrix = (workload_options.lr_factor, workload_options.lr_final,
-                                            workload_options.lr_last, workload_options.matrix)
+    workload, n, beta, lr = problem.workload, problem.n, problem.beta, problem.lr
+    lr_factor, lr_final, lr_last, matrix = (problem.lr_factor, problem.lr_final,
+                                            problem.lr_last, problem.matrix)
     if strategy != "optimal":
         refuse_unless(strategy in STRUCTURED_STRATEGIES,
                       f"--strategy must be optimal or one of {', '.join(STRUCTURED_STRATEGIES)}, not {strategy}")
@@ -109,15 +103,15 @@ def optimize(
         refuse_unless(tol is None, f"--tol is a duality-gap target and --strategy {strategy} has no duality gap "
                       "(its loss is recomputed exactly); bound its work with --max-iter")
         optimize_structured(strategy=strategy, workload=workload, n=n, beta=beta, lr=lr, bands=bands, error=error,
-                            schema=participation.schema(), out=out, force=force,
+                            schema=problem.schema(), out=out, force=force,
                             quiet=quiet, as_json=as_json, buffers=buffers, max_iter=max_iter)
         return
     method_given = method is not None
     method = DEFAULT_METHOD if method is None else method
     refuse_unless(bands is None and buffers is None and error == "mean",
                   "--bands, --buffers and --error apply to --strategy banded-toeplitz or blt only")
-    schema = participation.schema()
-    workload_opts = workload_options.build_kwargs()
+    schema = problem.schema()
+    workload_opts = problem.build_kwargs()
     refuse_unless(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     tol, max_iter = solver_stop(tol, max_iter)
     w = build_workload(workload, n, **workload_opts)
@@ -188,7 +182,7 @@ def _render(w: Workload, res: Any, *, method: str, tol: float, schema: Participa
         "artifact_sha256": digest,
     }
     if as_json:
-        emit_json(envelope("optimize", **summary))
+        emit_json("optimize", summary)
         return
     stdout().print(
         key_value_table(

@@ -3,7 +3,6 @@ recommendation and its artifact (library: :mod:`mfcli.services.plan`; docs/plan.
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,20 +11,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mfcli.cli.common import (
+from mfcli.cli.common import command_line, emit_json, log, refuse_unless, safe
+from mfcli.cli.options import (
     BANDS_RANGE,
     BETA_RANGE,
     BUFFERS_RANGE,
     DELTA_RANGE,
     EPSILON_RANGE,
-    command_line,
-    envelope,
-    guarded,
     in_range,
     library_check,
-    log,
-    refuse_unless,
-    safe,
 )
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
@@ -47,7 +41,7 @@ def _sampler_names(value: str) -> None:
 
 
 #: An unknown sampler name needs no other option to be refused: a usage error at parse time.
-BATCHING_NAMES = in_range("--batching", _sampler_names)
+BATCHING_NAMES = in_range(_sampler_names)
 
 
 def _plan_workload(v: str) -> None:
@@ -57,10 +51,10 @@ def _plan_workload(v: str) -> None:
     one_of(v, WORKLOADS, "plan workload")
 
 
-EXAMPLES_CHECK = in_range("--examples", library_check("mfcli.util.validation", "positive_int", "the number of examples"))
-BATCH_CHECK = in_range("--batch", library_check("mfcli.util.validation", "positive_int", "the batch size"))
-PARAMS_CHECK = in_range("--params", library_check("mfcli.util.validation", "positive_int", "the number of parameters"))
-PLAN_WORKLOAD_CHECK = in_range("--workload", _plan_workload)
+EXAMPLES_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the number of examples"))
+BATCH_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the batch size"))
+PARAMS_CHECK = in_range(library_check("mfcli.util.validation", "positive_int", "the number of parameters"))
+PLAN_WORKLOAD_CHECK = in_range(_plan_workload)
 
 
 def _bytes(b: int) -> str:
@@ -213,11 +207,10 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 
-EPOCH_COUNT = in_range("--epochs", library_check("mfcli.services.plan", "check_epochs"))
-MAX_STREAM_MEMORY_CHECK = in_range("--max-stream-memory", library_check("mfcli.util.memory", "parse_size"))
+EPOCH_COUNT = in_range(library_check("mfcli.services.plan", "check_epochs"))
+MAX_STREAM_MEMORY_CHECK = in_range(library_check("mfcli.util.memory", "parse_size"))
 
 
-@guarded
 def plan(
     examples: int = typer.Option(..., "--examples", callback=EXAMPLES_CHECK, help="Number of training examples."),
     batch: int = typer.Option(..., "--batch", callback=BATCH_CHECK,
@@ -312,10 +305,7 @@ def plan(
             payload["saved"] = saved
         rep = payload.pop("report")  # the number to report comes last, with the line the table ends with
         payload["report"] = {**rep, "other_lines": other_sampler_lines(rep), "line": plan_report_line(rep)}
-        obj = envelope("plan", **payload)
-        obj["schema_version"] = PLAN_JSON_SCHEMA_VERSION
-        sys.stdout.write(json.dumps(obj, indent=2) + "\n")
-        sys.stdout.flush()
+        emit_json("plan", payload, schema_version=PLAN_JSON_SCHEMA_VERSION)
         return
     sys.stdout.write(render_text(result, saved, all_rows))
     sys.stdout.flush()

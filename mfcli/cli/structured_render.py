@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mfcli.cli.common import emit_json, envelope, key_value_table, stdout
+from mfcli.cli.common import emit_json, key_value_table, stdout
 from mfcli.cli.rounding import pessimistic
 from mfcli.model.participation import schema_dict
 
@@ -46,7 +46,7 @@ def render_structured(art: StructuredArtifact, *, title: str, as_json: bool, com
                       extra: dict[str, Any] | None = None) -> None:
     summary = structured_summary(art) | dict(extra or {})
     if as_json:
-        emit_json(envelope(command, **summary))
+        emit_json(command, summary)
         return
     sens = art.schema_sensitivity
     bound = "" if sens.exact else " (upper bound)"
