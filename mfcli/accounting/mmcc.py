@@ -519,16 +519,19 @@ _F_ZERO_Z = 40.0
 
 
 def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
-            start: int = 0) -> np.ndarray:
+            start: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """-z of :func:`_tail_T` (rows: problems, columns: x = start..n-1), i.e. -y / tau(y). Formed as
     x h - (eps sigma^2 + g_lo/2) and scaled: the exact negatives of the values z would have
     (IEEE rounding is symmetric), without a pass to negate them. Every entry is computed on its
-    own, so the columns from ``start`` on equal those of the full array bit for bit."""
+    own, so the columns from ``start`` on equal those of the full array bit for bit. ``out``: an
+    array of the result's shape to write it to (no fresh array per Newton step)."""
     x = np.arange(start, n) * h
-    nz = x[None, :] - (eps * sigma * sigma + g_lo / 2)[:, None]  # -y
-    neg = nz > 0  # y < 0
+    nz = np.subtract(x[None, :], (eps * sigma * sigma + g_lo / 2)[:, None], out=out)  # -y
+    # -y rises with x (x h is non-decreasing and rounding is monotone): only a row whose last
+    # entry is positive has any y < 0, so the mask is formed only when one has
+    neg = nz > 0 if nz.shape[1] and np.any(nz[:, -1] > 0) else None
     nz *= (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
-    if neg.any():
+    if neg is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.sqrt(g_hi / g_lo)  # >= 1: the smaller tau for y < 0
         ratio = np.where(np.isfinite(ratio), ratio, np.inf)
@@ -537,13 +540,17 @@ def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray
 
 
 def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
-            g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False):
+            g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False,
+            work: tuple[np.ndarray, np.ndarray] | None = None):
     """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
     f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
-    it). With ``with_slope`` also returns dT/deps of the main term."""
-    z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)  # -z
-    f = special.ndtr(z)
+    it). With ``with_slope`` also returns dT/deps of the main term. ``work``: two arrays of pmf's
+    shape for z and f, reused across calls (the same values as fresh arrays; allocating and
+    faulting in two arrays of this size per Newton step took a sixth of the step's time)."""
+    z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi,
+                out=None if work is None else work[0])  # -z
+    f = special.ndtr(z, out=None if work is None else work[1])
     t = np.einsum("bx,bx->b", pmf, f) + extra
     if err_l2:
         t += err_l2 * np.sqrt(np.einsum("bx,bx->b", f, f))
@@ -613,18 +620,22 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
     x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
     logd = np.log(delta)
+    # the Newton steps' arrays, reused (the first k rows serve a step on k problems)
+    work = np.empty((3, *pmf.shape))
     for _ in range(100):
         idx = np.flatnonzero(active & (hi - lo > tol * (1 + hi)))
         if idx.size == 0:
             break
         xi = np.clip(x[idx], lo[idx], hi[idx])
-        sub = pmf if idx.size == b else pmf[idx]  # every row: no copy (each row's T is its own)
-        t, dt = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True, **kw)
+        # every row: no copy (each row's T is its own)
+        sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[2, :idx.size])
+        t, dt = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True,
+                        work=(work[0, :idx.size], work[1, :idx.size]), **kw)
         t = t * slack
         meets = t <= delta[idx]
         lo[idx] = np.where(meets, lo[idx], xi)
         hi[idx] = np.where(meets, xi, hi[idx])
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a flat T: bisection below
             step = (np.log(np.maximum(t, 1e-300)) - logd[idx]) / (dt / np.maximum(t, 1e-300))
         nx = xi - step
         # a step outside the bracket, or one that would stall on the side already known, bisects
@@ -749,18 +760,21 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     per_step = cut / max(1, weights.size)
     # the law lives in buf[:size], updated in place (the same products and sums as forming
     # (1 - q) pmf and adding q pmf shifted by w in a fresh array: 0 + x is x): no new array per
-    # column, which with the tail cut below was most of the time of a row of ~100 columns
-    buf = np.zeros(int(np.sum(weights[probs > 0])) + 1)
+    # column, which with the tail cut below was most of the time of a row of ~100 columns.
+    # buf is kept 0 beyond size (a cut zeroes what it removes), so a step writes no zeros first,
+    # and q pmf goes to a scratch array allocated once.
+    total = int(np.sum(weights[probs > 0])) + 1
+    buf = np.zeros(total)
+    scratch = np.empty(total)
     buf[0] = 1.0
     size = 1
     eta = 0.0
     for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
-        shifted = buf[:size] * q
+        shifted = np.multiply(buf[:size], q, out=scratch[:size])
         buf[:size] *= 1 - q
         top = size + w
-        buf[size:top] = 0.0
         buf[w:top] += shifted
         size = top
         # cut the upper tail with mass <= per_step
@@ -777,6 +791,7 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
         if 0 < k < size:
             eta += float(rc[k - 1])
             size -= k
+            buf[size:size + k] = 0.0
     pmf = buf[:size]
     support = np.flatnonzero(pmf > 0)
     pr = pmf[support]
