@@ -1,7 +1,8 @@
-"""MMCC's step 1 and step 3 with reused arrays give the numbers of the straightforward evaluation,
-bit for bit: ``_tail_z`` / ``_tail_T`` written into caller-owned arrays, ``solve_tail_eps`` with its
-reused Newton arrays, and ``row_mixture`` with its scratch array and zero-kept buffer, each against
-a plain reference (fresh arrays, every mask formed, the whole cumulative sum) on random problems."""
+"""MMCC's step 1 and step 3 against straightforward evaluations: ``_tail_z`` / ``_tail_T`` written
+into caller-owned arrays and ``row_mixture`` with its scratch array and zero-kept buffer equal a
+plain reference (fresh arrays, every mask formed, the whole cumulative sum) bit for bit;
+``solve_tail_eps`` (Newton steps, then one certificate evaluation) equals itself on fresh arrays
+bit for bit, and returns certified values within its tolerance of plain bisection."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,8 @@ def _reference_tail_z(eps, n, *, sigma, h, g_lo, g_hi):
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.sqrt(g_hi / g_lo)
     ratio = np.where(np.isfinite(ratio), ratio, np.inf)
-    return np.where(neg, nz * ratio[:, None], nz)
+    with np.errstate(invalid="ignore"):  # 0 x inf where y = 0 exactly and g_lo = 0: not selected
+        return np.where(neg, nz * ratio[:, None], nz)
 
 
 def _reference_tail_T(pmf, extra, err_l2, eps, *, sigma, h, g_lo, g_hi):
@@ -95,6 +97,52 @@ def test_solve_tail_eps_with_reused_arrays_equals_fresh_arrays(seed: int, monkey
     below, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin] - 1e-7,
                                  **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
     assert np.all(below * slack > delta[fin])
+
+
+def _bisect_smallest_eps(pmf, extra, err_l2, delta, kw, *, hi, iters=70):
+    """The smallest eps in [0, hi] with T(eps) * slack <= delta, by bisection on the reference T
+    (an independent oracle: no Newton step, no estimate), to (hi / 2^70)."""
+    slack = 1 + 1e-12
+    lo = np.zeros(pmf.shape[0])
+    hi = hi.copy()
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        t, _ = _reference_tail_T(pmf, extra, err_l2, mid, **kw)
+        ok = t * slack <= delta
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_solve_tail_eps_is_certified_and_within_tolerance_of_bisection(seed: int) -> None:
+    """Every finite eps of the search meets its delta under the reference T (the certificate) and
+    lies within tol (1 + eps) of the smallest such eps found by plain bisection; eps = 0 and +inf
+    exactly where the bisection says so. Deltas over eight decades, rows with y < 0 entries, rows
+    whose T is mostly the flat ``extra`` (Newton steps that leave the bracket: bisection)."""
+    pmf, extra, _, kw = _problem(seed, b=160, n=60)
+    rng = np.random.default_rng(seed + 20)
+    b = pmf.shape[0]
+    delta = 10.0 ** rng.uniform(-13, -3, b)
+    delta[:5] = 0.9  # met at eps = 0
+    delta[5:10] = 1e-300  # never met: +inf
+    extra[10:20] = delta[10:20] * rng.uniform(0.5, 0.99, 10)  # T flat near delta
+    tol = 1e-8
+    got = M.solve_tail_eps(pmf, extra, M.FFT_ERROR_L2, delta=delta, tol=tol, **kw)
+    hi = (pmf.shape[1] * kw["h"] + 40 * kw["sigma"] * np.sqrt(kw["g_hi"])) / kw["sigma"] ** 2 + 1.0
+    t_hi, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, hi, **kw)
+    t_0, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, np.zeros(b), **kw)
+    slack = 1 + 1e-12
+    np.testing.assert_array_equal(got == 0, t_0 * slack <= delta)
+    np.testing.assert_array_equal(np.isinf(got), (t_0 * slack > delta) & (t_hi * slack > delta))
+    fin = np.isfinite(got) & (got > 0)
+    assert fin.sum() > b // 2
+    sub = {**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]}
+    t_at, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin], **sub)
+    assert np.all(t_at * slack <= delta[fin])
+    best = _bisect_smallest_eps(pmf[fin], extra[fin], M.FFT_ERROR_L2, delta[fin], sub, hi=hi[fin])
+    assert np.all(got[fin] >= best - 1e-15 * (1 + best))
+    assert np.all(got[fin] - best <= tol * (1 + got[fin]))
 
 
 def _reference_row_mixture(weights, probs, *, cut):

@@ -600,8 +600,18 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem (``delta`` a scalar or one
     value per problem); +inf where none does.
 
-    Newton steps on log T kept inside a bracket (bisection when a step leaves it). The returned
-    value is always the upper end of a bracket, at which T was evaluated and found <= delta.
+    Newton steps on log T kept inside a bracket (bisection when a step leaves it). Once a step is
+    so small that Newton's error after it, |g''| step^2 / (2 |g'|) for g = log T - log delta with
+    g'' estimated from the slopes at the row's last two points, is below tol (1 + root) / 100, the
+    point root + tol (1 + root) / 4 is evaluated once, T alone (no slope), as the certificate; if
+    T <= delta there the search ends, otherwise the point is the bracket's new lower end and a
+    Newton point. The former search instead nudged each step past the root so that the bracket
+    closed from both sides, which took one or two evaluations more per problem (each is one
+    ``ndtr`` per pmf entry: most of step 1's time). The search also ends, as before, when the
+    bracket is narrower than tol (1 + hi). The returned value is always the upper end of a
+    bracket, at which T was evaluated and found <= delta (what makes it valid; the steps, the
+    error estimate and the margin only decide where T is evaluated), within about tol (1 + eps)
+    / 4 of the smallest such eps.
     """
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
@@ -620,33 +630,54 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
     x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
     logd = np.log(delta)
-    # the Newton steps' arrays, reused (the first k rows serve a step on k problems)
+    solvable = active.copy()
+    check = np.zeros(b, dtype=bool)  # x is a certificate candidate: T alone is evaluated there
+    prev_x = np.full(b, np.nan)  # the row's previous Newton point and log-slope there
+    prev_s = np.full(b, np.nan)
+    # the steps' arrays, reused (the first k rows serve a step on k problems)
     work = np.empty((3, *pmf.shape))
     for _ in range(100):
-        idx = np.flatnonzero(active & (hi - lo > tol * (1 + hi)))
-        if idx.size == 0:
+        live = active & (hi - lo > tol * (1 + hi))
+        if not live.any():
             break
-        xi = np.clip(x[idx], lo[idx], hi[idx])
-        # every row: no copy (each row's T is its own)
-        sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[2, :idx.size])
-        t, dt = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=True,
-                        work=(work[0, :idx.size], work[1, :idx.size]), **kw)
-        t = t * slack
-        meets = t <= delta[idx]
-        lo[idx] = np.where(meets, lo[idx], xi)
-        hi[idx] = np.where(meets, xi, hi[idx])
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a flat T: bisection below
-            step = (np.log(np.maximum(t, 1e-300)) - logd[idx]) / (dt / np.maximum(t, 1e-300))
-        nx = xi - step
-        # a step outside the bracket, or one that would stall on the side already known, bisects
-        width = hi[idx] - lo[idx]
-        bad = ~np.isfinite(nx) | (nx <= lo[idx]) | (nx >= hi[idx])
-        nx = np.where(bad, 0.5 * (lo[idx] + hi[idx]), nx)
-        # nudge past the root so the bracket closes from both sides
-        nx = np.where(~bad & meets, np.maximum(lo[idx], nx - 0.25 * tol * (1 + hi[idx])), nx)
-        nx = np.where(~bad & ~meets, np.minimum(hi[idx], nx + 0.25 * tol * (1 + hi[idx])), nx)
-        x[idx] = np.where(width > 0, nx, hi[idx])
-    out[active] = hi[active]
+        for certify in (True, False):
+            # (a candidate that fails its check is a Newton point at once, in the same round)
+            idx = np.flatnonzero(live & active & (check == certify))
+            if idx.size == 0:
+                continue
+            xi = np.clip(x[idx], lo[idx], hi[idx])
+            # every row: no copy (each row's T is its own)
+            sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[2, :idx.size])
+            got = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=not certify,
+                          work=(work[0, :idx.size], work[1, :idx.size]), **kw)
+            t = (got if certify else got[0]) * slack
+            meets = t <= delta[idx]
+            lo[idx] = np.where(meets, lo[idx], xi)
+            hi[idx] = np.where(meets, xi, hi[idx])
+            if certify:  # certified: done, hi = x; else x is the lower end, and a Newton point
+                active[idx[meets]] = False
+                check[idx] = False
+                continue
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a flat T: bisection below
+                slope = got[1] / np.maximum(t, 1e-300)  # d log T / d eps
+                step = (np.log(np.maximum(t, 1e-300)) - logd[idx]) / slope
+                # Newton's error after this step, ~ |g''| step^2 / (2 |g'|) for g = log T - log delta,
+                # g'' from the slopes at this point and the row's previous one (nan: none yet)
+                curv = np.abs((slope - prev_s[idx]) / (xi - prev_x[idx]))
+                newton_err = curv * step * step / (2 * np.abs(slope))
+            prev_x[idx], prev_s[idx] = xi, slope
+            root = xi - step
+            lo_i, hi_i = lo[idx], hi[idx]
+            ready = np.isfinite(root) & (newton_err <= 0.01 * tol * (1 + np.abs(root)))
+            nx = np.where(ready, root + 0.25 * tol * (1 + root), root)
+            # hi certified already and within the margin above the root: done
+            done = ready & (nx >= hi_i) & (root < hi_i)
+            active[idx[done]] = False
+            # a step outside the bracket bisects
+            bad = ~np.isfinite(nx) | (nx <= lo_i) | (nx >= hi_i)
+            x[idx] = np.where(bad, 0.5 * (lo_i + hi_i), nx)
+            check[idx] = ready & ~bad
+    out[solvable] = hi[solvable]
     return out
 
 
