@@ -611,7 +611,10 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     bracket is narrower than tol (1 + hi). The returned value is always the upper end of a
     bracket, at which T was evaluated and found <= delta (what makes it valid; the steps, the
     error estimate and the margin only decide where T is evaluated), within about tol (1 + eps)
-    / 4 of the smallest such eps.
+    / 4 of the smallest such eps: by the error estimate, where the former search's closed bracket
+    guaranteed tol (1 + eps); an estimate that is off can only return a larger eps, never an
+    uncertified one (on the headline's 32 640 problems all lie within tol (1 + eps) of the
+    smallest, as plain bisection finds it).
     """
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta
