@@ -1,0 +1,200 @@
+"""MMCC's step 1 and step 3 against straightforward evaluations: ``_tail_z`` / ``_tail_T`` written
+into caller-owned arrays and ``row_mixture`` with its scratch array and zero-kept buffer equal a
+plain reference (fresh arrays, every mask formed, the whole cumulative sum) bit for bit;
+``solve_tail_eps`` (Newton steps, then one certificate evaluation) equals itself on fresh arrays
+bit for bit, and returns certified values within its tolerance of plain bisection."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import special
+
+from mfcli.accounting import mmcc as M
+
+
+def _reference_tail_z(eps, n, *, sigma, h, g_lo, g_hi):
+    """-z of the tail problem as documented: (x h - eps sigma^2 - g_lo/2) / tau with tau = sigma
+    sqrt(g_hi) for y >= 0 and sigma sqrt(g_lo) for y < 0 (the same operations, every mask formed)."""
+    x = np.arange(n) * h
+    nz = x[None, :] - (eps * sigma * sigma + g_lo / 2)[:, None]
+    neg = nz > 0
+    nz = nz * (1.0 / (sigma * np.sqrt(g_hi)))[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.sqrt(g_hi / g_lo)
+    ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+    with np.errstate(invalid="ignore"):  # 0 x inf where y = 0 exactly and g_lo = 0: not selected
+        return np.where(neg, nz * ratio[:, None], nz)
+
+
+def _reference_tail_T(pmf, extra, err_l2, eps, *, sigma, h, g_lo, g_hi):
+    z = _reference_tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    f = special.ndtr(z)
+    t = np.einsum("bx,bx->b", pmf, f) + extra
+    if err_l2:
+        t += err_l2 * np.sqrt(np.einsum("bx,bx->b", f, f))
+    z = np.exp(-0.5 * np.square(z))
+    scale = sigma * sigma / (sigma * np.sqrt(g_hi)) / np.sqrt(2 * np.pi)
+    return t, -np.einsum("bx,bx->b", pmf, z) * scale
+
+
+def _problem(seed: int, *, b: int = 120, n: int = 50, negative: bool = True):
+    rng = np.random.default_rng(seed)
+    sigma, h = float(rng.uniform(0.3, 4)), 0.05
+    pmf = rng.dirichlet(np.ones(n) * 0.3, size=b)
+    extra = rng.uniform(0, 1e-9, b) * (rng.random(b) < 0.7)
+    g_hi = rng.uniform(0.02, 1.0, b)
+    g_lo = np.maximum(g_hi - M.G_QUANTUM, 0.0)
+    g_lo[:2] = 0.0  # an infinite tau ratio for y < 0
+    # small eps: many entries with y < 0 (the rescaled branch); else y >= 0 throughout
+    eps = rng.uniform(0, 0.3, b) if negative else rng.uniform(n * h / sigma**2 + 0.1, 3.0, b)
+    return pmf, extra, eps, dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("negative", [True, False])
+def test_tail_z_and_T_into_reused_arrays_equal_the_reference(seed: int, negative: bool) -> None:
+    pmf, extra, eps, kw = _problem(seed, negative=negative)
+    ref_z = _reference_tail_z(eps, pmf.shape[1], **kw)
+    assert ((ref_z > 0).any() and (ref_z < 0).any()) if negative else (ref_z < 0).all()
+    # dirty caller-owned arrays: every entry must be written
+    work = np.full((2, *pmf.shape), np.nan)
+    z = M._tail_z(eps, pmf.shape[1], out=work[0], **kw)
+    assert z.tobytes() == ref_z.tobytes()
+    assert M._tail_z(eps, pmf.shape[1], **kw).tobytes() == ref_z.tobytes()
+    ref_t, ref_dt = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, eps, **kw)
+    for w in (None, (work[0], work[1])):
+        t, dt = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, work=w, **kw)
+        assert t.tobytes() == ref_t.tobytes() and dt.tobytes() == ref_dt.tobytes()
+        t = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, work=w, **kw)
+        assert t.tobytes() == ref_t.tobytes()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_solve_tail_eps_with_reused_arrays_equals_fresh_arrays(seed: int, monkeypatch) -> None:
+    """The Newton search with its arrays reused (row subsets written into the first rows) returns
+    the eps of the same search run on fresh arrays, bit for bit; and each eps meets its delta
+    while eps - 1e-7 (above the tolerance) does not, for the reference T."""
+    pmf, extra, _, kw = _problem(seed, b=200, n=60)
+    rng = np.random.default_rng(seed + 10)
+    delta = 10.0 ** rng.uniform(-12, -4, pmf.shape[0])
+    got = M.solve_tail_eps(pmf, extra, M.FFT_ERROR_L2, delta=delta, **kw)
+    plain = M._tail_T
+
+    def fresh(*args, work=None, **kwargs):
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(M, "_tail_T", fresh)
+    want = M.solve_tail_eps(pmf, extra, M.FFT_ERROR_L2, delta=delta, **kw)
+    assert got.tobytes() == want.tobytes()
+    fin = np.isfinite(got) & (got > 0)
+    assert fin.sum() > pmf.shape[0] // 2
+    slack = 1 + 1e-12
+    t_at, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin],
+                                **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
+    assert np.all(t_at * slack <= delta[fin])
+    below, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin] - 1e-7,
+                                 **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
+    assert np.all(below * slack > delta[fin])
+
+
+def _bisect_smallest_eps(pmf, extra, err_l2, delta, kw, *, hi, iters=70):
+    """The smallest eps in [0, hi] with T(eps) * slack <= delta, by bisection on the reference T
+    (an independent oracle: no Newton step, no estimate), to (hi / 2^70)."""
+    slack = 1 + 1e-12
+    lo = np.zeros(pmf.shape[0])
+    hi = hi.copy()
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        t, _ = _reference_tail_T(pmf, extra, err_l2, mid, **kw)
+        ok = t * slack <= delta
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_solve_tail_eps_is_certified_and_within_tolerance_of_bisection(seed: int) -> None:
+    """Every finite eps of the search meets its delta under the reference T (the certificate) and
+    lies within tol (1 + eps) of the smallest such eps found by plain bisection; eps = 0 and +inf
+    exactly where the bisection says so. Deltas over eight decades, rows with y < 0 entries, rows
+    whose T is mostly the flat ``extra`` (Newton steps that leave the bracket: bisection)."""
+    pmf, extra, _, kw = _problem(seed, b=160, n=60)
+    rng = np.random.default_rng(seed + 20)
+    b = pmf.shape[0]
+    delta = 10.0 ** rng.uniform(-13, -3, b)
+    delta[:5] = 0.9  # met at eps = 0
+    delta[5:10] = 1e-300  # never met: +inf
+    extra[10:20] = delta[10:20] * rng.uniform(0.5, 0.99, 10)  # T flat near delta
+    tol = 1e-8
+    got = M.solve_tail_eps(pmf, extra, M.FFT_ERROR_L2, delta=delta, tol=tol, **kw)
+    hi = (pmf.shape[1] * kw["h"] + 40 * kw["sigma"] * np.sqrt(kw["g_hi"])) / kw["sigma"] ** 2 + 1.0
+    t_hi, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, hi, **kw)
+    t_0, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, np.zeros(b), **kw)
+    slack = 1 + 1e-12
+    np.testing.assert_array_equal(got == 0, t_0 * slack <= delta)
+    np.testing.assert_array_equal(np.isinf(got), (t_0 * slack > delta) & (t_hi * slack > delta))
+    fin = np.isfinite(got) & (got > 0)
+    assert fin.sum() > b // 2
+    sub = {**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]}
+    t_at, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin], **sub)
+    assert np.all(t_at * slack <= delta[fin])
+    best = _bisect_smallest_eps(pmf[fin], extra[fin], M.FFT_ERROR_L2, delta[fin], sub, hi=hi[fin])
+    assert np.all(got[fin] >= best - 1e-15 * (1 + best))
+    assert np.all(got[fin] - best <= tol * (1 + got[fin]))
+
+
+def _reference_row_mixture(weights, probs, *, cut):
+    """The law of sum_j w_j B_j by the textbook recursion: a fresh array per column, the upper tail
+    cut from the whole reversed cumulative sum."""
+    order = np.lexsort((probs, weights))
+    weights = np.asarray(weights)[order]
+    probs = np.asarray(probs)[order]
+    per_step = cut / max(1, weights.size)
+    pmf = np.array([1.0])
+    eta = 0.0
+    for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
+        if q <= 0:
+            continue
+        new = np.zeros(pmf.size + w)
+        new[:pmf.size] = pmf * (1 - q)
+        new[w:] += pmf * q
+        rc = np.cumsum(new[::-1])
+        k = int(np.searchsorted(rc, per_step, side="right"))
+        if 0 < k < new.size:
+            eta += float(rc[k - 1])
+            new = new[:new.size - k]
+        pmf = new
+    support = np.flatnonzero(pmf > 0)
+    pr = pmf[support]
+    return support, pr / pr.sum(), eta
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    w=st.lists(st.integers(1, 60), min_size=1, max_size=40),
+    q=st.lists(st.sampled_from([0.0, 1e-3, 0.01, 0.05, 0.3, 0.9, 1.0]), min_size=40, max_size=40),
+    cut=st.sampled_from([0.0, 1e-14, 1e-9, 1e-4]),
+)
+def test_row_mixture_equals_the_reference_recursion(w, q, cut) -> None:
+    weights = np.array(w, dtype=np.int64)
+    probs = np.array(q[:len(w)])
+    got = M.row_mixture(weights, probs, cut=cut)
+    want = _reference_row_mixture(weights, probs, cut=cut)
+    assert got[0].tobytes() == want[0].tobytes()
+    assert got[1].tobytes() == want[1].tobytes()
+    assert got[2] == want[2]
+
+
+def test_row_mixture_cut_rows_equal_the_reference() -> None:
+    """A dense row with many cuts (the case the zero-kept buffer must get right)."""
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        weights = rng.integers(1, 120, 150)
+        probs = rng.choice([0.01, 0.02, 0.2], 150)
+        got = M.row_mixture(weights, probs, cut=1e-9)
+        want = _reference_row_mixture(weights, probs, cut=1e-9)
+        assert got[2] > 0
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+        assert got[2] == want[2]
