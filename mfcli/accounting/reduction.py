@@ -301,26 +301,17 @@ def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[
     """epsilon of Poisson-sampled Gaussians (rate ``sampling``) with noise multiplier m composed k
     times for every (m, k) in ``groups``: dp-accounting's PLD accountant (pessimistic), an upper
     bound for add or remove one example."""
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
+    from mfcli.accounting.single_pass import _poisson_gaussian_pld
 
-    from mfcli.accounting.single_pass import _NoFastPath, _poisson_gaussian_pld
-
-    try:
-        # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
-        # pessimistic), its inverse privacy loss on arrays (the fast path of single_pass.dpsgd)
-        total = None
-        for m, k in groups:
-            g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
-            total = g if total is None else total.compose(g)
-        if total is not None:
-            return float(pld_ops.epsilon_for_delta(total, delta))
-    except _NoFastPath:
-        pass
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
+    # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
+    # pessimistic; mfcli.accounting.single_pass), self-composed, the groups composed in turn
+    total = None
     for m, k in groups:
-        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
-    return float(acc.get_epsilon(delta))
+        g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
+        total = g if total is None else total.compose(g)
+    if total is None:
+        return 0.0
+    return float(pld_ops.epsilon_for_delta(total, delta))
 
 
 def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: float = DEFAULT_DELTA,
@@ -437,10 +428,10 @@ class ReductionResult:
         return ev() if callable(ev) else None
 
     def as_dict(self) -> dict:
-        from mfcli.accounting.events import event_to_json
+        from mfcli.accounting.events import event_to_json, plain_composed, plain_json, plain_poisson_gaussian
 
         inner = self.dpsgd.as_dict()
-        inner.pop("dp_event", None)
+        inner_event = inner.pop("dp_event", None)
         d = {
             "setting": "dp-sgd-reduction",
             "epsilon": self.epsilon,
@@ -464,9 +455,18 @@ class ReductionResult:
             d["method"] += ("; per-step variant: DP-SGD whose step t has noise multiplier d_t, ||C diag(d)||_2 <= "
                             "sigma certified, d_t rounded down to a geometric grid, the Poisson-sampled Gaussians "
                             "composed by dp-accounting's PLD (docs/accounting.md, 'Per-step noise multipliers')")
-        ev = self.dp_event()
-        if ev is not None:
-            d["dp_event"] = event_to_json(ev)
+        # event_to_json(self.dp_event()), built without importing dp-accounting where the event is
+        # the reduced DP-SGD's (its own as_dict has it) or the per-step groups' Poisson Gaussians
+        if self.variant == "per-step":
+            assert self.per_step is not None
+            d["dp_event"] = plain_json(plain_composed(
+                [plain_poisson_gaussian(self.per_step.sampling, m, k) for m, k in self.per_step.groups]))
+        elif inner_event is not None:
+            d["dp_event"] = inner_event
+        else:
+            ev = self.dp_event()
+            if ev is not None:
+                d["dp_event"] = event_to_json(ev)
         return d
 
 
