@@ -203,3 +203,12 @@ def test_paired_deltas_match_dp_accountings_loss(sigma, sens, probs) -> None:
                          .get_delta_for_epsilon(list(eps)))
         assert np.all(got >= ref - 1e-12)
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-12)
+
+
+def test_connect_dots_refuses_nan_deltas() -> None:
+    """A NaN delta (e^eps x an underflowed CDF) would spread through every composition: refused
+    with the eps where it is."""
+    from mfcli.errors import MfcliError
+
+    with pytest.raises(MfcliError, match=r"eps = 0\.003 is not a number"):
+        mog_pld.connect_dots_pmf(1e-3, np.arange(5), np.array([0.5, 0.4, 0.3, np.nan, 0.1]))

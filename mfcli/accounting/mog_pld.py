@@ -367,9 +367,16 @@ def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas
     y_i = (delta_{i+1} - delta_i) / (e^(eps_i - eps_{i+1}) - 1),
     z_i = (delta_{i+1} - delta_i) / (e^(eps_{i+1} - eps_i) - 1), z_n = 0, and delta_n at +inf.
     Any increasing set of points gives a pessimistic PMF; fewer points, a coarser one.
+
+    Raises:
+        MfcliError: a delta is NaN (it would make every probability composed with it NaN).
     """
     ks = np.asarray(rounded_epsilons, dtype=np.int64)
-    deltas = np.minimum.accumulate(np.asarray(deltas, dtype=np.float64))
+    deltas = np.asarray(deltas, dtype=np.float64)
+    if np.isnan(deltas).any():  # a PMF of NaNs composes to an epsilon of NaNs (or a crash): refuse
+        k = int(ks[np.flatnonzero(np.isnan(deltas))[0]])
+        raise MfcliError(f"the hockey-stick divergence at eps = {k * discretization:g} is not a number")
+    deltas = np.minimum.accumulate(deltas)
     gaps = np.diff(ks)
     if ks.size == 1:
         probs = np.array([1.0 - deltas[0]])
