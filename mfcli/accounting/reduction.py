@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
@@ -365,18 +366,64 @@ def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: f
                          sampling=sampling)
 
 
-def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: float) -> float:
-    """dp-accounting's RDP epsilon of the groups' Poisson-sampled Gaussians composed: only a screen
-    (which candidate to account by PLD), never reported."""
-    from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+#: The RDP orders of the per-step screen: integers, where the sampled Gaussian's RDP has a closed
+#: form (the fractional orders' series can fail to converge at small multipliers).
+_RDP_ORDERS = tuple(float(a) for a in range(2, 257))
 
-    # integer orders: closed-form RDP of the sampled Gaussian (the fractional orders' series can
-    # fail to converge at small multipliers and log warnings)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(a) for a in range(2, 257)])
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+    """log A_alpha of the Poisson-sampled Gaussian at an integer order (0 < q < 1): the log of
+    sum_i C(alpha, i) q^i (1 - q)^(alpha - i) e^((i^2 - i) / (2 sigma^2)), as dp-accounting's
+    ``rdp_privacy_accountant._compute_log_a_int`` forms it: each term's log from ``gammaln`` (on
+    an array: scipy's special functions evaluate every element by the same scalar kernel) and the
+    same products and sums, then the terms log-added in turn with ``math.log1p``/``math.exp``."""
+    i = np.arange(alpha + 1)
+    log_comb = special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
+    s = log_comb + i * math.log(q) + (alpha - i) * math.log1p(-q) + (i * i - i) / (2 * (sigma ** 2))
+    log_a = -math.inf
+    for v in s.tolist():
+        a, b = min(log_a, v), max(log_a, v)
+        log_a = b if a == -math.inf else math.log1p(math.exp(a - b)) + b
+    return log_a
+
+
+def _poisson_gaussian_rdp(q: float, noise_multiplier: float) -> np.ndarray:
+    """The RDP of one Poisson-sampled Gaussian at every order of :data:`_RDP_ORDERS`
+    (dp-accounting's ``_compute_rdp_poisson_subsampled_gaussian``)."""
+    def one(alpha: float) -> float:
+        if q == 0:
+            return 0
+        if noise_multiplier == 0:
+            return math.inf
+        if q == 1.0:
+            return alpha / (2 * noise_multiplier ** 2)
+        return _log_a_int(q, noise_multiplier, int(alpha)) / (alpha - 1)
+
+    return np.array([one(a) for a in np.array(_RDP_ORDERS)])
+
+
+def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: float) -> float:
+    """The RDP epsilon of the groups' Poisson-sampled Gaussians composed, as dp-accounting's
+    ``RdpAccountant`` at the orders :data:`_RDP_ORDERS` computes it (the RDPs summed per order,
+    then its ``compute_epsilon``: the conversion of Canonne, Kamath and Steinke, the smallest over
+    the orders), without importing dp-accounting; tests/test_accounting_reduction_rdp.py holds the
+    two equal bit for bit. Only a screen (which candidate to account by PLD), never reported."""
+    orders = np.array(_RDP_ORDERS)
+    rdp = np.zeros_like(orders, dtype=np.float64)
     for m, k in groups:
-        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
-    return float(acc.get_epsilon(delta))
+        rdp += int(k) * _poisson_gaussian_rdp(sampling, float(m))
+    eps = []
+    for a, r in zip(orders, rdp, strict=True):
+        if r < 0:  # round-off of an extreme event: dp-accounting's answer, epsilon 0
+            epsilon = 0.0
+        elif delta ** 2 + math.expm1(-r) > 0:  # the KL bound already gives delta
+            epsilon = 0
+        elif a > 1.01:
+            epsilon = r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
+        else:
+            epsilon = math.inf
+        eps.append(epsilon)
+    return float(max(0, eps[int(np.argmin(eps))]))
 
 
 @dataclass(frozen=True)
