@@ -95,3 +95,19 @@ def test_result_rows_carry_their_events_json() -> None:
     for res in (dpsgd(sigma=2.0, sampling=0.05, steps=7, value_discretization=1e-3),
                 single_pass(sigma=3.0, sensitivity=1.5)):
         assert res.as_dict()["dp_event"] == events.event_to_json(res.dp_event())
+
+
+def test_multi_participation_rows_carry_their_events_json() -> None:
+    """The deterministic and cyclic-Poisson rows (``--epochs``, ``--min-sep``, ``--batching
+    cyclic``) write the same event JSON as ``event_to_json`` of their ``dp_event()``."""
+    import numpy as np
+
+    from mfcli.accounting import events
+    from mfcli.accounting.multi import cyclic_poisson, deterministic
+    from mfcli.model.participation import MinSeparation, sensitivity
+
+    c = np.eye(6) + 0.5 * np.eye(6, k=-1)
+    schema = MinSeparation(separation=2)
+    for res in (deterministic(sigma=2.0, sensitivity=sensitivity(c, schema), n=6),
+                cyclic_poisson(c, schema=schema, sigma=2.0, sampling=0.1, value_discretization=1e-3)):
+        assert res.as_dict()["dp_event"] == events.event_to_json(res.dp_event())
