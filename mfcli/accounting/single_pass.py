@@ -192,10 +192,16 @@ def dpsgd(
     delta: float = DEFAULT_DELTA,
     value_discretization: float = DEFAULT_DISCRETIZATION,
 ) -> DpSgdResult:
-    """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps (dp-accounting).
+    """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps: dp-accounting's
+    ``PLDAccountant(value_discretization)`` value, bit for bit, computed without importing it
+    (:func:`_poisson_gaussian_epsilon`).
 
     Formal guarantees: dp-accounting's pessimistic PLD estimate; an upper bound on epsilon for add
     or remove one example.
+
+    Raises:
+        MfcliError: a parameter out of range, or the FFT self-composition would not fit in memory
+            (a noise multiplier too small for the discretization).
     """
     sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     steps = step_count(steps, name="the number of steps")
