@@ -206,3 +206,10 @@ def test_epsilon_for_delta_stopping_above_the_float_range_is_dp_accountings() ->
     eps_ours = pld_ops.epsilon_for_delta(pld_ops.Pld.from_dp_accounting(pld_lib.PrivacyLossDistribution(pmf)), 1e-4)
     assert eps_ours == eps_theirs > 0
     assert _hockey_stick_delta(pmf, eps_ours) <= 1e-4 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("base", [0, 1, 2, 3, 10, 31, 32, 999, 1000, 1001])
+@pytest.mark.parametrize("exponent", [1, 2, 3, 7, 1000])
+def test_sparse_size_test_is_the_power(base: int, exponent: int) -> None:
+    """When a sparse PMF goes dense: dp-accounting's size**n > 1000, without the big power."""
+    assert pld_ops._power_exceeds(base, exponent, pld_ops.MAX_SPARSE_SIZE) == (base ** exponent > 1000)

@@ -366,6 +366,19 @@ def _self_compose_dense(pmf: Pmf, num_times: int, tail_mass_truncation: float) -
     return Pmf(pmf.discretization, pmf.lower_loss * num_times + lo, out, inf_prob, pmf.pessimistic)
 
 
+def _power_exceeds(base: int, exponent: int, limit: int) -> bool:
+    """base^exponent > limit, without forming a power of millions of digits (dp-accounting's test
+    ``size**num_times > _MAX_PMF_SPARSE_SIZE``, for num_times up to the number of steps)."""
+    if base <= 1:
+        return base > limit
+    power = 1
+    for _ in range(exponent):
+        power *= base
+        if power > limit:
+            return True
+    return False
+
+
 def _self_compose_pmf(pmf: Pmf, num_times: int, tail_mass_truncation: float) -> Pmf:
     """``PLDPmf.self_compose`` of either of dp-accounting's forms: a sparse PMF is itself once,
     composed pairwise while size^n stays within :data:`MAX_SPARSE_SIZE` (truncated at the last
@@ -376,7 +389,7 @@ def _self_compose_pmf(pmf: Pmf, num_times: int, tail_mass_truncation: float) -> 
         return _self_compose_dense(pmf, num_times, tail_mass_truncation)
     if num_times == 1:
         return pmf
-    if pmf.size ** num_times > MAX_SPARSE_SIZE:
+    if _power_exceeds(pmf.size, num_times, MAX_SPARSE_SIZE):
         return _self_compose_dense(pmf, num_times, tail_mass_truncation)
     result = pmf
     for i in range(2, num_times + 1):
