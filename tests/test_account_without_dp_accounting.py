@@ -47,8 +47,8 @@ def test_the_probe_sees_an_import() -> None:
 @pytest.mark.parametrize("args", [
     pytest.param(["account", "--sigma", "4", "--sampling", "0.01", "-q"], id="headline"),
     pytest.param(["account", "--sigma", "4", "--sampling", "0.01", "--json", "-q"], id="headline-json"),
-    pytest.param(["account", "--strategy", "tree", "--n", "16", "--sigma", "2", "--sampling", "0.001", "--json",
-                  "-q"], id="tree-sparse-pld"),
+    pytest.param(["account", "--strategy", "tree", "--n", "16", "--sigma", "4", "--sampling", "0.001", "--json",
+                  "-q"], id="tree-sparse-pld"),  # DP-SGD's PLD at sigma 4, p 0.001: 119 points, sparse
 ])
 def test_account_does_not_import_dp_accounting(args: list[str]) -> None:
     imported, proc = _imports_dp_accounting(args)
