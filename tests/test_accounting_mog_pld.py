@@ -86,23 +86,23 @@ def test_connect_dots_matches_dp_accounting() -> None:
     de = np.array([0.9, 0.5, 0.2, 0.05, 0.001])
     a = mog_pld.connect_dots_pmf(d, ks, de)
     b = pld_pmf.create_pmf_pessimistic_connect_dots(d, ks, de).to_dense_pmf()
-    np.testing.assert_allclose(a._probs, b._probs, rtol=0, atol=1e-15)
-    assert (a._lower_loss, a._infinity_mass) == (b._lower_loss, b._infinity_mass)
+    np.testing.assert_allclose(a.probs, b._probs, rtol=0, atol=1e-15)
+    assert (a.lower_loss, a.infinity_mass) == (b._lower_loss, b._infinity_mass)
     ks = np.arange(-5, 100)
     de = np.exp(-np.arange(105) / 10.0) * 0.5
     a = mog_pld.connect_dots_pmf(d, ks, de)
     b = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(d, -5, 99, de).to_dense_pmf()
-    np.testing.assert_array_equal(a._probs, b._probs)
+    np.testing.assert_array_equal(a.probs, b._probs)
 
 
 def test_compose_matches_dp_accounting() -> None:
     p1 = mog_pld.mixture_pld(2.0, [0, 0.5, 1], [0.8, 0.15, 0.05], value_discretization_interval=1e-3)
     p2 = mog_pld.mixture_pld(1.5, [0, 1], [0.9, 0.1], value_discretization_interval=1e-3)
     ours = mog_pld.compose(p1, p2)
-    ref = p1.compose(p2)
-    np.testing.assert_allclose(ours._pmf_remove._probs, ref._pmf_remove._probs, rtol=0, atol=1e-18)
-    np.testing.assert_allclose(ours._pmf_add._probs, ref._pmf_add._probs, rtol=0, atol=1e-18)
-    assert ours._pmf_add._infinity_mass == pytest.approx(ref._pmf_add._infinity_mass, rel=1e-12)
+    ref = p1.to_dp_accounting().compose(p2.to_dp_accounting())  # dp-accounting's own composition
+    for a, b in ((ours.remove, ref._pmf_remove), (ours.add, ref._pmf_add)):  # bit for bit
+        assert a.probs.tobytes() == b._probs.tobytes()
+        assert (a.lower_loss, a.infinity_mass) == (b._lower_loss, b._infinity_mass)
     for delta in (1e-3, 1e-6):
         assert ours.get_epsilon_for_delta(delta) == ref.get_epsilon_for_delta(delta)
 
@@ -212,8 +212,8 @@ def test_paired_deltas_match_dp_accountings_loss(sigma, sens, probs) -> None:
 def test_far_tails_match_dp_accounting_builder(sens: float) -> None:
     ours = mog_pld.mixture_pld(1.0, [0.0, sens], [0.5, 0.5], value_discretization_interval=1e-2)
     ref = mog_pld.reference_mixture_pld(1.0, [0.0, sens], [0.5, 0.5], value_discretization_interval=1e-2)
-    assert np.all(np.isfinite(ours._pmf_remove._probs))
-    assert np.all(np.isfinite(ours._pmf_add._probs))
+    assert np.all(np.isfinite(ours.remove.probs))
+    assert np.all(np.isfinite(ours.add_pmf.probs))
     for delta in (1e-3, 1e-6):
         a, b = ours.get_epsilon_for_delta(delta), ref.get_epsilon_for_delta(delta)
         assert a == pytest.approx(b, rel=1e-11)
@@ -228,3 +228,12 @@ def test_far_tail_hockey_stick_matches_log_space_quadrature() -> None:
     ours = mog_pld.hockey_stick(1.0, [mu], [1.0], np.array([eps]), remove=True)[0]
     assert np.isfinite(ours)
     assert ours == pytest.approx(ref, rel=1e-9)
+
+
+def test_connect_dots_refuses_nan_deltas() -> None:
+    """A NaN delta (e^eps x an underflowed CDF) would spread through every composition: refused
+    with the eps where it is."""
+    from mfcli.errors import MfcliError
+
+    with pytest.raises(MfcliError, match=r"eps = 0\.003 is not a number"):
+        mog_pld.connect_dots_pmf(1e-3, np.arange(5), np.array([0.5, 0.4, 0.3, np.nan, 0.1]))

@@ -1,8 +1,10 @@
-"""``pld_ops.self_compose`` and ``pld_ops.epsilon_for_delta`` against dp-accounting's own
-``PrivacyLossDistribution.self_compose`` / ``get_epsilon_for_delta`` (the independent oracle: the
-code they replace), bit for bit, over a table of PLDs: Poisson-sampled Gaussians as the DP-SGD row
-builds them (small and large noise, p from 1e-3 to 1, several grids), mixtures of Gaussians as
-MMCC's rows, and compositions of them; deltas from 1e-12 to 0.5."""
+"""``pld_ops``' PLD type and its operations (``compose``, ``self_compose``,
+``epsilon_for_delta``, ``identity``) against dp-accounting's own ``PrivacyLossDistribution``
+(the independent oracle: the code they replace, run on the same PLD converted with
+``to_dp_accounting``), bit for bit, over a table of PLDs: Poisson-sampled Gaussians as the DP-SGD
+row builds them (small and large noise, p from 1e-5 to 1, several grids, sparse and dense),
+mixtures of Gaussians as MMCC's rows, and compositions of them; steps 1 to 1000; deltas from 1e-12
+to 0.5."""
 from __future__ import annotations
 
 import math
@@ -26,6 +28,9 @@ PLDS = {
     "dpsgd-s1-p0.1-d1e-3": lambda: _gaussian(1.0, 0.1, 1e-3),
     "dpsgd-s2-p1": lambda: _gaussian(2.0, 1.0, 1e-3),
     "dpsgd-s0.8-p0.001": lambda: _gaussian(0.8, 0.001, 1e-4),
+    "dpsgd-s8-p0.001-sparse": lambda: _gaussian(8.0, 0.001, 1e-4),
+    "dpsgd-s0.5-p1e-5": lambda: _gaussian(0.5, 1e-5, 1e-4),
+    "dpsgd-s50-p0.3-d1e-2-sparse": lambda: _gaussian(50.0, 0.3, 1e-2),
     "mog-3": lambda: mog_pld.mixture_pld(1.5, [0.0, 0.4, 1.0], [0.6, 0.3, 0.1], value_discretization_interval=1e-3),
     "mog-wide": lambda: mog_pld.mixture_pld(0.5, np.linspace(0, 2, 21), np.full(21, 1 / 21),
                                             value_discretization_interval=1e-3),
@@ -41,22 +46,49 @@ def pld(request: pytest.FixtureRequest):
 
 
 def _same_pmf(a, b) -> None:
-    assert type(a) is type(b) is pld_pmf.DensePLDPmf
-    assert a._lower_loss == b._lower_loss
-    assert a._discretization == b._discretization
-    assert a._pessimistic_estimate == b._pessimistic_estimate
-    assert a._infinity_mass == b._infinity_mass
-    assert a._probs.shape == b._probs.shape
-    assert a._probs.tobytes() == b._probs.tobytes()
+    """Our :class:`pld_ops.Pmf` ``a`` holds dp-accounting's PMF ``b``: the same form (sparse or
+    dense), grid, probabilities and infinity mass, to the bit."""
+    assert a.sparse == isinstance(b, pld_pmf.SparsePLDPmf)
+    dense = b.to_dense_pmf() if a.sparse else b
+    assert type(dense) is pld_pmf.DensePLDPmf
+    assert a.lower_loss == dense._lower_loss
+    assert a.discretization == dense._discretization
+    assert a.pessimistic == dense._pessimistic_estimate
+    assert a.infinity_mass == dense._infinity_mass
+    assert a.probs.shape == np.shape(dense._probs)
+    assert a.probs.tobytes() == np.asarray(dense._probs, dtype=np.float64).tobytes()
+
+
+def _same_pld(ours: pld_ops.Pld, theirs) -> None:
+    assert ours.symmetric == theirs._symmetric
+    _same_pmf(ours.remove, theirs._pmf_remove)
+    _same_pmf(ours.add_pmf, theirs._pmf_add)
+
+
+def test_conversions_round_trip(pld) -> None:
+    back = pld_ops.Pld.from_dp_accounting(pld.to_dp_accounting())
+    _same_pld(back, pld.to_dp_accounting())
+    _same_pld(pld, pld.to_dp_accounting())
 
 
 @pytest.mark.parametrize("times", [1, 2, 7, 256, 1000])
 def test_self_compose_is_dp_accountings_bit_for_bit(pld, times: int) -> None:
     ours = pld_ops.self_compose(pld, times)
-    theirs = pld.self_compose(times)
-    assert ours._symmetric == theirs._symmetric
-    _same_pmf(ours._pmf_remove, theirs._pmf_remove)
-    _same_pmf(ours._pmf_add, theirs._pmf_add)
+    theirs = pld.to_dp_accounting().self_compose(times)
+    _same_pld(ours, theirs)
+
+
+def test_identity_and_compose_are_dp_accountings_bit_for_bit(pld) -> None:
+    """The accountant's steps: the identity composed with the PLD, and the PLD with itself and
+    with a PLD of another kind (a mixture with a Gaussian, a sparse with a dense one)."""
+    d = pld.discretization
+    theirs = pld.to_dp_accounting()
+    _same_pld(pld_ops.identity(d), pld_lib.identity(value_discretization_interval=d))
+    _same_pld(pld_ops.identity(d).compose(pld), pld_lib.identity(value_discretization_interval=d).compose(theirs))
+    _same_pld(pld.compose(pld), theirs.compose(theirs))
+    other = _gaussian(3.0, 0.02, d)
+    _same_pld(pld_ops.compose(pld, other), theirs.compose(other.to_dp_accounting()))
+    _same_pld(pld_ops.compose(other, pld, 1e-9), other.to_dp_accounting().compose(theirs, 1e-9))
 
 
 DELTAS = [1e-12, 1e-9, 1e-6, 1e-5, 1e-3, 0.1, 0.5]
@@ -64,12 +96,18 @@ DELTAS = [1e-12, 1e-9, 1e-6, 1e-5, 1e-3, 0.1, 0.5]
 
 @pytest.mark.parametrize("times", [1, 64, 256])
 def test_epsilon_for_delta_is_dp_accountings_bit_for_bit(pld, times: int) -> None:
-    composed = pld.self_compose(times) if times > 1 else pld
+    theirs = pld.to_dp_accounting()
+    composed = theirs.self_compose(times) if times > 1 else theirs
+    ours_pld = pld_ops.Pld.from_dp_accounting(composed)
     for delta in DELTAS:
-        ours = pld_ops.epsilon_for_delta(composed, delta)
-        theirs = composed.get_epsilon_for_delta(delta)
-        assert (ours == theirs) or (math.isinf(ours) and math.isinf(theirs)), (delta, ours, theirs)
-        assert float(ours).hex() == float(theirs).hex()
+        ours = pld_ops.epsilon_for_delta(ours_pld, delta)
+        expected = composed.get_epsilon_for_delta(delta)
+        assert (ours == expected) or (math.isinf(ours) and math.isinf(expected)), (delta, ours, expected)
+        assert float(ours).hex() == float(expected).hex()
+
+
+def test_sparse_size_is_dp_accountings() -> None:
+    assert pld_ops.MAX_SPARSE_SIZE == pld_pmf._MAX_PMF_SPARSE_SIZE
 
 
 def test_chernoff_window_is_dp_accountings() -> None:
@@ -92,17 +130,34 @@ def test_near_integer_bounds_use_scipys_value(monkeypatch: pytest.MonkeyPatch) -
     same window, so the fallback path is the oracle's arithmetic."""
     from dp_accounting.pld import common
 
-    probs = _gaussian(1.0, 0.1, 1e-3)._pmf_remove._probs
+    probs = _gaussian(1.0, 0.1, 1e-3).remove.probs
     expected = common.compute_self_convolve_bounds(probs, 50, 1e-15)
     monkeypatch.setattr(pld_ops, "_U", 1.0)
     assert pld_ops._chernoff_window(probs, 50, 1e-15) == expected
 
 
-def test_non_dense_pmfs_go_to_dp_accounting() -> None:
-    ident = pld_lib.identity(value_discretization_interval=1e-3)
-    assert pld_ops.epsilon_for_delta(ident, 1e-6) == ident.get_epsilon_for_delta(1e-6)
-    composed = pld_ops.self_compose(ident, 5)
-    assert composed.get_epsilon_for_delta(1e-6) == ident.self_compose(5).get_epsilon_for_delta(1e-6)
+def test_sparse_self_compositions_are_dp_accountings() -> None:
+    """A sparse PMF small enough to stay sparse when composed (size^n <= 1000): dp-accounting's
+    dictionary products, truncated at the last one only."""
+    probs = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625 - 1e-9])
+    pmf = pld_ops.Pmf(1e-2, -2, probs, 1e-9, True, True)
+    pld = pld_ops.Pld(pmf)
+    for times in (1, 2, 3, 4):
+        ours = pld_ops.self_compose(pld, times, 1e-4)
+        theirs = pld.to_dp_accounting().self_compose(times, 1e-4)
+        _same_pld(ours, theirs)
+        for delta in DELTAS:
+            assert pld_ops.epsilon_for_delta(ours, delta) == theirs.get_epsilon_for_delta(delta)
+
+
+def test_self_compose_refuses_an_fft_beyond_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FFT's size is checked before it is allocated: an error naming the points and the
+    cause, not an out-of-memory kill."""
+    from mfcli.util.memory import MemoryLimitError
+
+    monkeypatch.setattr(pld_ops, "_memory_limit", lambda: 10 * 2 ** 20)
+    with pytest.raises(MemoryLimitError, match="noise multiplier is this small"):
+        pld_ops.self_compose(_gaussian(0.4, 0.5, 1e-4), 100)
 
 
 def _hockey_stick_delta(pmf, eps: float) -> float:
@@ -133,7 +188,7 @@ def test_epsilon_for_delta_past_the_float_range_is_zero_where_it_is(top: float, 
     pmf = pld_pmf.DensePLDPmf(d, round(losses[-1] / d), np.flip(probs), 0.0, True)
     with pytest.raises(OverflowError):
         pmf.get_epsilon_for_delta(delta)  # what the fallback used to call
-    pld = pld_lib.PrivacyLossDistribution(pmf)
+    pld = pld_ops.Pld.from_dp_accounting(pld_lib.PrivacyLossDistribution(pmf))
     eps = pld_ops.epsilon_for_delta(pld, delta)
     assert eps == 0
     assert _hockey_stick_delta(pmf, 0.0) <= delta
@@ -148,6 +203,13 @@ def test_epsilon_for_delta_stopping_above_the_float_range_is_dp_accountings() ->
     probs[0], probs[1], probs[-1] = 1e-3, 1e-3, 1.0 - 2e-3
     pmf = pld_pmf.DensePLDPmf(d, round((5.0 - d * (n - 1)) / d), np.flip(probs), 0.0, True)
     eps_theirs = pmf.get_epsilon_for_delta(1e-4)
-    eps_ours = pld_ops.epsilon_for_delta(pld_lib.PrivacyLossDistribution(pmf), 1e-4)
+    eps_ours = pld_ops.epsilon_for_delta(pld_ops.Pld.from_dp_accounting(pld_lib.PrivacyLossDistribution(pmf)), 1e-4)
     assert eps_ours == eps_theirs > 0
     assert _hockey_stick_delta(pmf, eps_ours) <= 1e-4 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("base", [0, 1, 2, 3, 10, 31, 32, 999, 1000, 1001])
+@pytest.mark.parametrize("exponent", [1, 2, 3, 7, 1000])
+def test_sparse_size_test_is_the_power(base: int, exponent: int) -> None:
+    """When a sparse PMF goes dense: dp-accounting's size**n > 1000, without the big power."""
+    assert pld_ops._power_exceeds(base, exponent, pld_ops.MAX_SPARSE_SIZE) == (base ** exponent > 1000)

@@ -108,23 +108,55 @@ def test_dpsgd_is_dp_accountings_accountant_bit_for_bit(sigma: float, p: float, 
 
 
 def test_dpsgd_array_inverse_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An array inverse that drifts from dp-accounting's scalar one by an ulp is caught by the
-    spot checks, and ``dpsgd`` falls back to the accountant (same epsilon)."""
+    """An array inverse that drifts from the scalar one by an ulp is caught by the spot checks, and
+    every grid point then takes the scalar path: the accountant's epsilon all the same."""
     from mfcli.accounting import single_pass as sp
 
-    real = sp._inverse_privacy_loss_array
+    real = sp._PoissonGaussianLoss._inverse_array
     calls = []
 
-    def drifted(loss, eps):  # type: ignore[no-untyped-def]
+    def drifted(self, eps):  # type: ignore[no-untyped-def]
         calls.append(eps.size)
-        return np.nextafter(real(loss, eps), np.inf)
+        return np.nextafter(real(self, eps), np.inf)
 
-    monkeypatch.setattr(sp, "_inverse_privacy_loss_array", drifted)
-    with pytest.raises(sp._NoFastPath):
-        sp._poisson_gaussian_epsilon(1.0, 0.1, 4, 1e-6, 1e-3)
+    monkeypatch.setattr(sp._PoissonGaussianLoss, "_inverse_array", drifted)
     assert dpsgd(sigma=1.0, sampling=0.1, steps=4, delta=1e-6, value_discretization=1e-3).epsilon == \
         _accountant_epsilon(1.0, 0.1, 4, 1e-6, 1e-3)
     assert calls
+
+
+#: (sigma, q) of the loss-level comparisons: small and large noise, q from 1e-5 to 1.
+LOSS_CASES = [(4.0, 0.01), (0.4269453212393082, 0.01), (1.0, 0.5), (2.0, 1.0), (0.3, 0.05), (8.0, 0.001),
+              (1.1, 0.999), (0.5, 1e-5), (50.0, 0.3)]
+
+
+@pytest.mark.parametrize(("sigma", "q"), LOSS_CASES)
+@pytest.mark.parametrize("remove", [True, False], ids=["remove", "add"])
+def test_poisson_gaussian_loss_is_dp_accountings_bit_for_bit(sigma: float, q: float, remove: bool) -> None:
+    """Each piece of the sampled Gaussian's loss against dp-accounting's ``GaussianPrivacyLoss``
+    (the oracle: its scipy.stats distributions), bit for bit: the connect-the-dots bounds, the
+    scalar loss and inverse, the CDFs and the deltas on a grid that crosses every branch (below
+    log(1 - q), at 0, at the limit itself)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    from mfcli.accounting.single_pass import _PoissonGaussianLoss
+
+    ours = _PoissonGaussianLoss(sigma, q, remove)
+    theirs = plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=plm.AdjacencyType.REMOVE if remove
+                                     else plm.AdjacencyType.ADD)
+    b = theirs.connect_dots_bounds()
+    assert ours.connect_dots_bounds() == (b.epsilon_upper, b.epsilon_lower)
+    xs = np.linspace(-30 * sigma, 30 * sigma, 401)
+    assert [float(ours.privacy_loss(x)) for x in xs] == [float(theirs.privacy_loss(x)) for x in xs]
+    assert ours.mu_upper_cdf(xs).tobytes() == np.asarray(theirs.mu_upper_cdf(xs)).tobytes()
+    assert ours.mu_lower_log_cdf(xs).tobytes() == np.asarray(theirs.mu_lower_log_cdf(xs)).tobytes()
+    lo, hi = b.epsilon_lower, b.epsilon_upper
+    limit = math.log(1 - q) if q < 1 else 0.0
+    eps = np.concatenate([np.linspace(lo - 1, hi + 1, 3001), [0.0, limit, -limit, math.log1p(-q) if q < 1 else 0.0]])
+    eps_in = eps[(eps > limit) if remove else (eps < -limit)] if q < 1 else eps
+    assert [float(ours.inverse_privacy_loss(e)) for e in eps_in] == \
+        [float(theirs.inverse_privacy_loss(e)) for e in eps_in]
+    assert ours.deltas(eps).tobytes() == np.asarray(theirs.get_delta_for_epsilon(eps)).tobytes()
 
 
 @pytest.mark.parametrize(
@@ -174,7 +206,7 @@ def test_poisson_gaussian_pld_is_dp_accountings_bit_for_bit(sigma: float, p: flo
 
     from mfcli.accounting.single_pass import _poisson_gaussian_pld
 
-    ours = _poisson_gaussian_pld(sigma, p, d)
+    ours = _poisson_gaussian_pld(sigma, p, d).to_dp_accounting()
     theirs = pld_lib.from_gaussian_mechanism(standard_deviation=sigma, value_discretization_interval=d,
                                              sampling_prob=p)
     assert ours._symmetric == theirs._symmetric

@@ -56,6 +56,48 @@ def poisson_gaussian_event(sampling: float, noise_multiplier: float, steps: int)
         dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(noise_multiplier)), steps)
 
 
+# The same JSON built from plain values, without importing dp-accounting (which loads scipy.signal
+# and scipy.stats, about 1 s of CPU): each function gives what :func:`_to_plain` gives for the event
+# named, field for field in the event's own field order (tests/test_accounting_events_plain.py
+# holds them equal to :func:`event_to_json` of dp-accounting's events).
+
+
+def plain_json(plain: Mapping[str, Any]) -> str:
+    """Compact JSON of an event built by the ``plain_*`` functions (:func:`event_to_json`'s format)."""
+    return json.dumps(plain, separators=(",", ":"))
+
+
+def plain_gaussian(noise_multiplier: float) -> dict[str, Any]:
+    """``GaussianDpEvent(noise_multiplier)`` as plain values."""
+    return {"class_name": "GaussianDpEvent", "noise_multiplier": noise_multiplier}
+
+
+def plain_poisson_gaussian(sampling: float, noise_multiplier: float, steps: int) -> dict[str, Any]:
+    """:func:`poisson_gaussian_event` as plain values."""
+    return {"class_name": "SelfComposedDpEvent",
+            "event": {"class_name": "PoissonSampledDpEvent", "sampling_probability": sampling,
+                      "event": plain_gaussian(noise_multiplier)},
+            "count": steps}
+
+
+def plain_mixture_rows(standard_deviation: float,
+                       rows: list[tuple[list[float], list[float], int]]) -> dict[str, Any]:
+    """``ComposedDpEvent`` of one ``SelfComposedDpEvent(MixtureOfGaussiansDpEvent(standard_deviation,
+    sensitivities, probabilities), count)`` per (sensitivities, probabilities, count) in ``rows``
+    (lists of Python floats), as plain values."""
+    return plain_composed([
+        {"class_name": "SelfComposedDpEvent",
+         "event": {"class_name": "MixtureOfGaussiansDpEvent", "standard_deviation": standard_deviation,
+                   "sensitivities": sens, "sampling_probs": probs},
+         "count": count}
+        for sens, probs, count in rows])
+
+
+def plain_composed(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """``ComposedDpEvent(events)`` of events given as plain values."""
+    return {"class_name": "ComposedDpEvent", "events": events}
+
+
 def event_from_json(text: str) -> Any:
     """Rebuild the ``DpEvent`` written by :func:`event_to_json`."""
     from dp_accounting import dp_event

@@ -61,7 +61,7 @@ from scipy import special
 
 from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
-from mfcli.accounting.events import event_to_json
+from mfcli.accounting.events import plain_json, plain_mixture_rows
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -1023,7 +1023,9 @@ class MMCCResult:
                            "causal in release order, scaled to unit sensitivity; pessimistic PLD",
         }
         if include_event:
-            d["dp_event"] = event_to_json(self.dp_event())
+            d["dp_event"] = plain_json(plain_mixture_rows(self.noise_multiplier, [  # event_to_json(self.dp_event())
+                ([float(s) / self.mixture_resolution for s in g.support], [float(q) for q in g.probabilities],
+                 int(g.count)) for g in self.groups]))
         return d
 
 
@@ -1056,7 +1058,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(
                 sigma, [float(s) / resolution for s in g.support], [float(q) for q in g.probabilities]
             ), int(g.count))
-        return acc._pld
+        return pld_ops.Pld.from_dp_accounting(acc._pld)
     plds = []
     for g in groups:
         pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)

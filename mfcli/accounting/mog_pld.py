@@ -20,10 +20,11 @@ computes the same quantities with array operations:
   up to 1e-6 away from x*, which can only give a value up to second order smaller);
 * the truncation points, the eps range and the connect-the-dots probabilities follow
   dp-accounting's algorithm (``privacy_loss_tail`` with log mass bound -50, and
-  ``pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap``), so the result composes with any
-  other dp-accounting PLD.
+  ``pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap``), held in mfcli's own PLD type
+  (:class:`mfcli.accounting.pld_ops.Pld`, convertible to dp-accounting's), which composes with
+  every other PLD mfcli builds.
 
-Formal guarantees: the returned :class:`PrivacyLossDistribution` is a pessimistic estimate for both
+Formal guarantees: the returned :class:`~mfcli.accounting.pld_ops.Pld` is a pessimistic estimate for both
 neighbouring directions (REMOVE: mu_upper = sum q_i N(-s_i), mu_lower = N(0); ADD: mu_upper = N(0),
 mu_lower = sum q_i N(s_i)), exactly as dp-accounting's own builder: tests compare the two on many
 mixtures (tests/test_accounting_mog_pld.py).
@@ -37,6 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import special
 
+from mfcli.accounting import pld_ops
 from mfcli.errors import MfcliError
 from mfcli.util.validation import positive_number
 
@@ -394,11 +396,16 @@ def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas
     y_i = (delta_{i+1} - delta_i) / (e^(eps_i - eps_{i+1}) - 1),
     z_i = (delta_{i+1} - delta_i) / (e^(eps_{i+1} - eps_i) - 1), z_n = 0, and delta_n at +inf.
     Any increasing set of points gives a pessimistic PMF; fewer points, a coarser one.
-    """
-    from dp_accounting.pld import pld_pmf
 
+    Raises:
+        MfcliError: a delta is NaN (it would make every probability composed with it NaN).
+    """
     ks = np.asarray(rounded_epsilons, dtype=np.int64)
-    deltas = np.minimum.accumulate(np.asarray(deltas, dtype=np.float64))
+    deltas = np.asarray(deltas, dtype=np.float64)
+    if np.isnan(deltas).any():  # a PMF of NaNs composes to an epsilon of NaNs (or a crash): refuse
+        k = int(ks[np.flatnonzero(np.isnan(deltas))[0]])
+        raise MfcliError(f"the hockey-stick divergence at eps = {k * discretization:g} is not a number")
+    deltas = np.minimum.accumulate(deltas)
     gaps = np.diff(ks)
     if ks.size == 1:
         probs = np.array([1.0 - deltas[0]])
@@ -419,50 +426,15 @@ def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas
         probs = np.maximum(0.0, y + z)
     dense = np.zeros(int(ks[-1] - ks[0]) + 1)
     dense[ks - ks[0]] = probs
-    return pld_pmf.DensePLDPmf(discretization, int(ks[0]), dense, float(deltas[-1]), True)
+    return pld_ops.Pmf(discretization, int(ks[0]), dense, float(deltas[-1]), True)
 
 
-def _truncate(probs: np.ndarray, tail_mass_truncation: float) -> tuple[int, np.ndarray, float]:
-    """dp-accounting's pessimistic ``_truncate_tails``, vectorised: cut the longest prefix and
-    suffix of mass <= tail/2 each; the prefix mass goes to the first kept point (rounded up), the
-    suffix mass to +inf."""
-    if tail_mass_truncation == 0:
-        return 0, probs, 0.0
-    half = tail_mass_truncation / 2
-    left = int(np.searchsorted(np.cumsum(probs), half, side="right"))
-    right = probs.size - int(np.searchsorted(np.cumsum(probs[::-1]), half, side="right"))
-    right = max(right, left + 1)
-    left_mass = float(np.sum(probs[:left]))
-    right_mass = float(np.sum(probs[right:]))
-    out = probs[left:right].copy()
-    out[0] += left_mass
-    return left, out, right_mass
-
-
-def _compose_pmf(a, b, tail_mass_truncation: float):
-    from dp_accounting.pld import pld_pmf
-    from scipy import signal
-
-    a = a.to_dense_pmf()
-    b = b.to_dense_pmf()
-    if a._discretization != b._discretization:
-        raise MfcliError("cannot compose PLDs with different discretizations")
-    probs = signal.fftconvolve(a._probs, b._probs)
-    inf = a._infinity_mass + b._infinity_mass - a._infinity_mass * b._infinity_mass
-    offset, probs, right = _truncate(probs, tail_mass_truncation)
-    return pld_pmf.DensePLDPmf(a._discretization, a._lower_loss + b._lower_loss + offset, probs,
-                               inf + right, True)
-
-
-def compose(a, b, *, tail_mass_truncation: float = 1e-15):
-    """Compose two pessimistic PLDs: the same arithmetic as ``PrivacyLossDistribution.compose``
-    (FFT convolution, tails of mass <= 1e-15 cut pessimistically) with a vectorised truncation
-    (dp-accounting scans the array in a Python loop)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-    rem = _compose_pmf(a._pmf_remove, b._pmf_remove, tail_mass_truncation)
-    add = _compose_pmf(a._pmf_add, b._pmf_add, tail_mass_truncation)
-    return pld_lib.PrivacyLossDistribution(rem, add)
+def compose(a: pld_ops.Pld, b: pld_ops.Pld, *, tail_mass_truncation: float = 1e-15) -> pld_ops.Pld:
+    """Compose two pessimistic PLDs: :func:`mfcli.accounting.pld_ops.compose`, the arithmetic of
+    dp-accounting's ``PrivacyLossDistribution.compose`` (FFT convolution, tails of mass <= 1e-15
+    cut pessimistically) with a vectorised truncation (dp-accounting scans the array in a Python
+    loop)."""
+    return pld_ops.compose(a, b, tail_mass_truncation)
 
 
 def loss_range(sigma: float, sensitivities: ArrayLike, probabilities: ArrayLike) -> float:
@@ -499,14 +471,13 @@ def mixture_pld(
             still pessimistic, slightly coarser, and proportionally cheaper.
 
     Returns:
-        a ``dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution``.
+        a :class:`mfcli.accounting.pld_ops.Pld` (``to_dp_accounting`` gives dp-accounting's
+        ``PrivacyLossDistribution``).
 
     Formal guarantees: pessimistic connect-the-dots discretisation of the exact hockey-stick curves
     (see the module docstring); composing it with other pessimistic PLDs gives an upper bound on
     epsilon.
     """
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
     if not (value_discretization_interval > 0):
         raise MfcliError("the value discretization interval must be positive")
     s, q = _check_mixture(sigma, sensitivities, probabilities)
@@ -516,7 +487,7 @@ def mixture_pld(
     delta_r, delta_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
     pmf_remove = _pmf_from_deltas(d, ks_r, delta_r)
     pmf_add = _pmf_from_deltas(d, ks_a, delta_a)
-    return pld_lib.PrivacyLossDistribution(pmf_remove, pmf_add)
+    return pld_ops.Pld(pmf_remove, pmf_add)
 
 
 def reference_mixture_pld(

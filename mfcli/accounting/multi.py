@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
-from mfcli.accounting.events import event_to_json, poisson_gaussian_event
+from mfcli.accounting.events import plain_gaussian, plain_json, plain_poisson_gaussian, poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_pld_inputs, check_sigma, dpsgd, gaussian_epsilon
 from mfcli.errors import MfcliError
 from mfcli.model.participation import (
@@ -94,7 +94,7 @@ class DeterministicResult:
             "assumptions": f"every example takes part in the steps the schema allows ({s.schema.describe(self.n)}), "
                            f"no sampling{same_order_assumption(s.schema)}; adaptive gradients, C causal; add or remove "
                            "one example",
-            "dp_event": event_to_json(self.dp_event()),
+            "dp_event": plain_json(plain_gaussian(self.noise_multiplier)),  # event_to_json(self.dp_event())
         }
 
 
@@ -209,7 +209,7 @@ class CyclicPoissonResult:
                    "multiplier sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
             assumptions=f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
                         "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
-            dp_event=event_to_json(self.dp_event()),
+            dp_event=plain_json(plain_poisson_gaussian(self.sampling, self.noise_multiplier, self.steps)),
         )
 
 

@@ -1,36 +1,51 @@
-"""Two operations on dp-accounting's dense privacy loss distributions, with dp-accounting's own
-results bit for bit, at a fraction of the cost: the self-composition of a PLD and its epsilon at a
-given delta. MMCC and every DP-SGD row call them on PMFs of 10^4-10^5 points, where dp-accounting
-spends most of the time in Python-level scans, not in arithmetic.
+"""Privacy loss distributions (PLDs) without dp-accounting on the import path: a dense PMF type,
+a PLD of two directions, composition, self-composition and epsilon for delta, each the same
+arithmetic as dp-accounting's (``pld.pld_pmf`` and ``pld.privacy_loss_distribution``), with the
+same results bit for bit, at a fraction of the cost.
 
+Why a type of our own: importing dp-accounting loads scipy.signal and scipy.stats (about 1 s of
+CPU, most of the headline ``mfcli account``) only to hold arrays that mfcli builds itself
+(:mod:`mfcli.accounting.mog_pld`, :mod:`mfcli.accounting.single_pass`). dp-accounting stays the
+oracle: tests/test_accounting_pld_ops.py compares every operation here with its own, bit for bit,
+and :meth:`Pld.to_dp_accounting` / :meth:`Pld.from_dp_accounting` convert both ways (imported
+lazily).
+
+* :class:`Pmf` -- dp-accounting's ``DensePLDPmf`` (probabilities of the losses
+  (lower_loss + i) d, and the mass at +infinity), with a flag ``sparse`` saying that dp-accounting
+  would hold the same PMF in its dictionary form (``SparsePLDPmf``, at most 1000 points): that form
+  composes by a dictionary product and scans its losses as k d (not as a running sum), and those
+  are the operations this module then performs, so results stay equal to dp-accounting's.
+* :func:`compose` -- ``PrivacyLossDistribution.compose`` (``compose_pmfs``): scipy.signal's
+  ``fftconvolve`` is re-done with the same scipy.fft calls (:func:`_fftconvolve`), the tails cut
+  as ``_truncate_tails`` cuts them, vectorised.
 * :func:`self_compose` -- ``PrivacyLossDistribution.self_compose``. dp-accounting's
   ``DensePLDPmf.self_compose`` cuts the n-fold convolution to a window from Chernoff bounds on 40
   orders lambda, each a scalar ``scipy.special.logsumexp`` over the whole PMF (0.2-0.4 s of the
   headline ``mfcli account`` for its two 2 x 10^5-point PMFs). Only the two integer window ends
   reach the result (and through them the FFT length): here the 40 log-mgfs are sums against
   successive powers of e^(+-k / L) (two array passes each), each order's bound is formed from them,
-  and recomputed with dp-accounting's own ``logsumexp`` whenever it lies within a proven error
-  margin of an integer (where ceil/floor could differ). The FFT convolution and the infinity mass
-  are the same calls as dp-accounting's.
-* :func:`epsilon_for_delta` -- ``PrivacyLossDistribution.get_epsilon_for_delta``. dp-accounting scans
-  the losses from the top in a Python loop (``pld_pmf._get_epsilon_for_delta``) until
+  and recomputed with scipy's ``logsumexp`` (dp-accounting's call) whenever it lies within a proven
+  error margin of an integer (where ceil/floor could differ). The FFT convolution and the infinity
+  mass are the same calls as dp-accounting's.
+* :func:`epsilon_for_delta` -- ``PrivacyLossDistribution.get_epsilon_for_delta``. dp-accounting
+  scans the losses from the top in a Python loop (``pld_pmf._get_epsilon_for_delta``) until
   log((mass_upper - delta) / mass_lower) reaches the loss. Here the scan runs over blocks of
   losses as arrays: the running masses are cumulative sums (sequential, so equal to the loop's
-  additions), each loss is the loop's own running sum of -d, the exp of every loss is ``math.exp``
-  (the loop's function, numpy's SIMD exp may differ in the last bit), and the stopping test is
-  decided with ``np.log`` where it is clear by a margin and with ``math.log`` (the loop's) where it
-  is not.
-
-Anything other than a dense PMF (a sparse one, an identity PLD) goes to dp-accounting itself.
-tests/test_accounting_pld_ops.py compares both functions with dp-accounting's, bit for bit, over a
-table of PLDs (Poisson-sampled Gaussians, mixtures, composed ones) and deltas.
+  additions), each loss is the loop's own (a running sum of -d, or k d for a sparse PMF), the exp
+  of every loss is ``math.exp`` (the loop's function, numpy's SIMD exp may differ in the last
+  bit), and the stopping test is decided with ``np.log`` where it is clear by a margin and with
+  ``math.log`` (the loop's) where it is not.
 """
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from mfcli.errors import MfcliError
 
 #: Unit roundoff of float64.
 _U = 2.0 ** -53
@@ -42,11 +57,223 @@ _EXP_OVERFLOW_LOSS = -709.0
 #: First block of losses scanned by :func:`epsilon_for_delta` (then 4x larger each time).
 _FIRST_BLOCK = 2048
 
+#: dp-accounting's ``pld_pmf._MAX_PMF_SPARSE_SIZE``: PMFs of at most this many points it keeps as
+#: dictionaries (its sparse form); tests/test_accounting_pld_ops.py holds the two equal.
+MAX_SPARSE_SIZE = 1000
 
-def _is_dense(pmf: Any) -> bool:
-    from dp_accounting.pld import pld_pmf
+#: Default tail mass cut by a composition (dp-accounting's default too).
+TAIL_MASS_TRUNCATION = 1e-15
 
-    return type(pmf) is pld_pmf.DensePLDPmf
+#: Bytes of address space an FFT self-composition of L points takes at its peak, per point, with
+#: a margin: measured at L = 1.6e7, 72 bytes of resident memory and 88 of address space (the
+#: complex transform of the zero-padded input, its power, the inverse, pocketfft's buffers, the
+#: rolled real part); the estimate :func:`self_compose` checks before allocating.
+_FFT_BYTES_PER_POINT = 96
+
+
+def _address_space_in_use() -> int:
+    """Bytes of address space this process has mapped now (Linux: /proc/self/statm), 0 where
+    unknown."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _memory_limit() -> int | None:
+    """The memory an FFT self-composition may still use: the default share of physical memory
+    (mfcli.util.memory), or what the process's address-space limit (``ulimit -v``) leaves beyond
+    what is mapped already, where that is lower."""
+    import resource
+
+    from mfcli.util.memory import default_max_memory
+
+    limit = default_max_memory()
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        left = max(0, soft - _address_space_in_use())
+        limit = left if limit is None else min(limit, left)
+    return limit
+
+
+@dataclass(frozen=True, eq=False)
+class Pmf:
+    """A discretised privacy loss distribution of one direction: probability ``probs[i]`` at the
+    loss (``lower_loss`` + i) x ``discretization``, ``infinity_mass`` at +infinity.
+
+    ``pessimistic``: rounded so that epsilons computed from it are upper bounds (dp-accounting's
+    ``pessimistic_estimate``). ``sparse``: dp-accounting would keep this PMF as a ``SparsePLDPmf``
+    (module docstring); only the arithmetic of later operations depends on it, not the values."""
+
+    discretization: float
+    lower_loss: int
+    probs: np.ndarray = field(repr=False)
+    infinity_mass: float
+    pessimistic: bool = True
+    sparse: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(self.probs.size)
+
+    def to_dp_accounting(self) -> Any:
+        """The same PMF as dp-accounting's ``DensePLDPmf`` or (``sparse``) ``SparsePLDPmf``."""
+        from dp_accounting.pld import pld_pmf
+
+        if self.sparse:
+            loss_probs = dict(zip(range(self.lower_loss, self.lower_loss + self.size), self.probs, strict=True))
+            return pld_pmf.SparsePLDPmf(loss_probs, self.discretization, self.infinity_mass, self.pessimistic)
+        return pld_pmf.DensePLDPmf(self.discretization, self.lower_loss, self.probs, self.infinity_mass,
+                                   self.pessimistic)
+
+    @classmethod
+    def from_dp_accounting(cls, pmf: Any) -> Pmf:
+        """A dp-accounting ``DensePLDPmf`` or ``SparsePLDPmf`` (its dictionary laid out densely, as
+        its own ``to_dense_pmf`` does)."""
+        sparse = hasattr(pmf, "_loss_probs")
+        dense = pmf.to_dense_pmf() if sparse else pmf
+        return cls(dense._discretization, int(dense._lower_loss), np.asarray(dense._probs, dtype=np.float64),
+                   dense._infinity_mass, bool(dense._pessimistic_estimate), sparse)
+
+
+@dataclass(frozen=True, eq=False)
+class Pld:
+    """A privacy loss distribution of both directions (dp-accounting's ``PrivacyLossDistribution``):
+    ``remove`` (mu_upper = the pair with the example, against without) and ``add``; ``add`` is None
+    for a symmetric PLD (the add direction equals the remove one)."""
+
+    remove: Pmf
+    add: Pmf | None = None
+
+    @property
+    def symmetric(self) -> bool:
+        return self.add is None
+
+    @property
+    def add_pmf(self) -> Pmf:
+        """The add direction's PMF (the remove one for a symmetric PLD)."""
+        return self.remove if self.add is None else self.add
+
+    @property
+    def discretization(self) -> float:
+        return self.remove.discretization
+
+    def compose(self, other: Pld, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> Pld:
+        """:func:`compose` of the two."""
+        return compose(self, other, tail_mass_truncation)
+
+    def self_compose(self, num_times: int, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> Pld:
+        """:func:`self_compose`."""
+        return self_compose(self, num_times, tail_mass_truncation)
+
+    def get_epsilon_for_delta(self, delta: float) -> float:
+        """:func:`epsilon_for_delta` (dp-accounting's name)."""
+        return epsilon_for_delta(self, delta)
+
+    def to_dp_accounting(self) -> Any:
+        """The same PLD as dp-accounting's ``PrivacyLossDistribution`` (for its API, and tests)."""
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+        if self.add is None:
+            return pld_lib.PrivacyLossDistribution(self.remove.to_dp_accounting())
+        return pld_lib.PrivacyLossDistribution(self.remove.to_dp_accounting(), self.add.to_dp_accounting())
+
+    @classmethod
+    def from_dp_accounting(cls, pld: Any) -> Pld:
+        """A dp-accounting ``PrivacyLossDistribution`` as a :class:`Pld`."""
+        remove = Pmf.from_dp_accounting(pld._pmf_remove)
+        return cls(remove, None if pld._symmetric else Pmf.from_dp_accounting(pld._pmf_add))
+
+
+def identity(value_discretization_interval: float = 1e-4) -> Pld:
+    """dp-accounting's ``identity``: all mass at loss 0 (a mechanism that reveals nothing), the
+    start of its accountant's composition."""
+    return Pld(Pmf(value_discretization_interval, 0, np.array([1.0]), 0.0, True, True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Composition
+
+
+def _check_composable(a: Pmf, b: Pmf) -> None:
+    if a.discretization != b.discretization:
+        raise MfcliError(f"cannot compose PLDs of different discretizations ({a.discretization} and "
+                         f"{b.discretization})")
+    if a.pessimistic != b.pessimistic:
+        raise MfcliError("cannot compose a pessimistic PLD with an optimistic one")
+
+
+def _fftconvolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``scipy.signal.fftconvolve(a, b)`` of two 1-d float arrays (mode "full"), by the same
+    scipy.fft calls it makes (real FFTs of the next fast length, their product, the inverse, cut to
+    the full length), without importing scipy.signal; a length-1 input is a plain product there as
+    here."""
+    from scipy import fft
+
+    if a.size == 1 or b.size == 1:
+        return a * b
+    shape = a.size + b.size - 1
+    fshape = [fft.next_fast_len(shape, True)]
+    ret = fft.irfftn(fft.rfftn(a, fshape, axes=[0]) * fft.rfftn(b, fshape, axes=[0]), fshape, axes=[0])
+    return ret[:shape].copy()
+
+
+def _prefix_to_truncate(probs: np.ndarray, threshold: float) -> int:
+    """The first i whose running sum p_0 + ... + p_i exceeds ``threshold`` (the length if none):
+    the running sums are not monotone (an FFT leaves tiny negative probabilities), so the first
+    crossing, not a binary search."""
+    above = np.cumsum(probs) > threshold
+    return int(np.argmax(above)) if above.any() else int(probs.size)
+
+
+def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float) -> tuple[int, np.ndarray, float]:
+    """dp-accounting's pessimistic ``_truncate_tails``, vectorised: cut the longest prefix and
+    suffix of mass <= tail/2 each (running sums, sequential as its loop); the prefix mass goes to
+    the first kept point, the suffix mass to +inf."""
+    if tail_mass_truncation == 0:
+        return 0, probs, 0
+    half = tail_mass_truncation / 2
+    left = _prefix_to_truncate(probs, half)
+    right = probs.size - _prefix_to_truncate(probs[::-1], half)
+    right = max(right, left + 1)
+    left_mass = np.sum(probs[:left])
+    right_mass = np.sum(probs[right:])
+    out = probs[left:right].copy()
+    out[0] += left_mass
+    return left, out, right_mass
+
+
+def _compose_sparse(a: Pmf, b: Pmf, tail_mass_truncation: float) -> Pmf:
+    """``SparsePLDPmf.compose``: the dictionary product, each loss's terms added in the order its
+    double loop adds them (a's losses ascending, the first term added to 0.0)."""
+    probs = np.zeros(a.size + b.size - 1)
+    for i, v in enumerate(a.probs.tolist()):
+        probs[i:i + b.size] += v * b.probs
+    inf = a.infinity_mass + b.infinity_mass - a.infinity_mass * b.infinity_mass
+    offset, probs, right = _truncate_tails(probs, tail_mass_truncation)
+    return Pmf(a.discretization, a.lower_loss + b.lower_loss + offset, probs, inf + right, a.pessimistic, True)
+
+
+def compose_pmfs(a: Pmf, b: Pmf, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> Pmf:
+    """dp-accounting's ``compose_pmfs``: the dictionary product where both are sparse and small,
+    else the FFT convolution (``DensePLDPmf.compose``)."""
+    _check_composable(a, b)
+    if a.sparse and b.sparse and a.size * b.size <= MAX_SPARSE_SIZE:
+        return _compose_sparse(a, b, tail_mass_truncation)
+    probs = _fftconvolve(a.probs, b.probs)
+    inf = a.infinity_mass + b.infinity_mass - a.infinity_mass * b.infinity_mass
+    offset, probs, right = _truncate_tails(probs, tail_mass_truncation)
+    return Pmf(a.discretization, a.lower_loss + b.lower_loss + offset, probs, inf + right, a.pessimistic)
+
+
+def compose(a: Pld, b: Pld, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> Pld:
+    """``PrivacyLossDistribution.compose``: each direction composed (:func:`compose_pmfs`),
+    symmetric when both are."""
+    remove = compose_pmfs(a.remove, b.remove, tail_mass_truncation)
+    if a.symmetric and b.symmetric:
+        return Pld(remove)
+    return Pld(remove, compose_pmfs(a.add_pmf, b.add_pmf, tail_mass_truncation))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,7 +283,7 @@ def _is_dense(pmf: Any) -> bool:
 def _chernoff_window(probs: np.ndarray, num_times: int, tail_mass_truncation: float) -> tuple[int, int]:
     """dp-accounting's ``common.compute_self_convolve_bounds(probs, num_times, tail)`` (its default
     orders t = j / L, j = -20..-1, 1..20, L = len(probs)), with the log-mgfs computed by numpy and
-    dp-accounting's ``logsumexp`` only where needed.
+    scipy's ``logsumexp`` (dp-accounting's call) only where needed.
 
     Our log-mgf: lmgf(t) = log sum_k p_k b_k^j with b_k = e^(k / L) (j > 0) or e^(-k / L) (j < 0),
     the powers by repeated multiplication (two passes over the PMF per order, all terms
@@ -114,49 +341,87 @@ def _chernoff_window(probs: np.ndarray, num_times: int, tail_mass_truncation: fl
     return lower, upper
 
 
-def _self_compose_pmf(pmf: Any, num_times: int, tail_mass_truncation: float) -> Any:
+def _self_compose_dense(pmf: Pmf, num_times: int, tail_mass_truncation: float) -> Pmf:
     """``DensePLDPmf.self_compose``: the n-fold convolution by one FFT of the next fast length of
-    the Chernoff window (:func:`_chernoff_window`), the same calls as dp-accounting's."""
-    from dp_accounting.pld import pld_pmf
+    the Chernoff window (:func:`_chernoff_window`), the same calls as dp-accounting's
+    (``common.self_convolve``). Refused (MemoryLimitError) before anything is allocated when the
+    FFT would not fit in :func:`_memory_limit`."""
     from scipy import fft
 
-    if not _is_dense(pmf) or num_times <= 0:
-        return pmf.self_compose(num_times, tail_mass_truncation)
-    probs = pmf._probs
+    probs = pmf.probs
     lo, hi = _chernoff_window(probs, num_times, tail_mass_truncation)
     length = hi - lo + 1
     fast = fft.next_fast_len(max(length, len(probs)))
+    from mfcli.util.memory import check_memory
+
+    check_memory(
+        fast * _FFT_BYTES_PER_POINT, _memory_limit(),
+        what=f"composing a privacy loss distribution {num_times} times (an FFT of {fast:,} points: its losses "
+             f"spread over {pmf.size:,} points of {pmf.discretization:g}, too many for this discretization "
+             "when the noise multiplier is this small)",
+        way_forward="a larger noise multiplier or a coarser value discretization needs fewer points")
     full = np.real(fft.ifft(fft.fft(probs, fast) ** num_times))
     out = np.array(np.roll(full, -lo)[:length])
-    inf_prob = tail_mass_truncation - math.expm1(num_times * math.log1p(-pmf._infinity_mass))
-    return pld_pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss * num_times + lo, out, inf_prob,
-                               pmf._pessimistic_estimate)
+    inf_prob = tail_mass_truncation - math.expm1(num_times * math.log1p(-pmf.infinity_mass))
+    return Pmf(pmf.discretization, pmf.lower_loss * num_times + lo, out, inf_prob, pmf.pessimistic)
 
 
-def self_compose(pld: Any, num_times: int, tail_mass_truncation: float = 1e-15) -> Any:
-    """``pld.self_compose(num_times, tail_mass_truncation)`` of a dp-accounting
-    ``PrivacyLossDistribution``, bit for bit, without its 40 scalar logsumexp passes (see the module
-    docstring)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+def _power_exceeds(base: int, exponent: int, limit: int) -> bool:
+    """base^exponent > limit, without forming a power of millions of digits (dp-accounting's test
+    ``size**num_times > _MAX_PMF_SPARSE_SIZE``, for num_times up to the number of steps)."""
+    if base <= 1:
+        return base > limit
+    power = 1
+    for _ in range(exponent):
+        power *= base
+        if power > limit:
+            return True
+    return False
 
-    remove = _self_compose_pmf(pld._pmf_remove, num_times, tail_mass_truncation)
-    if pld._symmetric:
-        return pld_lib.PrivacyLossDistribution(remove)
-    return pld_lib.PrivacyLossDistribution(remove, _self_compose_pmf(pld._pmf_add, num_times, tail_mass_truncation))
+
+def _self_compose_pmf(pmf: Pmf, num_times: int, tail_mass_truncation: float) -> Pmf:
+    """``PLDPmf.self_compose`` of either of dp-accounting's forms: a sparse PMF is itself once,
+    composed pairwise while size^n stays within :data:`MAX_SPARSE_SIZE` (truncated at the last
+    step only), else made dense."""
+    if num_times <= 0:
+        raise MfcliError(f"a PLD can only be composed a positive number of times, not {num_times}")
+    if not pmf.sparse:
+        return _self_compose_dense(pmf, num_times, tail_mass_truncation)
+    if num_times == 1:
+        return pmf
+    if _power_exceeds(pmf.size, num_times, MAX_SPARSE_SIZE):
+        return _self_compose_dense(pmf, num_times, tail_mass_truncation)
+    result = pmf
+    for i in range(2, num_times + 1):
+        result = _compose_sparse(result, pmf, 0 if i != num_times else tail_mass_truncation)
+    return result
+
+
+def self_compose(pld: Pld, num_times: int, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> Pld:
+    """``PrivacyLossDistribution.self_compose(num_times, tail_mass_truncation)``, bit for bit,
+    without its 40 scalar logsumexp passes (see the module docstring).
+
+    Raises:
+        MfcliError: ``num_times`` < 1, or the FFT would not fit in memory (a noise multiplier too
+            small for the discretization)."""
+    remove = _self_compose_pmf(pld.remove, num_times, tail_mass_truncation)
+    if pld.symmetric:
+        return Pld(remove)
+    return Pld(remove, _self_compose_pmf(pld.add_pmf, num_times, tail_mass_truncation))
 
 
 # ---------------------------------------------------------------------------------------------
 # Epsilon for delta
 
 
-def _pmf_epsilon(pmf: Any, delta: float) -> float:
-    """``DensePLDPmf.get_epsilon_for_delta(delta)``, scanned in blocks (module docstring).
+def _pmf_epsilon(pmf: Pmf, delta: float) -> float:
+    """``PLDPmf.get_epsilon_for_delta(delta)``, scanned in blocks (module docstring).
 
-    The loop it reproduces, over the losses l from the top (l_0 = the largest, l_{i+1} = l_i - d
-    as a running sum) with their probabilities p, masses U = infinity mass and V = 0:
-    stop before i if U > delta, V > 0 and log((U - delta) / V) >= l_i; else U += p_i,
-    V += exp(-l_i) p_i, and return max(0, l_i) if then U >= delta and V == 0. After the loop (or
-    the stop): 0 if U <= V + delta, else log((U - delta) / V).
+    The loop it reproduces, over the losses l from the top (dense: l_0 = the largest,
+    l_{i+1} = l_i - d as a running sum; sparse: l = k d) with their probabilities p, masses
+    U = infinity mass and V = 0: stop before i if U > delta, V > 0 and log((U - delta) / V) >= l_i;
+    else U += p_i, V += exp(-l_i) p_i, and return max(0, l_i) if then U >= delta and V == 0. After
+    the loop (or the stop): 0 if U <= V + delta, else log((U - delta) / V).
 
     Where the loop would reach a loss below -709 (``math.exp(-l)`` overflows: dp-accounting raises
     OverflowError there, e.g. for a tiny noise multiplier) the answer is 0, returned without
@@ -167,15 +432,14 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     so does any later stop (its result is the same final test) or early return (max(0, l) with
     l <= 0).
     """
-    if not _is_dense(pmf):
-        return pmf.get_epsilon_for_delta(delta)
-    inf_mass = pmf._infinity_mass
+    inf_mass = pmf.infinity_mass
     if inf_mass > delta:
         return math.inf
-    d = pmf._discretization
-    rev = np.flip(pmf._probs)
+    d = pmf.discretization
+    rev = np.flip(pmf.probs)
     n = rev.size
-    loss = (pmf._lower_loss + n - 1) * d  # the running loss, as itertools.count(upper_loss, -d) keeps it
+    top = pmf.lower_loss + n - 1
+    loss = top * d  # the running loss, as itertools.count(upper_loss, -d) keeps it
     mass_upper: Any = inf_mass
     mass_lower: Any = 0
     start = 0
@@ -183,10 +447,13 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     while start < n:
         stop = min(n, start + block)
         m = stop - start
-        steps = np.empty(m)
-        steps[0] = loss
-        steps[1:] = -d
-        losses = np.cumsum(steps)  # sequential: l_{i+1} = l_i + (-d), the loop's own roundings
+        if pmf.sparse:  # the losses k d, as SparsePLDPmf._get_losses_probs forms them
+            losses = np.arange(top - start, top - stop, -1, dtype=np.int64) * d
+        else:
+            steps = np.empty(m)
+            steps[0] = loss
+            steps[1:] = -d
+            losses = np.cumsum(steps)  # sequential: l_{i+1} = l_i + (-d), the loop's own roundings
         # A loss below _EXP_OVERFLOW_LOSS ends the scan (docstring): the block stops before it.
         below = np.flatnonzero(losses < _EXP_OVERFLOW_LOSS)
         overflows = below.size > 0
@@ -237,11 +504,11 @@ def _pmf_epsilon(pmf: Any, delta: float) -> float:
     return math.log((mass_upper - delta) / mass_lower)
 
 
-def epsilon_for_delta(pld: Any, delta: float) -> float:
-    """``pld.get_epsilon_for_delta(delta)`` of a dp-accounting ``PrivacyLossDistribution``, bit for
-    bit, scanning the losses as arrays (see the module docstring): the larger of the two
-    directions' epsilons (the remove direction's alone for a symmetric PLD)."""
-    eps_remove = _pmf_epsilon(pld._pmf_remove, delta)
-    if pld._symmetric:
+def epsilon_for_delta(pld: Pld, delta: float) -> float:
+    """``PrivacyLossDistribution.get_epsilon_for_delta(delta)``, bit for bit, scanning the losses
+    as arrays (see the module docstring): the larger of the two directions' epsilons (the remove
+    direction's alone for a symmetric PLD)."""
+    eps_remove = _pmf_epsilon(pld.remove, delta)
+    if pld.symmetric:
         return eps_remove
-    return max(eps_remove, _pmf_epsilon(pld._pmf_add, delta))
+    return max(eps_remove, _pmf_epsilon(pld.add_pmf, delta))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import special
 
 from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
@@ -301,26 +302,17 @@ def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[
     """epsilon of Poisson-sampled Gaussians (rate ``sampling``) with noise multiplier m composed k
     times for every (m, k) in ``groups``: dp-accounting's PLD accountant (pessimistic), an upper
     bound for add or remove one example."""
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
+    from mfcli.accounting.single_pass import _poisson_gaussian_pld
 
-    from mfcli.accounting.single_pass import _NoFastPath, _poisson_gaussian_pld
-
-    try:
-        # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
-        # pessimistic), its inverse privacy loss on arrays (the fast path of single_pass.dpsgd)
-        total = None
-        for m, k in groups:
-            g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
-            total = g if total is None else total.compose(g)
-        if total is not None:
-            return float(pld_ops.epsilon_for_delta(total, delta))
-    except _NoFastPath:
-        pass
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
+    # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
+    # pessimistic; mfcli.accounting.single_pass), self-composed, the groups composed in turn
+    total = None
     for m, k in groups:
-        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
-    return float(acc.get_epsilon(delta))
+        g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
+        total = g if total is None else total.compose(g)
+    if total is None:
+        return 0.0
+    return float(pld_ops.epsilon_for_delta(total, delta))
 
 
 def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: float = DEFAULT_DELTA,
@@ -374,18 +366,64 @@ def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: f
                          sampling=sampling)
 
 
-def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: float) -> float:
-    """dp-accounting's RDP epsilon of the groups' Poisson-sampled Gaussians composed: only a screen
-    (which candidate to account by PLD), never reported."""
-    from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+#: The RDP orders of the per-step screen: integers, where the sampled Gaussian's RDP has a closed
+#: form (the fractional orders' series can fail to converge at small multipliers).
+_RDP_ORDERS = tuple(float(a) for a in range(2, 257))
 
-    # integer orders: closed-form RDP of the sampled Gaussian (the fractional orders' series can
-    # fail to converge at small multipliers and log warnings)
-    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(a) for a in range(2, 257)])
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+    """log A_alpha of the Poisson-sampled Gaussian at an integer order (0 < q < 1): the log of
+    sum_i C(alpha, i) q^i (1 - q)^(alpha - i) e^((i^2 - i) / (2 sigma^2)), as dp-accounting's
+    ``rdp_privacy_accountant._compute_log_a_int`` forms it: each term's log from ``gammaln`` (on
+    an array: scipy's special functions evaluate every element by the same scalar kernel) and the
+    same products and sums, then the terms log-added in turn with ``math.log1p``/``math.exp``."""
+    i = np.arange(alpha + 1)
+    log_comb = special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
+    s = log_comb + i * math.log(q) + (alpha - i) * math.log1p(-q) + (i * i - i) / (2 * (sigma ** 2))
+    log_a = -math.inf
+    for v in s.tolist():
+        a, b = min(log_a, v), max(log_a, v)
+        log_a = b if a == -math.inf else math.log1p(math.exp(a - b)) + b
+    return log_a
+
+
+def _poisson_gaussian_rdp(q: float, noise_multiplier: float) -> np.ndarray:
+    """The RDP of one Poisson-sampled Gaussian at every order of :data:`_RDP_ORDERS`
+    (dp-accounting's ``_compute_rdp_poisson_subsampled_gaussian``)."""
+    def one(alpha: float) -> float:
+        if q == 0:
+            return 0
+        if noise_multiplier == 0:
+            return math.inf
+        if q == 1.0:
+            return alpha / (2 * noise_multiplier ** 2)
+        return _log_a_int(q, noise_multiplier, int(alpha)) / (alpha - 1)
+
+    return np.array([one(a) for a in np.array(_RDP_ORDERS)])
+
+
+def _rdp_epsilon(groups: tuple[tuple[float, int], ...], sampling: float, delta: float) -> float:
+    """The RDP epsilon of the groups' Poisson-sampled Gaussians composed, as dp-accounting's
+    ``RdpAccountant`` at the orders :data:`_RDP_ORDERS` computes it (the RDPs summed per order,
+    then its ``compute_epsilon``: the conversion of Canonne, Kamath and Steinke, the smallest over
+    the orders), without importing dp-accounting; tests/test_accounting_reduction_rdp.py holds the
+    two equal bit for bit. Only a screen (which candidate to account by PLD), never reported."""
+    orders = np.array(_RDP_ORDERS)
+    rdp = np.zeros_like(orders, dtype=np.float64)
     for m, k in groups:
-        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
-    return float(acc.get_epsilon(delta))
+        rdp += int(k) * _poisson_gaussian_rdp(sampling, float(m))
+    eps = []
+    for a, r in zip(orders, rdp, strict=True):
+        if r < 0:  # round-off of an extreme event: dp-accounting's answer, epsilon 0
+            epsilon = 0.0
+        elif delta ** 2 + math.expm1(-r) > 0:  # the KL bound already gives delta
+            epsilon = 0
+        elif a > 1.01:
+            epsilon = r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
+        else:
+            epsilon = math.inf
+        eps.append(epsilon)
+    return float(max(0, eps[int(np.argmin(eps))]))
 
 
 @dataclass(frozen=True)
@@ -437,10 +475,10 @@ class ReductionResult:
         return ev() if callable(ev) else None
 
     def as_dict(self) -> dict:
-        from mfcli.accounting.events import event_to_json
+        from mfcli.accounting.events import event_to_json, plain_composed, plain_json, plain_poisson_gaussian
 
         inner = self.dpsgd.as_dict()
-        inner.pop("dp_event", None)
+        inner_event = inner.pop("dp_event", None)
         d = {
             "setting": "dp-sgd-reduction",
             "epsilon": self.epsilon,
@@ -464,9 +502,18 @@ class ReductionResult:
             d["method"] += ("; per-step variant: DP-SGD whose step t has noise multiplier d_t, ||C diag(d)||_2 <= "
                             "sigma certified, d_t rounded down to a geometric grid, the Poisson-sampled Gaussians "
                             "composed by dp-accounting's PLD (docs/accounting.md, 'Per-step noise multipliers')")
-        ev = self.dp_event()
-        if ev is not None:
-            d["dp_event"] = event_to_json(ev)
+        # event_to_json(self.dp_event()), built without importing dp-accounting where the event is
+        # the reduced DP-SGD's (its own as_dict has it) or the per-step groups' Poisson Gaussians
+        if self.variant == "per-step":
+            assert self.per_step is not None
+            d["dp_event"] = plain_json(plain_composed(
+                [plain_poisson_gaussian(self.per_step.sampling, m, k) for m, k in self.per_step.groups]))
+        elif inner_event is not None:
+            d["dp_event"] = inner_event
+        else:
+            ev = self.dp_event()
+            if ev is not None:
+                d["dp_event"] = event_to_json(ev)
         return d
 
 

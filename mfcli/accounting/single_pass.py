@@ -17,8 +17,7 @@ accountant (add or remove one example).
 from __future__ import annotations
 
 import math
-import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,8 @@ from scipy import special
 
 from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
-from mfcli.accounting.events import event_to_json as event_json
-from mfcli.accounting.events import poisson_gaussian_event
+from mfcli.accounting.events import plain_gaussian, plain_json, plain_poisson_gaussian, poisson_gaussian_event
+from mfcli.errors import MfcliError
 from mfcli.util.rows import fields_of
 from mfcli.util.validation import positive_number, step_count
 
@@ -135,7 +134,7 @@ class SinglePassResult:
             method="exact analytic Gaussian (Balle-Wang 2018), bisection to 1e-12",
             assumptions="each example in at most one step (single participation); add or remove one "
                         "example; no sampling amplification",
-            dp_event=event_json(self.dp_event()),
+            dp_event=plain_json(plain_gaussian(self.noise_multiplier)),  # event_to_json(self.dp_event())
         )
 
 
@@ -180,7 +179,8 @@ class DpSgdResult:
             method="dp-accounting PLDAccountant (pessimistic connect-the-dots)",
             assumptions="C = I (independent noise); Poisson sampling with rate p in every step; add or "
                         "remove one example",
-            dp_event=event_json(self.dp_event()),
+            # event_to_json(self.dp_event()), without importing dp-accounting
+            dp_event=plain_json(plain_poisson_gaussian(self.sampling, self.sigma, self.steps)),
         )
 
 
@@ -192,191 +192,244 @@ def dpsgd(
     delta: float = DEFAULT_DELTA,
     value_discretization: float = DEFAULT_DISCRETIZATION,
 ) -> DpSgdResult:
-    """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps (dp-accounting).
+    """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps: dp-accounting's
+    ``PLDAccountant(value_discretization)`` value, bit for bit, computed without importing it
+    (:func:`_poisson_gaussian_epsilon`).
 
     Formal guarantees: dp-accounting's pessimistic PLD estimate; an upper bound on epsilon for add
     or remove one example.
-    """
-    from dp_accounting.pld import pld_privacy_accountant
 
+    Raises:
+        MfcliError: a parameter out of range, or the FFT self-composition would not fit in memory
+            (a noise multiplier too small for the discretization).
+    """
     sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     steps = step_count(steps, name="the number of steps")
-    try:
-        epsilon = _poisson_gaussian_epsilon(sigma, sampling, int(steps), delta, value_discretization)
-    except _NoFastPath:
-        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=value_discretization)
-        acc.compose(poisson_gaussian_event(sampling, sigma, int(steps)))
-        epsilon = acc.get_epsilon(delta)
+    epsilon = _poisson_gaussian_epsilon(sigma, sampling, int(steps), delta, value_discretization)
     return DpSgdResult(
         epsilon=float(epsilon), delta=delta, sigma=sigma, sampling=sampling,
         steps=int(steps), value_discretization=value_discretization,
     )
 
 
-class _NoFastPath(Exception):
-    """The installed dp-accounting lacks what :func:`_poisson_gaussian_epsilon` builds on, or the
-    array inverse disagreed with its own: run its PLDAccountant instead."""
+#: dp-accounting's default ``log_mass_truncation_bound`` of a Gaussian: ln of the noise mass its
+#: PLD may leave out of each tail (the connect-the-dots range is the loss at e^-50 / 2 of mass).
+_LOG_MASS_TRUNCATION_BOUND = -50
 
-
-#: Points of the eps grid at which :func:`_array_gaussian_loss` checks the array inverse against
-#: dp-accounting's own scalar inverse (evenly spaced, both ends included) before using it.
+#: Points of the eps grid at which :meth:`_PoissonGaussianLoss.deltas` checks the array inverse
+#: against the scalar one (evenly spaced, both ends included) before using it.
 _INVERSE_CHECKS = 64
 
 
-def _inverse_privacy_loss_array(loss, eps: np.ndarray) -> np.ndarray:
-    """dp-accounting's ``inverse_privacy_loss`` of a (sub)sampled Gaussian (sensitivity 1) on an
-    array of eps: the same floating-point operations, in the same order, as its scalar path
-    (``AdditiveNoisePrivacyLoss._inverse_privacy_loss_{add,remove}`` through
-    ``common.log_a_times_exp_b_plus_c`` and ``_log_sub``, whose scalar ``np.log``/``np.exp``/
-    ``np.log1p`` run numpy's own loops, as these array calls do), NaN where the scalar path takes
-    another branch (eps = 0, eps within rounding of log(1 - q), out of range): those are left to it.
+def _log_add(a: Any, b: Any) -> Any:
+    """log(e^a + e^b), as dp-accounting's ``common._log_add`` forms it (numpy scalar calls)."""
+    mn, mx = min(a, b), max(a, b)
+    return mx + np.log1p(np.exp(mn - mx))
 
-    Why: the connect-the-dots PLD evaluates the inverse at every grid point, one Python call each
-    (~6 us); at a small noise multiplier that is 10^5 points per direction, most of a second."""
-    q = loss.sampling_prob
-    sens = loss.sensitivity
-    var = loss.standard_deviation ** 2
-    remove = loss.adjacency_type.name == "REMOVE"
-    with np.errstate(all="ignore"):
+
+def _log_sub(a: Any, b: Any) -> Any:
+    """log(e^a - e^b) for b < a, as dp-accounting's ``common._log_sub`` forms it."""
+    if b >= a:
+        raise MfcliError(f"log(e^a - e^b) needs a > b, got a = {a!r}, b = {b!r}")
+    return a + np.log1p(-np.exp(b - a))
+
+
+def _log_a_times_exp_b_plus_c(a: float, b: Any, c: float) -> Any:
+    """log(a e^b + c) for a > 0 and c != 0, as dp-accounting's ``common.log_a_times_exp_b_plus_c``
+    forms it (numpy scalar calls, whose last bits can differ from the math module's)."""
+    if b == 0:
+        return np.log(a + c)
+    d = b + np.log(a)
+    return _log_sub(d, np.log(-c)) if c < 0 else _log_add(d, np.log(c))
+
+
+class _PoissonGaussianLoss:
+    """The privacy loss of one direction of the Poisson-sampled Gaussian (noise multiplier
+    ``sigma``, sensitivity 1, rate ``q``): dp-accounting's ``GaussianPrivacyLoss(sigma,
+    sampling_prob=q, adjacency_type=REMOVE or ADD)`` with its defaults, the same formulas in the
+    same floating-point operations (its Gaussian CDFs are scipy.stats' ``norm(scale=sigma)``,
+    which evaluate ``scipy.special.ndtr`` / ``log_ndtr`` / ``ndtri`` of (x - 0) / sigma, called
+    here directly). tests/test_accounting_single_pass.py compares the PLD built from it with
+    dp-accounting's, bit for bit.
+
+    REMOVE: mu_upper = (1 - q) N(0, sigma^2) + q N(-1, sigma^2), mu_lower = N(0, sigma^2);
+    ADD: mu_upper = N(0, sigma^2), mu_lower = (1 - q) N(0, sigma^2) + q N(1, sigma^2);
+    loss(x) = log(mu_upper(x) / mu_lower(x)), decreasing in x."""
+
+    def __init__(self, sigma: float, q: float, remove: bool) -> None:
+        self.sigma = sigma
+        self.q = q
+        self.remove = remove
+
+    # the loss and its inverse at one point (dp-accounting's scalar path)
+    def _loss_remove(self, x: Any) -> Any:
+        without = 1 * (-0.5 * 1 - x) / (self.sigma ** 2)
+        if self.q == 1.0:
+            return without
+        return _log_a_times_exp_b_plus_c(self.q, without, 1 - self.q)
+
+    def privacy_loss(self, x: Any) -> Any:
+        return self._loss_remove(x) if self.remove else -self._loss_remove(-x)
+
+    def _inverse_without_sampling(self, loss: float) -> float:
+        x = -0.5 * 1 - loss * (self.sigma ** 2) / 1
+        return x if self.remove else 1 + x
+
+    def inverse_privacy_loss(self, loss: float) -> float:
+        """The largest x with privacy_loss(x) >= loss (dp-accounting's ``inverse_privacy_loss``)."""
+        q = self.q
         if q == 1.0:
-            pl = eps
-            ok = np.ones(eps.shape, dtype=bool)
-        else:
-            a = 1 / q
-            c = 1 - 1 / q
-            log_a, log_c = np.log(a), np.log(-c)
-            limit = math.log(1 - q)
-            b = eps if remove else -eps
-            d = b + log_a
-            # log(a e^b + c) for c < 0, through _log_sub(d, log(-c)), which needs log(-c) < d
-            pl = d + np.log1p(-np.exp(log_c - d))
-            if remove:
-                in_range = eps > limit
-            else:
-                pl = -pl
-                limit = -limit
-                in_range = eps <= limit
-            diff = np.abs(limit - eps)  # math.isclose(eps, limit) at its default rel_tol 1e-9
-            close = (diff <= np.abs(1e-09 * limit)) | (diff <= np.abs(1e-09 * eps))
-            ok = in_range & (b != 0) & (log_c < d) & ~close
-        x = -0.5 * sens - pl * var / sens
-        if not remove:
-            x = sens + x
-    return np.where(ok & np.isfinite(x), x, np.nan)
+            return self._inverse_without_sampling(loss)
+        limit = math.log(1 - q) if self.remove else -math.log(1 - q)
+        if math.isclose(loss, limit):
+            return self._inverse_without_sampling(-math.inf if self.remove else math.inf)
+        if (loss <= limit) if self.remove else (loss > limit):
+            raise MfcliError(f"privacy loss {loss!r} outside the range of the sampled Gaussian's (limit {limit!r})")
+        if self.remove:
+            return self._inverse_without_sampling(_log_a_times_exp_b_plus_c(1 / q, loss, 1 - 1 / q))
+        return self._inverse_without_sampling(-_log_a_times_exp_b_plus_c(1 / q, -loss, 1 - 1 / q))
 
+    def _inverse_array(self, eps: np.ndarray) -> np.ndarray:
+        """:meth:`inverse_privacy_loss` on an array: the same floating-point operations in the same
+        order (its scalar ``np.log``/``np.exp``/``np.log1p`` run numpy's own loops, as these array
+        calls do), NaN where the scalar path takes another branch (eps = 0, eps within rounding of
+        log(1 - q), out of range): those are left to it.
 
-def _array_gaussian_loss(sigma: float, sampling: float, adjacency: Any):
-    """A dp-accounting ``GaussianPrivacyLoss`` whose ``get_delta_for_epsilon`` (the hockey-stick
-    divergence at every point of the connect-the-dots grid) takes the inverse privacy loss from
-    :func:`_inverse_privacy_loss_array`, checked against dp-accounting's scalar inverse at
-    :data:`_INVERSE_CHECKS` points, instead of one scalar call per point; the rest is the base
-    method's arithmetic (its CDFs are dp-accounting's own)."""
-    from dp_accounting.pld import privacy_loss_mechanism as plm
-
-    class _ArrayInverse(plm.GaussianPrivacyLoss):
-        def get_delta_for_epsilon(self, epsilon):
-            if isinstance(epsilon, numbers.Number):
-                return super().get_delta_for_epsilon(epsilon)
-            eps = np.asarray(epsilon)
-            deltas = np.zeros_like(eps, dtype=float)
-            q = self.sampling_prob
-            # which points need the inverse, as the base method decides it
+        Why: the connect-the-dots PLD evaluates the inverse at every grid point, one Python call
+        each (~6 us); at a small noise multiplier that is 10^5 points per direction."""
+        q = self.q
+        remove = self.remove
+        with np.errstate(all="ignore"):
             if q == 1.0:
-                inside = np.full_like(eps, True, dtype=bool)
-            elif self.adjacency_type == plm.AdjacencyType.ADD:
-                inside = eps < -math.log1p(-q)
-            elif self.adjacency_type == plm.AdjacencyType.REMOVE:
-                inside = eps > math.log1p(-q)
-                other = np.logical_not(inside)
-                deltas[other] = -np.expm1(eps[other])
+                pl = eps
+                ok = np.ones(eps.shape, dtype=bool)
             else:
-                return super().get_delta_for_epsilon(epsilon)
-            e_in = eps[inside]
-            x = _inverse_privacy_loss_array(self, np.asarray(e_in, dtype=np.float64))
-            known = np.flatnonzero(~np.isnan(x))
-            for i in known[np.linspace(0, known.size - 1, min(known.size, _INVERSE_CHECKS)).astype(np.int64)]:
-                if super().inverse_privacy_loss(e_in[i]) != x[i]:
-                    raise _NoFastPath(f"the array inverse privacy loss differs at eps = {e_in[i]!r}")
-            for i in np.flatnonzero(np.isnan(x)):  # the scalar path's other branches
-                x[i] = super().inverse_privacy_loss(e_in[i])
-            deltas[inside] = self.mu_upper_cdf(x) - np.exp(e_in + self.mu_lower_log_cdf(x))
-            return np.clip(deltas, 0, 1)
+                a = 1 / q
+                c = 1 - 1 / q
+                log_a, log_c = np.log(a), np.log(-c)
+                limit = math.log(1 - q)
+                b = eps if remove else -eps
+                d = b + log_a
+                # log(a e^b + c) for c < 0, through _log_sub(d, log(-c)), which needs log(-c) < d
+                pl = d + np.log1p(-np.exp(log_c - d))
+                if remove:
+                    in_range = eps > limit
+                else:
+                    pl = -pl
+                    limit = -limit
+                    in_range = eps <= limit
+                diff = np.abs(limit - eps)  # math.isclose(eps, limit) at its default rel_tol 1e-9
+                close = (diff <= np.abs(1e-09 * limit)) | (diff <= np.abs(1e-09 * eps))
+                ok = in_range & (b != 0) & (log_c < d) & ~close
+            x = -0.5 * 1 - pl * (self.sigma ** 2) / 1
+            if not remove:
+                x = 1 + x
+        return np.where(ok & np.isfinite(x), x, np.nan)
 
-    return _ArrayInverse(sigma, sampling_prob=sampling, adjacency_type=adjacency)
+    # the distributions (arrays)
+    def mu_upper_cdf(self, x: np.ndarray) -> np.ndarray:
+        s = self.sigma
+        if not self.remove:
+            return special.ndtr(x / s)
+        if self.q == 1.0:
+            return special.ndtr(np.add(x, 1) / s)
+        return (1 - self.q) * special.ndtr(x / s) + self.q * special.ndtr(np.add(x, 1) / s)
+
+    def mu_lower_log_cdf(self, x: np.ndarray) -> np.ndarray:
+        s = self.sigma
+        if self.remove:
+            return special.log_ndtr(x / s)
+        if self.q == 1.0:
+            return special.log_ndtr(np.add(x, -1) / s)
+        return np.logaddexp(np.log1p(-self.q) + special.log_ndtr(x / s),
+                            np.log(self.q) + special.log_ndtr(np.add(x, -1) / s))
+
+    def connect_dots_bounds(self) -> tuple[Any, Any]:
+        """(epsilon_upper, epsilon_lower): the loss at the two truncation points of mu_upper
+        (dp-accounting's ``privacy_loss_tail``: the e^-50 / 2 quantile of N(0, sigma^2) and its
+        negation, the lower one moved by -1 (REMOVE) or the upper by +1 (ADD))."""
+        lower_x = special.ndtri(np.asarray([0.5 * math.exp(_LOG_MASS_TRUNCATION_BOUND)]))[0] * self.sigma + 0
+        upper_x = -lower_x
+        if self.remove:
+            lower_x -= 1
+        else:
+            upper_x += 1
+        return self.privacy_loss(lower_x), self.privacy_loss(upper_x)
+
+    def deltas(self, eps: np.ndarray) -> np.ndarray:
+        """The hockey-stick divergence at every eps (dp-accounting's ``get_delta_for_epsilon`` on
+        an array): 1 - e^eps below the loss range (REMOVE), mu_upper_cdf(x) - e^eps mu_lower_cdf(x)
+        at x = the inverse loss inside it, clipped to [0, 1]. The inverse is taken on the array
+        (:meth:`_inverse_array`), checked against the scalar path at :data:`_INVERSE_CHECKS`
+        points; on any difference every point takes the scalar path."""
+        eps = np.asarray(eps, dtype=np.float64)
+        deltas = np.zeros_like(eps, dtype=float)
+        q = self.q
+        if q == 1.0:
+            inside = np.full_like(eps, True, dtype=bool)
+        elif self.remove:
+            inside = eps > math.log1p(-q)
+            other = np.logical_not(inside)
+            deltas[other] = -np.expm1(eps[other])
+        else:
+            inside = eps < -math.log1p(-q)
+        e_in = eps[inside]
+        x = self._inverse_array(e_in)
+        known = np.flatnonzero(~np.isnan(x))
+        checks = known[np.linspace(0, known.size - 1, min(known.size, _INVERSE_CHECKS)).astype(np.int64)]
+        if any(self.inverse_privacy_loss(e_in[i]) != x[i] for i in checks.tolist()):
+            x = np.full(e_in.shape, np.nan)  # numpy's array and scalar loops differ here: scalar everywhere
+        for i in np.flatnonzero(np.isnan(x)).tolist():  # the scalar path's other branches
+            x[i] = self.inverse_privacy_loss(e_in[i])
+        deltas[inside] = self.mu_upper_cdf(x) - np.exp(e_in + self.mu_lower_log_cdf(x))
+        return np.clip(deltas, 0, 1)
+
+
+def _connect_dots(loss: _PoissonGaussianLoss, d: float) -> pld_ops.Pmf:
+    """dp-accounting's ``_create_pld_pmf_from_monotone_privacy_loss(loss, pessimistic_estimate=True,
+    value_discretization_interval=d, use_connect_dots=True)`` for the continuous loss: the grid of
+    the connect-the-dots bounds rounded out to multiples of d, the deltas there, the fixed-gap
+    formula (:func:`mfcli.accounting.mog_pld.connect_dots_pmf`, dp-accounting's
+    ``create_pmf_pessimistic_connect_dots_fixed_gap``), marked sparse where dp-accounting would
+    keep it as a dictionary (at most 1000 points).
+
+    Raises:
+        MfcliError: the deltas increase by more than dp-accounting's tolerance 1e-12 somewhere
+            (where dp-accounting raises ValueError).
+    """
+    from mfcli.accounting.mog_pld import connect_dots_pmf
+
+    eps_upper, eps_lower = loss.connect_dots_bounds()
+    upper = math.ceil(eps_upper / d)
+    lower = math.floor(eps_lower / d)
+    ks = np.arange(lower, upper + 1)
+    deltas = loss.deltas(ks * d)
+    if ks.size > 1 and np.any(np.diff(deltas) > _DELTA_DIFF_TOLERANCE):
+        raise MfcliError(f"the sampled Gaussian's deltas are not non-increasing on the grid of {d:g} "
+                         f"(noise multiplier {loss.sigma!r}, rate {loss.q!r})")
+    pmf = connect_dots_pmf(d, ks, deltas)
+    return replace(pmf, sparse=pmf.size <= pld_ops.MAX_SPARSE_SIZE)
+
+
+#: dp-accounting's ``pld_pmf._DELTA_DIFF_TOLERANCE``: how much a connect-the-dots delta may rise.
+_DELTA_DIFF_TOLERANCE = 1e-12
+
+
+def _poisson_gaussian_pld(sigma: float, sampling: float, d: float) -> pld_ops.Pld:
+    """The PLD of one Poisson-sampled Gaussian (noise multiplier ``sigma``, rate ``sampling``) as
+    dp-accounting's ``PLDAccountant(d)`` builds it (``from_gaussian_mechanism``: the pessimistic
+    connect-the-dots PMF of each direction, symmetric when ``sampling`` is 1); also used by the
+    per-step reduction (mfcli.accounting.reduction) to compose several multipliers."""
+    remove = _connect_dots(_PoissonGaussianLoss(sigma, sampling, True), d)
+    if sampling == 1.0:
+        return pld_ops.Pld(remove)
+    return pld_ops.Pld(remove, _connect_dots(_PoissonGaussianLoss(sigma, sampling, False), d))
 
 
 def _poisson_gaussian_epsilon(sigma: float, sampling: float, steps: int, delta: float, d: float) -> float:
     """What dp-accounting's ``PLDAccountant(d)`` returns for the Poisson-sampled Gaussian composed
-    ``steps`` times, built as it builds it (``from_gaussian_mechanism``: the pessimistic
-    connect-the-dots PMF of each direction, ``self_compose``, composed onto the identity), with the
-    inverse privacy loss evaluated on arrays (:func:`_array_gaussian_loss`). Bit for bit the accountant's
-    epsilon (tests/test_accounting_single_pass.py compares them over a table of settings).
-
-    Raises:
-        _NoFastPath: the installed dp-accounting lacks a function used here, or the array
-            disagreed with the scalar inverse.
-    """
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-    pld = _poisson_gaussian_pld(sigma, sampling, d)
-    total = pld_lib.identity(value_discretization_interval=d).compose(pld_ops.self_compose(pld, steps))
+    ``steps`` times, built as it builds it (:func:`_poisson_gaussian_pld`, ``self_compose``,
+    composed onto the identity), bit for bit (tests/test_accounting_single_pass.py compares them
+    over a table of settings)."""
+    total = pld_ops.identity(d).compose(pld_ops.self_compose(_poisson_gaussian_pld(sigma, sampling, d), steps))
     return float(pld_ops.epsilon_for_delta(total, delta))
-
-
-def _dense_connect_dots(loss: Any, d: float) -> Any:
-    """The connect-the-dots PMF dp-accounting's ``_create_pld_pmf_from_monotone_privacy_loss(loss,
-    pessimistic_estimate=True, value_discretization_interval=d, use_connect_dots=True)`` returns
-    for a continuous loss when it is dense (more than ``pld_pmf._MAX_PMF_SPARSE_SIZE`` grid
-    points): the same grid (the loss's connect-the-dots bounds rounded out to multiples of d), the
-    same deltas, the same fixed-gap formula (:func:`mfcli.accounting.mog_pld.connect_dots_pmf`),
-    built as an array instead of through a dictionary of every grid point and back (two Python
-    passes over 2 x 10^5 points per direction for the DP-SGD reduction's row). None where
-    dp-accounting would build something else (a sparse PMF, one point, a discrete loss) or raise
-    (deltas out of order or out of [0, 1]): the caller then runs dp-accounting's builder."""
-    from dp_accounting.pld import pld_pmf
-
-    from mfcli.accounting.mog_pld import connect_dots_pmf
-
-    sparse_max = getattr(pld_pmf, "_MAX_PMF_SPARSE_SIZE", None)
-    tolerance = getattr(pld_pmf, "_DELTA_DIFF_TOLERANCE", None)
-    if sparse_max is None or tolerance is None or loss.is_discrete:
-        return None
-    bounds = loss.connect_dots_bounds()
-    if bounds.epsilon_upper is None or bounds.epsilon_lower is None:
-        return None
-    upper = math.ceil(bounds.epsilon_upper / d)
-    lower = math.floor(bounds.epsilon_lower / d)
-    if upper - lower + 1 <= sparse_max:
-        return None
-    ks = np.arange(lower, upper + 1)
-    deltas = np.asarray(loss.get_delta_for_epsilon(ks * d), dtype=np.float64)
-    if np.any(deltas < 0) or np.any(deltas > 1) or np.any(np.diff(deltas) > tolerance):
-        return None
-    return connect_dots_pmf(d, ks, deltas)
-
-
-def _poisson_gaussian_pld(sigma: float, sampling: float, d: float) -> Any:
-    """The PLD of one Poisson-sampled Gaussian as dp-accounting's ``PLDAccountant(d)`` builds it,
-    the inverse privacy loss on arrays (:func:`_array_gaussian_loss`); also used by the per-step
-    reduction (mfcli.accounting.reduction) to compose several multipliers.
-
-    Raises:
-        _NoFastPath: as :func:`_poisson_gaussian_epsilon`.
-    """
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-    from dp_accounting.pld import privacy_loss_mechanism as plm
-
-    create = getattr(pld_lib, "_create_pld_pmf_from_monotone_privacy_loss", None)
-    if create is None or not hasattr(pld_lib, "identity"):
-        raise _NoFastPath("dp-accounting without _create_pld_pmf_from_monotone_privacy_loss")
-
-    def pmf(adjacency: Any) -> Any:
-        loss = _array_gaussian_loss(sigma, sampling, adjacency)
-        dense = _dense_connect_dots(loss, d)
-        if dense is not None:
-            return dense
-        return create(loss, pessimistic_estimate=True, value_discretization_interval=d, use_connect_dots=True)
-
-    remove = pmf(plm.AdjacencyType.REMOVE)
-    return (pld_lib.PrivacyLossDistribution(remove) if sampling == 1.0
-            else pld_lib.PrivacyLossDistribution(remove, pmf(plm.AdjacencyType.ADD)))

@@ -1,0 +1,38 @@
+"""The per-step reduction's RDP screen (``reduction._rdp_epsilon``) against dp-accounting's own
+``RdpAccountant`` at the same integer orders (the independent oracle: the code it replaces), bit
+for bit: the screen decides which candidate is accounted by PLD and whether the per-step variant
+runs at all, so its numbers must be dp-accounting's to keep those decisions (and the reported
+epsilon) unchanged."""
+from __future__ import annotations
+
+import pytest
+
+from mfcli.accounting import reduction
+
+
+def _accountant(groups, sampling: float, delta: float) -> float:
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant(orders=[float(a) for a in range(2, 257)])
+    for m, k in groups:
+        acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(float(m))), int(k))
+    return float(acc.get_epsilon(delta))
+
+
+CASES = [
+    ([(4.0, 256)], 0.01, 1e-6),
+    ([(0.4269453212393082, 256)], 0.01, 1e-6),
+    ([(0.8, 10), (1.3, 50), (2.5, 68)], 0.05, 1e-5),
+    ([(0.3, 3)], 0.5, 1e-6),
+    ([(8.0, 1000)], 0.001, 1e-9),
+    ([(1.0, 7), (1.1, 7)], 1.0, 1e-6),
+    ([(50.0, 2)], 0.3, 0.1),
+    ([(2.0, 100)], 1e-5, 1e-6),
+]
+
+
+@pytest.mark.parametrize(("groups", "sampling", "delta"), CASES)
+def test_rdp_screen_is_dp_accountings_bit_for_bit(groups, sampling: float, delta: float) -> None:
+    ours = reduction._rdp_epsilon(tuple(groups), sampling, delta)
+    assert ours.hex() == _accountant(groups, sampling, delta).hex()
