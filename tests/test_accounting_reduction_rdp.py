@@ -36,3 +36,26 @@ CASES = [
 def test_rdp_screen_is_dp_accountings_bit_for_bit(groups, sampling: float, delta: float) -> None:
     ours = reduction._rdp_epsilon(tuple(groups), sampling, delta)
     assert ours.hex() == _accountant(groups, sampling, delta).hex()
+
+
+# (groups of (noise multiplier, steps), rate, discretization, delta): the first is the reviewer's
+# case where composing without the identity gave 0.23613374 against the accountant's 0.23613995
+_HETEROGENEOUS = [
+    (((2.4546, 36), (1.3674, 4), (18.0949, 12)), 0.0027011, 0.00031819, 1.8748e-12),
+    (((1.0, 10), (2.0, 20)), 0.01, 1e-4, 1e-6),
+    (((0.8, 3),), 0.1, 1e-3, 1e-5),
+    (((4.0, 100), (3.0, 50), (6.0, 25)), 0.005, 1e-4, 1e-9),
+]
+
+
+@pytest.mark.parametrize("groups, p, d, delta", _HETEROGENEOUS)
+def test_heterogeneous_epsilon_is_dp_accountings_accountant(groups, p, d, delta) -> None:
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from mfcli.accounting.reduction import poisson_heterogeneous_epsilon
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=d)
+    for m, k in groups:
+        acc.compose(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(m)), k)
+    assert poisson_heterogeneous_epsilon(list(groups), sampling=p, delta=delta, value_discretization=d) == acc.get_epsilon(delta)

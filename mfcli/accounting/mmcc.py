@@ -614,7 +614,9 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     / 4 of the smallest such eps: by the error estimate, where the former search's closed bracket
     guaranteed tol (1 + eps); an estimate that is off can only return a larger eps, never an
     uncertified one (on the headline's 32 640 problems all lie within tol (1 + eps) of the
-    smallest, as plain bisection finds it).
+    smallest, as plain bisection finds it; an independent check of 14 335 random problems found
+    one 8.7 tol (1 + eps) above it: larger, so still valid, but the "to tol" above is a target the
+    estimate usually meets, not a guarantee).
     """
     b = pmf.shape[0]
     slack = 1 + 1e-12  # floating-point margin on the comparison with delta

@@ -305,13 +305,14 @@ def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[
     from mfcli.accounting.single_pass import _poisson_gaussian_pld
 
     # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
-    # pessimistic; mfcli.accounting.single_pass), self-composed, the groups composed in turn
-    total = None
-    for m, k in groups:
-        g = pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
-        total = g if total is None else total.compose(g)
-    if total is None:
+    # pessimistic; mfcli.accounting.single_pass), self-composed, and composed in turn onto the
+    # identity, as the accountant's compose does (the identity's composition truncates the tails
+    # once more: leaving it out gave up to 2.6e-5 relative less than the accountant)
+    if not groups:
         return 0.0
+    total = pld_ops.identity(value_discretization)
+    for m, k in groups:
+        total = total.compose(pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k)))
     return float(pld_ops.epsilon_for_delta(total, delta))
 
 
