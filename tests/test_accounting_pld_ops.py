@@ -16,6 +16,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from mfcli.accounting import mog_pld, pld_ops
 from mfcli.accounting.single_pass import _poisson_gaussian_pld
+from mfcli.util import memory
 
 
 def _gaussian(sigma: float, p: float, d: float):
@@ -155,7 +156,7 @@ def test_self_compose_refuses_an_fft_beyond_memory(monkeypatch: pytest.MonkeyPat
     cause, not an out-of-memory kill."""
     from mfcli.util.memory import MemoryLimitError
 
-    monkeypatch.setattr(pld_ops, "_memory_limit", lambda: 10 * 2 ** 20)
+    monkeypatch.setattr(memory, "memory_left", lambda: 10 * 2 ** 20)
     with pytest.raises(MemoryLimitError, match="noise multiplier is this small"):
         pld_ops.self_compose(_gaussian(0.4, 0.5, 1e-4), 100)
 

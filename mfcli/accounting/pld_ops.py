@@ -39,7 +39,6 @@ lazily).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,32 +68,6 @@ TAIL_MASS_TRUNCATION = 1e-15
 #: complex transform of the zero-padded input, its power, the inverse, pocketfft's buffers, the
 #: rolled real part); the estimate :func:`self_compose` checks before allocating.
 _FFT_BYTES_PER_POINT = 96
-
-
-def _address_space_in_use() -> int:
-    """Bytes of address space this process has mapped now (Linux: /proc/self/statm), 0 where
-    unknown."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _memory_limit() -> int | None:
-    """The memory an FFT self-composition may still use: the default share of physical memory
-    (mfcli.util.memory), or what the process's address-space limit (``ulimit -v``) leaves beyond
-    what is mapped already, where that is lower."""
-    import resource
-
-    from mfcli.util.memory import default_max_memory
-
-    limit = default_max_memory()
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY and soft > 0:
-        left = max(0, soft - _address_space_in_use())
-        limit = left if limit is None else min(limit, left)
-    return limit
 
 
 @dataclass(frozen=True, eq=False)
@@ -345,17 +318,17 @@ def _self_compose_dense(pmf: Pmf, num_times: int, tail_mass_truncation: float) -
     """``DensePLDPmf.self_compose``: the n-fold convolution by one FFT of the next fast length of
     the Chernoff window (:func:`_chernoff_window`), the same calls as dp-accounting's
     (``common.self_convolve``). Refused (MemoryLimitError) before anything is allocated when the
-    FFT would not fit in :func:`_memory_limit`."""
+    FFT would not fit in :func:`mfcli.util.memory.memory_left`."""
     from scipy import fft
 
     probs = pmf.probs
     lo, hi = _chernoff_window(probs, num_times, tail_mass_truncation)
     length = hi - lo + 1
     fast = fft.next_fast_len(max(length, len(probs)))
-    from mfcli.util.memory import check_memory
+    from mfcli.util import memory
 
-    check_memory(
-        fast * _FFT_BYTES_PER_POINT, _memory_limit(),
+    memory.check_memory(
+        fast * _FFT_BYTES_PER_POINT, memory.memory_left(),
         what=f"composing a privacy loss distribution {num_times} times (an FFT of {fast:,} points: its losses "
              f"spread over {pmf.size:,} points of {pmf.discretization:g}, too many for this discretization "
              "when the noise multiplier is this small)",

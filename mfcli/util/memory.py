@@ -34,6 +34,30 @@ def default_max_memory() -> int | None:
     return None if total is None else int(total * DEFAULT_SHARE)
 
 
+def address_space_in_use() -> int:
+    """Bytes of address space this process has mapped now (Linux: /proc/self/statm), 0 where
+    unknown."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_left() -> int | None:
+    """The memory a computation may still use: :func:`default_max_memory`, or what the process's
+    address-space limit (``ulimit -v``) leaves beyond what is mapped already, where that is lower
+    (None: no limit known)."""
+    import resource
+
+    limit = default_max_memory()
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        left = max(0, soft - address_space_in_use())
+        limit = left if limit is None else min(limit, left)
+    return limit
+
+
 def parse_size(text: str) -> int:
     """Bytes from ``512M``, ``4G``, ``1.5GiB``, ``1000000`` (binary units; case-insensitive)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
