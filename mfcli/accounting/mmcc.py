@@ -863,6 +863,11 @@ class RowGroup:
     eta: float
     first_row: int
 
+    def mixture(self, resolution: int) -> tuple[list[float], list[float]]:
+        """(sensitivities, probabilities) of the row's mixture of Gaussians as Python floats: what
+        dp-accounting's ``MixtureOfGaussiansDpEvent`` and its JSON hold."""
+        return [float(s) / resolution for s in self.support], [float(q) for q in self.probabilities]
+
 
 def row_refinement(nnz: int, coarse_length: int, refinement: int, budget: float) -> int:
     """The largest R' in (R, 10, 5, 2, 1) (those <= R) whose fine-grid convolution, about
@@ -982,11 +987,7 @@ class MMCCResult:
 
         return dp_event.ComposedDpEvent([
             dp_event.SelfComposedDpEvent(
-                dp_event.MixtureOfGaussiansDpEvent(
-                    self.noise_multiplier,
-                    [float(s) / self.mixture_resolution for s in g.support],
-                    [float(q) for q in g.probabilities],
-                ),
+                dp_event.MixtureOfGaussiansDpEvent(self.noise_multiplier, *g.mixture(self.mixture_resolution)),
                 int(g.count),
             )
             for g in self.groups
@@ -1026,8 +1027,7 @@ class MMCCResult:
         }
         if include_event:
             d["dp_event"] = plain_json(plain_mixture_rows(self.noise_multiplier, [  # event_to_json(self.dp_event())
-                ([float(s) / self.mixture_resolution for s in g.support], [float(q) for q in g.probabilities],
-                 int(g.count)) for g in self.groups]))
+                (*g.mixture(self.mixture_resolution), int(g.count)) for g in self.groups]))
         return d
 
 
@@ -1057,9 +1057,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
 
         acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=d)
         for g in groups:
-            acc.compose(dp_event.MixtureOfGaussiansDpEvent(
-                sigma, [float(s) / resolution for s in g.support], [float(q) for q in g.probabilities]
-            ), int(g.count))
+            acc.compose(dp_event.MixtureOfGaussiansDpEvent(sigma, *g.mixture(resolution)), int(g.count))
         return pld_ops.Pld.from_dp_accounting(acc._pld)
     plds = []
     for g in groups:

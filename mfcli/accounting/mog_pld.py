@@ -138,7 +138,6 @@ class _Loss:
         w /= self.sigma
         return special.ndtr(w, out=w) @ self.q
 
-
     def lower_log_cdf(self, x: np.ndarray) -> np.ndarray:
         """log mu_lower_cdf(x), accurate where the CDF underflows (log_ndtr, then log-sum-exp
         over the mixture)."""
