@@ -182,7 +182,7 @@ def test_each_direction_separately(n: int, sigma: float, eps: float) -> None:
         tol_r, tol_a = 4 * r.std() / math.sqrt(r.size), 4 * a.std() / math.sqrt(a.size)
     upper, lower = tree_plds(n=n, sigma=sigma, grid=1e-3)
     for pmf_name, truth, tol in (("_pmf_remove", remove, tol_r), ("_pmf_add", add, tol_a)):
-        hi = getattr(upper, pmf_name).get_delta_for_epsilon(eps)
-        lo = getattr(lower, pmf_name).get_delta_for_epsilon(eps)
+        hi = getattr(upper.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
+        lo = getattr(lower.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
         assert lo - tol <= truth <= hi + tol, pmf_name
         assert hi <= 1.05 * truth + tol, pmf_name

@@ -120,8 +120,8 @@ def test_each_direction_brackets_the_exact_pair(n: int, sigma: float, eps: float
     remove, add = _allocation_deltas(n, sigma, eps)
     upper, lower = dpsgd_plds(n=n, sigma=sigma, grid=1e-3)
     for pmf_name, truth in (("_pmf_remove", remove), ("_pmf_add", add)):
-        hi = getattr(upper, pmf_name).get_delta_for_epsilon(eps)
-        lo = getattr(lower, pmf_name).get_delta_for_epsilon(eps)
+        hi = getattr(upper.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
+        lo = getattr(lower.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
         assert lo <= truth * (1 + 1e-5) and truth <= hi * (1 + 1e-5), pmf_name
         assert hi <= 1.05 * truth, pmf_name
 
@@ -131,8 +131,8 @@ def test_each_direction_against_monte_carlo(n: int, sigma: float, eps: float, se
     (remove, add), (se_r, se_a) = _monte_carlo_deltas(n, sigma, eps, 400_000, seed)
     upper, lower = dpsgd_plds(n=n, sigma=sigma, grid=1e-3)
     for pmf_name, truth, se in (("_pmf_remove", remove, se_r), ("_pmf_add", add, se_a)):
-        hi = getattr(upper, pmf_name).get_delta_for_epsilon(eps)
-        lo = getattr(lower, pmf_name).get_delta_for_epsilon(eps)
+        hi = getattr(upper.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
+        lo = getattr(lower.to_dp_accounting(), pmf_name).get_delta_for_epsilon(eps)
         assert lo - 5 * se <= truth <= hi + 5 * se, pmf_name
         assert hi <= 1.05 * truth + 5 * se, pmf_name
 

@@ -26,10 +26,12 @@ The laws are propagated level by level on the grid h Z, twice:
   mass = infinity mass), D under P the optimistic remove direction.
 
 Because U >= L >= D pointwise and every hockey-stick divergence is monotone in the loss, the two
-dp-accounting PLDs built from them bracket the true privacy profile: ``upper`` is a valid
-epsilon(delta) (after composition too: dp-accounting's pessimistic PLD composition), ``lower``
-is never above the truth. The only numerical error not covered by the rounding is floating-point
-summation of non-negative terms, covered by ``FLOAT_SLACK`` added to delta.
+PLDs built from them bracket the true privacy profile: ``upper`` is a valid epsilon(delta) (after
+composition too: dp-accounting's pessimistic PLD composition), ``lower`` is never above the
+truth. The PLDs are :mod:`mfcli.accounting.pld_ops`' (dp-accounting's construction, composition
+and epsilon, bit for bit, without importing it: ``mfcli account`` never loads dp-accounting).
+The only numerical error not covered by the rounding is floating-point summation of non-negative
+terms, covered by ``FLOAT_SLACK`` added to delta.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
@@ -301,24 +304,31 @@ def _allocation_laws(n: int, sigma: float, h: float, on_progress: ProgressCallba
 
 
 def _as_dict(law: _Law, sign: int) -> dict[int, float]:
+    """The law as rounded losses {sign x grid index: mass}, from its lowest to its highest point of
+    positive mass (zeros between them kept: pld_ops' PMFs are contiguous, and so dp-accounting's
+    equal pld_ops' from this dictionary, :func:`pld_ops.from_rounded_probability`), keys ascending.
+    A law without mass is one point of mass 0 (its PMF then has only the infinity mass)."""
     keep = np.flatnonzero(law.p > 0)
-    return {int(sign * (law.lo + k)): float(law.p[k]) for k in keep}
+    if keep.size == 0:
+        return {int(sign * law.lo): 0.0}
+    idx = range(int(keep[0]), int(keep[-1]) + 1)
+    return {int(sign * (law.lo + k)): float(law.p[k]) for k in (idx if sign > 0 else reversed(idx))}
 
 
-def _plds(laws: _RootLaws, h: float) -> tuple[Any, Any]:
-    """(pessimistic, optimistic) dp-accounting PLDs of one epoch."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_mod
+def _plds(laws: _RootLaws, h: float) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+    """(pessimistic, optimistic) PLDs of one epoch (dp-accounting's
+    ``create_from_rounded_probability``, bit for bit, without importing it)."""
 
     def inf_mass(law: _Law) -> float:
         return max(0.0, 1.0 - float(np.sum(law.p)))
 
-    upper = pld_mod.PrivacyLossDistribution.create_from_rounded_probability(
+    upper = pld_ops.from_rounded_probability(
         _as_dict(laws.p_up, +1), inf_mass(laws.p_up) + FLOAT_SLACK, h, pessimistic_estimate=True,
         rounded_probability_mass_function_add=_as_dict(laws.q_down, -1),
         infinity_mass_add=inf_mass(laws.q_down) + FLOAT_SLACK, symmetric=False,
     )
     # optimistic: missing mass stands for loss -inf (contributes nothing)
-    lower = pld_mod.PrivacyLossDistribution.create_from_rounded_probability(
+    lower = pld_ops.from_rounded_probability(
         _as_dict(laws.p_down, +1), 0.0, h, pessimistic_estimate=False,
         rounded_probability_mass_function_add=_as_dict(laws.q_up, -1), infinity_mass_add=0.0, symmetric=False,
     )
@@ -385,18 +395,52 @@ def _check_epochs(epochs: int) -> int:
 
 
 def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: int, grid: float,
-                on_progress: ProgressCallback | None) -> tuple[Any, Any]:
+                on_progress: ProgressCallback | None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
     """(pessimistic, optimistic) PLDs of one epoch's ``laws(size, sigma, h, on_progress)`` on the
     grid h, composed over ``epochs`` independent epochs (a fresh allocation each), after checking
     sigma, epochs and the grid."""
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = _check_grid(grid)
-    upper, lower = _plds(laws(size, sigma, h, on_progress), h)
-    if epochs > 1:
-        upper = upper.self_compose(epochs)
-        lower = lower.self_compose(epochs)
-    return upper, lower
+    return _compose_epochs(*_plds(laws(size, sigma, h, on_progress), h), epochs)
+
+
+def _compose_epochs(upper: pld_ops.Pld, lower: pld_ops.Pld, epochs: int) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+    """One epoch's (pessimistic, optimistic) PLDs self-composed ``epochs`` times, as
+    dp-accounting's ``self_compose`` composes them."""
+    if epochs == 1:
+        return upper, lower
+    return upper.self_compose(epochs), pld_ops.Pld(_self_compose_optimistic(lower.remove, epochs),
+                                                   _self_compose_optimistic(lower.add_pmf, epochs))
+
+
+def _self_compose_optimistic(pmf: pld_ops.Pmf, epochs: int) -> pld_ops.Pmf:
+    """dp-accounting's ``self_compose`` of an optimistic PMF, bit for bit.
+
+    pld_ops cuts the tails of a composition as dp-accounting does for a pessimistic PMF only (the
+    cut prefix mass onto the first kept point, the suffix mass to +infinity); dp-accounting's
+    optimistic cut drops the prefix and moves the suffix mass onto the last kept point. The two
+    differ only where the composition cuts tails: a sparse PMF composed as dictionaries (size^epochs
+    at most ``pld_ops.MAX_SPARSE_SIZE``, truncated at the last product); the dense
+    self-composition cuts a Chernoff window, the same for both. That case is composed here
+    without truncation by pld_ops and cut as dp-accounting cuts it (``_truncate_tails`` with
+    ``pessimistic_estimate=False``: running sums from each end, sequential as its loop)."""
+    # size >= 2 exceeds the limit from 10 epochs on (2^10 > 1000): no power of a million digits
+    if pmf.pessimistic or not pmf.sparse or (pmf.size > 1 and (epochs >= 10 or pmf.size ** epochs > pld_ops.MAX_SPARSE_SIZE)):
+        return pld_ops.self_compose(pld_ops.Pld(pmf), epochs).remove
+    result = pmf
+    for _ in range(epochs - 1):
+        result = pld_ops.compose_pmfs(result, pmf, 0.0)  # dictionary products: sizes stay within the limit
+    probs = result.probs
+    half = pld_ops.TAIL_MASS_TRUNCATION / 2
+    above = np.cumsum(probs) > half
+    left = int(np.argmax(above)) if above.any() else probs.size
+    above = np.cumsum(probs[::-1]) > half
+    right = probs.size - (int(np.argmax(above)) if above.any() else probs.size)
+    right = max(right, left + 1)
+    kept = probs[left:right].copy()
+    kept[-1] += np.sum(probs[right:])
+    return pld_ops.Pmf(pmf.discretization, result.lower_loss + left, kept, result.infinity_mass, False, True)
 
 
 def _check_grid(grid: float) -> float:
@@ -404,10 +448,19 @@ def _check_grid(grid: float) -> float:
 
 
 def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
-              on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
-    """(pessimistic, optimistic) dp-accounting PLDs of ``epochs`` epochs of the tree under
-    balls-in-bins: every hockey-stick divergence of the pessimistic one is >= the pair's, of the
-    optimistic one <= (up to ``FLOAT_SLACK`` on delta)."""
+              on_progress: ProgressCallback | None = None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+    """(pessimistic, optimistic) PLDs of ``epochs`` epochs of the tree under balls-in-bins: every
+    hockey-stick divergence of the pessimistic one is >= the pair's, of the optimistic one <= (up
+    to ``FLOAT_SLACK`` on delta).
+
+    They are :class:`mfcli.accounting.pld_ops.Pld` objects, equal bit for bit to the
+    dp-accounting ``PrivacyLossDistribution`` objects built from the same rounded laws and
+    composed over the epochs; ``get_epsilon_for_delta`` is dp-accounting's, and so are
+    ``self_compose`` / ``compose`` of the pessimistic one (pld_ops cuts a composition's 1e-15
+    tails as dp-accounting does for a pessimistic PLD, so composing the optimistic one further may
+    differ from dp-accounting's by that mass: ``epochs`` composes it as dp-accounting does);
+    ``.to_dp_accounting()`` gives dp-accounting's object for the rest of its API
+    (``get_delta_for_epsilon``, ...)."""
     return _epoch_plds(_root_laws, tree_height(n), sigma=sigma, epochs=epochs, grid=grid, on_progress=on_progress)
 
 
@@ -435,7 +488,7 @@ def tree_balls_in_bins(
                                  epochs=epochs, grid=h)
 
 
-def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
+def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]], delta: float,
                      grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
     at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
@@ -454,10 +507,11 @@ def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
 
 def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
                        grid: float = DEFAULT_GRID) -> tuple[float, float]:
-    """[lower, upper] on the pair's delta(epsilon) (max over the two directions)."""
+    """[lower, upper] on the pair's delta(epsilon) (max over the two directions; dp-accounting's
+    ``get_delta_for_epsilon``, imported here: not on the CLI's path)."""
     upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
-    return (max(0.0, float(lower.get_delta_for_epsilon(epsilon)) - FLOAT_SLACK),
-            float(upper.get_delta_for_epsilon(epsilon)))
+    return (max(0.0, float(lower.to_dp_accounting().get_delta_for_epsilon(epsilon)) - FLOAT_SLACK),
+            float(upper.to_dp_accounting().get_delta_for_epsilon(epsilon)))
 
 
 @dataclass(frozen=True)
@@ -483,8 +537,10 @@ def _check_steps(n: int) -> int:
 
 
 def dpsgd_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
-               on_progress: ProgressCallback | None = None) -> tuple[Any, Any]:
-    """(pessimistic, optimistic) PLDs of DP-SGD's balls-in-bins pair (see :func:`dpsgd_balls_in_bins`)."""
+               on_progress: ProgressCallback | None = None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+    """(pessimistic, optimistic) PLDs of ``epochs`` epochs of DP-SGD's balls-in-bins pair (see
+    :func:`dpsgd_balls_in_bins`): :class:`mfcli.accounting.pld_ops.Pld` objects, as
+    :func:`tree_plds` returns."""
     return _epoch_plds(_allocation_laws, _check_steps(n), sigma=sigma, epochs=epochs, grid=grid,
                        on_progress=on_progress)
 

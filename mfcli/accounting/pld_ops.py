@@ -485,3 +485,53 @@ def epsilon_for_delta(pld: Pld, delta: float) -> float:
     if pld.symmetric:
         return eps_remove
     return max(eps_remove, _pmf_epsilon(pld.add_pmf, delta))
+
+
+def from_rounded_probability(
+    rounded_probability_mass_function: dict[int, float], infinity_mass: float,
+    value_discretization_interval: float, pessimistic_estimate: bool = True,
+    rounded_probability_mass_function_add: dict[int, float] | None = None,
+    infinity_mass_add: float | None = None, symmetric: bool = True,
+) -> Pld:
+    """dp-accounting's ``PrivacyLossDistribution.create_from_rounded_probability``: a PLD from the
+    probabilities of the rounded losses, ``{k: probability of the loss k x
+    value_discretization_interval}`` and the mass at +infinity, per direction (remove, and add
+    unless ``symmetric``), pessimistic or optimistic.
+
+    Each direction takes the form dp-accounting's ``create_pmf`` gives it: at most
+    :data:`MAX_SPARSE_SIZE` keys the sparse form (:class:`Pmf` ``sparse``), more the dense one
+    with the missing losses between the smallest and the largest key at probability 0 (as its
+    ``dictionary_to_list`` fills them). The probabilities, lower loss and infinity mass are the
+    arguments themselves, so every later operation here equals dp-accounting's on its PLD, with
+    two limits that only a sparse-sized mapping can reach: a :class:`Pmf` is contiguous, so keys
+    with gaps count as their span (not their number) where a composition chooses between the
+    sparse and the dense form; and a sparse composition adds a loss's terms in ascending order of
+    the first PMF's losses, as dp-accounting does when the mapping's keys are in ascending order
+    (a self-composition gives the same bits in any key order: its terms come in mirrored pairs).
+    Give contiguous mappings in ascending key order for results equal to dp-accounting's.
+
+    Raises:
+        MfcliError: an empty mapping; the add direction given for a symmetric PLD, or missing
+            for an asymmetric one.
+    """
+
+    def pmf(loss_probs: dict[int, float], inf_mass: float, what: str) -> Pmf:
+        if not loss_probs:
+            raise MfcliError(f"the {what} probability mass function has no losses")
+        keys = np.fromiter(loss_probs.keys(), dtype=np.int64, count=len(loss_probs))
+        lower = int(keys.min())
+        probs = np.zeros(int(keys.max()) - lower + 1)
+        probs[keys - lower] = np.fromiter(loss_probs.values(), dtype=np.float64, count=len(loss_probs))
+        return Pmf(value_discretization_interval, lower, probs, inf_mass, bool(pessimistic_estimate),
+                   len(loss_probs) <= MAX_SPARSE_SIZE)
+
+    remove = pmf(rounded_probability_mass_function, infinity_mass, "remove direction's")
+    if symmetric:
+        if rounded_probability_mass_function_add is not None or infinity_mass_add is not None:
+            raise MfcliError("a symmetric PLD takes no add direction (rounded_probability_mass_function_add, "
+                             "infinity_mass_add)")
+        return Pld(remove)
+    if rounded_probability_mass_function_add is None or infinity_mass_add is None:
+        raise MfcliError("an asymmetric PLD needs its add direction (rounded_probability_mass_function_add and "
+                         "infinity_mass_add)")
+    return Pld(remove, pmf(rounded_probability_mass_function_add, infinity_mass_add, "add direction's"))
