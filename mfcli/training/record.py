@@ -221,13 +221,12 @@ def _accounted_input_of(rec: TrainingRecord) -> Any:
 
 
 def _dpsgd_epsilon(sigma: float, sampling: float, steps: int, delta: float, discretization: float) -> float:
-    """DP-SGD's epsilon by dp-accounting's pessimistic PLD: ``steps`` Poisson-sampled Gaussians."""
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
+    """DP-SGD's epsilon: ``steps`` Poisson-sampled Gaussians, dp-accounting's pessimistic
+    ``PLDAccountant`` value bit for bit (:func:`mfcli.accounting.single_pass.dpsgd`, the one DP-SGD
+    accountant of ``mfcli account``, without importing dp-accounting)."""
+    from mfcli.accounting.single_pass import dpsgd
 
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
-    acc.compose(dp_event.PoissonSampledDpEvent(sampling, dp_event.GaussianDpEvent(sigma)), steps)
-    return float(acc.get_epsilon(delta))
+    return dpsgd(sigma=sigma, sampling=sampling, steps=steps, delta=delta, value_discretization=discretization).epsilon
 
 
 def _num(v: Any) -> float | None:
