@@ -106,19 +106,18 @@ def _old_dict(law, sign: int) -> dict[int, float]:
 
 
 def _dp_plds(laws, h: float, as_dict) -> tuple:
-    """(pessimistic, optimistic) as the code built them with dp-accounting before pld_ops."""
+    """(pessimistic, optimistic) built by dp-accounting from the laws the code passes on (each
+    mass scaled to its side of the exact law, the missing masses' bounds at infinity)."""
     cls = _dp_pld()
-
-    def inf_mass(law) -> float:
-        return max(0.0, 1.0 - float(np.sum(law.p)))
-
+    p_up, q_down = bib._scaled(laws.p_up, True), bib._scaled(laws.q_down, True)
     upper = cls.create_from_rounded_probability(
-        as_dict(laws.p_up, +1), inf_mass(laws.p_up) + bib.FLOAT_SLACK, h, pessimistic_estimate=True,
-        rounded_probability_mass_function_add=as_dict(laws.q_down, -1),
-        infinity_mass_add=inf_mass(laws.q_down) + bib.FLOAT_SLACK, symmetric=False)
+        as_dict(p_up, +1), p_up.dropped, h, pessimistic_estimate=True,
+        rounded_probability_mass_function_add=as_dict(q_down, -1),
+        infinity_mass_add=q_down.dropped, symmetric=False)
     lower = cls.create_from_rounded_probability(
-        as_dict(laws.p_down, +1), 0.0, h, pessimistic_estimate=False,
-        rounded_probability_mass_function_add=as_dict(laws.q_up, -1), infinity_mass_add=0.0, symmetric=False)
+        as_dict(bib._scaled(laws.p_down, False), +1), 0.0, h, pessimistic_estimate=False,
+        rounded_probability_mass_function_add=as_dict(bib._scaled(laws.q_up, False), -1), infinity_mass_add=0.0,
+        symmetric=False)
     return upper, lower
 
 

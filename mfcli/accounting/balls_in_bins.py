@@ -63,11 +63,45 @@ DPSGD_AUTO_FINEST = 2.5e-4
 TAIL_CUT = 1e-30
 #: G is kept on mean +- this many standard deviations (beyond: moved or dropped one-sidedly).
 G_WIDTH_SD = 12.0
-#: Added to delta (upper bound) and to the target delta (lower bound): floating-point error of
-#: the sums of non-negative terms, far below it for every grid mfcli allows.
-FLOAT_SLACK = 1e-10
 #: Largest grid size (points) of one law; a finer grid or a wider law is refused.
 MAX_POINTS = 4_000_000
+#: Unit roundoff of IEEE double precision, round to nearest: fl(x op y) = (x op y)(1 + e), |e| <= U
+#: while the result is a normal number (FLOOR below keeps every product normal).
+UNIT_ROUNDOFF = 2.0**-53
+#: scipy.special.ndtr(x) is assumed within (NDTR_ULPS_0 + NDTR_ULPS_2 x^2) units of roundoff of
+#: Phi(x), relatively, for |x| <= 14 (the kernel's range): an assumption, not a theorem (Cephes'
+#: erf/erfc, whose error grows with x^2 through exp(-x^2/2)); tests/test_accounting_balls_in_bins_float.py
+#: checks it against mpmath on 60 000 points, where it is never above 0.28 of this allowance.
+NDTR_ULPS_0, NDTR_ULPS_2 = 32.0, 8.0
+#: Positive entries below this are dropped one-sidedly (U to +inf, D to -inf, counted in the
+#: law's missing mass), so every entry is >= FLOOR and every product of two is a normal number:
+#: the relative error model above then holds for every operation (no underflow).
+FLOOR = 1e-150
+#: Largest relative error bound accepted (the bounds' algebra takes it small; never near in use).
+MAX_RHO = 1e-3
+
+
+def _gamma(k: int) -> float:
+    """gamma_k = k u / (1 - k u): a sum of k + 1 non-negative terms, in any order, or a chain of
+    k roundings, has relative error at most gamma_k (Higham, Accuracy and Stability, 3.1)."""
+    ku = k * UNIT_ROUNDOFF
+    if ku >= 0.5:
+        raise MfcliError("a balls-in-bins law is too large for its floating-point error bound")
+    return ku / (1.0 - ku)
+
+
+def _combine(*rel: float) -> float:
+    """An upper bound on prod(1 + r_i) - 1 and on 1 - prod(1 - r_i) for r_i >= 0 (both are at most
+    expm1(sum r_i)); the factor covers the few roundings of this evaluation itself."""
+    return math.expm1(math.fsum(rel)) * (1.0 + 1e-9)
+
+
+def _mass_bound(computed: float, rho: float, roundings: int) -> float:
+    """An upper bound on the exact mass of entries whose computed sum (``roundings`` roundings per
+    term at most) is ``computed``, each entry within relative ``rho`` of its exact value:
+    computed / ((1 - gamma)(1 - rho)) <= computed (1 + 2 (gamma + rho)), plus room for this
+    product's rounding."""
+    return computed * (1.0 + 2.0 * (_gamma(roundings) + rho) + 8.0 * UNIT_ROUNDOFF)
 
 
 def tree_height(n: int) -> int:
@@ -84,14 +118,35 @@ def tree_height(n: int) -> int:
 
 @dataclass
 class _Law:
-    """A sub-probability measure on the grid h Z: mass ``p[k]`` at (lo + k) h."""
+    """A sub-probability measure on the grid h Z: mass ``p[k]`` at (lo + k) h, as computed in
+    floating point, with its error bound against E, the law that exact (real) arithmetic would
+    give from the same discrete choices (grid indices c_d, tail cuts, dropped entries):
+
+    * ``rho``: |p[k] - E[k]| <= rho E[k] for every k (a relative bound, so tail masses far below
+      1e-16 are as accurate as the bulk);
+    * ``dropped``: an upper bound on E's missing mass 1 - sum E (the mass moved to +inf for U, to
+      -inf for D: tails and entries below FLOOR)."""
 
     lo: int
     p: np.ndarray
+    rho: float = 0.0
+    dropped: float = 0.0
 
     @property
     def hi(self) -> int:
         return self.lo + self.p.size - 1
+
+
+def _floor(x: _Law) -> _Law:
+    """Drop the positive entries below FLOOR (to the missing mass: U = +inf or D = -inf, both
+    one-sided), so that every product of two entries is a normal number."""
+    small = (x.p > 0) & (x.p < FLOOR)
+    if not small.any():
+        return x
+    p = x.p.copy()
+    gone = float(np.sum(p[small]))
+    p[small] = 0.0
+    return _Law(x.lo, p, x.rho, x.dropped + _mass_bound(gone, x.rho, int(small.sum())))
 
 
 def _phi_index(dmax: int, h: float, up: bool, alpha: float = 0.5) -> np.ndarray:
@@ -107,29 +162,142 @@ def _phi_index(dmax: int, h: float, up: bool, alpha: float = 0.5) -> np.ndarray:
     return out.astype(np.int64)
 
 
-def _add_max_part(out: np.ndarray, px: np.ndarray, cy: np.ndarray, c: np.ndarray, d_start: int,
-                  shift_min: int) -> None:
-    """Add to ``out`` the mass of {X at grid index i is the max, Y at i - d, d >= d_start}, placed at
-    index i + c_d (entry k - shift_min holds index k). ``cy`` the prefix sums of Y's law (cy[k] =
-    sum py[:k]). c_d is constant on runs of d, so each run is one shifted product of X's law with
-    a window sum of Y's (from prefix sums: the window's absolute error is below 2^-51, so the error
-    of the result's mass is below 2^-51 per run, covered by FLOAT_SLACK)."""
-    size = px.size
+def _ndtr_rel(x: np.ndarray, t: np.ndarray, mean: float, sd: float) -> np.ndarray:
+    """Relative error bound of ndtr(x) against Phi at the exact point (t - mean) / sd, x that point
+    formed in floating point from t (one rounding: (m - 1) h or m h), mean and sd: the NDTR_ULPS
+    allowance, plus |x - exact| <= 8 u (|t| + |mean|) / sd (five roundings, the inputs' own
+    included) times phi / Phi-tail <= |x| + 2.6 (Mills' ratio; 2.6 covers |x| < 1)."""
+    u = UNIT_ROUNDOFF
+    return (1.01 * (NDTR_ULPS_0 + NDTR_ULPS_2 * x * x) * u
+            + 1.02 * (np.abs(x) + 2.7) * 8.0 * u * (np.abs(t) + abs(mean)) / sd)
+
+
+def _interval_mass(a: np.ndarray, b: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P(Z in (a, b]) for standard normal Z, from the nearer tail (a difference of two tails of the
+    same side), and a bound on its absolute error given the relative bounds ``ra``, ``rb`` of the
+    two ndtr values: |w - exact| <= u w + (ra Ta + rb Tb) (1 + 2 r) (the subtraction's rounding
+    and the two values' errors; T / (1 - r) bounds the exact tail)."""
+    upper = a > 0
+    ta = np.where(upper, special.ndtr(-a), special.ndtr(a))
+    tb = np.where(upper, special.ndtr(-b), special.ndtr(b))
+    w = np.where(upper, ta - tb, tb - ta)
+    r = max(float(np.max(ra, initial=0.0)), float(np.max(rb, initial=0.0)))
+    err = UNIT_ROUNDOFF * np.abs(w) + (ra * ta + rb * tb) * (1.0 + 2.0 * r)
+    return w, err
+
+
+def _g_kernel(mean: float, sd: float, h: float, up: bool) -> _Law:
+    """The one-step rounding kernel of G ~ N(mean, sd^2): mass of round(x + G) = x + m h for grid x.
+
+    up: P(G in ((m - 1) h, m h]); mass below the kept range is moved to its lowest point, mass
+    above it is dropped (stands for +inf). down: P(G in [m h, (m + 1) h)); mass above is moved to
+    the top point, mass below is dropped (-inf). Its ``rho`` bounds every mass's relative error
+    (ndtr's assumed accuracy, :data:`NDTR_ULPS_0`; the difference of two tails of the same side);
+    ``dropped`` the dropped tail.
+    """
+    lo_v, hi_v = mean - G_WIDTH_SD * sd, mean + G_WIDTH_SD * sd
+    m = np.arange(math.floor(lo_v / h) - (0 if up else 1), math.ceil(hi_v / h) + 1)
+    # up: the interval ((m - 1) h, m h]; down: [m h, (m + 1) h)
+    t_lo, t_hi = ((m - 1) * h, m * h) if up else (m * h, (m + 1) * h)
+    a, b = (t_lo - mean) / sd, (t_hi - mean) / sd
+    ra, rb = _ndtr_rel(a, t_lo, mean, sd), _ndtr_rel(b, t_hi, mean, sd)
+    w, err = _interval_mass(a, b, ra, rb)
+    if up:
+        w[0] = special.ndtr(b[0])  # everything at or below the first point is moved up to it
+        err[0] = w[0] * rb[0] * (1.0 + 2.0 * rb[0])
+        tail, r_tail = float(special.ndtr(-b[-1])), float(rb[-1])  # the upper tail beyond m[-1] is dropped
+    else:
+        w[-1] = special.ndtr(-a[-1])  # everything above is moved down to it
+        err[-1] = w[-1] * ra[-1] * (1.0 + 2.0 * ra[-1])
+        tail, r_tail = float(special.ndtr(a[0])), float(ra[0])  # the lower tail below m[0] is dropped
+    if not np.all(w > 2.0 * err):
+        raise MfcliError(f"the grid {h:g} is too fine for sigma = {1.0 / sd:g}: the noise kernel's masses lose "
+                         "their relative accuracy; use a coarser grid")
+    rho = float(np.max(err / (w - err))) * (1.0 + 1e-9)  # exact >= w - err
+    return _floor(_Law(int(m[0]), w, rho, tail * (1.0 + 2.0 * r_tail + 8.0 * UNIT_ROUNDOFF)))
+
+
+def _add_up(*x: float) -> float:
+    """An upper bound on the exact sum of non-negative floats (fsum is correctly rounded)."""
+    return math.fsum(x) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+
+
+def _runs(c: np.ndarray, d_start: int) -> list[tuple[int, int]]:
+    """The runs [d1, d2) of equal c_d, cut to d >= d_start."""
     change = np.flatnonzero(np.diff(c)) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [size]))  # runs d in [start, end) of equal c_d
-    for d1, d2 in zip(starts.tolist(), ends.tolist(), strict=True):
-        d1 = max(d1, d_start)
-        if d1 >= d2:
-            continue
+    starts = np.concatenate(([0], change)).tolist()
+    ends = np.concatenate((change, [c.size])).tolist()
+    return [(max(s, d_start), e) for s, e in zip(starts, ends, strict=True) if max(s, d_start) < e]
+
+
+def _window_table(py: np.ndarray, pad: int, levels: int) -> list[np.ndarray]:
+    """T[k][pad + j] = py[j - 2^k + 1] + ... + py[j] (indices below 0 count 0), for k < levels: a
+    balanced sum of 2^k terms, so at most k roundings on any term's way."""
+    table = [np.concatenate((np.zeros(pad), py))]
+    for k in range(1, levels):
+        prev, s = table[-1], 1 << (k - 1)
+        cur = prev.copy()
+        cur[s:] += prev[:-s]
+        table.append(cur)
+    return table
+
+
+def _window(table: list[np.ndarray], pad: int, ell: int, count: int) -> np.ndarray:
+    """py[j - ell + 1] + ... + py[j] for j = 0..count-1, as the sum of one table entry per binary
+    digit of ell, largest first (at most 2 (levels - 1) roundings on any term's way)."""
+    pieces = []
+    off = 0
+    for k in reversed(range(ell.bit_length())):
+        if ell >> k & 1:
+            pieces.append(table[k][pad - off:pad - off + count])
+            off += 1 << k
+    if len(pieces) == 1:
+        return pieces[0]
+    w = pieces[0] + pieces[1]
+    for piece in pieces[2:]:
+        w += piece
+    return w
+
+
+def _blocked_prefix(py: np.ndarray) -> tuple[np.ndarray, int]:
+    """The inclusive prefix sums py[0] + ... + py[j] and the most roundings on a term's way:
+    sequential sums within blocks of about sqrt(size) and over the block totals (b + nb, not the
+    size of a plain cumsum)."""
+    n = py.size
+    b = max(1, math.isqrt(n))
+    nb = -(-n // b)
+    x = np.zeros(nb * b)
+    x[:n] = py
+    within = np.cumsum(x.reshape(nb, b), axis=1)
+    carry = np.concatenate(([0.0], np.cumsum(within[:-1, -1])))
+    return (within + carry[:, None]).ravel()[:n], b + nb
+
+
+def _add_max_part(out: np.ndarray, px: np.ndarray, py: np.ndarray, c: np.ndarray, d_start: int,
+                  shift_min: int) -> tuple[int, int]:
+    """Add to ``out`` the mass of {X at grid index i is the max, Y at i - d, d >= d_start}, placed at
+    index i + c_d (entry k - shift_min holds index k). c_d is constant on runs of d, so each run is
+    one shifted product of X's law with a window sum of Y's.
+
+    The window sums are sums of non-negative terms, never differences (a difference of prefix
+    sums has an absolute error of the prefix's size, so a tail window 1e-20 would come out as
+    rounding noise): windows inside the grid from a doubling table (:func:`_window_table`),
+    windows reaching the grid's start from blocked prefix sums. Returns (runs, roundings): every
+    entry added is X's mass times a window with at most ``roundings`` roundings on any term's
+    way, and every entry of ``out`` receives at most one term per run."""
+    size = px.size
+    runs = _runs(c, d_start)
+    longest = max((d2 - d1 for d1, d2 in runs if d2 < size), default=1)
+    levels = longest.bit_length()
+    table = _window_table(py, longest - 1, levels)
+    prefix, prefix_roundings = _blocked_prefix(py)
+    for d1, d2 in runs:
+        count = size - d1
         # for i = d1..size-1: the window sum of py over j in [max(i - d2 + 1, 0), i - d1]
-        w = cy[1:size - d1 + 1].copy()
-        cut = d2 - 1 - d1  # from here on the window's lower end is inside the grid
-        if cut < w.size:
-            w[cut:] -= cy[:size - d2 + 1]
-        term = px[d1:] * w
+        w = prefix[:count] if d2 >= size else _window(table, longest - 1, d2 - d1, count)
         k0 = int(c[d1]) - shift_min + d1
-        out[k0:k0 + term.size] += term
+        out[k0:k0 + count] += px[d1:] * w
+    return len(runs), max(2 * levels, prefix_roundings) + 1
 
 
 def _pair(a: _Law, b: _Law, h: float, up: bool, alpha: float = 0.5) -> _Law:
@@ -138,6 +306,11 @@ def _pair(a: _Law, b: _Law, h: float, up: bool, alpha: float = 0.5) -> _Law:
     log(alpha e^x + (1 - alpha) e^y) = max(x, y) + phi(|x - y|) with phi's weight alpha when x is
     the max, 1 - alpha when y is; with both on the grid, the index is max(i, j) + c_{|i - j|}
     (:func:`_phi_index`, rounded up or down). Ties (d = 0, phi = 0) are counted once, with A.
+
+    Error: every output entry is a sum, over at most one term per run, of a mass of one law times
+    a window sum of the other's (non-negative terms throughout), so its relative error is at most
+    (1 + rho_a)(1 + rho_b)(1 + gamma_k) - 1, k the roundings on a term's way (window, product,
+    accumulation); the exact missing mass is 1 - (1 - m_a)(1 - m_b) <= m_a + m_b.
     """
     lo = min(a.lo, b.lo)
     hi = max(a.hi, b.hi)
@@ -146,81 +319,67 @@ def _pair(a: _Law, b: _Law, h: float, up: bool, alpha: float = 0.5) -> _Law:
     pb = np.zeros(size)
     pa[a.lo - lo:a.lo - lo + a.p.size] = a.p
     pb[b.lo - lo:b.lo - lo + b.p.size] = b.p
-    ca = np.concatenate(([0.0], np.cumsum(pa)))  # ca[k] = sum pa[:k]
-    cb = np.concatenate(([0.0], np.cumsum(pb)))
     c_a = _phi_index(size - 1, h, up, alpha)
     c_b = c_a if alpha == 0.5 else _phi_index(size - 1, h, up, 1.0 - alpha)
     shift_min = int(min(c_a.min(), c_b.min()))
     out = np.zeros(size - shift_min)  # entry k - shift_min holds index k
-    _add_max_part(out, pa, cb, c_a, 0, shift_min)  # A the max (ties here)
-    _add_max_part(out, pb, ca, c_b, 1, shift_min)  # B strictly the max
-    return _Law(lo + shift_min, np.maximum(out, 0.0))
+    runs_a, k_a = _add_max_part(out, pa, pb, c_a, 0, shift_min)  # A the max (ties here)
+    runs_b, k_b = _add_max_part(out, pb, pa, c_b, 1, shift_min)  # B strictly the max
+    rho = _combine(a.rho, b.rho, _gamma(max(k_a, k_b) + runs_a + runs_b))
+    return _floor(_Law(lo + shift_min, out, rho, _add_up(a.dropped, b.dropped)))
 
 
 def _mix(a: _Law, wa: float, b: _Law, wb: float) -> _Law:
-    """The law wa a + wb b (non-negative weights; sums of non-negative terms)."""
+    """The law wa a + wb b (non-negative weights, each within one rounding of the exact weight:
+    with the product and the sum, three roundings per term; the missing mass is at most the
+    larger of the two, the weights summing to 1)."""
     lo = min(a.lo, b.lo)
     out = np.zeros(max(a.hi, b.hi) - lo + 1)
     out[a.lo - lo:a.lo - lo + a.p.size] += wa * a.p
     out[b.lo - lo:b.lo - lo + b.p.size] += wb * b.p
-    return _Law(lo, out)
-
-
-def _interval_mass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """P(Z in (a, b]) for standard normal Z, from the nearer tail (relative, not absolute, error)."""
-    upper = a > 0
-    return np.where(upper, special.ndtr(-a) - special.ndtr(-b), special.ndtr(b) - special.ndtr(a))
-
-
-def _g_kernel(mean: float, sd: float, h: float, up: bool) -> _Law:
-    """The one-step rounding kernel of G ~ N(mean, sd^2): mass of round(x + G) = x + m h for grid x.
-
-    up: P(G in ((m - 1) h, m h]); mass below the kept range is moved to its lowest point, mass
-    above it is dropped (stands for +inf). down: P(G in [m h, (m + 1) h)); mass above is moved to
-    the top point, mass below is dropped (-inf).
-    """
-    lo_v, hi_v = mean - G_WIDTH_SD * sd, mean + G_WIDTH_SD * sd
-    if up:
-        m = np.arange(math.floor(lo_v / h), math.ceil(hi_v / h) + 1)
-        w = _interval_mass(((m - 1) * h - mean) / sd, (m * h - mean) / sd)
-        w[0] = special.ndtr((m[0] * h - mean) / sd)  # everything at or below the first point is moved up to it
-        # the upper tail beyond m[-1] is dropped
-    else:
-        m = np.arange(math.floor(lo_v / h) - 1, math.ceil(hi_v / h) + 1)
-        w = _interval_mass((m * h - mean) / sd, ((m + 1) * h - mean) / sd)
-        w[-1] = special.ndtr(-(m[-1] * h - mean) / sd)  # everything above is moved down to it
-        # the lower tail below m[0] is dropped
-    return _Law(int(m[0]), np.maximum(w, 0.0))
+    return _Law(lo, out, _combine(max(a.rho, b.rho), _gamma(3)), max(a.dropped, b.dropped))
 
 
 def _convolve(a: _Law, k: _Law) -> _Law:
-    """Law of A + K on the grid (direct convolution: sums of non-negative terms only, so the
-    floating-point error is relative; an FFT's absolute error would not be covered by FLOAT_SLACK)."""
+    """Law of A + K on the grid (direct convolution: each output a sum of at most min(sizes)
+    products of non-negative terms, in whatever order numpy's dot takes them, so its relative
+    error is at most gamma_{min(sizes)}; an FFT's error would be absolute, not relative)."""
     if a.p.size * k.p.size > 2e9:
         raise MfcliError(f"the likelihood-ratio law needs a {a.p.size} x {k.p.size}-point convolution at this grid "
                          "and sigma; use a coarser grid")
-    return _Law(a.lo + k.lo, np.convolve(a.p, k.p))
+    rho = _combine(a.rho, k.rho, _gamma(min(a.p.size, k.p.size) + 1))
+    return _Law(a.lo + k.lo, np.convolve(a.p, k.p), rho, _add_up(a.dropped, k.dropped))
 
 
 def _trim(x: _Law, up: bool, tail: float) -> _Law:
     """Cut tails of mass < tail one-sidedly: up-laws move the low tail up and drop the high tail;
-    down-laws move the high tail down and drop the low tail."""
+    down-laws move the high tail down and drop the low tail; then :func:`_floor`. The moved
+    tail's sum (sequential, lo_k terms) adds gamma_{lo_k + 1} to the relative error of the entry
+    it lands on; the dropped tail's exact mass is bounded by :func:`_mass_bound`."""
     p = x.p
+    if not (p > 0).any():
+        return _Law(x.lo, np.zeros(1), x.rho, x.dropped)
     c = np.cumsum(p)
-    total = c[-1] if p.size else 0.0
     lo_k = int(np.searchsorted(c, tail, side="right"))  # first index where cumulative >= tail
     rc = np.cumsum(p[::-1])
     hi_k = p.size - 1 - int(np.searchsorted(rc, tail, side="right"))
     lo_k = min(lo_k, p.size - 1)
     hi_k = max(hi_k, lo_k)
-    if total <= 0:
-        return _Law(x.lo, p[:1] * 0)
     q = p[lo_k:hi_k + 1].copy()
+    rho, dropped = x.rho, x.dropped
     if up:
-        q[0] += c[lo_k - 1] if lo_k > 0 else 0.0  # low tail moved up
+        if lo_k > 0:
+            q[0] += c[lo_k - 1]  # low tail moved up
+            rho = _combine(rho, _gamma(lo_k + 1))
+        if hi_k < p.size - 1:  # high tail dropped (+inf)
+            dropped = _add_up(dropped, _mass_bound(float(rc[p.size - 2 - hi_k]), x.rho, p.size - 1 - hi_k))
     else:
-        q[-1] += rc[p.size - 2 - hi_k] if hi_k < p.size - 1 else 0.0  # high tail moved down
-    return _Law(x.lo + lo_k, q)
+        if hi_k < p.size - 1:
+            q[-1] += rc[p.size - 2 - hi_k]  # high tail moved down
+            rho = _combine(rho, _gamma(p.size - hi_k + 1))
+        if lo_k > 0:  # low tail dropped (-inf)
+            dropped = _add_up(dropped, _mass_bound(float(c[lo_k - 1]), x.rho, lo_k))
+    return _floor(_Law(x.lo + lo_k, q, rho, dropped))
 
 
 @dataclass(frozen=True)
@@ -315,22 +474,44 @@ def _as_dict(law: _Law, sign: int) -> dict[int, float]:
     return {int(sign * (law.lo + k)): float(law.p[k]) for k in (idx if sign > 0 else reversed(idx))}
 
 
+def _check_rho(law: _Law) -> float:
+    if not law.rho <= MAX_RHO:
+        raise MfcliError(f"the floating-point error bound of a balls-in-bins law ({law.rho:.3g}) is too large "
+                         "for a certified bracket; use fewer steps or a coarser grid")
+    return law.rho
+
+
+def _scaled(law: _Law, up: bool) -> _Law:
+    """The law's masses scaled so that each is >= (``up``) or <= its exact value E[k]:
+    |p - E| <= rho E, so E <= p / ((1 - rho)(1 - u)) <= p (1 + 2 (rho + u)) and
+    E >= p / ((1 + rho)(1 + u)) >= p (1 - rho - 2.5 u), the product's own rounding included (the
+    factor's rounding is at most u above 1 and u / 2 below)."""
+    rho = _check_rho(law)
+    u = UNIT_ROUNDOFF
+    factor = 1.0 + 2.0 * (rho + 2.0 * u) if up else 1.0 - (rho + 3.0 * u)
+    return _Law(law.lo, law.p * factor, 0.0, law.dropped)
+
+
 def _plds(laws: _RootLaws, h: float) -> tuple[pld_ops.Pld, pld_ops.Pld]:
     """(pessimistic, optimistic) PLDs of one epoch (dp-accounting's
-    ``create_from_rounded_probability``, bit for bit, without importing it)."""
+    ``create_from_rounded_probability``, bit for bit, without importing it).
 
-    def inf_mass(law: _Law) -> float:
-        return max(0.0, 1.0 - float(np.sum(law.p)))
-
+    Floating point: the pessimistic PLD's masses are each at least the exact law's (scaled up by
+    the law's relative bound) and its infinity mass at least the exact missing mass (``dropped``);
+    the optimistic PLD's masses are each at most the exact law's, its infinity mass 0. Every
+    hockey-stick divergence is a non-negative combination of the masses, so the first is >= and
+    the second <= the exact laws' divergences, which bracket the pair's; no slack on delta."""
+    p_up, q_down = _scaled(laws.p_up, True), _scaled(laws.q_down, True)
     upper = pld_ops.from_rounded_probability(
-        _as_dict(laws.p_up, +1), inf_mass(laws.p_up) + FLOAT_SLACK, h, pessimistic_estimate=True,
-        rounded_probability_mass_function_add=_as_dict(laws.q_down, -1),
-        infinity_mass_add=inf_mass(laws.q_down) + FLOAT_SLACK, symmetric=False,
+        _as_dict(p_up, +1), p_up.dropped, h, pessimistic_estimate=True,
+        rounded_probability_mass_function_add=_as_dict(q_down, -1),
+        infinity_mass_add=q_down.dropped, symmetric=False,
     )
     # optimistic: missing mass stands for loss -inf (contributes nothing)
     lower = pld_ops.from_rounded_probability(
-        _as_dict(laws.p_down, +1), 0.0, h, pessimistic_estimate=False,
-        rounded_probability_mass_function_add=_as_dict(laws.q_up, -1), infinity_mass_add=0.0, symmetric=False,
+        _as_dict(_scaled(laws.p_down, False), +1), 0.0, h, pessimistic_estimate=False,
+        rounded_probability_mass_function_add=_as_dict(_scaled(laws.q_up, False), -1), infinity_mass_add=0.0,
+        symmetric=False,
     )
     return upper, lower
 
@@ -497,7 +678,7 @@ def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]]
     while True:
         upper, lower = plds_at(h)
         eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
-        eps_l = max(min(float(lower.get_epsilon_for_delta(min(delta + FLOAT_SLACK, 0.5))), eps_u), 0.0)
+        eps_l = max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
             return eps_u, eps_l, float(h)
@@ -510,7 +691,7 @@ def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
     """[lower, upper] on the pair's delta(epsilon) (max over the two directions; dp-accounting's
     ``get_delta_for_epsilon``, imported here: not on the CLI's path)."""
     upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
-    return (max(0.0, float(lower.to_dp_accounting().get_delta_for_epsilon(epsilon)) - FLOAT_SLACK),
+    return (max(0.0, float(lower.to_dp_accounting().get_delta_for_epsilon(epsilon))),
             float(upper.to_dp_accounting().get_delta_for_epsilon(epsilon)))
 
 
@@ -575,7 +756,6 @@ def dpsgd_balls_in_bins(
 
 __all__ = [
     "DEFAULT_GRID",
-    "FLOAT_SLACK",
     "BallsInBinsDpSgdResult",
     "BallsInBinsTreeResult",
     "dpsgd_balls_in_bins",
