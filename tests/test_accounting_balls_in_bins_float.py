@@ -361,12 +361,13 @@ def _pmf_hockey(pmf, eps: float):
                    pmf.discretization, +1, eps)
 
 
-def _ref_epsilon(delta_of, delta: float) -> float:
+def _ref_epsilon(delta_of, delta: float) -> tuple[float, float]:
+    """(lo, hi) around the exact epsilon: delta_of(lo) > delta (or lo = 0), delta_of(hi) <= delta."""
     lo, hi = 0.0, 60.0
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
-    return lo  # delta_of(lo) > delta (or lo = 0): the exact epsilon is >= lo and <= hi
+    return lo, hi
 
 
 CASES = [("tree", 2, 2.0, 0.1), ("tree", 4, 4.0, 0.1), ("tree", 8, 4.0, 0.1),
@@ -398,14 +399,20 @@ def test_propagation_against_mpmath(kind: str, n: int, sigma: float, h: float, m
         assert _pmf_hockey(upper.add_pmf, eps) >= exact_add_up(eps), eps
         assert _pmf_hockey(lower.remove, eps) <= exact_remove_low(eps), eps
         assert _pmf_hockey(lower.add_pmf, eps) <= exact_add_low(eps), eps
-    # the bracket at delta 1e-12 and 1e-14 around the exact laws' epsilons (both directions)
+        for pmf in (upper.remove, upper.add_pmf, lower.remove, lower.add_pmf):  # the certified evaluation
+            assert bib._hockey_bound(pmf, eps, False) <= _pmf_hockey(pmf, eps) <= bib._hockey_bound(pmf, eps, True)
+    # the bracket at delta 1e-12 and 1e-14 around the exact laws' epsilons (both directions), each
+    # end certified against the PLD it comes from
     for delta in (1e-12, 1e-14):
-        eps_u, eps_l = upper.get_epsilon_for_delta(delta), lower.get_epsilon_for_delta(delta)
-        exact_u = max(_ref_epsilon(exact_remove_up, delta), _ref_epsilon(exact_add_up, delta))
-        exact_l = max(_ref_epsilon(exact_remove_low, delta), _ref_epsilon(exact_add_low, delta))
-        assert math.isfinite(eps_u) and eps_u >= exact_u - 1e-12, (delta, eps_u, exact_u)
-        assert eps_l <= exact_l + 1e-12, (delta, eps_l, exact_l)
-        assert eps_l <= eps_u
+        eps_u = bib._certified_upper(upper, max(upper.get_epsilon_for_delta(delta), 0.0), delta)
+        eps_l = bib._certified_lower(lower, max(lower.get_epsilon_for_delta(delta), 0.0), delta)
+        assert max(_pmf_hockey(upper.remove, eps_u), _pmf_hockey(upper.add_pmf, eps_u)) <= delta
+        assert eps_l == 0 or max(_pmf_hockey(lower.remove, eps_l), _pmf_hockey(lower.add_pmf, eps_l)) > delta
+        exact_u = max(_ref_epsilon(exact_remove_up, delta)[0], _ref_epsilon(exact_add_up, delta)[0])
+        exact_l = max(_ref_epsilon(exact_remove_low, delta)[1], _ref_epsilon(exact_add_low, delta)[1])
+        assert math.isfinite(eps_u) and eps_u >= exact_u, (delta, eps_u, exact_u)
+        assert eps_l <= exact_l, (delta, eps_l, exact_l)
+        assert 0 < eps_l <= eps_u
 
 
 # ---------------------------------------------------------------------------------------------

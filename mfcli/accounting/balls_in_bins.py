@@ -152,12 +152,19 @@ def _floor(x: _Law) -> _Law:
 def _phi_index(dmax: int, h: float, up: bool, alpha: float = 0.5) -> np.ndarray:
     """c_d = round(phi(d h) / h) for d = 0..dmax, phi(x) = log(alpha + (1 - alpha) e^-x), rounded up
     or down: log(alpha e^A + (1 - alpha) e^B) = A + phi(A - B) when A >= B (alpha = 1/2: the plain
-    average, phi(x) = log((1 + e^-x) / 2))."""
+    average, phi(x) = log((1 + e^-x) / 2)).
+
+    The margin makes float error in phi round away from the truth (outward), never inward: with
+    np.exp and np.log1p within 4 ulps (an assumption; glibc's are within 2), x = d h within u x,
+    and the weight's ratio and log within a few ulps, |computed phi - phi| <= 16 u (x + 4) (phi's
+    slope is below 1, |phi| <= log 3, 1 - alpha >= 1/3), and the division by h adds u |v|; the
+    margin is twice that, plus 1e-9 (any larger margin is also valid: outward only)."""
     d = np.arange(dmax + 1, dtype=np.float64)
-    phi = np.log1p((1.0 - alpha) / alpha * np.exp(-d * h)) + math.log(alpha)
+    x = d * h
+    phi = np.log1p((1.0 - alpha) / alpha * np.exp(-x)) + math.log(alpha)
     v = phi / h
-    # the margin makes float error in phi round away from the truth (outward), never inward
-    out = np.ceil(v + 1e-9) if up else np.floor(v - 1e-9)
+    margin = 1e-9 + 2.0 * UNIT_ROUNDOFF * (16.0 * (x + 4.0) / h + np.abs(v))
+    out = np.ceil(v + margin) if up else np.floor(v - margin)
     out[0] = 0  # phi(0) = 0 exactly
     return out.astype(np.int64)
 
@@ -673,12 +680,13 @@ def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]]
                      grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
     at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
-    is reached or the upper end is not finite."""
+    is reached or the upper end is not finite. Each end is pld_ops' epsilon, then certified
+    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it)."""
     h = AUTO_START if grid is None else grid
     while True:
         upper, lower = plds_at(h)
-        eps_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
-        eps_l = max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0)
+        eps_u = _certified_upper(upper, max(float(upper.get_epsilon_for_delta(delta)), 0.0), delta)
+        eps_l = _certified_lower(lower, max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0), delta)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
             return eps_u, eps_l, float(h)
@@ -686,13 +694,61 @@ def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]]
         h = max(finest, h * max(0.1, 0.9 * (AUTO_RATIO - 1) / (ratio - 1)))
 
 
+def _hockey_bound(pmf: pld_ops.Pmf, eps: float, above: bool) -> float:
+    """A bound, from above (``above``) or below, on the hockey-stick divergence that the PMF
+    states exactly: infinity mass + sum_k p_k (1 - e^(eps - l_k))_+ with l_k = (lower_loss + k) d
+    the exact products and p_k the stored masses.
+
+    pld_ops' epsilon search (dp-accounting's loop) runs in floating point with losses as a
+    running sum, so its answer is checked here with every rounding accounted for: l_k = k d is
+    within u |l_k| and x = eps - l_k within u (|l_k| + |x|) of the exact values, so the exact x lies
+    in x +- 2 u (|l_k| + |x|); (1 - e^x)_+ is decreasing, evaluated at that interval's end with
+    np.expm1 (assumed within 4 ulps: the factor 1 +- 8 u); products and the sum (any order) of
+    non-negative terms within gamma_{N + 2}; the last addition within u."""
+    u = UNIT_ROUNDOFF
+    p = pmf.probs
+    losses = np.arange(pmf.lower_loss, pmf.lower_loss + p.size, dtype=np.float64) * pmf.discretization
+    x = eps - losses
+    err = 2.0 * u * (np.abs(losses) + np.abs(x))
+    f = -np.expm1(np.minimum(x - err if above else x + err, 0.0)) * ((1.0 + 8.0 * u) if above else (1.0 - 8.0 * u))
+    g = _gamma(p.size + 2)
+    total = float(np.sum(p * f)) * ((1.0 + g) if above else (1.0 - g))
+    return (total + pmf.infinity_mass) * ((1.0 + 2.0 * u) if above else (1.0 - 2.0 * u))
+
+
+def _certified_upper(upper: pld_ops.Pld, eps: float, delta: float) -> float:
+    """The smallest eps' >= eps on a doubling ladder (steps from 1e-13 relative) at which the
+    pessimistic PLD's delta, bounded from above in both directions, is <= delta (inf if none)."""
+    if not math.isfinite(eps):
+        return eps
+    step = 1e-13 * max(1.0, eps)
+    for _ in range(64):
+        if max(_hockey_bound(upper.remove, eps, True), _hockey_bound(upper.add_pmf, eps, True)) <= delta:
+            return eps
+        eps += step
+        step *= 2.0
+    return math.inf
+
+
+def _certified_lower(lower: pld_ops.Pld, eps: float, delta: float) -> float:
+    """The largest eps' <= eps on a doubling ladder at which the optimistic PLD's delta, bounded
+    from below in one direction, is > delta (so the pair's epsilon is >= eps'), or 0."""
+    step = 1e-13 * max(1.0, eps)
+    while eps > 0:
+        if max(_hockey_bound(lower.remove, eps, False), _hockey_bound(lower.add_pmf, eps, False)) > delta:
+            return eps
+        eps -= step
+        step *= 2.0
+    return 0.0
+
+
 def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
                        grid: float = DEFAULT_GRID) -> tuple[float, float]:
-    """[lower, upper] on the pair's delta(epsilon) (max over the two directions; dp-accounting's
-    ``get_delta_for_epsilon``, imported here: not on the CLI's path)."""
+    """[lower, upper] on the pair's delta(epsilon) (max over the two directions), each the PLDs'
+    hockey-stick divergence bounded with its floating-point error (:func:`_hockey_bound`)."""
     upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
-    return (max(0.0, float(lower.to_dp_accounting().get_delta_for_epsilon(epsilon))),
-            float(upper.to_dp_accounting().get_delta_for_epsilon(epsilon)))
+    return (max(0.0, _hockey_bound(lower.remove, epsilon, False), _hockey_bound(lower.add_pmf, epsilon, False)),
+            max(_hockey_bound(upper.remove, epsilon, True), _hockey_bound(upper.add_pmf, epsilon, True)))
 
 
 @dataclass(frozen=True)
