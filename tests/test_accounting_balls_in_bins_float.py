@@ -306,37 +306,36 @@ def _ref_tree(height: int, sigma: float, h: float) -> dict:
 
 
 def _ref_allocation(n: int, sigma: float, h: float) -> dict:
+    """The average of m leaf ratios as the average of its first ceil(m/2) and last floor(m/2),
+    by recursion (memoised per size)."""
     sd, m0 = 1.0 / sigma, 0.5 / sigma**2
-    sizes: set[int] = set()
-    todo = [n]
-    while todo:
-        m = todo.pop()
-        if m > 1 and m not in sizes:
-            sizes.add(m)
-            todo.extend(((m + 1) // 2, m // 2))
-    laws = {}
-    for up in (True, False):
-        memo = {1: (_ref_trim_law(_Ref.of(_exact_kernel(m0, sd, h, up)), up),
-                    _ref_trim_law(_Ref.of(_exact_kernel(-m0, sd, h, up)), up))}
-        for m in sorted(sizes):
-            ml, mr = (m + 1) // 2, m // 2
-            (pl, ql), (pr, qr) = memo[ml], memo[mr]
-            alpha = ml / m  # the float weight decides c_d, as in the code; the mixture takes the exact one
-            q = _ref_trim_law(_ref_pair(ql, qr, h, up, alpha), up)
-            if ml == mr:
-                p = _ref_trim_law(_ref_pair(pl, qr, h, up, 0.5), up)
-            else:
-                x, y = _ref_pair(pl, qr, h, up, alpha), _ref_pair(ql, pr, h, up, alpha)
-                wa, wb = CTX.mpf(ml) / m, CTX.mpf(mr) / m
-                lo = min(x.lo, y.lo)
-                out = [CTX.mpf(0)] * (max(x.lo + len(x.p), y.lo + len(y.p)) - lo)
-                for r, w in ((x, wa), (y, wb)):
-                    for k, v in enumerate(r.p):
-                        out[r.lo - lo + k] += w * v
-                p = _ref_trim_law(_Ref(lo, out, wa * x.missing + wb * y.missing), up)
-            memo[m] = (p, q)
-        laws[up] = memo[n]
-    return {"p_up": laws[True][0], "q_up": laws[True][1], "p_down": laws[False][0], "q_down": laws[False][1]}
+
+    def laws_of(m: int, up: bool, memo: dict) -> tuple:
+        if m in memo:
+            return memo[m]
+        if m == 1:
+            memo[m] = tuple(_ref_trim_law(_Ref.of(_exact_kernel(s * m0, sd, h, up)), up) for s in (1, -1))
+            return memo[m]
+        ml, mr = (m + 1) // 2, m // 2
+        (pl, ql), (pr, qr) = laws_of(ml, up, memo), laws_of(mr, up, memo)
+        alpha = ml / m  # the float weight decides c_d, as in the code; the mixture takes the exact one
+        q = _ref_trim_law(_ref_pair(ql, qr, h, up, alpha), up)
+        if ml == mr:
+            p = _ref_trim_law(_ref_pair(pl, qr, h, up, 0.5), up)
+        else:
+            x, y = _ref_pair(pl, qr, h, up, alpha), _ref_pair(ql, pr, h, up, alpha)
+            wa, wb = CTX.mpf(ml) / m, CTX.mpf(mr) / m
+            lo = min(x.lo, y.lo)
+            out = [CTX.mpf(0)] * (max(x.lo + len(x.p), y.lo + len(y.p)) - lo)
+            for r, w in ((x, wa), (y, wb)):
+                for k, v in enumerate(r.p):
+                    out[r.lo - lo + k] += w * v
+            p = _ref_trim_law(_Ref(lo, out, wa * x.missing + wb * y.missing), up)
+        memo[m] = (p, q)
+        return memo[m]
+
+    (pu, qu), (pd, qd) = laws_of(n, True, {}), laws_of(n, False, {})
+    return {"p_up": pu, "q_up": qu, "p_down": pd, "q_down": qd}
 
 
 def _exact_kernel(mean: float, sd: float, h: float, up: bool) -> bib._Law:

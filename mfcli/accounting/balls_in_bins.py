@@ -30,8 +30,18 @@ PLDs built from them bracket the true privacy profile: ``upper`` is a valid epsi
 composition too: dp-accounting's pessimistic PLD composition), ``lower`` is never above the
 truth. The PLDs are :mod:`mfcli.accounting.pld_ops`' (dp-accounting's construction, composition
 and epsilon, bit for bit, without importing it: ``mfcli account`` never loads dp-accounting).
-The only numerical error not covered by the rounding is floating-point summation of non-negative
-terms, covered by ``FLOAT_SLACK`` added to delta.
+Floating point (proven; docs/accounting.md, "Floating point"): every law carries ``rho``, a bound
+on the relative error of each of its masses against the law exact arithmetic gives from the same
+discrete choices, and ``dropped``, a bound on that law's missing mass. Both are computed alongside
+the law from its actual values, under IEEE double rounding (no underflow: entries below
+:data:`FLOOR` are dropped one-sidedly) and one assumption (scipy's ndtr within
+:data:`NDTR_ULPS_0` + :data:`NDTR_ULPS_2` x^2 ulps). Every sum is of non-negative terms and none
+is a difference (the pair step's window sums come from a doubling table, not from prefix-sum
+differences), so the bounds are relative: the PLDs' masses are scaled to their side of the exact
+law (pessimistic up, optimistic down), no slack is added to delta, and deltas down to 1e-14 give
+finite brackets. The epsilon ends are checked against the PLDs with every rounding counted
+(:func:`_hockey_bound`) and moved outward where needed. Not covered: the composition of several
+epochs (pld_ops' FFT convolution, as for every PLD in mfcli).
 """
 from __future__ import annotations
 
@@ -638,8 +648,9 @@ def _check_grid(grid: float) -> float:
 def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GRID,
               on_progress: ProgressCallback | None = None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
     """(pessimistic, optimistic) PLDs of ``epochs`` epochs of the tree under balls-in-bins: every
-    hockey-stick divergence of the pessimistic one is >= the pair's, of the optimistic one <= (up
-    to ``FLOAT_SLACK`` on delta).
+    hockey-stick divergence of the pessimistic one is >= the pair's, of the optimistic one <=
+    (one epoch: floating-point error included, each mass on its side of the exact law's; several:
+    up to the composition's own floating-point error, pld_ops' FFT).
 
     They are :class:`mfcli.accounting.pld_ops.Pld` objects, equal bit for bit to the
     dp-accounting ``PrivacyLossDistribution`` objects built from the same rounded laws and
