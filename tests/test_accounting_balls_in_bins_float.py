@@ -61,7 +61,7 @@ def test_ndtr_within_its_assumed_allowance() -> None:
 # The noise kernel against mpmath at the exact grid boundaries
 
 
-@pytest.mark.parametrize("sigma, h", [(1.0, 0.01), (2.0, 4e-3), (4.0, 2.5e-3), (0.7, 0.05), (8.0, 1e-3)])
+@pytest.mark.parametrize("sigma, h", [(1.0, 0.01), (4.0, 2.5e-3), (0.7, 0.05), (8.0, 2e-3)])
 @pytest.mark.parametrize("up", [True, False])
 def test_kernel_within_its_bound(sigma: float, h: float, up: bool) -> None:
     mean = (0.5 / sigma**2) * (1 if up else -1)  # both signs of the mean, through up and down
@@ -393,7 +393,7 @@ def test_propagation_against_mpmath(kind: str, n: int, sigma: float, h: float, m
     exact_add_up = lambda e: _hockey(ref["q_down"].lo, ref["q_down"].p, ref["q_down"].missing, h, -1, e)  # noqa: E731
     exact_remove_low = lambda e: _hockey(ref["p_down"].lo, ref["p_down"].p, 0, h, +1, e)  # noqa: E731
     exact_add_low = lambda e: _hockey(ref["q_up"].lo, ref["q_up"].p, 0, h, -1, e)  # noqa: E731
-    for eps in np.linspace(0.0, 8.0, 17).tolist():
+    for eps in np.linspace(0.0, 8.0, 9).tolist():
         assert _pmf_hockey(upper.remove, eps) >= exact_remove_up(eps), eps
         assert _pmf_hockey(upper.add_pmf, eps) >= exact_add_up(eps), eps
         assert _pmf_hockey(lower.remove, eps) <= exact_remove_low(eps), eps
