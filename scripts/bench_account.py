@@ -237,7 +237,6 @@ PHASES_CHILD = r"""
 import collections, functools, json, sys, time
 t0 = time.process_time()
 from mfcli.cli.app import app
-import dp_accounting
 import mfcli.services.account as sa
 imports = time.process_time() - t0
 from mfcli.accounting import mmcc, reduction
@@ -268,7 +267,7 @@ try:
     app(["account", "--sigma", "4", "--sampling", "0.01", "-q"])
 except SystemExit:
     pass
-acc["imports (CLI, services, dp-accounting)"] = imports
+acc["imports (CLI, services)"] = imports
 acc["whole process"] = time.process_time() - t0
 print(json.dumps(acc), file=sys.stderr)
 """

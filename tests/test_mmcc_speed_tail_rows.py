@@ -29,14 +29,21 @@ def _reference_tail_z(eps, n, *, sigma, h, g_lo, g_hi):
 
 
 def _reference_tail_T(pmf, extra, err_l2, eps, *, sigma, h, g_lo, g_hi):
+    """T as documented, and its first two derivatives in eps formed per entry from the textbook
+    formulas (f' = -phi(z) k, f'' = z phi(z) k^2, k = sigma / sqrt(g_hi); d||f|| = (f . f') / ||f||)."""
     z = _reference_tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
     f = special.ndtr(z)
     t = np.einsum("bx,bx->b", pmf, f) + extra
     if err_l2:
         t += err_l2 * np.sqrt(np.einsum("bx,bx->b", f, f))
-    z = np.exp(-0.5 * np.square(z))
-    scale = sigma * sigma / (sigma * np.sqrt(g_hi)) / np.sqrt(2 * np.pi)
-    return t, -np.einsum("bx,bx->b", pmf, z) * scale
+    k = (sigma / np.sqrt(g_hi))[:, None]
+    phi = np.exp(-0.5 * np.square(z)) / np.sqrt(2 * np.pi)  # z here is -z of the documentation
+    df = -phi * k
+    with np.errstate(invalid="ignore"):  # 0 x inf where z is infinite: z phi(z) -> 0 there
+        d2f = np.where(np.isinf(z), 0.0, -z * phi) * k * k
+    norm = np.sqrt((f * f).sum(axis=1))
+    d1 = (pmf * df).sum(axis=1) + err_l2 * (f * df).sum(axis=1) / np.where(norm > 0, norm, np.inf)
+    return t, d1, (pmf * d2f).sum(axis=1)
 
 
 def _problem(seed: int, *, b: int = 120, n: int = 50, negative: bool = True):
@@ -63,12 +70,39 @@ def test_tail_z_and_T_into_reused_arrays_equal_the_reference(seed: int, negative
     z = M._tail_z(eps, pmf.shape[1], out=work[0], **kw)
     assert z.tobytes() == ref_z.tobytes()
     assert M._tail_z(eps, pmf.shape[1], **kw).tobytes() == ref_z.tobytes()
-    ref_t, ref_dt = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, eps, **kw)
-    for w in (None, (work[0], work[1])):
-        t, dt = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, work=w, **kw)
-        assert t.tobytes() == ref_t.tobytes() and dt.tobytes() == ref_dt.tobytes()
+    ref_t, ref_d1, ref_d2 = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, eps, **kw)
+    for w in (None, (work[0], work[1]), (work[0], work[1], np.full(pmf.shape, np.nan))):
+        t, d1, d2 = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, work=w, **kw)
+        assert t.tobytes() == ref_t.tobytes()
+        # the derivatives only steer the search: the same values up to the order of the sums
+        assert np.isfinite(d1).all() and np.isfinite(d2).all()
+        np.testing.assert_allclose(d1, ref_d1, rtol=1e-12)
+        np.testing.assert_allclose(d2, ref_d2, rtol=1e-12, atol=1e-300)
         t = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, work=w, **kw)
         assert t.tobytes() == ref_t.tobytes()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tail_T_derivatives_equal_finite_differences(seed: int) -> None:
+    """T' and T'' of ``_tail_T`` (every y >= 0, where tau is the documented sigma sqrt(g_hi)) against
+    central differences of the reference T, relative to T (T spans 1e-100 to 1 here): an
+    independent check of the formulas, the err_l2 ||f|| term's derivative included (its allowance
+    scaled up so that it matters)."""
+    pmf, _, eps, kw = _problem(seed, negative=False)
+    extra = np.zeros(pmf.shape[0])
+    err = 1e-4
+    t, d1, d2 = M._tail_T(pmf, extra, err, eps, with_slope=True, **kw)
+    rows = t > 1e-250
+    assert rows.sum() > pmf.shape[0] // 2
+    step = 1e-6
+    tp, tm = (_reference_tail_T(pmf, extra, err, eps + s, **kw)[0] for s in (step, -step))
+    np.testing.assert_allclose((d1 / t)[rows], ((np.log(tp) - np.log(tm)) / (2 * step))[rows], rtol=1e-5)
+    # T'' of the main sum (the allowance's second derivative is not formed)
+    t0 = M._tail_T(pmf, extra, 0.0, eps, with_slope=True, **kw)
+    step = 1e-4
+    mp, mm, m0 = (_reference_tail_T(pmf, extra, 0.0, eps + s, **kw)[0] for s in (step, -step, 0.0))
+    fd = (mp / m0 - 2 + mm / m0) / step**2
+    np.testing.assert_allclose((t0[2] / t0[0])[rows], fd[rows], rtol=1e-3)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -91,10 +125,10 @@ def test_solve_tail_eps_with_reused_arrays_equals_fresh_arrays(seed: int, monkey
     fin = np.isfinite(got) & (got > 0)
     assert fin.sum() > pmf.shape[0] // 2
     slack = 1 + 1e-12
-    t_at, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin],
+    t_at, *_ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin],
                                 **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
     assert np.all(t_at * slack <= delta[fin])
-    below, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin] - 1e-7,
+    below, *_ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin] - 1e-7,
                                  **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
     assert np.all(below * slack > delta[fin])
 
@@ -107,7 +141,7 @@ def _bisect_smallest_eps(pmf, extra, err_l2, delta, kw, *, hi, iters=70):
     hi = hi.copy()
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        t, _ = _reference_tail_T(pmf, extra, err_l2, mid, **kw)
+        t = _reference_tail_T(pmf, extra, err_l2, mid, **kw)[0]
         ok = t * slack <= delta
         hi = np.where(ok, mid, hi)
         lo = np.where(ok, lo, mid)
@@ -130,15 +164,15 @@ def test_solve_tail_eps_is_certified_and_within_tolerance_of_bisection(seed: int
     tol = 1e-8
     got = M.solve_tail_eps(pmf, extra, M.FFT_ERROR_L2, delta=delta, tol=tol, **kw)
     hi = (pmf.shape[1] * kw["h"] + 40 * kw["sigma"] * np.sqrt(kw["g_hi"])) / kw["sigma"] ** 2 + 1.0
-    t_hi, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, hi, **kw)
-    t_0, _ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, np.zeros(b), **kw)
+    t_hi, *_ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, hi, **kw)
+    t_0, *_ = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, np.zeros(b), **kw)
     slack = 1 + 1e-12
     np.testing.assert_array_equal(got == 0, t_0 * slack <= delta)
     np.testing.assert_array_equal(np.isinf(got), (t_0 * slack > delta) & (t_hi * slack > delta))
     fin = np.isfinite(got) & (got > 0)
     assert fin.sum() > b // 2
     sub = {**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]}
-    t_at, _ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin], **sub)
+    t_at, *_ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin], **sub)
     assert np.all(t_at * slack <= delta[fin])
     best = _bisect_smallest_eps(pmf[fin], extra[fin], M.FFT_ERROR_L2, delta[fin], sub, hi=hi[fin])
     assert np.all(got[fin] >= best - 1e-15 * (1 + best))
