@@ -72,7 +72,7 @@ def test_tail_z_and_T_into_reused_arrays_equal_the_reference(seed: int, negative
     assert M._tail_z(eps, pmf.shape[1], **kw).tobytes() == ref_z.tobytes()
     ref_t, ref_d1, ref_d2 = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, eps, **kw)
     for w in (None, (work[0], work[1]), (work[0], work[1], np.full(pmf.shape, np.nan))):
-        t, d1, d2 = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, work=w, **kw)
+        t, d1, d2, _ = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, work=w, **kw)
         assert t.tobytes() == ref_t.tobytes()
         # the derivatives only steer the search: the same values up to the order of the sums
         assert np.isfinite(d1).all() and np.isfinite(d2).all()
@@ -91,7 +91,7 @@ def test_tail_T_derivatives_equal_finite_differences(seed: int) -> None:
     pmf, _, eps, kw = _problem(seed, negative=False)
     extra = np.zeros(pmf.shape[0])
     err = 1e-4
-    t, d1, d2 = M._tail_T(pmf, extra, err, eps, with_slope=True, **kw)
+    t, d1, d2, _ = M._tail_T(pmf, extra, err, eps, with_slope=True, **kw)
     rows = t > 1e-250
     assert rows.sum() > pmf.shape[0] // 2
     step = 1e-6
@@ -131,6 +131,30 @@ def test_solve_tail_eps_with_reused_arrays_equals_fresh_arrays(seed: int, monkey
     below, *_ = _reference_tail_T(pmf[fin], extra[fin], M.FFT_ERROR_L2, got[fin] - 1e-7,
                                  **{**kw, "g_lo": kw["g_lo"][fin], "g_hi": kw["g_hi"][fin]})
     assert np.all(below * slack > delta[fin])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("negative", [True, False])
+def test_tail_T_bound_is_above_the_direct_evaluation(seed: int, negative: bool) -> None:
+    """The certificate bound (T a step above x from the sums formed at x) is never below T
+    evaluated directly there (the reference, every entry through ``ndtr``), for steps from 1e-10
+    to 0.3, rows with y < 0 entries and an infinite tau ratio included; and for the search's
+    steps (<= 1e-6) it exceeds it by at most 1e-6 of T (far less than the 1e-7 of T by which T
+    falls over the certificate's margin on the headline). A bound without its second-order term
+    fails the first check: it is below T for the larger steps."""
+    pmf, extra, eps, kw = _problem(seed, negative=negative)
+    t, _, _, terms = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, **kw)
+    first_order_only_fails = False
+    for step in (1e-10, 1e-8, 1e-6, 1e-4, 1e-2, 0.3):
+        st_ = np.full(pmf.shape[0], step)
+        bound = M._tail_T_bound(t, terms, st_)
+        direct = _reference_tail_T(pmf, extra, M.FFT_ERROR_L2, eps + step, **kw)[0]
+        assert np.all(bound >= direct * (1 - 1e-13)), step
+        if step <= 1e-6:
+            assert np.all(bound - direct <= 1e-6 * direct + 1e-300)
+        linear = M._tail_T_bound(t, (terms[0], np.zeros_like(terms[1]), terms[2]), st_)
+        first_order_only_fails |= bool(np.any(linear < direct * (1 - 1e-13)))
+    assert first_order_only_fails
 
 
 def _bisect_smallest_eps(pmf, extra, err_l2, delta, kw, *, hi, iters=70):

@@ -547,7 +547,8 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
     it). With ``with_slope`` also returns T' and T'' (d/deps, d^2/deps^2; the first with the
     err_l2 ||f|| term), formed with tau = sigma sqrt(g_hi) for every entry: they only steer the
-    search (:func:`solve_tail_eps`), no bound uses them. ``work``: arrays of pmf's shape for z and
+    search (:func:`solve_tail_eps`), no bound uses them; and the sums :func:`_tail_T_bound` needs
+    to bound T a little above eps. ``work``: arrays of pmf's shape for z and
     f (and a third for the derivatives), reused across calls (the same values as fresh arrays;
     allocating and faulting in arrays of this size per Newton step took a sixth of its time)."""
     z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi,
@@ -565,17 +566,53 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
     np.exp(ph, out=ph)  # sqrt(2 pi) phi(z)
     k = sigma * sigma / (sigma * np.sqrt(g_hi))
     c = k / math.sqrt(2 * math.pi)
-    d1 = np.einsum("bx,bx->b", pmf, ph)
+    s_phi = np.einsum("bx,bx->b", pmf, ph)
+    d1 = s_phi
     if norm_f is not None:  # d ||f|| / deps = (f . f') / ||f||
         with np.errstate(divide="ignore", invalid="ignore"):
-            d1 += err_l2 * np.where(norm_f > 0, np.einsum("bx,bx->b", f, ph) / norm_f, 0.0)
+            d1 = s_phi + err_l2 * np.where(norm_f > 0, np.einsum("bx,bx->b", f, ph) / norm_f, 0.0)
     with np.errstate(invalid="ignore"):
         ph *= z  # -z sqrt(2 pi) phi(z); NaN = 0 x inf where z is infinite (g_lo = 0, y < 0)
     d2 = np.einsum("bx,bx->b", pmf, ph)
     nan = np.flatnonzero(np.isnan(d2))
     if nan.size:  # z phi(z) -> 0 as |z| -> inf
         d2[nan] = np.einsum("bx,bx->b", pmf[nan], np.nan_to_num(ph[nan], nan=0.0))
-    return t, -d1 * c, -d2 * (c * k)
+    # sqrt(2 pi) m_x with m_x = u phi(u) for u = -(-z) >= 1, else phi(1) (the maximum of u phi(u)):
+    # m_x bounds u' phi(u') for every u' >= u (:func:`_tail_T_bound`)
+    np.negative(ph, out=ph)
+    np.copyto(ph, _SQRT2PI_PHI1, where=z > -1.0)
+    s_m = np.einsum("bx,bx->b", pmf, ph)
+    return t, -d1 * c, -d2 * (c * k), (s_phi, s_m, k)
+
+
+#: sqrt(2 pi) phi(1) = e^-1/2 = 0.60653..., rounded up: sqrt(2 pi) times the maximum of u phi(u).
+_SQRT2PI_PHI1 = 0.6066
+
+
+def _tail_T_bound(t: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray], step: np.ndarray) -> np.ndarray:
+    """Upper bound on T(x + step), step >= 0, from T(x) and the sums ``terms`` that
+    :func:`_tail_T` formed at x with the slope (so that a certificate next to x needs no new
+    ``ndtr`` per entry).
+
+    Why it holds: each f_x = Phibar(u_x) with u_x = y_x / tau(y_x) (the z of :func:`_tail_z`);
+    raising eps by ``step`` raises y_x by sigma^2 step, hence u_x by at least D = k step,
+    k = sigma / sqrt(g_hi) (the slope sigma^2 / tau of the y >= 0 branch; the y < 0 branch has
+    the smaller tau and the larger slope, and u is continuous where y crosses 0). Phibar is
+    decreasing, so f_x(x + step) <= Phibar(u_x + D) = Phibar(u_x) - phi(u_x) D + xi phi(xi) D^2 / 2
+    for some xi in [u_x, u_x + D] (Taylor, Lagrange remainder; Phibar'' = u phi(u)), and
+    xi phi(xi) <= m_x: u phi(u) is decreasing on [1, inf), so m_x = u_x phi(u_x) where u_x >= 1,
+    and its maximum phi(1) elsewhere. The err_l2 ||f|| term does not rise (every f_x falls).
+    Summing with the weights pmf[x] >= 0:
+    T(x + step) <= T(x) - k step sum pmf phi(u) + (k step)^2 / 2 sum pmf m.
+    The sums are the floating-point ones of T(x) itself (the same trust as a direct evaluation;
+    the caller compares with delta under the same 1 + 1e-12 slack). For the headline's steps
+    (~1e-8) the remainder is ~1e-10 of T, the certificate margin (T falls ~1e-7 over the
+    tol / 4 above the root) far above it."""
+    s_phi, s_m, k = terms
+    d = k * step * (1.0 / math.sqrt(2 * math.pi))
+    return t - s_phi * d + (0.5 * k * step) * d * s_m
+
+
 
 
 def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
@@ -688,6 +725,15 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             bad = ~np.isfinite(nx) | (nx <= lo_i) | (nx >= hi_i)
             x[idx] = np.where(bad, 0.5 * (lo_i + hi_i), nx)
             check[idx] = ready & ~bad
+            # a candidate above this point: certified by the bound from this point's sums where it
+            # holds (no evaluation), else evaluated in the next round
+            up = np.flatnonzero(check[idx] & (nx >= xi))
+            if up.size:
+                bound = _tail_T_bound(got[0][up], tuple(a[up] for a in got[3]), nx[up] - xi[up])
+                ok = up[bound * slack <= delta[idx[up]]]
+                hi[idx[ok]] = nx[ok]
+                active[idx[ok]] = False
+                check[idx[ok]] = False
     out[solvable] = hi[solvable]
     return out
 
