@@ -108,7 +108,7 @@ def _single_blas_thread(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     numbers are those of the default."""
     @functools.wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with blas_threads(1):
+        with blas_threads(1, scipy_blas=False):  # numpy.linalg and numpy products only
             return fn(*args, **kwargs)
     return wrapper
 
@@ -216,8 +216,7 @@ def prepare_strategy(strategy: np.ndarray | PreparedStrategy,
 def _round_up_to_grid(x: np.ndarray, resolution: int) -> np.ndarray:
     """Integers k with k / resolution >= x (checked in floating point), x >= 0."""
     k = np.ceil(x * resolution)
-    low = k / resolution < x
-    k[low] += 1
+    k += k / resolution < x  # (+ 1 where rounding left k / resolution below x; exact)
     return k.astype(np.int64)
 
 
@@ -331,7 +330,8 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         pj = cols[seen[cols]]
         if pj.size:
             seen_cols = np.flatnonzero(seen)
-            gsub = g[np.ix_(pj, seen_cols)]
+            gsub = g[_block(pj), _block(seen_cols)] if _contiguous(pj) and _contiguous(seen_cols) \
+                else g[np.ix_(pj, seen_cols)]  # a view where both are ranges (a dense C): no gathered copy
             kk = _round_up_to_grid(gsub, resolution)
             kk = np.minimum(kk, nbins - 1)  # G <= 1 (unit columns), so this never binds beyond 1 + 1/M
             flat = (np.arange(pj.size)[:, None] * nbins + kk).ravel()
@@ -344,20 +344,20 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             # formed for the whole row at once
             raw = np.concatenate([gq[:, None].view(np.uint8), hist.astype(np.int32).view(np.uint8)], axis=1)
             row_keys = np.ascontiguousarray(raw).view(np.dtype((np.void, raw.shape[1]))).ravel().tolist()
-            new: list[int] = []  # the row's pairs that open a new problem, in order
-            for i, kb in enumerate(row_keys):
-                u = keys.get(kb)
-                if u is None:
-                    u = distinct
-                    if room is not None and u >= room:
-                        check_memory(fixed + (u + 1) * per_distinct, max_memory, way_forward=way,
-                                     what=f"collecting MMCC's tail events for this {m} x {n} strategy "
-                                     f"({u} distinct tail problems by row {r} of {m})")
-                    keys[kb] = u
-                    distinct += 1
-                    new.append(i)
-                kidx[i] = u
-            if new:  # their histograms and g indices, one block per row
+            # each key's problem: its index if seen before, else the next one (setdefault reads
+            # len(keys) before it inserts): problems numbered in the order they first occur
+            kidx[:] = [keys.setdefault(kb, len(keys)) for kb in row_keys]
+            if room is not None and len(keys) > room:  # (at most one row's problems beyond the room)
+                check_memory(fixed + (room + 1) * per_distinct, max_memory, way_forward=way,
+                             what=f"collecting MMCC's tail events for this {m} x {n} strategy "
+                             f"({room} distinct tail problems by row {r} of {m})")
+            # the row's pairs that open a new problem, in order: the first pair of each new index
+            fresh = np.flatnonzero(kidx >= distinct)
+            if fresh.size > len(keys) - distinct:  # pairs of this row sharing a new problem: its first pair
+                fresh = fresh[np.unique(kidx[fresh], return_index=True)[1]]
+            new = fresh
+            distinct = len(keys)
+            if new.size:  # their histograms and g indices, one block per row
                 counts_list.append(hist[new].astype(np.int64))
                 gidx_list.append(gq[new])
             rows_out.append(np.full(pj.size, r, dtype=np.int64))
@@ -365,7 +365,10 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             key_out.append(kidx)
         # G += c_r^T c_r on the row's support
         v = row[cols]
-        g[np.ix_(cols, cols)] += np.outer(v, v)
+        if _contiguous(cols):
+            g[_block(cols), _block(cols)] += np.outer(v, v)
+        else:
+            g[np.ix_(cols, cols)] += np.outer(v, v)
         seen[cols] = True
     tick.finish()
     if counts_list:
@@ -377,6 +380,16 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         gidx = np.zeros(0, dtype=np.int64)
         rows_a = cols_a = key_a = np.zeros(0, dtype=np.int64)
     return TailPairs(rows=rows_a, cols=cols_a, key=key_a, counts=counts, g_index=gidx, resolution=resolution)
+
+
+def _contiguous(idx: np.ndarray) -> bool:
+    """Whether the sorted distinct indices ``idx`` are a range a, a + 1, ..., b."""
+    return bool(idx.size) and int(idx[-1]) - int(idx[0]) + 1 == idx.size
+
+
+def _block(idx: np.ndarray) -> slice:
+    """The slice of a range of indices (:func:`_contiguous`)."""
+    return slice(int(idx[0]), int(idx[-1]) + 1)
 
 
 def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tuple[np.ndarray, np.ndarray]:
