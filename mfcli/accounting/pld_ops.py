@@ -283,16 +283,16 @@ def _chernoff_window(probs: np.ndarray, num_times: int, tail_mass_truncation: fl
     k = np.arange(size)
     log_term = math.log(2 / tail_mass_truncation)
     approx: dict[int, float] = {}
-    terms = np.empty(size)
     for sign in (1, -1):
         base = np.exp(k * (sign / size))
         power = base.copy()
         for j in range(1, 21):
             if j > 1:
                 power *= base
-            # numpy's own sum, not a BLAS dot product: a threaded BLAS call would wake (and spin)
-            # its idle threads for a product this small
-            s = float(np.multiply(probs, power, out=terms).sum())
+            # einsum's own dot product (one pass, no temporary), not BLAS: a threaded BLAS call
+            # would wake (and spin) its idle threads for a product this small; its order of the
+            # additions is another one, which the error bound below allows (any order)
+            s = float(np.einsum("i,i->", probs, power))
             approx[sign * j] = math.log(s) if s > 0 and math.isfinite(s) else math.nan
     for j, order in zip(list(range(-20, 0)) + list(range(1, 21)), orders, strict=True):
         lmgf = approx[j]
