@@ -64,3 +64,39 @@ def test_w_pmf_fft_equals_the_complex_expression(p: float, length: int) -> None:
     want = np.fft.irfft(np.exp(re) * (np.cos(im) + 1j * np.sin(im)), n=length, axis=1)
     np.maximum(want, 0.0, out=want)
     assert M._w_pmf_fft(counts, p, length).tobytes() == want.tobytes()
+
+
+def _tails_mp(y: float, s: np.ndarray, q: np.ndarray, sigma: float) -> tuple[float, float]:
+    cdf = mpmath.fsum(mpmath.mpf(float(qi)) * mpmath.ncdf((mpmath.mpf(float(y)) + mpmath.mpf(float(si)))
+                                                        / mpmath.mpf(sigma)) for si, qi in zip(s, q, strict=True))
+    sf = mpmath.fsum(mpmath.mpf(float(qi)) * mpmath.ncdf(-(mpmath.mpf(float(y)) + mpmath.mpf(float(si)))
+                                                       / mpmath.mpf(sigma)) for si, qi in zip(s, q, strict=True))
+    return float(cdf), float(sf)
+
+
+#: _ROWS and a mixture with a gap of many sigma between its atoms and a tiny upper atom: between
+#: them both sums are small although a q-mass lies on each side of the split.
+_GAPPED = [*_ROWS, (0.5, np.array([0.0, 5.0]), np.array([1 - 1e-12, 1e-12])),
+           (0.5, np.array([0.0, 0.1, 6.0, 6.2]), np.array([0.6, 0.4 - 3e-11, 1e-11, 2e-11]))]
+
+
+@pytest.mark.parametrize("sigma,sens,probs", _GAPPED)
+def test_mixture_tails_have_full_relative_precision(sigma, sens, probs) -> None:
+    """Both mixture tails of ``_paired_deltas`` (one erfc per entry, running sums split at the sign
+    change of t) against mpmath at 30 digits, to 1e-13 relative, at points y where either is tiny
+    (every t of one sign), where only the last atoms are on the upper side, in a gap of many sigma
+    below a tiny upper atom (both sums ~1e-12), and in between. Forming the q-mass above the split
+    as 1 minus the mass below fails this (its error is absolute, ~1e-16)."""
+    s, q = mog_pld._check_mixture(sigma, sens, probs)
+    mpmath.mp.dps = 30
+    ys = np.concatenate([
+        np.linspace(-s.max() - 8 * sigma, 8 * sigma, 23),
+        -(s[-3:] - 1e-3),  # just below the last atoms: only they have t >= 0
+        -(s[:3] + 1e-3),  # just above the first atoms: only they have t < 0
+        -(s[-1] - 0.1 * sigma) + np.zeros(1),  # in a gap below the last atom (_GAPPED)
+    ])
+    cdf, sf = mog_pld._mixture_tails(ys, s, q, float(sigma))
+    for y, c, f in zip(ys, cdf, sf, strict=True):
+        want_c, want_f = _tails_mp(y, s, q, float(sigma))
+        assert c == pytest.approx(want_c, rel=1e-13, abs=1e-300)
+        assert f == pytest.approx(want_f, rel=1e-13, abs=1e-300)

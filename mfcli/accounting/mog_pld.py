@@ -48,7 +48,7 @@ LOG_MASS_TRUNCATION_BOUND = -50.0
 _CHUNK = 4096
 
 #: Points of :func:`_invert`'s starting grid over [lower_x, upper_x].
-_START_GRID = 257
+_START_GRID = 129
 
 
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -374,6 +374,41 @@ def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray):
     return connect_dots_pmf(discretization, ks, deltas)
 
 
+def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i q_i Phi(t_i), sum_i q_i Phi(-t_i)) with t_i = (y + s_i) / sigma for every y, the
+    support s sorted: REMOVE's mu_upper_cdf at y and ADD's mu_lower_cdf at -y (:func:`_paired_deltas`).
+
+    t_i < 0 exactly for i < i0 = the number of s_i < -y (rounding is monotone, and y + s rounds to
+    0 only if it is 0). With e_i = Phi(-|t_i|) (one ``erfc`` per entry, accurate in both tails),
+    the two sums are A + Q_big - B and Q_small - A + B for A = sum_{i < i0} q_i e_i,
+    B = sum_{i >= i0} q_i e_i and Q_small, Q_big the q-mass below and from i0, each from its own
+    running sum. Neither loses relative precision where it is small: Q_big = 0 leaves A alone,
+    Q_big > 0 keeps the first above Q_big / 2 (e <= 1/2), and B, formed as the total minus A,
+    errs by ~1e-16 A only; likewise the second. A and B come from one running sum of q_i e_i per
+    point, where a mask and 1 - e per entry, both tails and two products with q took twice the
+    passes over the (points x support) array."""
+    cdf_sum = np.empty(y.size)
+    sf_sum = np.empty(y.size)
+    q_before = np.concatenate(([0.0], np.cumsum(q)))
+    q_from = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))
+    for start in range(0, y.size, _CHUNK):
+        yc = y[start:start + _CHUNK]
+        i0 = np.searchsorted(s, -yc, side="left")
+        t = np.add.outer(yc, s)
+        t /= sigma  # the arguments of _Loss.upper_cdf, formed as it forms them
+        np.abs(t, out=t)
+        t *= math.sqrt(0.5)
+        e = special.erfc(t, out=t)  # 2 Phi(-|t|)
+        e *= q
+        run = np.cumsum(e, axis=1, out=e)
+        a = np.where(i0 > 0, run[np.arange(yc.size), np.maximum(i0 - 1, 0)], 0.0)
+        b = run[:, -1] - a
+        q_small, q_big = q_before[i0], q_from[i0]
+        cdf_sum[start:start + _CHUNK] = 0.5 * a + q_big - 0.5 * b
+        sf_sum[start:start + _CHUNK] = q_small - 0.5 * a + 0.5 * b
+    return cdf_sum, sf_sum
+
+
 def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """delta(eps) of both directions of one mixture, each root and each mixture CDF entry computed
     once for the two.
@@ -384,8 +419,8 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     point too (for MMCC's rows the mirrored ADD points are a subset of the REMOVE points: half of
     the roots and half of the mixture CDF entries). At that root y the ADD mixture CDF is
     sum_i q_i Phi(-(y + s_i) / sigma), the upper tail of the very arguments t = (y + s_i) / sigma
-    of the REMOVE CDF; one ``erfc`` per entry gives both tails accurately (e = Phi(-|t|), the
-    other tail 1 - e, as ``ndtr`` forms them), where ``ndtr(t)`` and ``ndtr(-t)`` took two.
+    of the REMOVE CDF; one ``erfc`` per entry gives both sums accurately (:func:`_mixture_tails`),
+    where ``ndtr(t)`` and ``ndtr(-t)`` took two.
     The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
     mu_lower_cdf(x*), ADD likewise at -y); only round-off differs."""
     delta_r = np.zeros_like(eps_r)
@@ -400,19 +435,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     if pts.size:
         lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
         y = _invert(remove, pts, lower_x, upper_x)
-        cdf_sum = np.empty(pts.size)  # sum_i q_i Phi(t_i): REMOVE's mu_upper_cdf at y
-        sf_sum = np.empty(pts.size)  # sum_i q_i Phi(-t_i): ADD's mu_lower_cdf at -y
-        for start in range(0, pts.size, _CHUNK):
-            t = np.add.outer(y[start:start + _CHUNK], remove.s)
-            t /= remove.sigma  # the arguments of remove.upper_cdf, formed as it forms them
-            small = t < 0
-            np.abs(t, out=t)
-            t *= math.sqrt(0.5)
-            e = special.erfc(t, out=t)
-            e *= 0.5  # Phi(-|t|)
-            big = 1.0 - e  # Phi(|t|)
-            cdf_sum[start:start + _CHUNK] = np.where(small, e, big) @ remove.q
-            sf_sum[start:start + _CHUNK] = np.where(small, big, e) @ remove.q
+        cdf_sum, sf_sum = _mixture_tails(y, remove.s, remove.q, remove.sigma)
         if in_r.any():
             i = np.searchsorted(pts, eps_r[in_r])
             e_in = eps_r[in_r]
