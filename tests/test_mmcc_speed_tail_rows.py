@@ -310,3 +310,40 @@ def test_collect_tail_pairs_equals_the_pair_by_pair_definition(case: int) -> Non
     assert got.rows.tolist() == rows and got.cols.tolist() == cols and got.key.tolist() == key
     assert got.counts.tolist() == [h.tolist() for h in counts] and got.g_index.tolist() == gidx
     assert got.counts.shape[0] < len(rows) or case in (0, 2)  # the repeated cases do repeat
+
+
+@settings(max_examples=200, deadline=None)
+@given(lo=st.integers(0, 50), width=st.integers(0, 300), at=st.integers(0, 400), guess=st.integers(-10, 500))
+def test_smallest_level_equals_plain_bisection(lo: int, width: int, at: int, guess: int) -> None:
+    """The cut search from a guess returns what the plain bisection over [lo, hi] returns, for every
+    threshold (true from ``at`` on, always at hi) and every guess, in or out of range."""
+    hi = lo + width
+    first = min(max(at, lo), hi)
+
+    def holds(c: int) -> bool:
+        assert lo <= c <= hi
+        return c >= first
+
+    a, b = lo, hi
+    while a < b:
+        mid = (a + b) // 2
+        if holds(mid):
+            b = mid
+        else:
+            a = mid + 1
+    assert M._smallest_level(holds, lo, hi, guess) == a
+
+
+def test_tail_epsilons_cut_from_the_guess_equals_the_bisection(monkeypatch) -> None:
+    """tail_epsilons with the closed-form start of the cut search equals it with the search
+    started at the bottom (the plain bisection), bit for bit, on a banded and a dense strategy."""
+    for c in (sum(np.diag(np.full(40 - k, 0.6 ** k), -k) for k in range(6)),
+              np.tril(np.random.default_rng(3).uniform(0.1, 1.0, (24, 24)))):
+        prep = M.prepare_strategy(c)
+        sigma = 1.5 / prep.sensitivity
+        pairs = M.collect_tail_pairs(prep, resolution=M.default_tail_resolution(sigma))
+        got = M.tail_epsilons(pairs, p=0.05, sigma=sigma, delta_pair=1e-9)
+        with monkeypatch.context() as mp:
+            mp.setattr(M, "_chernoff_level_guess", lambda *a: 1)
+            want = M.tail_epsilons(pairs, p=0.05, sigma=sigma, delta_pair=1e-9)
+        assert got.tobytes() == want.tobytes()

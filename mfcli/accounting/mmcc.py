@@ -821,14 +821,12 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
             t[sup < c] = 0.0
             return t
 
-        lo_c, hi_c = 1, int(sup.max()) + 1
-        while lo_c < hi_c:
-            mid = (lo_c + hi_c) // 2
-            if np.all(tail_at(mid) <= 1e-3 * dsel):
-                hi_c = mid
-            else:
-                lo_c = mid + 1
-        cut = max(1, lo_c)
+        target = 1e-3 * dsel
+
+        def below(c: int, tail_at: Callable[[int], np.ndarray] = tail_at, target: np.ndarray = target) -> bool:
+            return bool(np.all(tail_at(c) <= target))
+
+        cut = max(1, _smallest_level(below, 1, int(sup.max()) + 1, _chernoff_level_guess(lmgf, target, sup)))
         if method == "direct":
             pmf, extra = w_law(counts, p, cut)
             err = 0.0
@@ -842,6 +840,40 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
                                   delta=dsel)
     return out
+
+
+def _chernoff_level_guess(log_mgf: np.ndarray, target: np.ndarray, support: np.ndarray) -> int:
+    """Where the cut search of :func:`tail_epsilons` starts: the largest over the problems of the
+    smallest level c with exp(min over lambda of (log E e^(lambda W) - lambda c)) <= target, i.e.
+    ceil(min over lambda of (log mgf - log target) / lambda), but at most the support's end + 1
+    (where the tail is 0). Only a starting point (:func:`_smallest_level` checks it); 1 where it
+    is not finite."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lev = ((log_mgf - np.log(target)[:, None]) / _CHERNOFF_LAMBDAS[None, :]).min(axis=1)
+        lev = np.minimum(np.ceil(lev), support + 1.0)
+    best = float(lev.max()) if lev.size else 1.0
+    return int(best) if math.isfinite(best) else 1
+
+
+def _smallest_level(holds: Callable[[int], bool], lo: int, hi: int, guess: int) -> int:
+    """The smallest c in [lo, hi] where ``holds`` (monotone: false, then true; true at hi), as the
+    plain bisection over [lo, hi] finds it, but starting from ``guess``: where ``holds(guess)``
+    and not ``holds(guess - 1)`` two evaluations settle it (the bisection took ~log2(hi - lo));
+    otherwise the bisection goes on in the half that ``guess`` leaves."""
+    c = min(max(guess, lo), hi)
+    if holds(c):
+        if c == lo or not holds(c - 1):
+            return c
+        hi = c - 1
+    else:
+        lo = c + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def tail_allocation(prep: PreparedStrategy, pairs: TailPairs, uniform_share: float) -> np.ndarray:
