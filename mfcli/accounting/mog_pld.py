@@ -10,8 +10,9 @@ computes the same quantities with array operations:
 
 * the loss L(x) = log(mu_upper(x) / mu_lower(x)) is a log-sum-exp of affine functions of x, hence
   convex (REMOVE) or concave (ADD) and monotone; its inverse x*(eps) on the whole eps grid is
-  found by a vectorised Newton iteration started on the safe side of the root (monotone,
-  quadratic convergence) instead of a 1e-6 bisection;
+  found by a vectorised Halley iteration (the loss's second derivative is the variance of its
+  slopes) from a chord start, stopped by an error bound (one evaluation per point, mostly)
+  instead of a 1e-6 bisection;
 * the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
   mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
   of both come from one ``erfc`` each (:func:`_paired_deltas`);
@@ -224,11 +225,13 @@ def _truncation_points(loss: _Loss, log_mass_bound: float) -> tuple[float, float
 
 
 def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.ndarray:
-    """x*(eps) with L(x*) = eps for every eps strictly inside the loss range (vectorised Newton).
+    """x*(eps) with L(x*) = eps for every eps strictly inside the loss range (vectorised Halley
+    steps, :func:`_halley_step`).
 
-    Starting points come from a coarse monotone grid: the last grid point with L >= eps for the
-    convex REMOVE loss (Newton from the left stays left of the root and converges monotonically),
-    the first grid point with L <= eps for the concave ADD loss (from the right, same argument).
+    Starting points come from a coarse monotone grid (:data:`_START_GRID` points): the chord of
+    the grid cell with L >= eps > L (next point). A point stops once the error its last step leaves
+    is estimated below 1e-14 (1 + |x|) (a few ulps: mostly after one evaluation), its step is
+    negligible, or L equals eps to rounding.
     """
     key = ("grid", lower_x, upper_x)
     if key not in loss.cache:
@@ -250,8 +253,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         with np.errstate(divide="ignore", invalid="ignore"):
             frac = np.clip((l0 - e) / (l0 - l1), 0.0, 1.0)
         frac = np.where(np.isfinite(frac), frac, 0.5)
-        # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
-        # from the wrong side of the root overshoots once and then converges monotonically
+        # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
         x = x0 + frac * (x1 - x0)
         live = np.arange(e.size)  # the points not yet converged: only they are evaluated again
         for _ in range(100):
@@ -269,7 +271,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
             live = live[~done]
             if live.size == 0:
                 break
-        else:  # pragma: no cover - Newton on a monotone log-sum-exp always converges
+        else:  # pragma: no cover - Halley (or Newton) on a monotone log-sum-exp always converges
             raise RuntimeError("privacy-loss inversion did not converge")
         out[start:start + _CHUNK] = x
     return out
@@ -318,7 +320,7 @@ def hockey_stick(
 class HockeyStickCurve:
     """delta(eps) of one direction of the MoG pair (as :func:`hockey_stick`), for many eps in
     turn: the pair's truncation and the inversion's starting grid are computed once, not at every
-    call, so a search over eps (a bisection) costs one Newton solve per point. Same values as
+    call, so a search over eps (a bisection) costs one root search per point. Same values as
     :func:`hockey_stick`, bit for bit."""
 
     def __init__(self, sigma: float, sens: ArrayLike, probs: ArrayLike, *, remove: bool) -> None:
