@@ -53,7 +53,10 @@ _U = 2.0 ** -53
 #: overflows a float below -709.78; any loss <= 0 would do, see ``_pmf_epsilon``).
 _EXP_OVERFLOW_LOSS = -709.0
 
-#: First block of losses scanned by :func:`epsilon_for_delta` (then 4x larger each time).
+#: First block of losses scanned by :func:`epsilon_for_delta` (then twice as large each time: the
+#: block the scan stops in is computed in full, and with 4x the headline's reduction row computed
+#: ~180 000 of its ~380 000 math.exp past the stop; the blocks do not change the result, whose
+#: running sums carry over from block to block).
 _FIRST_BLOCK = 2048
 
 #: dp-accounting's ``pld_pmf._MAX_PMF_SPARSE_SIZE``: PMFs of at most this many points it keeps as
@@ -471,7 +474,7 @@ def _pmf_epsilon(pmf: Pmf, delta: float) -> float:
         mass_upper, mass_lower = up[m], lw[m]
         loss = float(losses[-1]) - d
         start = stop
-        block *= 4
+        block *= 2
     if mass_upper <= mass_lower + delta:
         return 0
     return math.log((mass_upper - delta) / mass_lower)
