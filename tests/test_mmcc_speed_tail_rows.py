@@ -138,10 +138,10 @@ def test_solve_tail_eps_with_reused_arrays_equals_fresh_arrays(seed: int, monkey
 def test_tail_T_bound_is_above_the_direct_evaluation(seed: int, negative: bool) -> None:
     """The certificate bound (T a step above x from the sums formed at x) is never below T
     evaluated directly there (the reference, every entry through ``ndtr``), for steps from 1e-10
-    to 0.3, rows with y < 0 entries and an infinite tau ratio included; and for the search's
-    steps (<= 1e-6) it exceeds it by at most 1e-6 of T (far less than the 1e-7 of T by which T
-    falls over the certificate's margin on the headline). A bound without its second-order term
-    fails the first check: it is below T for the larger steps."""
+    to 0.3, rows with y < 0 entries and an infinite tau ratio included; and for steps <= 1e-6 it
+    exceeds it by at most 1e-6 of T (at the search's steps of ~1e-8, ~1e-10 of T: far less than
+    the ~1.5e-8 of T by which T falls over the certificate's margin on the headline). A bound
+    without its second-order term fails the first check: it is below T for the larger steps."""
     pmf, extra, eps, kw = _problem(seed, negative=negative)
     t, _, _, terms = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, with_slope=True, **kw)
     first_order_only_fails = False

@@ -624,8 +624,8 @@ def _tail_T_bound(t: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray
     T(x + step) <= T(x) - k step sum pmf phi(u) + (k step)^2 / 2 sum pmf m.
     The sums are the floating-point ones of T(x) itself (the same trust as a direct evaluation;
     the caller compares with delta under the same 1 + 1e-12 slack). For the headline's steps
-    (~1e-8) the remainder is ~1e-10 of T, the certificate margin (T falls ~1e-7 over the
-    tol / 4 above the root) far above it."""
+    (~1e-8) the remainder is ~1e-10 of T, the certificate margin (T falls by ~1.5e-8 of T over
+    the tol / 20 above the root) far above it."""
     s_phi, s_m, k = terms
     d = k * step * (1.0 / math.sqrt(2 * math.pi))
     return t - s_phi * d + (0.5 * k * step) * d * s_m
@@ -673,17 +673,19 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     so for a single Gaussian term, where log T is close to quadratic), the root of v's second-order
     Taylor model (Newton's step where it has none); on log T where v is out of range (T above 1/2
     or v's density below 1e-250). Once Newton's error after the step, |v''| step^2 / (2 |v'|)
-    (or the same for log T), is below tol (1 + root) / 100, the point root + tol (1 + root) / 4 is
-    evaluated once, T alone, as the certificate; if T <= delta there the search ends, otherwise
-    the point is the bracket's new lower end and a step point. The search also ends when the
-    bracket is narrower than tol (1 + hi).
+    (or the same for log T), is below tol (1 + root) / 100, the point root + tol (1 + root) / 20 is
+    the certificate candidate: T there is bounded from the sums at the step point
+    (:func:`_tail_T_bound`, no new ``ndtr`` pass) or, where that bound does not settle it,
+    evaluated; if T <= delta there the search ends, otherwise the point is the bracket's new lower
+    end and a step point. The search also ends when the bracket is narrower than tol (1 + hi).
 
     What makes the result valid is only this: the returned value is the upper end of a bracket,
-    at which T was evaluated and found <= delta / (1 + 1e-12); the steps and the error estimate
-    decide where T is evaluated. On the headline's 32 640 problems the search takes 2.0
-    evaluations with derivatives and 1.0 certificate per problem (Newton on log T with the error
-    estimated from the slopes took 3.1 and 0.9), and every eps lies within 0.2501 tol (1 + eps)
-    of the smallest certified eps that plain bisection finds (before: up to 0.86); "to tol" is a
+    at which T (or the bound on T above it) was found <= delta / (1 + 1e-12); the steps and the
+    error estimate decide where T is evaluated. On the headline's 32 640 problems the search takes
+    2.0 evaluations with derivatives and 0.01 direct certificates per problem (Newton on log T
+    with the error estimated from the slopes took 3.1 and 0.9 evaluated certificates), and every
+    eps lies within 0.0501 tol (1 + eps) of the smallest certified eps that plain bisection finds
+    (before: a median of 0.25 and up to 0.86; at delta 1e-10 up to 1.9e5 tol); "to tol" is a
     target the estimate meets there, not a guarantee: an estimate that is off can only return a
     larger eps, never an uncertified one.
     """
@@ -735,7 +737,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             root = xi - step
             lo_i, hi_i = lo[idx], hi[idx]
             ready = np.isfinite(root) & (step_err <= 0.01 * tol * (1 + np.abs(root)))
-            nx = np.where(ready, root + 0.25 * tol * (1 + root), root)
+            nx = np.where(ready, root + 0.05 * tol * (1 + root), root)
             # hi certified already and within the margin above the root: done
             done = ready & (nx >= hi_i) & (root < hi_i)
             active[idx[done]] = False
