@@ -313,7 +313,7 @@ def headline(args: argparse.Namespace) -> int:
                            capture_output=True)
     print(header())
     print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; mfcli compiled to bytecode "
-          f"beforehand: {'yes' if args.precompile else 'no'}")
+          f"beforehand: {'yes' if args.precompile else 'no (what the trees hold in __pycache__ is used)'}")
     print(f"BLAS threads of the children: {_run_child(['-c', BLAS_CHILD], here)[2].strip()}")
     print()
     if args.phases:
