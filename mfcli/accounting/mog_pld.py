@@ -10,8 +10,9 @@ computes the same quantities with array operations:
 
 * the loss L(x) = log(mu_upper(x) / mu_lower(x)) is a log-sum-exp of affine functions of x, hence
   convex (REMOVE) or concave (ADD) and monotone; its inverse x*(eps) on the whole eps grid is
-  found by a vectorised Newton iteration started on the safe side of the root (monotone,
-  quadratic convergence) instead of a 1e-6 bisection;
+  found by a vectorised Halley iteration (the loss's second derivative is the variance of its
+  slopes) from a chord start, stopped by an error bound (one evaluation per point, mostly)
+  instead of a 1e-6 bisection;
 * the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
   mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
   of both come from one ``erfc`` each (:func:`_paired_deltas`);
@@ -48,7 +49,7 @@ LOG_MASS_TRUNCATION_BOUND = -50.0
 _CHUNK = 4096
 
 #: Points of :func:`_invert`'s starting grid over [lower_x, upper_x].
-_START_GRID = 257
+_START_GRID = 129
 
 
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -85,6 +86,8 @@ class _Loss:
         self.logq = np.log(q)
         self.const = self.logq - s * s / (2 * self.v)
         self.slope = (-s if remove else s) / self.v
+        #: max - min of the slopes (bounds the third derivative of L by the second: :func:`_halley_step`)
+        self.slope_range = float(self.slope.max() - self.slope.min())
         zero = s == 0
         #: limit of L at the end where only s = 0 survives (x -> +inf REMOVE, x -> -inf ADD)
         q0 = float(q[zero].sum()) if zero.any() else 0.0
@@ -115,6 +118,21 @@ class _Loss:
         if self.remove:
             return lse, dlse
         return -lse, -dlse
+
+    def value_slope_curvature(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """L, dL/dx and d2L/dx2 at x: the first two as :meth:`value_and_slope` forms them; d2L/dx2 is
+        the variance of the slopes under the weights w (the second cumulant: >= 0 for the convex
+        REMOVE loss, <= 0 for the concave ADD loss), formed as E[b^2] - E[b]^2 (its cancellation
+        is absolute, ~1e-16 E[b]^2: it only steers and bounds the error of a step in
+        :func:`_invert`)."""
+        w, amax = self._shifted_exponents(x)
+        tot = w.sum(axis=1)
+        lse = np.log(tot) + amax
+        dlse = (w @ self.slope) / tot
+        var = np.maximum((w @ (self.slope * self.slope)) / tot - dlse * dlse, 0.0)
+        if self.remove:
+            return lse, dlse, var
+        return -lse, -dlse, -var
 
     def value(self, x: np.ndarray) -> np.ndarray:
         """L(x): the value of :meth:`value_and_slope` (the same arithmetic) without the slope."""
@@ -207,11 +225,13 @@ def _truncation_points(loss: _Loss, log_mass_bound: float) -> tuple[float, float
 
 
 def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.ndarray:
-    """x*(eps) with L(x*) = eps for every eps strictly inside the loss range (vectorised Newton).
+    """x*(eps) with L(x*) = eps for every eps strictly inside the loss range (vectorised Halley
+    steps, :func:`_halley_step`).
 
-    Starting points come from a coarse monotone grid: the last grid point with L >= eps for the
-    convex REMOVE loss (Newton from the left stays left of the root and converges monotonically),
-    the first grid point with L <= eps for the concave ADD loss (from the right, same argument).
+    Starting points come from a coarse monotone grid (:data:`_START_GRID` points): the chord of
+    the grid cell with L >= eps > L (next point). A point stops once the error its last step leaves
+    is estimated below 1e-14 (1 + |x|) (a few ulps: mostly after one evaluation), its step is
+    negligible, or L equals eps to rounding.
     """
     key = ("grid", lower_x, upper_x)
     if key not in loss.cache:
@@ -233,29 +253,49 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         with np.errstate(divide="ignore", invalid="ignore"):
             frac = np.clip((l0 - e) / (l0 - l1), 0.0, 1.0)
         frac = np.where(np.isfinite(frac), frac, 0.5)
-        # chord start on the convex (REMOVE) / concave (ADD) loss, then Newton; a Newton step
-        # from the wrong side of the root overshoots once and then converges monotonically
+        # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
         x = x0 + frac * (x1 - x0)
         live = np.arange(e.size)  # the points not yet converged: only they are evaluated again
         for _ in range(100):
             xl, el = x[live], e[live]
-            val, slope = loss.value_and_slope(xl)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                step = (val - el) / slope
-            step = np.where(np.isfinite(step), step, 0.0)
+            val, slope, curv = loss.value_slope_curvature(xl)
+            step, err = _halley_step(val - el, slope, curv, loss.slope_range)
             xl = xl - step
             x[live] = xl
-            # converged: the step is negligible, or the loss already equals eps to rounding (then
-            # the step is round-off divided by a tiny slope and x cannot be pinned further; the
-            # delta evaluated there is off by second order in that step)
-            done = (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl))) | (np.abs(val - el) <= 1e-15 * (1.0 + np.abs(el)))
+            # converged: the error left after this step (its estimate) is a few ulps of x, the
+            # step is negligible, or the loss already equals eps to rounding (then the step is
+            # round-off divided by a tiny slope and x cannot be pinned further; the delta
+            # evaluated there is off by second order in that step)
+            done = ((err <= 1e-14 * (1.0 + np.abs(xl))) | (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl)))
+                    | (np.abs(val - el) <= 1e-15 * (1.0 + np.abs(el))))
             live = live[~done]
             if live.size == 0:
                 break
-        else:  # pragma: no cover - Newton on a monotone log-sum-exp always converges
+        else:  # pragma: no cover - Halley (or Newton) on a monotone log-sum-exp always converges
             raise RuntimeError("privacy-loss inversion did not converge")
         out[start:start + _CHUNK] = x
     return out
+
+
+def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float) -> tuple[np.ndarray, np.ndarray]:
+    """(step, error estimate) towards the root of L - eps, from f = L - eps, d1 = dL/dx and
+    d2 = d2L/dx2 at x.
+
+    Halley's step f / (d1 - f d2 / (2 d1)) (cubic convergence), Newton's f / d1 where Halley's
+    denominator falls below half of d1 (far from the root). The error left after Halley's step is
+    about (|d3| / (6 |d1|) + (d2 / (2 d1))^2) |step|^3, and |d3| <= R |d2| for the third derivative
+    d3 (the third central moment of the slopes b under the weights, with |b - E b| <= R, the range
+    of the slopes); after Newton's, about |d2| / (2 |d1|) step^2. The estimate is twice these.
+    Where the loss is flat (a step that is not finite): step 0, and the caller stops there."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        newton = f / d1
+        denom = 1.0 - newton * d2 / (2.0 * d1)
+        halley = denom >= 0.5
+        step = np.where(halley, newton / denom, newton)
+        a = np.abs(d2 / (2.0 * d1))
+        err = 2.0 * np.where(halley, (slope_range * a / 3.0 + a * a) * np.abs(step) ** 3, a * step * step)
+    ok = np.isfinite(step)
+    return np.where(ok, step, 0.0), np.where(ok & np.isfinite(err), err, np.inf)
 
 
 def hockey_stick(
@@ -280,7 +320,7 @@ def hockey_stick(
 class HockeyStickCurve:
     """delta(eps) of one direction of the MoG pair (as :func:`hockey_stick`), for many eps in
     turn: the pair's truncation and the inversion's starting grid are computed once, not at every
-    call, so a search over eps (a bisection) costs one Newton solve per point. Same values as
+    call, so a search over eps (a bisection) costs one root search per point. Same values as
     :func:`hockey_stick`, bit for bit."""
 
     def __init__(self, sigma: float, sens: ArrayLike, probs: ArrayLike, *, remove: bool) -> None:
@@ -336,6 +376,41 @@ def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray):
     return connect_dots_pmf(discretization, ks, deltas)
 
 
+def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i q_i Phi(t_i), sum_i q_i Phi(-t_i)) with t_i = (y + s_i) / sigma for every y, the
+    support s sorted: REMOVE's mu_upper_cdf at y and ADD's mu_lower_cdf at -y (:func:`_paired_deltas`).
+
+    t_i < 0 exactly for i < i0 = the number of s_i < -y (rounding is monotone, and y + s rounds to
+    0 only if it is 0). With e_i = Phi(-|t_i|) (one ``erfc`` per entry, accurate in both tails),
+    the two sums are A + Q_big - B and Q_small - A + B for A = sum_{i < i0} q_i e_i,
+    B = sum_{i >= i0} q_i e_i and Q_small, Q_big the q-mass below and from i0, each from its own
+    running sum. Neither loses relative precision where it is small: Q_big = 0 leaves A alone,
+    Q_big > 0 keeps the first above Q_big / 2 (e <= 1/2), and B, formed as the total minus A,
+    errs by ~1e-16 A only; likewise the second. A and B come from one running sum of q_i e_i per
+    point, where a mask and 1 - e per entry, both tails and two products with q took twice the
+    passes over the (points x support) array."""
+    cdf_sum = np.empty(y.size)
+    sf_sum = np.empty(y.size)
+    q_before = np.concatenate(([0.0], np.cumsum(q)))
+    q_from = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))
+    for start in range(0, y.size, _CHUNK):
+        yc = y[start:start + _CHUNK]
+        i0 = np.searchsorted(s, -yc, side="left")
+        t = np.add.outer(yc, s)
+        t /= sigma  # the arguments of _Loss.upper_cdf, formed as it forms them
+        np.abs(t, out=t)
+        t *= math.sqrt(0.5)
+        e = special.erfc(t, out=t)  # 2 Phi(-|t|)
+        e *= q
+        run = np.cumsum(e, axis=1, out=e)
+        a = np.where(i0 > 0, run[np.arange(yc.size), np.maximum(i0 - 1, 0)], 0.0)
+        b = run[:, -1] - a
+        q_small, q_big = q_before[i0], q_from[i0]
+        cdf_sum[start:start + _CHUNK] = 0.5 * a + q_big - 0.5 * b
+        sf_sum[start:start + _CHUNK] = q_small - 0.5 * a + 0.5 * b
+    return cdf_sum, sf_sum
+
+
 def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """delta(eps) of both directions of one mixture, each root and each mixture CDF entry computed
     once for the two.
@@ -346,8 +421,8 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     point too (for MMCC's rows the mirrored ADD points are a subset of the REMOVE points: half of
     the roots and half of the mixture CDF entries). At that root y the ADD mixture CDF is
     sum_i q_i Phi(-(y + s_i) / sigma), the upper tail of the very arguments t = (y + s_i) / sigma
-    of the REMOVE CDF; one ``erfc`` per entry gives both tails accurately (e = Phi(-|t|), the
-    other tail 1 - e, as ``ndtr`` forms them), where ``ndtr(t)`` and ``ndtr(-t)`` took two.
+    of the REMOVE CDF; one ``erfc`` per entry gives both sums accurately (:func:`_mixture_tails`),
+    where ``ndtr(t)`` and ``ndtr(-t)`` took two.
     The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
     mu_lower_cdf(x*), ADD likewise at -y); only round-off differs."""
     delta_r = np.zeros_like(eps_r)
@@ -362,19 +437,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     if pts.size:
         lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
         y = _invert(remove, pts, lower_x, upper_x)
-        cdf_sum = np.empty(pts.size)  # sum_i q_i Phi(t_i): REMOVE's mu_upper_cdf at y
-        sf_sum = np.empty(pts.size)  # sum_i q_i Phi(-t_i): ADD's mu_lower_cdf at -y
-        for start in range(0, pts.size, _CHUNK):
-            t = np.add.outer(y[start:start + _CHUNK], remove.s)
-            t /= remove.sigma  # the arguments of remove.upper_cdf, formed as it forms them
-            small = t < 0
-            np.abs(t, out=t)
-            t *= math.sqrt(0.5)
-            e = special.erfc(t, out=t)
-            e *= 0.5  # Phi(-|t|)
-            big = 1.0 - e  # Phi(|t|)
-            cdf_sum[start:start + _CHUNK] = np.where(small, e, big) @ remove.q
-            sf_sum[start:start + _CHUNK] = np.where(small, big, e) @ remove.q
+        cdf_sum, sf_sum = _mixture_tails(y, remove.s, remove.q, remove.sigma)
         if in_r.any():
             i = np.searchsorted(pts, eps_r[in_r])
             e_in = eps_r[in_r]

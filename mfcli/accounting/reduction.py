@@ -219,7 +219,7 @@ def spectral_norm_bound(c: np.ndarray, *, certificate_max_n: int = CERTIFICATE_M
         # one BLAS thread up to ONE_THREAD_MAX_N: the certificate's eigh and products are small there,
         # a second thread only spins (up to seconds of CPU under load), and the bound's last bits then
         # do not depend on the machine's thread count (it is certified either way)
-        with blas_threads(1 if min(c.shape) <= ONE_THREAD_MAX_N else None):
+        with blas_threads(1 if min(c.shape) <= ONE_THREAD_MAX_N else None, scipy_blas=False):  # numpy.linalg.eigh
             upper, estimate = _certified_eig_bound(c)
         if math.isfinite(upper):
             cands["eigenvalue certificate (Gershgorin on Q^T C^T C Q, Ostrowski)"] = upper

@@ -19,16 +19,10 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from mfcli.accounting.balls_in_bins import (
-    BallsInBinsDpSgdResult,
-    BallsInBinsTreeResult,
-    dpsgd_balls_in_bins,
-    tree_balls_in_bins,
-)
 from mfcli.accounting.calibrate import Calibration, calibrate_sigma
 from mfcli.accounting.defaults import (
     BATCHING_SETTINGS,
@@ -60,8 +54,6 @@ from mfcli.accounting.multi import (
     schema_dict,
 )
 from mfcli.accounting.reduction import ReductionResult, reduction
-from mfcli.accounting.shuffled_tree import ShuffledTreeResult, shuffled_tree
-from mfcli.accounting.shuffling import ShuffledDpSgdResult, shuffled_dpsgd
 from mfcli.accounting.single_pass import (
     DEFAULT_DELTA,
     DEFAULT_DISCRETIZATION,
@@ -78,6 +70,12 @@ from mfcli.errors import MfcliError
 from mfcli.model.participation import Participation, SingleParticipation
 from mfcli.model.record_format import ATTR_CHUNK, RECORD_FORMAT, read_chunked, write_chunked
 from mfcli.util.progress import ProgressCallback
+
+if TYPE_CHECKING:  # the balls-in-bins and shuffling accountants are imported where they run: the
+    # default Poisson account uses neither
+    from mfcli.accounting.balls_in_bins import BallsInBinsDpSgdResult, BallsInBinsTreeResult
+    from mfcli.accounting.shuffled_tree import ShuffledTreeResult
+    from mfcli.accounting.shuffling import ShuffledDpSgdResult
 from mfcli.util.rows import fields_of
 
 
@@ -802,16 +800,24 @@ def account(
                          **_banded_extras(prep, sigma=sigma, sampling=poisson_rate, delta=opts.delta, progress=progress,
                                           on_progress=on_progress, estimate=opts.banded_estimate))
     if inp.is_tree and single and "shuffled-tree" in settings:
+        from mfcli.accounting.shuffled_tree import shuffled_tree
+
         st = shuffled_tree(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta)
     bib = sdp = None
     if "balls-in-bins-tree" in settings:
         if progress is not None:
             progress("balls-in-bins: propagating the tree's likelihood-ratio law level by level")
+        from mfcli.accounting.balls_in_bins import tree_balls_in_bins
+
         bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta, on_progress=on_progress)
     if "shuffled-dp-sgd" in settings:
+        from mfcli.accounting.shuffling import shuffled_dpsgd
+
         sdp = shuffled_dpsgd(n=inp.n, sigma=sigma, delta=opts.delta)
     bdp = red = None
     if "balls-in-bins-dp-sgd" in settings:
+        from mfcli.accounting.balls_in_bins import dpsgd_balls_in_bins
+
         try:
             bdp = dpsgd_balls_in_bins(n=inp.n, sigma=sigma, delta=opts.delta, on_progress=on_progress)
         except MfcliError as exc:
@@ -1000,12 +1006,18 @@ def epsilon_function(
                               on_progress=on_progress).epsilon
     if setting == "shuffled-tree":
         check_setting_applies(inp, "shuffled-tree")
+        from mfcli.accounting.shuffled_tree import shuffled_tree
+
         return lambda s: shuffled_tree(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta).epsilon
     if setting == "balls-in-bins-tree":
         check_setting_applies(inp, "balls-in-bins-tree")
+        from mfcli.accounting.balls_in_bins import tree_balls_in_bins
+
         return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta,
                                             on_progress=on_progress).epsilon
     if setting == "shuffled-dp-sgd":
+        from mfcli.accounting.shuffling import shuffled_dpsgd
+
         return lambda s: shuffled_dpsgd(n=inp.n, sigma=s, delta=opts.delta).epsilon
     raise MfcliError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
 
