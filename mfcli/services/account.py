@@ -386,6 +386,11 @@ class AccountingOptions:
     #: estimate, never a bound (never used to calibrate); the certified disjoint-rows lower bound
     #: runs either way.
     banded_estimate: bool = False
+    #: The grid of the balls-in-bins tree bracket (None: chosen automatically, see
+    #: :func:`mfcli.accounting.balls_in_bins.tree_balls_in_bins`). Any grid gives a valid bracket;
+    #: a record's re-derivation uses the grid the record was computed on, so that a change of the
+    #: automatic choice between versions cannot fail a sound record.
+    tree_balls_in_bins_grid: float | None = None
 
     def checked(self) -> AccountingOptions:
         check_delta(self.delta)
@@ -809,7 +814,8 @@ def account(
             progress("balls-in-bins: propagating the tree's likelihood-ratio law level by level")
         from mfcli.accounting.balls_in_bins import tree_balls_in_bins
 
-        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta, on_progress=on_progress)
+        bib = tree_balls_in_bins(n=inp.n, sigma=sigma * _tree_unit(c), delta=opts.delta,
+                                 grid=opts.tree_balls_in_bins_grid, on_progress=on_progress)
     if "shuffled-dp-sgd" in settings:
         from mfcli.accounting.shuffling import shuffled_dpsgd
 
@@ -1014,6 +1020,7 @@ def epsilon_function(
         from mfcli.accounting.balls_in_bins import tree_balls_in_bins
 
         return lambda s: tree_balls_in_bins(n=inp.n, sigma=s * _tree_unit(c), delta=opts.delta,
+                                            grid=opts.tree_balls_in_bins_grid,
                                             on_progress=on_progress).epsilon
     if setting == "shuffled-dp-sgd":
         from mfcli.accounting.shuffling import shuffled_dpsgd

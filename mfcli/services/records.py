@@ -356,7 +356,25 @@ def accounting_options(claim: RecordClaim) -> AccountingOptions:
         if resolution < 1 or abs(1.0 / resolution - g) > 1e-12 * g:
             raise MfcliError(f"the mmcc row's mixture_grid {g!r} is not 1/M for an integer M")
     return AccountingOptions(delta=claim.delta, value_discretization=grid, tail_fractions=fractions,
-                             mixture_resolution=resolution)
+                             mixture_resolution=resolution, tree_balls_in_bins_grid=_tree_balls_in_bins_grid(claim))
+
+
+def _tree_balls_in_bins_grid(claim: RecordClaim) -> float | None:
+    """The grid the record's balls-in-bins tree row was computed on (None: no such row, or a record
+    without the grid: re-derived on the automatic grid). Refused below the automatic choice's
+    finest grid, where a forged record would buy quadratically more work."""
+    from mfcli.accounting.balls_in_bins import AUTO_FINEST
+
+    row = claim.rows.get("balls-in-bins-tree")
+    if row is None or row.get("grid") is None:
+        return None
+    g = _number(row.get("grid"))
+    if g is None or not math.isfinite(g) or not 0 < g <= 1:
+        raise MfcliError(f"the balls-in-bins-tree row's grid {row.get('grid')!r} is not a number in (0, 1]")
+    if g < AUTO_FINEST * (1 - 1e-9):
+        raise MfcliError(f"the balls-in-bins-tree row's grid {g!r} is finer than {AUTO_FINEST:g}, the finest a "
+                         "record is re-derived on")
+    return g
 
 
 # ---------------------------------------------------------------------------------------------
