@@ -185,8 +185,9 @@ def test_public_plds_keep_dp_accountings_api(fn, n: int, sigma: float) -> None:
         for delta in DELTAS:
             assert ours.get_epsilon_for_delta(delta) == theirs.get_epsilon_for_delta(delta)
         _same_pld(ours.self_compose(2), theirs.self_compose(2), "self_compose")
-    # pld_ops cuts a composition's tails as dp-accounting cuts a pessimistic PMF's (the docstring)
+    # pld_ops cuts a composition's tails on each PMF's own side, as dp-accounting does
     _same_pld(upper.compose(upper), dp_upper.compose(dp_upper), "compose")
+    _same_pld(lower.compose(lower), dp_lower.compose(dp_lower), "compose")
     eps_u = upper.get_epsilon_for_delta(1e-6)
     assert math.isfinite(eps_u) and eps_u > lower.get_epsilon_for_delta(1e-6) > 0
 

@@ -214,3 +214,25 @@ def test_epsilon_for_delta_stopping_above_the_float_range_is_dp_accountings() ->
 def test_sparse_size_test_is_the_power(base: int, exponent: int) -> None:
     """When a sparse PMF goes dense: dp-accounting's size**n > 1000, without the big power."""
     assert pld_ops._power_exceeds(base, exponent, pld_ops.MAX_SPARSE_SIZE) == (base ** exponent > 1000)
+
+
+@pytest.mark.parametrize("pessimistic", [True, False])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_composition_cuts_tails_on_the_pmfs_own_side(pessimistic: bool, sparse: bool) -> None:
+    """A pessimistic PMF's cut prefix goes to its first kept point and the suffix to +inf; an
+    optimistic one's prefix is dropped and its suffix put on the last kept point: dp-accounting's
+    compose, bit for bit, for PMFs whose tails are cut (mass far below 1e-15 at both ends)."""
+    rng = np.random.default_rng(3)
+    probs = np.concatenate(([1e-18, 3e-17], rng.random(20), [2e-17, 1e-18]))
+    probs /= probs.sum()
+    size = 24 if sparse else 1200
+    if not sparse:
+        probs = np.concatenate(([1e-19] * 600, probs, [1e-19] * (size - 600 - probs.size)))
+        probs /= probs.sum()
+    a = pld_ops.Pmf(1e-2, -7, probs, 1e-9 if pessimistic else 0.0, pessimistic, size <= pld_ops.MAX_SPARSE_SIZE)
+    ours = pld_ops.compose_pmfs(a, a)
+    theirs = a.to_dp_accounting().compose(a.to_dp_accounting(), tail_mass_truncation=pld_ops.TAIL_MASS_TRUNCATION)
+    theirs = theirs.to_dense_pmf() if hasattr(theirs, "_loss_probs") else theirs
+    assert ours.probs.size < 2 * a.size - 1  # tails were cut
+    assert ours.probs.tobytes() == np.asarray(theirs._probs).tobytes()
+    assert (ours.lower_loss, ours.infinity_mass) == (theirs._lower_loss, theirs._infinity_mass)

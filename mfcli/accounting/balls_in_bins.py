@@ -605,40 +605,11 @@ def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: in
 
 def _compose_epochs(upper: pld_ops.Pld, lower: pld_ops.Pld, epochs: int) -> tuple[pld_ops.Pld, pld_ops.Pld]:
     """One epoch's (pessimistic, optimistic) PLDs self-composed ``epochs`` times, as
-    dp-accounting's ``self_compose`` composes them."""
+    dp-accounting's ``self_compose`` composes them (pld_ops cuts a composition's tails on each
+    PMF's own side, as dp-accounting does)."""
     if epochs == 1:
         return upper, lower
-    return upper.self_compose(epochs), pld_ops.Pld(_self_compose_optimistic(lower.remove, epochs),
-                                                   _self_compose_optimistic(lower.add_pmf, epochs))
-
-
-def _self_compose_optimistic(pmf: pld_ops.Pmf, epochs: int) -> pld_ops.Pmf:
-    """dp-accounting's ``self_compose`` of an optimistic PMF, bit for bit.
-
-    pld_ops cuts the tails of a composition as dp-accounting does for a pessimistic PMF only (the
-    cut prefix mass onto the first kept point, the suffix mass to +infinity); dp-accounting's
-    optimistic cut drops the prefix and moves the suffix mass onto the last kept point. The two
-    differ only where the composition cuts tails: a sparse PMF composed as dictionaries (size^epochs
-    at most ``pld_ops.MAX_SPARSE_SIZE``, truncated at the last product); the dense
-    self-composition cuts a Chernoff window, the same for both. That case is composed here
-    without truncation by pld_ops and cut as dp-accounting cuts it (``_truncate_tails`` with
-    ``pessimistic_estimate=False``: running sums from each end, sequential as its loop)."""
-    # size >= 2 exceeds the limit from 10 epochs on (2^10 > 1000): no power of a million digits
-    if pmf.pessimistic or not pmf.sparse or (pmf.size > 1 and (epochs >= 10 or pmf.size ** epochs > pld_ops.MAX_SPARSE_SIZE)):
-        return pld_ops.self_compose(pld_ops.Pld(pmf), epochs).remove
-    result = pmf
-    for _ in range(epochs - 1):
-        result = pld_ops.compose_pmfs(result, pmf, 0.0)  # dictionary products: sizes stay within the limit
-    probs = result.probs
-    half = pld_ops.TAIL_MASS_TRUNCATION / 2
-    above = np.cumsum(probs) > half
-    left = int(np.argmax(above)) if above.any() else probs.size
-    above = np.cumsum(probs[::-1]) > half
-    right = probs.size - (int(np.argmax(above)) if above.any() else probs.size)
-    right = max(right, left + 1)
-    kept = probs[left:right].copy()
-    kept[-1] += np.sum(probs[right:])
-    return pld_ops.Pmf(pmf.discretization, result.lower_loss + left, kept, result.infinity_mass, False, True)
+    return upper.self_compose(epochs), lower.self_compose(epochs)
 
 
 def _check_grid(grid: float) -> float:
@@ -654,10 +625,8 @@ def tree_plds(*, n: int, sigma: float, epochs: int = 1, grid: float = DEFAULT_GR
 
     They are :class:`mfcli.accounting.pld_ops.Pld` objects, equal bit for bit to the
     dp-accounting ``PrivacyLossDistribution`` objects built from the same rounded laws and
-    composed over the epochs; ``get_epsilon_for_delta`` is dp-accounting's, and so are
-    ``self_compose`` / ``compose`` of the pessimistic one (pld_ops cuts a composition's 1e-15
-    tails as dp-accounting does for a pessimistic PLD, so composing the optimistic one further may
-    differ from dp-accounting's by that mass: ``epochs`` composes it as dp-accounting does);
+    composed over the epochs; ``get_epsilon_for_delta``, ``self_compose`` and ``compose`` are
+    dp-accounting's (pld_ops cuts a composition's 1e-15 tails on each PMF's own side, as it does);
     ``.to_dp_accounting()`` gives dp-accounting's object for the rest of its API
     (``get_delta_for_epsilon``, ...)."""
     return _epoch_plds(_root_laws, tree_height(n), sigma=sigma, epochs=epochs, grid=grid, on_progress=on_progress)

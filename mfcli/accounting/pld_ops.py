@@ -203,10 +203,12 @@ def _prefix_to_truncate(probs: np.ndarray, threshold: float) -> int:
     return int(np.argmax(above)) if above.any() else int(probs.size)
 
 
-def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float) -> tuple[int, np.ndarray, float]:
-    """dp-accounting's pessimistic ``_truncate_tails``, vectorised: cut the longest prefix and
-    suffix of mass <= tail/2 each (running sums, sequential as its loop); the prefix mass goes to
-    the first kept point, the suffix mass to +inf."""
+def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float,
+                    pessimistic: bool = True) -> tuple[int, np.ndarray, float]:
+    """dp-accounting's ``_truncate_tails``, vectorised: cut the longest prefix and suffix of mass
+    <= tail/2 each (running sums, sequential as its loop). Pessimistic: the prefix mass goes to
+    the first kept point, the suffix mass to +inf (returned). Optimistic: the prefix mass is
+    dropped (it stands for loss -inf), the suffix mass goes to the last kept point."""
     if tail_mass_truncation == 0:
         return 0, probs, 0
     half = tail_mass_truncation / 2
@@ -216,6 +218,9 @@ def _truncate_tails(probs: np.ndarray, tail_mass_truncation: float) -> tuple[int
     left_mass = np.sum(probs[:left])
     right_mass = np.sum(probs[right:])
     out = probs[left:right].copy()
+    if not pessimistic:
+        out[-1] += right_mass
+        return left, out, 0
     out[0] += left_mass
     return left, out, right_mass
 
@@ -227,7 +232,7 @@ def _compose_sparse(a: Pmf, b: Pmf, tail_mass_truncation: float) -> Pmf:
     for i, v in enumerate(a.probs.tolist()):
         probs[i:i + b.size] += v * b.probs
     inf = a.infinity_mass + b.infinity_mass - a.infinity_mass * b.infinity_mass
-    offset, probs, right = _truncate_tails(probs, tail_mass_truncation)
+    offset, probs, right = _truncate_tails(probs, tail_mass_truncation, a.pessimistic)
     return Pmf(a.discretization, a.lower_loss + b.lower_loss + offset, probs, inf + right, a.pessimistic, True)
 
 
@@ -239,7 +244,7 @@ def compose_pmfs(a: Pmf, b: Pmf, tail_mass_truncation: float = TAIL_MASS_TRUNCAT
         return _compose_sparse(a, b, tail_mass_truncation)
     probs = _fftconvolve(a.probs, b.probs)
     inf = a.infinity_mass + b.infinity_mass - a.infinity_mass * b.infinity_mass
-    offset, probs, right = _truncate_tails(probs, tail_mass_truncation)
+    offset, probs, right = _truncate_tails(probs, tail_mass_truncation, a.pessimistic)
     return Pmf(a.discretization, a.lower_loss + b.lower_loss + offset, probs, inf + right, a.pessimistic)
 
 
