@@ -302,3 +302,31 @@ def test_composed_epsilon_brackets_an_independent_truth(sigma: float, sens: list
         below, err = exact(ours - d)
         assert err < 1e-4 * delta
         assert below >= delta - 3e-15 - 10 * err, (delta, ours, below)
+
+
+def test_inversion_finishes_where_halley_steps_are_short() -> None:
+    """A far, tiny component makes a start cell hundreds wide and the loss nearly flat at the start
+    (slope ~1e-204): Halley's steps are ~1 long there, so the root is finished by bisection of its
+    bracket (reviewer's case: a RuntimeError after 100 steps). Each root must bracket L = eps."""
+    sigma, sens, probs = 0.3, [0.0, 0.2, 0.4, 60.0], [0.5, 0.3, 0.2 - 1e-8, 1e-8]
+    pld = mog_pld.mixture_pld(sigma, sens, probs, value_discretization_interval=1e-3)
+    assert math.isfinite(pld.get_epsilon_for_delta(1e-9))
+    s, q = np.asarray(sens), np.asarray(probs)
+    loss = mog_pld._Loss(sigma, s, q, True)
+    lower_x, upper_x = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
+    eps = np.array([-0.693, -0.69, -0.5, 0.0, 1.0, 50.0, 2000.0, 15000.0])
+    x = mog_pld._invert(loss, eps, lower_x, upper_x)
+    gap = 1e-12 * (1 + np.abs(x))
+    assert np.all(loss.value(x - gap) >= eps) and np.all(loss.value(x + gap) <= eps)
+    # the hockey stick there against quadrature (the flat limit's neighbourhood)
+    for e in (-0.69, 0.0):
+        ours = mog_pld.hockey_stick(sigma, sens, probs, np.array([e]), remove=True)[0]
+        assert ours == pytest.approx(_numeric_hockey_stick(sigma, sens, probs, e, True), rel=1e-6, abs=1e-12)
+
+
+def test_a_batch_of_epsilons_is_inverted_as_each_alone() -> None:
+    """Two components 500 standard deviations apart: delta(eps) = 0.001 (the far component's mass)
+    for every eps >= 0 up to ~1.2e5; an earlier inversion returned 0 for part of a large batch."""
+    eps = np.arange(1, 20001) * 0.01
+    vals = mog_pld.hockey_stick(1.0, [0.0, 500.0], [0.999, 0.001], eps, remove=True)
+    np.testing.assert_allclose(vals, 0.001, rtol=1e-12)

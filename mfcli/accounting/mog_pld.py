@@ -231,7 +231,10 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
     Starting points come from a coarse monotone grid (:data:`_START_GRID` points): the chord of
     the grid cell with L >= eps > L (next point). A point stops once the error its last step leaves
     is estimated below 1e-14 (1 + |x|) (a few ulps: mostly after one evaluation), its step is
-    negligible, or L equals eps to rounding.
+    negligible, or L equals eps to rounding. Every evaluation also narrows a bracket of the root
+    (L non-increasing); a point the steps have not settled in :data:`_HALLEY_STEPS` (a start far
+    out on a nearly flat stretch, where Halley's steps are short) is finished by bisection of its
+    bracket (:func:`_bisect_roots`).
     """
     key = ("grid", lower_x, upper_x)
     if key not in loss.cache:
@@ -255,10 +258,15 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
         frac = np.where(np.isfinite(frac), frac, 0.5)
         # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
         x = x0 + frac * (x1 - x0)
+        # a bracket [lo, hi] of each root, from the evaluations so far (infinite: none yet)
+        lo = np.where(l0 > e, x0, -np.inf)
+        hi = np.where(l1 < e, x1, np.inf)
         live = np.arange(e.size)  # the points not yet converged: only they are evaluated again
-        for _ in range(100):
+        for _ in range(_HALLEY_STEPS):
             xl, el = x[live], e[live]
             val, slope, curv = loss.value_slope_curvature(xl)
+            lo[live] = np.where(val > el, np.maximum(lo[live], xl), lo[live])
+            hi[live] = np.where(val < el, np.minimum(hi[live], xl), hi[live])
             step, err = _halley_step(val - el, slope, curv, loss.slope_range)
             xl = xl - step
             x[live] = xl
@@ -271,10 +279,50 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
             live = live[~done]
             if live.size == 0:
                 break
-        else:  # pragma: no cover - Halley (or Newton) on a monotone log-sum-exp always converges
-            raise RuntimeError("privacy-loss inversion did not converge")
+        else:
+            x[live] = _bisect_roots(loss, e[live], x[live], lo[live], hi[live])
         out[start:start + _CHUNK] = x
     return out
+
+
+#: Halley steps per point before its root is finished by bisection (most points need 1 to 3).
+_HALLEY_STEPS = 40
+
+
+def _bisect_roots(loss: _Loss, eps: np.ndarray, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The roots of L(x) = eps (L non-increasing) by bisection, from brackets lo < root < hi found
+    so far (an infinite end is first pushed out from x by doubling steps until L crosses eps),
+    halved until they are 1e-14 (1 + |x|) wide (or stop shrinking): the midpoints.
+
+    Raises:
+        MfcliError: no bracket within 2^60 (the loss does not reach eps: not a valid mixture)."""
+    lo, hi = lo.copy(), hi.copy()
+    for side in (lo, hi):
+        bad = ~np.isfinite(side)
+        width = np.ones(x.size)
+        for _ in range(60):
+            if not bad.any():
+                break
+            probe = x[bad] + (-width[bad] if side is lo else width[bad])
+            val = loss.value(probe)
+            found = val > eps[bad] if side is lo else val < eps[bad]
+            idx = np.flatnonzero(bad)
+            side[idx[found]] = probe[found]
+            width[idx[~found]] *= 2.0
+            bad[idx[found]] = False
+        if bad.any():
+            raise MfcliError("the privacy-loss inversion found no bracket of a root: the loss does not reach "
+                             "the requested epsilon")
+    for _ in range(2200):  # each halving shrinks a finite bracket: done long before in practice
+        mid = 0.5 * (lo + hi)
+        open_ = (hi - lo > 1e-14 * (1.0 + np.abs(mid))) & (mid > lo) & (mid < hi)
+        if not open_.any():
+            break
+        above = loss.value(mid[open_]) > eps[open_]
+        idx = np.flatnonzero(open_)
+        lo[idx[above]] = mid[open_][above]
+        hi[idx[~above]] = mid[open_][~above]
+    return 0.5 * (lo + hi)
 
 
 def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float) -> tuple[np.ndarray, np.ndarray]:
