@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from scipy import special
 
 from mfcli.accounting import mmcc as M
+from mfcli.util.search import smallest_true
 
 
 def _reference_tail_z(eps, n, *, sigma, h, g_lo, g_hi):
@@ -331,7 +332,7 @@ def test_smallest_level_equals_plain_bisection(lo: int, width: int, at: int, gue
             b = mid
         else:
             a = mid + 1
-    assert M._smallest_level(holds, lo, hi, guess) == a
+    assert smallest_true(holds, lo, hi, guess=guess) == a
 
 
 def test_tail_epsilons_cut_from_the_guess_equals_the_bisection(monkeypatch) -> None:

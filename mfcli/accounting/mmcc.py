@@ -76,6 +76,7 @@ from mfcli.util.blas import blas_threads
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.rows import fields_of
+from mfcli.util.search import smallest_true
 
 #: Share of delta spent on cutting the row mixtures' upper tails (all rows together).
 TRUNCATION_SHARE = 1e-6
@@ -828,7 +829,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         def below(c: int, tail_at: Callable[[int], np.ndarray] = tail_at, target: np.ndarray = target) -> bool:
             return bool(np.all(tail_at(c) <= target))
 
-        cut = max(1, _smallest_level(below, 1, int(sup.max()) + 1, _chernoff_level_guess(lmgf, target, sup)))
+        cut = max(1, smallest_true(below, 1, int(sup.max()) + 1, guess=_chernoff_level_guess(lmgf, target, sup)))
         if method == "direct":
             pmf, extra = w_law(counts, p, cut)
             err = 0.0
@@ -848,34 +849,13 @@ def _chernoff_level_guess(log_mgf: np.ndarray, target: np.ndarray, support: np.n
     """Where the cut search of :func:`tail_epsilons` starts: the largest over the problems of the
     smallest level c with exp(min over lambda of (log E e^(lambda W) - lambda c)) <= target, i.e.
     ceil(min over lambda of (log mgf - log target) / lambda), but at most the support's end + 1
-    (where the tail is 0). Only a starting point (:func:`_smallest_level` checks it); 1 where it
+    (where the tail is 0). Only a starting point (:func:`mfcli.util.search.smallest_true` checks it); 1 where it
     is not finite."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         lev = ((log_mgf - np.log(target)[:, None]) / _CHERNOFF_LAMBDAS[None, :]).min(axis=1)
         lev = np.minimum(np.ceil(lev), support + 1.0)
     best = float(lev.max()) if lev.size else 1.0
     return int(best) if math.isfinite(best) else 1
-
-
-def _smallest_level(holds: Callable[[int], bool], lo: int, hi: int, guess: int) -> int:
-    """The smallest c in [lo, hi] where ``holds`` (monotone: false, then true; true at hi), as the
-    plain bisection over [lo, hi] finds it, but starting from ``guess``: where ``holds(guess)``
-    and not ``holds(guess - 1)`` two evaluations settle it (the bisection took ~log2(hi - lo));
-    otherwise the bisection goes on in the half that ``guess`` leaves."""
-    c = min(max(guess, lo), hi)
-    if holds(c):
-        if c == lo or not holds(c - 1):
-            return c
-        hi = c - 1
-    else:
-        lo = c + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def tail_allocation(prep: PreparedStrategy, pairs: TailPairs, uniform_share: float) -> np.ndarray:

@@ -55,6 +55,7 @@ from mfcli.strategies.operators import (
     check_band_rank,
     strategy_for_decoder,
 )
+from mfcli.util.search import smallest_true
 
 #: Default cap on the rank tried by the automatic search.
 DEFAULT_MAX_SEARCH_RANK = 64
@@ -352,13 +353,7 @@ class _Search:
         """Smallest x in [lo, hi] with feasible(x), by bisection (feasibility assumed monotone), or None."""
         if hi < lo or not feasible(hi):
             return None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if feasible(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return hi
+        return smallest_true(feasible, lo, hi)
 
     def smallest_k(self, r: int, hi: int) -> int | None:
         """Smallest feasible K in [1, hi] at rank r, or None."""
