@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from mog_cases import MMCC_LIKE_ROWS, inversion_problem
 from scipy import integrate, stats
 
 from mfcli.accounting import mog_pld
@@ -128,37 +129,26 @@ def test_bad_mixtures(sigma, sens, probs) -> None:
         mog_pld.mixture_pld(sigma, sens, probs)
 
 
-#: Mixtures for the inversion check: the table above plus rows like MMCC's (a hundred grid points
-#: 1/50 apart with Poisson-binomial-like weights, with and without an atom at 0).
-_BINOM = stats.binom.pmf(np.arange(150), 400, 0.01)
-_ROWS = [
-    *MIXTURES,
-    (4.0, list(np.arange(150) / 50), list(_BINOM / _BINOM.sum())),
-    (2.5, list(np.arange(1, 90) / 50), list(np.full(89, 1 / 89))),
-]
+#: Mixtures for the inversion check: the table above plus rows like MMCC's.
+_ROWS = [*MIXTURES, *MMCC_LIKE_ROWS]
 
 
 @pytest.mark.parametrize("sigma,sens,probs", _ROWS)
 @pytest.mark.parametrize("remove", [True, False])
 def test_inversion_matches_an_independent_root_finder(sigma, sens, probs, remove) -> None:
-    """``_invert`` (a coarse starting grid, Newton only on the points not yet converged) against
-    scipy's brentq on L(x) - eps at every connect-the-dots grid point of the PLD: the roots agree
+    """``_invert`` (a chord start from a coarse grid, Halley steps on the points not yet converged)
+    against scipy's brentq on L(x) - eps at every connect-the-dots grid point of the PLD: the roots agree
     to 1e-9 (or the loss is flat there, where delta does not depend on x to first order), and the
     hockey-stick values at the two roots to 1e-15 absolute, 1e-9 relative."""
     from scipy import optimize
 
-    s, q = mog_pld._check_mixture(sigma, sens, probs)
-    loss = mog_pld._Loss(float(sigma), s, q, remove)
-    lower_x, upper_x = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
-    hi_eps, lo_eps = loss.value(np.array([lower_x, upper_x]))
-    eps = np.linspace(lo_eps, hi_eps, 203)[1:-1]
-    eps = eps[(eps > loss.flat_limit) if remove else (eps < loss.flat_limit)]
+    loss, lower_x, upper_x, eps = inversion_problem(sigma, sens, probs, remove, 203)
     ours = mog_pld._invert(loss, eps, lower_x, upper_x)
     span = upper_x - lower_x
     ref = np.array([optimize.brentq(lambda x, e=e: float(loss.value(np.array([x]))[0]) - e,
                                     lower_x - 64 * span, upper_x + 64 * span, xtol=1e-14, rtol=1e-15)
                     for e in eps])
-    _, slope = loss.value_and_slope(ref)
+    _, slope, _ = loss.value_slope_curvature(ref)
     steep = np.abs(slope) > 1e-6
     np.testing.assert_allclose(ours[steep], ref[steep], rtol=1e-9, atol=1e-9)
 

@@ -7,17 +7,12 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 import pytest
-from scipy import stats
+from mog_cases import MMCC_LIKE_ROWS, inversion_problem
 
 from mfcli.accounting import mmcc as M
 from mfcli.accounting import mog_pld
 
-_BINOM = stats.binom.pmf(np.arange(150), 400, 0.01)
-_ROWS = [
-    (4.0, np.arange(150) / 50, _BINOM / _BINOM.sum()),  # like MMCC's rows: an atom at 0, a binomial body
-    (2.5, np.arange(1, 90) / 50, np.full(89, 1 / 89)),  # no atom at 0: no flat limit
-    (0.7, np.array([0.0, 0.3, 1.0]), np.array([0.5, 0.3, 0.2])),
-]
+_ROWS = [*MMCC_LIKE_ROWS, (0.7, [0.0, 0.3, 1.0], [0.5, 0.3, 0.2])]
 
 
 @pytest.mark.parametrize("sigma,sens,probs", _ROWS)
@@ -27,14 +22,10 @@ def test_inversion_stops_within_a_few_ulps_of_the_exact_root(sigma, sens, probs,
     every root lies within 1e-13 (1 + |x|) of the root mpmath finds at 40 digits where the loss is
     not flat (|dL/dx| > 1e-4), over the PLD's whole eps range (a stop at an estimated error of
     1e-9 (1 + |x|) instead of 1e-14 fails this)."""
-    s, q = mog_pld._check_mixture(sigma, sens, probs)
-    loss = mog_pld._Loss(float(sigma), s, q, remove)
-    lower_x, upper_x = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
-    hi_eps, lo_eps = loss.value(np.array([lower_x, upper_x]))
-    eps = np.linspace(lo_eps, hi_eps, 61)[1:-1]
-    eps = eps[(eps > loss.flat_limit) if remove else (eps < loss.flat_limit)]
+    loss, lower_x, upper_x, eps = inversion_problem(sigma, sens, probs, remove, 61)
+    s, q = loss.s, loss.q
     ours = mog_pld._invert(loss, eps, lower_x, upper_x)
-    _, slope = loss.value_and_slope(ours)
+    _, slope, _ = loss.value_slope_curvature(ours)
     steep = np.abs(slope) > 1e-4
     assert steep.sum() > 10
     mpmath.mp.dps = 40

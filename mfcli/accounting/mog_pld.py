@@ -110,18 +110,9 @@ class _Loss:
         np.exp(w, out=w)
         return w, amax
 
-    def value_and_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        w, amax = self._shifted_exponents(x)
-        tot = w.sum(axis=1)
-        lse = np.log(tot) + amax
-        dlse = (w @ self.slope) / tot
-        if self.remove:
-            return lse, dlse
-        return -lse, -dlse
-
     def value_slope_curvature(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """L, dL/dx and d2L/dx2 at x: the first two as :meth:`value_and_slope` forms them; d2L/dx2 is
-        the variance of the slopes under the weights w (the second cumulant: >= 0 for the convex
+        """L, dL/dx and d2L/dx2 at x: the log-sum-exp, its slope E[b] (the slopes b under the
+        weights w) and, for d2L/dx2, the variance of the slopes under the weights w (the second cumulant: >= 0 for the convex
         REMOVE loss, <= 0 for the concave ADD loss), formed as E[b^2] - E[b]^2 (its cancellation
         is absolute, ~1e-16 E[b]^2: it only steers and bounds the error of a step in
         :func:`_invert`)."""
@@ -135,7 +126,7 @@ class _Loss:
         return -lse, -dlse, -var
 
     def value(self, x: np.ndarray) -> np.ndarray:
-        """L(x): the value of :meth:`value_and_slope` (the same arithmetic) without the slope."""
+        """L(x): the value of :meth:`value_slope_curvature` (the same arithmetic) without the derivatives."""
         x = np.atleast_1d(np.asarray(x, dtype=np.float64))
         w, amax = self._shifted_exponents(x)
         lse = np.log(w.sum(axis=1)) + amax
