@@ -331,8 +331,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         pj = cols[seen[cols]]
         if pj.size:
             seen_cols = np.flatnonzero(seen)
-            gsub = g[_block(pj), _block(seen_cols)] if _contiguous(pj) and _contiguous(seen_cols) \
-                else g[np.ix_(pj, seen_cols)]  # a view where both are ranges (a dense C): no gathered copy
+            gsub = g[_submatrix(pj, seen_cols)]
             kk = _round_up_to_grid(gsub, resolution)
             kk = np.minimum(kk, nbins - 1)  # G <= 1 (unit columns), so this never binds beyond 1 + 1/M
             flat = (np.arange(pj.size)[:, None] * nbins + kk).ravel()
@@ -366,10 +365,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
             key_out.append(kidx)
         # G += c_r^T c_r on the row's support
         v = row[cols]
-        if _contiguous(cols):
-            g[_block(cols), _block(cols)] += np.outer(v, v)
-        else:
-            g[np.ix_(cols, cols)] += np.outer(v, v)
+        g[_submatrix(cols, cols)] += np.outer(v, v)
         seen[cols] = True
     tick.finish()
     if counts_list:
@@ -383,14 +379,15 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     return TailPairs(rows=rows_a, cols=cols_a, key=key_a, counts=counts, g_index=gidx, resolution=resolution)
 
 
-def _contiguous(idx: np.ndarray) -> bool:
-    """Whether the sorted distinct indices ``idx`` are a range a, a + 1, ..., b."""
-    return bool(idx.size) and int(idx[-1]) - int(idx[0]) + 1 == idx.size
+def _submatrix(rows: np.ndarray, cols: np.ndarray) -> tuple[Any, ...]:
+    """The index of the submatrix (``rows``, ``cols``) (sorted distinct indices): slices where both
+    are ranges (a dense C), so that it is a view and no gathered copy, else ``np.ix_``."""
+    def contiguous(idx: np.ndarray) -> bool:
+        return bool(idx.size) and int(idx[-1]) - int(idx[0]) + 1 == idx.size
 
-
-def _block(idx: np.ndarray) -> slice:
-    """The slice of a range of indices (:func:`_contiguous`)."""
-    return slice(int(idx[0]), int(idx[-1]) + 1)
+    if contiguous(rows) and contiguous(cols):
+        return slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+    return np.ix_(rows, cols)
 
 
 def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tuple[np.ndarray, np.ndarray]:
@@ -632,8 +629,6 @@ def _tail_T_bound(t: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray
     return t - s_phi * d + (0.5 * k * step) * d * s_m
 
 
-
-
 def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
                   slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
     """``_tail_T(...) * slack <= delta`` per problem, the same decision, with T computed in full
@@ -849,8 +844,8 @@ def _chernoff_level_guess(log_mgf: np.ndarray, target: np.ndarray, support: np.n
     """Where the cut search of :func:`tail_epsilons` starts: the largest over the problems of the
     smallest level c with exp(min over lambda of (log E e^(lambda W) - lambda c)) <= target, i.e.
     ceil(min over lambda of (log mgf - log target) / lambda), but at most the support's end + 1
-    (where the tail is 0). Only a starting point (:func:`mfcli.util.search.smallest_true` checks it); 1 where it
-    is not finite."""
+    (where the tail is 0). Only a starting point (:func:`mfcli.util.search.smallest_true` checks
+    it); 1 where it is not finite."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         lev = ((log_mgf - np.log(target)[:, None]) / _CHERNOFF_LAMBDAS[None, :]).min(axis=1)
         lev = np.minimum(np.ceil(lev), support + 1.0)
