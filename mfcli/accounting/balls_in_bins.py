@@ -696,6 +696,11 @@ def _hockey_bound(pmf: pld_ops.Pmf, eps: float, above: bool) -> float:
     return (total + pmf.infinity_mass) * ((1.0 + 2.0 * u) if above else (1.0 - 2.0 * u))
 
 
+def _pld_hockey_bound(pld: pld_ops.Pld, eps: float, above: bool) -> float:
+    """:func:`_hockey_bound` of the PLD's delta(eps): the larger of its two directions'."""
+    return max(_hockey_bound(pld.remove, eps, above), _hockey_bound(pld.add_pmf, eps, above))
+
+
 def _certified_upper(upper: pld_ops.Pld, eps: float, delta: float) -> float:
     """The smallest eps' >= eps on a doubling ladder (steps from 1e-13 relative) at which the
     pessimistic PLD's delta, bounded from above in both directions, is <= delta (inf if none)."""
@@ -703,7 +708,7 @@ def _certified_upper(upper: pld_ops.Pld, eps: float, delta: float) -> float:
         return eps
     step = 1e-13 * max(1.0, eps)
     for _ in range(64):
-        if max(_hockey_bound(upper.remove, eps, True), _hockey_bound(upper.add_pmf, eps, True)) <= delta:
+        if _pld_hockey_bound(upper, eps, True) <= delta:
             return eps
         eps += step
         step *= 2.0
@@ -715,7 +720,7 @@ def _certified_lower(lower: pld_ops.Pld, eps: float, delta: float) -> float:
     from below in one direction, is > delta (so the pair's epsilon is >= eps'), or 0."""
     step = 1e-13 * max(1.0, eps)
     while eps > 0:
-        if max(_hockey_bound(lower.remove, eps, False), _hockey_bound(lower.add_pmf, eps, False)) > delta:
+        if _pld_hockey_bound(lower, eps, False) > delta:
             return eps
         eps -= step
         step *= 2.0
@@ -727,8 +732,7 @@ def tree_delta_bracket(*, n: int, sigma: float, epsilon: float, epochs: int = 1,
     """[lower, upper] on the pair's delta(epsilon) (max over the two directions), each the PLDs'
     hockey-stick divergence bounded with its floating-point error (:func:`_hockey_bound`)."""
     upper, lower = tree_plds(n=n, sigma=sigma, epochs=epochs, grid=grid)
-    return (max(0.0, _hockey_bound(lower.remove, epsilon, False), _hockey_bound(lower.add_pmf, epsilon, False)),
-            max(_hockey_bound(upper.remove, epsilon, True), _hockey_bound(upper.add_pmf, epsilon, True)))
+    return max(0.0, _pld_hockey_bound(lower, epsilon, False)), _pld_hockey_bound(upper, epsilon, True)
 
 
 @dataclass(frozen=True)
