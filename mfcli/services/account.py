@@ -70,13 +70,13 @@ from mfcli.errors import MfcliError
 from mfcli.model.participation import Participation, SingleParticipation
 from mfcli.model.record_format import ATTR_CHUNK, RECORD_FORMAT, read_chunked, write_chunked
 from mfcli.util.progress import ProgressCallback
+from mfcli.util.rows import fields_of
 
 if TYPE_CHECKING:  # the balls-in-bins and shuffling accountants are imported where they run: the
     # default Poisson account uses neither
     from mfcli.accounting.balls_in_bins import BallsInBinsDpSgdResult, BallsInBinsTreeResult
     from mfcli.accounting.shuffled_tree import ShuffledTreeResult
     from mfcli.accounting.shuffling import ShuffledDpSgdResult
-from mfcli.util.rows import fields_of
 
 
 @dataclass(frozen=True)
