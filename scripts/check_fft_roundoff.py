@@ -143,7 +143,9 @@ def _ref_of_input(p: pld_ops.Pmf) -> RefPmf:
 
 
 def _alpha(n: int) -> float:
-    return ETA_U * U * math.log2(n)
+    """Higham's Thm 24.2 factor log2(n) eta / (1 - log2(n) eta), eta = ETA_U u (the assumed model)."""
+    t = ETA_U * U * math.log2(n)
+    return t / (1 - t)
 
 
 def _conv_ld(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -280,12 +282,14 @@ class TNode:
     """A direction in the tilted domain: the untilted mass at grid index ``lower + i`` is
     x_i exp(s - theta (lower + i) d) (plus non-negative aliases, see :class:`TiltedChain`);
     ``err1`` bounds sum_i |x_i - exact_i| (computed against exact tilted values); ``inf`` is an
-    upper bound on the untilted infinity mass."""
+    upper bound on the untilted infinity mass; ``s_err`` bounds |s - exact s| (s's own roundings:
+    the exact relation holds with the sum of the leaves' computed log M, times k)."""
     lower: int
     x: np.ndarray
     s: float
     inf: float
     err1: float
+    s_err: float = 0.0
 
 
 class TiltedChain:
@@ -330,12 +334,15 @@ class TiltedChain:
     def _tilt(self, p: pld_ops.Pmf) -> tuple[np.ndarray, float, float]:
         d = self.d = p.discretization
         lj = (np.arange(p.size) + p.lower_loss) * d
-        lp = np.full(p.size, -np.inf)
         pos = p.probs > 0
+        lp = np.full(p.size, -np.inf)
         lp[pos] = np.log(p.probs[pos])
-        log_m = _logsumexp(lp + self.theta * lj)
-        q = np.exp(lp + self.theta * lj - log_m)
-        rho_q = U * (3 * self.theta * float(np.abs(lj).max()) + abs(log_m) + 6) * 1.01
+        log_m = _logsumexp(lp + self.theta * lj)  # any value: a common factor, cancelled by the untilt
+        # q_j = p_j exp(theta l_j - log M): l_j (one rounding), theta l_j (one), - log M (one, of
+        # the argument), exp (ASSUMED <= 4 u), the product (one); no log of p_j (its error would
+        # scale with |log p_j|); a result in the subnormal range is within 2^-1075 absolute
+        q = p.probs * np.exp(self.theta * lj - log_m)
+        rho_q = U * (3 * self.theta * float(np.abs(lj).max()) + abs(log_m) + 5) * 1.01
         return q, log_m, rho_q
 
     def _leaf(self, p: pld_ops.Pmf) -> TNode:
@@ -351,7 +358,7 @@ class TiltedChain:
         e2 = _self_bound_norms(float(q.sum()) * (1 + gamma(q.size)), float(np.linalg.norm(q)) * (1 + gamma(q.size)), k, n)
         fresh = math.sqrt(n) * e2 + k * q.size * 2.3e-308
         err1 = fresh + ((1 + rho_q) ** k - 1) * (float(np.abs(x).sum()) * (1 + gamma(n)) + fresh)
-        return TNode(p.lower_loss * k + lo, x, k * log_m, out.infinity_mass, err1)
+        return TNode(p.lower_loss * k + lo, x, k * log_m, out.infinity_mass, err1, U * abs(k * log_m))
 
     def _compose(self, a: TNode, b: TNode) -> TNode:
         x = pld_ops._fftconvolve(a.x, b.x)
@@ -360,19 +367,25 @@ class TiltedChain:
         b1 = float(np.abs(b.x).sum()) * (1 + gamma(b.x.size))
         err1 = a.err1 * (b1 + b.err1) + b.err1 * a1 + math.sqrt(x.size) * e2
         inf = (a.inf + b.inf - a.inf * b.inf) * (1 + 4 * U)
-        return TNode(a.lower + b.lower, x, a.s + b.s, inf, err1 * (1 + 4 * U))
+        return TNode(a.lower + b.lower, x, a.s + b.s, inf, err1 * (1 + 4 * U), a.s_err + b.s_err + U * abs(a.s + b.s))
 
     def delta_bound(self, pmf: pld_ops.Pmf, eps: float) -> tuple[float, float]:
         """(certified upper bound on D_exact(eps) of the direction the run returned as ``pmf``,
         its round-off part)."""
         node = self.nodes[id(pmf)]
         lpos = (np.arange(node.x.size) + node.lower) * self.d
-        above = lpos > eps
-        expo = node.s - self.theta * lpos[above]
-        rho_u = U * (2 * abs(node.s) + 3 * float(np.abs(self.theta * lpos).max()) + 4) * 1.01
-        w = -np.expm1(eps - lpos[above])
+        # every loss whose exact value may exceed eps (fl(l) within u |l| of it), with an upper
+        # bound on its weight 1 - e^(eps - l): the argument within 2.1 u (|eps| + |l|), expm1
+        # ASSUMED within 4 u
+        above = lpos > eps - 4 * U * (abs(eps) + np.abs(lpos))
+        la = lpos[above]
+        expo = node.s - self.theta * la
+        # the untilt's exponent: s's own error, theta l (two roundings), the difference (one), exp (4 u)
+        rho_u = (node.s_err + U * (abs(node.s) + 3 * float(np.abs(self.theta * la).max(initial=0.0)) + 5)) * 1.01
+        rho_u = math.expm1(rho_u)
+        w = np.maximum(-np.expm1(eps - la), 0.0) * (1 + 5 * U) + 2.1 * U * (abs(eps) + np.abs(la))
         main = float((np.maximum(node.x[above], 0) * np.exp(expo) * w).sum())
-        err = node.err1 * math.exp(node.s - self.theta * eps)
+        err = node.err1 * math.exp(node.s - self.theta * eps) * (1 + 1e-12)  # weights <= 1 + 1e-12
         fac = (1 + rho_u) * (1 + gamma(node.x.size + 4))
         total = fac * (main + err) + node.inf * (1 + 4 * U)
         return total, total - main - node.inf
