@@ -57,6 +57,8 @@ from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
+from mfcli.util.floating import NDTR_ULPS_0, NDTR_ULPS_2, UNIT_ROUNDOFF
+from mfcli.util.floating import gamma as _gamma
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.validation import positive_int, positive_number
 
@@ -75,29 +77,12 @@ TAIL_CUT = 1e-30
 G_WIDTH_SD = 12.0
 #: Largest grid size (points) of one law; a finer grid or a wider law is refused.
 MAX_POINTS = 4_000_000
-#: Unit roundoff of IEEE double precision, round to nearest: fl(x op y) = (x op y)(1 + e), |e| <= U
-#: while the result is a normal number (FLOOR below keeps every product normal).
-UNIT_ROUNDOFF = 2.0**-53
-#: scipy.special.ndtr(x) is assumed within (NDTR_ULPS_0 + NDTR_ULPS_2 x^2) units of roundoff of
-#: Phi(x), relatively, for |x| <= 14 (the kernel's range): an assumption, not a theorem (Cephes'
-#: erf/erfc, whose error grows with x^2 through exp(-x^2/2)); tests/test_accounting_balls_in_bins_float.py
-#: checks it against mpmath on 60 000 points, where it is never above 0.28 of this allowance.
-NDTR_ULPS_0, NDTR_ULPS_2 = 32.0, 8.0
 #: Positive entries below this are dropped one-sidedly (U to +inf, D to -inf, counted in the
 #: law's missing mass), so every entry is >= FLOOR and every product of two is a normal number:
 #: the relative error model above then holds for every operation (no underflow).
 FLOOR = 1e-150
 #: Largest relative error bound accepted (the bounds' algebra takes it small; never near in use).
 MAX_RHO = 1e-3
-
-
-def _gamma(k: int) -> float:
-    """gamma_k = k u / (1 - k u): a sum of k + 1 non-negative terms, in any order, or a chain of
-    k roundings, has relative error at most gamma_k (Higham, Accuracy and Stability, 3.1)."""
-    ku = k * UNIT_ROUNDOFF
-    if ku >= 0.5:
-        raise MfcliError("a balls-in-bins law is too large for its floating-point error bound")
-    return ku / (1.0 - ku)
 
 
 def _combine(*rel: float) -> float:
