@@ -86,7 +86,7 @@ def test_mixture_tails_have_full_relative_precision(sigma, sens, probs) -> None:
         -(s[:3] + 1e-3),  # just above the first atoms: only they have t < 0
         -(s[-1] - 0.1 * sigma) + np.zeros(1),  # in a gap below the last atom (_GAPPED)
     ])
-    cdf, sf = mog_pld._mixture_tails(ys, s, q, float(sigma))
+    cdf, sf, _, _ = mog_pld._mixture_tails(ys, s, q, float(sigma))
     for y, c, f in zip(ys, cdf, sf, strict=True):
         want_c, want_f = _tails_mp(y, s, q, float(sigma))
         assert c == pytest.approx(want_c, rel=1e-13, abs=1e-300)

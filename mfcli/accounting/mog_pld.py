@@ -41,6 +41,7 @@ from scipy import special
 
 from mfcli.accounting import pld_ops
 from mfcli.errors import MfcliError
+from mfcli.util.floating import ELEMENTARY_ULPS, NDTR_ULPS_0, NDTR_ULPS_2, UNIT_ROUNDOFF, gamma
 from mfcli.util.validation import positive_number
 
 #: dp-accounting's default: ln of the noise mass that may be cut from each tail.
@@ -215,7 +216,7 @@ def _truncation_points(loss: _Loss, log_mass_bound: float) -> tuple[float, float
     return lo, upper_x
 
 
-def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.ndarray:
+def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace: np.ndarray | None = None) -> np.ndarray:
     """x*(eps) with L(x*) = eps for every eps strictly inside the loss range (vectorised Halley
     steps, :func:`_halley_step`).
 
@@ -226,6 +227,10 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
     (L non-increasing); a point the steps have not settled in :data:`_HALLEY_STEPS` (a start far
     out on a nearly flat stretch, where Halley's steps are short) is finished by bisection of its
     bracket (:func:`_bisect_roots`).
+
+    ``trace``, if given (shape (5, len(eps))), receives for each point what :func:`_root_errors`
+    needs: the last evaluation's x, L - eps, dL/dx and d2L/dx2, and the step taken from there to
+    the returned root (NaN for a root finished by bisection).
     """
     key = ("grid", lower_x, upper_x)
     if key not in loss.cache:
@@ -259,6 +264,9 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
             lo[live] = np.where(val > el, np.maximum(lo[live], xl), lo[live])
             hi[live] = np.where(val < el, np.minimum(hi[live], xl), hi[live])
             step, err = _halley_step(val - el, slope, curv, loss.slope_range)
+            if trace is not None:
+                idx = start + live
+                trace[0, idx], trace[1, idx], trace[2, idx], trace[3, idx], trace[4, idx] = xl, val - el, slope, curv, step
             xl = xl - step
             x[live] = xl
             # converged: the error left after this step (its estimate) is a few ulps of x, the
@@ -272,6 +280,8 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float) -> np.
                 break
         else:
             x[live] = _bisect_roots(loss, e[live], x[live], lo[live], hi[live])
+            if trace is not None:
+                trace[:, start + live] = np.nan
         out[start:start + _CHUNK] = x
     return out
 
@@ -409,15 +419,19 @@ def _grid_points(loss: _Loss, discretization: float, max_points: int | None) -> 
     return ks
 
 
-def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray):
-    # same post-hoc monotonicity fix as dp-accounting (can only raise deltas)
+def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray, bounds: np.ndarray):
+    # same post-hoc monotonicity fix as dp-accounting (can only raise deltas), then the lift that
+    # makes the PMF dominate the proven bounds on the exact deltas (round-off)
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
-    return connect_dots_pmf(discretization, ks, deltas)
+    return _certified(connect_dots_pmf(discretization, ks, deltas), ks, bounds)
 
 
-def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(sum_i q_i Phi(t_i), sum_i q_i Phi(-t_i)) with t_i = (y + s_i) / sigma for every y, the
-    support s sorted: REMOVE's mu_upper_cdf at y and ADD's mu_lower_cdf at -y (:func:`_paired_deltas`).
+    support s sorted: REMOVE's mu_upper_cdf at y and ADD's mu_lower_cdf at -y (:func:`_paired_deltas`),
+    and for each point the sum of the terms q_i e_i and of q_i e_i rho_i (see below), which bound
+    the two sums' round-off (:func:`_tail_sum_errors`).
 
     t_i < 0 exactly for i < i0 = the number of s_i < -y (rounding is monotone, and y + s rounds to
     0 only if it is 0). With e_i = Phi(-|t_i|) (one ``erfc`` per entry, accurate in both tails),
@@ -427,9 +441,17 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float) ->
     Q_big > 0 keeps the first above Q_big / 2 (e <= 1/2), and B, formed as the total minus A,
     errs by ~1e-16 A only; likewise the second. A and B come from one running sum of q_i e_i per
     point, where a mask and 1 - e per entry, both tails and two products with q took twice the
-    passes over the (points x support) array."""
+    passes over the (points x support) array.
+
+    rho_i = 40 + 28 z_i^2 (z_i = |t_i| / sqrt 2, erfc's argument) bounds, in units of roundoff,
+    the relative error of the computed q_i erfc(z_i) against q_i erfc at the exact |t_i| / sqrt 2:
+    erfc's assumed allowance (32 + 16 z^2, :data:`mfcli.util.floating.NDTR_ULPS_0`), the four
+    roundings that form z (relative 4u, amplified by |d log erfc / dz| <= z + sqrt(z^2 + 2)
+    <= 2 z + 1.42, Abramowitz-Stegun 7.1.13: 8.1 z^2 + 5.8 z <= 11 z^2 + 3) and the product with q."""
     cdf_sum = np.empty(y.size)
     sf_sum = np.empty(y.size)
+    totals = np.empty(y.size)
+    weighted = np.empty(y.size)
     q_before = np.concatenate(([0.0], np.cumsum(q)))
     q_from = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))
     for start in range(0, y.size, _CHUNK):
@@ -439,20 +461,27 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float) ->
         t /= sigma  # the arguments of _Loss.upper_cdf, formed as it forms them
         np.abs(t, out=t)
         t *= math.sqrt(0.5)
+        rho = np.square(t)
+        rho *= 28.0
+        rho += 40.0
         e = special.erfc(t, out=t)  # 2 Phi(-|t|)
         e *= q
+        weighted[start:start + _CHUNK] = np.einsum("ij,ij->i", e, rho)
         run = np.cumsum(e, axis=1, out=e)
         a = np.where(i0 > 0, run[np.arange(yc.size), np.maximum(i0 - 1, 0)], 0.0)
         b = run[:, -1] - a
+        totals[start:start + _CHUNK] = run[:, -1]
         q_small, q_big = q_before[i0], q_from[i0]
         cdf_sum[start:start + _CHUNK] = 0.5 * a + q_big - 0.5 * b
         sf_sum[start:start + _CHUNK] = q_small - 0.5 * a + 0.5 * b
-    return cdf_sum, sf_sum
+    return cdf_sum, sf_sum, totals, weighted
 
 
-def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """delta(eps) of both directions of one mixture, each root and each mixture CDF entry computed
-    once for the two.
+    once for the two, and for each point a proven upper bound on the exact delta at the exact
+    grid value (:func:`_delta_bounds`): (delta_remove, delta_add, bound_remove, bound_add).
 
     Why they can be shared: the ADD loss is the REMOVE loss mirrored, L_add(x) = -L_remove(-x)
     (the same exponents, with x and the slopes negated: bit for bit), so the ADD root at eps is
@@ -470,22 +499,337 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     delta_a = np.zeros_like(eps_a)
     in_r = ~trivial_r
     in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
+    bound_r, bound_a = _flat_bounds(remove, eps_r), _flat_bounds(add, eps_a)
     # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
     # so the mirrored ADD points are inside the REMOVE range)
     pts = np.union1d(eps_r[in_r], -eps_a[in_a])
     if pts.size:
         lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-        y = _invert(remove, pts, lower_x, upper_x)
-        cdf_sum, sf_sum = _mixture_tails(y, remove.s, remove.q, remove.sigma)
+        trace = np.empty((5, pts.size))
+        y = _invert(remove, pts, lower_x, upper_x, trace)
+        root = _root_errors(remove, y, pts, trace)
+        # a root whose residual is far above round-off (Halley's error estimate misled by curvature
+        # that changes fast, as where a far component takes over) is finished by bisection
+        loose = ~(root[:, 0] <= _LOOSE_RESIDUAL * (1.0 + np.abs(pts)))
+        if loose.any():
+            y[loose] = _bisect_roots(remove, pts[loose], y[loose], np.full(int(loose.sum()), -np.inf),
+                                     np.full(int(loose.sum()), np.inf))
+            trace[:, loose] = np.nan
+            root[loose] = _root_errors(remove, y[loose], pts[loose], trace[:, loose])
+        cdf_sum, sf_sum, totals, weighted = _mixture_tails(y, remove.s, remove.q, remove.sigma)
         if in_r.any():
             i = np.searchsorted(pts, eps_r[in_r])
             e_in = eps_r[in_r]
-            delta_r[in_r] = cdf_sum[i] - _scaled_lower(remove, y[i], e_in, remove.lower_cdf(y[i]))
+            lower = remove.lower_cdf(y[i])
+            scaled = _scaled_lower(remove, y[i], e_in, lower)
+            delta_r[in_r] = cdf_sum[i] - scaled
+            err_upper = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=False)
+            b = _delta_bounds(remove, y[i], e_in, delta_r[in_r], cdf_sum[i], err_upper, scaled,
+                              _ndtr_allowance(y[i] / remove.sigma), root[i], remove=True)
+            bound_r[in_r] = np.where(_near_flat(remove, e_in), bound_r[in_r], b)
         if in_a.any():
             i = np.searchsorted(pts, -eps_a[in_a])
             e_in = eps_a[in_a]
-            delta_a[in_a] = add.upper_cdf(-y[i]) - _scaled_lower(add, -y[i], e_in, sf_sum[i])
-    return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0)
+            upper = add.upper_cdf(-y[i])
+            scaled = _scaled_lower(add, -y[i], e_in, sf_sum[i])
+            delta_a[in_a] = upper - scaled
+            err_lower = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=True)
+            b = _delta_bounds(add, -y[i], e_in, delta_a[in_a], upper, _ndtr_allowance(-y[i] / add.sigma) * upper,
+                              scaled, err_lower / np.maximum(sf_sum[i], np.finfo(float).tiny), root[i], remove=False)
+            bound_a[in_a] = np.where(_near_flat(add, e_in), bound_a[in_a], b)
+    return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
+
+
+# ---------------------------------------------------------------------------------------------
+# Round-off: a proven upper bound on the exact delta at every grid point, and a connect-the-dots
+# PMF lifted to dominate it (docs/accounting.md, "Round-off of the MMCC row PLDs")
+
+#: Points within this relative distance of a flat limit of the loss take the flat-limit bound
+#: (:func:`_flat_bounds`), valid everywhere, instead of the root's (which needs a root).
+_NEAR_FLAT = 1e-9
+#: The smallest normal double, 2^-1022: the absolute error allowed for a special function whose
+#: value underflows (the relative model holds only for normal results).
+_TINY = float(np.finfo(np.float64).tiny)
+#: Largest relative lift of a row PMF's masses (:func:`_certified`); a larger deficit is covered
+#: by infinity mass instead.
+_KAPPA_CAP = 1e-9
+
+
+def _ndtr_allowance(x: np.ndarray) -> np.ndarray:
+    """Relative error bound of ``ndtr(x)`` (x = y / sigma, formed with one rounding) against Phi at
+    the exact y / sigma: the assumed allowance (NDTR_ULPS_0 + NDTR_ULPS_2 x^2) u plus the argument's
+    rounding u |x| amplified by |d log Phi / dx| <= |x| + 1 (Mills' ratio)."""
+    ax = np.abs(x)
+    return (NDTR_ULPS_0 + NDTR_ULPS_2 * ax * ax + 1.01 * ax * (ax + 1.0) + 1.0) * UNIT_ROUNDOFF
+
+
+def _tail_sum_errors(q: np.ndarray, y: np.ndarray, s: np.ndarray, totals: np.ndarray, weighted: np.ndarray,
+                     *, small: bool) -> np.ndarray:
+    """Bound on the absolute round-off of :func:`_mixture_tails`' first sum (small=False) or second
+    (small=True) at the points y: half the erfc terms' own errors (sum q_i e_i rho_i u / 2), the
+    running sums of the q_i e_i (at most k roundings per term: gamma_k of their total each, the
+    partial A, the total and B = total - A) and of q (Q_big or Q_small), and the two additions."""
+    k = s.size
+    i0 = np.searchsorted(s, -y, side="left")
+    q_part = (np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))[i0] if not small
+              else np.concatenate(([0.0], np.cumsum(q)))[i0])
+    # an erfc that underflows (z > 26.5) has no relative accuracy: 2^-1022 absolute per term covers it
+    return 1.01 * (0.5 * UNIT_ROUNDOFF * weighted + (2.0 * gamma(k + 2) + 4.0 * UNIT_ROUNDOFF) * (totals + q_part)
+                   + k * _TINY)
+
+
+def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray) -> np.ndarray:
+    """For each computed root y of L(x) = eps (REMOVE loss: convex, decreasing) the triple
+    (R, m, Delta): R >= |L(y) - eps| (exact L, exact grid value), m <= |L'(y)| (0 where unknown),
+    and Delta >= |x* - y| for the exact root x* (inf where not bounded). :func:`_delta_bounds`
+    turns them into a bound on the shortfall of g(y) = mu_upper_cdf(y) - e^eps mu_lower_cdf(y)
+    below its maximum g(x*) = delta(eps).
+
+    From the last evaluation (``trace``: x_k, f = L(x_k) - eps, L'(x_k) and L''(x_k) as computed,
+    and the step s to y = x_k - s): Taylor, L(y) = L(x_k) - L'(x_k) s + L''(x_k) s^2 / 2
+    - L^(3)(xi) s^3 / 6. L'' is the variance of the slopes b_i under the weights and L^(3) their
+    third central moment, at most B L'' in size (B the slopes' range), so L'' grows by at most
+    e^(B t) over a distance t, and it never exceeds B^2 / 4 (Popoviciu): on [x_k - t, x_k + t],
+    |L''| <= c(t) = min(B^2 / 4, (L''(x_k) + its round-off) e^(B t)) and |L^(3)| <= B c(t).
+    Round-off of the computed values (:mod:`mfcli.util.floating` model: the exponents
+    z_i = const_i + x b_i with their inputs' roundings, the maximum subtracted, exp, the sum, log):
+    at most e = 16 u (1 + |x| max|b| + max(|log q| + s^2 / 2v) + |L| + k) for L, 3e relatively
+    for L' (a weighted mean of slopes of one sign), (4e + 8u) max b^2 for L''; the grid value's
+    rounding adds u |eps| and forming y adds u |y| |L'|. m = |L'(x_k)| (1 - 3e) - c(t) t with
+    t = |s| + u |y|. Delta: with t' = t + 4R / m, m' = |L'(x_k)| (1 - 3e) - c(t') t' >= m / 2 and
+    c(t') R <= m'^2 / 2, |L(y + t) - L(y)| >= m' t - c(t') t^2 / 2 on the way to the root, which at
+    t = 2R / m' (<= 4R / m) is >= R, the loss monotone up to there: the root lies within 2R / m'.
+    A root finished by bisection is evaluated afresh (x_k = y, s = 0)."""
+    k = loss.s.size
+    cmax = float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v)))
+    bmax = float(np.max(np.abs(loss.slope)))
+    xk, f, d1, d2, step = (trace[i].copy() for i in range(5))
+    out = _root_bounds(xk, f, d1, d2, step, y, eps, k=k, cmax=cmax, bmax=bmax, spread=loss.slope_range)
+    # the roots finished by bisection, and those whose Taylor bound is loose (a long last step where
+    # the curvature changes fast), are evaluated afresh at y (x_k = y, s = 0)
+    fresh = np.isnan(xk) | ~(out[:, 0] <= _FRESH_RESIDUAL * (1.0 + np.abs(eps)))
+    if fresh.any():
+        idx = np.flatnonzero(fresh)
+        for start in range(0, idx.size, _CHUNK):
+            i = idx[start:start + _CHUNK]
+            val, slope, c2 = loss.value_slope_curvature(y[i])
+            out[i] = _root_bounds(y[i], val - eps[i], slope, c2, np.zeros(i.size), y[i], eps[i], k=k, cmax=cmax,
+                                  bmax=bmax, spread=loss.slope_range)
+    return out
+
+
+#: A Taylor bound on a root's residual above this (times 1 + |eps|) is replaced by a fresh evaluation.
+_FRESH_RESIDUAL = 1e-12
+#: A root whose proven residual is above this (times 1 + |eps|) is found again by bisection.
+_LOOSE_RESIDUAL = 1e-9
+
+
+def _root_bounds(xk: np.ndarray, f: np.ndarray, d1: np.ndarray, d2: np.ndarray, step: np.ndarray, y: np.ndarray,
+                 eps: np.ndarray, *, k: int, cmax: float, bmax: float, spread: float) -> np.ndarray:
+    """:func:`_root_errors`' (R, m, Delta) from one evaluation at x_k (its docstring has the argument)."""
+    u = UNIT_ROUNDOFF
+    curv_max = 1.01 * spread ** 2 / 4.0
+    e = 16.0 * u * (1.0 + np.abs(xk) * bmax + cmax + np.abs(f + eps) + k)
+    d2_here = np.abs(d2) + (4.0 * e + 8.0 * u) * bmax * bmax
+
+    def curvature(t: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.minimum(curv_max, 1.01 * d2_here * np.exp(np.minimum(spread * t, 700.0)))
+
+    ad1 = np.where(e < 0.1, np.abs(d1) * (1.0 - 3.0 * e), 0.0)
+    a_s = np.abs(step)
+    t = a_s + u * np.abs(y)
+    c1 = curvature(t)
+    quad_term = 0.5 * d2 * step * step
+    r = 1.02 * (np.abs(f - d1 * step + quad_term) + e + u * (np.abs(eps) + 2.0 * np.abs(f)) + 3.0 * e * np.abs(d1) * a_s
+                + (d2_here - np.abs(d2)) * 0.5 * a_s * a_s + spread * c1 * a_s ** 3 / 6.0
+                + np.abs(d1) * u * (np.abs(y) + 2.0 * a_s) + 4.0 * u * np.abs(quad_term))
+    m = np.maximum(ad1 - c1 * t, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t2 = t + 4.0 * r / m
+        c2 = curvature(np.where(np.isfinite(t2), t2, 0.0))
+        m2 = ad1 - c2 * t2
+        quad = (m > 0) & np.isfinite(t2) & (m2 >= 0.5 * m) & (c2 * r <= 0.5 * m2 * m2)
+        dist = np.where(quad, 2.02 * r / np.where(quad, m2, 1.0), np.inf)
+    return np.stack((r, m, dist), axis=1)
+
+
+def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray, upper: np.ndarray,
+                  err_upper: np.ndarray, scaled: np.ndarray, rel_lower: np.ndarray, root: np.ndarray,
+                  *, remove: bool) -> np.ndarray:
+    """A proven upper bound on the exact delta(eps) (exact grid value, exact mixture) at points whose
+    computed value is ``delta`` = ``upper`` - ``scaled`` at the computed root x of ``loss``
+    (REMOVE: x = y; ADD: x = -y, y the REMOVE root). err_upper bounds mu_upper_cdf(x)'s absolute
+    round-off; rel_lower mu_lower_cdf(x)'s relative round-off; ``root`` is :func:`_root_errors`'
+    (R, m, Delta) for y.
+
+    The bound is delta + |upper error| + |scaled error| + the root's shortfall
+    g(x*) - g(x) = integral between x and x* of w (e^L - e^eps), w the mu_lower density, with
+    |e^L - e^eps| <= e^eps expm1(R) there (L monotone). Both directions have N(0) on one side:
+    REMOVE's mu_lower, whose e^eps w is bounded directly; ADD's mu_upper u = e^L w, so
+    e^eps w <= e^R u. Two bounds, the smaller taken: Delta times the largest such density on the
+    interval (N(0) at its point nearest 0), and the N(0) mass of everything the interval can
+    cover: x* >= y - R / m always (if L(y) < eps, the tangent at y, under the convex REMOVE loss,
+    meets eps within (eps - L(y)) / m; else x* >= y), so for REMOVE the interval lies in
+    [y - R / m, inf) and for ADD in (-inf, -y + R / m], each of N(0) mass Phi((R / m - y) / sigma)
+    (1 without m)."""
+    u = UNIT_ROUNDOFF
+    r, m, dist = root[:, 0], root[:, 1], root[:, 2]
+    big = eps > _EXP_SAFE_EPS
+    # e^eps mu_lower_cdf: exp (ELEMENTARY_ULPS), the product, the grid value's rounding (u |eps|)
+    rel_scaled = rel_lower + (ELEMENTARY_ULPS + 2.0 + 1.01 * np.abs(eps)) * u
+    if big.any():  # formed as exp(eps + log mu_lower_cdf): log's error and the exponent's rounding too
+        log_lower = np.log(np.maximum(scaled, np.finfo(float).tiny)) - eps
+        x_max = (np.abs(x) + float(loss.s.max())) / loss.sigma
+        rel_big = (64.0 + 16.0 * x_max * x_max + 16.0 * (np.abs(eps) + np.abs(log_lower))) * u
+        rel_scaled = np.where(big, np.maximum(rel_scaled, rel_big), rel_scaled)
+    evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + _TINY
+    if remove:
+        # an ndtr that underflowed (x < -37.5) has no relative accuracy: there the whole exact
+        # e^eps Phi(x) is added, bounded from log_ndtr (which does not underflow) with the
+        # allowance of the big-eps form (above _EXP_SAFE_EPS the product is formed that way)
+        under = ~big & (np.exp(-np.minimum(eps, 700.0)) * scaled < 2.0 * _TINY)
+        if under.any():
+            xu, eu = x[under] / loss.sigma, eps[under]
+            log_w = special.log_ndtr(xu)
+            rel = (64.0 + 16.0 * xu * xu + 16.0 * (np.abs(eu) + np.abs(log_w))) * u
+            evaluation[under] += np.exp(eu + log_w) * (1.0 + rel) + _TINY
+    y = x if remove else -x
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        log_scale = np.minimum(eps, 700.0) if remove else r  # e^eps w <= e^scale N(0) density (or mass)
+        z = np.maximum(np.abs(y) - dist, 0.0) / loss.sigma
+        near = dist * np.exp(np.minimum(log_scale - 0.5 * z * z - math.log(loss.sigma * math.sqrt(2.0 * math.pi)), 700.0))
+        reach = np.where(m > 0, r / np.where(m > 0, m, 1.0), np.inf)
+        mass = np.where(np.isfinite(reach), special.ndtr((reach - y) / loss.sigma) * (1.0 + 1e-6) + 1e-300, 1.0)
+        far = mass * np.exp(np.minimum(log_scale, 700.0))
+        shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
+    shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
+    return np.minimum((delta + evaluation + 1.01 * shortfall) * (1.0 + 8.0 * u), 1.0)
+
+
+def _flat_error(loss: _Loss) -> float:
+    """Bound on |computed flat limit - exact flat limit| (+-log of q0, a sum of the given q)."""
+    return ((loss.s.size + 4) * 1.01 + ELEMENTARY_ULPS * abs(loss.flat_limit)) * UNIT_ROUNDOFF * 1.01
+
+
+def _near_flat(loss: _Loss, eps: np.ndarray) -> np.ndarray:
+    """The points whose bound is the flat-limit bound (:func:`_flat_bounds`): REMOVE eps at or
+    below log q0 (plus a margin), ADD eps at or above -log q0 (less a margin)."""
+    if not math.isfinite(loss.flat_limit):
+        return np.zeros(eps.shape, dtype=bool)
+    margin = _NEAR_FLAT * (1.0 + abs(loss.flat_limit))
+    return eps <= loss.flat_limit + margin if loss.remove else eps >= loss.flat_limit - margin
+
+
+def _flat_bounds(loss: _Loss, eps: np.ndarray) -> np.ndarray:
+    """Upper bounds on delta(eps) from the flat limit alone, valid at every eps, at the points
+    :func:`_near_flat` selects (inf elsewhere, and where the loss has no flat limit, q0 = 0).
+    REMOVE: L >= log q0, so delta - (1 - e^eps) = E_Q[(e^eps - e^L)_+] <= e^eps (eps - log q0)_+.
+    ADD: L <= -log q0, so delta = E_Q[(e^L - e^eps)_+] <= e^flat (flat - eps)_+. Each with its
+    round-off (the flat limit's, expm1's, the grid value's)."""
+    u = UNIT_ROUNDOFF
+    out = np.full(eps.shape, np.inf)
+    near = _near_flat(loss, eps)
+    if not near.any():
+        return out
+    e = eps[near]
+    flat, err = loss.flat_limit, _flat_error(loss)
+    slack = err + 2.0 * u * np.abs(e)
+    if loss.remove:  # e <= flat + margin < 0 here
+        base = np.maximum(-np.expm1(e), 0.0) * (1.0 + (ELEMENTARY_ULPS + 2.0 + np.abs(e)) * u)
+        extra = np.exp(e) * np.maximum(e - flat + slack, 0.0)
+    else:
+        base = np.zeros_like(e)
+        extra = math.exp(flat + err) * np.maximum(flat - e + slack, 0.0)
+    out[near] = np.minimum((base + 1.02 * extra) * (1.0 + 8.0 * u), 1.0)
+    return out
+
+
+def _reverse_cumsum(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """sum_{i >= j} x_i for every j, in blocks of about sqrt(n) (each block's running sums, then the
+    blocks' totals'), and the number of roundings a term meets at most: a sum of non-negative terms
+    is then within gamma of that number of its exact value (a plain running sum's n would be 2e-9
+    relative at n = 2e7)."""
+    n = x.size
+    block = max(1, math.isqrt(n))
+    nb = -(-n // block)
+    padded = np.zeros(nb * block)
+    padded[:n] = x[::-1]
+    run = np.cumsum(padded.reshape(nb, block), axis=1)
+    offsets = np.concatenate(([0.0], np.cumsum(run[:, -1])[:-1]))
+    run += offsets[:, None]
+    return run.ravel()[:n][::-1], block + nb + 1
+
+
+def _curve_lower_bounds(ks: np.ndarray, d: float, p: np.ndarray, p_inf: float) -> np.ndarray:
+    """Lower bounds on the hockey-stick curve D(eps_j) = sum_{i > j} p_i (1 - e^-(eps_i - eps_j)) + p_inf
+    of the PMF with masses p_i at eps_i = ks_i d (exactly), at every point eps_j.
+
+    Without cancellation: D_j - D_{j+1} = (1 - e^-(eps_{j+1} - eps_j)) E_{j+1} with
+    E_m = sum_{i >= m} p_i e^-(eps_i - eps_m), so D is a running sum of non-negative terms and E
+    one too (in segments of at most 600 in eps, so that no exponential overflows): every step is a
+    sum of non-negative terms or a product, each with a relative error bound (the exponents are
+    formed as (integer difference) x d, one rounding), so D's computed value is within a relative
+    rho of the exact one (plus underflow: at most 2^-1074 per operation, scaled by e^600 at most,
+    1e-50 in all)."""
+    u = UNIT_ROUNDOFF
+    n = p.size
+    e = np.empty(n)
+    top = n
+    segments = 0
+    span_max = 0.0
+    roundings = 0
+    while top > 0:
+        a = min(int(np.searchsorted(ks, ks[top - 1] - 600.0 / d, side="left")), top - 1)
+        seg = slice(a, top)
+        arg = (ks[seg] - ks[a]) * d  # >= 0, <= 600
+        run, r = _reverse_cumsum(p[seg] * np.exp(-arg))
+        roundings = max(roundings, r)
+        e[seg] = run * np.exp(arg)
+        if top < n:
+            e[seg] += np.exp(-(ks[top] - ks[seg]) * d) * e[top]
+        span_max = max(span_max, float((ks[min(top, n - 1)] - ks[a]) * d))
+        segments += 1
+        top = a
+    curve = np.empty(n)
+    curve[-1] = p_inf
+    if n > 1:
+        run, r = _reverse_cumsum(-np.expm1(-np.diff(ks) * d) * e[1:])
+        roundings = max(roundings, r)
+        curve[:-1] = run + p_inf
+    rho = 1.05 * (2.0 * gamma(roundings + 8) + (segments + 2) * (16.0 + 3.0 * span_max) * u)
+    return curve * (1.0 - rho) - 1e-50
+
+
+def _certified(pmf: pld_ops.Pmf, ks: np.ndarray, bound: np.ndarray) -> pld_ops.Pmf:
+    """``pmf`` (connect-the-dots on the points ks d) lifted so that its curve dominates ``bound``
+    (upper bounds on the exact delta) at every point, and its total mass is at least 1.
+
+    Why that suffices: between two points the PMF's curve is linear in e^eps and the exact one is
+    convex in e^eps (a chord above both ends lies above it); beyond the last point the curve is the
+    infinity mass, at least the exact delta there and so beyond; below the first point it is linear
+    in e^eps from the total mass (at e^eps = 0) to its value at the first point, above the chord
+    from 1 to the exact value. Two lifts keep the PMF a valid pessimistic one: every mass times
+    1 + kappa (the curve times 1 + kappa: for relative deficits, the usual case) and mass eta added
+    at +inf (the curve plus eta: the rest). Composition is linear in each factor's curve, so a
+    lifted PMF composes to an upper bound."""
+    u = UNIT_ROUNDOFF
+    d = pmf.discretization
+    p = pmf.probs[ks - ks[0]]
+    low = _curve_lower_bounds(ks.astype(np.float64), d, p, pmf.infinity_mass)
+    total = (math.fsum(p.tolist()) + pmf.infinity_mass) * (1.0 - 4.0 * u)
+    pos = low > 0
+    kappa = 0.0
+    if pos.any():
+        kappa = float(np.max((bound[pos] - low[pos]) / low[pos], initial=0.0)) * (1.0 + 1e-6)
+    kappa = min(max(kappa, 0.0), _KAPPA_CAP)
+    lifted = low * (1.0 + kappa) * (1.0 - 2.0 * u)
+    eta = max(float(np.max(bound - lifted, initial=0.0)), 1.0 - total * (1.0 + kappa) * (1.0 - 2.0 * u), 0.0)
+    if kappa == 0.0 and eta == 0.0:
+        return pmf
+    factor = 1.0 + (kappa + 4.0 * u)
+    infinity = (pmf.infinity_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
+    return pld_ops.Pmf(d, pmf.lower_loss, pmf.probs * factor, float(infinity), True)
 
 
 def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas: np.ndarray):
@@ -585,9 +929,9 @@ def mixture_pld(
     d = value_discretization_interval
     remove, add = _Loss(float(sigma), s, q, True), _Loss(float(sigma), s, q, False)
     ks_r, ks_a = _grid_points(remove, d, max_points), _grid_points(add, d, max_points)
-    delta_r, delta_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
-    pmf_remove = _pmf_from_deltas(d, ks_r, delta_r)
-    pmf_add = _pmf_from_deltas(d, ks_a, delta_a)
+    delta_r, delta_a, bound_r, bound_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
+    pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
+    pmf_add = _pmf_from_deltas(d, ks_a, delta_a, bound_a)
     return pld_ops.Pld(pmf_remove, pmf_add)
 
 
