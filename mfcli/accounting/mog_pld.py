@@ -27,8 +27,13 @@ computes the same quantities with array operations:
 
 Formal guarantees: the returned :class:`~mfcli.accounting.pld_ops.Pld` is a pessimistic estimate for both
 neighbouring directions (REMOVE: mu_upper = sum q_i N(-s_i), mu_lower = N(0); ADD: mu_upper = N(0),
-mu_lower = sum q_i N(s_i)), exactly as dp-accounting's own builder: tests compare the two on many
-mixtures (tests/test_accounting_mog_pld.py).
+mu_lower = sum q_i N(s_i)), as dp-accounting's own builder is in exact arithmetic (tests compare the
+two on many mixtures, tests/test_accounting_mog_pld.py), and also under round-off: each grid
+point's delta gets a proven upper bound (:func:`_delta_bounds`, :func:`_root_errors`,
+:func:`_flat_bounds`; the floating-point model and its one assumption, erfc's accuracy, are
+:mod:`mfcli.util.floating`'s) and the PMF is lifted until its curve dominates them
+(:func:`_certified`); docs/accounting.md, "Round-off of the row PLDs", has the argument, and
+tests/test_accounting_mog_pld_roundoff.py checks it against 40-digit mpmath.
 """
 from __future__ import annotations
 
