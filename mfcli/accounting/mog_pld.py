@@ -466,16 +466,15 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
         t /= sigma  # the arguments of _Loss.upper_cdf, formed as it forms them
         np.abs(t, out=t)
         t *= math.sqrt(0.5)
-        rho = np.square(t)
-        rho *= 28.0
-        rho += 40.0
+        z2 = np.square(t)
         e = special.erfc(t, out=t)  # 2 Phi(-|t|)
         e *= q
-        weighted[start:start + _CHUNK] = np.einsum("ij,ij->i", e, rho)
+        weighted[start:start + _CHUNK] = np.einsum("ij,ij->i", e, z2)  # sum q e z^2; rho = 40 + 28 z^2 below
         run = np.cumsum(e, axis=1, out=e)
         a = np.where(i0 > 0, run[np.arange(yc.size), np.maximum(i0 - 1, 0)], 0.0)
         b = run[:, -1] - a
         totals[start:start + _CHUNK] = run[:, -1]
+        weighted[start:start + _CHUNK] = 40.0 * run[:, -1] + 28.0 * weighted[start:start + _CHUNK]
         q_small, q_big = q_before[i0], q_from[i0]
         cdf_sum[start:start + _CHUNK] = 0.5 * a + q_big - 0.5 * b
         sf_sum[start:start + _CHUNK] = q_small - 0.5 * a + 0.5 * b
