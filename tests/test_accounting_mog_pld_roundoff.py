@@ -194,6 +194,11 @@ def test_erfc_within_its_assumed_allowance() -> None:
         worst = max(worst, float(abs(CTX.mpf(gi) / exact - 1)) / ai)
     assert worst <= 1.0
     assert worst > 0.01  # the allowance is not far above what erfc really does
+    # below the smallest normal number: no relative accuracy, but within 2^-1022 absolute
+    for f, exact in ((special.erfc, CTX.erfc), (special.ndtr, CTX.ncdf)):
+        args = np.linspace(26.4, 27.4, 300) if f is special.erfc else np.linspace(-37.4, -38.6, 300)
+        for a in args.tolist():
+            assert abs(CTX.mpf(float(f(a))) - exact(CTX.mpf(a))) <= CTX.mpf(2) ** -1022
 
 
 def test_a_far_component_is_inverted_to_round_off() -> None:

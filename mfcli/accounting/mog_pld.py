@@ -166,13 +166,22 @@ class _Loss:
 #: Above this eps, e^eps mu_lower_cdf(x) is formed as exp(eps + log mu_lower_cdf(x)): e^eps
 #: overflows a float above 709.78, and e^eps times a CDF that underflowed to 0 is NaN, not the
 #: small number it is. Below it the product is formed directly (the values of every earlier
-#: version, bit for bit).
+#: version, bit for bit), except where the CDF is not a normal number (:func:`_log_form`).
 _EXP_SAFE_EPS = 700.0
+#: The smallest normal double, 2^-1022.
+_TINY = float(np.finfo(np.float64).tiny)
+
+
+def _log_form(eps: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Where e^eps mu_lower_cdf is formed from log mu_lower_cdf: above :data:`_EXP_SAFE_EPS`, and
+    where the CDF came out below the smallest normal number (scipy's erfc and ndtr lose all
+    relative accuracy there, up to ~1e-310 absolute, which e^eps would magnify)."""
+    return (eps > _EXP_SAFE_EPS) | ((lower < 2.0 * _TINY) & (eps > 0))
 
 
 def _scaled_lower(loss: _Loss, x: np.ndarray, eps: np.ndarray, lower: np.ndarray) -> np.ndarray:
     """e^eps mu_lower_cdf(x) of ``loss``, given ``lower`` = mu_lower_cdf(x)."""
-    big = eps > _EXP_SAFE_EPS
+    big = _log_form(eps, lower)
     if not big.any():
         return np.exp(eps) * lower
     out = np.empty_like(eps)
@@ -528,7 +537,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
             scaled = _scaled_lower(remove, y[i], e_in, lower)
             delta_r[in_r] = cdf_sum[i] - scaled
             err_upper = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=False)
-            b = _delta_bounds(remove, y[i], e_in, delta_r[in_r], cdf_sum[i], err_upper, scaled,
+            b = _delta_bounds(remove, y[i], e_in, delta_r[in_r], cdf_sum[i], err_upper, lower, scaled,
                               _ndtr_allowance(y[i] / remove.sigma), root[i], remove=True)
             bound_r[in_r] = np.where(_near_flat(remove, e_in), bound_r[in_r], b)
         if in_a.any():
@@ -539,7 +548,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
             delta_a[in_a] = upper - scaled
             err_lower = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=True)
             b = _delta_bounds(add, -y[i], e_in, delta_a[in_a], upper, _ndtr_allowance(-y[i] / add.sigma) * upper,
-                              scaled, err_lower / np.maximum(sf_sum[i], np.finfo(float).tiny), root[i], remove=False)
+                              sf_sum[i], scaled, err_lower / np.maximum(sf_sum[i], np.finfo(float).tiny), root[i], remove=False)
             bound_a[in_a] = np.where(_near_flat(add, e_in), bound_a[in_a], b)
     return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
 
@@ -551,9 +560,6 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
 #: Points within this relative distance of a flat limit of the loss take the flat-limit bound
 #: (:func:`_flat_bounds`), valid everywhere, instead of the root's (which needs a root).
 _NEAR_FLAT = 1e-9
-#: The smallest normal double, 2^-1022: the absolute error allowed for a special function whose
-#: value underflows (the relative model holds only for normal results).
-_TINY = float(np.finfo(np.float64).tiny)
 #: Largest relative lift of a row PMF's masses (:func:`_certified`); a larger deficit is covered
 #: by infinity mass instead.
 _KAPPA_CAP = 1e-9
@@ -659,8 +665,8 @@ def _root_bounds(xk: np.ndarray, f: np.ndarray, d1: np.ndarray, d2: np.ndarray, 
 
 
 def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray, upper: np.ndarray,
-                  err_upper: np.ndarray, scaled: np.ndarray, rel_lower: np.ndarray, root: np.ndarray,
-                  *, remove: bool) -> np.ndarray:
+                  err_upper: np.ndarray, lower: np.ndarray, scaled: np.ndarray, rel_lower: np.ndarray,
+                  root: np.ndarray, *, remove: bool) -> np.ndarray:
     """A proven upper bound on the exact delta(eps) (exact grid value, exact mixture) at points whose
     computed value is ``delta`` = ``upper`` - ``scaled`` at the computed root x of ``loss``
     (REMOVE: x = y; ADD: x = -y, y the REMOVE root). err_upper bounds mu_upper_cdf(x)'s absolute
@@ -679,25 +685,18 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     (1 without m)."""
     u = UNIT_ROUNDOFF
     r, m, dist = root[:, 0], root[:, 1], root[:, 2]
-    big = eps > _EXP_SAFE_EPS
+    big = _log_form(eps, lower)
     # e^eps mu_lower_cdf: exp (ELEMENTARY_ULPS), the product, the grid value's rounding (u |eps|)
     rel_scaled = rel_lower + (ELEMENTARY_ULPS + 2.0 + 1.01 * np.abs(eps)) * u
-    if big.any():  # formed as exp(eps + log mu_lower_cdf): log's error and the exponent's rounding too
+    if big.any():  # formed as exp(eps + log mu_lower_cdf), log_ndtr within the same allowance as ndtr
+        # (it does not underflow): log's error and the exponent's rounding too
         log_lower = np.log(np.maximum(scaled, np.finfo(float).tiny)) - eps
         x_max = (np.abs(x) + float(loss.s.max())) / loss.sigma
         rel_big = (64.0 + 16.0 * x_max * x_max + 16.0 * (np.abs(eps) + np.abs(log_lower))) * u
         rel_scaled = np.where(big, np.maximum(rel_scaled, rel_big), rel_scaled)
-    evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + _TINY
-    if remove:
-        # an ndtr that underflowed (x < -37.5) has no relative accuracy: there the whole exact
-        # e^eps Phi(x) is added, bounded from log_ndtr (which does not underflow) with the
-        # allowance of the big-eps form (above _EXP_SAFE_EPS the product is formed that way)
-        under = ~big & (np.exp(-np.minimum(eps, 700.0)) * scaled < 2.0 * _TINY)
-        if under.any():
-            xu, eu = x[under] / loss.sigma, eps[under]
-            log_w = special.log_ndtr(xu)
-            rel = (64.0 + 16.0 * xu * xu + 16.0 * (np.abs(eu) + np.abs(log_w))) * u
-            evaluation[under] += np.exp(eu + log_w) * (1.0 + rel) + _TINY
+    # an underflowed CDF at eps <= 0 (formed directly): its absolute error, at most 2^-1022 (both
+    # erfc and ndtr stay within 0.005 of that in the tests), times e^eps <= 1
+    evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + 2.0 * _TINY
     y = x if remove else -x
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         log_scale = np.minimum(eps, 700.0) if remove else r  # e^eps w <= e^scale N(0) density (or mass)

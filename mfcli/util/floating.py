@@ -10,7 +10,9 @@ number of units of roundoff, and tests check the assumption against mpmath:
 * scipy.special's ``ndtr(x)`` and ``erfc(z)`` (Cephes): within (:data:`NDTR_ULPS_0` +
   :data:`NDTR_ULPS_2` t^2) u relatively, t the standard normal argument (t = x for ndtr,
   t = sqrt(2) z for erfc): their error grows with t^2 through exp(-t^2 / 2)
-  (tests/test_accounting_balls_in_bins_float.py and tests/test_accounting_mog_pld_roundoff.py);
+  (tests/test_accounting_balls_in_bins_float.py and tests/test_accounting_mog_pld_roundoff.py).
+  Where the value is below the smallest normal number (2^-1022) they have no relative accuracy
+  (measured: up to 1e-310 absolute); callers treat such values as known to 2^-1022 absolute;
 * numpy's ``exp``, ``log``, ``expm1``, ``log1p``: within :data:`ELEMENTARY_ULPS` u (glibc's are
   within 2).
 
