@@ -256,7 +256,7 @@ class _Chain:
         # the run's window and circular length (pld_ops._self_compose_dense)
         lo = out.lower_loss - p.lower_loss * k
         length = out.size
-        n = fft.next_fast_len(max(length, p.size))
+        n = self._circular_length(p, k, lo, length, node.tail)
         x = np.roll(np.real(fft.ifft(fft.fft(base.x, n) ** k)), -lo)[:length].copy()
         q1, q2 = _norms(base.x)
         # an absolute error t on the input moves the exact k-fold by <= k t ||q||_1^(k-1) in l1
@@ -278,6 +278,37 @@ class _Chain:
         infinite = k * p.infinity_mass * t ** (k - 1) * (1 + gamma(k + 4))
         return _Tilted(p.lower_loss * k + lo, x, k * base.s, _U * abs(k * base.s), err1 * (1 + 4 * _U),
                        (outside + infinite) * (1 + 2 * _U), base.total ** k * (1 + gamma(2 * k + 4)))
+
+    def _circular_length(self, p: pld_ops.Pmf, k: int, lo: int, length: int, tail: float) -> int:
+        """The circular FFT length of a tilted self-composition on the run's window [lo, lo + length).
+
+        Any length >= the window's is valid (the exact circular aliases are non-negative: each
+        kept position bounds its true mass from above). Tilting makes an alias from above costly:
+        a mass c_m wrapped down by n positions counts e^(theta n d) c_m after the untilt. So the
+        length is the run's (pld_ops: next_fast_len(max(window, input))), raised until those
+        aliases' total, at most e^(-theta l_lo) sum_(l_m >= l_lo + n d) c_m e^(theta l_m) <=
+        exp(k log M(theta2) - theta l_lo - (theta2 - theta)(l_lo + n d)) for any theta2 > theta,
+        is below 1e-4 of the tail mass: a choice of tightness, not of validity (capped at the
+        length with no alias from above)."""
+        from scipy import fft
+
+        n_run = fft.next_fast_len(max(length, p.size))
+        n_full = k * (p.size - 1) + 1 - lo
+        if tail <= 0 or n_run >= n_full:
+            return n_run
+        d = p.discretization
+        pos = p.probs > 0
+        lg = np.log(p.probs[pos])
+        lj = (np.flatnonzero(pos) + p.lower_loss) * d
+        l_lo = (p.lower_loss * k + lo) * d
+        log_target = math.log(1e-4 * tail)
+        best = math.inf
+        for step in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
+            th2 = self.theta + step
+            reach = (k * _logsumexp(lg + th2 * lj) - self.theta * l_lo - log_target) / step  # l_lo + n d
+            best = min(best, reach)
+        need = math.ceil((best - l_lo) / d) + 1 if math.isfinite(best) else n_full
+        return fft.next_fast_len(min(max(need, n_run), n_full))
 
     def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
         na, nb = a.x.size, b.x.size
@@ -412,11 +443,14 @@ class Certificate:
     thetas: dict[str, float]
 
 
-def certificate(node: Node, epsilon: float, *, theta: float | None = None) -> Certificate:
-    """The tilted chains of both directions (one of a symmetric PLD), each tilted by the theta
-    minimising the exact composition's Chernoff bound at ``epsilon`` (:func:`chernoff_theta`), or
-    by the ``theta`` given (any >= 0 is valid)."""
-    dirs = DIRECTIONS[:1] if node.pld.symmetric else DIRECTIONS
+def certificate(node: Node, epsilon: float, *, theta: float | None = None,
+                direction: str | None = None) -> Certificate:
+    """The tilted chains of both directions (one of a symmetric PLD; or the ``direction`` given),
+    each tilted by the theta minimising the exact composition's Chernoff bound at ``epsilon``
+    (:func:`chernoff_theta`), or by the ``theta`` given (any >= 0 is valid)."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise MfcliError(f"unknown PLD direction {direction!r} (remove or add)")
+    dirs = (direction,) if direction is not None else DIRECTIONS[:1] if node.pld.symmetric else DIRECTIONS
     chains = []
     thetas = {}
     for dname in dirs:
@@ -431,15 +465,16 @@ def certificate(node: Node, epsilon: float, *, theta: float | None = None) -> Ce
     return Certificate(bound, thetas)
 
 
-def delta_bound(node: Node, epsilon: float, *, theta: float | None = None) -> float:
+def delta_bound(node: Node, epsilon: float, *, theta: float | None = None, direction: str | None = None) -> float:
     """D_cert(epsilon): an upper bound on the delta at ``epsilon`` of the exact composition of the
-    tree's leaves (larger direction), every rounding counted under the stated FFT model."""
-    return certificate(node, epsilon, theta=theta).bound(float(epsilon))
+    tree's leaves (the larger direction, or the ``direction`` given), every rounding counted under
+    the stated FFT model."""
+    return certificate(node, epsilon, theta=theta, direction=direction).bound(float(epsilon))
 
 
 def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = None) -> float:
     """The smallest eps' >= ``epsilon`` on a doubling ladder (steps from 1e-13 relative, then
-    halved back by bisection) at which D_cert(eps') <= ``delta``: an epsilon for ``delta`` proven
+    then bisected back to 1e-10 relative) at which D_cert(eps') <= ``delta``: an epsilon for ``delta`` proven
     for the exact composition of the leaves under the stated FFT model (inf where none is found)."""
     epsilon = max(float(epsilon), 0.0)
     if not math.isfinite(epsilon):
@@ -452,7 +487,9 @@ def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = N
     for _ in range(80):
         high = low + step
         if bound(high) <= delta:
-            for _ in range(12):  # tighten between the last failing rung and the first passing one
+            for _ in range(60):  # tighten between the last failing rung and the first passing one
+                if high - low <= 1e-10 * max(1.0, high):
+                    break
                 mid = 0.5 * (low + high)
                 if bound(mid) <= delta:
                     high = mid
