@@ -35,7 +35,7 @@ TIGHT_EPS_REL = 1e-6
 SELF_CASES = [(1.0, 0.1, 64), (1.0, 0.1, 8), (0.8, 0.3, 16)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dpsgd(sigma: float, p: float) -> pld_ops.Pld:
     return single_pass._poisson_gaussian_pld(sigma, p, D)
 
@@ -90,13 +90,13 @@ def exact_epsilon(lower: int, probs: np.ndarray, inf: LD, delta: float) -> float
     return hi
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def self_case(sigma: float, p: float, k: int) -> tuple[pc.Node, dict]:
     node = pc.self_compose(pc.leaf(dpsgd(sigma, p)), k)
     return node, {dn: truth(node, dn) for dn in pc.DIRECTIONS}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tree_case() -> tuple[pc.Node, dict]:
     """Windowed self-compositions (dense), a sparse one (pairwise products), FFT compositions."""
     a = pc.self_compose(pc.leaf(dpsgd(1.0, 0.1)), 16)
