@@ -61,6 +61,11 @@ DIRECT_WORK = 4_000_000
 #: whose result underflows (the relative model holds for normal results only).
 _UNDERFLOW = 2.3e-308
 
+#: A tilted self-composition's circular length is raised until the aliases wrapped down into
+#: its window (amplified by the untilt) total at most this share of the run's tail mass: a
+#: choice of tightness (they are counted, never lost), not of validity.
+ALIAS_SHARE = 1e-2
+
 #: Tilts searched (golden section on the convex log-mgf) within these ends.
 _THETA_RANGE = (1e-3, 200.0)
 
@@ -178,6 +183,13 @@ class _Tilted:
     total: float
     rho: float = 0.0     # a leaf's: its entries' relative error (the tilt's roundings)
     tiny: float = 0.0    # a leaf's: its absolute error from subnormal results
+    _norms: tuple[float, float] | None = None
+
+    def norms(self) -> tuple[float, float]:
+        """:func:`_norms` of x, computed once."""
+        if self._norms is None:
+            self._norms = _norms(self.x)
+        return self._norms
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -258,7 +270,7 @@ class _Chain:
         length = out.size
         n = self._circular_length(p, k, lo, length, node.tail)
         x = np.roll(np.real(fft.ifft(fft.fft(base.x, n) ** k)), -lo)[:length].copy()
-        q1, q2 = _norms(base.x)
+        q1, q2 = base.norms()
         # an absolute error t on the input moves the exact k-fold by <= k t ||q||_1^(k-1) in l1
         fresh = math.sqrt(n) * _fft_power_bound(q1, q2, k, n) + k * base.tiny * max(q1, 1.0) ** (k - 1)
         # the leaf's tilt errors are relative and every term non-negative: the exact k-fold
@@ -288,7 +300,7 @@ class _Chain:
         length is the run's (pld_ops: next_fast_len(max(window, input))), raised until those
         aliases' total, at most e^(-theta l_lo) sum_(l_m >= l_lo + n d) c_m e^(theta l_m) <=
         exp(k log M(theta2) - theta l_lo - (theta2 - theta)(l_lo + n d)) for any theta2 > theta,
-        is below 1e-4 of the tail mass: a choice of tightness, not of validity (capped at the
+        is below ALIAS_SHARE of the tail mass: a choice of tightness, not of validity (capped at the
         length with no alias from above)."""
         from scipy import fft
 
@@ -301,7 +313,7 @@ class _Chain:
         lg = np.log(p.probs[pos])
         lj = (np.flatnonzero(pos) + p.lower_loss) * d
         l_lo = (p.lower_loss * k + lo) * d
-        log_target = math.log(1e-4 * tail)
+        log_target = math.log(ALIAS_SHARE * tail)
         best = math.inf
         for step in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
             th2 = self.theta + step
@@ -312,8 +324,8 @@ class _Chain:
 
     def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
         na, nb = a.x.size, b.x.size
-        a1, a2 = _norms(a.x)
-        b1, b2 = _norms(b.x)
+        a1, a2 = a.norms()
+        b1, b2 = b.norms()
         if min(na, nb) == 1 or na * nb <= DIRECT_WORK:
             # direct: each output a sum of at most min(na, nb) products, any order
             x = np.convolve(a.x, b.x)
