@@ -34,7 +34,8 @@ paper's algorithm"), delta = delta_pld + delta_tail + delta_trunc:
    event MixtureOfGaussiansDpEvent(sigma_eff, support, probabilities).
 4. Composition. Identical rows are grouped (SelfComposedDpEvent); every distinct row's pessimistic
    PLD is built (:mod:`mfcli.accounting.mog_pld`, equal to dp-accounting's builder) and all are
-   composed; eps = get_epsilon_for_delta(delta_pld).
+   composed; eps = get_epsilon_for_delta(delta_pld), raised where needed to an epsilon certified
+   against the composition's FFT round-off (:mod:`mfcli.accounting.pld_certify`).
 
 Why it is valid (lemma level): conditional composition (on the event that every l <= eps_rj, each
 row's conditional pair is dominated by the row mixture; the event fails with probability at most
@@ -1226,8 +1227,10 @@ def mmcc(
         value_discretization: PLD grid requested (the finest used).
         mixture_resolution: M, rows' sensitivities are rounded up to multiples of 1/M.
         tail_resolution: M_W, G entries rounded up to multiples of 1/M_W (default from sigma).
-        engine: "fast" (vectorised PLD builder) or "dp-accounting" (its PLDAccountant with
-            MixtureOfGaussiansDpEvent; slow, for cross-checks).
+        engine: "fast" (vectorised PLD builder; epsilon certified against the composition's FFT
+            round-off, :mod:`mfcli.accounting.pld_certify`) or "dp-accounting" (its PLDAccountant
+            with MixtureOfGaussiansDpEvent; slow, for cross-checks; its epsilon is dp-accounting's,
+            NOT certified against that round-off).
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).

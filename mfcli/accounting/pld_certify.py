@@ -278,12 +278,14 @@ class _Chain:
         err1 = fresh + math.expm1(k * math.log1p(base.rho)) * (_norms(x)[0] + fresh)
         # the true mass outside the window: dp-accounting's Chernoff bounds give tail / 2 per side;
         # the window ends were computed in floating point (pld_ops._chernoff_window: each log-mgf
-        # within (L + 25) u (1.01) + u (|lmgf| + 20), |lmgf| <= 20, twice that for either of the
+        # within (L + 25) u (1.01) + u (|lmgf| + 20), |lmgf| <= 20 + |log sum p|, twice that for either of the
         # two ways it is computed; the bound's own roundings), so the exponent of each Chernoff
         # bound is within slack of its exact value, and the tail within e^slack of tail / 2
         size = p.size
-        lmgf_err = 2.0 * ((size + 25) * _U * 1.01 + 40 * _U)
-        slack = k * lmgf_err + 8 * _U * (20 * k + 40)
+        mass = float(p.probs.sum())
+        lmgf_max = 20.0 + (abs(math.log(mass)) if mass > 0 else 0.0)  # |t k| <= 20 at every order
+        lmgf_err = 2.0 * ((size + 25) * _U * 1.01 + _U * (lmgf_max + 20.0))
+        slack = k * lmgf_err + 8 * _U * (lmgf_max * k + 40)
         outside = node.tail * math.exp(slack) * (1 + 4 * _U)
         # the infinity atom: P(some copy is at infinity) = T^k - (T - inf)^k <= k inf T^(k - 1)
         t = max(base.total, 1.0)
@@ -484,14 +486,16 @@ def delta_bound(node: Node, epsilon: float, *, theta: float | None = None, direc
     return certificate(node, epsilon, theta=theta, direction=direction).bound(float(epsilon))
 
 
-def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = None) -> float:
+def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = None,
+            direction: str | None = None) -> float:
     """The smallest eps' >= ``epsilon`` on a doubling ladder (steps from 1e-13 relative, then
     then bisected back to 1e-10 relative) at which D_cert(eps') <= ``delta``: an epsilon for ``delta`` proven
-    for the exact composition of the leaves under the stated FFT model (inf where none is found)."""
+    for the exact composition of the leaves under the stated FFT model (inf where none is found);
+    both directions (the larger), or the ``direction`` given."""
     epsilon = max(float(epsilon), 0.0)
     if not math.isfinite(epsilon):
         return epsilon
-    bound = certificate(node, epsilon, theta=theta).bound
+    bound = certificate(node, epsilon, theta=theta, direction=direction).bound
     if bound(epsilon) <= delta:
         return epsilon
     step = 1e-13 * max(1.0, epsilon)
