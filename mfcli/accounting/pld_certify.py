@@ -43,6 +43,7 @@ import numpy as np
 
 from mfcli.accounting import pld_ops
 from mfcli.errors import MfcliError
+from mfcli.util import memory
 from mfcli.util.floating import ELEMENTARY_ULPS, UNIT_ROUNDOFF, gamma
 
 _U = UNIT_ROUNDOFF
@@ -65,6 +66,9 @@ _UNDERFLOW = 2.3e-308
 #: its window (amplified by the untilt) total at most this share of the run's tail mass: a
 #: choice of tightness (they are counted, never lost), not of validity.
 ALIAS_SHARE = 1e-2
+#: ... but to at most this many times the run's length (cost and memory; measured: 2.4 x in the
+#: 1.08 M-point self-composition of docs/performance.md's case a).
+MAX_LENGTH_FACTOR = 4
 
 #: Tilts searched (golden section on the convex log-mgf) within these ends.
 _THETA_RANGE = (1e-3, 200.0)
@@ -303,7 +307,8 @@ class _Chain:
         aliases' total, at most e^(-theta l_lo) sum_(l_m >= l_lo + n d) c_m e^(theta l_m) <=
         exp(k log M(theta2) - theta l_lo - (theta2 - theta)(l_lo + n d)) for any theta2 > theta,
         is below ALIAS_SHARE of the tail mass: a choice of tightness, not of validity (capped at the
-        length with no alias from above)."""
+        length with no alias from above, at MAX_LENGTH_FACTOR times the run's, and at the memory
+        left, where the run's length is kept)."""
         from scipy import fft
 
         n_run = fft.next_fast_len(max(length, p.size))
@@ -322,7 +327,11 @@ class _Chain:
             reach = (k * _logsumexp(lg + th2 * lj) - self.theta * l_lo - log_target) / step  # l_lo + n d
             best = min(best, reach)
         need = math.ceil((best - l_lo) / d) + 1 if math.isfinite(best) else n_full
-        return fft.next_fast_len(min(max(need, n_run), n_full))
+        n = fft.next_fast_len(min(max(need, n_run), n_full, MAX_LENGTH_FACTOR * n_run))
+        left = memory.memory_left()
+        if n > n_run and left is not None and n * pld_ops._FFT_BYTES_PER_POINT > left:
+            return n_run  # looser, equally valid
+        return n
 
     def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
         na, nb = a.x.size, b.x.size
