@@ -209,6 +209,48 @@ def test_tilted_error_bound_holds(k: int) -> None:
         assert 0 < measured <= bound
 
 
+def _pmf_like(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "uniform":
+        x = rng.random(size)
+    elif kind == "gauss":
+        t = np.arange(size)
+        x = np.exp(-0.5 * ((t - size / 3) / (size / 20)) ** 2)
+    else:
+        x = np.zeros(size)
+        x[rng.integers(0, size, 6)] = rng.random(6)
+        x[0] = 1.0
+    return x / x.sum()
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gauss", "spiky"])
+@pytest.mark.parametrize("size, k", [(300, 16), (300, 150), (3000, 4)])  # k 150: numpy's cpow
+def test_fft_power_bound_holds(kind: str, size: int, k: int) -> None:
+    """The 2-norm bound of the FFT power (the assumed model) against its measured error, the
+    truth by direct long-double powering; the bound left out (0) would be caught."""
+    from scipy import fft
+
+    x = _pmf_like(kind, size, np.random.default_rng(size + k))
+    n = fft.next_fast_len(k * (size - 1) + 1)
+    y = np.real(fft.ifft(fft.fft(x, n) ** k))
+    exact = np.zeros(n, dtype=LD)
+    exact[:k * (size - 1) + 1] = _power(x.astype(LD), k)
+    measured = float(np.sqrt(((y.astype(LD) - exact) ** 2).sum()))
+    assert 0 < measured <= pc._fft_power_bound(*pc._norms(x), k, n)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gauss", "spiky"])
+def test_fft_convolution_bound_holds(kind: str) -> None:
+    from scipy import fft
+
+    rng = np.random.default_rng(7)
+    a, b = _pmf_like(kind, 2500, rng), _pmf_like("gauss", 1700, rng)
+    shape = a.size + b.size - 1
+    n = fft.next_fast_len(shape, True)
+    y = fft.irfft(fft.rfft(a, n) * fft.rfft(b, n), n)[:shape]
+    measured = float(np.sqrt(((y.astype(LD) - np.convolve(a.astype(LD), b.astype(LD))) ** 2).sum()))
+    assert 0 < measured <= pc._fft_conv_bound(*pc._norms(a), *pc._norms(b), n)
+
+
 # ---------------------------------------------------------------------------------------------
 # Broken certificates are caught
 
