@@ -5,8 +5,9 @@ non-negative products, relative error <= gamma_N with u = 2^-64, no FFT), on sma
 
 Checked: D_cert(eps) >= the exact D(eps) and within a few 1e-15 of it (the run's 1e-15 tail
 charge plus round-off), the certified epsilon >= the exact one and within 1e-6 relative, the
-l1 error bound of the tilted FFT power against its measured error; and deliberately broken
-certificates (no tilt, no tail charge) caught by those same checks. End to
+l1 error bound of the tilted FFT power and the FFT model's bounds against measured errors; and
+deliberately broken certificates (no tilt, no tail charge) caught by those same checks (a dropped
+FFT error term alone is not: the other allowances already exceed the measured FFT error). End to
 end: `mfcli account` reports MMCC's certified epsilon, >= the long-double replay's.
 """
 from __future__ import annotations
