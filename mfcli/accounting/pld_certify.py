@@ -23,11 +23,13 @@ the leaves' log M -- with every rounding bounded:
 * that error, carried in l1 through the tree (err1), moves D(eps) by at most
   err1 e^(s - theta eps) (every loss above eps has e^(-theta l) < e^(-theta eps)): the Chernoff
   bound at eps times err1, so relative to D, not to the bulk of the distribution;
-* windows: a self-composition keeps the run's circular FFT length and Chernoff window (exact
-  circular aliases are non-negative, so each kept position is an upper bound on its true mass);
-  the true mass outside the window is at most the run's tail mass (dp-accounting's Chernoff
-  bounds, each side tail/2, with their own rounding allowed for), charged in full, with the mass
-  at infinity; pairwise compositions are not cut (nothing is moved; lengths add).
+* windows: a self-composition keeps the run's Chernoff window, on a circular FFT at least as long
+  as the run's (exact circular aliases are non-negative, so each kept position is an upper bound
+  on its true mass; the length is raised where aliases wrapped down, amplified by the untilt,
+  would loosen the bound); the true mass outside the window is at most the run's tail mass
+  (dp-accounting's Chernoff bounds, each side tail/2, with their own rounding allowed for),
+  charged in full, with the mass at infinity; pairwise compositions are not cut (nothing is
+  moved; lengths add).
 
 The result D_cert(eps) >= the exact composition's D(eps) of the leaf PMFs (which are themselves
 pessimistic), in each direction; :func:`certify` steps eps up a ladder from the run's value until
@@ -58,8 +60,9 @@ FFT_ETA_ULPS = 10.0
 #: term, no FFT model) up to this many products, FFT convolutions above.
 DIRECT_WORK = 4_000_000
 
-#: Half the smallest positive subnormal double and more: the absolute error of a product or exp
-#: whose result underflows (the relative model holds for normal results only).
+#: The smallest normal double (rounded up): a generous bound on the absolute error of an entry
+#: whose result, or an intermediate of it, falls below the normal range, where the relative model
+#: does not hold (a subnormal or zero result of one operation is within 2^-1075 of the exact one).
 _UNDERFLOW = 2.3e-308
 
 #: A tilted self-composition's circular length is raised until the aliases wrapped down into
@@ -406,7 +409,7 @@ def _leaves(node: Node, mult: int, out: dict[int, tuple[Node, int]]) -> None:
             _leaves(c, mult * node.times, out)
 
 
-def chernoff_theta(node: Node, direction: str, eps: float, *, iterations: int = 24) -> float:
+def chernoff_theta(node: Node, direction: str, eps: float, *, iterations: int = 16) -> float:
     """The tilt minimising the Chernoff bound at eps of the exact, uncut composition of the tree's
     leaves, prod_leaves M_leaf(theta)^count e^(-theta eps) (golden section on its logarithm,
     convex in theta): the factor by which the certificate's round-off term is multiplied. A
