@@ -34,7 +34,8 @@ paper's algorithm"), delta = delta_pld + delta_tail + delta_trunc:
    event MixtureOfGaussiansDpEvent(sigma_eff, support, probabilities).
 4. Composition. Identical rows are grouped (SelfComposedDpEvent); every distinct row's pessimistic
    PLD is built (:mod:`mfcli.accounting.mog_pld`, equal to dp-accounting's builder) and all are
-   composed; eps = get_epsilon_for_delta(delta_pld).
+   composed; eps = get_epsilon_for_delta(delta_pld), raised where needed to an epsilon certified
+   against the composition's FFT round-off (:mod:`mfcli.accounting.pld_certify`).
 
 Why it is valid (lemma level): conditional composition (on the event that every l <= eps_rj, each
 row's conditional pair is dominated by the row mixture; the event fails with probability at most
@@ -59,7 +60,7 @@ from typing import Any, ParamSpec, TypeVar
 import numpy as np
 from scipy import special
 
-from mfcli.accounting import mmcc_lower, mog_pld, pld_ops
+from mfcli.accounting import mmcc_lower, mog_pld, pld_certify, pld_ops
 from mfcli.accounting.defaults import DEFAULT_MIXTURE_RESOLUTION, DEFAULT_TAIL_FRACTION
 from mfcli.accounting.events import plain_json, plain_mixture_rows
 from mfcli.accounting.single_pass import (
@@ -1167,15 +1168,15 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
         for g in groups:
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(sigma, *g.mixture(resolution)), int(g.count))
         return pld_ops.Pld.from_dp_accounting(acc._pld)
+    # recorded (pld_ops' arithmetic, the same calls) for the round-off certificate (pld_certify)
     plds = []
     for g in groups:
-        pld = mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities, value_discretization_interval=d)
-        if g.count > 1:
-            pld = pld_ops.self_compose(pld, int(g.count))
-        plds.append(pld)
+        node = pld_certify.leaf(mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities,
+                                                    value_discretization_interval=d))
+        plds.append(pld_certify.self_compose(node, int(g.count)) if g.count > 1 else node)
     # balanced pairwise composition: each level's FFTs add up to the total length once
     while len(plds) > 1:
-        plds = [mog_pld.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
+        plds = [pld_certify.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
                 for i in range(0, len(plds), 2)]
     return plds[0]
 
@@ -1226,8 +1227,10 @@ def mmcc(
         value_discretization: PLD grid requested (the finest used).
         mixture_resolution: M, rows' sensitivities are rounded up to multiples of 1/M.
         tail_resolution: M_W, G entries rounded up to multiples of 1/M_W (default from sigma).
-        engine: "fast" (vectorised PLD builder) or "dp-accounting" (its PLDAccountant with
-            MixtureOfGaussiansDpEvent; slow, for cross-checks).
+        engine: "fast" (vectorised PLD builder; epsilon certified against the composition's FFT
+            round-off, :mod:`mfcli.accounting.pld_certify`) or "dp-accounting" (its PLDAccountant
+            with MixtureOfGaussiansDpEvent; slow, for cross-checks; its epsilon is dp-accounting's,
+            NOT certified against that round-off).
         pld_work_budget: the row PLDs' grid is coarsened (1-2-5 steps) until their total work fits
             this budget (None: never); the grid used is reported as ``value_discretization``.
         tail_method: "fft" or "direct" (see :func:`tail_epsilons`).
@@ -1304,7 +1307,10 @@ def mmcc(
         d_used = d if engine == "dp-accounting" else choose_discretization(
             groups, sigma=sig, resolution=mixture_resolution, requested=d, budget=pld_work_budget)
         pld = _compose(groups, sigma=sig, resolution=mixture_resolution, d=d_used, engine=engine)
-        eps = float(pld_ops.epsilon_for_delta(pld, delta_pld))
+        # the fast engine's epsilon certified against the FFT's round-off (pld_certify); the
+        # dp-accounting engine's is its own, uncertified
+        eps = (pld_certify.certified_epsilon(pld, delta_pld) if isinstance(pld, pld_certify.Node)
+               else float(pld_ops.epsilon_for_delta(pld, delta_pld)))
         tried[f_eff] = eps
         if best is None or eps < best[0]:
             best = (eps, f_eff, delta_pld, delta_tail, delta_trunc, max_pt, groups, d_used, r_used)

@@ -1,0 +1,535 @@
+"""A certified epsilon for a PLD composition tree under the FFT's round-off (the tilted-FFT
+certificate; docs/accounting.md, "MMCC: the composition's FFT round-off, certified").
+
+Why: :mod:`mfcli.accounting.pld_ops` composes PLDs with dp-accounting's arithmetic (FFT power,
+real-FFT convolution), bit for bit. Its round-off is smooth and one-signed and can lower the
+hockey-stick curve D(eps) below the exact composition's by up to 1e-4 of delta (epsilon off by
+3e-6 relative at delta 1e-10; docs/performance.md, "FFT round-off of PLD composition"): an
+unproven, unsafe-side error. The run's arithmetic stays; this module certifies its answer.
+
+How: the composition is recorded as a tree (:func:`leaf`, :func:`self_compose`, :func:`compose`
+run pld_ops' operations and keep their inputs). :func:`certify` redoes the tree once per direction
+on exponentially tilted PMFs q_j = p_j e^(theta l_j) / M(theta) -- tilting commutes with
+convolution, so the exact untilted mass at loss l of any node is x_l e^(s - theta l), s the sum of
+the leaves' log M -- with every rounding bounded:
+
+* the FFT's absolute error within Higham's model (Accuracy and Stability, 2nd ed., Thm 24.2):
+  ||fl(F x) - F x||_2 <= alpha sqrt(n) ||x||_2 and per coefficient <= alpha ||x||_1, alpha =
+  eta log2(n) / (1 - eta log2(n)), eta = :data:`FFT_ETA_ULPS` u -- an ASSUMPTION (pocketfft's
+  transforms; scripts/check_fft_roundoff.py --check-assumption finds at most 3 % of it), like
+  numpy's complex power for exponents >= 100 (glibc's cpow, within 8 u (1 + k pi + k |log|y||));
+  numpy's exp / expm1 within :data:`mfcli.util.floating.ELEMENTARY_ULPS` (the model of
+  :mod:`mfcli.util.floating`); the direct convolutions and sums within gamma_n;
+* that error, carried in l1 through the tree (err1), moves D(eps) by at most
+  err1 e^(s - theta eps) (every loss above eps has e^(-theta l) < e^(-theta eps)): the Chernoff
+  bound at eps times err1, so relative to D, not to the bulk of the distribution;
+* windows: a self-composition keeps the run's Chernoff window, on a circular FFT at least as long
+  as the run's (exact circular aliases are non-negative, so each kept position is an upper bound
+  on its true mass; the length is raised where aliases wrapped down, amplified by the untilt,
+  would loosen the bound); the true mass outside the window is at most the run's tail mass
+  (dp-accounting's Chernoff bounds, each side tail/2, with their own rounding allowed for),
+  charged in full, with the mass at infinity; pairwise compositions are not cut (nothing is
+  moved; lengths add).
+
+The result D_cert(eps) >= the exact composition's D(eps) of the leaf PMFs (which are themselves
+pessimistic), in each direction; :func:`certify` steps eps up a ladder from the run's value until
+D_cert(eps) <= delta. Layer 2: only pld_ops, numpy and scipy.fft below it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mfcli.accounting import pld_ops
+from mfcli.errors import MfcliError
+from mfcli.util import memory
+from mfcli.util.floating import ELEMENTARY_ULPS, UNIT_ROUNDOFF, gamma
+
+_U = UNIT_ROUNDOFF
+
+#: Assumed constant of the FFT error model, in units of roundoff (Higham's eta = mu + gamma_4
+#: (sqrt 2 + mu) for radix 2 with twiddles within mu; pocketfft's twiddles are products of two
+#: table entries, mu about 3 u, so about 8.7 u; 10 u leaves room for its other radices). An
+#: assumption, checked (not proven) by scripts/check_fft_roundoff.py --check-assumption.
+FFT_ETA_ULPS = 10.0
+
+#: Pairwise compositions of the tilted chain are direct convolutions (relative error gamma_n per
+#: term, no FFT model) up to this many products, FFT convolutions above.
+DIRECT_WORK = 4_000_000
+
+#: The smallest normal double (rounded up): a generous bound on the absolute error of an entry
+#: whose result, or an intermediate of it, falls below the normal range, where the relative model
+#: does not hold (a subnormal or zero result of one operation is within 2^-1075 of the exact one).
+_UNDERFLOW = 2.3e-308
+
+#: A tilted self-composition's circular length is raised until the aliases wrapped down into
+#: its window (amplified by the untilt) total at most this share of the run's tail mass: a
+#: choice of tightness (they are counted, never lost), not of validity.
+ALIAS_SHARE = 1e-2
+#: ... but to at most this many times the run's length (cost and memory; measured: 2.4 x in the
+#: 1.08 M-point self-composition of docs/performance.md's case a).
+MAX_LENGTH_FACTOR = 4
+
+#: Tilts searched (golden section on the convex log-mgf) within these ends.
+_THETA_RANGE = (1e-3, 200.0)
+
+DIRECTIONS = ("remove", "add")
+
+
+# ---------------------------------------------------------------------------------------------
+# The recorded tree
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One PLD of a recorded composition: ``pld`` is the run's result (pld_ops' arithmetic), the
+    rest says how it was made: ``kind`` "leaf" (an input, exact by definition), "self"
+    (``pld_ops.self_compose(children[0].pld, times, tail)``) or "compose"
+    (``pld_ops.compose(children[0].pld, children[1].pld, tail)``)."""
+
+    pld: pld_ops.Pld
+    kind: str = "leaf"
+    children: tuple[Node, ...] = field(default=(), repr=False)
+    times: int = 1
+    tail: float = 0.0
+
+
+def leaf(pld: pld_ops.Pld) -> Node:
+    """An input of the composition (its PMFs must be non-negative)."""
+    return Node(pld)
+
+
+def self_compose(node: Node, num_times: int, tail_mass_truncation: float = pld_ops.TAIL_MASS_TRUNCATION) -> Node:
+    """``pld_ops.self_compose`` of a leaf, recorded. Only leaves: the certificate's window argument
+    needs the exact input (a computed PMF would carry its round-off into the Chernoff window)."""
+    if node.kind != "leaf":
+        raise MfcliError("the composition certificate covers self-compositions of input PLDs only")
+    out = pld_ops.self_compose(node.pld, int(num_times), tail_mass_truncation)
+    return Node(out, "self", (node,), int(num_times), float(tail_mass_truncation))
+
+
+def compose(a: Node, b: Node, tail_mass_truncation: float = pld_ops.TAIL_MASS_TRUNCATION) -> Node:
+    """``pld_ops.compose`` of the two, recorded."""
+    return Node(pld_ops.compose(a.pld, b.pld, tail_mass_truncation), "compose", (a, b), 1, float(tail_mass_truncation))
+
+
+def _direction(pld: pld_ops.Pld, direction: str) -> pld_ops.Pmf:
+    return pld.remove if direction == "remove" else pld.add_pmf
+
+
+# ---------------------------------------------------------------------------------------------
+# Error model of the FFT operations
+
+
+def _alpha(n: int) -> float:
+    """Higham's factor log2(n) eta / (1 - log2(n) eta), eta = FFT_ETA_ULPS u (assumed model)."""
+    t = FFT_ETA_ULPS * _U * math.log2(max(n, 2))
+    return t / (1 - t)
+
+
+def _norms(x: np.ndarray) -> tuple[float, float]:
+    """Upper bounds on ||x||_1 and ||x||_2 (sums of non-negative terms within gamma_n)."""
+    g = 1 + gamma(x.size + 2)
+    return float(np.abs(x).sum()) * g, float(np.sqrt(float(np.dot(x, x)) * g)) * g
+
+
+def _fft_conv_bound(a1: float, a2: float, b1: float, b2: float, n: int) -> float:
+    """Bound on ||fl(conv) - conv||_2 of a real-FFT convolution of length n (scipy's
+    fftconvolve): forward transforms within alpha sqrt(n) ||x||_2 in 2-norm and alpha ||x||_1 per
+    coefficient, |F x|_j <= ||x||_1; the complex product within sqrt2 gamma_2 (Higham Lemma 3.5);
+    the inverse within alpha of its exact output (||ifft z||_2 = ||z||_2 / sqrt n)."""
+    al = _alpha(n)
+    prod = al * (a2 * b1 + a1 * b2) + al * al * a2 * b1   # ||z_hat - z||_2 / sqrt(n), product exact
+    zhat = (1 + al) ** 2 * min(a1 * b2, a2 * b1)          # ||z_hat||_2 / sqrt(n)
+    g2 = math.sqrt(2) * gamma(2)
+    return (prod + g2 * zhat + al * zhat * (1 + g2)) * (1 + 4 * _U)
+
+
+def _fft_power_bound(p1: float, p2: float, k: int, n: int) -> float:
+    """Bound on ||fl(ifft(fft(p)^k)) - ifft(fft(p)^k)||_2 over the n circular outputs, from upper
+    bounds p1 >= ||p||_1, p2 >= ||p||_2. Forward: ||y_hat - y||_2 <= alpha sqrt(n) p2 and |y_j|,
+    |y_hat_j| <= m = p1 (1 + alpha); power: |y_hat^k - y^k| <= k |y_hat - y| m^(k - 1); its own
+    rounding: numpy's binary powering for k < 100 (at most 2 ceil(log2 k) + 1 complex products,
+    each within sqrt2 gamma_2), for k >= 100 cpow (cexp(k clog y)), ASSUMED within
+    8 u (1 + k pi + k |log|y||) relative, the last term at most (2 / e) |y|^(k/2) absolute;
+    inverse within alpha of its exact output."""
+    al = _alpha(n)
+    m = p1 * (1 + al)
+    spread = k * al * p2 * m ** (k - 1)
+    y2 = (1 + al) * p2
+    zhat = m ** (k - 1) * y2
+    if k < 100:
+        pow_err = ((1 + math.sqrt(2) * gamma(2)) ** (2 * math.ceil(math.log2(max(k, 2))) + 1) - 1) * zhat
+    else:
+        g_pow = 8 * _U * (1 + k * math.pi + k * max(0.0, math.log(m)))
+        pow_err = g_pow * zhat + 8 * _U * (2 / math.e) * m ** max(0, k // 2 - 1) * y2
+    return (spread + pow_err + al * (zhat + pow_err)) * (1 + 4 * _U)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tilted chain
+
+
+@dataclass
+class _Tilted:
+    """A node in the tilted domain, one direction. The true measure of the node (the exact
+    composition of its leaves) is good + bad with good <= e^(s* - theta l_i) x*_i at every loss
+    l_i = (lower + i) d and |bad| <= ``bad``, x* the exact arithmetic's tilted values
+    (sum |x_i - x*_i| <= ``err1``), s* the exact sum of the leaves' computed log M
+    (|s - s*| <= ``s_err``); ``total`` bounds the true measure's total mass."""
+
+    lower: int
+    x: np.ndarray
+    s: float
+    s_err: float
+    err1: float
+    bad: float
+    total: float
+    rho: float = 0.0     # a leaf's: its entries' relative error (the tilt's roundings)
+    tiny: float = 0.0    # a leaf's: its absolute error from subnormal results
+    _norms: tuple[float, float] | None = None
+
+    def norms(self) -> tuple[float, float]:
+        """:func:`_norms` of x, computed once."""
+        if self._norms is None:
+            self._norms = _norms(self.x)
+        return self._norms
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    return m + math.log(float(np.exp(x - m).sum()))
+
+
+class _Chain:
+    """The tree of one direction redone on PMFs tilted by ``theta`` (memoised per node)."""
+
+    def __init__(self, theta: float, direction: str) -> None:
+        if not theta >= 0 or not math.isfinite(theta):
+            raise MfcliError(f"the tilt theta must be a finite non-negative number, got {theta!r}")
+        self.theta = float(theta)
+        self.direction = direction
+        self.d = 0.0
+        self.memo: dict[int, _Tilted] = {}
+        self.cache: dict[int, tuple[float, np.ndarray, np.ndarray, float]] = {}
+
+    def of(self, node: Node) -> _Tilted:
+        key = id(node)
+        if key not in self.memo:
+            if node.kind == "leaf":
+                self.memo[key] = self._leaf(_direction(node.pld, self.direction))
+            elif node.kind == "self":
+                self.memo[key] = self._self(node)
+            elif node.kind == "compose":
+                self.memo[key] = self._compose(self.of(node.children[0]), self.of(node.children[1]))
+            else:
+                raise MfcliError(f"unknown composition node {node.kind!r}")
+        return self.memo[key]
+
+    def _leaf(self, p: pld_ops.Pmf) -> _Tilted:
+        if np.any(p.probs < 0) or not p.infinity_mass >= 0:
+            raise MfcliError("the composition certificate needs non-negative input PMFs")
+        self.d = d = p.discretization
+        lj = (np.arange(p.size) + p.lower_loss) * d
+        pos = p.probs > 0
+        if not pos.any():
+            raise MfcliError("the composition certificate needs an input PMF with positive mass")
+        arg = self.theta * lj
+        log_m = _logsumexp(np.log(p.probs[pos]) + arg[pos])  # any value: a common factor, cancelled
+        # q_j = (p_j e_j) e_j, e_j = exp((theta l_j - log M) / 2): p_j e^(theta l_j) <= M, so the
+        # exponent is at most -log p_j <= 745 and its half does not overflow; no log of p_j (its
+        # error would scale with |log p_j|)
+        with np.errstate(over="ignore", under="ignore"):
+            e = np.where(pos, np.exp(0.5 * (arg - log_m)), 0.0)
+            first = p.probs * e
+            q = first * e
+        if not np.all(np.isfinite(q)):
+            raise MfcliError("the composition certificate's tilt overflowed (theta too large)")
+        # relative: l_j (one rounding), theta l_j (one), - log M (one, of the argument), two exps
+        # (ELEMENTARY_ULPS each), two products; absolute: a product whose result is subnormal is
+        # within 2^-1075 (the first one's error then scaled by e_j)
+        rho = _U * (3 * self.theta * float(np.abs(lj).max()) + abs(log_m) + 2 * ELEMENTARY_ULPS + 2) * 1.01
+        tiny = float((e[first < 2.0 ** -1022] * 2.0 ** -1075).sum()) * 1.01 + q.size * _UNDERFLOW
+        q1 = float(q.sum()) * (1 + gamma(q.size))
+        total = (float(p.probs.sum()) * (1 + gamma(p.size)) + p.infinity_mass) * (1 + 2 * _U)
+        return _Tilted(p.lower_loss, q, log_m, 0.0, rho * q1 + tiny, p.infinity_mass, total, rho, tiny)
+
+    def _self(self, node: Node) -> _Tilted:
+        child = node.children[0]
+        k = node.times
+        p = _direction(child.pld, self.direction)
+        out = _direction(node.pld, self.direction)
+        base = self.of(child)
+        if k == 1:
+            return base
+        if out.sparse:  # pld_ops' sparse path: pairwise products; here the same, uncut
+            res = base
+            for _ in range(k - 1):
+                res = self._compose(res, base)
+            return res
+        from scipy import fft
+
+        # the run's window and circular length (pld_ops._self_compose_dense)
+        lo = out.lower_loss - p.lower_loss * k
+        length = out.size
+        n = self._circular_length(p, k, lo, length, node.tail)
+        x = np.roll(np.real(fft.ifft(fft.fft(base.x, n) ** k)), -lo)[:length].copy()
+        q1, q2 = base.norms()
+        # an absolute error t on the input moves the exact k-fold by <= k t ||q||_1^(k-1) in l1
+        fresh = math.sqrt(n) * _fft_power_bound(q1, q2, k, n) + k * base.tiny * max(q1, 1.0) ** (k - 1)
+        # the leaf's tilt errors are relative and every term non-negative: the exact k-fold
+        # composition of the computed q is within (1 + rho_q)^k - 1 of the exact one
+        err1 = fresh + math.expm1(k * math.log1p(base.rho)) * (_norms(x)[0] + fresh)
+        # the true mass outside the window: dp-accounting's Chernoff bounds give tail / 2 per side;
+        # the window ends were computed in floating point (pld_ops._chernoff_window: each log-mgf
+        # within (L + 25) u (1.01) + u (|lmgf| + 20), |lmgf| <= 20 + |log sum p|, twice that for either of the
+        # two ways it is computed; the bound's own roundings), so the exponent of each Chernoff
+        # bound is within slack of its exact value, and the tail within e^slack of tail / 2
+        size = p.size
+        mass = float(p.probs.sum())
+        lmgf_max = 20.0 + (abs(math.log(mass)) if mass > 0 else 0.0)  # |t k| <= 20 at every order
+        lmgf_err = 2.0 * ((size + 25) * _U * 1.01 + _U * (lmgf_max + 20.0))
+        slack = k * lmgf_err + 8 * _U * (lmgf_max * k + 40)
+        outside = node.tail * math.exp(slack) * (1 + 4 * _U)
+        # the infinity atom: P(some copy is at infinity) = T^k - (T - inf)^k <= k inf T^(k - 1)
+        t = max(base.total, 1.0)
+        infinite = k * p.infinity_mass * t ** (k - 1) * (1 + gamma(k + 4))
+        return _Tilted(p.lower_loss * k + lo, x, k * base.s, _U * abs(k * base.s), err1 * (1 + 4 * _U),
+                       (outside + infinite) * (1 + 2 * _U), base.total ** k * (1 + gamma(2 * k + 4)))
+
+    def _circular_length(self, p: pld_ops.Pmf, k: int, lo: int, length: int, tail: float) -> int:
+        """The circular FFT length of a tilted self-composition on the run's window [lo, lo + length).
+
+        Any length >= the window's is valid (the exact circular aliases are non-negative: each
+        kept position bounds its true mass from above). Tilting makes an alias from above costly:
+        a mass c_m wrapped down by n positions counts e^(theta n d) c_m after the untilt. So the
+        length is the run's (pld_ops: next_fast_len(max(window, input))), raised until those
+        aliases' total, at most e^(-theta l_lo) sum_(l_m >= l_lo + n d) c_m e^(theta l_m) <=
+        exp(k log M(theta2) - theta l_lo - (theta2 - theta)(l_lo + n d)) for any theta2 > theta,
+        is below ALIAS_SHARE of the tail mass: a choice of tightness, not of validity (capped at the
+        length with no alias from above, at MAX_LENGTH_FACTOR times the run's, and at the memory
+        left, where the run's length is kept)."""
+        from scipy import fft
+
+        n_run = fft.next_fast_len(max(length, p.size))
+        n_full = k * (p.size - 1) + 1 - lo
+        if tail <= 0 or n_run >= n_full:
+            return n_run
+        d = p.discretization
+        pos = p.probs > 0
+        lg = np.log(p.probs[pos])
+        lj = (np.flatnonzero(pos) + p.lower_loss) * d
+        l_lo = (p.lower_loss * k + lo) * d
+        log_target = math.log(ALIAS_SHARE * tail)
+        best = math.inf
+        for step in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
+            th2 = self.theta + step
+            reach = (k * _logsumexp(lg + th2 * lj) - self.theta * l_lo - log_target) / step  # l_lo + n d
+            best = min(best, reach)
+        need = math.ceil((best - l_lo) / d) + 1 if math.isfinite(best) else n_full
+        n = fft.next_fast_len(min(max(need, n_run), n_full, MAX_LENGTH_FACTOR * n_run))
+        left = memory.memory_left()
+        if n > n_run and left is not None and n * pld_ops._FFT_BYTES_PER_POINT > left:
+            return n_run  # looser, equally valid
+        return n
+
+    def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
+        na, nb = a.x.size, b.x.size
+        a1, a2 = a.norms()
+        b1, b2 = b.norms()
+        if min(na, nb) == 1 or na * nb <= DIRECT_WORK:
+            # direct: each output a sum of at most min(na, nb) products, any order
+            x = np.convolve(a.x, b.x)
+            fresh = gamma(min(na, nb) + 1) * a1 * b1 + na * nb * _UNDERFLOW
+        else:
+            from scipy import fft
+
+            shape = na + nb - 1
+            n = fft.next_fast_len(shape, True)
+            x = fft.irfft(fft.rfft(a.x, n) * fft.rfft(b.x, n), n)[:shape].copy()
+            fresh = math.sqrt(shape) * _fft_conv_bound(a1, a2, b1, b2, n)
+        # x_a * x_b - x*_a * x*_b = e_a * x*_b + x_a * e_b: l1 <= err_a (||x_b||_1 + err_b) + err_b ||x_a||_1
+        err1 = (a.err1 * (b1 + b.err1) + b.err1 * a1 + fresh) * (1 + 4 * _U)
+        s = a.s + b.s
+        # the true measure A * B = good_a * good_b + bad_a * B + good_a * bad_b
+        bad = (a.bad * b.total + b.bad * a.total) * (1 + 4 * _U)
+        return _Tilted(a.lower + b.lower, x, s, a.s_err + b.s_err + _U * abs(s), err1, bad,
+                       a.total * b.total * (1 + 2 * _U))
+
+    def _above(self, t: _Tilted, eps: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """(losses that may exceed eps, their untilted masses x+ e^(s - theta l) as computed, the
+        relative error bound of the untilt), cached for the ladder's later, larger eps."""
+        cached = self.cache.get(id(t))
+        if cached is not None and cached[0] <= eps:
+            return cached[1], cached[2], cached[3]
+        lpos = (np.arange(t.x.size) + t.lower) * self.d
+        # every loss whose exact value may exceed eps (fl(l) within u |l| of it)
+        above = lpos > eps - 4 * _U * (abs(eps) + np.abs(lpos))
+        la = lpos[above]
+        # the untilt's exponent: s's own error, theta l (two roundings), the difference (one), exp
+        rho_u = math.expm1((t.s_err + _U * (abs(t.s) + 3 * float(np.abs(self.theta * la).max(initial=0.0))
+                                            + ELEMENTARY_ULPS + 1)) * 1.01)
+        with np.errstate(over="ignore"):
+            v = np.maximum(t.x[above], 0.0) * np.exp(t.s - self.theta * la)
+        self.cache[id(t)] = (eps, la, v, rho_u)
+        return la, v, rho_u
+
+    def delta_bound(self, t: _Tilted, eps: float) -> tuple[float, float]:
+        """(upper bound on the exact composition's D(eps), the part of it due to round-off)."""
+        la, v, rho_u = self._above(t, eps)
+        keep = la > eps - 4 * _U * (abs(eps) + np.abs(la))
+        la, v = la[keep], v[keep]
+        # an upper bound on the weight 1 - e^(eps - l): the argument within 2.1 u (|eps| + |l|),
+        # expm1 assumed within ELEMENTARY_ULPS
+        w = (np.maximum(-np.expm1(eps - la), 0.0) * (1 + (ELEMENTARY_ULPS + 1) * _U)
+             + 2.1 * _U * (abs(eps) + np.abs(la)))
+        main = float(np.dot(v, w))
+        # the error term: exact weights <= 1, every loss above eps has e^(-theta l) <= e^(-theta eps)
+        log_chernoff = t.s - self.theta * eps + t.s_err
+        if log_chernoff > 700:
+            return math.inf, math.inf
+        err = t.err1 * math.exp(log_chernoff) * (1 + 4 * _U)
+        fac = (1 + rho_u) * (1 + gamma(t.x.size + 4))
+        total = (fac * (main + err + la.size * _UNDERFLOW) + t.bad) * (1 + 2 * _U)
+        if not math.isfinite(total):
+            return math.inf, math.inf
+        return total, total - fac * main - t.bad
+
+
+def _leaves(node: Node, mult: int, out: dict[int, tuple[Node, int]]) -> None:
+    """Every leaf of the tree with the number of times the exact composition takes it."""
+    if node.kind == "leaf":
+        prev = out.get(id(node))
+        out[id(node)] = (node, mult + (prev[1] if prev else 0))
+    else:
+        for c in node.children:
+            _leaves(c, mult * node.times, out)
+
+
+def chernoff_theta(node: Node, direction: str, eps: float, *, iterations: int = 16) -> float:
+    """The tilt minimising the Chernoff bound at eps of the exact, uncut composition of the tree's
+    leaves, prod_leaves M_leaf(theta)^count e^(-theta eps) (golden section on its logarithm,
+    convex in theta): the factor by which the certificate's round-off term is multiplied. A
+    choice only: any theta >= 0 gives a valid certificate."""
+    found: dict[int, tuple[Node, int]] = {}
+    _leaves(node, 1, found)
+    lgs, ls, mults, starts = [], [], [], []
+    at = 0
+    for leaf_node, mult in found.values():
+        pmf = _direction(leaf_node.pld, direction)
+        pos = pmf.probs > 0
+        if not pos.any():
+            continue
+        lgs.append(np.log(pmf.probs[pos]))
+        ls.append((np.flatnonzero(pos) + pmf.lower_loss) * pmf.discretization)
+        mults.append(float(mult))
+        starts.append(at)
+        at += int(pos.sum())
+    if not lgs:
+        return _THETA_RANGE[0]
+    lg, loss, w, idx = np.concatenate(lgs), np.concatenate(ls), np.array(mults), np.array(starts)
+    seg = np.repeat(np.arange(idx.size), np.diff(np.append(idx, lg.size)))
+
+    def f(log_theta: float) -> float:
+        th = math.exp(log_theta)
+        v = lg + th * loss
+        top = np.maximum.reduceat(v, idx)
+        lse = top + np.log(np.add.reduceat(np.exp(v - top[seg]), idx))
+        return float(np.dot(w, lse)) - th * eps
+
+    lo, hi = math.log(_THETA_RANGE[0]), math.log(_THETA_RANGE[1])
+    r = (math.sqrt(5) - 1) / 2
+    c, e = hi - r * (hi - lo), lo + r * (hi - lo)
+    fc, fe = f(c), f(e)
+    for _ in range(iterations):
+        if fc <= fe:
+            hi, e, fe = e, c, fc
+            c = hi - r * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, e, fe
+            e = lo + r * (hi - lo)
+            fe = f(e)
+    return math.exp(0.5 * (lo + hi))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """D_cert(eps), an upper bound on the exact composition's delta at eps (both directions):
+    ``bound(eps)``; the tilts used, per direction."""
+
+    bound: Callable[[float], float]
+    thetas: dict[str, float]
+
+
+def certificate(node: Node, epsilon: float, *, theta: float | None = None,
+                direction: str | None = None) -> Certificate:
+    """The tilted chains of both directions (one of a symmetric PLD; or the ``direction`` given),
+    each tilted by the theta minimising the exact composition's Chernoff bound at ``epsilon``
+    (:func:`chernoff_theta`), or by the ``theta`` given (any >= 0 is valid)."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise MfcliError(f"unknown PLD direction {direction!r} (remove or add)")
+    dirs = (direction,) if direction is not None else DIRECTIONS[:1] if node.pld.symmetric else DIRECTIONS
+    chains = []
+    thetas = {}
+    for dname in dirs:
+        th = chernoff_theta(node, dname, epsilon) if theta is None else float(theta)
+        chain = _Chain(th, dname)
+        chains.append((chain, chain.of(node)))
+        thetas[dname] = th
+
+    def bound(eps: float) -> float:
+        return max(chain.delta_bound(t, eps)[0] for chain, t in chains)
+
+    return Certificate(bound, thetas)
+
+
+def delta_bound(node: Node, epsilon: float, *, theta: float | None = None, direction: str | None = None) -> float:
+    """D_cert(epsilon): an upper bound on the delta at ``epsilon`` of the exact composition of the
+    tree's leaves (the larger direction, or the ``direction`` given), every rounding counted under
+    the stated FFT model."""
+    return certificate(node, epsilon, theta=theta, direction=direction).bound(float(epsilon))
+
+
+def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = None,
+            direction: str | None = None) -> float:
+    """The smallest eps' >= ``epsilon`` on a doubling ladder (steps from 1e-13 relative, then
+    then bisected back to 1e-10 relative) at which D_cert(eps') <= ``delta``: an epsilon for ``delta`` proven
+    for the exact composition of the leaves under the stated FFT model (inf where none is found);
+    both directions (the larger), or the ``direction`` given."""
+    epsilon = max(float(epsilon), 0.0)
+    if not math.isfinite(epsilon):
+        return epsilon
+    bound = certificate(node, epsilon, theta=theta, direction=direction).bound
+    if bound(epsilon) <= delta:
+        return epsilon
+    step = 1e-13 * max(1.0, epsilon)
+    low = epsilon
+    for _ in range(80):
+        high = low + step
+        if bound(high) <= delta:
+            for _ in range(60):  # tighten between the last failing rung and the first passing one
+                if high - low <= 1e-10 * max(1.0, high):
+                    break
+                mid = 0.5 * (low + high)
+                if bound(mid) <= delta:
+                    high = mid
+                else:
+                    low = mid
+            return high
+        low = high
+        step *= 2.0
+    return math.inf
+
+
+def certified_epsilon(node: Node, delta: float) -> float:
+    """pld_ops' epsilon of the run's PLD at ``delta`` (dp-accounting's arithmetic), raised by
+    :func:`certify` to one proven for the exact composition: the result is >= the run's."""
+    return certify(node, float(pld_ops.epsilon_for_delta(node.pld, delta)), delta)

@@ -1,0 +1,336 @@
+"""The tilted-FFT certificate of PLD composition (mfcli.accounting.pld_certify) against an
+independent truth: every composition redone by direct convolution in long double (sums of
+non-negative products, relative error <= gamma_N with u = 2^-64, no FFT), on small grids
+(d = 1e-2), k up to 64, deltas 1e-6 and 1e-10, both directions.
+
+Checked: D_cert(eps) >= the exact D(eps) and within a few 1e-15 of it (the run's 1e-15 tail
+charge plus round-off), the certified epsilon >= the exact one and within 1e-6 relative, the
+l1 error bound of the tilted FFT power and the FFT model's bounds against measured errors; and
+deliberately broken certificates (no tilt, no tail charge) caught by those same checks (a dropped
+FFT error term alone is not: the other allowances already exceed the measured FFT error). End to
+end: `mfcli account` reports MMCC's certified epsilon, >= the long-double replay's.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mfcli.accounting import pld_certify as pc
+from mfcli.accounting import pld_ops, single_pass
+from mfcli.cli.app import app
+
+LD = np.longdouble
+D = 1e-2
+#: |relative error| of the long-double truth: depth x gamma_N(u = 2^-64), N <= 1e5, depth <= 8
+TRUTH_REL = 8 * 1e5 * 2.0 ** -64 * 1.1
+#: D_cert - D_exact may be the 1e-15 tail charge of a self-composition and the round-off part
+#: (relative to the Chernoff bound, so to D where eps is far below the tilt's aim)
+TIGHT_D, TIGHT_D_REL = 5e-15, 1e-9
+TIGHT_EPS_REL = 1e-6
+
+SELF_CASES = [(1.0, 0.1, 64), (1.0, 0.1, 8), (0.8, 0.3, 16)]
+
+
+@functools.cache
+def dpsgd(sigma: float, p: float) -> pld_ops.Pld:
+    return single_pass._poisson_gaussian_pld(sigma, p, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# The truth: the tree redone from its leaves in long double, directly
+
+
+def _power(x: np.ndarray, k: int) -> np.ndarray:
+    result = None
+    while k:
+        if k & 1:
+            result = x if result is None else np.convolve(result, x)
+        k >>= 1
+        if k:
+            x = np.convolve(x, x)
+    assert result is not None
+    return result
+
+
+def truth(node: pc.Node, direction: str) -> tuple[int, np.ndarray, LD, LD]:
+    """(lower loss index, masses, infinity mass, total mass) of the exact composition."""
+    if node.kind == "leaf":
+        p = pc._direction(node.pld, direction)
+        probs = p.probs.astype(LD)
+        inf = LD(p.infinity_mass)
+        return p.lower_loss, probs, inf, probs.sum() + inf
+    if node.kind == "self":
+        lower, probs, inf, total = truth(node.children[0], direction)
+        k = node.times
+        return lower * k, _power(probs, k), total ** k - (total - inf) ** k, total ** k
+    la, pa, ia, ta = truth(node.children[0], direction)
+    lb, pb, ib, tb = truth(node.children[1], direction)
+    return la + lb, np.convolve(pa, pb), ta * tb - (ta - ia) * (tb - ib), ta * tb
+
+
+def hockey(lower: int, probs: np.ndarray, inf: LD, eps: float) -> LD:
+    losses = (np.arange(probs.size, dtype=LD) + LD(lower)) * LD(D)
+    w = -np.expm1(LD(eps) - losses)
+    w[w < 0] = 0
+    return (probs * w).sum() + inf
+
+
+def exact_epsilon(lower: int, probs: np.ndarray, inf: LD, delta: float) -> float:
+    lo, hi = 0.0, (lower + probs.size) * D
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        if hockey(lower, probs, inf, mid) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@functools.cache
+def self_case(sigma: float, p: float, k: int) -> tuple[pc.Node, dict]:
+    node = pc.self_compose(pc.leaf(dpsgd(sigma, p)), k)
+    return node, {dn: truth(node, dn) for dn in pc.DIRECTIONS}
+
+
+@functools.cache
+def tree_case() -> tuple[pc.Node, dict]:
+    """Windowed self-compositions (dense), a sparse one (pairwise products), FFT compositions."""
+    a = pc.self_compose(pc.leaf(dpsgd(1.0, 0.1)), 16)
+    b = pc.self_compose(pc.leaf(dpsgd(0.8, 0.3)), 8)
+    small = pld_ops.from_rounded_probability({-3: 0.2, 0: 0.5, 5: 0.3}, 0.0, D)
+    assert small.remove.sparse
+    s = pc.self_compose(pc.leaf(small), 3)
+    assert s.pld.remove.sparse  # dp-accounting's dictionary path
+    node = pc.compose(a, pc.compose(b, pc.compose(s, pc.leaf(dpsgd(2.0, 0.5)))))
+    return node, {dn: truth(node, dn) for dn in pc.DIRECTIONS}
+
+
+def check_d(d_cert: float, d_exact: LD) -> None:
+    """The certificate's two claims: above the truth (beyond its own error), and tight."""
+    assert d_cert >= float(d_exact) * (1 + TRUTH_REL)
+    assert d_cert - float(d_exact) <= TIGHT_D + TIGHT_D_REL * float(d_exact)
+
+
+def cases():
+    for sigma, p, k in SELF_CASES:
+        for dn in pc.DIRECTIONS:
+            for delta in (1e-6, 1e-10):
+                yield pytest.param(("self", sigma, p, k), dn, delta, id=f"s{sigma}-p{p}-k{k}-{dn}-{delta:g}")
+    for dn in pc.DIRECTIONS:
+        for delta in (1e-6, 1e-10):
+            yield pytest.param(("tree",), dn, delta, id=f"tree-{dn}-{delta:g}")
+
+
+def get(case: tuple) -> tuple[pc.Node, dict]:
+    return tree_case() if case[0] == "tree" else self_case(*case[1:])
+
+
+@pytest.mark.parametrize("case, direction, delta", list(cases()))
+def test_certified_delta_and_epsilon_against_long_double_truth(case: tuple, direction: str, delta: float) -> None:
+    node, truths = get(case)
+    lower, probs, inf, _ = truths[direction]
+    pmf = pc._direction(node.pld, direction)
+    eps = float(pld_ops._pmf_epsilon(pmf, delta))  # the run's epsilon of this direction
+    check_d(pc.delta_bound(node, eps, direction=direction), hockey(lower, probs, inf, eps))
+    for shift in (-0.3, 0.2):  # also away from the tilt's own point
+        if eps + shift > 0:
+            check_d(pc.delta_bound(node, eps + shift, direction=direction), hockey(lower, probs, inf, eps + shift))
+    exact = exact_epsilon(lower, probs, inf, delta)
+    cert = pc.certify(node, eps, delta) if node.pld.symmetric else _certify_one(node, eps, delta, direction)
+    assert cert >= eps
+    assert cert >= exact
+    assert cert - exact <= TIGHT_EPS_REL * exact
+    # the ladder from below also lands at (not below) the exact epsilon
+    low = _certify_one(node, max(0.0, exact - 0.05), delta, direction)
+    assert exact <= low <= exact * (1 + TIGHT_EPS_REL)
+
+
+def _certify_one(node: pc.Node, eps: float, delta: float, direction: str) -> float:
+    return pc.certify(node, eps, delta, direction=direction)
+
+
+def test_certified_epsilon_is_the_larger_direction() -> None:
+    node, truths = self_case(1.0, 0.1, 8)
+    delta = 1e-6
+    exact = max(exact_epsilon(*truths[dn][:3], delta) for dn in pc.DIRECTIONS)
+    cert = pc.certified_epsilon(node, delta)
+    assert cert >= float(pld_ops.epsilon_for_delta(node.pld, delta))
+    assert exact <= cert <= exact * (1 + TIGHT_EPS_REL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The l1 error bound of the tilted FFT power, against its measured error
+
+
+def _tilted_truth(node: pc.Node, direction: str, chain: pc._Chain) -> np.ndarray:
+    """The exact arithmetic's tilted values on the chain's window: the truth tilted by the
+    chain's theta and folded modulo its circular length (the exact aliases)."""
+    child = node.children[0]
+    p = pc._direction(child.pld, direction)
+    out = pc._direction(node.pld, direction)
+    k = node.times
+    lower, probs, _, _ = truths_of(node)[direction]
+    t = chain.of(node)
+    lo = out.lower_loss - p.lower_loss * k
+    n = chain._circular_length(p, k, lo, out.size, node.tail)
+    losses = (np.arange(probs.size, dtype=LD) + LD(lower)) * LD(D)
+    tilted = probs * np.exp(LD(chain.theta) * losses - LD(t.s))
+    pos = (np.arange(probs.size) - lo) % n
+    folded = np.zeros(n, dtype=LD)
+    np.add.at(folded, pos, tilted)
+    return folded[:out.size]
+
+
+def truths_of(node: pc.Node) -> dict:
+    for sigma, p, k in SELF_CASES:
+        if self_case(sigma, p, k)[0] is node:
+            return self_case(sigma, p, k)[1]
+    raise AssertionError
+
+
+def tilted_error(node: pc.Node, direction: str, theta: float) -> tuple[float, float]:
+    """(measured sum |x - x*| of the chain's tilted k-fold power, its bound err1)."""
+    chain = pc._Chain(theta, direction)
+    t = chain.of(node)
+    exact = _tilted_truth(node, direction, chain)
+    return float(np.abs(t.x.astype(LD) - exact).sum()), t.err1
+
+
+@pytest.mark.parametrize("k", [64, 8])
+def test_tilted_error_bound_holds(k: int) -> None:
+    node, _ = self_case(1.0, 0.1, k)
+    for direction in pc.DIRECTIONS:
+        theta = pc.chernoff_theta(node, direction, float(pld_ops._pmf_epsilon(pc._direction(node.pld, direction), 1e-6)))
+        measured, bound = tilted_error(node, direction, theta)
+        assert 0 < measured <= bound
+
+
+def _pmf_like(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "uniform":
+        x = rng.random(size)
+    elif kind == "gauss":
+        t = np.arange(size)
+        x = np.exp(-0.5 * ((t - size / 3) / (size / 20)) ** 2)
+    else:
+        x = np.zeros(size)
+        x[rng.integers(0, size, 6)] = rng.random(6)
+        x[0] = 1.0
+    return x / x.sum()
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gauss", "spiky"])
+@pytest.mark.parametrize("size, k", [(300, 16), (300, 150), (3000, 4)])  # k 150: numpy's cpow
+def test_fft_power_bound_holds(kind: str, size: int, k: int) -> None:
+    """The 2-norm bound of the FFT power (the assumed model) against its measured error, the
+    truth by direct long-double powering; the bound left out (0) would be caught."""
+    from scipy import fft
+
+    x = _pmf_like(kind, size, np.random.default_rng(size + k))
+    n = fft.next_fast_len(k * (size - 1) + 1)
+    y = np.real(fft.ifft(fft.fft(x, n) ** k))
+    exact = np.zeros(n, dtype=LD)
+    exact[:k * (size - 1) + 1] = _power(x.astype(LD), k)
+    measured = float(np.sqrt(((y.astype(LD) - exact) ** 2).sum()))
+    assert 0 < measured <= pc._fft_power_bound(*pc._norms(x), k, n)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gauss", "spiky"])
+def test_fft_convolution_bound_holds(kind: str) -> None:
+    from scipy import fft
+
+    rng = np.random.default_rng(7)
+    a, b = _pmf_like(kind, 2500, rng), _pmf_like("gauss", 1700, rng)
+    shape = a.size + b.size - 1
+    n = fft.next_fast_len(shape, True)
+    y = fft.irfft(fft.rfft(a, n) * fft.rfft(b, n), n)[:shape]
+    measured = float(np.sqrt(((y.astype(LD) - np.convolve(a.astype(LD), b.astype(LD))) ** 2).sum()))
+    assert 0 < measured <= pc._fft_conv_bound(*pc._norms(a), *pc._norms(b), n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken certificates are caught
+
+
+def test_untilted_certificate_is_caught() -> None:
+    """theta = 0 (the FFT's error relative to the bulk, not to D): valid but loose, and the
+    tightness check fails."""
+    node, truths = self_case(1.0, 0.1, 64)
+    lower, probs, inf, _ = truths["remove"]
+    eps = float(pld_ops._pmf_epsilon(node.pld.remove, 1e-10))
+    loose = pc.delta_bound(node, eps, theta=0.0, direction="remove")
+    with pytest.raises(AssertionError):
+        check_d(loose, hockey(lower, probs, inf, eps))
+
+
+def test_dropped_tail_charge_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the window's tail charge the certificate falls below the truth somewhere."""
+    node, truths = self_case(1.0, 0.1, 8)
+    import dataclasses
+
+    no_tail = dataclasses.replace(node, tail=0.0)
+    failures = 0
+    for direction in pc.DIRECTIONS:
+        lower, probs, inf, _ = truths[direction]
+        for delta in (1e-6, 1e-10):
+            eps = float(pld_ops._pmf_epsilon(pc._direction(node.pld, direction), delta))
+            for e in (eps, eps + 1.0, eps + 3.0):
+                try:
+                    check_d(pc.delta_bound(no_tail, e, direction=direction), hockey(lower, probs, inf, e))
+                except AssertionError:
+                    failures += 1
+    assert failures > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The recorded tree and the end-to-end MMCC path
+
+
+def test_self_composition_of_a_computed_pld_is_refused() -> None:
+    from mfcli.errors import MfcliError
+
+    node = pc.compose(pc.leaf(dpsgd(1.0, 0.1)), pc.leaf(dpsgd(0.8, 0.3)))
+    with pytest.raises(MfcliError, match="input PLDs only"):
+        pc.self_compose(node, 4)
+    with pytest.raises(MfcliError, match="direction"):
+        pc.delta_bound(node, 1.0, direction="sideways")
+
+
+def test_recording_keeps_pld_ops_arithmetic() -> None:
+    """The recorded operations are pld_ops' own (bit for bit dp-accounting's, tested there)."""
+    a, b = dpsgd(1.0, 0.1), dpsgd(0.8, 0.3)
+    node = pc.compose(pc.self_compose(pc.leaf(a), 8), pc.leaf(b))
+    ref = pld_ops.compose(pld_ops.self_compose(a, 8), b)
+    for dn in pc.DIRECTIONS:
+        x, y = pc._direction(node.pld, dn), pc._direction(ref, dn)
+        assert x.lower_loss == y.lower_loss and x.infinity_mass == y.infinity_mass
+        np.testing.assert_array_equal(x.probs, y.probs)
+
+
+def test_mmcc_cli_reports_the_certified_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mfcli account` (MMCC, identity, 16 steps, grid 1e-2): the epsilon reported is the
+    certified one, >= the long-double replay's exact epsilon of the composed rows."""
+    seen: list = []
+    orig = pc.certified_epsilon
+
+    def spy(node: pc.Node, delta: float) -> float:
+        out = orig(node, delta)
+        seen.append((node, delta, out))
+        return out
+
+    monkeypatch.setattr(pc, "certified_epsilon", spy)
+    r = CliRunner().invoke(app, ["account", "--json", "--strategy", "identity", "--n", "16", "--sigma", "0.8",
+                                 "--sampling", "0.3", "--delta", "1e-10", "--value-discretization", "1e-2"])
+    assert r.exit_code == 0, r.output
+    reported = json.loads(r.stdout)["settings"]["mmcc"]["epsilon"]
+    assert len(seen) == 1
+    node, delta, cert = seen[0]
+    assert reported == cert
+    assert node.kind == "self" and node.times == 16
+    exact = max(exact_epsilon(*truth(node, dn)[:3], delta) for dn in pc.DIRECTIONS)
+    assert exact <= reported <= exact * (1 + TIGHT_EPS_REL)
+    assert math.isfinite(reported)
