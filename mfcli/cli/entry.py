@@ -1,14 +1,62 @@
-"""The console script's entry point: ``mfcli --version`` is answered before the command framework loads.
+"""The console script's entry point: what must happen before the command framework and numpy load.
 
 Why a module of its own: importing :mod:`mfcli.cli.app` loads Typer, Click and rich (about 0.1 s
-of CPU), which a version query does not need. Every other command line goes to
-:func:`mfcli.cli.app.main` unchanged, so ``mfcli --version`` prints what the Typer option prints
-(``tests/test_cli_entry.py`` holds the two to the same output).
+of CPU), which a version query does not need, and numpy's BLAS reads its thread count from the
+environment once, when numpy is imported. So:
+
+* ``mfcli --version`` is answered here, before anything heavy loads (``tests/test_cli_entry.py``
+  holds it to the Typer option's output);
+* ``mfcli account`` starts with ONE BLAS thread when the user has set none of the thread
+  variables (:data:`THREAD_VARIABLES`), see :func:`account_blas_environment`;
+* every command line then goes to :func:`mfcli.cli.app.main` unchanged.
 """
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+
+#: Environment variables that set a BLAS or OpenMP thread count: OpenBLAS reads the first three
+#: (in this order), MKL, BLIS and Apple's Accelerate their own. A user who set any of them chose the
+#: threads, and :func:`account_blas_environment` then changes nothing.
+THREAD_VARIABLES = (
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
+
+#: Commands that start with one BLAS thread unless the user set the threads.
+ONE_BLAS_THREAD_COMMANDS = ("account",)
+
+
+def account_blas_environment(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The thread variables to set (each to ``"1"``) before numpy loads, for the command line
+    ``argv`` (without the program name); empty when the command is not ``account`` or the user set
+    any of :data:`THREAD_VARIABLES` to a non-empty value (their setting wins, all of it).
+
+    Why one thread: the accounting's products are small (MMCC and the reduction's certificate up to
+    n = 1024 already limit BLAS to one thread while they run), but the OpenBLAS libraries of numpy
+    and of scipy each start a worker thread per CPU when they load, and a worker spins between
+    calls: on a 2-core machine that cost ``mfcli account --sigma 4 --sampling 0.01`` 0.3 to 1 s of
+    CPU (its numbers do not depend on it), and on a loaded machine the second thread also made large
+    eigendecompositions slower in wall time, not faster. threadpoolctl limits a pool only after it
+    started; the environment is read before. docs/performance.md has the measurements.
+    """
+    if not argv or argv[0] not in ONE_BLAS_THREAD_COMMANDS:
+        return {}
+    if any(environ.get(name, "").strip() for name in THREAD_VARIABLES):
+        return {}
+    return dict.fromkeys(THREAD_VARIABLES, "1")
+
+
+def set_account_blas_threads(argv: Sequence[str], environ: MutableMapping[str, str] | None = None) -> None:
+    """Apply :func:`account_blas_environment` to ``environ`` (default: ``os.environ``). Child
+    processes of the command inherit the setting."""
+    env = os.environ if environ is None else environ
+    env.update(account_blas_environment(argv, env))
 
 
 def main() -> None:
@@ -20,6 +68,8 @@ def main() -> None:
         sys.stdout.flush()
         # The same exit as every other command (run_cli ends the process without interpreter teardown).
         os._exit(0)
+    # before anything imports numpy (mfcli.cli.app does not; the command modules do)
+    set_account_blas_threads(sys.argv[1:])
     from mfcli.cli.app import main as app_main
 
     app_main()
