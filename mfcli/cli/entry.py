@@ -4,10 +4,11 @@ Why a module of its own: importing :mod:`mfcli.cli.app` loads Typer, Click and r
 of CPU), which a version query does not need, and numpy's BLAS reads its thread count from the
 environment once, when numpy is imported. So:
 
-* ``mfcli --version`` is answered here, before anything heavy loads (``tests/test_cli_entry.py``
+* ``mfcli --version`` is answered here, before anything heavy loads (``tests/test_packaging.py``
   holds it to the Typer option's output);
 * ``mfcli account`` starts with ONE BLAS thread when the user has set none of the thread
-  variables (:data:`THREAD_VARIABLES`), see :func:`account_blas_environment`;
+  variables (:data:`THREAD_VARIABLES`), see :func:`account_blas_environment`; a user's setting
+  wins;
 * every command line then goes to :func:`mfcli.cli.app.main` unchanged.
 """
 from __future__ import annotations
@@ -38,12 +39,14 @@ def account_blas_environment(argv: Sequence[str], environ: Mapping[str, str]) ->
     any of :data:`THREAD_VARIABLES` to a non-empty value (their setting wins, all of it).
 
     Why one thread: the accounting's products are small (MMCC and the reduction's certificate up to
-    n = 1024 already limit BLAS to one thread while they run), but the OpenBLAS libraries of numpy
-    and of scipy each start a worker thread per CPU when they load, and a worker spins between
-    calls: on a 2-core machine that cost ``mfcli account --sigma 4 --sampling 0.01`` 0.3 to 1 s of
-    CPU (its numbers do not depend on it), and on a loaded machine the second thread also made large
-    eigendecompositions slower in wall time, not faster. threadpoolctl limits a pool only after it
-    started; the environment is read before. docs/performance.md has the measurements.
+    n = 1024 limit BLAS to one thread while they run anyway), but the OpenBLAS libraries of numpy
+    and of scipy each start one worker thread per CPU beyond the first when they load, and a worker
+    spins after each call it takes part in: on a 2-core machine that cost ``mfcli account --sigma 4
+    --sampling 0.01`` 0.3 to 0.4 s of CPU for the same digits, and under load the second thread
+    made the large eigendecompositions slower in wall time, not faster. threadpoolctl limits a
+    pool only after it started; the environment is read before. The blocks written for the
+    machine's threads still get them (:func:`set_account_blas_threads`). docs/performance.md has
+    the measurements.
     """
     if not argv or argv[0] not in ONE_BLAS_THREAD_COMMANDS:
         return {}
@@ -53,10 +56,18 @@ def account_blas_environment(argv: Sequence[str], environ: Mapping[str, str]) ->
 
 
 def set_account_blas_threads(argv: Sequence[str], environ: MutableMapping[str, str] | None = None) -> None:
-    """Apply :func:`account_blas_environment` to ``environ`` (default: ``os.environ``). Child
-    processes of the command inherit the setting."""
+    """Apply :func:`account_blas_environment` to ``environ`` (default: ``os.environ``; child
+    processes of the command inherit the setting). Where it sets the threads to one, a block that
+    asks for the BLAS threads as they are (``mfcli.util.blas.blas_threads(None)``: the dense solver
+    of ``--strategy optimal``, the reduction's eigenvalue certificate above n = 1024) gets the
+    machine's count for its duration, as without the rule."""
     env = os.environ if environ is None else environ
-    env.update(account_blas_environment(argv, env))
+    one = account_blas_environment(argv, env)
+    env.update(one)
+    if one and environ is None:
+        from mfcli.util.blas import machine_threads, set_unlimited_threads
+
+        set_unlimited_threads(machine_threads())
 
 
 def main() -> None:
