@@ -162,3 +162,33 @@ def test_blocks_written_for_the_machines_threads_still_get_them() -> None:
     assert out["start"] == out["none"] == out["after"] == [1] * len(default)
     out = run(["inspect"], {})
     assert out["start"] == out["none"] == default
+
+
+_DEFER_PROBE = """
+import json, sys, types
+def report():
+    import numpy, scipy.special  # noqa: F401  (scipy.special reads every name of numpy)
+    out = {"at_start": ["numpy.f2py.crackfortran" in sys.modules, "numpy.testing._private.utils" in sys.modules]}
+    from numpy.testing import assert_allclose  # used: loads then
+    assert_allclose(1.0, 1.0)
+    out["used"] = [hasattr(numpy.f2py, "crackfortran"), "numpy.testing._private.utils" in sys.modules]
+    print(json.dumps(out))
+sys.modules["mfcli.cli.app"] = types.SimpleNamespace(main=report)
+sys.argv = ["mfcli", *sys.argv[1:]]
+from mfcli.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize(("args", "deferred"), [
+    pytest.param(["account", "--sigma", "4"], True, id="account"),
+    pytest.param(["inspect"], False, id="inspect-control"),
+])
+def test_numpy_tooling_is_loaded_only_when_used(args: list[str], deferred: bool) -> None:
+    """``account`` does not execute numpy.f2py and numpy.testing when scipy.special reads numpy's
+    names; they still work when used. The control (another command) shows the probe sees them."""
+    proc = subprocess.run([sys.executable, "-c", _DEFER_PROBE, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["at_start"] == [not deferred, not deferred]
+    assert out["used"] == [True, True]

@@ -8,14 +8,18 @@ environment once, when numpy is imported. So:
   holds it to the Typer option's output);
 * ``mfcli account`` starts with ONE BLAS thread when the user has set none of the thread
   variables (:data:`THREAD_VARIABLES`), see :func:`account_blas_environment`; a user's setting
-  wins;
+  wins; and numpy's tooling packages that scipy.special loads unused (:data:`DEFERRED_MODULES`)
+  are imported lazily for it;
 * every command line then goes to :func:`mfcli.cli.app.main` unchanged.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
 
 #: Environment variables that set a BLAS or OpenMP thread count: OpenBLAS reads the first three
 #: (in this order), MKL, BLIS and Apple's Accelerate their own. A user who set any of them chose the
@@ -70,6 +74,42 @@ def set_account_blas_threads(argv: Sequence[str], environ: MutableMapping[str, s
         set_unlimited_threads(machine_threads())
 
 
+#: numpy's tooling packages that ``import scipy.special`` loads without using them: scipy's
+#: array-API layer copies numpy's namespace by reading every name in ``dir(numpy)``, and numpy
+#: imports its lazily loaded submodules on that first read (numpy.f2py's Fortran parser and
+#: numpy.testing with unittest: 0.06 to 0.1 s of CPU of ``mfcli account``). Deferred for ``account``
+#: by :func:`defer_numpy_tooling`.
+DEFERRED_MODULES = ("numpy.f2py", "numpy.testing")
+
+
+class _DeferredImport(importlib.abc.MetaPathFinder):
+    """Import finder for :data:`DEFERRED_MODULES`: the module is found as usual and executed on the
+    first access to one of its attributes (``importlib.util.LazyLoader``), not at import."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in DEFERRED_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+def defer_numpy_tooling(argv: Sequence[str]) -> None:
+    """For ``mfcli account`` (``argv`` without the program name): import :data:`DEFERRED_MODULES`
+    lazily, so they load only if something uses them. Nothing the command computes uses them; its
+    output is the same digits (``scripts/bench_account.py --headline --before`` compares)."""
+    if argv and argv[0] in ONE_BLAS_THREAD_COMMANDS and not any(isinstance(f, _DeferredImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferredImport())
+
+
 def main() -> None:
     """Run ``mfcli`` with the process's arguments."""
     if sys.argv[1:] == ["--version"]:
@@ -81,6 +121,7 @@ def main() -> None:
         os._exit(0)
     # before anything imports numpy (mfcli.cli.app does not; the command modules do)
     set_account_blas_threads(sys.argv[1:])
+    defer_numpy_tooling(sys.argv[1:])
     from mfcli.cli.app import main as app_main
 
     app_main()
