@@ -32,7 +32,8 @@ package is (where PYTHONDONTWRITEBYTECODE is set, every run otherwise compiles w
 In the table "no thread variables set", the console entry point of a tree that has the rule
 (mfcli.cli.entry.account_blas_environment) starts ``account`` with one BLAS thread; an older tree
 runs with the BLAS default. The BLAS threads the command starts with are read in a child that
-applies the tree's rule, then loads numpy and scipy.special as the command does.
+does what the tree's entry point does first, then loads numpy and scipy.special (whose OpenBLAS
+is a second library) as the command does; ``--phases`` children start the same way.
 
 ``--paths``: the account command lines that do real BLAS work (the solver of ``-s optimal``, the
 reduction's eigenvalue certificate at n = 2048, multi-participation sensitivity, balls-in-bins,
@@ -247,16 +248,13 @@ DPSGD_CHILD = (
     "print(repr(acc.get_epsilon(1e-6)))\n"
 )
 
-#: The start of ``mfcli account`` in a tree: the entry point's thread rule where the tree has it
-#: (before numpy loads), then numpy and scipy.special (whose OpenBLAS is a second library).
+#: The start of ``mfcli account`` in a tree: what the entry point does before numpy loads, where
+#: the tree has it (the thread rule, numpy's tooling imported lazily).
 ENTRY_RULE = (
-    "import sys\n"
-    "try:\n"
-    "    from mfcli.cli.entry import set_account_blas_threads\n"
-    "except ImportError:  # a tree without the rule\n"
-    "    set_account_blas_threads = None\n"
-    "if set_account_blas_threads is not None:\n"
-    "    set_account_blas_threads(['account'])\n"
+    "import mfcli.cli.entry as _entry\n"
+    "for _step in ('set_account_blas_threads', 'defer_numpy_tooling'):\n"
+    "    if hasattr(_entry, _step):  # an older tree lacks it\n"
+    "        getattr(_entry, _step)(['account'])\n"
 )
 
 #: The BLAS libraries and their thread counts as ``mfcli account`` starts with them (threadpoolctl).
