@@ -45,12 +45,12 @@ def account_blas_environment(argv: Sequence[str], environ: Mapping[str, str]) ->
     Why one thread: the accounting's products are small (MMCC and the reduction's certificate up to
     n = 1024 limit BLAS to one thread while they run anyway), but the OpenBLAS libraries of numpy
     and of scipy each start one worker thread per CPU beyond the first when they load, and a worker
-    spins after each call it takes part in: on a 2-core machine that cost ``mfcli account --sigma 4
-    --sampling 0.01`` 0.3 to 0.4 s of CPU for the same digits, and under load the second thread
-    made the large eigendecompositions slower in wall time, not faster. threadpoolctl limits a
-    pool only after it started; the environment is read before. The blocks written for the
-    machine's threads still get them (:func:`set_account_blas_threads`). docs/performance.md has
-    the measurements.
+    spins after start-up and after each call it takes part in: on a 2-core machine that cost
+    ``mfcli account --sigma 4 --sampling 0.01`` 0.1 to 0.7 s of CPU (medians, by load) for the same
+    digits, and under load the second thread made large eigendecompositions slower in wall time.
+    threadpoolctl limits a pool only after it started; the environment is read before. The blocks
+    written for the machine's threads still get them (:func:`set_account_blas_threads`).
+    docs/performance.md has the measurements.
     """
     if not argv or argv[0] not in ONE_BLAS_THREAD_COMMANDS:
         return {}
