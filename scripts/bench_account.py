@@ -22,13 +22,27 @@ only dp-accounting) in the same run; with ``--before``, the same command from an
 (e.g. the main one before the speed work), runs alternating so that all see the same load, and the
 outputs (table and ``--json``, once each, JSON with the ``seconds`` fields dropped) compared with
 this tree's, every differing JSON value listed with its relative change. ``--blas`` default, one or
-both (default both): the children's BLAS as configured, and/or limited to one thread
+both (default both): the children with no thread variables set, and/or limited to one thread
 (``OPENBLAS_NUM_THREADS=1``, OMP, MKL), one CPU table each. The BLAS threads of the children are
-reported (read with threadpoolctl in a child with the default environment). ``--phases`` adds, first, the CPU seconds
+reported (threadpoolctl, see below). ``--phases`` adds, first, the CPU seconds
 of each phase (imports, the DP-SGD rows, MMCC's steps, the reduction's eigenvalue certificate),
 timed inside the command by wrapping the library functions it calls, median of ``--repeats`` per
 tree, alternating. ``--precompile`` compiles each tree's mfcli to bytecode first, as an installed
 package is (where PYTHONDONTWRITEBYTECODE is set, every run otherwise compiles what it imports).
+In the table "no thread variables set", the console entry point of a tree that has the rule
+(mfcli.cli.entry.account_blas_environment) starts ``account`` with one BLAS thread; an older tree
+runs with the BLAS default. The BLAS threads the command starts with are read in a child that
+does what the tree's entry point does first, then loads numpy and scipy.special (whose OpenBLAS
+is a second library) as the command does; ``--phases`` children start the same way.
+
+``--paths``: the account command lines that do real BLAS work (the solver of ``-s optimal``, the
+reduction's eigenvalue certificate at n = 2048, multi-participation sensitivity, balls-in-bins,
+MMCC on a banded n = 2048, the calibration of ``--epsilon``), each run under the entry point's rule
+(no thread variables set) and with the BLAS default thread count set explicitly
+(``OPENBLAS_NUM_THREADS`` = the count OpenBLAS picks by itself, which bypasses the rule), runs
+alternating, CPU and wall seconds (medians of ``--repeats``), and whether the ``--json`` numbers
+are identical under both (timing fields dropped). ``--path-filter WORD`` keeps the command lines
+that contain WORD.
 """
 from __future__ import annotations
 
@@ -88,10 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headline", action="store_true", help="time the README's headline command only")
     ap.add_argument("--before", type=Path, default=None, help="with --headline: another checkout to compare with")
     ap.add_argument("--blas", choices=("default", "one", "both"), default="both",
-                    help="with --headline: BLAS threads of the children (default, OPENBLAS_NUM_THREADS=1 etc., "
-                         "or both, one table each)")
+                    help="with --headline: BLAS threads of the children (default: no thread variables set; one: "
+                         "OPENBLAS_NUM_THREADS=1 etc.; or both, one table each)")
     ap.add_argument("--phases", action="store_true",
                     help="with --headline: also the CPU seconds of each phase, timed inside the command")
+    ap.add_argument("--paths", action="store_true",
+                    help="time the account paths that do BLAS work under the entry point's rule and with the "
+                         "BLAS default threads")
+    ap.add_argument("--path-filter", default=None, help="with --paths: only the command lines containing this")
     ap.add_argument("--precompile", action="store_true",
                     help="with --headline: compile each tree's mfcli to bytecode first (python -m compileall), as an "
                          "installed package is; without it, where PYTHONDONTWRITEBYTECODE is set, every run compiles "
@@ -99,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.headline:
         return headline(args)
+    if args.paths:
+        return paths(args)
 
     import mfcli.accounting.mmcc as M
     from mfcli.accounting.single_pass import dpsgd
@@ -228,17 +248,28 @@ DPSGD_CHILD = (
     "print(repr(acc.get_epsilon(1e-6)))\n"
 )
 
-BLAS_CHILD = (
-    "import numpy\n"
+#: The start of ``mfcli account`` in a tree: what the entry point does before numpy loads, where
+#: the tree has it (the thread rule, numpy's tooling imported lazily).
+ENTRY_RULE = (
+    "import mfcli.cli.entry as _entry\n"
+    "for _step in ('set_account_blas_threads', 'defer_numpy_tooling'):\n"
+    "    if hasattr(_entry, _step):  # an older tree lacks it\n"
+    "        getattr(_entry, _step)(['account'])\n"
+)
+
+#: The BLAS libraries and their thread counts as ``mfcli account`` starts with them (threadpoolctl).
+BLAS_CHILD = ENTRY_RULE + (
+    "import numpy, scipy.special\n"
     "from threadpoolctl import threadpool_info\n"
-    "print(', '.join(f\"{i.get('internal_api')}={i.get('num_threads')}\" for i in threadpool_info()) or 'none')\n"
+    "print(', '.join(f\"{i['filepath'].rsplit('/', 1)[-1].split('-')[0]}={i.get('num_threads')}\" "
+    "for i in threadpool_info()) or 'none')\n"
 )
 
 
 #: The headline run in a child that times its phases (CPU seconds, ``time.process_time``) by wrapping
 #: the library functions the service calls; prints one JSON object {phase: seconds} on stderr. A
 #: function the tree lacks is skipped (the other checkout may predate it).
-PHASES_CHILD = r"""
+PHASES_CHILD = ENTRY_RULE + r"""
 import collections, functools, json, sys, time
 t0 = time.process_time()
 from mfcli.cli.app import app
@@ -265,7 +296,7 @@ wrap(mmcc, "choose_discretization", "MMCC: PLD grid choice")
 wrap(mmcc, "_compose", "MMCC: row PLDs built and composed")
 wrap(sa, "lower_bound", "MMCC: lower bound")
 wrap(sa, "dpsgd", "DP-SGD reference row")
-wrap(reduction, "_certified_eig_bound", "reduction: eigenvalue certificate (BLAS as configured)")
+wrap(reduction, "_certified_eig_bound", "reduction: eigenvalue certificate")
 wrap(sa, "reduction", "reduction row, all of it")
 wrap(sa, "account", "services.account, all of it")
 try:
@@ -314,12 +345,16 @@ def headline(args: argparse.Namespace) -> int:
     print(header())
     print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}; mfcli compiled to bytecode "
           f"beforehand: {'yes' if args.precompile else 'no (what the trees hold in __pycache__ is used)'}")
-    print(f"BLAS threads of the children: {_run_child(['-c', BLAS_CHILD], here)[2].strip()}")
+    for label, tree in trees:
+        for mode, env in (("no thread variables set", None), ("OPENBLAS_NUM_THREADS=1 etc.", ONE_THREAD)):
+            print(f"BLAS threads `mfcli account` starts with, {label}, {mode}: "
+                  f"{_run_child(['-c', BLAS_CHILD], tree, env)[2].strip()}")
     print()
     if args.phases:
         phases(trees, args.repeats)
-    modes = {"default": [("BLAS as configured", None)], "one": [("one BLAS thread", ONE_THREAD)],
-             "both": [("BLAS as configured", None), ("one BLAS thread", ONE_THREAD)]}[args.blas]
+    unset = "no thread variables set (the entry point's rule where the tree has it, else the BLAS default)"
+    modes = {"default": [(unset, None)], "one": [("one BLAS thread (OPENBLAS_NUM_THREADS=1 etc.)", ONE_THREAD)],
+             "both": [(unset, None), ("one BLAS thread (OPENBLAS_NUM_THREADS=1 etc.)", ONE_THREAD)]}[args.blas]
     for mode, env in modes:
         cpu: dict[str, list[float]] = {label: [] for label, _ in [*trees, ("dp-accounting", here)]}
         wall: dict[str, list[float]] = {label: [] for label in cpu}
@@ -363,6 +398,91 @@ def headline(args: argparse.Namespace) -> int:
 
             print("\n".join(difflib.unified_diff(outputs["before"][0].splitlines(),
                                                 outputs["this tree"][0].splitlines(), lineterm="")))
+    print()
+    print(header())
+    return 0
+
+
+#: Account command lines that do real BLAS work ({dir}: the inputs written by _path_inputs).
+#: sqrtvar: S^1/2 with rows scaled by 1 + 0.1 cos(t), so no Toeplitz shortcut skips the reduction's
+#: eigenvalue certificate (a dense n x n eigendecomposition above the one-thread limit n = 1024).
+ACCOUNT_PATHS = (
+    "account --sigma 4 --sampling 0.01",
+    "account -s optimal --n 1024 --sigma 4",
+    "account -s optimal --n 2048 --sigma 4",
+    "account {dir}/sqrtvar2048.npy --sigma 4 --batching balls-in-bins",
+    "account {dir}/sqrtvar2048.npy --sigma 4 --epochs 4",
+    "account {dir}/sqrtvar2048.npy --sigma 4 --min-sep 128",
+    "account {dir}/band8_2048.npy --sigma 4 --sampling 0.01",
+    "account -s tree --n 2048 --sigma 4 --batching balls-in-bins",
+    "account --epsilon 8 --sampling 0.01",
+)
+
+
+def _path_inputs(directory: Path) -> None:
+    """The .npy strategies of ACCOUNT_PATHS, written once."""
+    from mfcli.strategies.baselines import sqrt_strategy_matrix
+
+    s = sqrt_strategy_matrix(2048)
+    if not (directory / "sqrtvar2048.npy").exists():
+        np.save(directory / "sqrtvar2048.npy", s * (1 + 0.1 * np.cos(np.arange(2048)))[:, None])
+    if not (directory / "band8_2048.npy").exists():
+        np.save(directory / "band8_2048.npy", np.tril(np.triu(s, -7)))
+
+
+def _default_blas_threads(tree: Path) -> int:
+    """The thread count the BLAS picks by itself (numpy's OpenBLAS, no thread variables set)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                                          "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    child = "import numpy\nfrom threadpoolctl import threadpool_info\nprint(max(i['num_threads'] for i in threadpool_info()))"
+    out = subprocess.run([sys.executable, "-c", child], env=dict(env, PYTHONPATH=str(tree)), cwd=tree,
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
+def paths(args: argparse.Namespace) -> int:
+    """Each account path under the entry point's rule and with the BLAS default threads, side by side."""
+    import tempfile
+
+    here = Path(__file__).resolve().parent.parent
+    if args.precompile:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(here / "mfcli")], check=True, capture_output=True)
+    threads = _default_blas_threads(here)
+    modes = [("rule (no thread variables set)", None),
+             (f"BLAS default (OPENBLAS_NUM_THREADS={threads})", {"OPENBLAS_NUM_THREADS": str(threads)})]
+    print(header())
+    for label, env in modes:
+        print(f"BLAS threads `mfcli account` starts with, {label}: "
+              f"{_run_child(['-c', BLAS_CHILD], here, env)[2].strip()}")
+    print()
+    print(f"`mfcli account` paths, CPU and wall seconds (medians of {args.repeats} runs, the two settings "
+          "alternating); numbers: --json under both settings, timing fields dropped")
+    print()
+    print("| command | CPU s, rule | CPU s, BLAS default | wall s, rule | wall s, BLAS default | load before | "
+          "--json identical |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="bench_account_") as tmp:
+        _path_inputs(Path(tmp))
+        for line in ACCOUNT_PATHS:
+            if args.path_filter and args.path_filter not in line:
+                continue
+            argv = line.format(dir=tmp).split()
+            cpu: dict[str, list[float]] = {label: [] for label, _ in modes}
+            wall: dict[str, list[float]] = {label: [] for label, _ in modes}
+            load = os.getloadavg()[0]
+            for _ in range(args.repeats):
+                for label, env in modes:
+                    c, w, _ = _run_child(["-m", "mfcli", *argv, "-q"], here, env)
+                    cpu[label].append(c)
+                    wall[label].append(w)
+            outs = [_strip_seconds(json.loads(_run_child(["-m", "mfcli", *argv, "-q", "--json"], here, env)[2]))
+                    for _, env in modes]
+            same = outs[0] == outs[1]
+            diffs = "" if same else "; ".join(_json_differences(outs[1], outs[0])[:3])
+            cells = [f"{statistics.median(d[label]):.2f}" for d in (cpu, wall) for label, _ in modes]
+            shown = line.format(dir="<tmp>")
+            print(f"| `{shown}` | " + " | ".join(cells) + f" | {load:.1f} | {'yes' if same else 'NO: ' + diffs} |")
+            sys.stdout.flush()
     print()
     print(header())
     return 0

@@ -398,7 +398,11 @@ def account(
     A structured artifact (banded Toeplitz, BLT) is accounted like a dense one up to n = 8192 (C is
     materialised); above, from its parameters: without sampling, with --batching cyclic for a
     banded C, or DP-SGD under --sampling (it needs no C; MMCC needs the dense C and is not run
-    there)."""
+    there).
+
+    Threads: with none of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_NUM_THREADS (or GOTO_, BLIS_,
+    VECLIB_MAXIMUM_THREADS) set, the BLAS runs on one thread, except the solver of --strategy
+    optimal and eigenvalue certificates above n = 1024, which may use every CPU; set one to choose."""
     from mfcli.io.artifact import is_shipped_artifact
     from mfcli.services.account import (
         AccountingOptions,
