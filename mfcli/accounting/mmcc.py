@@ -1088,6 +1088,8 @@ class MMCCResult:
     groups: tuple = field(repr=False, default=())
     mixture_refinement: int = 1
     tail_uniform_share: float = 1.0
+    #: "fast" (floating point certified) or "dp-accounting" (its builder and composition, uncertified)
+    engine: str = "fast"
 
     def dp_event(self):
         """ComposedDpEvent of SelfComposedDpEvent(MixtureOfGaussiansDpEvent(...), count) per
@@ -1130,7 +1132,11 @@ class MMCCResult:
             "tail_uniform_share": self.tail_uniform_share,
             "seconds": self.seconds,
             "method": "MMCC-style conditional composition (docs/accounting.md); a valid upper bound, "
-                      "possibly looser than the paper's algorithm",
+                      "possibly looser than the paper's algorithm; "
+                      + ("round-off certified: row PMFs lifted over proven delta bounds, the composition's FFT "
+                         "error bounded by tilted FFTs (assumed: FFT, erfc/ndtr and exp accuracy models, "
+                         "mfcli.util.floating and pld_certify)" if self.engine == "fast"
+                         else "dp-accounting's builder and composition (round-off not certified)"),
             "assumptions": "Poisson sampling with rate p in every step; add or remove one example; C >= 0 "
                            "causal in release order, scaled to unit sensitivity; pessimistic PLD",
         }
@@ -1327,7 +1333,7 @@ def mmcc(
         value_discretization=d_used, requested_discretization=d,
         mixture_resolution=int(mixture_resolution), tail_resolution=res_w,
         fractions_tried=tried, seconds=time.perf_counter() - t0, groups=tuple(groups),
-        mixture_refinement=int(r_used), tail_uniform_share=float(tail_uniform_share),
+        mixture_refinement=int(r_used), tail_uniform_share=float(tail_uniform_share), engine=engine,
     )
 
 
