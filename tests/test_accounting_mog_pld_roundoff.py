@@ -212,3 +212,44 @@ def test_a_far_component_is_inverted_to_round_off() -> None:
     assert np.all(bound_r - delta_r <= 1e-11 * delta_r + 1e-14)
     assert np.all(bound_a - delta_a <= 1e-11 * delta_a + 1e-14)
     assert math.isfinite(mog_pld.mixture_pld(sigma, sens, probs, value_discretization_interval=d).get_epsilon_for_delta(1e-9))
+
+
+# Reviewer's extreme cases: eps above 700 (e^eps formed from logs; sigma 0.03 puts the grid past
+# 2000), no zero component with s / sigma > 22 (the ADD log form), and a strided grid.
+EXTREME = [
+    (0.03, [0.0, 1.0], [0.7, 0.3], 0.5, None),
+    (0.04, [0.3, 1.0], [0.5, 0.5], 0.5, None),
+    (1.0, list(np.arange(30) * 0.04), list(np.exp(-np.arange(30) * 0.5) / np.exp(-np.arange(30) * 0.5).sum()), 1e-4, 300),
+]
+
+
+@pytest.mark.parametrize("sigma,sens,probs,d,max_points", EXTREME)
+def test_certified_curve_in_the_extreme_cases(sigma, sens, probs, d, max_points) -> None:
+    s, q = mog_pld._check_mixture(sigma, sens, probs)
+    pld = mog_pld.mixture_pld(sigma, sens, probs, value_discretization_interval=d, max_points=max_points)
+    checked_big = 0
+    for loss, is_remove, pmf in ((mog_pld._Loss(float(sigma), s, q, True), True, pld.remove),
+                                 (mog_pld._Loss(float(sigma), s, q, False), False, pld.add)):
+        ks = mog_pld._grid_points(loss, d, max_points)
+        lx, ux = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
+        lmin, lmax = float(loss.value(np.array([ux]))[0]), float(loss.value(np.array([lx]))[0])
+        idx = np.unique(np.concatenate([np.linspace(0, ks.size - 1, 10).astype(int),
+                                        ks.size - 1 - np.geomspace(1, ks.size - 1, 10).astype(int)]))
+        for j in idx.tolist():
+            for e in (float(ks[j]) * d, 0.5 * float(ks[j] + ks[min(j + 1, ks.size - 1)]) * d):
+                if not lmin < e < lmax or mog_pld._near_flat(loss, np.array([e]))[0]:
+                    continue
+                x0 = float(mog_pld._invert(loss, np.array([e]), lx, ux)[0])
+                exact = _exact_delta(sigma, s.tolist(), q.tolist(), e, is_remove, x0)
+                if exact <= 0:
+                    continue
+                value, err = _curve(pmf, e)
+                assert value - err >= exact, (is_remove, e)
+                checked_big += e > 700
+    assert checked_big > 0 or max_points is not None or sigma > 0.035
+
+
+def test_max_points_below_two_is_refused() -> None:
+    for bad in (0, 1, 2.5):
+        with pytest.raises(mog_pld.MfcliError, match="max_points"):
+            mog_pld.mixture_pld(1.0, [0.0, 1.0], [0.5, 0.5], value_discretization_interval=1e-3, max_points=bad)

@@ -699,12 +699,13 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + 2.0 * _TINY
     y = x if remove else -x
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        log_scale = np.minimum(eps, 700.0) if remove else r  # e^eps w <= e^scale N(0) density (or mass)
+        log_scale = eps if remove else r  # e^eps w <= e^scale N(0) density (or mass); no cap: an
+        # overflow is inf, and the bound then falls back to the other form or to 1
         z = np.maximum(np.abs(y) - dist, 0.0) / loss.sigma
-        near = dist * np.exp(np.minimum(log_scale - 0.5 * z * z - math.log(loss.sigma * math.sqrt(2.0 * math.pi)), 700.0))
+        near = dist * np.exp(log_scale - 0.5 * z * z - math.log(loss.sigma * math.sqrt(2.0 * math.pi)))
         reach = np.where(m > 0, r / np.where(m > 0, m, 1.0), np.inf)
-        mass = np.where(np.isfinite(reach), special.ndtr((reach - y) / loss.sigma) * (1.0 + 1e-6) + 1e-300, 1.0)
-        far = mass * np.exp(np.minimum(log_scale, 700.0))
+        log_mass = np.where(np.isfinite(reach), special.log_ndtr((reach - y) / loss.sigma), 0.0)
+        far = np.exp(log_scale + log_mass) * (1.0 + 1e-6) + _TINY
         shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
     shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
     return np.minimum((delta + evaluation + 1.01 * shortfall) * (1.0 + 8.0 * u), 1.0)
@@ -928,6 +929,8 @@ def mixture_pld(
     """
     if not (value_discretization_interval > 0):
         raise MfcliError("the value discretization interval must be positive")
+    if max_points is not None and not (isinstance(max_points, (int, np.integer)) and max_points >= 2):
+        raise MfcliError(f"max_points must be an integer of at least 2 (both ends of the grid), got {max_points!r}")
     s, q = _check_mixture(sigma, sensitivities, probabilities)
     d = value_discretization_interval
     remove, add = _Loss(float(sigma), s, q, True), _Loss(float(sigma), s, q, False)
