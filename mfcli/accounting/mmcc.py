@@ -1165,6 +1165,15 @@ def choose_discretization(groups: Sequence[RowGroup], *, sigma: float, resolutio
     return d
 
 
+def _sensitivities_up(support: np.ndarray, resolution: int) -> np.ndarray:
+    """The row's sensitivities K / M as floats no smaller than the exact rationals: K / M rounded,
+    then one float up where M does not divide K (a larger sensitivity is pessimistic: the mixture's
+    likelihood ratio is monotone in it). Multiples of M are exact."""
+    k = np.asarray(support, dtype=np.int64)
+    s = k / resolution
+    return np.where(k % resolution == 0, s, np.nextafter(s, np.inf))
+
+
 def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: float, engine: str):
     if engine == "dp-accounting":
         from dp_accounting import dp_event
@@ -1177,7 +1186,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
     # recorded (pld_ops' arithmetic, the same calls) for the round-off certificate (pld_certify)
     plds = []
     for g in groups:
-        node = pld_certify.leaf(mog_pld.mixture_pld(sigma, g.support / resolution, g.probabilities,
+        node = pld_certify.leaf(mog_pld.mixture_pld(sigma, _sensitivities_up(g.support, resolution), g.probabilities,
                                                     value_discretization_interval=d))
         plds.append(pld_certify.self_compose(node, int(g.count)) if g.count > 1 else node)
     # balanced pairwise composition: each level's FFTs add up to the total length once
