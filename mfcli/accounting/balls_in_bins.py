@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from mfcli.accounting import pld_ops
+from mfcli.accounting import pld_certify, pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
@@ -578,14 +578,23 @@ def _check_epochs(epochs: int) -> int:
 
 
 def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: int, grid: float,
-                on_progress: ProgressCallback | None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+                on_progress: ProgressCallback | None, record: bool = False) -> tuple[Any, pld_ops.Pld]:
     """(pessimistic, optimistic) PLDs of one epoch's ``laws(size, sigma, h, on_progress)`` on the
     grid h, composed over ``epochs`` independent epochs (a fresh allocation each), after checking
-    sigma, epochs and the grid."""
+    sigma, epochs and the grid. ``record``: the pessimistic one as a
+    :class:`mfcli.accounting.pld_certify.Node` (the epoch's PLD a leaf, self-composed with the same
+    arithmetic), for the certificate of the composition's round-off."""
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = _check_grid(grid)
-    return _compose_epochs(*_plds(laws(size, sigma, h, on_progress), h), epochs)
+    upper, lower = _plds(laws(size, sigma, h, on_progress), h)
+    if not record:
+        return _compose_epochs(upper, lower, epochs)
+    node = pld_certify.leaf(upper)
+    if epochs > 1:
+        node = pld_certify.self_compose(node, epochs)
+        lower = lower.self_compose(epochs)
+    return node, lower
 
 
 def _compose_epochs(upper: pld_ops.Pld, lower: pld_ops.Pld, epochs: int) -> tuple[pld_ops.Pld, pld_ops.Pld]:
@@ -636,21 +645,32 @@ def tree_balls_in_bins(
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
     eps_u, eps_l, h = _refined_bracket(
-        lambda h: tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid)
+        lambda h: _epoch_plds(_root_laws, tree_height(n), sigma=sigma, epochs=epochs, grid=h,
+                              on_progress=on_progress, record=True), delta, grid)
     return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                  epochs=epochs, grid=h)
 
 
-def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]], delta: float,
+def _refined_bracket(plds_at: Callable[[float], tuple[Any, pld_ops.Pld]], delta: float,
                      grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
     at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
     is reached or the upper end is not finite. Each end is pld_ops' epsilon, then certified
-    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it)."""
+    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it); a
+    pessimistic PLD given as a recorded composition (:class:`mfcli.accounting.pld_certify.Node`,
+    several epochs) is certified by :func:`mfcli.accounting.pld_certify.certify` instead: proven
+    for the exact composition of the epoch's PLD, the FFT's round-off counted."""
     h = AUTO_START if grid is None else grid
     while True:
         upper, lower = plds_at(h)
-        eps_u = _certified_upper(upper, max(float(upper.get_epsilon_for_delta(delta)), 0.0), delta)
+        node = upper if isinstance(upper, pld_certify.Node) else None
+        if node is not None:
+            upper = node.pld
+        run_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
+        if node is not None and node.kind != "leaf":
+            eps_u = pld_certify.certify(node, run_u, delta)
+        else:
+            eps_u = _certified_upper(upper, run_u, delta)
         eps_l = _certified_lower(lower, max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0), delta)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
@@ -773,8 +793,8 @@ def dpsgd_balls_in_bins(
     epochs = _check_epochs(epochs)
     _check_steps(n)
     eps_u, eps_l, h = _refined_bracket(
-        lambda h: dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid,
-        finest=DPSGD_AUTO_FINEST)
+        lambda h: _epoch_plds(_allocation_laws, n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress,
+                              record=True), delta, grid, finest=DPSGD_AUTO_FINEST)
     return BallsInBinsDpSgdResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                   epochs=epochs, grid=h)
 
