@@ -333,7 +333,7 @@ def test_mmcc_cli_reports_the_certified_epsilon(monkeypatch: pytest.MonkeyPatch)
     # MMCC's certificate and, since the DP-SGD reduction is certified too, the reduction row's
     mine = [s for s in seen if s[2] == reported]
     assert 1 <= len(seen) <= 2 and mine
-    node, delta, cert = mine[0]
+    node, delta, _ = mine[0]
     assert node.kind == "self" and node.times == 16
     exact = max(exact_epsilon(*truth(node, dn)[:3], delta) for dn in pc.DIRECTIONS)
     assert exact <= reported <= exact * (1 + TIGHT_EPS_REL)

@@ -40,8 +40,9 @@ is a difference (the pair step's window sums come from a doubling table, not fro
 differences), so the bounds are relative: the PLDs' masses are scaled to their side of the exact
 law (pessimistic up, optimistic down), no slack is added to delta, and deltas down to 1e-14 give
 finite brackets. The epsilon ends are checked against the PLDs with every rounding counted
-(:func:`_hockey_bound`) and moved outward where needed. Not covered: the composition of several
-epochs (pld_ops' FFT convolution, as for every PLD in mfcli).
+(:func:`_hockey_bound`) and moved outward where needed. Several epochs: the upper end's
+composition (pld_ops' FFT) is certified by :mod:`mfcli.accounting.pld_certify`; not covered: the
+lower end's (that certificate bounds delta from above only).
 """
 from __future__ import annotations
 
@@ -564,7 +565,8 @@ class BallsInBinsTreeResult(_Bracket):
         return self._row(
             "balls-in-bins-tree",
             method="exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
-                   "down (lower bound) at every level; epochs composed with dp-accounting's PLD",
+                   "down (lower bound) at every level; epochs composed with dp-accounting's PLD "
+                   "arithmetic, the upper end's round-off certified (pld_certify)",
             assumptions="balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
                         "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
                         "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
@@ -750,7 +752,8 @@ class BallsInBinsDpSgdResult(_Bracket):
             "balls-in-bins-dp-sgd",
             method="exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
                    "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
-                   "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
+                   "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD "
+                   "arithmetic, the upper end's round-off certified (pld_certify)",
             assumptions="DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
                         "step of each epoch, independently of the others; an example's contribution "
                         "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
