@@ -395,7 +395,7 @@ def test_reduction_goes_through_the_certificate(monkeypatch: pytest.MonkeyPatch)
     certificate that adds 1 shows in both (a path that skipped it would not)."""
     from mfcli.accounting import reduction
 
-    before = single_pass.dpsgd_certified(sigma=1.0, sampling=0.1, steps=8, value_discretization=D).epsilon
+    before = single_pass.dpsgd(sigma=1.0, sampling=0.1, steps=8, value_discretization=D, certified=True).epsilon
     het = reduction.poisson_heterogeneous_epsilon([(1.0, 4), (2.0, 4)], sampling=0.1, delta=1e-6,
                                                   value_discretization=D)
     real = pc.certified_epsilon

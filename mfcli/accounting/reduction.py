@@ -544,13 +544,13 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1 or n % epochs:
         raise MfcliError(f"the number of epochs must be a positive integer dividing the {n} steps, got {epochs!r}")
     if sampler == "poisson":
-        from mfcli.accounting.single_pass import dpsgd_certified
+        from mfcli.accounting.single_pass import dpsgd
 
         if sampling is None:
             raise MfcliError("the Poisson reduction needs a sampling rate")
         # the guarantee's value, proven under round-off (not the dp-sgd reference row's arithmetic)
-        return dpsgd_certified(sigma=noise_multiplier, sampling=sampling, steps=n, delta=delta,
-                     value_discretization=value_discretization)
+        return dpsgd(sigma=noise_multiplier, sampling=sampling, steps=n, delta=delta,
+                     value_discretization=value_discretization, certified=True)
     if sampler == "cyclic":
         from mfcli.accounting.multi import reduced_dpsgd
 

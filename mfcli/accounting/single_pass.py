@@ -191,13 +191,17 @@ def dpsgd(
     steps: int,
     delta: float = DEFAULT_DELTA,
     value_discretization: float = DEFAULT_DISCRETIZATION,
+    certified: bool = False,
 ) -> DpSgdResult:
     """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps: dp-accounting's
     ``PLDAccountant(value_discretization)`` value, bit for bit, computed without importing it
-    (:func:`_poisson_gaussian_epsilon`).
+    (:func:`_poisson_gaussian_epsilon`) -- the DP-SGD reference row. ``certified``: instead the
+    value proven under floating point (:func:`certified_poisson_epsilon`, a
+    :class:`CertifiedDpSgdResult`), for guarantees built on DP-SGD (the DP-SGD reduction).
 
     Formal guarantees: dp-accounting's pessimistic PLD estimate; an upper bound on epsilon for add
-    or remove one example.
+    or remove one example (``certified``: proven for the exact composition of pessimistic PMFs
+    under the FFT model of :mod:`mfcli.accounting.pld_certify`).
 
     Raises:
         MfcliError: a parameter out of range, or the FFT self-composition would not fit in memory
@@ -205,6 +209,11 @@ def dpsgd(
     """
     sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
     steps = step_count(steps, name="the number of steps")
+    if certified:
+        epsilon = certified_poisson_epsilon(((sigma, int(steps)),), sampling=sampling, delta=delta,
+                                            value_discretization=value_discretization)
+        return CertifiedDpSgdResult(epsilon=float(epsilon), delta=delta, sigma=sigma, sampling=sampling,
+                                    steps=int(steps), value_discretization=value_discretization)
     epsilon = _poisson_gaussian_epsilon(sigma, sampling, int(steps), delta, value_discretization)
     return DpSgdResult(
         epsilon=float(epsilon), delta=delta, sigma=sigma, sampling=sampling,
@@ -489,29 +498,3 @@ class CertifiedDpSgdResult(DpSgdResult):
                        "round-off (mog_pld), composed with its FFT round-off certified (pld_certify); "
                        "pessimistic, proven under floating point")
         return d
-
-
-def dpsgd_certified(
-    *,
-    sigma: float,
-    sampling: float,
-    steps: int,
-    delta: float = DEFAULT_DELTA,
-    value_discretization: float = DEFAULT_DISCRETIZATION,
-) -> CertifiedDpSgdResult:
-    """Epsilon of DP-SGD with noise multiplier sigma, Poisson rate p and n steps, certified under
-    floating point (:func:`certified_poisson_epsilon`): the value a guarantee built on DP-SGD (the
-    DP-SGD reduction) reports. The DP-SGD reference row stays :func:`dpsgd` (dp-accounting's value).
-
-    Formal guarantees: an upper bound on epsilon for add or remove one example, proven for the
-    exact composition of pessimistic PMFs under the FFT model of :mod:`mfcli.accounting.pld_certify`.
-
-    Raises:
-        MfcliError: a parameter out of range, or the composition would not fit in memory.
-    """
-    sigma, sampling, delta, value_discretization = check_pld_inputs(sigma, sampling, delta, value_discretization)
-    steps = step_count(steps, name="the number of steps")
-    epsilon = certified_poisson_epsilon(((sigma, int(steps)),), sampling=sampling, delta=delta,
-                                        value_discretization=value_discretization)
-    return CertifiedDpSgdResult(epsilon=float(epsilon), delta=delta, sigma=sigma, sampling=sampling,
-                                steps=int(steps), value_discretization=value_discretization)
