@@ -391,15 +391,26 @@ def test_reduction_epsilon_against_long_double_truth(groups, delta: float) -> No
 
 
 def test_reduction_goes_through_the_certificate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reduction's Poisson epsilon (scalar and per-step) is pld_certify's certified one: a
-    certificate that adds 1 shows in both (a path that skipped it would not)."""
+    """The reduction's Poisson epsilon (scalar and per-step) and the cyclic-Poisson row's are
+    pld_certify's certified ones: a certificate that adds 1 shows in each (a path that skipped it
+    would not)."""
     from mfcli.accounting import reduction
 
     before = single_pass.dpsgd(sigma=1.0, sampling=0.1, steps=8, value_discretization=D, certified=True).epsilon
     het = reduction.poisson_heterogeneous_epsilon([(1.0, 4), (2.0, 4)], sampling=0.1, delta=1e-6,
                                                   value_discretization=D)
+    from mfcli.accounting.multi import reduced_dpsgd
+    from mfcli.model.participation import MinSeparation
+
+    def cyclic() -> float:
+        return reduced_dpsgd(bands=2, column_norm=1.0, n=16, schema=MinSeparation(separation=2), sigma=1.0,
+                             sampling=0.1, delta=1e-6, value_discretization=D).epsilon
+
+    cyc = cyclic()
+    assert cyc == before  # ceil(16 / 2) = 8 steps at multiplier 1: the same DP-SGD
     real = pc.certified_epsilon
     monkeypatch.setattr(pc, "certified_epsilon", lambda node, delta: real(node, delta) + 1.0)
+    assert cyclic() == cyc + 1.0
     r = reduction.reduced_epsilon(sampler="poisson", noise_multiplier=1.0, n=8, sampling=0.1, delta=1e-6,
                                   value_discretization=D)
     assert r.epsilon == before + 1.0
