@@ -145,7 +145,9 @@ def test_headline_numbers_of_the_issue() -> None:
     sn = spectral_norm_bound(c4, certificate_max_n=0)
     assert "symbol" in sn.method
     r4 = reduction(c4, sigma=4.0, sampler="poisson", sampling=0.01, spectral=sn)
-    assert r4.epsilon == pytest.approx(dpsgd_epsilon(4.0 / sn.upper, 0.01, n), rel=1e-9)
+    # proven under round-off now (mfcli.accounting.pld_certify): within 1e-6 of dp-accounting's
+    # value (measured 1.5e-8 above it)
+    assert r4.epsilon == pytest.approx(dpsgd_epsilon(4.0 / sn.upper, 0.01, n), rel=1e-6)
     assert 0.865 <= r4.epsilon <= 0.92
     c8 = banded(n, 8)
     r8 = reduction(c8, sigma=4.0, sampler="poisson", sampling=0.01, spectral=spectral_norm_bound(c8, certificate_max_n=0))

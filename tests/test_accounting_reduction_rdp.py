@@ -38,18 +38,27 @@ def test_rdp_screen_is_dp_accountings_bit_for_bit(groups, sampling: float, delta
     assert ours.hex() == _accountant(groups, sampling, delta).hex()
 
 
-# (groups of (noise multiplier, steps), rate, discretization, delta): the first is the reviewer's
-# case where composing without the identity gave 0.23613374 against the accountant's 0.23613995
+# (groups of (noise multiplier, steps), rate, discretization, delta, relative tolerance above
+# dp-accounting's value): the first is the reviewer's case where composing without the identity
+# gave 0.23613374 against the accountant's 0.23613995; at its delta 1.9e-12 the FFT's round-off,
+# now charged, is 0.2 % of delta (measured: the certified epsilon 1.85e-4 above the accountant's)
 _HETEROGENEOUS = [
-    (((2.4546, 36), (1.3674, 4), (18.0949, 12)), 0.0027011, 0.00031819, 1.8748e-12),
-    (((1.0, 10), (2.0, 20)), 0.01, 1e-4, 1e-6),
-    (((0.8, 3),), 0.1, 1e-3, 1e-5),
-    (((4.0, 100), (3.0, 50), (6.0, 25)), 0.005, 1e-4, 1e-9),
+    (((2.4546, 36), (1.3674, 4), (18.0949, 12)), 0.0027011, 0.00031819, 1.8748e-12, 3e-4),
+    (((1.0, 10), (2.0, 20)), 0.01, 1e-4, 1e-6, 1e-6),
+    (((0.8, 3),), 0.1, 1e-3, 1e-5, 1e-6),
+    (((4.0, 100), (3.0, 50), (6.0, 25)), 0.005, 1e-4, 1e-9, 1e-6),
 ]
+#: how far below dp-accounting's (unproven) value the certified one may be: its leaves are the
+#: mixture PMFs, not its connect-the-dots ones, and no identity composition truncates the tails
+#: once more (measured: 1.4e-8 relative below)
+BELOW_RTOL = 1e-6
 
 
-@pytest.mark.parametrize("groups, p, d, delta", _HETEROGENEOUS)
-def test_heterogeneous_epsilon_is_dp_accountings_accountant(groups, p, d, delta) -> None:
+@pytest.mark.parametrize("groups, p, d, delta, above", _HETEROGENEOUS)
+def test_heterogeneous_epsilon_is_close_to_dp_accountings_accountant(groups, p, d, delta, above) -> None:
+    """The per-step reduction's epsilon is now proven under round-off (leaves lifted, composition
+    certified), so no longer dp-accounting's bit for bit: within a measured tolerance of it. That
+    it is above the exact composition is tests/test_accounting_pld_certify.py's long-double check."""
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -58,4 +67,6 @@ def test_heterogeneous_epsilon_is_dp_accountings_accountant(groups, p, d, delta)
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=d)
     for m, k in groups:
         acc.compose(dp_event.PoissonSampledDpEvent(p, dp_event.GaussianDpEvent(m)), k)
-    assert poisson_heterogeneous_epsilon(list(groups), sampling=p, delta=delta, value_discretization=d) == acc.get_epsilon(delta)
+    ref = acc.get_epsilon(delta)
+    got = poisson_heterogeneous_epsilon(list(groups), sampling=p, delta=delta, value_discretization=d)
+    assert ref * (1 - BELOW_RTOL) <= got <= ref * (1 + above)

@@ -40,8 +40,9 @@ is a difference (the pair step's window sums come from a doubling table, not fro
 differences), so the bounds are relative: the PLDs' masses are scaled to their side of the exact
 law (pessimistic up, optimistic down), no slack is added to delta, and deltas down to 1e-14 give
 finite brackets. The epsilon ends are checked against the PLDs with every rounding counted
-(:func:`_hockey_bound`) and moved outward where needed. Not covered: the composition of several
-epochs (pld_ops' FFT convolution, as for every PLD in mfcli).
+(:func:`_hockey_bound`) and moved outward where needed. Several epochs: the upper end's
+composition (pld_ops' FFT) is certified by :mod:`mfcli.accounting.pld_certify`; not covered: the
+lower end's (that certificate bounds delta from above only).
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from mfcli.accounting import pld_ops
+from mfcli.accounting import pld_certify, pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA
 from mfcli.accounting.single_pass import check_delta, check_sigma
 from mfcli.errors import MfcliError
@@ -564,7 +565,8 @@ class BallsInBinsTreeResult(_Bracket):
         return self._row(
             "balls-in-bins-tree",
             method="exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
-                   "down (lower bound) at every level; epochs composed with dp-accounting's PLD",
+                   "down (lower bound) at every level; epochs composed with dp-accounting's PLD "
+                   "arithmetic, the upper end's round-off certified (pld_certify)",
             assumptions="balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
                         "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
                         "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
@@ -578,14 +580,23 @@ def _check_epochs(epochs: int) -> int:
 
 
 def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: int, grid: float,
-                on_progress: ProgressCallback | None) -> tuple[pld_ops.Pld, pld_ops.Pld]:
+                on_progress: ProgressCallback | None, record: bool = False) -> tuple[Any, pld_ops.Pld]:
     """(pessimistic, optimistic) PLDs of one epoch's ``laws(size, sigma, h, on_progress)`` on the
     grid h, composed over ``epochs`` independent epochs (a fresh allocation each), after checking
-    sigma, epochs and the grid."""
+    sigma, epochs and the grid. ``record``: the pessimistic one as a
+    :class:`mfcli.accounting.pld_certify.Node` (the epoch's PLD a leaf, self-composed with the same
+    arithmetic), for the certificate of the composition's round-off."""
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = _check_grid(grid)
-    return _compose_epochs(*_plds(laws(size, sigma, h, on_progress), h), epochs)
+    upper, lower = _plds(laws(size, sigma, h, on_progress), h)
+    if not record:
+        return _compose_epochs(upper, lower, epochs)
+    node = pld_certify.leaf(upper)
+    if epochs > 1:
+        node = pld_certify.self_compose(node, epochs)
+        lower = lower.self_compose(epochs)
+    return node, lower
 
 
 def _compose_epochs(upper: pld_ops.Pld, lower: pld_ops.Pld, epochs: int) -> tuple[pld_ops.Pld, pld_ops.Pld]:
@@ -636,21 +647,32 @@ def tree_balls_in_bins(
     delta = check_delta(delta)
     epochs = _check_epochs(epochs)
     eps_u, eps_l, h = _refined_bracket(
-        lambda h: tree_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid)
+        lambda h: _epoch_plds(_root_laws, tree_height(n), sigma=sigma, epochs=epochs, grid=h,
+                              on_progress=on_progress, record=True), delta, grid)
     return BallsInBinsTreeResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                  epochs=epochs, grid=h)
 
 
-def _refined_bracket(plds_at: Callable[[float], tuple[pld_ops.Pld, pld_ops.Pld]], delta: float,
+def _refined_bracket(plds_at: Callable[[float], tuple[Any, pld_ops.Pld]], delta: float,
                      grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
     at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
     is reached or the upper end is not finite. Each end is pld_ops' epsilon, then certified
-    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it)."""
+    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it); a
+    pessimistic PLD given as a recorded composition (:class:`mfcli.accounting.pld_certify.Node`,
+    several epochs) is certified by :func:`mfcli.accounting.pld_certify.certify` instead: proven
+    for the exact composition of the epoch's PLD, the FFT's round-off counted."""
     h = AUTO_START if grid is None else grid
     while True:
         upper, lower = plds_at(h)
-        eps_u = _certified_upper(upper, max(float(upper.get_epsilon_for_delta(delta)), 0.0), delta)
+        node = upper if isinstance(upper, pld_certify.Node) else None
+        if node is not None:
+            upper = node.pld
+        run_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
+        if node is not None and node.kind != "leaf":
+            eps_u = pld_certify.certify(node, run_u, delta)
+        else:
+            eps_u = _certified_upper(upper, run_u, delta)
         eps_l = _certified_lower(lower, max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0), delta)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
@@ -730,7 +752,8 @@ class BallsInBinsDpSgdResult(_Bracket):
             "balls-in-bins-dp-sgd",
             method="exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
                    "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
-                   "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD",
+                   "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD "
+                   "arithmetic, the upper end's round-off certified (pld_certify)",
             assumptions="DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
                         "step of each epoch, independently of the others; an example's contribution "
                         "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "
@@ -773,8 +796,8 @@ def dpsgd_balls_in_bins(
     epochs = _check_epochs(epochs)
     _check_steps(n)
     eps_u, eps_l, h = _refined_bracket(
-        lambda h: dpsgd_plds(n=n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress), delta, grid,
-        finest=DPSGD_AUTO_FINEST)
+        lambda h: _epoch_plds(_allocation_laws, n, sigma=sigma, epochs=epochs, grid=h, on_progress=on_progress,
+                              record=True), delta, grid, finest=DPSGD_AUTO_FINEST)
     return BallsInBinsDpSgdResult(epsilon=eps_u, lower=eps_l, delta=delta, sigma=float(sigma), steps=int(n),
                                   epochs=epochs, grid=h)
 

@@ -206,7 +206,8 @@ class CyclicPoissonResult:
             batch_sampler=f"cyclic Poisson: {self.cycle} groups, group i mod {self.cycle} sampled at rate "
                           f"{self.sampling:g} at step i",
             method="2306.08153 Thm. 3: at least as private as DP-SGD with ceil(n / b) steps at rate p and noise "
-                   "multiplier sigma / max column norm; dp-accounting PLDAccountant (pessimistic)",
+                   "multiplier sigma / max column norm; its PLD (pessimistic) proven under round-off (mog_pld leaves, "
+                   "pld_certify)",
             assumptions=f"C lower-triangular with at most b = {self.cycle} bands; examples split into b groups, "
                         "group i mod b Poisson-sampled at step i; adaptive gradients; add or remove one example",
             dp_event=plain_json(plain_poisson_gaussian(self.sampling, self.noise_multiplier, self.steps)),
@@ -226,7 +227,8 @@ def cyclic_poisson(
 
     Formal guarantee (2306.08153 Thm. 3, conditions checked by :func:`check_cyclic`): the
     mechanism is at least as private as DP-SGD with ceil(n / b) steps, rate p and noise multiplier
-    sigma / max_j ||C[:, j]||; the epsilon is dp-accounting's pessimistic PLD bound for that.
+    sigma / max_j ||C[:, j]||; the epsilon is that DP-SGD's pessimistic PLD bound, proven under round-off
+    (:func:`mfcli.accounting.single_pass.dpsgd` with ``certified``).
 
     Raises:
         MfcliError: the conditions fail, or a parameter is out of range.
@@ -258,9 +260,10 @@ def reduced_dpsgd(*, bands: int, column_norm: float, n: int, schema: Participati
     if not column_norm > 0:
         raise MfcliError("the strategy is all zeros")
     steps = math.ceil(n / b)
-    # Thm. 3's DP-SGD is accounted by the one DP-SGD accountant (its event is this result's dp_event)
+    # Thm. 3's DP-SGD is accounted by the one DP-SGD accountant (its event is this result's dp_event),
+    # as a guarantee: its value proven under round-off (single_pass.certified_poisson_epsilon)
     reduced = dpsgd(sigma=sigma / float(column_norm), sampling=sampling, steps=steps, delta=delta,
-                    value_discretization=value_discretization)
+                    value_discretization=value_discretization, certified=True)
     return CyclicPoissonResult(epsilon=reduced.epsilon, delta=delta, sigma=sigma, sampling=sampling, cycle=b,
                                bands=bands, column_norm=float(column_norm), steps=steps, n=n, schema=schema,
                                value_discretization=value_discretization)

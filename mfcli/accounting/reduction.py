@@ -14,7 +14,7 @@ neighbouring relation. The proof is in the docs; this module computes:
   the smallest that applies), never the power-iteration or SVD estimate itself, which can be
   below the truth;
 * :func:`reduction`: the guarantee under one batch sampler, from the sampler's own DP-SGD
-  accountant at sigma / (that upper bound): Poisson (dp-accounting's PLD), cyclic Poisson
+  accountant at sigma / (that upper bound): Poisson (PLD proven under round-off), cyclic Poisson
   (ceil(n / b) Poisson steps), balls-in-bins (:func:`mfcli.accounting.balls_in_bins.dpsgd_balls_in_bins`)
   and one shuffled epoch (:func:`mfcli.accounting.shuffling.shuffled_dpsgd`);
 * :func:`per_step_reduction` (Poisson sampling): the generalisation to per-step noise multipliers
@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from mfcli.accounting import pld_ops
 from mfcli.accounting.defaults import DEFAULT_DELTA, DEFAULT_DISCRETIZATION
 from mfcli.accounting.events import poisson_gaussian_event
 from mfcli.accounting.single_pass import check_delta, check_discretization, check_sampling, check_sigma
@@ -249,7 +248,7 @@ class PerStepResult:
 
     Attributes:
         epsilon: epsilon of the n Poisson-sampled Gaussians with noise multipliers ``multipliers``
-            composed (dp-accounting PLD, pessimistic).
+            composed (PLD, pessimistic, proven under round-off).
         multipliers: d_t for every step t (column of C), already rounded down to the grid; ``inf``
             for a zero column (its step is never released).
         shape_exponent: the candidate shape used, d_t proportional to ||C e_t||^-a.
@@ -300,20 +299,12 @@ def poisson_heterogeneous_epsilon(groups: list[tuple[float, int]] | tuple[tuple[
                                   sampling: float, delta: float,
                                   value_discretization: float = DEFAULT_DISCRETIZATION) -> float:
     """epsilon of Poisson-sampled Gaussians (rate ``sampling``) with noise multiplier m composed k
-    times for every (m, k) in ``groups``: dp-accounting's PLD accountant (pessimistic), an upper
-    bound for add or remove one example."""
-    from mfcli.accounting.single_pass import _poisson_gaussian_pld
+    times for every (m, k) in ``groups``, proven under floating point
+    (:func:`mfcli.accounting.single_pass.certified_poisson_epsilon`: leaves lifted for round-off,
+    the composition's FFT round-off certified): an upper bound for add or remove one example."""
+    from mfcli.accounting.single_pass import certified_poisson_epsilon
 
-    # each group's PLD built as dp-accounting's accountant builds it (connect-the-dots,
-    # pessimistic; mfcli.accounting.single_pass), self-composed, and composed in turn onto the
-    # identity, as the accountant's compose does (the identity's composition truncates the tails
-    # once more: leaving it out gave up to 2.6e-5 relative less than the accountant)
-    if not groups:
-        return 0.0
-    total = pld_ops.identity(value_discretization)
-    for m, k in groups:
-        total = total.compose(pld_ops.self_compose(_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k)))
-    return float(pld_ops.epsilon_for_delta(total, delta))
+    return certified_poisson_epsilon(groups, sampling=sampling, delta=delta, value_discretization=value_discretization)
 
 
 def per_step_reduction(c: np.ndarray, *, sigma: float, sampling: float, delta: float = DEFAULT_DELTA,
@@ -502,7 +493,7 @@ class ReductionResult:
         if self.variant == "per-step":
             d["method"] += ("; per-step variant: DP-SGD whose step t has noise multiplier d_t, ||C diag(d)||_2 <= "
                             "sigma certified, d_t rounded down to a geometric grid, the Poisson-sampled Gaussians "
-                            "composed by dp-accounting's PLD (docs/accounting.md, 'Per-step noise multipliers')")
+                            "composed by PLD with round-off certified (docs/accounting.md, 'Per-step noise multipliers')")
         # event_to_json(self.dp_event()), built without importing dp-accounting where the event is
         # the reduced DP-SGD's (its own as_dict has it) or the per-step groups' Poisson Gaussians
         if self.variant == "per-step":
@@ -557,8 +548,9 @@ def reduced_epsilon(*, sampler: str, noise_multiplier: float, n: int, sampling: 
 
         if sampling is None:
             raise MfcliError("the Poisson reduction needs a sampling rate")
+        # the guarantee's value, proven under round-off (not the dp-sgd reference row's arithmetic)
         return dpsgd(sigma=noise_multiplier, sampling=sampling, steps=n, delta=delta,
-                     value_discretization=value_discretization)
+                     value_discretization=value_discretization, certified=True)
     if sampler == "cyclic":
         from mfcli.accounting.multi import reduced_dpsgd
 
