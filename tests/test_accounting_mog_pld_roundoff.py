@@ -253,3 +253,30 @@ def test_max_points_below_two_is_refused() -> None:
     for bad in (0, 1, 2.5):
         with pytest.raises(mog_pld.MfcliError, match="max_points"):
             mog_pld.mixture_pld(1.0, [0.0, 1.0], [0.5, 0.5], value_discretization_interval=1e-3, max_points=bad)
+
+
+def test_probability_error_covers_every_mixture_within_it() -> None:
+    """mixture_pld(..., probability_error=rho) dominates the mixtures whose probabilities are within
+    rho of the given ones (MMCC passes the round-off of the convolutions that formed them). Here
+    mass 0.99 rho q_0 moves from s = 0 to s = 1 (every probability within rho, the law
+    stochastically larger): the PLD built with rho is above that mixture's exact delta, the one
+    built without is below it."""
+    sigma, s, q, d, rho = 0.7, [0.0, 0.5, 1.0], [0.2, 0.3, 0.5], 1e-4, 1e-7
+    moved = 0.99 * rho * q[0]
+    shifted = [q[0] - moved, q[1], q[2] + moved]
+    covered = mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=d, probability_error=rho)
+    plain = mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=d)
+    below = 0
+    for is_remove, loss, pmf_c, pmf_p in ((True, mog_pld._Loss(sigma, np.array(s), np.array(q), True), covered.remove, plain.remove),
+                                          (False, mog_pld._Loss(sigma, np.array(s), np.array(q), False), covered.add, plain.add)):
+        lx, ux = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
+        for e in np.linspace(0.05, 1.2, 9).tolist():  # below the ADD flat limit -log q_0 = 1.61
+            x0 = float(mog_pld._invert(loss, np.array([e]), lx, ux)[0])
+            exact = _exact_delta(sigma, s, shifted, e, is_remove, x0)
+            value, err = _curve(pmf_c, e)
+            assert value - err >= exact, (is_remove, e)
+            value, err = _curve(pmf_p, e)
+            below += value + err < exact
+    assert below > 0
+    with pytest.raises(mog_pld.MfcliError, match="probability_error"):
+        mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=d, probability_error=0.1)

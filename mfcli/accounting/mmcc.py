@@ -74,6 +74,7 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.util.blas import blas_threads
+from mfcli.util.floating import gamma
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.rows import fields_of
@@ -971,6 +972,10 @@ class RowGroup:
     count: int
     eta: float
     first_row: int
+    #: rho: every probability within a relative rho of the law exact arithmetic gives from the same
+    #: weights and Bernoulli probabilities (the convolutions' and renormalisations' round-off; eta
+    #: is rounded up by it too): passed to the row PLD (mog_pld.mixture_pld's probability_error)
+    rho: float = 0.0
 
     def mixture(self, resolution: int) -> tuple[list[float], list[float]]:
         """(sensitivities, probabilities) of the row's mixture of Gaussians as Python floats: what
@@ -1025,16 +1030,29 @@ def build_row_groups(prep: PreparedStrategy, pairs: TailPairs, p_tilde_pair: np.
             support, pr, eta = row_mixture(_round_up_to_grid(c[r, cols], resolution * rr), probs, cut=cut)
             support, pr = coarsen_up(support, pr, rr)
         used = min(used, rr)
+        rho = _law_error(cols.size, int(support.max()) * rr + 1, rr)
+        eta *= 1.0 + rho  # a floating-point sum of masses each within rho: rounded up
         key = support.astype(np.int64).tobytes() + pr.tobytes()
         g = groups.get(key)
         if g is None:
-            groups[key] = [support, pr, 1, eta, r]
+            groups[key] = [support, pr, 1, eta, r, rho]
             order.append(key)
         else:
             g[2] += 1
             g[3] = max(g[3], eta)
-    return [RowGroup(support=g[0], probabilities=g[1], count=g[2], eta=g[3], first_row=g[4])
+            g[5] = max(g[5], rho)
+    return [RowGroup(support=g[0], probabilities=g[1], count=g[2], eta=g[3], first_row=g[4], rho=g[5])
             for g in (groups[k] for k in order)], used
+
+
+def _law_error(columns: int, size: int, refinement: int) -> float:
+    """A bound on the relative error of every probability of a row law (:func:`row_mixture`, then
+    :func:`coarsen_up`) against exact arithmetic on the same inputs: each Bernoulli step multiplies
+    by q or by fl(1 - q) and adds (at most three roundings per column on any path), the cut's and
+    the renormalisations' sums (at most ``size`` terms each, twice) and divisions, coarsening's
+    sums of ``refinement`` terms; gamma of the total, doubled for the ratio of two such sums.
+    Sums of non-negative terms only (Higham 3.1): any order."""
+    return 2.02 * gamma(3 * columns + 2 * size + refinement + 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1187,7 +1205,7 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
     plds = []
     for g in groups:
         node = pld_certify.leaf(mog_pld.mixture_pld(sigma, _sensitivities_up(g.support, resolution), g.probabilities,
-                                                    value_discretization_interval=d))
+                                                    value_discretization_interval=d, probability_error=g.rho))
         plds.append(pld_certify.self_compose(node, int(g.count)) if g.count > 1 else node)
     # balanced pairwise composition: each level's FFTs add up to the total length once
     while len(plds) > 1:

@@ -102,6 +102,9 @@ class _Loss:
         #: lower bound's bisection, evaluates the same pair many times): the truncation points
         #: per log-mass bound, and :func:`_invert`'s starting grid per truncation.
         self.cache: dict[tuple, Any] = {}
+        #: rho: every probability within a relative rho of the exact mechanism's (mixture_pld's
+        #: ``probability_error`` plus the given probabilities' distance from summing to 1)
+        self.prob_error = 0.0
 
     def _shifted_exponents(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(w, amax): w[k, i] = exp(const_i + x_k slope_i - amax_k), amax_k the row's largest
@@ -697,6 +700,18 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     # an underflowed CDF at eps <= 0 (formed directly): its absolute error, at most 2^-1022 (both
     # erfc and ndtr stay within 0.005 of that in the tests), times e^eps <= 1
     evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + 2.0 * _TINY
+    # probabilities within rho of the exact ones (loss.prob_error): REMOVE's P = sum q N(-s) is at
+    # most (1 + rho) times the computed one, so delta <= (1 + rho) delta_computed(eps - log(1 + rho));
+    # ADD's Q = sum q N(s) at least (1 - rho) times, so delta <= delta_computed(eps + log(1 - rho)).
+    # The eps shift t moves e^eps mu_lower by t e^eps mu_lower at most (1 - e^-t <= t) and the
+    # root's residual by t.
+    rho = loss.prob_error
+    shift = 1.01 * (math.log1p(rho) if remove else -math.log1p(-rho))
+    if shift > 0:
+        evaluation = evaluation + 1.01 * shift * scaled
+        grow = (r + shift) / np.where(r > 0, r, 1.0)
+        r = r + shift
+        dist = np.where(np.isfinite(dist), dist * grow, dist)  # Delta <= 2R / m grows with R
     y = x if remove else -x
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         log_scale = eps if remove else r  # e^eps w <= e^scale N(0) density (or mass); no cap: an
@@ -708,12 +723,14 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
         far = np.exp(log_scale + log_mass) * (1.0 + 1e-6) + _TINY
         shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
     shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
-    return np.minimum((delta + evaluation + 1.01 * shortfall) * (1.0 + 8.0 * u), 1.0)
+    lift = 1.0 + rho if remove else 1.0
+    return np.minimum((delta + evaluation + 1.01 * shortfall) * lift * (1.0 + 8.0 * u), 1.0)
 
 
 def _flat_error(loss: _Loss) -> float:
     """Bound on |computed flat limit - exact flat limit| (+-log of q0, a sum of the given q)."""
-    return ((loss.s.size + 4) * 1.01 + ELEMENTARY_ULPS * abs(loss.flat_limit)) * UNIT_ROUNDOFF * 1.01
+    return (((loss.s.size + 4) * 1.01 + ELEMENTARY_ULPS * abs(loss.flat_limit)) * UNIT_ROUNDOFF * 1.01
+            + 1.01 * -math.log1p(-loss.prob_error))  # q0 itself within rho
 
 
 def _near_flat(loss: _Loss, eps: np.ndarray) -> np.ndarray:
@@ -745,7 +762,8 @@ def _flat_bounds(loss: _Loss, eps: np.ndarray) -> np.ndarray:
     else:
         base = np.zeros_like(e)
         extra = math.exp(flat + err) * np.maximum(flat - e + slack, 0.0)
-    out[near] = np.minimum((base + 1.02 * extra) * (1.0 + 8.0 * u), 1.0)
+    lift = 1.0 + loss.prob_error if loss.remove else 1.0  # P = sum q N(-s) scales with the q (REMOVE)
+    out[near] = np.minimum((base + 1.02 * extra) * lift * (1.0 + 8.0 * u), 1.0)
     return out
 
 
@@ -906,6 +924,7 @@ def mixture_pld(
     *,
     value_discretization_interval: float = 1e-4,
     max_points: int | None = None,
+    probability_error: float = 0.0,
 ):
     """Pessimistic PLD (both directions) of the MoG mechanism: the fast equivalent of
     ``dp_accounting.pld.privacy_loss_distribution.from_mixture_gaussian_mechanism``.
@@ -918,6 +937,10 @@ def mixture_pld(
         max_points: if given, delta(eps) is evaluated on at most this many evenly spaced grid
             points (always including both ends) and the connect-the-dots PMF is built on them:
             still pessimistic, slightly coarser, and proportionally cheaper.
+        probability_error: rho, a bound on the relative error of every given probability against
+            the exact mechanism's (e.g. the round-off of the convolutions that formed them): the
+            PLD dominates every mixture on the same support whose probabilities are within rho of
+            the given ones (their distance from summing to 1 is added to rho).
 
     Returns:
         a :class:`mfcli.accounting.pld_ops.Pld` (``to_dp_accounting`` gives dp-accounting's
@@ -934,6 +957,10 @@ def mixture_pld(
     s, q = _check_mixture(sigma, sensitivities, probabilities)
     d = value_discretization_interval
     remove, add = _Loss(float(sigma), s, q, True), _Loss(float(sigma), s, q, False)
+    if not (0.0 <= probability_error <= 1e-6):
+        raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
+    rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
+    remove.prob_error = add.prob_error = rho
     ks_r, ks_a = _grid_points(remove, d, max_points), _grid_points(add, d, max_points)
     delta_r, delta_a, bound_r, bound_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
     pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
