@@ -74,7 +74,7 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.util.blas import blas_threads
-from mfcli.util.floating import gamma
+from mfcli.util.floating import UNIT_ROUNDOFF, gamma
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.rows import fields_of
@@ -1184,12 +1184,16 @@ def choose_discretization(groups: Sequence[RowGroup], *, sigma: float, resolutio
 
 
 def _sensitivities_up(support: np.ndarray, resolution: int) -> np.ndarray:
-    """The row's sensitivities K / M as floats no smaller than the exact rationals: K / M rounded,
-    then one float up where M does not divide K (a larger sensitivity is pessimistic: the mixture's
-    likelihood ratio is monotone in it). Multiples of M are exact."""
+    """The row's sensitivities as floats no smaller than the exact sums of the weights they stand
+    for (a larger sensitivity is pessimistic: the mixture's likelihood ratio is monotone in it).
+
+    Each weight x_j was rounded to k_j with fl(k_j / M) >= x_j (:func:`_round_up_to_grid`), so the
+    exact k_j / M >= x_j / (1 + u): a sum K / M of them is at least the weights' sum over (1 + u).
+    K / M is then rounded (u), raised by 4u and one float up: >= the exact sum of the weights.
+    K = 0 stays 0."""
     k = np.asarray(support, dtype=np.int64)
     s = k / resolution
-    return np.where(k % resolution == 0, s, np.nextafter(s, np.inf))
+    return np.where(k == 0, 0.0, np.nextafter(s * (1.0 + 4.0 * UNIT_ROUNDOFF), np.inf))
 
 
 def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: float, engine: str):
