@@ -86,9 +86,11 @@ def test_structured_account_equals_the_dense_twin(tmp_path, make, schema, args):
     dense_twin(d, make(), n, participation=schema)
     js, jd = account_json(s, *args), account_json(d, *args)
     # The structured column norm is certified (rounded up by a unit or so of rounding), the dense
-    # twin's is a plain float: never below it, and equal to what PLD discretization lets through.
-    assert epsilons(js) and epsilons(js) == pytest.approx(epsilons(jd), rel=1e-10, abs=0)
-    assert all(js_eps >= epsilons(jd)[k] * (1 - 1e-12) for k, js_eps in epsilons(js).items())
+    # twin's is a plain float: never below it, and equal to what PLD discretization lets through
+    # (the round-off-certified epsilons, pld_certify, are found to 1e-10 relative: either may sit
+    # that much above the other).
+    assert epsilons(js) and epsilons(js) == pytest.approx(epsilons(jd), rel=1e-9, abs=0)
+    assert all(js_eps >= epsilons(jd)[k] * (1 - 3e-10) for k, js_eps in epsilons(js).items())
     assert js["sigma"] == pytest.approx(jd["sigma"], rel=1e-12)
     assert js["sensitivity"] == pytest.approx(jd["sensitivity"], rel=1e-12)
     assert js["operator"].startswith(make().kind)
