@@ -2,8 +2,9 @@
 the run's epsilon (pld_ops, dp-accounting's arithmetic) against the certified one, and the CPU
 of the certificate against that of the run's own composition (the recorded tree replayed with
 pld_ops), medians of ``--repeat``, one BLAS thread (threadpoolctl). With ``--cli DIR ...``: the
-CPU of the headline ``mfcli account --sigma 4 --sampling 0.01`` (a subprocess per run,
-RUSAGE_CHILDREN) for each source tree given, interleaved, medians.
+CPU of the headline ``mfcli account --sigma 4 --sampling 0.01`` and of a cyclic-Poisson
+calibration (:data:`CLI`; a subprocess per run, RUSAGE_CHILDREN) for each source tree given,
+interleaved, medians.
 
 Cases (docs/performance.md, "FFT round-off of PLD composition"): a (identity n 64, sigma 0.6,
 p 0.3, delta 1e-10), b (the headline's MMCC), c / c10 (DP-SGD sigma 1, p 0.1, 256 steps, grid
@@ -33,6 +34,13 @@ ARGS = {
     "a": ["--strategy", "identity", "--n", "64", "--sigma", "0.6", "--sampling", "0.3", "--delta", "1e-10"],
     "b": ["--sigma", "4", "--sampling", "0.01"],
     "d": ["--strategy", "tree", "--n", "64", "--sigma", "8", "--sampling", "0.05", "--delta", "1e-10"],
+}
+#: What ``--cli`` times: the headline, and a cyclic-Poisson calibration (every step certifies).
+CLI = {
+    "headline `account --sigma 4 --sampling 0.01`": ARGS["b"],
+    "cyclic calibration `--strategy identity --n 64 --epsilon 4 --sampling 0.3 --batching cyclic --min-sep 4`":
+        ["--strategy", "identity", "--n", "64", "--epsilon", "4", "--sampling", "0.3", "--batching", "cyclic",
+         "--min-sep", "4"],
 }
 
 
@@ -81,13 +89,13 @@ def cpu(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def cli_cpu(trees: list[str], repeat: int) -> dict[str, float]:
+def cli_cpu(trees: list[str], repeat: int, args: list[str]) -> dict[str, float]:
     out: dict[str, list[float]] = {t: [] for t in trees}
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     for _ in range(repeat):
         for tree in trees:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-m", "mfcli", "account", *ARGS["b"]], cwd=tree, check=True,
+            subprocess.run([sys.executable, "-m", "mfcli", "account", *args], cwd=tree, check=True,
                            env=dict(env, PYTHONPATH=os.path.abspath(tree)), capture_output=True)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             out[tree].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -116,9 +124,10 @@ def main() -> None:
             print(f"| {name} | {delta:g} | {eps_run:.10g} | {eps_cert:.10g} | {eps_cert / eps_run - 1:.2g} | {th} | "
                   f"{t_run:.3f} | {t_cert:.3f} |", flush=True)
     if args.cli:
-        print("\n| source tree | headline `account` CPU s (median) |\n|---|---:|")
-        for tree, t in cli_cpu(args.cli, args.repeat).items():
-            print(f"| {tree} | {t:.2f} |")
+        for label, cli_args in CLI.items():
+            print(f"\n| source tree | {label}: CPU s (median) |\n|---|---:|")
+            for tree, t in cli_cpu(args.cli, args.repeat, cli_args).items():
+                print(f"| {tree} | {t:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,23 @@ def _certify_one(node: pc.Node, eps: float, delta: float, direction: str) -> flo
     return pc.certify(node, eps, delta, direction=direction)
 
 
+@pytest.mark.parametrize("case, delta", [(("self", 1.0, 0.1, 64), 1e-10), (("self", 1.0, 0.1, 64), 1e-6), (("tree",), 1e-6)])
+def test_ladder_returns_the_first_passing_eps_within_its_resolution(case: tuple, delta: float) -> None:
+    """certify's ladder (its first rung placed by a Newton step) against the claim itself,
+    checked here on the certificate's own curve: D_cert passes at the returned eps in both
+    directions and fails 2e-10 relative below it (unless it returned the eps it was given), so the
+    Newton start neither skips past the crossing nor returns a failing eps; and it is above the
+    long-double truth."""
+    node, truths = get(case)
+    eps = float(pld_ops.epsilon_for_delta(node.pld, delta))
+    cert = pc.certify(node, eps, delta)
+    bound = pc.certificate(node, eps).bound
+    assert bound(cert) <= delta
+    assert cert == eps or bound(cert - 2e-10 * max(1.0, cert)) > delta
+    exact = max(exact_epsilon(*truths[dn][:3], delta) for dn in pc.DIRECTIONS)
+    assert cert >= exact
+
+
 def test_certified_epsilon_is_the_larger_direction() -> None:
     node, truths = self_case(1.0, 0.1, 8)
     delta = 1e-6
