@@ -267,8 +267,9 @@ def test_probability_error_covers_every_mixture_within_it() -> None:
     covered = mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=d, probability_error=rho)
     plain = mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=d)
     below = 0
-    for is_remove, loss, pmf_c, pmf_p in ((True, mog_pld._Loss(sigma, np.array(s), np.array(q), True), covered.remove, plain.remove),
-                                          (False, mog_pld._Loss(sigma, np.array(s), np.array(q), False), covered.add, plain.add)):
+    sa, qa = np.array(s), np.array(q)
+    for is_remove, loss, pmf_c, pmf_p in ((True, mog_pld._Loss(sigma, sa, qa, True), covered.remove, plain.remove),
+                                          (False, mog_pld._Loss(sigma, sa, qa, False), covered.add, plain.add)):
         lx, ux = mog_pld._truncation(loss, mog_pld.LOG_MASS_TRUNCATION_BOUND)
         for e in np.linspace(0.05, 1.2, 9).tolist():  # below the ADD flat limit -log q_0 = 1.61
             x0 = float(mog_pld._invert(loss, np.array([e]), lx, ux)[0])
