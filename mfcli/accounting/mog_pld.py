@@ -447,8 +447,7 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(sum_i q_i Phi(t_i), sum_i q_i Phi(-t_i)) with t_i = (y + s_i) / sigma for every y, the
     support s sorted: REMOVE's mu_upper_cdf at y and ADD's mu_lower_cdf at -y (:func:`_paired_deltas`),
-    and for each point the sum of the terms q_i e_i and of q_i e_i rho_i (see below), which bound
-    the two sums' round-off (:func:`_tail_sum_errors`).
+    and a bound on each sum's absolute round-off (see the last paragraph).
 
     t_i < 0 exactly for i < i0 = the number of s_i < -y (rounding is monotone, and y + s rounds to
     0 only if it is 0). With e_i = Phi(-|t_i|) (one ``erfc`` per entry, accurate in both tails),
@@ -460,15 +459,21 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
     point, where a mask and 1 - e per entry, both tails and two products with q took twice the
     passes over the (points x support) array.
 
-    rho_i = 40 + 28 z_i^2 (z_i = |t_i| / sqrt 2, erfc's argument) bounds, in units of roundoff,
-    the relative error of the computed q_i erfc(z_i) against q_i erfc at the exact |t_i| / sqrt 2:
-    erfc's assumed allowance (32 + 16 z^2, :data:`mfcli.util.floating.NDTR_ULPS_0`), the four
-    roundings that form z (relative 4u, amplified by |d log erfc / dz| <= z + sqrt(z^2 + 2)
-    <= 2 z + 1.42, Abramowitz-Stegun 7.1.13: 8.1 z^2 + 5.8 z <= 11 z^2 + 3) and the product with q."""
+    Round-off: rho_i = 40 + 28 z_i^2 (z_i = |t_i| / sqrt 2, erfc's argument) bounds, in units of
+    roundoff, the relative error of the computed q_i erfc(z_i) against q_i erfc at the exact
+    |t_i| / sqrt 2: erfc's assumed allowance (32 + 16 z^2, :data:`mfcli.util.floating.NDTR_ULPS_0`),
+    the four roundings that form z (relative 4u, amplified by |d log erfc / dz| <= z + sqrt(z^2 + 2)
+    <= 2 z + 1.42, Abramowitz-Stegun 7.1.13: 8.1 z^2 + 5.8 z <= 11 z^2 + 3) and the product with q.
+    Each sum's bound: half the erfc terms' own errors (sum q_i e_i rho_i u / 2), the running sums
+    of the q_i e_i (at most k roundings per term: gamma_k of their total each, the partial A, the
+    total and B = total - A) and of q (Q_big or Q_small), the two additions, and 2^-1022 per term
+    for an erfc that underflows (z > 26.5: no relative accuracy there)."""
     cdf_sum = np.empty(y.size)
     sf_sum = np.empty(y.size)
-    totals = np.empty(y.size)
-    weighted = np.empty(y.size)
+    err_cdf = np.empty(y.size)
+    err_sf = np.empty(y.size)
+    k = s.size
+    sums = 2.0 * gamma(k + 2) + 4.0 * UNIT_ROUNDOFF
     q_before = np.concatenate(([0.0], np.cumsum(q)))
     q_from = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))
     for start in range(0, y.size, _CHUNK):
@@ -481,16 +486,18 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
         z2 = np.square(t)
         e = special.erfc(t, out=t)  # 2 Phi(-|t|)
         e *= q
-        weighted[start:start + _CHUNK] = np.einsum("ij,ij->i", e, z2)  # sum q e z^2; rho = 40 + 28 z^2 below
+        weighted = np.einsum("ij,ij->i", e, z2)  # sum q e z^2; rho = 40 + 28 z^2 below
         run = np.cumsum(e, axis=1, out=e)
         a = np.where(i0 > 0, run[np.arange(yc.size), np.maximum(i0 - 1, 0)], 0.0)
-        b = run[:, -1] - a
-        totals[start:start + _CHUNK] = run[:, -1]
-        weighted[start:start + _CHUNK] = 40.0 * run[:, -1] + 28.0 * weighted[start:start + _CHUNK]
+        total = run[:, -1]
+        b = total - a
+        weighted = 40.0 * total + 28.0 * weighted
         q_small, q_big = q_before[i0], q_from[i0]
         cdf_sum[start:start + _CHUNK] = 0.5 * a + q_big - 0.5 * b
         sf_sum[start:start + _CHUNK] = q_small - 0.5 * a + 0.5 * b
-    return cdf_sum, sf_sum, totals, weighted
+        err_cdf[start:start + _CHUNK] = 1.01 * (0.5 * UNIT_ROUNDOFF * weighted + sums * (total + q_big) + k * _TINY)
+        err_sf[start:start + _CHUNK] = 1.01 * (0.5 * UNIT_ROUNDOFF * weighted + sums * (total + q_small) + k * _TINY)
+    return cdf_sum, sf_sum, err_cdf, err_sf
 
 
 def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray
@@ -532,15 +539,14 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
                                      np.full(int(loose.sum()), np.inf))
             trace[:, loose] = np.nan
             root[loose] = _root_errors(remove, y[loose], pts[loose], trace[:, loose])
-        cdf_sum, sf_sum, totals, weighted = _mixture_tails(y, remove.s, remove.q, remove.sigma)
+        cdf_sum, sf_sum, err_cdf, err_sf = _mixture_tails(y, remove.s, remove.q, remove.sigma)
         if in_r.any():
             i = np.searchsorted(pts, eps_r[in_r])
             e_in = eps_r[in_r]
             lower = remove.lower_cdf(y[i])
             scaled = _scaled_lower(remove, y[i], e_in, lower)
             delta_r[in_r] = cdf_sum[i] - scaled
-            err_upper = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=False)
-            b = _delta_bounds(remove, y[i], e_in, delta_r[in_r], cdf_sum[i], err_upper, lower, scaled,
+            b = _delta_bounds(remove, y[i], e_in, delta_r[in_r], cdf_sum[i], err_cdf[i], lower, scaled,
                               _ndtr_allowance(y[i] / remove.sigma), root[i], remove=True)
             bound_r[in_r] = np.where(_near_flat(remove, e_in), bound_r[in_r], b)
         if in_a.any():
@@ -549,9 +555,8 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
             upper = add.upper_cdf(-y[i])
             scaled = _scaled_lower(add, -y[i], e_in, sf_sum[i])
             delta_a[in_a] = upper - scaled
-            err_lower = _tail_sum_errors(remove.q, y[i], remove.s, totals[i], weighted[i], small=True)
             b = _delta_bounds(add, -y[i], e_in, delta_a[in_a], upper, _ndtr_allowance(-y[i] / add.sigma) * upper,
-                              sf_sum[i], scaled, err_lower / np.maximum(sf_sum[i], np.finfo(float).tiny), root[i], remove=False)
+                              sf_sum[i], scaled, err_sf[i] / np.maximum(sf_sum[i], np.finfo(float).tiny), root[i], remove=False)
             bound_a[in_a] = np.where(_near_flat(add, e_in), bound_a[in_a], b)
     return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
 
@@ -574,21 +579,6 @@ def _ndtr_allowance(x: np.ndarray) -> np.ndarray:
     rounding u |x| amplified by |d log Phi / dx| <= |x| + 1 (Mills' ratio)."""
     ax = np.abs(x)
     return (NDTR_ULPS_0 + NDTR_ULPS_2 * ax * ax + 1.01 * ax * (ax + 1.0) + 1.0) * UNIT_ROUNDOFF
-
-
-def _tail_sum_errors(q: np.ndarray, y: np.ndarray, s: np.ndarray, totals: np.ndarray, weighted: np.ndarray,
-                     *, small: bool) -> np.ndarray:
-    """Bound on the absolute round-off of :func:`_mixture_tails`' first sum (small=False) or second
-    (small=True) at the points y: half the erfc terms' own errors (sum q_i e_i rho_i u / 2), the
-    running sums of the q_i e_i (at most k roundings per term: gamma_k of their total each, the
-    partial A, the total and B = total - A) and of q (Q_big or Q_small), and the two additions."""
-    k = s.size
-    i0 = np.searchsorted(s, -y, side="left")
-    q_part = (np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))[i0] if not small
-              else np.concatenate(([0.0], np.cumsum(q)))[i0])
-    # an erfc that underflows (z > 26.5) has no relative accuracy: 2^-1022 absolute per term covers it
-    return 1.01 * (0.5 * UNIT_ROUNDOFF * weighted + (2.0 * gamma(k + 2) + 4.0 * UNIT_ROUNDOFF) * (totals + q_part)
-                   + k * _TINY)
 
 
 def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray) -> np.ndarray:
