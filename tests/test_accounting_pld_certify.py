@@ -364,7 +364,7 @@ REDUCTION_GROUPS = [((1.0, 16),), ((1.0, 8), (0.8, 4), (2.0, 3))]
 
 
 def _reduction_leaf(sigma: float, p: float) -> pld_ops.Pld:
-    return single_pass._certified_poisson_gaussian_leaf(sigma, p, D).pld
+    return single_pass._certified_poisson_gaussian_pld(sigma, p, D)
 
 
 @pytest.mark.parametrize("sigma, p", [(1.0, 0.1), (0.8, 0.3), (2.0, 1.0)])

@@ -1206,16 +1206,12 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(sigma, *g.mixture(resolution)), int(g.count))
         return pld_ops.Pld.from_dp_accounting(acc._pld)
     # recorded (pld_ops' arithmetic, the same calls) for the round-off certificate (pld_certify)
-    plds = []
-    for g in groups:
-        node = pld_certify.leaf(mog_pld.mixture_pld(sigma, _sensitivities_up(g.support, resolution), g.probabilities,
-                                                    value_discretization_interval=d, probability_error=g.rho))
-        plds.append(pld_certify.self_compose(node, int(g.count)) if g.count > 1 else node)
-    # balanced pairwise composition: each level's FFTs add up to the total length once
-    while len(plds) > 1:
-        plds = [pld_certify.compose(plds[i], plds[i + 1]) if i + 1 < len(plds) else plds[i]
-                for i in range(0, len(plds), 2)]
-    return plds[0]
+    node = pld_certify.compose_counted([
+        (mog_pld.mixture_pld(sigma, _sensitivities_up(g.support, resolution), g.probabilities,
+                             value_discretization_interval=d, probability_error=g.rho), int(g.count))
+        for g in groups])
+    assert node is not None  # every group has count >= 1 and there is at least one
+    return node
 
 
 def check_tail_fraction(f: Any) -> float:

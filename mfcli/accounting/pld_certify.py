@@ -38,7 +38,7 @@ D_cert(eps) <= delta. Layer 2: only pld_ops, numpy and scipy.fft below it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,6 +114,19 @@ def self_compose(node: Node, num_times: int, tail_mass_truncation: float = pld_o
 def compose(a: Node, b: Node, tail_mass_truncation: float = pld_ops.TAIL_MASS_TRUNCATION) -> Node:
     """``pld_ops.compose`` of the two, recorded."""
     return Node(pld_ops.compose(a.pld, b.pld, tail_mass_truncation), "compose", (a, b), 1, float(tail_mass_truncation))
+
+
+def compose_counted(leaves: Sequence[tuple[pld_ops.Pld, int]]) -> Node | None:
+    """Every input PLD composed with itself ``count`` times, then all of them together, recorded:
+    the leaves self-composed (a count of 1 is the leaf itself; counts below 1 are skipped), then a
+    balanced pairwise composition (each level's FFTs add up to the total length once). None when
+    nothing is left. MMCC's rows and the certified DP-SGD's groups are composed this way."""
+    nodes = [self_compose(leaf(p), int(k)) if int(k) > 1 else leaf(p) for p, k in leaves if int(k) >= 1]
+    if not nodes:
+        return None
+    while len(nodes) > 1:
+        nodes = [compose(nodes[i], nodes[i + 1]) if i + 1 < len(nodes) else nodes[i] for i in range(0, len(nodes), 2)]
+    return nodes[0]
 
 
 def _direction(pld: pld_ops.Pld, direction: str) -> pld_ops.Pmf:

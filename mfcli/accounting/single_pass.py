@@ -448,43 +448,33 @@ def _poisson_gaussian_epsilon(sigma: float, sampling: float, steps: int, delta: 
 # The certified path (guarantees other than the dp-sgd reference row: the DP-SGD reduction)
 
 
-def _certified_poisson_gaussian_leaf(sigma: float, sampling: float, d: float) -> Any:
+def _certified_poisson_gaussian_pld(sigma: float, sampling: float, d: float) -> Any:
     """The Poisson-sampled Gaussian (noise multiplier ``sigma``, sensitivity 1, rate ``sampling``)
-    as a leaf of :mod:`mfcli.accounting.pld_certify`: the two-point mixture of Gaussians with
+    for :mod:`mfcli.accounting.pld_certify`: the two-point mixture of Gaussians with
     sensitivity 0 (probability 1 - rate) or 1 (rate), whose pair is this class's (REMOVE: mu_upper
     = (1 - q) N(0) + q N(-1) against N(0); ADD: N(0) against (1 - q) N(0) + q N(1)), built by
     :func:`mfcli.accounting.mog_pld.mixture_pld`, whose PMFs are lifted to dominate the exact
     hockey-stick curves under round-off (docs/accounting.md, "Round-off of the row PLDs")."""
-    from mfcli.accounting import mog_pld, pld_certify
+    from mfcli.accounting import mog_pld
 
-    return pld_certify.leaf(mog_pld.mixture_pld(sigma, [0.0, 1.0], [1.0 - sampling, sampling],
-                                                value_discretization_interval=d))
+    return mog_pld.mixture_pld(sigma, [0.0, 1.0], [1.0 - sampling, sampling], value_discretization_interval=d)
 
 
 def certified_poisson_epsilon(groups: list[tuple[float, int]] | tuple[tuple[float, int], ...], *,
                               sampling: float, delta: float, value_discretization: float) -> float:
     """epsilon of Poisson-sampled Gaussians (rate ``sampling``, sensitivity 1) with noise multiplier
     m composed k times for every (m, k) in ``groups``, proven under floating point: the leaves
-    lifted for round-off (:func:`_certified_poisson_gaussian_leaf`), each self-composed, composed
-    pairwise (pld_ops' arithmetic, as MMCC's fast engine), the answer raised by
+    lifted for round-off (:func:`_certified_poisson_gaussian_pld`), each self-composed, composed
+    pairwise (:func:`mfcli.accounting.pld_certify.compose_counted`, as MMCC's fast engine), the answer raised by
     :func:`mfcli.accounting.pld_certify.certified_epsilon` to one proven for the exact composition
     under its stated FFT model. An upper bound for add or remove one example; not dp-accounting's
     value bit for bit (:func:`dpsgd` is), within about 1e-6 relative of it (either side: its
     connect-the-dots leaves and its composition onto the identity are not these)."""
     from mfcli.accounting import pld_certify
 
-    nodes = []
-    for m, k in groups:
-        if int(k) < 1:
-            continue
-        node = _certified_poisson_gaussian_leaf(float(m), sampling, value_discretization)
-        nodes.append(pld_certify.self_compose(node, int(k)) if int(k) > 1 else node)
-    if not nodes:
-        return 0.0
-    while len(nodes) > 1:  # balanced pairwise composition (each level's FFTs add up to the total once)
-        nodes = [pld_certify.compose(nodes[i], nodes[i + 1]) if i + 1 < len(nodes) else nodes[i]
-                 for i in range(0, len(nodes), 2)]
-    return float(pld_certify.certified_epsilon(nodes[0], delta))
+    node = pld_certify.compose_counted([(_certified_poisson_gaussian_pld(float(m), sampling, value_discretization), int(k))
+                                        for m, k in groups if int(k) >= 1])
+    return 0.0 if node is None else float(pld_certify.certified_epsilon(node, delta))
 
 
 @dataclass(frozen=True)
