@@ -35,6 +35,8 @@ TRUTH_REL = 8 * 1e5 * 2.0 ** -64 * 1.1
 #: (relative to the Chernoff bound, so to D where eps is far below the tilt's aim)
 TIGHT_D, TIGHT_D_REL = 5e-15, 1e-9
 TIGHT_EPS_REL = 1e-6
+#: |eps_run - eps_exact| / eps_exact: the run's FFT round-off (measured up to 3e-6 at delta 1e-10)
+RUN_EPS_REL = 1e-5
 
 SELF_CASES = [(1.0, 0.1, 64), (1.0, 0.1, 8), (0.8, 0.3, 16)]
 
@@ -147,7 +149,11 @@ def test_certified_delta_and_epsilon_against_long_double_truth(case: tuple, dire
     cert = pc.certify(node, eps, delta) if node.pld.symmetric else _certify_one(node, eps, delta, direction)
     assert cert >= eps
     assert cert >= exact
-    assert cert - exact <= TIGHT_EPS_REL * exact
+    # the run's own epsilon carries the FFT's round-off, either side of the exact one (about 3e-6
+    # relative at delta 1e-10 with scipy 1.17's pocketfft; docs/performance.md): the certificate
+    # may not go below it, and adds at most TIGHT_EPS_REL above the larger of the two
+    assert abs(eps - exact) <= RUN_EPS_REL * exact
+    assert cert - max(exact, eps) <= TIGHT_EPS_REL * exact
     # the ladder from below also lands at (not below) the exact epsilon
     low = _certify_one(node, max(0.0, exact - 0.05), delta, direction)
     assert exact <= low <= exact * (1 + TIGHT_EPS_REL)

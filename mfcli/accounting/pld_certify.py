@@ -162,7 +162,8 @@ def _fft_conv_bound(a1: float, a2: float, b1: float, b2: float, n: int) -> float
 
 
 def _fft_power_bound(p1: float, p2: float, k: int, n: int) -> float:
-    """Bound on ||fl(ifft(fft(p)^k)) - ifft(fft(p)^k)||_2 over the n circular outputs, from upper
+    """Bound on ||fl(irfft(rfft(p)^k)) - irfft(rfft(p)^k)||_2 over the n circular outputs (the
+    model below holds for the real transforms' Hermitian-extended spectrum), from upper
     bounds p1 >= ||p||_1, p2 >= ||p||_2. Forward: ||y_hat - y||_2 <= alpha sqrt(n) p2 and |y_j|,
     |y_hat_j| <= m = p1 (1 + alpha); power: |y_hat^k - y^k| <= k |y_hat - y| m^(k - 1); its own
     rounding: numpy's binary powering for k < 100 (at most 2 ceil(log2 k) + 1 complex products,
@@ -220,11 +221,14 @@ def _logsumexp(x: np.ndarray) -> float:
 class _Chain:
     """The tree of one direction redone on PMFs tilted by ``theta`` (memoised per node)."""
 
-    def __init__(self, theta: float, direction: str) -> None:
+    def __init__(self, theta: float, direction: str, epsilon: float = -math.inf) -> None:
         if not theta >= 0 or not math.isfinite(theta):
             raise MfcliError(f"the tilt theta must be a finite non-negative number, got {theta!r}")
         self.theta = float(theta)
         self.direction = direction
+        # the smallest eps the chain is expected to be asked about: only aliases landing above it
+        # count for the circular lengths (a choice of tightness; any eps is still bounded validly)
+        self.epsilon = float(epsilon)
         self.d = 0.0
         self.memo: dict[int, _Tilted] = {}
         self.cache: dict[int, tuple[float, np.ndarray, np.ndarray, float]] = {}
@@ -289,7 +293,9 @@ class _Chain:
         lo = out.lower_loss - p.lower_loss * k
         length = out.size
         n = self._circular_length(p, k, lo, length, node.tail)
-        x = np.roll(np.real(fft.ifft(fft.fft(base.x, n) ** k)), -lo)[:length].copy()
+        # real transforms: half the work of the complex ones; the error model is stated for the
+        # Hermitian-extended spectrum (irfft's projection onto it can only shorten the error)
+        x = np.roll(fft.irfft(fft.rfft(base.x, n) ** k, n), -lo)[:length].copy()
         q1, q2 = base.norms()
         # an absolute error t on the input moves the exact k-fold by <= k t ||q||_1^(k-1) in l1
         fresh = math.sqrt(n) * _fft_power_bound(q1, q2, k, n) + k * base.tiny * max(q1, 1.0) ** (k - 1)
@@ -318,16 +324,21 @@ class _Chain:
 
         Any length >= the window's is valid (the exact circular aliases are non-negative: each
         kept position bounds its true mass from above). Tilting makes an alias from above costly:
-        a mass c_m wrapped down by n positions counts e^(theta n d) c_m after the untilt. So the
-        length is the run's (pld_ops: next_fast_len(max(window, input))), raised until those
-        aliases' total, at most e^(-theta l_lo) sum_(l_m >= l_lo + n d) c_m e^(theta l_m) <=
-        exp(k log M(theta2) - theta l_lo - (theta2 - theta)(l_lo + n d)) for any theta2 > theta,
-        is below ALIAS_SHARE of the tail mass: a choice of tightness, not of validity (capped at the
+        a mass c_m wrapped down by n positions counts e^(theta n d) c_m after the untilt. Only the
+        aliases landing at a loss above the chain's eps (``self.epsilon``, the run's epsilon: the
+        ladder only goes up from it) enter D(eps); those landing below it only enlarge x's norms.
+        So the length is about the run's (pld_ops: next_fast_len(max(window, input)), here the real
+        transform's fast length), raised until the
+        aliases landing at l >= l_e = max(l_lo, eps), in total at most
+        sum_(l_m >= l_e + n d) c_m e^(theta (l_m - l_e)) <=
+        exp(k log M(theta2) - theta l_e - (theta2 - theta)(l_e + n d)) for any theta2 > theta
+        (every wrap by t >= 1 lengths has e^(theta t n d) <= e^(theta (l_m - l_e))),
+        are below ALIAS_SHARE of the tail mass: a choice of tightness, not of validity (capped at the
         length with no alias from above, at MAX_LENGTH_FACTOR times the run's, and at the memory
         left, where the run's length is kept)."""
         from scipy import fft
 
-        n_run = fft.next_fast_len(max(length, p.size))
+        n_run = fft.next_fast_len(max(length, p.size), True)
         n_full = k * (p.size - 1) + 1 - lo
         if tail <= 0 or n_run >= n_full:
             return n_run
@@ -336,14 +347,15 @@ class _Chain:
         lg = np.log(p.probs[pos])
         lj = (np.flatnonzero(pos) + p.lower_loss) * d
         l_lo = (p.lower_loss * k + lo) * d
+        l_e = max(l_lo, self.epsilon)
         log_target = math.log(ALIAS_SHARE * tail)
         best = math.inf
         for step in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
             th2 = self.theta + step
-            reach = (k * _logsumexp(lg + th2 * lj) - self.theta * l_lo - log_target) / step  # l_lo + n d
+            reach = (k * _logsumexp(lg + th2 * lj) - self.theta * l_e - log_target) / step  # l_e + n d
             best = min(best, reach)
-        need = math.ceil((best - l_lo) / d) + 1 if math.isfinite(best) else n_full
-        n = fft.next_fast_len(min(max(need, n_run), n_full, MAX_LENGTH_FACTOR * n_run))
+        need = math.ceil((best - l_e) / d) + 1 if math.isfinite(best) else n_full
+        n = fft.next_fast_len(min(max(need, n_run), n_full, MAX_LENGTH_FACTOR * n_run), True)
         left = memory.memory_left()
         if n > n_run and left is not None and n * pld_ops._FFT_BYTES_PER_POINT > left:
             return n_run  # looser, equally valid
@@ -499,7 +511,7 @@ def _chains(node: Node, epsilon: float, theta: float | None, direction: str | No
     thetas = {}
     for dname in dirs:
         th = chernoff_theta(node, dname, epsilon) if theta is None else float(theta)
-        chain = _Chain(th, dname)
+        chain = _Chain(th, dname, epsilon)
         chains.append((chain, chain.of(node)))
         thetas[dname] = th
     return chains, thetas
