@@ -341,6 +341,28 @@ def test_stream_of_a_record_is_the_operator_it_accounted(tmp_path, artifacts):
         record_noise_stream(path, "nope", kind="gradient", d=2, seed=1)
 
 
+def test_record_stream_passes_every_stream_option_on(tmp_path, artifacts):
+    """record_noise_stream takes noise_stream's options (StreamOptions) with noise_stream's defaults:
+    each one given reaches the stream, each one left out is noise_stream's documented default
+    (float32, one thread, a memory budget)."""
+    import shutil
+
+    from mfcli.util.memory import MemoryLimitError
+
+    src, _a, _fact, _ = artifacts["momentum"]
+    path = tmp_path / "k.h5"
+    shutil.copy(src, path)
+    rid = _write_record(path, "--operator", "dense", "--sigma", "4")
+    default = record_noise_stream(path, rid, kind="gradient", d=2, seed=1)
+    assert (default.dtype, default.threads, default.variant) == (np.dtype(np.float32), 1, "dense")
+    given = record_noise_stream(path, rid, kind="gradient", d=2, seed=1, dtype="float64", threads=2, max_memory=None)
+    assert (given.dtype, given.threads) == (np.dtype(np.float64), 2)
+    with pytest.raises(MemoryLimitError):
+        record_noise_stream(path, rid, kind="gradient", d=2, seed=1, max_memory=8)
+    with pytest.raises(TypeError, match="accounted"):   # the record names the operator; a caller cannot
+        record_noise_stream(path, rid, kind="gradient", d=2, seed=1, accounted=None)
+
+
 def test_record_of_another_strategy_is_refused(tmp_path, artifacts):
     """A record whose strategy checksum is not this artifact's operator's (copied from another
     artifact, or the artifact's matrices replaced) names noise that is not this stream's: the

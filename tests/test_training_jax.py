@@ -118,8 +118,31 @@ def test_training_runs_n_steps_with_few_compilations(arts) -> None:
     ({"noise_multiplier": 1.5}, r"noise_multiplier=1.5 but .* accounts noise multiplier 2.0"),
     ({"noise_std": 1.5}, r"noise_std=1.5 but .* accounts noise std 2.0"),
     ({"batch_size": 10}, r"is Poisson rate 0.25, but .* rate 0.5"),
+    ({"sampler": "cyclic"}, r"sampler='cyclic' but .* accounts the poisson batch sampler"),
+    ({"sample_rate": 0.25}, r"sample_rate=0.25 but .* accounts rate 0.5"),
     ({"clip_norm": -1.0}, r"clip_norm must be a positive finite number"),
 ])
 def test_refusals(arts, kw: dict, msg: str) -> None:
     with pytest.raises(MfcliError, match=msg):
         _priv(arts, "poisson", **kw)
+
+
+def test_record_options_reach_the_record(tmp_path: Path) -> None:
+    """make_private passes its record options (RecordOptions) on unchanged: a balls-in-bins record
+    is refused unless non_adaptive=True, a misspelt option is a TypeError, not silently dropped."""
+    from training_cases import prefix_artifact
+    from typer.testing import CliRunner
+
+    from mfcli.cli.app import app
+
+    n = 8
+    path = prefix_artifact(tmp_path / "id8.h5", np.eye(n), "identity")
+    r = CliRunner().invoke(app, ["account", str(path), "--sigma", "2", "--batching", "balls-in-bins", "--write", "-q"])
+    assert r.exit_code == 0, r.output
+    common = {"artifact": path, "seed": 3, "clip_norm": 0.8, "loss_fn": loss_one}
+    with pytest.raises(MfcliError, match=r"non-adaptive.*non_adaptive=True"):
+        make_private(_params(), optax.sgd(0.1), _data(32), **common)
+    priv = make_private(_params(), optax.sgd(0.1), _data(32), non_adaptive=True, batch_size=4, **common)
+    assert priv.n == n and priv.record.sampler == "balls-in-bins"
+    with pytest.raises(TypeError, match="non_adaptiv"):
+        make_private(_params(), optax.sgd(0.1), _data(32), non_adaptiv=True, **common)

@@ -281,9 +281,6 @@ def _estimate(*args: Any, **kwargs: Any) -> CalibrationEstimate:
 
 
 #: Parse-time checks (exit 2) of the options whose range or choices need no other option.
-
-
-#: Parse-time checks (exit 2) of the options whose range or choices need no other option.
 STRATEGY_CHECK = in_range(library_check("mfcli.util.validation", "one_of", BUILTIN, "strategy"))
 WORKLOAD_CHECK = in_range(library_check("mfcli.util.validation", "one_of", ("prefix", "momentum"), "workload"))
 SETTING_CHECK = in_range(library_check("mfcli.util.validation", "one_of", SETTINGS, "setting"))

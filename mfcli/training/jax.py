@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,10 @@ import optax
 from mfcli.adapters.optax import correlated_noise
 from mfcli.errors import MfcliError
 from mfcli.training.noise import check_seed
-from mfcli.training.record import TrainingRecord, check_clip_norm, declared_batches, record_stream
+from mfcli.training.record import RecordOptions, TrainingRecord, check_clip_norm, declared_batches, record_stream
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; annotations only, so no runtime dependency
 
 #: Default padded sizes, as multiples of the expected batch size.
 SHAPE_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -146,16 +149,9 @@ def make_private(
     seed: int,
     clip_norm: float,
     loss_fn: Callable[..., Any],
-    record: str | None = None,
-    noise_std: float | None = None,
-    noise_multiplier: float | None = None,
-    sampler: str | None = None,
-    sample_rate: float | None = None,
-    batch_size: int | None = None,
-    non_adaptive: bool = False,
     shapes: Sequence[int] | None = None,
     dtype: str = "float32",
-    verify: bool = True,
+    **options: Unpack[RecordOptions],
 ) -> PrivateTraining:
     """Train under one accounting record of ``artifact`` in JAX.
 
@@ -164,11 +160,12 @@ def make_private(
         optimizer: the optax optimizer computing the artifact's workload (``optax.sgd(lr)`` for
             ``prefix``, ``optax.sgd(lr, momentum=beta)`` for ``momentum``).
         data: the examples as arrays with a leading axis of length N (e.g. ``(x, y)``).
-        artifact, seed, clip_norm, record, noise_std, noise_multiplier, sampler, sample_rate, batch_size,
-            non_adaptive, verify: as :func:`mfcli.training.torch.make_private`.
+        artifact, seed, clip_norm: as :func:`mfcli.training.torch.make_private`.
         loss_fn: ``loss_fn(params, *example)`` for one example (no batch axis), a scalar.
         shapes: the padded batch sizes (default :func:`padded_shapes`).
         dtype: the noise dtype (float64 needs ``jax_enable_x64``).
+        **options: the record and the numbers declared about it, as for
+            :func:`mfcli.training.torch.make_private` (:class:`mfcli.training.record.RecordOptions`).
 
     Raises:
         MfcliError: as :func:`mfcli.training.torch.make_private`.
@@ -183,9 +180,7 @@ def make_private(
     examples = int(arrays[0].shape[0])
     if examples < 1 or any(a.shape[0] != examples for a in arrays):
         raise MfcliError(f"every data array needs the same number of examples (the first has {examples})")
-    rec, batches, expected = declared_batches(
-        artifact, record, verify=verify, examples=examples, seed=seed, non_adaptive=non_adaptive, noise_std=noise_std,
-        noise_multiplier=noise_multiplier, sampler=sampler, sample_rate=sample_rate, batch_size=batch_size)
+    rec, batches, expected = declared_batches(artifact, examples=examples, seed=seed, **options)
     if shapes is None:
         sizes = padded_shapes(batches.expected_batch_size(0), examples)
     else:

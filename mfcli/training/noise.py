@@ -71,7 +71,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -774,6 +774,17 @@ def _accounted_variant(art: Any, accounted: Any, variant: str) -> str:
     return wanted
 
 
+class StreamOptions(TypedDict, total=False):
+    """The options of :func:`noise_stream` that a function building its stream through it passes on
+    unchanged (:func:`mfcli.training.samplers.record_noise_stream`): typed once here, so that their
+    defaults and meanings stay :func:`noise_stream`'s alone (mypy checks the two agree)."""
+
+    dtype: Any
+    variant: str
+    threads: int
+    max_memory: int | None
+
+
 def noise_stream(
     artifact: Any,
     *,
@@ -937,6 +948,7 @@ __all__ = [
     "NoiseStream",
     "NumpyOps",
     "StaleNoiseStateWarning",
+    "StreamOptions",
     "check_finite_rows",
     "check_seed",
     "check_step",

@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -451,14 +451,43 @@ def check_clip_norm(clip_norm: Any) -> float:
     return float(clip_norm)
 
 
-def declared_batches(artifact: str | Path, record: str | None, *, verify: bool, examples: int, seed: int,
-                     non_adaptive: bool, noise_std: float | None, noise_multiplier: float | None,
-                     sampler: str | None, sample_rate: float | None,
-                     batch_size: int | None) -> tuple[TrainingRecord, Any, int]:
+class RecordOptions(TypedDict, total=False):
+    """Which accounting record a trainer's ``make_private`` (:func:`mfcli.training.torch.make_private`,
+    :func:`mfcli.training.jax.make_private`) trains under, and the numbers its caller declares about
+    it: the keyword options of :func:`declared_batches`, which both pass on unchanged, so that the
+    defaults stay there alone (mypy checks the two agree).
+
+    Keys:
+        record: the record id; None (default) picks as :func:`training_record`.
+        noise_std, noise_multiplier, sampler, sample_rate, batch_size: optional declarations, each
+            checked against the record (:func:`check_declared`): ``noise_std`` is the std of the
+            noise on C G per unit clip norm (the record's ``noise_std``), ``noise_multiplier`` that
+            over the record's accounted sensitivity (its ``noise_multiplier``, as Opacus and
+            jax_privacy count it); pass at most one.
+        non_adaptive: allow a balls-in-bins record (its tree row assumes contributions fixed in
+            advance); default False.
+        verify: re-verify the record against the operator first (default True; seconds for n ~ 10^3).
+    """
+
+    record: str | None
+    noise_std: float | None
+    noise_multiplier: float | None
+    sampler: str | None
+    sample_rate: float | None
+    batch_size: int | None
+    non_adaptive: bool
+    verify: bool
+
+
+def declared_batches(artifact: str | Path, *, examples: int, seed: int, record: str | None = None,
+                     noise_std: float | None = None, noise_multiplier: float | None = None, sampler: str | None = None,
+                     sample_rate: float | None = None, batch_size: int | None = None, non_adaptive: bool = False,
+                     verify: bool = True) -> tuple[TrainingRecord, Any, int]:
     """What a trainer's ``make_private`` (torch, JAX) runs: the record (:func:`training_record`),
     refused unless every declared number is its own (:func:`check_declared`), its batch sampler
     over ``examples`` (:func:`build_sampler`) and the expected batch size (at least 1) that the
-    summed clipped gradients and the noise are divided by."""
+    summed clipped gradients and the noise are divided by. The keyword options after ``seed`` are
+    :class:`RecordOptions`."""
     rec = training_record(artifact, record, verify_record=verify)
     check_declared(rec, examples=examples, noise_std=noise_std, noise_multiplier=noise_multiplier, sampler=sampler,
                    sample_rate=sample_rate, batch_size=batch_size)
@@ -544,5 +573,5 @@ def plan_and_write(*, examples: int, batch_size: int, epochs: int, epsilon: floa
     return plan, str(written["record"]).rsplit("/", 1)[-1]
 
 
-__all__ = ["FIXED_ORDER", "NO_RECORD_MULTIPLIER", "TrainingRecord", "accounted_sensitivity", "build_sampler",
+__all__ = ["FIXED_ORDER", "NO_RECORD_MULTIPLIER", "RecordOptions", "TrainingRecord", "accounted_sensitivity", "build_sampler",
            "check_declared", "check_noise", "plan_and_write", "resolve_noise_std", "training_record"]

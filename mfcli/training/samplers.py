@@ -75,13 +75,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from mfcli.errors import MfcliError
-from mfcli.training.noise import DEFAULT_MAX_MEMORY, AccountedOperator, NoiseStream, check_seed, noise_stream
+from mfcli.training.noise import AccountedOperator, NoiseStream, StreamOptions, check_seed, noise_stream
 from mfcli.util.validation import positive_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; annotations only, so no runtime dependency
 
 STATE_FORMAT = "mfcli.sampler_state"
 STATE_FORMAT_VERSION = 1
@@ -636,10 +639,7 @@ def record_noise_stream(
     kind: str,
     d: int,
     seed: int,
-    dtype: Any = "float32",
-    variant: str = "auto",
-    threads: int = 1,
-    max_memory: int | None = DEFAULT_MAX_MEMORY,
+    **options: Unpack[StreamOptions],
 ) -> NoiseStream:
     """The noise stream of the operator an accounting record accounted, after the record is
     verified: :func:`verified_record` re-derives it from the artifact (deeply) and refuses it
@@ -647,7 +647,8 @@ def record_noise_stream(
     (:func:`mfcli.training.noise.noise_stream` with ``accounted=``) is then the operator the record names
     (``operator`` and ``strategy_sha256``), whatever ``auto`` would pick. An explicit ``variant``
     naming another operator is refused. ``record`` picks the record by id (else as
-    :func:`verified_record` picks one); the other arguments are :func:`~mfcli.training.noise.noise_stream`'s.
+    :func:`verified_record` picks one); ``kind``, ``d``, ``seed`` and the ``options`` (``dtype``,
+    ``variant``, ``threads``, ``max_memory``) are :func:`~mfcli.training.noise.noise_stream`'s, with its defaults.
 
     Raises:
         MfcliError: as :func:`verified_record` and :func:`~mfcli.training.noise.noise_stream`.
@@ -655,8 +656,7 @@ def record_noise_stream(
     rid, check, _subject = verified_record(artifact, record)
     # the operator named by the claim that was verified, not by a second read of the file
     accounted = accounted_operator(rid, check.claim)
-    return noise_stream(artifact, kind=kind, d=d, seed=seed, dtype=dtype, variant=variant, threads=threads,
-                        accounted=accounted, max_memory=max_memory)
+    return noise_stream(artifact, kind=kind, d=d, seed=seed, accounted=accounted, **options)
 
 
 #: For each batch sampler of a record, the record's settings whose epsilon holds for training the

@@ -50,7 +50,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -58,7 +58,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mfcli.adapters.torch import CorrelatedNoiseOptimizer, refuse_noising_optimizer
 from mfcli.errors import MfcliError
 from mfcli.training.noise import check_seed
-from mfcli.training.record import TrainingRecord, check_clip_norm, declared_batches, record_stream
+from mfcli.training.record import RecordOptions, TrainingRecord, check_clip_norm, declared_batches, record_stream
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; annotations only, so no runtime dependency
 
 
 def _world() -> tuple[int, int]:
@@ -290,18 +293,11 @@ def make_private(
     seed: int,
     clip_norm: float,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    record: str | None = None,
-    noise_std: float | None = None,
-    noise_multiplier: float | None = None,
-    sampler: str | None = None,
-    sample_rate: float | None = None,
-    batch_size: int | None = None,
-    non_adaptive: bool = False,
     max_physical_batch_size: int | None = None,
     collate_fn: Callable[[list], Any] | None = None,
     num_workers: int = 0,
     dtype: str | None = None,
-    verify: bool = True,
+    **options: Unpack[RecordOptions],
 ) -> tuple[torch.nn.Module, PrivateOptimizer, DataLoader]:
     """Train ``module`` under one accounting record of ``artifact``.
 
@@ -315,17 +311,14 @@ def make_private(
             the same on every rank).
         clip_norm: the per-example clipping norm.
         loss_fn: ``loss_fn(output, target)`` for one example (called under ``vmap``).
-        record: the record id; None picks as :func:`mfcli.training.record.training_record`.
-        noise_std, noise_multiplier, sampler, sample_rate, batch_size: optional declarations, each
-            checked against the record (:func:`mfcli.training.record.check_declared`): ``noise_std`` is
-            the std of the noise on C G per unit clip norm (the record's ``noise_std``),
-            ``noise_multiplier`` that over the record's accounted sensitivity (its
-            ``noise_multiplier``, as Opacus and jax_privacy count it); pass at most one.
-        non_adaptive: allow a balls-in-bins record (its tree row assumes contributions fixed in advance).
         max_physical_batch_size: per-example gradients are computed in chunks of at most this many.
         collate_fn, num_workers: as for ``torch.utils.data.DataLoader``.
         dtype: noise dtype (default float64 when every parameter is, else float32).
-        verify: re-verify the record against the operator first (default; seconds for n ~ 10^3).
+        **options: the record and the numbers declared about it, checked against it
+            (:class:`mfcli.training.record.RecordOptions`): ``record`` (its id; None picks one),
+            ``noise_std`` or ``noise_multiplier``, ``sampler``, ``sample_rate``, ``batch_size``,
+            ``non_adaptive`` (allow a balls-in-bins record) and ``verify`` (re-verify the record
+            first; default).
 
     Returns:
         (module, optimizer, loader): ``loader`` yields the record's batches (this rank's share
@@ -349,9 +342,7 @@ def make_private(
         raise MfcliError(f"max_physical_batch_size must be a positive integer, got {max_physical_batch_size!r}")
     seed = check_seed(seed)
     examples = _examples(dataset)
-    rec, batches, expected = declared_batches(
-        artifact, record, verify=verify, examples=examples, seed=seed, non_adaptive=non_adaptive, noise_std=noise_std,
-        noise_multiplier=noise_multiplier, sampler=sampler, sample_rate=sample_rate, batch_size=batch_size)
+    rec, batches, expected = declared_batches(artifact, examples=examples, seed=seed, **options)
     opt = PrivateOptimizer(optimizer, module=module, record=rec, sampler=batches, seed=seed, clip_norm=clip_norm,
                            loss_fn=loss_fn, expected_batch_size=expected,
                            max_physical_batch_size=max_physical_batch_size, dtype=dtype)
