@@ -33,7 +33,16 @@ the leaves' log M -- with every rounding bounded:
 
 The result D_cert(eps) >= the exact composition's D(eps) of the leaf PMFs (which are themselves
 pessimistic), in each direction; :func:`certify` steps eps up a ladder from the run's value until
-D_cert(eps) <= delta. Layer 2: only pld_ops, numpy and scipy.fft below it.
+D_cert(eps) <= delta.
+
+The lower side (:func:`lower_delta_bound`, :func:`certify_lower`; docs/accounting.md, balls-in-bins
+"Floating point"): the same tilted chain, but every self-composition a binary power of linear
+(zero-padded or direct) compositions, so no alias and no window: the exact finite mass at loss l
+is x*_l e^(s* - theta l) exactly, and D(eps) >= sum over losses surely above eps of x+_l times
+lower bounds of the untilt and of the weight 1 - e^(eps - l), minus err1 e^(s* - theta eps);
+:func:`certify_lower` steps eps down a ladder from the run's value until that exceeds delta
+(a lower bound on the exact composition's epsilon). Layer 2: only pld_ops, numpy and scipy.fft
+below it.
 """
 from __future__ import annotations
 
