@@ -151,6 +151,27 @@ def test_a_composition_tree_with_pairwise_compositions() -> None:
             assert d_exact * (1 - TIGHT_D_REL) <= d_low <= d_exact * (1 + TRUTH_REL)
 
 
+def test_trimmed_tails_cost_nothing_measurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lower chain cuts each node's tilted tails (TRIM_SHARE of its err1): any cut is valid (a
+    lower bound may drop mass; the truth comparisons above run with it); here it shortens the
+    8-fold and moves the bound by less than 1e-10 relative against the uncut chain."""
+    nd = node("tree", 8)
+    lower, probs = truth("tree", 8, "remove")
+    eps = exact_epsilon(lower, probs, 1e-10)
+    theta = pc.chernoff_theta(nd, "remove", eps)
+    cut = pc._LowerChain(theta, "remove", eps)
+    t_cut = cut.of(nd)
+    monkeypatch.setattr(pc, "TRIM_SHARE", 0.0)
+    full = pc._LowerChain(theta, "remove", eps)
+    t_full = full.of(nd)
+    assert t_full.x.size == probs.size  # uncut: the whole support, no wrap-around
+    assert t_cut.x.size < 0.8 * t_full.x.size
+    # either may be the larger (the cut chain's smaller norms give a smaller err1 downstream)
+    d_cut, d_full = cut.delta_lower(t_cut, eps), full.delta_lower(t_full, eps)
+    assert abs(d_cut - d_full) <= 1e-10 * d_full
+    assert d_cut <= hockey(lower, probs, eps) * (1 + TRUTH_REL)
+
+
 # ---------------------------------------------------------------------------------------------
 # Broken lower bounds, caught by the same comparison
 

@@ -37,8 +37,9 @@ D_cert(eps) <= delta.
 
 The lower side (:func:`lower_delta_bound`, :func:`certify_lower`; docs/accounting.md, balls-in-bins
 "Floating point"): the same tilted chain, but every self-composition a binary power of linear
-(zero-padded or direct) compositions, so no alias and no window: the exact finite mass at loss l
-is x*_l e^(s* - theta l) exactly, and D(eps) >= sum over losses surely above eps of x+_l times
+(zero-padded or direct) compositions, so no alias and no window (only tails dropped, which a
+lower bound may do): the exact finite mass at loss l is at least x*_l e^(s* - theta l), and
+D(eps) >= sum over losses surely above eps of x+_l times
 lower bounds of the untilt and of the weight 1 - e^(eps - l), minus err1 e^(s* - theta eps);
 :func:`certify_lower` steps eps down a ladder from the run's value until that exceeds delta
 (a lower bound on the exact composition's epsilon). Layer 2: only pld_ops, numpy and scipy.fft
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -607,14 +608,20 @@ class _LowerChain(_Chain):
     As :class:`_Chain`, except that a self-composition is a binary power of linear compositions
     (:meth:`_Chain._compose`: direct, or a real FFT zero-padded to at least the full support),
     never the run's circular power on its window. So nothing wraps round (no aliases, which are
-    non-negative and would have to be bounded from above and subtracted) and nothing is cut: the
-    exact composition's finite mass at the loss l_i is exactly x*_i e^(s* - theta l_i), x* the
-    exact arithmetic's tilted values (sum |x_i - x*_i| <= ``err1``), s* the exact sum of the
-    leaves' computed log M. Why linear: its length (the full support, k (N - 1) + 1 for k copies
-    of N points) is at most a few times the run's window, and real FFTs of that length are cheap
-    next to the epoch's own law; the aliases' Chernoff bound would have needed lengths of that
-    order anyway to fall below 1e-10 of a small delta. ``bad`` and ``total`` are carried but not
-    used: the leaves' infinity masses only add to D, which a lower bound may leave out."""
+    non-negative and would have to be bounded from above and subtracted), and the only cuts are
+    the tails that :func:`_trimmed` drops (a lower bound may drop mass): the exact composition's
+    finite mass at the loss l_i is at least x*_i e^(s* - theta l_i), x* the exact arithmetic's
+    tilted values of the kept (restricted) measures (sum |x_i - x*_i| <= ``err1``), s* the exact
+    sum of the leaves' computed log M. Why linear: the tilted law of a k-fold is about sqrt(k)
+    times a leaf's width once its tails are trimmed, so its real FFTs are cheap next to the epoch's
+    own law. ``bad`` and ``total`` are carried but not used: the leaves' infinity masses only add
+    to D, which a lower bound may leave out."""
+
+    def _leaf(self, p: pld_ops.Pmf) -> _Tilted:
+        return _trimmed(super()._leaf(p))
+
+    def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
+        return _trimmed(super()._compose(a, b))
 
     def _self(self, node: Node) -> _Tilted:
         power = self.of(node.children[0])
@@ -671,6 +678,30 @@ class _LowerChain(_Chain):
         sub = (err + 4 * la.size * _UNDERFLOW) * (1 + 2 * _U)
         low = main - sub  # one rounding: (main - sub)(1 + u) at most when positive
         return low * (1 - 3 * _U) if low > 0 else low
+
+
+#: The lower chain drops the ends of each node's tilted values whose total is at most this share
+#: of the node's err1 (on each side: half of it): a lower bound may drop mass, so any cut is valid;
+#: this one costs at most TRIM_SHARE times the round-off term already subtracted per cut, and keeps
+#: a k-fold's length near the tilted law's width (about sqrt(k)) instead of its support (k N).
+TRIM_SHARE = 1e-3
+
+
+def _trimmed(t: _Tilted) -> _Tilted:
+    """``t`` without the ends of x whose |x| total at most TRIM_SHARE err1 / 2 on each side. Valid
+    for the lower chain whatever the cut: x* restricted to the kept positions is a measure below
+    the exact one (x* >= 0), the kept x is within err1 of it in l1, and every later composition of
+    it is below the exact composition."""
+    budget = 0.5 * TRIM_SHARE * t.err1
+    mag = np.abs(t.x)
+    left = int(np.searchsorted(np.cumsum(mag), budget, side="right"))
+    right = int(np.searchsorted(np.cumsum(mag[::-1]), budget, side="right"))
+    if left == 0 and right == 0:
+        return t
+    if left + right >= t.x.size:  # everything within the budget: keep the largest entry
+        i = int(np.argmax(mag))
+        left, right = i, t.x.size - i - 1
+    return replace(t, lower=t.lower + left, x=t.x[left:t.x.size - right].copy(), _norms=None)
 
 
 def _lower_chains(node: Node, epsilon: float, theta: float | None,
