@@ -178,9 +178,11 @@ def test_trimmed_tails_cost_nothing_measurable(monkeypatch: pytest.MonkeyPatch) 
 
 def _far_tail_violations(monkeypatch: pytest.MonkeyPatch) -> int:
     """How many of 8 epsilons up the tail the lower bound exceeds the truth at, untilted
-    (theta = 0) and every composition by FFT (DIRECT_WORK = 0): both legitimate settings, where the
-    FFT's absolute round-off (about 1e-17 per position) dwarfs the far tail's true masses."""
+    (theta = 0), every composition by FFT (DIRECT_WORK = 0) and uncut (TRIM_SHARE = 0): legitimate
+    settings, where the FFT's absolute round-off (about 1e-17 per position) dwarfs the far tail's
+    true masses (the default trim drops exactly those positions, so it would hide the mutant)."""
     monkeypatch.setattr(pc, "DIRECT_WORK", 0)
+    monkeypatch.setattr(pc, "TRIM_SHARE", 0.0)
     nd = node("tree", 3)
     lower, probs = truth("tree", 3, "remove")
     bad = 0
