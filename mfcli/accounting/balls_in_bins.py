@@ -41,8 +41,9 @@ differences), so the bounds are relative: the PLDs' masses are scaled to their s
 law (pessimistic up, optimistic down), no slack is added to delta, and deltas down to 1e-14 give
 finite brackets. The epsilon ends are checked against the PLDs with every rounding counted
 (:func:`_hockey_bound`) and moved outward where needed. Several epochs: the upper end's
-composition (pld_ops' FFT) is certified by :mod:`mfcli.accounting.pld_certify`; not covered: the
-lower end's (that certificate bounds delta from above only).
+composition (pld_ops' FFT) is certified by :mod:`mfcli.accounting.pld_certify` (``certify``), the
+lower end's by the same module's lower certificate (``certify_lower``: the composition redone by
+linear, unaliased compositions of tilted PMFs, the round-off subtracted).
 """
 from __future__ import annotations
 
@@ -566,7 +567,8 @@ class BallsInBinsTreeResult(_Bracket):
             "balls-in-bins-tree",
             method="exact recursive law of the tree's log-likelihood ratio on a grid, rounded up (guarantee) and "
                    "down (lower bound) at every level; epochs composed with dp-accounting's PLD "
-                   "arithmetic, the upper end's round-off certified (pld_certify)",
+                   "arithmetic, both ends' round-off certified (pld_certify: the upper end's delta bounded from "
+                   "above, the lower end's from below)",
             assumptions="balls-in-bins batching: every example in exactly one uniformly random step of each epoch, "
                         "independently of the others and of the previous epochs; binary tree on n = 2^L leaves, "
                         "restarted every epoch; an example's contribution is the same vector (norm <= 1, clip "
@@ -580,23 +582,24 @@ def _check_epochs(epochs: int) -> int:
 
 
 def _epoch_plds(laws: Callable[..., Any], size: int, *, sigma: float, epochs: int, grid: float,
-                on_progress: ProgressCallback | None, record: bool = False) -> tuple[Any, pld_ops.Pld]:
+                on_progress: ProgressCallback | None, record: bool = False) -> tuple[Any, Any]:
     """(pessimistic, optimistic) PLDs of one epoch's ``laws(size, sigma, h, on_progress)`` on the
     grid h, composed over ``epochs`` independent epochs (a fresh allocation each), after checking
     sigma, epochs and the grid. ``record``: the pessimistic one as a
     :class:`mfcli.accounting.pld_certify.Node` (the epoch's PLD a leaf, self-composed with the same
-    arithmetic), for the certificate of the composition's round-off."""
+    arithmetic), for the certificate of the composition's round-off, and the optimistic one
+    likewise (:func:`mfcli.accounting.pld_certify.certify_lower` redoes it for a proven lower
+    end)."""
     sigma = check_sigma(sigma)
     epochs = _check_epochs(epochs)
     h = _check_grid(grid)
     upper, lower = _plds(laws(size, sigma, h, on_progress), h)
     if not record:
         return _compose_epochs(upper, lower, epochs)
-    node = pld_certify.leaf(upper)
+    node, low = pld_certify.leaf(upper), pld_certify.leaf(lower)
     if epochs > 1:
-        node = pld_certify.self_compose(node, epochs)
-        lower = lower.self_compose(epochs)
-    return node, lower
+        node, low = pld_certify.self_compose(node, epochs), pld_certify.self_compose(low, epochs)
+    return node, low
 
 
 def _compose_epochs(upper: pld_ops.Pld, lower: pld_ops.Pld, epochs: int) -> tuple[pld_ops.Pld, pld_ops.Pld]:
@@ -653,27 +656,36 @@ def tree_balls_in_bins(
                                  epochs=epochs, grid=h)
 
 
-def _refined_bracket(plds_at: Callable[[float], tuple[Any, pld_ops.Pld]], delta: float,
+def _refined_bracket(plds_at: Callable[[float], tuple[Any, Any]], delta: float,
                      grid: float | None, finest: float = AUTO_FINEST) -> tuple[float, float, float]:
     """(upper epsilon, lower epsilon, grid) from the (pessimistic, optimistic) PLDs ``plds_at(h)``:
     at ``grid``, or (None) from AUTO_START refined until upper / lower <= AUTO_RATIO, ``finest``
     is reached or the upper end is not finite. Each end is pld_ops' epsilon, then certified
-    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it); a
-    pessimistic PLD given as a recorded composition (:class:`mfcli.accounting.pld_certify.Node`,
-    several epochs) is certified by :func:`mfcli.accounting.pld_certify.certify` instead: proven
-    for the exact composition of the epoch's PLD, the FFT's round-off counted."""
+    against the PLDs by :func:`_hockey_bound` (moved outward where the check needs it); PLDs given
+    as recorded compositions (:class:`mfcli.accounting.pld_certify.Node`, several epochs) are
+    certified by :func:`mfcli.accounting.pld_certify.certify` (pessimistic) and
+    :func:`mfcli.accounting.pld_certify.certify_lower` (optimistic, from the run's value capped at
+    the upper end) instead: each proven for the exact composition of the epoch's PLD, the FFT's
+    round-off counted."""
     h = AUTO_START if grid is None else grid
     while True:
         upper, lower = plds_at(h)
         node = upper if isinstance(upper, pld_certify.Node) else None
         if node is not None:
             upper = node.pld
+        low_node = lower if isinstance(lower, pld_certify.Node) else None
+        if low_node is not None:
+            lower = low_node.pld
         run_u = max(float(upper.get_epsilon_for_delta(delta)), 0.0)
         if node is not None and node.kind != "leaf":
             eps_u = pld_certify.certify(node, run_u, delta)
         else:
             eps_u = _certified_upper(upper, run_u, delta)
-        eps_l = _certified_lower(lower, max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0), delta)
+        start = max(min(float(lower.get_epsilon_for_delta(delta)), eps_u), 0.0)
+        if low_node is not None and low_node.kind != "leaf":
+            eps_l = pld_certify.certify_lower(low_node, start, delta)
+        else:
+            eps_l = _certified_lower(lower, start, delta)
         ratio = eps_u / eps_l if eps_l > 0 else math.inf
         if grid is not None or ratio <= AUTO_RATIO or h <= finest or not math.isfinite(eps_u):
             return eps_u, eps_l, float(h)
@@ -753,7 +765,8 @@ class BallsInBinsDpSgdResult(_Bracket):
             method="exact law of the log-likelihood ratio log((1/n) sum_i exp(y_i / sigma^2 - 1 / (2 sigma^2))) of "
                    "the pair (1/n) sum_i N(e_i, sigma^2 I) vs N(0, sigma^2 I), by pairwise averaging on a grid "
                    "rounded up (guarantee) and down (lower bound); epochs composed with dp-accounting's PLD "
-                   "arithmetic, the upper end's round-off certified (pld_certify)",
+                   "arithmetic, both ends' round-off certified (pld_certify: the upper end's delta bounded from "
+                   "above, the lower end's from below)",
             assumptions="DP-SGD (C = I) with balls-in-bins batching: every example in exactly one uniformly random "
                         "step of each epoch, independently of the others; an example's contribution "
                         "is the same vector (norm <= 1) whichever step it lands in, fixed in advance (non-adaptive); "

@@ -33,13 +33,23 @@ the leaves' log M -- with every rounding bounded:
 
 The result D_cert(eps) >= the exact composition's D(eps) of the leaf PMFs (which are themselves
 pessimistic), in each direction; :func:`certify` steps eps up a ladder from the run's value until
-D_cert(eps) <= delta. Layer 2: only pld_ops, numpy and scipy.fft below it.
+D_cert(eps) <= delta.
+
+The lower side (:func:`lower_delta_bound`, :func:`certify_lower`; docs/accounting.md, balls-in-bins
+"Floating point"): the same tilted chain, but every self-composition a binary power of linear
+(zero-padded or direct) compositions, so no alias and no window (only tails dropped, which a
+lower bound may do): the exact finite mass at loss l is at least x*_l e^(s* - theta l), and
+D(eps) >= sum over losses surely above eps of x+_l times
+lower bounds of the untilt and of the weight 1 - e^(eps - l), minus err1 e^(s* - theta eps);
+:func:`certify_lower` steps eps down a ladder from the run's value until that exceeds delta
+(a lower bound on the exact composition's epsilon). Layer 2: only pld_ops, numpy and scipy.fft
+below it.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -586,3 +596,197 @@ def certified_epsilon(node: Node, delta: float) -> float:
     """pld_ops' epsilon of the run's PLD at ``delta`` (dp-accounting's arithmetic), raised by
     :func:`certify` to one proven for the exact composition: the result is >= the run's."""
     return certify(node, float(pld_ops.epsilon_for_delta(node.pld, delta)), delta)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lower side: a proven lower bound on the exact composition's delta
+
+
+class _LowerChain(_Chain):
+    """The tree of one direction redone on tilted PMFs for a LOWER bound on D(eps).
+
+    As :class:`_Chain`, except that a self-composition is a binary power of linear compositions
+    (:meth:`_Chain._compose`: direct, or a real FFT zero-padded to at least the full support),
+    never the run's circular power on its window. So nothing wraps round (no aliases, which are
+    non-negative and would have to be bounded from above and subtracted), and the only cuts are
+    the tails that :func:`_trimmed` drops (a lower bound may drop mass): the exact composition's
+    finite mass at the loss l_i is at least x*_i e^(s* - theta l_i), x* the exact arithmetic's
+    tilted values of the kept (restricted) measures (sum |x_i - x*_i| <= ``err1``), s* the exact
+    sum of the leaves' computed log M. Why linear: the tilted law of a k-fold is about sqrt(k)
+    times a leaf's width once its tails are trimmed, so its real FFTs are cheap next to the epoch's
+    own law. ``bad`` and ``total`` are carried but not used: the leaves' infinity masses only add
+    to D, which a lower bound may leave out."""
+
+    def _leaf(self, p: pld_ops.Pmf) -> _Tilted:
+        return _trimmed(super()._leaf(p))
+
+    def _compose(self, a: _Tilted, b: _Tilted) -> _Tilted:
+        return _trimmed(super()._compose(a, b))
+
+    def _self(self, node: Node) -> _Tilted:
+        power = self.of(node.children[0])
+        k = node.times
+        result: _Tilted | None = None
+        while k:
+            if k & 1:
+                result = power if result is None else self._compose(result, power)
+            k >>= 1
+            if k:
+                power = self._compose(power, power)
+        if result is None:
+            raise MfcliError("a PLD can only be composed a positive number of times")
+        return result
+
+    def delta_lower(self, t: _Tilted, eps: float) -> float:
+        """A lower bound on the exact composition's D(eps) (may be negative: then it says nothing).
+
+        D*(eps) >= sum over losses surely above eps of x*_i E*_i w*_i, E*_i = e^(s* - theta l*_i),
+        w*_i = 1 - e^(eps - l*_i) in [0, 1] (the other losses and the infinity mass only add), and
+        x*_i >= x+_i - |x_i - x*_i| (x* >= 0), so D* >= sum x+_i E*_i w*_i - err1 e^(s* - theta eps)
+        (every kept l*_i > eps, theta >= 0). Each factor is bounded from below with its rounding."""
+        lpos = (np.arange(t.x.size) + t.lower) * self.d
+        # fl(l) is within u |l| of the exact loss: keep the losses surely above eps
+        keep = lpos > eps + 4 * _U * (abs(eps) + np.abs(lpos))
+        la = lpos[keep]
+        if la.size == 0:
+            return 0.0
+        xa = np.maximum(t.x[keep], 0.0)
+        # the untilt e^(s - theta l): s's own error, theta l (its rounding and l's), the difference,
+        # exp (ELEMENTARY_ULPS), and the two products below
+        rho_u = math.expm1((t.s_err + _U * (abs(t.s) + 3 * float(np.abs(self.theta * la).max())
+                                            + ELEMENTARY_ULPS + 3)) * 1.01)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            v = xa * np.exp(t.s - self.theta * la)
+            # a lower bound on 1 - e^(eps - l*): eps - l* <= fl(eps - fl(l)) + 2.01 u (|eps| + |l|),
+            # raised by 4 u (...) to cover the addition's rounding too (-expm1 is decreasing), and
+            # expm1 within ELEMENTARY_ULPS
+            arg = np.minimum(eps - la + 4 * _U * (abs(eps) + np.abs(la)), 0.0)
+            w = -np.expm1(arg) * (1 - (ELEMENTARY_ULPS + 2) * _U)
+            terms = v * w
+        terms[~np.isfinite(terms)] = 0.0  # left out (an overflowed untilt): every exact term is >= 0
+        # a sum of non-negative terms within gamma_n; each term within rho_u of x+ E* w_low; the
+        # factors 1 - gamma and 1 - rho_u within u / 2 as floats, and the three products: 1 - 6 u
+        main = float(terms.sum()) * (1 - gamma(la.size + 4)) * (1 - rho_u) * (1 - 6 * _U)
+        # the round-off term, bounded from above: e^(s* - theta eps) <= e^(s + s_err - theta eps), the
+        # exponent's roundings (theta eps, two sums, this margin's) and exp's error allowed for
+        log_ch = t.s - self.theta * eps + t.s_err
+        log_ch += 4 * _U * (abs(t.s) + abs(self.theta * eps) + t.s_err + 1)
+        if log_ch > 700:
+            return -math.inf
+        err = t.err1 * math.exp(log_ch) * (1 + (ELEMENTARY_ULPS + 4) * _U)
+        # terms whose untilt or product fell below the normal range: within 2^-1022 absolute each
+        sub = (err + 4 * la.size * _UNDERFLOW) * (1 + 2 * _U)
+        low = main - sub  # one rounding: (main - sub)(1 + u) at most when positive
+        return low * (1 - 3 * _U) if low > 0 else low
+
+
+#: The lower chain drops the ends of each node's tilted values whose total is at most this share
+#: of the node's err1 (on each side: half of it): a lower bound may drop mass, so any cut is valid;
+#: this one costs at most TRIM_SHARE times the round-off term already subtracted per cut, and keeps
+#: a k-fold's length near the tilted law's width (about sqrt(k)) instead of its support (k N).
+TRIM_SHARE = 1e-3
+
+
+def _trimmed(t: _Tilted) -> _Tilted:
+    """``t`` without the ends of x whose |x| total at most TRIM_SHARE err1 / 2 on each side. Valid
+    for the lower chain whatever the cut: x* restricted to the kept positions is a measure below
+    the exact one (x* >= 0), the kept x is within err1 of it in l1, and every later composition of
+    it is below the exact composition."""
+    budget = 0.5 * TRIM_SHARE * t.err1
+    mag = np.abs(t.x)
+    left = int(np.searchsorted(np.cumsum(mag), budget, side="right"))
+    right = int(np.searchsorted(np.cumsum(mag[::-1]), budget, side="right"))
+    if left == 0 and right == 0:
+        return t
+    if left + right >= t.x.size:  # everything within the budget: keep the largest entry
+        i = int(np.argmax(mag))
+        left, right = i, t.x.size - i - 1
+    return replace(t, lower=t.lower + left, x=t.x[left:t.x.size - right].copy(), _norms=None)
+
+
+def _lower_chains(node: Node, epsilon: float, theta: float | None,
+                  direction: str | None) -> list[tuple[_LowerChain, _Tilted]]:
+    """The lower chains of each direction (one of a symmetric PLD; or the ``direction`` given),
+    tilted as :func:`certificate`'s are (:func:`chernoff_theta` at ``epsilon``, or ``theta``)."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise MfcliError(f"unknown PLD direction {direction!r} (remove or add)")
+    dirs = (direction,) if direction is not None else DIRECTIONS[:1] if node.pld.symmetric else DIRECTIONS
+    found: dict[int, tuple[Node, int]] = {}
+    _leaves(node, 1, found)
+    chains = []
+    for dname in dirs:
+        if not all(np.any(_direction(lf.pld, dname).probs > 0) for lf, _ in found.values()):
+            continue  # a leaf without finite mass: the composition has none, its D is its infinity mass (left out)
+        th = chernoff_theta(node, dname, epsilon) if theta is None else float(theta)
+        chain = _LowerChain(th, dname, epsilon)
+        chains.append((chain, chain.of(node)))
+    return chains
+
+
+def lower_delta_bound(node: Node, epsilon: float, *, theta: float | None = None,
+                      direction: str | None = None) -> float:
+    """A proven lower bound on the delta at ``epsilon`` of the exact composition of the tree's
+    leaves (the larger direction's, or the ``direction`` given): the tree redone by linear
+    compositions of tilted PMFs, the round-off bounded under the stated FFT model (direct
+    convolutions, within gamma_n, for the small products), subtracted. May be negative."""
+    eps = float(epsilon)
+    return max((chain.delta_lower(t, eps) for chain, t in _lower_chains(node, eps, theta, direction)), default=0.0)
+
+
+def certify_lower(node: Node, epsilon: float, delta: float, *, theta: float | None = None,
+                  direction: str | None = None) -> float:
+    """The largest eps' <= ``epsilon`` on a doubling ladder down, then bisected to 1e-10 relative,
+    at which :func:`lower_delta_bound` > ``delta`` in some direction: the exact composition's
+    delta at eps' exceeds ``delta``, so its epsilon for ``delta`` is >= eps' (0.0 where none is
+    found). The first step is 1.5 Newton steps of the main term (at least 1e-13, at most 1e-3
+    relative): where the ladder starts changes the work, not the validity (every eps' returned
+    passed the check). An infinite ``epsilon`` (the run's, where its infinity mass reaches delta)
+    starts from the composition's largest loss; the chains are tilted again for an eps more than
+    1 % from the one they were tilted for (``theta`` None)."""
+    epsilon = float(epsilon)
+    if not epsilon > 0:
+        return 0.0
+    if not math.isfinite(epsilon):
+        # the exact composition's D is its infinity mass (left out) at and above its largest loss
+        found: dict[int, tuple[Node, int]] = {}
+        _leaves(node, 1, found)
+        epsilon = max(sum(m * (_direction(lf.pld, dn).lower_loss + _direction(lf.pld, dn).size - 1)
+                          * _direction(lf.pld, dn).discretization for lf, m in found.values()) for dn in DIRECTIONS)
+        if not epsilon > 0:
+            return 0.0
+    chains = _lower_chains(node, epsilon, theta, direction)
+    aim = [epsilon]  # the eps the chains are tilted for
+
+    def passes(eps: float) -> bool:
+        nonlocal chains
+        if theta is None and abs(eps - aim[0]) > 0.01 * aim[0]:
+            # away from the tilt's aim the round-off term (relative to the Chernoff bound at the
+            # aim's tilt) can swamp D: tilt again for this eps (a choice only; any tilt is valid)
+            chains, aim[0] = _lower_chains(node, eps, None, direction), eps
+        return any(chain.delta_lower(t, eps) > delta for chain, t in chains)
+
+    if passes(epsilon):
+        return epsilon
+    step = 1e-13 * max(1.0, epsilon)
+    for chain, t in chains:
+        short, slope = delta - chain.delta_lower(t, epsilon), chain.slope(t, epsilon)
+        if slope > 0 and math.isfinite(short / slope):
+            step = max(step, min(1.5 * short / slope, 1e-3 * max(1.0, epsilon)))
+    high = epsilon
+    for _ in range(80):
+        low = max(high - step, 0.0)
+        if passes(low):
+            for _ in range(60):
+                if high - low <= 1e-10 * max(1.0, high):
+                    break
+                mid = 0.5 * (low + high)
+                if passes(mid):
+                    low = mid
+                else:
+                    high = mid
+            return low
+        if low == 0.0:
+            return 0.0
+        high = low
+        step *= 2.0
+    return 0.0
