@@ -185,8 +185,9 @@ def _self_bound_norms(p1: float, p2: float, k: int, n: int) -> float:
     Forward: ||y_hat - y||_2 <= alpha sqrt(n) p2 and |y_j|, |y_hat_j| <= m = p1 (1 + alpha) (the
     assumed FFT model). Power: |y_hat^k - y^k| <= k |y_hat - y| m^(k - 1), so
     ||y_hat^k - y^k||_2 / sqrt(n) <= k alpha p2 m^(k - 1). The power's own rounding: numpy's binary
-    powering for k < 100 (at most 2 ceil(log2 k) + 1 complex products, each within sqrt2 gamma_2
-    relative, Higham Lemma 3.5); for k >= 100 numpy calls cpow (glibc: cexp(k clog y)), ASSUMED
+    powering for k < 100 (complex products each within sqrt2 gamma_2 relative, Higham Lemma 3.5;
+    an early square's error is raised by every later squaring, so (1 + sqrt2 gamma_2)^(k - 1) - 1
+    in all, pld_certify.binary_power_rounding); for k >= 100 numpy calls cpow (glibc: cexp(k clog y)), ASSUMED
     within 8 u (1 + k pi + k |log|y||) relative, whose last term is at most (2 / e) |y|^(k/2)
     absolute. Inverse: within alpha of its exact output, ||ifft(z)||_2 = ||z||_2 / sqrt(n)."""
     al = _alpha(n)
@@ -195,7 +196,7 @@ def _self_bound_norms(p1: float, p2: float, k: int, n: int) -> float:
     y2 = (1 + al) * p2                                   # ||y_hat||_2 / sqrt(n)
     zhat = m ** (k - 1) * y2                             # ||y_hat^k||_2 / sqrt(n)
     if k < 100:
-        g_pow = (1 + math.sqrt(2) * gamma(2)) ** (2 * math.ceil(math.log2(k)) + 1) - 1
+        g_pow = (1 + math.sqrt(2) * gamma(2)) ** (k - 1) - 1
         pow_err = g_pow * zhat
     else:
         g_pow = 8 * U * (1 + k * math.pi + k * max(0.0, math.log(m)))
