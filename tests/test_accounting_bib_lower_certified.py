@@ -253,3 +253,32 @@ def test_below_the_runs_infinity_mass() -> None:
     assert exact * (1 - TIGHT_EPS_REL) <= pc.certify_lower(node("tree", 3), float("inf"), delta) <= exact
     res = bib.tree_balls_in_bins(n=4, sigma=2.0, epochs=3, delta=delta, grid=H)
     assert exact * (1 - TIGHT_EPS_REL) <= res.lower <= exact <= res.epsilon
+
+
+@functools.cache
+def _tree_truths(k: int) -> dict:
+    """(lower, masses, infinity mass) per (side, direction) of the exact k-fold composition of the
+    tree's (n 4, sigma 2, grid 1e-2) epoch PLDs, pessimistic and optimistic, in long double."""
+    upper, lower = bib._epoch_plds(bib._root_laws, bib.tree_height(4), sigma=2.0, epochs=1, grid=H, on_progress=None)
+    out = {}
+    for side, pld in (("upper", upper), ("lower", lower)):
+        for dn in pc.DIRECTIONS:
+            p = pc._direction(pld, dn)
+            total = LD(p.probs.astype(LD).sum()) + LD(p.infinity_mass)
+            inf = total ** k - (total - LD(p.infinity_mass)) ** k
+            out[side, dn] = (p.lower_loss * k, _power(p.probs.astype(LD), k), float(inf))
+    return out
+
+
+@pytest.mark.parametrize("epochs, eps", [(3, 11.0), (3, 12.0), (3, 6.0), (2, 4.0), (1, 4.0)])
+def test_tree_delta_bracket_holds_the_exact_composition(epochs: int, eps: float) -> None:
+    """tree_delta_bracket's [lower, upper] holds the exact compositions' deltas: lower <= the
+    optimistic composition's, upper >= the pessimistic one's (reviewer's case: 3 epochs, eps 11,
+    where the run's composed optimistic PLD said 1.3e-15 and the exact one is 2e-18)."""
+    lo, hi = bib.tree_delta_bracket(n=4, sigma=2.0, epsilon=eps, epochs=epochs, grid=H)
+    tr = _tree_truths(epochs)
+    exact_low = max(hockey(*tr["lower", dn][:2], eps) for dn in pc.DIRECTIONS)
+    exact_up = max(hockey(*tr["upper", dn][:2], eps) + tr["upper", dn][2] for dn in pc.DIRECTIONS)
+    assert 0.0 <= lo <= exact_low * (1 + TRUTH_REL)
+    assert hi >= exact_up * (1 - TRUTH_REL)
+    assert lo <= hi
