@@ -282,3 +282,28 @@ def test_tree_delta_bracket_holds_the_exact_composition(epochs: int, eps: float)
     assert 0.0 <= lo <= exact_low * (1 + TRUTH_REL)
     assert hi >= exact_up * (1 - TRUTH_REL)
     assert lo <= hi
+
+
+def _far_tail_violations_trimmed(monkeypatch: pytest.MonkeyPatch) -> int:
+    """As :func:`_far_tail_violations` with the default trim ON, at 8 epsilons up the tail and
+    two at the support's end (the truth 0 beyond it)."""
+    monkeypatch.setattr(pc, "DIRECT_WORK", 0)
+    nd = node("tree", 3)
+    lower, probs = truth("tree", 3, "remove")
+    top = (lower + probs.size) * H
+    bad = 0
+    for eps in [*np.linspace(6.0, 24.0, 8), top - 0.5, top + 1.0]:
+        d_low = pc.lower_delta_bound(nd, float(eps), theta=0.0, direction="remove")
+        bad += d_low > hockey(lower, probs, float(eps)) * (1 + TRUTH_REL)
+    return bad
+
+
+def test_far_tail_with_the_trim_is_below_the_truth(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _far_tail_violations_trimmed(monkeypatch) == 0
+
+
+def test_mutant_trim_forgets_the_round_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trim that drops the node's err1 (reviewer's mutant, not caught before): 4 of 10 fail."""
+    orig = pc._trimmed
+    monkeypatch.setattr(pc, "_trimmed", lambda t: dataclasses.replace(orig(t), err1=0.0))
+    assert _far_tail_violations_trimmed(monkeypatch) > 0
