@@ -107,6 +107,23 @@ def test_epsilon_for_delta_is_dp_accountings_bit_for_bit(pld, times: int) -> Non
         assert float(ours).hex() == float(expected).hex()
 
 
+@pytest.mark.parametrize("times", [1, 64])
+def test_epsilon_for_delta_with_numpys_exp_is_within_ulps(pld, times: int) -> None:
+    """``bit_for_bit=False`` (numpy's exp: the certificate's starting point) against
+    dp-accounting's value: within 1e-13 max(1, eps), so pld_certify's 1e-12 raise keeps the
+    certified epsilon >= the bit-for-bit run's."""
+    theirs = pld.to_dp_accounting()
+    composed = theirs.self_compose(times) if times > 1 else theirs
+    ours_pld = pld_ops.Pld.from_dp_accounting(composed)
+    for delta in DELTAS:
+        fast = pld_ops.epsilon_for_delta(ours_pld, delta, bit_for_bit=False)
+        expected = composed.get_epsilon_for_delta(delta)
+        if math.isinf(expected):
+            assert math.isinf(fast)
+        else:
+            assert abs(fast - expected) <= 1e-13 * max(1.0, expected), (delta, fast, expected)
+
+
 def test_sparse_size_is_dp_accountings() -> None:
     assert pld_ops.MAX_SPARSE_SIZE == pld_pmf._MAX_PMF_SPARSE_SIZE
 

@@ -630,7 +630,10 @@ def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = N
 def certified_epsilon(node: Node, delta: float) -> float:
     """pld_ops' epsilon of the run's PLD at ``delta`` (dp-accounting's arithmetic), raised by
     :func:`certify` to one proven for the exact composition: the result is >= the run's."""
-    return certify(node, float(pld_ops.epsilon_for_delta(node.pld, delta)), delta)
+    # the run's epsilon by numpy's exp (libm's, as dp-accounting's, moves it by a few ulps at
+    # most), raised by 1e-12 max(1, eps) so that the result stays >= the bit-for-bit run's
+    start = float(pld_ops.epsilon_for_delta(node.pld, delta, bit_for_bit=False))
+    return certify(node, start + 1e-12 * max(1.0, start) if start > 0 else start, delta)
 
 
 # ---------------------------------------------------------------------------------------------
