@@ -353,9 +353,10 @@ def test_tail_bracket_decisions_equal_the_full_evaluation(seed: int) -> None:
     hi = (n * h + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     slack = 1 + 1e-12
     for eps in (np.zeros(b), hi, hi * rng.uniform(0, 1, b)):
-        t = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
-        t = M._tail_T_up(t, np.zeros(b), 0.0, M.FFT_ERROR_L2, eps, np.full(b, n - 1), n, sigma=sigma, h=h,
-                         g_lo=g_lo, g_hi=g_hi)
+        norm = np.empty(b)
+        t = M._tail_T(pmf, extra, M.FFT_ERROR_L2, eps, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi, norm_out=norm)
+        t = M._tail_T_up(t, extra, norm, M.FFT_ERROR_L2, eps, M.TailProof.plain(b, n, M.FFT_ERROR_L2), n,
+                         sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
         for delta in (t * slack, np.nextafter(t * slack, 0), t * rng.uniform(0.5, 2, b), np.full(b, 1e-10)):
             got = M._tail_T_meets(pmf, extra, M.FFT_ERROR_L2, eps, delta, slack, sigma=sigma, h=h,
                                          g_lo=g_lo, g_hi=g_hi)

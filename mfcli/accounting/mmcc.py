@@ -739,43 +739,75 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
 TAIL_SLACK = 1e-12
 
 
-def _tail_T_up(t: np.ndarray, extra_own: np.ndarray, extra_rel: np.ndarray | float, err_l2: float | np.ndarray,
-               eps: np.ndarray, last: np.ndarray, columns: int, *, sigma: float, h: float, g_lo: np.ndarray,
-               g_hi: np.ndarray, roundoff: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
-    """A proven upper bound on the exact T(eps) (the tail probability of step 1) from the computed
-    t = fl(sum_x pmf_c[x] f_c[x] + extra + legacy) of :func:`_tail_T` (any non-negative ``extra``
-    and legacy allowance: only t >= the computed sum is used), ``extra_own`` >= P(W > last) up to
-    its round-off ``extra_rel`` (last = the row's own cut - 1, at most the last column, columns - 1;
-    where it is the last column, ``extra_own`` is t's extra and only its round-off is added).
+@dataclass(frozen=True)
+class TailProof:
+    """What the proven bound on T (:func:`_tail_T_up`) needs of a batch of tail problems besides
+    the computed T, per problem: ``last`` = its own cut - 1 (at most the last column), ``error`` >=
+    ||pmf_c - pmf_L||_2 (:func:`fft_error_l2`), ``extra_own`` >= P(W > last) and ``rel_own``,
+    ``rel_cut`` the round-off of that Chernoff bound and of the batch's ``extra`` (at the last
+    column; :func:`chernoff_error`). :meth:`plain` is the proof of a T whose inputs are taken as
+    exact (``error`` = the legacy allowance, no Chernoff round-off)."""
 
-    Exact T <= sum_{x <= last} pmf_L[x] F_x + P(W > last) (pmf_L the law folded modulo the FFT
-    length: aliases only add mass; F_x the exact f at the exact grid value) <= sum_{x <= last}
-    pmf_c F + err_l2 ||F_{x <= last}||_2 + extra_own (1 + extra_rel) (Cauchy-Schwarz with
-    ||pmf_c - pmf_L||_2 <= err_l2, :func:`fft_error_l2`; the Chernoff bound's own round-off,
-    :func:`chernoff_error`). F <= f_c (1 + r) + 2^-1021 (:func:`_tail_roundoff`), and F rises with
-    x, so ||F_{x <= last}|| <= sqrt(last + 1) (f_last (1 + r) + 2^-1021); the sum over x <= last
-    is at most the sum over all columns (pmf_c >= 0, f >= 0), which is within gamma_(n + 4) of its
-    computed value: T <= t (1 + r)(1 + gamma_(n + 4)) + extra_own (1 + extra_rel) + err_l2 sqrt(last
-    + 1) (f_last (1 + r) + 2^-1021) + 2^-1020 (the 2^-1021 of each F times sum pmf_c <= 2). The
-    relative factor is taken at least 1 + :data:`TAIL_SLACK`; this expression's own roundings are
-    gamma_8 more. ``roundoff``: :func:`_tail_roundoff` at ``eps`` where the caller has it."""
-    r, _, _, f_last = roundoff if roundoff is not None else _tail_roundoff(eps, last, sigma=sigma, h=h, g_lo=g_lo,
-                                                                           g_hi=g_hi)
-    n = last + 1.0
-    rr = ((1 + r) * (1 + gamma(max(int(np.max(n, initial=1)), columns) + 4)) - 1) * 1.01
-    # where the own cut is the last column, t's own extra is this bound (the same computation):
-    # only its round-off is added
-    own = np.where(last >= columns - 1, extra_own * extra_rel, extra_own * (1 + extra_rel))
+    last: np.ndarray
+    error: np.ndarray
+    extra_own: np.ndarray
+    rel_own: np.ndarray
+    rel_cut: np.ndarray
+
+    @staticmethod
+    def plain(b: int, columns: int, error: float) -> TailProof:
+        z = np.zeros(b)
+        return TailProof(last=np.full(b, max(columns - 1, 0), dtype=np.int64), error=np.full(b, float(error)),
+                         extra_own=z, rel_own=z, rel_cut=z)
+
+    def take(self, idx: np.ndarray) -> TailProof:
+        return TailProof(last=self.last[idx], error=self.error[idx], extra_own=self.extra_own[idx],
+                         rel_own=self.rel_own[idx], rel_cut=self.rel_cut[idx])
+
+
+def _tail_T_up(t: np.ndarray, extra: np.ndarray, norm: np.ndarray, legacy: float, eps: np.ndarray, proof: TailProof,
+               columns: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
+               roundoff: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """A proven upper bound on the exact T(eps) (the tail probability of step 1) from the computed
+    t = fl(S + extra + legacy N) of :func:`_tail_T` over ``columns`` columns: S = sum_x pmf_c[x]
+    f_c[x], ``extra`` >= P(W >= columns) up to its round-off, N = fl(||f_c||_2) (``norm``).
+
+    Exact T <= sum_{x < c} pmf_L[x] F_x + P(W >= c) for any c <= columns (pmf_L the law folded
+    modulo the FFT length: aliases only add mass; F_x the exact f at the exact grid value) <=
+    sum_{x < columns} pmf_c F + err ||F_{x < c}||_2 + P(W >= c) (Cauchy-Schwarz with ||pmf_c -
+    pmf_L||_2 <= err = ``proof.error``; the added terms x >= c are non-negative). F <= f_c (1 + r)
+    + 2^-1021 (:func:`_tail_roundoff`), and sums of n non-negative terms are within gamma_n of
+    their computed values, so with rr = (1 + r)(1 + gamma_(columns + 4)) - 1:
+
+    * c = columns (the batch's cut): T <= t (1 + rr) + extra rel_cut + max(0, err (1 + rr) -
+      legacy) N + 2^-1020 (1 + err sqrt(columns)) (t holds legacy N already);
+    * c = last + 1 (the problem's own cut): F rises with x, so ||F_{x < c}|| <= sqrt(c) (f_last (1 +
+      r) + 2^-1021): T <= t (1 + rr) + extra_own (1 + rel_own) + err sqrt(c) (f_last (1 + rr) +
+      2^-1021) + 2^-1020 (where c = columns, extra_own is t's extra: only rel_own is added);
+
+    the smaller of the two; the relative factor at least 1 + :data:`TAIL_SLACK`; 2^-1020 bounds
+    the 2^-1021 of each F times sum pmf_c <= 2; the expression's own roundings are gamma_8 more.
+    Every added term is non-increasing in eps (the Taylor certificate :func:`_tail_T_bound_up`
+    relies on it). ``roundoff``: :func:`_tail_roundoff` at ``eps`` where the caller has it."""
+    r, _, _, f_last = roundoff if roundoff is not None else _tail_roundoff(eps, proof.last, sigma=sigma, h=h,
+                                                                           g_lo=g_lo, g_hi=g_hi)
+    c = proof.last + 1.0
+    rr = ((1 + r) * (1 + gamma(columns + 4)) - 1) * 1.01
+    err = proof.error
     with np.errstate(invalid="ignore"):
-        up = (t * (1 + np.maximum(rr, TAIL_SLACK)) + own
-              + err_l2 * np.sqrt(n) * (f_last * (1 + rr) + 2.0**-1021) + 2.0**-1020)
+        full = (extra * proof.rel_cut + np.maximum(err * (1 + rr) - legacy, 0.0) * norm
+                + 2.0**-1020 * (1 + err * math.sqrt(columns)))
+        own_extra = np.where(proof.last >= columns - 1, proof.extra_own * proof.rel_own,
+                             proof.extra_own * (1 + proof.rel_own))
+        own = own_extra + err * np.sqrt(c) * (f_last * (1 + rr) + 2.0**-1021) + 2.0**-1020
+        up = t * (1 + np.maximum(rr, TAIL_SLACK)) + np.minimum(full, own)
     up = np.where(np.isnan(up), np.inf, up)
     return up * (1 + gamma(8))
 
 
-def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float | np.ndarray, eps: np.ndarray, *, sigma: float, h: float,
+def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
             g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False,
-            work: tuple[np.ndarray, ...] | None = None):
+            work: tuple[np.ndarray, ...] | None = None, norm_out: np.ndarray | None = None):
     """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
     f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
@@ -789,9 +821,11 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float | np.ndarray, eps:
                 out=None if work is None else work[0])  # -z
     f = special.ndtr(z, out=None if work is None else work[1])
     t = np.einsum("bx,bx->b", pmf, f) + extra
-    norm_f = np.sqrt(np.einsum("bx,bx->b", f, f)) if np.any(err_l2) else None
+    norm_f = np.sqrt(np.einsum("bx,bx->b", f, f)) if err_l2 or norm_out is not None else None
     if norm_f is not None:
         t += err_l2 * norm_f
+        if norm_out is not None:  # ||f||_2 for the proven bound (_tail_T_up)
+            norm_out[:] = norm_f
     if not with_slope:
         return t
     # f' = -phi(z) k and f'' = z phi(z) k^2 with k = dz/deps = sigma^2 / tau
@@ -857,47 +891,43 @@ def _tail_T_bound_up(t_up: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.n
     (k step)^2 / 2 sum pmf_c m(u). The computed sum of phi is within rho = d (2 zabs + d) + (ELEM +
     4 + zabs^2) u + gamma_(n + 8) of the one at the exact u (phi's exponent moves by at most d (2
     |z| + d), exp and the squares' roundings, the sum and k's three roundings), so it is taken
-    times 1 - 1e-6 where rho <= 1e-6 (else no bound: +inf); m(u) <= 2 m_c (u phi(u) falls on [1,
-    inf): m(u_c - d) / m(u_c) <= e^(d u_c) <= 2, and the table's e^-1/2 is rounded up), so the
-    remainder is doubled. The few roundings of the result: t_up times 1 + gamma_6."""
+    times 1 - 1e-6 where rho <= 1e-7 (else no bound: +inf); likewise m(u) <= m_c (1 + 2 rho): u
+    phi(u) falls on [1, inf), so m(u_c - d) / m(u_c) <= e^(d u_c) where u_c - d >= 1, it is flat
+    at its maximum u = 1 (within 1 - d^2 there) and the table's e^-1/2 is rounded up; the
+    remainder is taken times 1 + 1e-6. The few roundings of the result: t_up times 1 + gamma_6."""
     s_phi, s_m, k = terms
     rho = d_arg * (2 * zabs + d_arg) + (ELEMENTARY_ULPS + 4 + zabs * zabs) * UNIT_ROUNDOFF + gamma(n + 8)
     d = k * step * (1.0 / math.sqrt(2 * math.pi))
     with np.errstate(invalid="ignore"):
-        b = t_up * (1 + gamma(6)) - s_phi * d * (1 - 1e-6) + (k * step) * d * s_m
-    return np.where((rho <= 1e-6) & np.isfinite(b), b, np.inf)
+        b = t_up * (1 + gamma(6)) - s_phi * d * (1 - 1e-6) + (0.5 * k * step) * d * s_m * (1 + 1e-6)
+    return np.where((rho <= 1e-7) & np.isfinite(b), b, np.inf)
 
 
 def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
                   slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
-                  extra_rel: np.ndarray | float = 0.0, last: np.ndarray | None = None,
-                  proof_error: float | np.ndarray | None = None, extra_own: np.ndarray | None = None) -> np.ndarray:
+                  proof: TailProof | None = None) -> np.ndarray:
     """``_tail_T_up(...) * slack <= delta`` per problem (True: the exact T(eps) <= delta, proven;
-    ``last``, ``extra_own``, ``proof_error``: the row's own cut - 1 (default the last column),
-    P(W > last) (default 0: ``extra`` covers it) and the pmf's proven l2 error (default
-    ``err_l2``), as :func:`solve_tail_eps` takes them), with T
-    computed in full only where a cheap certificate does not settle it (the bracket's ends are
-    only compared with delta, their values are not used):
+    ``proof`` as :func:`solve_tail_eps` takes it), with T computed in full only where a cheap
+    certificate does not settle it (the bracket's ends are only compared with delta, their values
+    are not used):
 
     * every z of the row >= :data:`_F_ZERO_Z` (z falls with x: the last column is checked): every
       computed f_x is exactly 0 and the exact one below 2^-1022 (its argument is off by at most d
-      < 0.05, :func:`_tail_roundoff`), so T <= extra (1 + extra_rel) + 2^-1020 (1 + err_l2 sqrt n);
+      < 0.05, :func:`_tail_roundoff`), so T <= extra (1 + rel_cut) + 2^-1020 (1 + err sqrt n);
     * the x = 0 term alone exceeds delta / slack by a relative 1e-9: the answer is False (only a
       True must be proven: False moves the search up).
     """
     b, n = pmf.shape
-    err_p = np.broadcast_to(np.asarray(err_l2 if proof_error is None else proof_error, dtype=np.float64), (b,))
-    er_all = np.broadcast_to(np.asarray(extra_rel, dtype=np.float64), (b,))
-    own = np.zeros(b) if extra_own is None else extra_own
-    last = np.full(b, max(n - 1, 0), dtype=np.int64) if last is None else last
+    proof = TailProof.plain(b, n, err_l2) if proof is None else proof
     kw: dict[str, Any] = dict(sigma=sigma, h=h)
     out = np.empty(b, dtype=bool)
+    last = np.full(b, n - 1, dtype=np.int64)
     zl = _tail_z_at(eps, last, g_lo=g_lo, g_hi=g_hi, **kw) if n else np.full(b, -np.inf)
     zero = zl <= -_F_ZERO_Z
     if zero.any():
         _, d_arg, _, _ = _tail_roundoff(eps[zero], last[zero], g_lo=g_lo[zero], g_hi=g_hi[zero], **kw)
-        up = (np.maximum(extra[zero] * (1 + TAIL_SLACK), own[zero] * (1 + er_all[zero]))
-              + 2.0**-1020 * (1 + err_p[zero] * math.sqrt(n))) * (1 + gamma(4))
+        up = (extra[zero] * (1 + np.maximum(proof.rel_cut[zero], TAIL_SLACK))
+              + 2.0**-1020 * (1 + proof.error[zero] * math.sqrt(n))) * (1 + gamma(4))
         out[zero] = (d_arg < 0.05) & (up * slack <= delta[zero])
     first = np.zeros(b)
     if n:
@@ -907,8 +937,9 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     rest = np.flatnonzero(~zero & ~above)
     if rest.size:
         sub = pmf if rest.size == b else pmf[rest]
-        t = _tail_T(sub, extra[rest], err_l2, eps[rest], g_lo=g_lo[rest], g_hi=g_hi[rest], **kw)
-        t = _tail_T_up(t, own[rest], er_all[rest], err_p[rest], eps[rest], last[rest], n, g_lo=g_lo[rest],
+        norm = np.empty(rest.size)
+        t = _tail_T(sub, extra[rest], err_l2, eps[rest], g_lo=g_lo[rest], g_hi=g_hi[rest], norm_out=norm, **kw)
+        t = _tail_T_up(t, extra[rest], norm, err_l2, eps[rest], proof.take(rest), n, g_lo=g_lo[rest],
                        g_hi=g_hi[rest], **kw)
         out[rest] = t * slack <= delta[rest]
     return out
@@ -916,8 +947,7 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
 
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
                    g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8,
-                   extra_error: float | np.ndarray = 0.0, last: np.ndarray | None = None,
-                   proof_error: float | np.ndarray | None = None, extra_own: np.ndarray | None = None) -> np.ndarray:
+                   proof: TailProof | None = None) -> np.ndarray:
     """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem (``delta`` a scalar or one
     value per problem); +inf where none does.
 
@@ -947,20 +977,16 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     b, n = pmf.shape
     slack = 1.0  # the bounds carry the round-off (the margin was a relative 1e-12 before 0.5)
     delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), (b,))
-    extra_rel = np.broadcast_to(np.asarray(extra_error, dtype=np.float64), (b,))
-    err_p = np.broadcast_to(np.asarray(err_l2 if proof_error is None else proof_error, dtype=np.float64), (b,))
-    own = np.zeros(b) if extra_own is None else np.asarray(extra_own, dtype=np.float64)
-    last = np.full(b, max(n - 1, 0), dtype=np.int64) if last is None else np.asarray(last, dtype=np.int64)
-    proof: dict[str, Any] = dict(extra_rel=extra_rel, last=last, proof_error=err_p, extra_own=own)
+    proof = TailProof.plain(b, n, err_l2) if proof is None else proof
     out = np.full(b, np.inf)
     kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)
-    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, **proof, **kw)
+    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, **kw)
     out[zero] = 0.0
     # where even hi fails, the tail cannot be met: +inf
-    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, **proof, **kw)
+    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, **kw)
     # start from the W = 0 term's own solution (a lower bound on the answer)
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
@@ -983,11 +1009,13 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             xi = np.clip(x[idx], lo[idx], hi[idx])
             # every row: no copy (each row's T is its own)
             sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[3, :idx.size])
+            norm = np.empty(idx.size)
             got = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=not certify,
-                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), **kw)
-            ro = _tail_roundoff(xi, last[idx], sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx])
+                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), norm_out=norm, **kw)
+            pr = proof.take(idx)
+            ro = _tail_roundoff(xi, pr.last, sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx])
             d_arg, zabs = ro[1], ro[2]
-            t = _tail_T_up(got if certify else got[0], own[idx], extra_rel[idx], err_p[idx], xi, last[idx], n,
+            t = _tail_T_up(got if certify else got[0], extra[idx], norm, err_l2, xi, pr, n,
                            sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx], roundoff=ro) * slack
             meets = t <= delta[idx]
             lo[idx] = np.where(meets, lo[idx], xi)
@@ -1093,8 +1121,8 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         cut = max(1, smallest_true(below, 1, int(sup.max()) + 1, guess=_chernoff_level_guess(lmgf, target, sup)))
         if method == "direct":
             pmf, extra = w_law(counts, p, cut)
-            err, extra_rel = 0.0, np.zeros(sel.size)  # the reference: scipy's binomial values taken as exact
-            proof: dict[str, Any] = {}
+            err = 0.0
+            proof = TailProof.plain(sel.size, cut, 0.0)  # the reference: scipy's binomial values taken as exact
         elif method == "fft":
             length = 1 << max(4, (cut - 1).bit_length())
             pmf = _w_pmf_fft(counts, p, length)
@@ -1113,12 +1141,13 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
             own = np.minimum(own, sup + 1)
             extra_own = _chernoff_from_mgf(lmgf, own.astype(np.float64))
             extra_own[sup < own] = 0.0
-            extra_rel = chernoff_error(counts, p, lmgf, own.astype(np.float64))
-            proof = dict(last=own - 1, proof_error=err_proof, extra_own=extra_own)
+            proof = TailProof(last=own - 1, error=np.asarray(err_proof, dtype=np.float64), extra_own=extra_own,
+                              rel_own=chernoff_error(counts, p, lmgf, own.astype(np.float64)),
+                              rel_cut=chernoff_error(counts, p, lmgf, float(cut)))
         else:
             raise MfcliError(f"unknown tail method {method!r}")
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
-                                  delta=dsel, extra_error=extra_rel, **proof)
+                                  delta=dsel, proof=proof)
     return out
 
 
