@@ -549,27 +549,36 @@ def fft_error_l2(terms: int, nk: int, p: float, length: int, norm: np.ndarray | 
 def chernoff_error(counts: np.ndarray, p: float, log_mgf: np.ndarray, level: float | np.ndarray) -> np.ndarray:
     """A relative bound on the round-off of :func:`_chernoff_from_mgf` at ``level`` per problem: the
     exact Chernoff bound exp(lmgf(lam) - lam level) at the chosen lam (a valid bound on P(W >= level)
-    for any lam >= 0) is at most the computed value times 1 + the result.
+    for any lam >= 0) is at most the computed value times 1 + the result (:func:`_chernoff_and_error`)."""
+    nk = counts.shape[1]
+    return _chernoff_and_error(log_mgf, level, counts.sum(axis=1).astype(np.float64),
+                               (counts @ np.arange(nk)).astype(np.float64), p, nk)[1]
+
+
+def _chernoff_and_error(log_mgf: np.ndarray, level: float | np.ndarray, terms: np.ndarray, support: np.ndarray,
+                        p: float, nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`_chernoff_from_mgf`'s value, its relative round-off bound) in one pass; ``terms`` and
+    ``support`` per problem: sum_k counts_k and sum_k k counts_k.
 
     Each term log(1 - p + p e^(lam k)) = logaddexp(log1p(-p), log p + k lam) is within (2 ELEM +
     4) u (|log1p(-p)| + |log p| + k lam + 1) of exact (log1p, log, the product and sum, logaddexp's
     exp, log1p and max), has absolute value below that sum, and the product with counts adds
     gamma_K of sum counts |term|: the log-mgf is within (gamma_K + (2 ELEM + 4) u) S, S = sum_k
-    counts_k (|log1p(-p)| + |log p| + k lam + 1); subtracting lam level (two roundings) and exp
-    (ELEM u) add the rest."""
+    counts_k (|log1p(-p)| + |log p| + k lam + 1) = terms (|log1p(-p)| + |log p| + 1) + lam support;
+    subtracting lam level (two roundings) and exp (ELEM u) add the rest."""
     u = UNIT_ROUNDOFF
-    nk = counts.shape[1]
-    level = np.asarray(level, dtype=np.float64)
-    j = np.argmin(log_mgf - _CHERNOFF_LAMBDAS[None, :] * (level[:, None] if level.ndim else level), axis=1)
+    lev = np.asarray(level, dtype=np.float64)
+    bound = log_mgf - _CHERNOFF_LAMBDAS[None, :] * (lev[:, None] if lev.ndim else lev)
+    j = np.argmin(bound, axis=1)
+    rows = np.arange(bound.shape[0])
+    lo = bound[rows, j]  # the minimum, as bound.min(axis=1) gives it
+    value = np.minimum(1.0, np.exp(lo))
     lam = _CHERNOFF_LAMBDAS[j]
     a = abs(math.log1p(-p)) if p < 1 else 0.0
-    terms = counts.sum(axis=1).astype(np.float64)
-    support = (counts @ np.arange(nk)).astype(np.float64)
     big_s = terms * (a + abs(math.log(p)) + 1.0) + lam * support
-    lm = log_mgf[np.arange(log_mgf.shape[0]), j]
-    e = (gamma(nk) + (2 * ELEMENTARY_ULPS + 4) * u) * big_s + 2 * u * (np.abs(lm) + lam * level) \
+    e = (gamma(nk) + (2 * ELEMENTARY_ULPS + 4) * u) * big_s + 2 * u * (np.abs(log_mgf[rows, j]) + lam * lev) \
         + (ELEMENTARY_ULPS + 1) * u
-    return np.expm1(e * 1.01) * 1.01
+    return value, np.expm1(e * 1.01) * 1.01
 
 
 def _log_mgf(counts: np.ndarray, p: float, lam: np.ndarray) -> np.ndarray:
@@ -697,7 +706,8 @@ def _tail_z_at(eps: np.ndarray, x: np.ndarray, *, sigma: float, h: float, g_lo: 
 
 
 def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float, g_lo: np.ndarray,
-                   g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   g_hi: np.ndarray, zf: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(r, d, zabs, f_last) per problem for the columns 0..last[b] of :func:`_tail_T` at ``eps``:
     every computed f_x = ndtr(-z_c) is within F_x <= f_c (1 + r) + 2^-1021 of the exact
     F_x = Phibar(u_x) (u_x = y_x / tau(y_x) at the exact grid value x / M_W; the argument's error
@@ -713,11 +723,19 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
     most z_+ + 1 (Sampford: (z + sqrt(z^2 + 4)) / 2), so Phibar(z_c - d) <= Phibar(z_c) e^(d (z_+ +
     1)); ndtr is within (NDTR_ULPS_0 + NDTR_ULPS_2 t^2) u of Phibar(z_c) (t = z_c, the assumption
     of mfcli.util.floating) where that value is a normal number; entries with z_c >= 37.6 have
-    Phibar(z_c - d) < 2^-1022 (d < 0.05) and are counted in the absolute 2^-1021."""
+    Phibar(z_c - d) < 2^-1022 (d < 0.05) and are counted in the absolute 2^-1021. ``zf``: the -z
+    and f arrays :func:`_tail_T` formed at ``eps`` (read there instead of formed again)."""
     u = UNIT_ROUNDOFF
-    kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
-    z0 = -_tail_z(eps, 1, **kw)[:, 0]
-    nz_last = _tail_z_at(eps, last, **kw)
+    if zf is not None:
+        rows = np.arange(last.size)
+        z0 = -zf[0][:, 0]
+        nz_last = zf[0][rows, last]
+        f_last = zf[1][rows, last]
+    else:
+        kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+        z0 = -_tail_z(eps, 1, **kw)[:, 0]
+        nz_last = _tail_z_at(eps, last, **kw)
+        f_last = special.ndtr(nz_last)
     zl = -nz_last
     big_a = eps * sigma * sigma + g_lo / 2
     err_y = gamma(6) * (big_a + (last + 1) * h) * 1.01
@@ -731,7 +749,7 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
         t2 = np.maximum(zpos * zpos, np.where(zl < 0, zl * zl, 0.0))
         rel = (1 + (NDTR_ULPS_0 + NDTR_ULPS_2 * t2) * u) * np.exp(d * (zpos + 1)) - 1
     rel = np.where(np.isfinite(rel) & (d < 0.05), rel, np.inf)
-    return rel, d, zabs, special.ndtr(nz_last)
+    return rel, d, zabs, f_last
 
 
 #: The relative margin the tail search used alone before 0.5: kept as a floor of the proven one, so
@@ -1012,11 +1030,18 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             norm = np.empty(idx.size)
             got = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=not certify,
                           work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), norm_out=norm, **kw)
-            pr = proof.take(idx)
-            ro = _tail_roundoff(xi, pr.last, sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx])
-            d_arg, zabs = ro[1], ro[2]
-            t = _tail_T_up(got if certify else got[0], extra[idx], norm, err_l2, xi, pr, n,
-                           sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx], roundoff=ro) * slack
+            t0 = got if certify else got[0]
+            zf = (work[0, :idx.size], work[1, :idx.size])
+            # the proven bound is >= t0 (1 + TAIL_SLACK): formed only where that meets delta (the
+            # others fail anyway; their steps are taken from t0 (1 + TAIL_SLACK))
+            t = t0 * (1 + TAIL_SLACK)
+            can = np.flatnonzero(t <= delta[idx])
+            if can.size:
+                sel_c = idx[can]
+                ro_c = _tail_roundoff(xi[can], proof.last[sel_c], sigma=sigma, h=h, g_lo=g_lo[sel_c],
+                                      g_hi=g_hi[sel_c], zf=(zf[0][can], zf[1][can]))
+                t[can] = _tail_T_up(t0[can], extra[sel_c], norm[can], err_l2, xi[can], proof.take(sel_c), n,
+                                    sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c], roundoff=ro_c) * slack
             meets = t <= delta[idx]
             lo[idx] = np.where(meets, lo[idx], xi)
             hi[idx] = np.where(meets, xi, hi[idx])
@@ -1040,7 +1065,12 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # holds (no evaluation), else evaluated in the next round
             up = np.flatnonzero(check[idx] & (nx >= xi))
             if up.size:
-                bound = _tail_T_bound_up(t[up], tuple(a[up] for a in got[3]), nx[up] - xi[up], d_arg[up], zabs[up], n)
+                sel_u = idx[up]
+                ro_u = _tail_roundoff(xi[up], proof.last[sel_u], sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u],
+                                      zf=(zf[0][up], zf[1][up]))
+                t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
+                                  h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
+                bound = _tail_T_bound_up(t_up, tuple(a[up] for a in got[3]), nx[up] - xi[up], ro_u[1], ro_u[2], n)
                 ok = up[bound * slack <= delta[idx[up]]]
                 hi[idx[ok]] = nx[ok]
                 active[idx[ok]] = False
@@ -1101,6 +1131,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         sel = order[start:start + _TAIL_BATCH]
         counts = pairs.counts[sel]
         sup = support[sel]
+        tsel = terms[sel].astype(np.float64)
         dsel = delta_all[sel]
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
@@ -1130,7 +1161,9 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
                                      norm=np.sqrt(np.einsum("bx,bx->b", pmf, pmf)))
             err = FFT_ERROR_L2  # the legacy allowance inside the computed T (kept; no proof uses it)
             pmf = np.ascontiguousarray(pmf[:, :cut])
-            extra = tail_at(cut)  # P(W >= cut): covers the dropped values and the FFT's folding
+            # P(W >= cut): covers the dropped values and the FFT's folding (tail_at's value)
+            extra, rel_cut = _chernoff_and_error(lmgf, float(cut), tsel, sup, p, counts.shape[1])
+            extra[sup < cut] = 0.0
             # each problem's own cut c_b <= cut, where its Chernoff bound falls to 1e-10 of its
             # delta: the proof counts P(W >= c_b) as always in the tail and meets the FFT's error
             # only below c_b (:func:`_tail_T_up`), where f is small (an l2 error over all of the
@@ -1139,11 +1172,10 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
                 lev = ((lmgf - np.log(1e-10 * dsel)[:, None]) / _CHERNOFF_LAMBDAS[None, :]).min(axis=1)
             own = np.clip(np.ceil(np.nan_to_num(lev, nan=cut, posinf=cut)), 1, cut).astype(np.int64)
             own = np.minimum(own, sup + 1)
-            extra_own = _chernoff_from_mgf(lmgf, own.astype(np.float64))
+            extra_own, rel_own = _chernoff_and_error(lmgf, own.astype(np.float64), tsel, sup, p, counts.shape[1])
             extra_own[sup < own] = 0.0
             proof = TailProof(last=own - 1, error=np.asarray(err_proof, dtype=np.float64), extra_own=extra_own,
-                              rel_own=chernoff_error(counts, p, lmgf, own.astype(np.float64)),
-                              rel_cut=chernoff_error(counts, p, lmgf, float(cut)))
+                              rel_own=rel_own, rel_cut=rel_cut)
         else:
             raise MfcliError(f"unknown tail method {method!r}")
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
@@ -1750,7 +1782,9 @@ def lower_bound(
     Formal guarantees: each T_v is a post-processing of the mechanism's output, fixed before any
     data is seen, so its epsilon can only be smaller than the mechanism's: never above the true
     epsilon, and neither is their maximum. Every rounding (weights down, binomial tails moved down,
-    tau up, the bisection's lower end) only lowers the value further.
+    tau up, the bisection's lower end) only lowers the value further, and the floating point is
+    bounded: the statistic is the one the computed weights define, its noise rounded up, the
+    hockey-stick value certified (:func:`mmcc_lower.statistic_epsilon` with the strategy).
     """
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
@@ -1770,7 +1804,7 @@ def lower_bound(
     best = (-1.0, "", 0.0)
     for name in names:
         v = mmcc_lower.statistic_weights(gram, name)
-        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta)
+        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta, strategy=c)
         tried[name] = eps
         if eps > best[0]:
             best = (eps, name, tau)
