@@ -825,7 +825,8 @@ def _tail_T_up(t: np.ndarray, extra: np.ndarray, norm: np.ndarray, legacy: float
 
 def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
             g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False,
-            work: tuple[np.ndarray, ...] | None = None, norm_out: np.ndarray | None = None):
+            work: tuple[np.ndarray, ...] | None = None, norm_out: np.ndarray | None = None,
+            zf_out: list | None = None):
     """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
     f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
@@ -838,6 +839,8 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
     z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi,
                 out=None if work is None else work[0])  # -z
     f = special.ndtr(z, out=None if work is None else work[1])
+    if zf_out is not None:  # the -z and f arrays, for the proven bound (_tail_roundoff reads them)
+        zf_out[:] = [z, f]
     t = np.einsum("bx,bx->b", pmf, f) + extra
     norm_f = np.sqrt(np.einsum("bx,bx->b", f, f)) if err_l2 or norm_out is not None else None
     if norm_f is not None:
@@ -1028,10 +1031,12 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # every row: no copy (each row's T is its own)
             sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[3, :idx.size])
             norm = np.empty(idx.size)
+            zf_list: list = []
             got = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=not certify,
-                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), norm_out=norm, **kw)
+                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), norm_out=norm,
+                          zf_out=zf_list, **kw)
             t0 = got if certify else got[0]
-            zf = (work[0, :idx.size], work[1, :idx.size])
+            zf = (zf_list[0], zf_list[1])
             # the proven bound is >= t0 (1 + TAIL_SLACK): formed only where that meets delta (the
             # others fail anyway; their steps are taken from t0 (1 + TAIL_SLACK))
             t = t0 * (1 + TAIL_SLACK)
