@@ -224,6 +224,47 @@ def test_certified_divergence_below_mpmath(eps: float) -> None:
     assert mp.mpf(got) >= exact * (1 - mp.mpf(1e-9)) - mp.mpf(1e-300)  # and close to it
 
 
+def test_certified_divergence_covers_every_law_within_rho() -> None:
+    """With rho = 1e-2 the certified value is below the exact divergence of a law within rho of the
+    given one (mass moved from the upper atoms to 0 by a relative rho: a smaller divergence)."""
+    s = np.array([0.0, 3.0, 7.0, 12.0])
+    q = np.array([0.6, 0.25, 0.1, 0.05])
+    rho = 1e-2
+    moved = q.copy()
+    moved[1:] *= 1 - rho
+    moved[0] += rho * q[1:].sum()
+    assert np.all(np.abs(moved / q - 1) <= rho * 1.001)
+    for eps in (0.3, 1.5):
+        assert mp.mpf(ML.certified_divergence(eps, 2.5, s, q, rho * 1.001)) <= _exact_divergence(eps, 2.5, s, moved)
+
+
+def test_lower_bound_statistic_on_an_ill_conditioned_strategy() -> None:
+    """The statistic is T = s a^T y with a = fl(C x) (x the computed solution of C^T C x = v) and s
+    fixed by the noise tau returned (s sigma_eff ||a|| = tau): in exact arithmetic (mpmath, exact
+    rationals) its mean weights s C^T a are >= v (1 + u) for the exact scaled C (within 1 - 2u of the
+    prepared entries), however inaccurate the solve: here cond(C^T C) ~ 1e10."""
+    n = 6
+    c = np.eye(n) * 0.1 + np.eye(n, k=-1)
+    prep = M.prepare_strategy(c)
+    cp = prep.strategy
+    g = cp.T @ cp
+    chol = np.linalg.cholesky(g)
+    sigma_eff = 1.3
+    u = Fraction(2**-53)
+    for name in ML.STATISTICS:
+        v = ML.statistic_weights(g, name)
+        eps, tau = ML.statistic_epsilon(chol, v, sigma_eff=sigma_eff, p=0.1, delta=1e-5, strategy=cp)
+        x = np.linalg.solve(chol.T, np.linalg.solve(chol, v))
+        a = cp @ x
+        norm_a = mp.sqrt(sum(mp.mpf(float(e)) ** 2 for e in a))
+        scale = Fraction(mp.nstr(mp.mpf(tau) / (mp.mpf(sigma_eff) * norm_a), 40))
+        means = [sum(Fraction(float(cp[r, j])) * Fraction(float(a[r])) for r in range(n)) for j in range(n)]
+        if eps == 0.0:
+            continue  # a statistic refused (a negative exact weight possible): 0 is a valid lower bound
+        for j in range(n):
+            assert scale * means[j] * (1 - 2 * u) >= Fraction(float(v[j])) * (1 + u)
+
+
 def test_lower_bound_statistic_weights_and_noise_exact() -> None:
     """With the strategy, the statistic is T = (1 + kappa) a^T y: in exact rationals its mean
     weights are >= v (1 + u) (so the rounded-down mean law is below them) and its noise is <= tau."""
