@@ -498,8 +498,9 @@ def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tup
     return pmf, ov
 
 
-#: The l2 error allowance of a W pmf computed by FFT before 0.5 (a guess: 10x the Cooley-Tukey bound of the
-#: transform alone); :func:`fft_error_l2` now derives the bound, from the forming of phi as well.
+#: The l2 error allowance of a W pmf computed by FFT that the tail search once charged alone (a guess:
+#: 10x the Cooley-Tukey bound of the transform alone). It stays inside the computed T (the proven
+#: bound, :func:`_tail_T_up`, may count it); :func:`fft_error_l2` derives the bound, phi's forming included.
 FFT_ERROR_L2 = 1e-13
 
 
@@ -752,7 +753,7 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
     return rel, d, zabs, f_last
 
 
-#: The relative margin the tail search used alone before 0.5: kept as a floor of the proven one, so
+#: The relative margin the tail search once used alone: kept as a floor of the proven one, so
 #: that the certified epsilons do not move where the proof needs less (the proof does not use it).
 TAIL_SLACK = 1e-12
 
@@ -996,7 +997,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     larger eps, never an uncertified one.
     """
     b, n = pmf.shape
-    slack = 1.0  # the bounds carry the round-off (the margin was a relative 1e-12 before 0.5)
+    slack = 1.0  # the bounds carry the round-off (alone, the margin was a relative 1e-12)
     delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), (b,))
     proof = TailProof.plain(b, n, err_l2) if proof is None else proof
     out = np.full(b, np.inf)
