@@ -726,18 +726,35 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
     of mfcli.util.floating) where that value is a normal number; entries with z_c >= 37.6 have
     Phibar(z_c - d) < 2^-1022 (d < 0.05) and are counted in the absolute 2^-1021. ``zf``: the -z
     and f arrays :func:`_tail_T` formed at ``eps`` (read there instead of formed again)."""
-    u = UNIT_ROUNDOFF
     if zf is not None:
         rows = np.arange(last.size)
-        z0 = -zf[0][:, 0]
-        nz_last = zf[0][rows, last]
-        f_last = zf[1][rows, last]
+        z0, nz_last, f_last = zf[0][:, 0], zf[0][rows, last], zf[1][rows, last]
     else:
         kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
-        z0 = -_tail_z(eps, 1, **kw)[:, 0]
+        z0 = _tail_z(eps, 1, **kw)[:, 0]
         nz_last = _tail_z_at(eps, last, **kw)
         f_last = special.ndtr(nz_last)
-    zl = -nz_last
+    rel, d, zabs = _roundoff_from(-z0, -nz_last, eps, last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    return rel, d, zabs, f_last
+
+
+def _tail_roundoff_range(eps_lo: np.ndarray, eps_hi: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
+                         g_lo: np.ndarray, g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r, d, zabs) of :func:`_tail_roundoff` valid at every eps in [eps_lo, eps_hi] at once: z falls
+    with x and with eps (the computed -z is a monotone function of x h - A), so its largest value is
+    at (x = 0, eps_hi) and its smallest at (x = last, eps_lo); err_y is largest at eps_hi; and r, d
+    rise with |z| and err_y. The tail search forms it once per batch (its bracket's ends)."""
+    kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    z0 = -_tail_z(eps_hi, 1, **kw)[:, 0]
+    zl = -_tail_z_at(eps_lo, last, **kw)
+    return _roundoff_from(z0, zl, eps_hi, last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+
+
+def _roundoff_from(z0: np.ndarray, zl: np.ndarray, eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
+                   g_lo: np.ndarray, g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r, d, zabs) of :func:`_tail_roundoff` from the largest z (z0), the smallest (zl) and the
+    largest eps."""
+    u = UNIT_ROUNDOFF
     big_a = eps * sigma * sigma + g_lo / 2
     err_y = gamma(6) * (big_a + (last + 1) * h) * 1.01
     tau_hi = sigma * np.sqrt(g_hi)
@@ -750,12 +767,30 @@ def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
         t2 = np.maximum(zpos * zpos, np.where(zl < 0, zl * zl, 0.0))
         rel = (1 + (NDTR_ULPS_0 + NDTR_ULPS_2 * t2) * u) * np.exp(d * (zpos + 1)) - 1
     rel = np.where(np.isfinite(rel) & (d < 0.05), rel, np.inf)
-    return rel, d, zabs, f_last
+    return rel, d, zabs
 
 
 #: The relative margin the tail search once used alone: kept as a floor of the proven one, so
 #: that the certified epsilons do not move where the proof needs less (the proof does not use it).
 TAIL_SLACK = 1e-12
+
+
+def _roundoff_at(rng: tuple[np.ndarray, np.ndarray, np.ndarray], eps: np.ndarray, last: np.ndarray,
+                 zf: tuple[np.ndarray, np.ndarray], *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_tail_roundoff` at ``eps`` (rows of a batch) from the whole bracket's values ``rng``
+    (:func:`_tail_roundoff_range`, taken for these rows), formed at ``eps`` itself only where the
+    bracket's are infinite (g_lo = 0 with y < 0 somewhere in the bracket but not at eps);
+    ``zf``: the -z and f arrays of these rows."""
+    rows = np.arange(last.size)
+    r, d, zabs = (a.copy() for a in rng)
+    f_last = zf[1][rows, last]
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+        rb, db, zb, _ = _tail_roundoff(eps[bad], last[bad], sigma=sigma, h=h, g_lo=g_lo[bad], g_hi=g_hi[bad],
+                                       zf=(zf[0][bad], zf[1][bad]))
+        r[bad], d[bad], zabs[bad] = rb, db, zb
+    return r, d, zabs, f_last
 
 
 @dataclass(frozen=True)
@@ -927,9 +962,11 @@ def _tail_T_bound_up(t_up: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.n
 
 def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
                   slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
-                  proof: TailProof | None = None) -> np.ndarray:
+                  proof: TailProof | None = None,
+                  roundoff: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``_tail_T_up(...) * slack <= delta`` per problem (True: the exact T(eps) <= delta, proven;
-    ``proof`` as :func:`solve_tail_eps` takes it), with T computed in full only where a cheap
+    ``proof`` as :func:`solve_tail_eps` takes it; ``roundoff``: (r, d, zabs) of
+    :func:`_tail_roundoff_range` over a range holding ``eps``), with T computed in full only where a cheap
     certificate does not settle it (the bracket's ends are only compared with delta, their values
     are not used):
 
@@ -947,7 +984,9 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     zl = _tail_z_at(eps, last, g_lo=g_lo, g_hi=g_hi, **kw) if n else np.full(b, -np.inf)
     zero = zl <= -_F_ZERO_Z
     if zero.any():
-        _, d_arg, _, _ = _tail_roundoff(eps[zero], last[zero], g_lo=g_lo[zero], g_hi=g_hi[zero], **kw)
+        d_arg = _tail_roundoff(eps[zero], last[zero], g_lo=g_lo[zero], g_hi=g_hi[zero], **kw)[1]
+        if roundoff is not None:  # the bracket's value where finite (it is the larger)
+            d_arg = np.where(np.isfinite(roundoff[0][zero]), roundoff[1][zero], d_arg)
         up = (extra[zero] * (1 + np.maximum(proof.rel_cut[zero], TAIL_SLACK))
               + 2.0**-1020 * (1 + proof.error[zero] * math.sqrt(n))) * (1 + gamma(4))
         out[zero] = (d_arg < 0.05) & (up * slack <= delta[zero])
@@ -960,9 +999,15 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     if rest.size:
         sub = pmf if rest.size == b else pmf[rest]
         norm = np.empty(rest.size)
-        t = _tail_T(sub, extra[rest], err_l2, eps[rest], g_lo=g_lo[rest], g_hi=g_hi[rest], norm_out=norm, **kw)
-        t = _tail_T_up(t, extra[rest], norm, err_l2, eps[rest], proof.take(rest), n, g_lo=g_lo[rest],
-                       g_hi=g_hi[rest], **kw)
+        zf: list = []
+        t = _tail_T(sub, extra[rest], err_l2, eps[rest], g_lo=g_lo[rest], g_hi=g_hi[rest], norm_out=norm, zf_out=zf,
+                    **kw)
+        pr = proof.take(rest)
+        ro = None if roundoff is None else _roundoff_at(
+            (roundoff[0][rest], roundoff[1][rest], roundoff[2][rest]), eps[rest], pr.last, (zf[0], zf[1]),
+            g_lo=g_lo[rest], g_hi=g_hi[rest], **kw)
+        t = _tail_T_up(t, extra[rest], norm, err_l2, eps[rest], pr, n, g_lo=g_lo[rest], g_hi=g_hi[rest],
+                       roundoff=ro, **kw)
         out[rest] = t * slack <= delta[rest]
     return out
 
@@ -1005,10 +1050,14 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)
-    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, **kw)
+    # the round-off allowances over the whole bracket [0, hi] at once (every eps the search visits)
+    r_all, d_all, zabs_all = _tail_roundoff_range(lo, hi, proof.last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    rng = (r_all, d_all, zabs_all)
+    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, roundoff=rng, **kw)
     out[zero] = 0.0
     # where even hi fails, the tail cannot be met: +inf
-    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, **kw)
+    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof,
+                                   roundoff=rng, **kw)
     # start from the W = 0 term's own solution (a lower bound on the answer)
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
@@ -1041,11 +1090,13 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # the proven bound is >= t0 (1 + TAIL_SLACK): formed only where that meets delta (the
             # others fail anyway; their steps are taken from t0 (1 + TAIL_SLACK))
             t = t0 * (1 + TAIL_SLACK)
-            can = np.flatnonzero(t <= delta[idx])
+            # (a step point near the root steers by the proven bound too: its Taylor candidate is
+            # checked against it)
+            can = np.flatnonzero(t <= delta[idx] * (1.0 if certify else 1.001))
             if can.size:
                 sel_c = idx[can]
-                ro_c = _tail_roundoff(xi[can], proof.last[sel_c], sigma=sigma, h=h, g_lo=g_lo[sel_c],
-                                      g_hi=g_hi[sel_c], zf=(zf[0][can], zf[1][can]))
+                ro_c = _roundoff_at((r_all[sel_c], d_all[sel_c], zabs_all[sel_c]), xi[can], proof.last[sel_c],
+                                    (zf[0][can], zf[1][can]), sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c])
                 t[can] = _tail_T_up(t0[can], extra[sel_c], norm[can], err_l2, xi[can], proof.take(sel_c), n,
                                     sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c], roundoff=ro_c) * slack
             meets = t <= delta[idx]
@@ -1072,8 +1123,8 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             up = np.flatnonzero(check[idx] & (nx >= xi))
             if up.size:
                 sel_u = idx[up]
-                ro_u = _tail_roundoff(xi[up], proof.last[sel_u], sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u],
-                                      zf=(zf[0][up], zf[1][up]))
+                ro_u = _roundoff_at((r_all[sel_u], d_all[sel_u], zabs_all[sel_u]), xi[up], proof.last[sel_u],
+                                    (zf[0][up], zf[1][up]), sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
                 t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
                                   h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
                 bound = _tail_T_bound_up(t_up, tuple(a[up] for a in got[3]), nx[up] - xi[up], ro_u[1], ro_u[2], n)
@@ -1163,13 +1214,18 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         elif method == "fft":
             length = 1 << max(4, (cut - 1).bit_length())
             pmf = _w_pmf_fft(counts, p, length)
-            err_proof = fft_error_l2(int(terms[sel].max()), counts.shape[1], p, length,
-                                     norm=np.sqrt(np.einsum("bx,bx->b", pmf, pmf)))
             err = FFT_ERROR_L2  # the legacy allowance inside the computed T (kept; no proof uses it)
             pmf = np.ascontiguousarray(pmf[:, :cut])
             # P(W >= cut): covers the dropped values and the FFT's folding (tail_at's value)
             extra, rel_cut = _chernoff_and_error(lmgf, float(cut), tsel, sup, p, counts.shape[1])
             extra[sup < cut] = 0.0
+            # ||pmf_L||_2 <= ||pmf_c||_2 below cut + the error + ||pmf_L||_2 from cut on (<= its mass,
+            # P(W >= cut) (1 + rel_cut), aliases included); the error is at most c ||pmf_L||_2 (c of
+            # fft_error_l2), so at most c (n_cut + extra') / (1 - c), and 1 - 2c leaves room
+            c_unit = float(fft_error_l2(int(terms[sel].max()), counts.shape[1], p, length))
+            n_cut = np.sqrt(np.einsum("bx,bx->b", pmf, pmf)) * (1 + gamma(cut + 2))
+            err_proof = c_unit * (n_cut + extra * (1 + rel_cut)) / (1 - 2 * c_unit) * (1 + gamma(4)) \
+                if c_unit < 0.25 else np.full(sel.size, math.inf)
             # each problem's own cut c_b <= cut, where its Chernoff bound falls to 1e-10 of its
             # delta: the proof counts P(W >= c_b) as always in the tail and meets the FFT's error
             # only below c_b (:func:`_tail_T_up`), where f is small (an l2 error over all of the
