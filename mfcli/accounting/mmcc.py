@@ -776,19 +776,19 @@ TAIL_SLACK = 1e-12
 
 
 def _roundoff_at(rng: tuple[np.ndarray, np.ndarray, np.ndarray], eps: np.ndarray, last: np.ndarray,
-                 zf: tuple[np.ndarray, np.ndarray], *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 zf: tuple[np.ndarray, np.ndarray], rows: np.ndarray, *, sigma: float, h: float, g_lo: np.ndarray,
+                 g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_tail_roundoff` at ``eps`` (rows of a batch) from the whole bracket's values ``rng``
     (:func:`_tail_roundoff_range`, taken for these rows), formed at ``eps`` itself only where the
     bracket's are infinite (g_lo = 0 with y < 0 somewhere in the bracket but not at eps);
-    ``zf``: the -z and f arrays of these rows."""
-    rows = np.arange(last.size)
-    r, d, zabs = (a.copy() for a in rng)
+    ``zf``: the -z and f arrays of the evaluation, whose rows ``rows`` these are."""
+    r, d, zabs = rng
     f_last = zf[1][rows, last]
     bad = np.flatnonzero(~np.isfinite(r))
     if bad.size:
+        r, d, zabs = r.copy(), d.copy(), zabs.copy()
         rb, db, zb, _ = _tail_roundoff(eps[bad], last[bad], sigma=sigma, h=h, g_lo=g_lo[bad], g_hi=g_hi[bad],
-                                       zf=(zf[0][bad], zf[1][bad]))
+                                       zf=(zf[0][rows[bad]], zf[1][rows[bad]]))
         r[bad], d[bad], zabs[bad] = rb, db, zb
     return r, d, zabs, f_last
 
@@ -1005,7 +1005,7 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
         pr = proof.take(rest)
         ro = None if roundoff is None else _roundoff_at(
             (roundoff[0][rest], roundoff[1][rest], roundoff[2][rest]), eps[rest], pr.last, (zf[0], zf[1]),
-            g_lo=g_lo[rest], g_hi=g_hi[rest], **kw)
+            np.arange(rest.size), g_lo=g_lo[rest], g_hi=g_hi[rest], **kw)
         t = _tail_T_up(t, extra[rest], norm, err_l2, eps[rest], pr, n, g_lo=g_lo[rest], g_hi=g_hi[rest],
                        roundoff=ro, **kw)
         out[rest] = t * slack <= delta[rest]
@@ -1095,8 +1095,8 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             can = np.flatnonzero(t <= delta[idx] * (1.0 if certify else 1.001))
             if can.size:
                 sel_c = idx[can]
-                ro_c = _roundoff_at((r_all[sel_c], d_all[sel_c], zabs_all[sel_c]), xi[can], proof.last[sel_c],
-                                    (zf[0][can], zf[1][can]), sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c])
+                ro_c = _roundoff_at((r_all[sel_c], d_all[sel_c], zabs_all[sel_c]), xi[can], proof.last[sel_c], zf,
+                                    can, sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c])
                 t[can] = _tail_T_up(t0[can], extra[sel_c], norm[can], err_l2, xi[can], proof.take(sel_c), n,
                                     sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c], roundoff=ro_c) * slack
             meets = t <= delta[idx]
@@ -1123,8 +1123,8 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             up = np.flatnonzero(check[idx] & (nx >= xi))
             if up.size:
                 sel_u = idx[up]
-                ro_u = _roundoff_at((r_all[sel_u], d_all[sel_u], zabs_all[sel_u]), xi[up], proof.last[sel_u],
-                                    (zf[0][up], zf[1][up]), sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
+                ro_u = _roundoff_at((r_all[sel_u], d_all[sel_u], zabs_all[sel_u]), xi[up], proof.last[sel_u], zf,
+                                    up, sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
                 t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
                                   h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
                 bound = _tail_T_bound_up(t_up, tuple(a[up] for a in got[3]), nx[up] - xi[up], ro_u[1], ro_u[2], n)
