@@ -984,9 +984,12 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     zl = _tail_z_at(eps, last, g_lo=g_lo, g_hi=g_hi, **kw) if n else np.full(b, -np.inf)
     zero = zl <= -_F_ZERO_Z
     if zero.any():
-        d_arg = _tail_roundoff(eps[zero], last[zero], g_lo=g_lo[zero], g_hi=g_hi[zero], **kw)[1]
-        if roundoff is not None:  # the bracket's value where finite (it is the larger)
-            d_arg = np.where(np.isfinite(roundoff[0][zero]), roundoff[1][zero], d_arg)
+        zi = np.flatnonzero(zero)
+        d_arg = np.full(zi.size, np.inf) if roundoff is None else roundoff[1][zi].copy()
+        redo = np.flatnonzero(~(d_arg < 0.05))  # no bracket value, or an infinite one: at eps itself
+        if redo.size:
+            sel_z = zi[redo]
+            d_arg[redo] = _tail_roundoff(eps[sel_z], last[sel_z], g_lo=g_lo[sel_z], g_hi=g_hi[sel_z], **kw)[1]
         up = (extra[zero] * (1 + np.maximum(proof.rel_cut[zero], TAIL_SLACK))
               + 2.0**-1020 * (1 + proof.error[zero] * math.sqrt(n))) * (1 + gamma(4))
         out[zero] = (d_arg < 0.05) & (up * slack <= delta[zero])
