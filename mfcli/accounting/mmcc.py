@@ -74,7 +74,7 @@ from mfcli.accounting.single_pass import (
 )
 from mfcli.errors import MfcliError
 from mfcli.util.blas import blas_threads
-from mfcli.util.floating import UNIT_ROUNDOFF, gamma
+from mfcli.util.floating import ELEMENTARY_ULPS, NDTR_ULPS_0, NDTR_ULPS_2, UNIT_ROUNDOFF, gamma
 from mfcli.util.memory import check_memory, format_size
 from mfcli.util.progress import ProgressCallback, Ticker
 from mfcli.util.rows import fields_of
@@ -211,9 +211,22 @@ def prepare_strategy(strategy: np.ndarray | PreparedStrategy,
         raise MfcliError(f"column {int(np.argmin(norms))} of C is zero: that step's gradient is never used")
     sens = float(norms.max())
     cn = c / sens
+    nonzero = cn[cn != 0]
+    if nonzero.size and float(nonzero.min()) < TINY_ENTRY:
+        r, j = np.argwhere((cn != 0) & (cn < TINY_ENTRY))[0]
+        raise MfcliError(
+            f"C[{r}, {j}] = {c[r, j]:.3g} is below {TINY_ENTRY:.3g} of the largest column norm: MMCC's round-off "
+            "bounds assume products of entries are normal floating-point numbers; set such entries to 0"
+        )
     cn.setflags(write=False)
     t.setflags(write=False)
     return PreparedStrategy(strategy=cn, sensitivity=sens, release_steps=t)
+
+
+#: Smallest non-zero entry of the scaled C that MMCC accepts (:func:`prepare_strategy`): products of
+#: two entries stay normal numbers (>= 2^-1022), where the floating-point model of
+#: :mod:`mfcli.util.floating` gives relative error bounds (:func:`gram_error`).
+TINY_ENTRY = 2.0 ** -500
 
 
 def _round_up_to_grid(x: np.ndarray, resolution: int) -> np.ndarray:
@@ -243,8 +256,11 @@ class TailPairs:
         cols: column index j of every pair.
         key: index of the pair's distinct tail problem.
         counts: (U, M_W + 2) histogram of the rounded-up G[j, j'] (in units 1/M_W) per problem.
-        g_index: (U,) G[j, j] rounded up to the grid 2^-40: g in ((g_index - 1) 2^-40, g_index 2^-40].
+        g_index: (U,) the computed G[j, j] rounded up to the grid 2^-40: in ((g_index - 1) 2^-40,
+            g_index 2^-40].
         resolution: M_W.
+        g_slack: quanta 2^-40 by which :attr:`g_bounds` widens that interval on each side, so that it
+            holds the exact G[j, j] and not only the computed one (:func:`gram_error`).
     """
 
     rows: np.ndarray
@@ -253,6 +269,13 @@ class TailPairs:
     counts: np.ndarray
     g_index: np.ndarray
     resolution: int
+    g_slack: int = 0
+
+    def g_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(g_lo, g_hi) per problem: multiples of 2^-40 (exact) with g_lo <= the exact G[j, j] <= g_hi."""
+        g_hi = (self.g_index + self.g_slack) * G_QUANTUM
+        g_lo = np.maximum(self.g_index - 1 - self.g_slack, 0) * G_QUANTUM
+        return g_lo, g_hi
 
     @property
     def count(self) -> int:
@@ -260,6 +283,23 @@ class TailPairs:
 
 
 G_QUANTUM = 2.0 ** -40
+
+
+def gram_error(m: int) -> float:
+    """A relative bound e with |G - G_c| <= e G_c entrywise, G_c the Gram entries of
+    :func:`collect_tail_pairs` (running sums over at most m rows of floating-point products of the
+    prepared C's entries) and G the exact Gram entries of the exact scaled strategy.
+
+    Why: the mechanism C x + sigma Z equals (C / s) x + (sigma / s) Z for any s > 0; take s =
+    sigma / sigma_eff with sigma_eff the computed sigma / sens(C), so that sigma_eff is exact and
+    the exact scaled entries are C[r, j] sigma_eff / sigma = C[r, j] / sens (1 + e1), while the
+    prepared entries are fl(C[r, j] / sens) = C[r, j] / sens (1 + e2), |e1|, |e2| <= u: each exact
+    entry is within (1 + u) / (1 - u) <= 1 + gamma_2 of the prepared one, a product within
+    1 + gamma_4. G_c sums at most m non-negative products, each meeting at most m roundings (its
+    own and the additions), so it is within gamma_m of the exact sum of the prepared products
+    (Higham 3.1; every product a normal number: :func:`prepare_strategy` refuses entries below
+    :data:`TINY_ENTRY`). Together: within gamma_(2 m + 8) (Higham, Lemma 3.3, with room)."""
+    return gamma(2 * m + 8)
 
 
 def _bytes_per_distinct(nbins: int) -> int:
@@ -323,6 +363,14 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
     cols_out: list[np.ndarray] = []
     key_out: list[np.ndarray] = []
     seen = np.zeros(n, dtype=bool)
+    # the exact Gram entries are within a relative e of the computed ones (gram_error): every entry
+    # is raised by 1 + 2e before it is rounded up to the W grid, so that the exact k / M_W >=
+    # fl(k / M_W) / (1 + u) >= fl(G_c (1 + 2e)) / (1 + u) >= G_c (1 + 2e) / (1 + u)^3 >= G_c (1 + e);
+    # the diagonal's interval is widened by g_slack quanta each side (G <= 1 + 1e-9 < 2: columns of
+    # norm at most 1 up to round-off)
+    err_g = gram_error(m)
+    g_up = 1.0 + 2.0 * err_g
+    g_slack = math.ceil(2.0 * err_g / G_QUANTUM * 1.01)
     tick = Ticker(on_progress, "MMCC tail events", m, unit="rows")
     for r in range(m):
         tick(r)
@@ -334,7 +382,7 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         if pj.size:
             seen_cols = np.flatnonzero(seen)
             gsub = g[_submatrix(pj, seen_cols)]
-            kk = _round_up_to_grid(gsub, resolution)
+            kk = _round_up_to_grid(gsub * g_up, resolution)
             kk = np.minimum(kk, nbins - 1)  # G <= 1 (unit columns), so this never binds beyond 1 + 1/M
             flat = (np.arange(pj.size)[:, None] * nbins + kk).ravel()
             hist = np.bincount(flat, minlength=pj.size * nbins).reshape(pj.size, nbins)
@@ -378,7 +426,8 @@ def collect_tail_pairs(prep: PreparedStrategy, *, resolution: int, max_memory: i
         counts = np.zeros((0, nbins), dtype=np.int64)
         gidx = np.zeros(0, dtype=np.int64)
         rows_a = cols_a = key_a = np.zeros(0, dtype=np.int64)
-    return TailPairs(rows=rows_a, cols=cols_a, key=key_a, counts=counts, g_index=gidx, resolution=resolution)
+    return TailPairs(rows=rows_a, cols=cols_a, key=key_a, counts=counts, g_index=gidx, resolution=resolution,
+                     g_slack=g_slack)
 
 
 def _submatrix(rows: np.ndarray, cols: np.ndarray) -> tuple[Any, ...]:
@@ -449,9 +498,88 @@ def w_law(counts: np.ndarray, p: float, cap: int, *, tiny: float = 1e-40) -> tup
     return pmf, ov
 
 
-#: Generous bound on the l2 norm of the floating-point error of a W pmf computed by FFT (the
-#: Cooley-Tukey bound is ~ 5 log2(L) u ||phi||_2 / sqrt(L) per transform, ~ 1e-14 here; 10x margin).
+#: The l2 error allowance of a W pmf computed by FFT that the tail search once charged alone (a guess:
+#: 10x the Cooley-Tukey bound of the transform alone). It stays inside the computed T (the proven
+#: bound, :func:`_tail_T_up`, may count it); :func:`fft_error_l2` derives the bound, phi's forming included.
 FFT_ERROR_L2 = 1e-13
+
+
+def fft_error_l2(terms: int, nk: int, p: float, length: int, norm: np.ndarray | None = None) -> float | np.ndarray:
+    """A bound on ||pmf_c - pmf_L||_2, pmf_c the pmf :func:`_w_pmf_fft` computes for a problem with
+    at most ``terms`` Bernoulli terms of weights below ``nk``, pmf_L the exact law of W folded
+    modulo L = ``length`` (inf for p >= 1/2, where 1 - p + p e^(i theta) can vanish). ``norm``:
+    the computed ||pmf_c||_2 per problem (over all L values); without it ||pmf_L||_2 <= 1 is used.
+
+    Model (:mod:`mfcli.util.floating`): numpy's exp, log, cos, sin, hypot and arctan2 within
+    ELEMENTARY_ULPS u (glibc's: 1 to 2), the FFT within pld_certify's model (Higham Thm 24.2 with
+    eta = pld_certify.FFT_ETA_ULPS u, an assumption shared with the composition's certificate).
+
+    Derivation. z = 1 - p + p e^(-i theta), theta = 2 pi k w / L <= pi (nk - 1), formed with three
+    roundings (|d theta| <= 3 u theta), cos/sin, a product and a complex sum: |z_c - z| <= e_z =
+    u (3 + p (3 pi (nk - 1) + 2 ELEM + 1)). |z| lies in [1 - 2p, 1] and |arg z| <= A_ang =
+    asin(p / (1 - p)), so log|z| and arg z are off by at most 1.01 e_z / (1 - 2p) each, plus ELEM
+    u (1 + A_log) and ELEM u A_ang (hypot, log and arctan2; A_log = |log(1 - 2p)|). The exponents
+    re = counts @ log|z| and im = counts @ arg z (at most ``terms`` counts; the products' gamma_nk
+    of sum counts |.|) are off by E <= terms (2.02 e_z / (1 - 2p) + ELEM u (1 + A_log + A_ang)) +
+    1.01 gamma_nk terms (A_log + A_ang) together, so phi_c = e^re_c (cos im_c + i sin im_c) (exp,
+    cos, sin, two products) is within eps_phi |phi|, eps_phi = expm1(E) + e^E sqrt2 (2 ELEM + 2)
+    u 1.01, at every frequency. By Parseval (||phi||_2 = sqrt(L) ||pmf_L||_2) the inverse DFT of
+    the error has l2 norm <= eps_phi ||pmf_L||_2; the real inverse FFT adds alpha ||pmf of phi_c||_2
+    <= alpha (1 + eps_phi) ||pmf_L||_2 (Higham's alpha = eta log2 L / (1 - eta log2 L); the 1/L
+    scaling one rounding): the error is at most c ||pmf_L||_2 with c = (eps_phi + alpha (1 +
+    eps_phi) + 2u) 1.01, and ||pmf_L||_2 <= ||pmf_c||_2 + the error (clipping negative values to 0
+    only moves them towards pmf_L >= 0), so it is at most c ||pmf_c||_2 / (1 - c)."""
+    if p >= 0.5:
+        return math.inf if norm is None else np.full(np.shape(norm), math.inf)
+    u = UNIT_ROUNDOFF
+    el = ELEMENTARY_ULPS
+    e_z = u * (3.0 + p * (3.0 * math.pi * max(nk - 1, 1) + 2.0 * el + 1.0))
+    a_log = abs(math.log1p(-2.0 * p))
+    a_ang = math.asin(min(1.0, p / (1.0 - p)))
+    big_e = terms * (2.02 * e_z / (1.0 - 2.0 * p) + el * u * (1.0 + a_log + a_ang)) \
+        + 1.01 * gamma(nk) * terms * (a_log + a_ang)
+    eps_phi = math.expm1(big_e) + math.exp(big_e) * math.sqrt(2.0) * (2.0 * el + 2.0) * u * 1.01
+    t = pld_certify.FFT_ETA_ULPS * u * math.log2(max(length, 2))
+    alpha = t / (1.0 - t)
+    c = (eps_phi + alpha * (1.0 + eps_phi) + 2.0 * u) * 1.01
+    if norm is None:
+        return c
+    return c * np.asarray(norm) * (1 + gamma(length + 2)) / (1.0 - c) * (1 + gamma(3))
+
+
+def chernoff_error(counts: np.ndarray, p: float, log_mgf: np.ndarray, level: float | np.ndarray) -> np.ndarray:
+    """A relative bound on the round-off of :func:`_chernoff_from_mgf` at ``level`` per problem: the
+    exact Chernoff bound exp(lmgf(lam) - lam level) at the chosen lam (a valid bound on P(W >= level)
+    for any lam >= 0) is at most the computed value times 1 + the result (:func:`_chernoff_and_error`)."""
+    nk = counts.shape[1]
+    return _chernoff_and_error(log_mgf, level, counts.sum(axis=1).astype(np.float64),
+                               (counts @ np.arange(nk)).astype(np.float64), p, nk)[1]
+
+
+def _chernoff_and_error(log_mgf: np.ndarray, level: float | np.ndarray, terms: np.ndarray, support: np.ndarray,
+                        p: float, nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`_chernoff_from_mgf`'s value, its relative round-off bound) in one pass; ``terms`` and
+    ``support`` per problem: sum_k counts_k and sum_k k counts_k.
+
+    Each term log(1 - p + p e^(lam k)) = logaddexp(log1p(-p), log p + k lam) is within (2 ELEM +
+    4) u (|log1p(-p)| + |log p| + k lam + 1) of exact (log1p, log, the product and sum, logaddexp's
+    exp, log1p and max), has absolute value below that sum, and the product with counts adds
+    gamma_K of sum counts |term|: the log-mgf is within (gamma_K + (2 ELEM + 4) u) S, S = sum_k
+    counts_k (|log1p(-p)| + |log p| + k lam + 1) = terms (|log1p(-p)| + |log p| + 1) + lam support;
+    subtracting lam level (two roundings) and exp (ELEM u) add the rest."""
+    u = UNIT_ROUNDOFF
+    lev = np.asarray(level, dtype=np.float64)
+    bound = log_mgf - _CHERNOFF_LAMBDAS[None, :] * (lev[:, None] if lev.ndim else lev)
+    j = np.argmin(bound, axis=1)
+    rows = np.arange(bound.shape[0])
+    lo = bound[rows, j]  # the minimum, as bound.min(axis=1) gives it
+    value = np.minimum(1.0, np.exp(lo))
+    lam = _CHERNOFF_LAMBDAS[j]
+    a = abs(math.log1p(-p)) if p < 1 else 0.0
+    big_s = terms * (a + abs(math.log(p)) + 1.0) + lam * support
+    e = (gamma(nk) + (2 * ELEMENTARY_ULPS + 4) * u) * big_s + 2 * u * (np.abs(log_mgf[rows, j]) + lam * lev) \
+        + (ELEMENTARY_ULPS + 1) * u
+    return value, np.expm1(e * 1.01) * 1.01
 
 
 def _log_mgf(counts: np.ndarray, p: float, lam: np.ndarray) -> np.ndarray:
@@ -473,10 +601,11 @@ def chernoff_tail(counts: np.ndarray, p: float, level: float) -> np.ndarray:
     return _chernoff_from_mgf(_log_mgf(counts, p, _CHERNOFF_LAMBDAS), level)
 
 
-def _chernoff_from_mgf(log_mgf: np.ndarray, level: float) -> np.ndarray:
+def _chernoff_from_mgf(log_mgf: np.ndarray, level: float | np.ndarray) -> np.ndarray:
     """:func:`chernoff_tail` from its log-mgf table (problems x lambdas), which does not depend on
-    the level: a search over levels computes the table once."""
-    bound = log_mgf - _CHERNOFF_LAMBDAS[None, :] * level
+    the level: a search over levels computes the table once. ``level``: one value, or one per problem."""
+    lev = np.asarray(level, dtype=np.float64)
+    bound = log_mgf - _CHERNOFF_LAMBDAS[None, :] * (lev[:, None] if lev.ndim else lev)
     return np.minimum(1.0, np.exp(bound.min(axis=1)))
 
 
@@ -495,7 +624,7 @@ def w_law_fft(counts: np.ndarray, p: float, length: int) -> tuple[np.ndarray, np
     """
     pmf = _w_pmf_fft(counts, p, length)
     extra = chernoff_tail(counts, p, float(length))
-    return pmf, extra, FFT_ERROR_L2
+    return pmf, extra, float(fft_error_l2(int(counts.sum(axis=1).max(initial=0)), counts.shape[1], p, length))
 
 
 def _w_pmf_fft(counts: np.ndarray, p: float, length: int) -> np.ndarray:
@@ -557,9 +686,183 @@ def _tail_z(eps: np.ndarray, n: int, *, sigma: float, h: float, g_lo: np.ndarray
     return nz
 
 
+#: z above which Phibar(z - 0.05) < 2^-1022: such an f_x is counted as known to 2^-1022 absolute
+#: (mfcli.util.floating: ndtr has no relative accuracy there).
+_Z_SUBNORMAL = 37.6
+
+
+def _tail_z_at(eps: np.ndarray, x: np.ndarray, *, sigma: float, h: float, g_lo: np.ndarray,
+               g_hi: np.ndarray) -> np.ndarray:
+    """-z of :func:`_tail_z` at column x[b] of every row b: the same operations on the same values,
+    so equal to that entry bit for bit."""
+    nz = np.subtract(x.astype(np.float64) * h, eps * sigma * sigma + g_lo / 2)
+    neg = nz > 0
+    nz *= 1.0 / (sigma * np.sqrt(g_hi))
+    if np.any(neg):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.sqrt(g_hi / g_lo)
+        ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+        np.multiply(nz, ratio, out=nz, where=neg)
+    return nz
+
+
+def _tail_roundoff(eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float, g_lo: np.ndarray,
+                   g_hi: np.ndarray, zf: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(r, d, zabs, f_last) per problem for the columns 0..last[b] of :func:`_tail_T` at ``eps``:
+    every computed f_x = ndtr(-z_c) is within F_x <= f_c (1 + r) + 2^-1021 of the exact
+    F_x = Phibar(u_x) (u_x = y_x / tau(y_x) at the exact grid value x / M_W; the argument's error
+    is at most d), zabs >= every |z_c|, f_last the computed f at x = last.
+
+    Why: z falls with x, so z_c at x = 0 and at x = last (formed exactly as :func:`_tail_z` forms
+    every entry) bound all. y_c = fl(x h - fl(eps sigma sigma + g_lo / 2)) is within gamma_6 (A +
+    (last + 1) h) of the exact y, A = eps sigma^2 + g_lo/2 (non-negative terms, x h within gamma_2
+    of x / M_W, the subtraction); the scale (and the ratio of the y < 0 branch) add gamma_7 |z|.
+    Where every exact y is positive (z_c(last) tau_hi > 2 err_y) the branch is tau_hi's, else
+    tau_lo bounds both, and where the computed and exact y differ in sign both z are within err_y
+    / tau_lo of 0: d = 1.01 (2 err_y / tau + gamma_7 zabs). Phibar's hazard phi / Phibar is at
+    most z_+ + 1 (Sampford: (z + sqrt(z^2 + 4)) / 2), so Phibar(z_c - d) <= Phibar(z_c) e^(d (z_+ +
+    1)); ndtr is within (NDTR_ULPS_0 + NDTR_ULPS_2 t^2) u of Phibar(z_c) (t = z_c, the assumption
+    of mfcli.util.floating) where that value is a normal number; entries with z_c >= 37.6 have
+    Phibar(z_c - d) < 2^-1022 (d < 0.05) and are counted in the absolute 2^-1021. ``zf``: the -z
+    and f arrays :func:`_tail_T` formed at ``eps`` (read there instead of formed again)."""
+    if zf is not None:
+        rows = np.arange(last.size)
+        z0, nz_last, f_last = zf[0][:, 0], zf[0][rows, last], zf[1][rows, last]
+    else:
+        kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+        z0 = _tail_z(eps, 1, **kw)[:, 0]
+        nz_last = _tail_z_at(eps, last, **kw)
+        f_last = special.ndtr(nz_last)
+    rel, d, zabs = _roundoff_from(-z0, -nz_last, eps, last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    return rel, d, zabs, f_last
+
+
+def _tail_roundoff_range(eps_lo: np.ndarray, eps_hi: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
+                         g_lo: np.ndarray, g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r, d, zabs) of :func:`_tail_roundoff` valid at every eps in [eps_lo, eps_hi] at once: z falls
+    with x and with eps (the computed -z is a monotone function of x h - A), so its largest value is
+    at (x = 0, eps_hi) and its smallest at (x = last, eps_lo); err_y is largest at eps_hi; and r, d
+    rise with |z| and err_y. The tail search forms it once per batch (its bracket's ends)."""
+    kw: dict[str, Any] = dict(sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    z0 = -_tail_z(eps_hi, 1, **kw)[:, 0]
+    zl = -_tail_z_at(eps_lo, last, **kw)
+    return _roundoff_from(z0, zl, eps_hi, last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+
+
+def _roundoff_from(z0: np.ndarray, zl: np.ndarray, eps: np.ndarray, last: np.ndarray, *, sigma: float, h: float,
+                   g_lo: np.ndarray, g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(r, d, zabs) of :func:`_tail_roundoff` from the largest z (z0), the smallest (zl) and the
+    largest eps."""
+    u = UNIT_ROUNDOFF
+    big_a = eps * sigma * sigma + g_lo / 2
+    err_y = gamma(6) * (big_a + (last + 1) * h) * 1.01
+    tau_hi = sigma * np.sqrt(g_hi)
+    tau_lo = sigma * np.sqrt(g_lo)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        tau = np.where(zl * tau_hi > 2 * err_y, tau_hi, tau_lo)
+        zabs = np.maximum(np.abs(z0), np.abs(zl))
+        d = 1.01 * (2 * err_y / tau + gamma(7) * zabs)
+        zpos = np.clip(z0, 0.0, _Z_SUBNORMAL)
+        t2 = np.maximum(zpos * zpos, np.where(zl < 0, zl * zl, 0.0))
+        rel = (1 + (NDTR_ULPS_0 + NDTR_ULPS_2 * t2) * u) * np.exp(d * (zpos + 1)) - 1
+    rel = np.where(np.isfinite(rel) & (d < 0.05), rel, np.inf)
+    return rel, d, zabs
+
+
+#: The relative margin the tail search once used alone: kept as a floor of the proven one, so
+#: that the certified epsilons do not move where the proof needs less (the proof does not use it).
+TAIL_SLACK = 1e-12
+
+
+def _roundoff_at(rng: tuple[np.ndarray, np.ndarray, np.ndarray], eps: np.ndarray, last: np.ndarray,
+                 zf: tuple[np.ndarray, np.ndarray], rows: np.ndarray, *, sigma: float, h: float, g_lo: np.ndarray,
+                 g_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_tail_roundoff` at ``eps`` (rows of a batch) from the whole bracket's values ``rng``
+    (:func:`_tail_roundoff_range`, taken for these rows), formed at ``eps`` itself only where the
+    bracket's are infinite (g_lo = 0 with y < 0 somewhere in the bracket but not at eps);
+    ``zf``: the -z and f arrays of the evaluation, whose rows ``rows`` these are."""
+    r, d, zabs = rng
+    f_last = zf[1][rows, last]
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+        r, d, zabs = r.copy(), d.copy(), zabs.copy()
+        rb, db, zb, _ = _tail_roundoff(eps[bad], last[bad], sigma=sigma, h=h, g_lo=g_lo[bad], g_hi=g_hi[bad],
+                                       zf=(zf[0][rows[bad]], zf[1][rows[bad]]))
+        r[bad], d[bad], zabs[bad] = rb, db, zb
+    return r, d, zabs, f_last
+
+
+@dataclass(frozen=True)
+class TailProof:
+    """What the proven bound on T (:func:`_tail_T_up`) needs of a batch of tail problems besides
+    the computed T, per problem: ``last`` = its own cut - 1 (at most the last column), ``error`` >=
+    ||pmf_c - pmf_L||_2 (:func:`fft_error_l2`), ``extra_own`` >= P(W > last) and ``rel_own``,
+    ``rel_cut`` the round-off of that Chernoff bound and of the batch's ``extra`` (at the last
+    column; :func:`chernoff_error`). :meth:`plain` is the proof of a T whose inputs are taken as
+    exact (``error`` = the legacy allowance, no Chernoff round-off)."""
+
+    last: np.ndarray
+    error: np.ndarray
+    extra_own: np.ndarray
+    rel_own: np.ndarray
+    rel_cut: np.ndarray
+
+    @staticmethod
+    def plain(b: int, columns: int, error: float) -> TailProof:
+        z = np.zeros(b)
+        return TailProof(last=np.full(b, max(columns - 1, 0), dtype=np.int64), error=np.full(b, float(error)),
+                         extra_own=z, rel_own=z, rel_cut=z)
+
+    def take(self, idx: np.ndarray) -> TailProof:
+        return TailProof(last=self.last[idx], error=self.error[idx], extra_own=self.extra_own[idx],
+                         rel_own=self.rel_own[idx], rel_cut=self.rel_cut[idx])
+
+
+def _tail_T_up(t: np.ndarray, extra: np.ndarray, norm: np.ndarray, legacy: float, eps: np.ndarray, proof: TailProof,
+               columns: int, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
+               roundoff: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """A proven upper bound on the exact T(eps) (the tail probability of step 1) from the computed
+    t = fl(S + extra + legacy N) of :func:`_tail_T` over ``columns`` columns: S = sum_x pmf_c[x]
+    f_c[x], ``extra`` >= P(W >= columns) up to its round-off, N = fl(||f_c||_2) (``norm``).
+
+    Exact T <= sum_{x < c} pmf_L[x] F_x + P(W >= c) for any c <= columns (pmf_L the law folded
+    modulo the FFT length: aliases only add mass; F_x the exact f at the exact grid value) <=
+    sum_{x < columns} pmf_c F + err ||F_{x < c}||_2 + P(W >= c) (Cauchy-Schwarz with ||pmf_c -
+    pmf_L||_2 <= err = ``proof.error``; the added terms x >= c are non-negative). F <= f_c (1 + r)
+    + 2^-1021 (:func:`_tail_roundoff`), and sums of n non-negative terms are within gamma_n of
+    their computed values, so with rr = (1 + r)(1 + gamma_(columns + 4)) - 1:
+
+    * c = columns (the batch's cut): T <= t (1 + rr) + extra rel_cut + max(0, err (1 + rr) -
+      legacy) N + 2^-1020 (1 + err sqrt(columns)) (t holds legacy N already);
+    * c = last + 1 (the problem's own cut): F rises with x, so ||F_{x < c}|| <= sqrt(c) (f_last (1 +
+      r) + 2^-1021): T <= t (1 + rr) + extra_own (1 + rel_own) + err sqrt(c) (f_last (1 + rr) +
+      2^-1021) + 2^-1020 (where c = columns, extra_own is t's extra: only rel_own is added);
+
+    the smaller of the two; the relative factor at least 1 + :data:`TAIL_SLACK`; 2^-1020 bounds
+    the 2^-1021 of each F times sum pmf_c <= 2; the expression's own roundings are gamma_8 more.
+    Every added term is non-increasing in eps (the Taylor certificate :func:`_tail_T_bound_up`
+    relies on it). ``roundoff``: :func:`_tail_roundoff` at ``eps`` where the caller has it."""
+    r, _, _, f_last = roundoff if roundoff is not None else _tail_roundoff(eps, proof.last, sigma=sigma, h=h,
+                                                                           g_lo=g_lo, g_hi=g_hi)
+    c = proof.last + 1.0
+    rr = ((1 + r) * (1 + gamma(columns + 4)) - 1) * 1.01
+    err = proof.error
+    with np.errstate(invalid="ignore"):
+        full = (extra * proof.rel_cut + np.maximum(err * (1 + rr) - legacy, 0.0) * norm
+                + 2.0**-1020 * (1 + err * math.sqrt(columns)))
+        own_extra = np.where(proof.last >= columns - 1, proof.extra_own * proof.rel_own,
+                             proof.extra_own * (1 + proof.rel_own))
+        own = own_extra + err * np.sqrt(c) * (f_last * (1 + rr) + 2.0**-1021) + 2.0**-1020
+        up = t * (1 + np.maximum(rr, TAIL_SLACK)) + np.minimum(full, own)
+    up = np.where(np.isnan(up), np.inf, up)
+    return up * (1 + gamma(8))
+
+
 def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, *, sigma: float, h: float,
             g_lo: np.ndarray, g_hi: np.ndarray, with_slope: bool = False,
-            work: tuple[np.ndarray, ...] | None = None):
+            work: tuple[np.ndarray, ...] | None = None, norm_out: np.ndarray | None = None,
+            zf_out: list | None = None):
     """Upper bound on P(l > eps): sum_x pmf[x] f_x + extra + err_l2 ||f||_2 with
     f_x = Phibar(y_x / tau(y_x)), y_x = eps sigma^2 + g_lo/2 - x h and tau = sigma sqrt(g_hi) if
     y >= 0 else sigma sqrt(g_lo) (f is decreasing in y, so rounding W up and g down can only raise
@@ -572,10 +875,14 @@ def _tail_T(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, 
     z = _tail_z(eps, pmf.shape[1], sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi,
                 out=None if work is None else work[0])  # -z
     f = special.ndtr(z, out=None if work is None else work[1])
+    if zf_out is not None:  # the -z and f arrays, for the proven bound (_tail_roundoff reads them)
+        zf_out[:] = [z, f]
     t = np.einsum("bx,bx->b", pmf, f) + extra
-    norm_f = np.sqrt(np.einsum("bx,bx->b", f, f)) if err_l2 else None
+    norm_f = np.sqrt(np.einsum("bx,bx->b", f, f)) if err_l2 or norm_out is not None else None
     if norm_f is not None:
         t += err_l2 * norm_f
+        if norm_out is not None:  # ||f||_2 for the proven bound (_tail_T_up)
+            norm_out[:] = norm_f
     if not with_slope:
         return t
     # f' = -phi(z) k and f'' = z phi(z) k^2 with k = dz/deps = sigma^2 / tau
@@ -631,38 +938,86 @@ def _tail_T_bound(t: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray
     return t - s_phi * d + (0.5 * k * step) * d * s_m
 
 
+def _tail_T_bound_up(t_up: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray], step: np.ndarray,
+                     d_arg: np.ndarray, zabs: np.ndarray, n: int) -> np.ndarray:
+    """:func:`_tail_T_bound` with round-off: a proven upper bound on the exact T(x + step) from
+    t_up (:func:`_tail_T_up` at x, >= sum pmf_c F + err_l2 ||F|| + the exact extra) and the sums.
+
+    The Taylor argument holds for the exact F with the exact u_x and weights pmf_c (the FFT error
+    term only falls, ||F(x + step)|| <= ||F(x)||): T(x + step) <= t_up - k step sum pmf_c phi(u) +
+    (k step)^2 / 2 sum pmf_c m(u). The computed sum of phi is within rho = d (2 zabs + d) + (ELEM +
+    4 + zabs^2) u + gamma_(n + 8) of the one at the exact u (phi's exponent moves by at most d (2
+    |z| + d), exp and the squares' roundings, the sum and k's three roundings), so it is taken
+    times 1 - 1e-6 where rho <= 1e-7 (else no bound: +inf); likewise m(u) <= m_c (1 + 2 rho): u
+    phi(u) falls on [1, inf), so m(u_c - d) / m(u_c) <= e^(d u_c) where u_c - d >= 1, it is flat
+    at its maximum u = 1 (within 1 - d^2 there) and the table's e^-1/2 is rounded up; the
+    remainder is taken times 1 + 1e-6. The few roundings of the result: t_up times 1 + gamma_6."""
+    s_phi, s_m, k = terms
+    rho = d_arg * (2 * zabs + d_arg) + (ELEMENTARY_ULPS + 4 + zabs * zabs) * UNIT_ROUNDOFF + gamma(n + 8)
+    d = k * step * (1.0 / math.sqrt(2 * math.pi))
+    with np.errstate(invalid="ignore"):
+        b = t_up * (1 + gamma(6)) - s_phi * d * (1 - 1e-6) + (0.5 * k * step) * d * s_m * (1 + 1e-6)
+    return np.where((rho <= 1e-7) & np.isfinite(b), b, np.inf)
+
+
 def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.ndarray, delta: np.ndarray,
-                  slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
-    """``_tail_T(...) * slack <= delta`` per problem, the same decision, with T computed in full
-    only where a cheap certificate does not settle it (the bracket's ends are only compared with
-    delta, their values are not used):
+                  slack: float, *, sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray,
+                  proof: TailProof | None = None,
+                  roundoff: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """``_tail_T_up(...) * slack <= delta`` per problem (True: the exact T(eps) <= delta, proven;
+    ``proof`` as :func:`solve_tail_eps` takes it; ``roundoff``: (r, d, zabs) of
+    :func:`_tail_roundoff_range` over a range holding ``eps``), with T computed in full only where a cheap
+    certificate does not settle it (the bracket's ends are only compared with delta, their values
+    are not used):
 
     * every z of the row >= :data:`_F_ZERO_Z` (z falls with x: the last column is checked): every
-      f_x is exactly 0, the two sums are exactly 0 and T is exactly ``extra``;
-    * the x = 0 term alone exceeds delta / slack by a relative 1e-9: T does too (its terms are
-      non-negative; the rounding of the sum of at most 10^8 of them loses less than 2^-53 x 10^8
-      of it, and adding the non-negative rest and multiplying by slack >= 1 cannot lower it).
+      computed f_x is exactly 0 and the exact one below 2^-1022 (its argument is off by at most d
+      < 0.05, :func:`_tail_roundoff`), so T <= extra (1 + rel_cut) + 2^-1020 (1 + err sqrt n);
+    * the x = 0 term alone exceeds delta / slack by a relative 1e-9: the answer is False (only a
+      True must be proven: False moves the search up).
     """
     b, n = pmf.shape
+    proof = TailProof.plain(b, n, err_l2) if proof is None else proof
+    kw: dict[str, Any] = dict(sigma=sigma, h=h)
     out = np.empty(b, dtype=bool)
-    last = _tail_z(eps, n, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi, start=n - 1)[:, 0] if n else np.full(b, -np.inf)
-    zero = last <= -_F_ZERO_Z
-    out[zero] = extra[zero] * slack <= delta[zero]
+    last = np.full(b, n - 1, dtype=np.int64)
+    zl = _tail_z_at(eps, last, g_lo=g_lo, g_hi=g_hi, **kw) if n else np.full(b, -np.inf)
+    zero = zl <= -_F_ZERO_Z
+    if zero.any():
+        zi = np.flatnonzero(zero)
+        d_arg = np.full(zi.size, np.inf) if roundoff is None else roundoff[1][zi].copy()
+        redo = np.flatnonzero(~(d_arg < 0.05))  # no bracket value, or an infinite one: at eps itself
+        if redo.size:
+            sel_z = zi[redo]
+            d_arg[redo] = _tail_roundoff(eps[sel_z], last[sel_z], g_lo=g_lo[sel_z], g_hi=g_hi[sel_z], **kw)[1]
+        up = (extra[zero] * (1 + np.maximum(proof.rel_cut[zero], TAIL_SLACK))
+              + 2.0**-1020 * (1 + proof.error[zero] * math.sqrt(n))) * (1 + gamma(4))
+        out[zero] = (d_arg < 0.05) & (up * slack <= delta[zero])
     first = np.zeros(b)
     if n:
-        first = pmf[:, 0] * special.ndtr(_tail_z(eps, 1, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)[:, 0])
+        first = pmf[:, 0] * special.ndtr(_tail_z(eps, 1, g_lo=g_lo, g_hi=g_hi, **kw)[:, 0])
     above = ~zero & (first * (1 - 1e-9) > delta)
     out[above] = False
     rest = np.flatnonzero(~zero & ~above)
     if rest.size:
         sub = pmf if rest.size == b else pmf[rest]
-        t = _tail_T(sub, extra[rest], err_l2, eps[rest], sigma=sigma, h=h, g_lo=g_lo[rest], g_hi=g_hi[rest])
+        norm = np.empty(rest.size)
+        zf: list = []
+        t = _tail_T(sub, extra[rest], err_l2, eps[rest], g_lo=g_lo[rest], g_hi=g_hi[rest], norm_out=norm, zf_out=zf,
+                    **kw)
+        pr = proof.take(rest)
+        ro = None if roundoff is None else _roundoff_at(
+            (roundoff[0][rest], roundoff[1][rest], roundoff[2][rest]), eps[rest], pr.last, (zf[0], zf[1]),
+            np.arange(rest.size), g_lo=g_lo[rest], g_hi=g_hi[rest], **kw)
+        t = _tail_T_up(t, extra[rest], norm, err_l2, eps[rest], pr, n, g_lo=g_lo[rest], g_hi=g_hi[rest],
+                       roundoff=ro, **kw)
         out[rest] = t * slack <= delta[rest]
     return out
 
 
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
-                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8) -> np.ndarray:
+                   g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8,
+                   proof: TailProof | None = None) -> np.ndarray:
     """Smallest eps >= 0 (to ``tol``) with T(eps) <= delta per problem (``delta`` a scalar or one
     value per problem); +inf where none does.
 
@@ -678,7 +1033,9 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     end and a step point. The search also ends when the bracket is narrower than tol (1 + hi).
 
     What makes the result valid is only this: the returned value is the upper end of a bracket,
-    at which T (or the bound on T above it) was found <= delta / (1 + 1e-12); the steps and the
+    at which a proven upper bound on the exact T (:func:`_tail_T_up`, :func:`_tail_T_bound_up`:
+    the round-off of ndtr, of z, of the sums, ``err_l2`` >= the l2 error of ``pmf`` and
+    ``extra_error`` >= the relative error of ``extra``) was found <= delta; the steps and the
     error estimate decide where T is evaluated. On the headline's 32 640 problems the search takes
     2.0 evaluations with derivatives and 0.01 direct certificates per problem (Newton on log T
     with the error estimated from the slopes took 3.1 and 0.9 evaluated certificates), and every
@@ -687,18 +1044,23 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     target the estimate meets there, not a guarantee: an estimate that is off can only return a
     larger eps, never an uncertified one.
     """
-    b = pmf.shape[0]
-    slack = 1 + 1e-12  # floating-point margin on the comparison with delta
+    b, n = pmf.shape
+    slack = 1.0  # the bounds carry the round-off (alone, the margin was a relative 1e-12)
     delta = np.broadcast_to(np.asarray(delta, dtype=np.float64), (b,))
+    proof = TailProof.plain(b, n, err_l2) if proof is None else proof
     out = np.full(b, np.inf)
     kw: dict[str, Any] = dict(sigma=sigma, h=h)
     cap_w = pmf.shape[1] * h
     hi = (cap_w + 40 * sigma * np.sqrt(g_hi)) / sigma**2 + 1.0
     lo = np.zeros(b)
-    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, **kw)
+    # the round-off allowances over the whole bracket [0, hi] at once (every eps the search visits)
+    r_all, d_all, zabs_all = _tail_roundoff_range(lo, hi, proof.last, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
+    rng = (r_all, d_all, zabs_all)
+    zero = _tail_T_meets(pmf, extra, err_l2, lo, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof, roundoff=rng, **kw)
     out[zero] = 0.0
     # where even hi fails, the tail cannot be met: +inf
-    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, **kw)
+    active = ~zero & _tail_T_meets(pmf, extra, err_l2, hi, delta, slack, g_lo=g_lo, g_hi=g_hi, proof=proof,
+                                   roundoff=rng, **kw)
     # start from the W = 0 term's own solution (a lower bound on the answer)
     p0 = np.maximum(pmf[:, 0], 1e-300)
     z0 = -special.ndtri(np.clip(delta / p0, 1e-300, 0.5))
@@ -721,9 +1083,25 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             xi = np.clip(x[idx], lo[idx], hi[idx])
             # every row: no copy (each row's T is its own)
             sub = pmf if idx.size == b else np.take(pmf, idx, axis=0, out=work[3, :idx.size])
+            norm = np.empty(idx.size)
+            zf_list: list = []
             got = _tail_T(sub, extra[idx], err_l2, xi, g_lo=g_lo[idx], g_hi=g_hi[idx], with_slope=not certify,
-                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), **kw)
-            t = (got if certify else got[0]) * slack
+                          work=(work[0, :idx.size], work[1, :idx.size], work[2, :idx.size]), norm_out=norm,
+                          zf_out=zf_list, **kw)
+            t0 = got if certify else got[0]
+            zf = (zf_list[0], zf_list[1])
+            # the proven bound is >= t0 (1 + TAIL_SLACK): formed only where that meets delta (the
+            # others fail anyway; their steps are taken from t0 (1 + TAIL_SLACK))
+            t = t0 * (1 + TAIL_SLACK)
+            # (a step point near the root steers by the proven bound too: its Taylor candidate is
+            # checked against it)
+            can = np.flatnonzero(t <= delta[idx] * (1.0 if certify else 1.001))
+            if can.size:
+                sel_c = idx[can]
+                ro_c = _roundoff_at((r_all[sel_c], d_all[sel_c], zabs_all[sel_c]), xi[can], proof.last[sel_c], zf,
+                                    can, sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c])
+                t[can] = _tail_T_up(t0[can], extra[sel_c], norm[can], err_l2, xi[can], proof.take(sel_c), n,
+                                    sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c], roundoff=ro_c) * slack
             meets = t <= delta[idx]
             lo[idx] = np.where(meets, lo[idx], xi)
             hi[idx] = np.where(meets, xi, hi[idx])
@@ -747,7 +1125,12 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # holds (no evaluation), else evaluated in the next round
             up = np.flatnonzero(check[idx] & (nx >= xi))
             if up.size:
-                bound = _tail_T_bound(got[0][up], tuple(a[up] for a in got[3]), nx[up] - xi[up])
+                sel_u = idx[up]
+                ro_u = _roundoff_at((r_all[sel_u], d_all[sel_u], zabs_all[sel_u]), xi[up], proof.last[sel_u], zf,
+                                    up, sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
+                t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
+                                  h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
+                bound = _tail_T_bound_up(t_up, tuple(a[up] for a in got[3]), nx[up] - xi[up], ro_u[1], ro_u[2], n)
                 ok = up[bound * slack <= delta[idx[up]]]
                 hi[idx[ok]] = nx[ok]
                 active[idx[ok]] = False
@@ -803,12 +1186,12 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
     support = pairs.counts @ weights  # largest rounded W (grid units)
     terms = pairs.counts.sum(axis=1)
     order = np.argsort(terms, kind="stable")
-    g_hi = pairs.g_index * G_QUANTUM
-    g_lo = np.maximum(g_hi - G_QUANTUM, 0.0)
+    g_lo, g_hi = pairs.g_bounds()
     for start in range(0, u, _TAIL_BATCH):
         sel = order[start:start + _TAIL_BATCH]
         counts = pairs.counts[sel]
         sup = support[sel]
+        tsel = terms[sel].astype(np.float64)
         dsel = delta_all[sel]
         # cut: the first grid value c with P(W >= c) <= 1e-3 delta_pair for every problem (Chernoff
         # bound; exactly 0 beyond a problem's largest value). W >= c is then counted as "always in
@@ -830,15 +1213,38 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
         if method == "direct":
             pmf, extra = w_law(counts, p, cut)
             err = 0.0
+            proof = TailProof.plain(sel.size, cut, 0.0)  # the reference: scipy's binomial values taken as exact
         elif method == "fft":
             length = 1 << max(4, (cut - 1).bit_length())
-            pmf, err = _w_pmf_fft(counts, p, length), FFT_ERROR_L2
+            pmf = _w_pmf_fft(counts, p, length)
+            err = FFT_ERROR_L2  # the legacy allowance inside the computed T (kept; no proof uses it)
             pmf = np.ascontiguousarray(pmf[:, :cut])
-            extra = tail_at(cut)  # P(W >= cut): covers the dropped values and the FFT's folding
+            # P(W >= cut): covers the dropped values and the FFT's folding (tail_at's value)
+            extra, rel_cut = _chernoff_and_error(lmgf, float(cut), tsel, sup, p, counts.shape[1])
+            extra[sup < cut] = 0.0
+            # ||pmf_L||_2 <= ||pmf_c||_2 below cut + the error + ||pmf_L||_2 from cut on (<= its mass,
+            # P(W >= cut) (1 + rel_cut), aliases included); the error is at most c ||pmf_L||_2 (c of
+            # fft_error_l2), so at most c (n_cut + extra') / (1 - c), and 1 - 2c leaves room
+            c_unit = float(fft_error_l2(int(terms[sel].max()), counts.shape[1], p, length))
+            n_cut = np.sqrt(np.einsum("bx,bx->b", pmf, pmf)) * (1 + gamma(cut + 2))
+            err_proof = c_unit * (n_cut + extra * (1 + rel_cut)) / (1 - 2 * c_unit) * (1 + gamma(4)) \
+                if c_unit < 0.25 else np.full(sel.size, math.inf)
+            # each problem's own cut c_b <= cut, where its Chernoff bound falls to 1e-10 of its
+            # delta: the proof counts P(W >= c_b) as always in the tail and meets the FFT's error
+            # only below c_b (:func:`_tail_T_up`), where f is small (an l2 error over all of the
+            # batch's cut, where f nears 1 for a small G[j, j], would cost more than the tail)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                lev = ((lmgf - np.log(1e-10 * dsel)[:, None]) / _CHERNOFF_LAMBDAS[None, :]).min(axis=1)
+            own = np.clip(np.ceil(np.nan_to_num(lev, nan=cut, posinf=cut)), 1, cut).astype(np.int64)
+            own = np.minimum(own, sup + 1)
+            extra_own, rel_own = _chernoff_and_error(lmgf, own.astype(np.float64), tsel, sup, p, counts.shape[1])
+            extra_own[sup < own] = 0.0
+            proof = TailProof(last=own - 1, error=np.asarray(err_proof, dtype=np.float64), extra_own=extra_own,
+                              rel_own=rel_own, rel_cut=rel_cut)
         else:
             raise MfcliError(f"unknown tail method {method!r}")
         out[sel] = solve_tail_eps(pmf, extra, err, sigma=sigma, h=h, g_lo=g_lo[sel], g_hi=g_hi[sel],
-                                  delta=dsel)
+                                  delta=dsel, proof=proof)
     return out
 
 
@@ -868,21 +1274,38 @@ def tail_allocation(prep: PreparedStrategy, pairs: TailPairs, uniform_share: flo
     u = pairs.counts.shape[0]
     if k == 0:
         return np.zeros(u)
+    # the shares used sum to at most 1 in exact arithmetic: each computed share (and its product
+    # with delta_tail) is within a few roundings of the exact value, which the relative 1e-12 given
+    # up covers for any number of pairs below 10^3 x 2^53 / 4
     if uniform_share >= 1.0:
-        return np.full(u, 1.0 / k)
+        return np.full(u, (1.0 / k) * (1.0 - 1e-12))
     w = prep.strategy[pairs.rows, pairs.cols]
     a = uniform_share / k + (1.0 - uniform_share) * w / w.sum()
     share = np.full(u, np.inf)
     np.minimum.at(share, pairs.key, a)
-    return share * (1.0 - 1e-12)  # round-off in the sum
+    return share * (1.0 - 1e-12)  # round-off in the sum (gamma_K of it; K <= 10^3 u^-1 / 4)
+
+
+#: Relative margin by which :func:`posterior_bound` raises p~ (it covers the evaluation's round-off).
+POSTERIOR_MARGIN = 1e-12
 
 
 def posterior_bound(p: float, eps: np.ndarray) -> np.ndarray:
-    """p~ = p e^eps / (p e^eps + 1 - p), rounded up by a relative 1e-12; 1 where eps is infinite."""
+    """p~ = p e^eps / (p e^eps + 1 - p) = 1 / (1 + c e^-eps), c = (1 - p) / p, rounded up by a
+    relative :data:`POSTERIOR_MARGIN`; 1 where eps is infinite; never below p (eps >= 0).
+
+    Round-off (model of :mod:`mfcli.util.floating`): c is formed with two roundings, e^-eps within
+    ELEMENTARY_ULPS u, their product one more: the computed X = c e^-eps is within gamma_7 of the
+    exact one (ELEMENTARY_ULPS = 4 counted as 4 roundings), D = fl(1 + X) within gamma_8 of 1 + X
+    (the sum of non-negative terms), fl(1 / D) within gamma_9 of p~, and the margin's product and
+    fl(1 + 1e-12) two more: the result is >= p~ (1 - gamma_9)(1 + 1e-12)(1 - u)^2 > p~, since
+    gamma_11 < 1.3e-15. Where e^-eps is below the smallest normal number, X < c 2^-1022 and the
+    computed p~ is 1 or within u of it, >= p~ after the margin or the cap at 1. The floor p covers
+    c = inf (p below 1 / 1.8e308), where 1 / (1 + inf) = 0."""
     eps = np.asarray(eps, dtype=np.float64)
     with np.errstate(over="ignore"):
         pt = 1.0 / (1.0 + (1.0 - p) / p * np.exp(-eps))
-    pt = np.where(np.isfinite(eps), pt * (1 + 1e-12), 1.0)
+    pt = np.where(np.isfinite(eps), np.maximum(pt * (1 + POSTERIOR_MARGIN), p), 1.0)
     return np.minimum(pt, 1.0)
 
 
@@ -1187,13 +1610,15 @@ def _sensitivities_up(support: np.ndarray, resolution: int) -> np.ndarray:
     """The row's sensitivities as floats no smaller than the exact sums of the weights they stand
     for (a larger sensitivity is pessimistic: the mixture's likelihood ratio is monotone in it).
 
-    Each weight x_j was rounded to k_j with fl(k_j / M) >= x_j (:func:`_round_up_to_grid`), so the
-    exact k_j / M >= x_j / (1 + u): a sum K / M of them is at least the weights' sum over (1 + u).
-    K / M is then rounded (u), raised by 4u and one float up: >= the exact sum of the weights.
-    K = 0 stays 0."""
+    Each weight x_j (an entry of the prepared C) was rounded to k_j with fl(k_j / M) >= x_j
+    (:func:`_round_up_to_grid`), so the exact k_j / M >= x_j / (1 + u), and the exact scaled
+    weight w_j <= x_j (1 + u) / (1 - u) (:func:`gram_error`: the scaling by sens(C)): K / M >= sum
+    w_j (1 - u) / (1 + u)^2. s = fl(K / M) >= K / M / (1 + u); fl(s (1 + 8u)) >= s (1 + 8u) / (1 + u)
+    (1 + 8u = 1 + 2^-50 is a float); one float up multiplies by more than 1 + u. Together the result
+    is >= sum w_j (1 + 8u)(1 - u) / (1 + u)^3 > sum w_j. K = 0 stays 0."""
     k = np.asarray(support, dtype=np.int64)
     s = k / resolution
-    return np.where(k == 0, 0.0, np.nextafter(s * (1.0 + 4.0 * UNIT_ROUNDOFF), np.inf))
+    return np.where(k == 0, 0.0, np.nextafter(s * (1.0 + 8.0 * UNIT_ROUNDOFF), np.inf))
 
 
 def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: float, engine: str):
@@ -1331,8 +1756,10 @@ def mmcc(
                                           refinement=int(mixture_refinement))
         # Cutting mass eta from a row's mixture costs eta in the remove direction and
         # eta / (1 - eta) in the add direction (Q >= (1 - eta) Q'); charge the larger.
-        delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups))
-        delta_pld = delta - delta_tail - delta_trunc
+        # (rounded up: gamma of the sum's terms and roundings); delta_pld rounded down, so that the
+        # three parts add up to at most delta in exact arithmetic
+        delta_trunc = float(sum(g.count * g.eta / (1.0 - g.eta) for g in groups)) * (1.0 + gamma(len(groups) + 4))
+        delta_pld = (delta - delta_tail - delta_trunc) * (1.0 - 4.0 * UNIT_ROUNDOFF) - 4.0 * UNIT_ROUNDOFF * delta
         if not delta_pld > 0:
             tried[f_eff] = math.inf
             continue
@@ -1420,7 +1847,9 @@ def lower_bound(
     Formal guarantees: each T_v is a post-processing of the mechanism's output, fixed before any
     data is seen, so its epsilon can only be smaller than the mechanism's: never above the true
     epsilon, and neither is their maximum. Every rounding (weights down, binomial tails moved down,
-    tau up, the bisection's lower end) only lowers the value further.
+    tau up, the bisection's lower end) only lowers the value further, and the floating point is
+    bounded: the statistic is the one the computed weights define, its noise rounded up, the
+    hockey-stick value certified (:func:`mmcc_lower.statistic_epsilon` with the strategy).
     """
     sigma = check_sigma(sigma)
     p = check_sampling(sampling)
@@ -1440,7 +1869,7 @@ def lower_bound(
     best = (-1.0, "", 0.0)
     for name in names:
         v = mmcc_lower.statistic_weights(gram, name)
-        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta)
+        eps, tau = mmcc_lower.statistic_epsilon(chol, v, sigma_eff=sig, p=p, delta=delta, strategy=c)
         tried[name] = eps
         if eps > best[0]:
             best = (eps, name, tau)

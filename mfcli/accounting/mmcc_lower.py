@@ -33,8 +33,10 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy import special
 
 from mfcli.accounting import mog_pld
+from mfcli.util.floating import ELEMENTARY_ULPS, NDTR_ULPS_0, NDTR_ULPS_2, UNIT_ROUNDOFF, gamma
 
 #: The weight vectors v tried, by name (see the module docstring).
 STATISTICS = ("ones", "score", "score2")
@@ -134,13 +136,104 @@ def epsilon_bracket(curve: Callable[[float], float], delta: float, *, rel_tol: f
     return lo, hi
 
 
-def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: float) -> float:
+def _threshold(tau: float, s: np.ndarray, logq: np.ndarray, level: float) -> float:
+    """A t where log LR(t) = log sum_i q_i e^((s_i t - s_i^2 / 2) / tau^2), increasing and convex in t
+    (s >= 0), crosses ``level``: the optimal half-line's end (an end of the range where it does not
+    cross). Newton's method from the right end (monotone for a convex increasing function). Any t
+    gives a valid lower bound (:func:`certified_divergence`); this one the best."""
+    inv = 1.0 / (tau * tau)
+    half = 0.5 * s * s
+
+    def llr(t: float) -> tuple[float, float]:
+        a = logq + (s * t - half) * inv
+        m = float(a.max())
+        w = np.exp(a - m)
+        total = float(w.sum())
+        return m + math.log(total), float(w @ s) / total * inv
+
+    lo, t = -40.0 * tau, float(s.max()) + 40.0 * tau
+    if llr(lo)[0] >= level:
+        return lo
+    for _ in range(100):
+        v, d = llr(t)
+        if v <= level or d <= 0:
+            return t
+        step = (v - level) / d
+        t -= step
+        if step <= 1e-13 * (abs(t) + tau):
+            return t
+    return t
+
+
+def certified_divergence(eps: float, tau: float, support: np.ndarray, probs: np.ndarray, rho: float) -> float:
+    """A proven lower bound on the larger of the two hockey-stick divergences at ``eps`` (<= 700)
+    between P = N(0, tau^2) and Q = sum_i q_i N(s_i, tau^2), for every law q within a relative
+    ``rho`` of ``probs`` (the mean law's own round-off), under the model of :mod:`mfcli.util.floating`.
+
+    Any half-line is a test: H(Q || P) >= Q(y > t) - e^eps P(y > t) and H(P || Q) >= P(y < t) -
+    e^eps Q(y < t) for every t (at the optimal t, :func:`_threshold`, equality). Each is A - e^eps
+    B with A, B sums of normal CDFs at a_i = (s_i - t) / tau or its negatives, each argument
+    formed with two roundings (|da| <= 2u |a|): by Phibar's hazard (<= z_+ + 1) a value moves by a
+    factor within e^(2u a (a + 1)), ndtr is within (NDTR_ULPS_0 + NDTR_ULPS_2 a^2) u (values below
+    2^-1022: 2^-1021 absolute), the sums within gamma_(n + 2), q within rho, exp within
+    ELEMENTARY_ULPS u: A >= A_c (1 - r) - 2^-1020 and B <= B_c (1 + r) + 2^-1020 with r from the
+    largest |a|; the final expression's roundings cost gamma_6 (A_c + e^eps B_c) more."""
+    u = UNIT_ROUNDOFF
+    s = np.asarray(support, dtype=np.float64)
+    q = np.asarray(probs, dtype=np.float64)
+    keep = q > 0
+    s, q = s[keep], q[keep]
+    if s.size == 0:
+        return -math.inf
+    logq = np.log(q)
+    e_eps = math.exp(eps) * (1 + (ELEMENTARY_ULPS + 1) * u)
+    best = -math.inf
+    for remove in (True, False):
+        t = _threshold(tau, s, logq, eps if remove else -eps)
+        a_q = (s - t) / tau  # Q's atoms' standardised distances above t
+        a_p = -t / tau
+        if remove:  # Q(y > t) - e^eps P(y > t)
+            a_vals, b_vals = special.ndtr(a_q), special.ndtr(np.array([a_p]))
+            big_a, big_b = float(q @ a_vals), float(b_vals[0])
+        else:  # P(y < t) - e^eps Q(y < t)
+            a_vals, b_vals = special.ndtr(np.array([-a_p])), special.ndtr(-a_q)
+            big_a, big_b = float(a_vals[0]), float(q @ b_vals)
+        amax = float(max(np.abs(a_q).max(), abs(a_p)))
+        r = ((1 + rho) * (1 + (NDTR_ULPS_0 + NDTR_ULPS_2 * amax * amax) * u) * math.exp(2 * u * amax * (amax + 1))
+             * (1 + gamma(s.size + 2)) - 1) * 1.01
+        val = (big_a * (1 - r) - 2.0**-1020 - e_eps * (big_b * (1 + r) + 2.0**-1020)
+               - gamma(6) * (big_a + e_eps * big_b))
+        best = max(best, val)
+    return best
+
+
+def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: float,
+                    rho: float | None = None) -> float:
     """Largest eps (to 1e-7 relative) at which the pair N(0, tau^2) vs sum_i probs_i N(support_i,
     tau^2) still has hockey-stick divergence > delta in one of the two directions (0 if none):
-    a lower end, so the pair's true epsilon at delta is >= the value returned."""
+    a lower end, so the pair's true epsilon at delta is >= the value returned.
+
+    With ``rho`` (the probabilities' relative round-off) the value is certified: the bisection's
+    lower end (mog_pld's evaluation, which steers) is lowered until :func:`certified_divergence`
+    proves the exact divergence above delta there (by 1e-9, 4e-9, ... relatively; at most 700,
+    e^eps's range), else 0."""
     if support.size == 0 or support.max() <= 0:
         return 0.0
+    lo = _bisected_epsilon(tau, support, probs, delta)
+    if rho is None or lo <= 0:
+        return lo
+    e = min(lo, 700.0)
+    for k in range(40):
+        if certified_divergence(e, tau, support, probs, rho) > delta:
+            return e
+        e = min(lo, 700.0) * (1 - 1e-9 * 4.0**k)
+        if e <= 0:
+            break
+    return 0.0
 
+
+def _bisected_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: float) -> float:
+    """The bisection's lower end of :func:`mixture_epsilon` on mog_pld's evaluation of the curve."""
     remove = mog_pld.HockeyStickCurve(tau, support, probs, remove=True)
     add = mog_pld.HockeyStickCurve(tau, support, probs, remove=False)
 
@@ -150,16 +243,63 @@ def mixture_epsilon(tau: float, support: np.ndarray, probs: np.ndarray, delta: f
     return epsilon_bracket(worst, delta, rel_tol=1e-7, max_steps=100, eps_max=1e6)[0]
 
 
+def law_error(weights: np.ndarray, resolution: int) -> float:
+    """A relative bound on the round-off of every probability of :func:`mean_law` then
+    :func:`coarsen_down` against exact arithmetic on the same cut decisions (the law that moving
+    the cut tails down in exact arithmetic gives, stochastically smaller than the exact one): each
+    step multiplies by p or fl(1 - p) and adds (three roundings), a moved tail is a sum of at most
+    S terms (S = the largest support, the sum of the integer weights + 1) added to one entry, the
+    renormalisation and the coarsening sum at most S terms and divide; gamma of the total, doubled
+    for the ratio of two such sums (non-negative terms only: Higham 3.1)."""
+    k = np.floor(np.asarray(weights, dtype=np.float64) * resolution)
+    n = int(np.count_nonzero(k > 0))
+    size = int(k[k > 0].sum()) + 1
+    return 2.02 * gamma(n * (3 + size) + 4 * size + 16)
+
+
 def statistic_epsilon(gram_chol: np.ndarray, weights: np.ndarray, *, sigma_eff: float, p: float, delta: float,
-                      resolution: int = WEIGHT_RESOLUTION) -> tuple[float, float]:
+                      resolution: int = WEIGHT_RESOLUTION, strategy: np.ndarray | None = None) -> tuple[float, float]:
     """(eps, tau): exact epsilon of T_v = v^T C^+ y (rounded towards less loss as described in the
     module docstring) and its noise scale, for v = ``weights`` >= 0 with max 1 and the Cholesky
-    factor of C^T C."""
-    z = np.linalg.solve(gram_chol, weights)
-    tau = sigma_eff * float(np.sqrt(z @ z)) * (1 + 1e-9)
+    factor of C^T C.
+
+    With ``strategy`` (the prepared C) the value is proven below the exact epsilon of a statistic
+    under the model of :mod:`mfcli.util.floating`. The statistic is T = (1 + kappa) a^T y with a =
+    fl(C x), x the computed solution of C^T C x = v: any fixed a is post-processing, its mean
+    weights are (1 + kappa) C^T a (the exact scaled C, within 1 + gamma_2 of the prepared entries,
+    mmcc.gram_error) and its noise (1 + kappa) sigma_eff ||a||. The computed c = fl(C^T a) is within
+    e = gamma_(2m + 8) fl(C^T |a|) of C^T a (C >= 0), so (1 + kappa)(c - e) >= v (1 + u) for
+    every v_j > 0 with kappa from the worst j (taken twice, plus 4u): the mean law of ``weights``
+    rounded down (:func:`mean_law`: exact k / M <= fl(k / M)(1 + u) <= v (1 + u)) is pointwise
+    below the statistic's, and every exact weight is >= c - e >= 0 (else the statistic is not
+    used: 0). tau = fl(sigma_eff ||a||)(1 + kappa)(1 + 1e-9) >= the exact noise (1e-9 covers the
+    norm's gamma_(m + 2) for m below 10^6); the mean law's round-off is :func:`law_error` and the
+    hockey-stick value is certified (:func:`mixture_epsilon` with rho). Without ``strategy``:
+    tau^2 = sigma_eff^2 v^T (C^T C)^-1 v from the Cholesky factor as computed, the hockey-stick
+    value as evaluated (round-off not bounded)."""
+    if strategy is None:
+        z = np.linalg.solve(gram_chol, weights)
+        tau = sigma_eff * float(np.sqrt(z @ z)) * (1 + 1e-9)
+        support, probs = coarsen_down(*mean_law(weights, p, resolution))
+        return mixture_epsilon(tau * resolution, support.astype(np.float64), probs, delta), tau
+    u = UNIT_ROUNDOFF
+    c = np.asarray(strategy, dtype=np.float64)
+    x = np.linalg.solve(gram_chol.T, np.linalg.solve(gram_chol, weights))
+    a = c @ x
+    got = c.T @ a
+    err = gamma(2 * c.shape[0] + 8) * (c.T @ np.abs(a))
+    low = got - 2.0 * err  # <= got - err, the one rounding of the difference included (err >= 8u got)
+    v = np.asarray(weights, dtype=np.float64)
+    if np.any(low < 0) or np.any((v > 0) & ~(low > 0)):
+        return 0.0, sigma_eff * float(np.linalg.norm(a))
+    pos = v > 0
+    kappa = float(np.max(np.maximum(v[pos] * (1 + u) - low[pos], 0.0) / low[pos], initial=0.0)) * 2.0 + 4 * u
+    tau = sigma_eff * float(np.sqrt(a @ a)) * (1 + kappa) * (1 + 1e-9)
     support, probs = coarsen_down(*mean_law(weights, p, resolution))
-    return mixture_epsilon(tau * resolution, support.astype(np.float64), probs, delta), tau
+    rho = law_error(weights, resolution)
+    return mixture_epsilon(tau * resolution, support.astype(np.float64), probs, delta, rho=rho), tau
 
 
-__all__ = ["STATISTICS", "WEIGHT_RESOLUTION", "epsilon_bracket", "mean_law", "mixture_epsilon", "statistic_epsilon",
+__all__ = ["STATISTICS", "WEIGHT_RESOLUTION", "certified_divergence", "epsilon_bracket", "law_error", "mean_law",
+           "mixture_epsilon", "statistic_epsilon",
            "statistic_weights"]
