@@ -57,6 +57,10 @@ _CHUNK = 4096
 #: Points of :func:`_invert`'s starting grid over [lower_x, upper_x].
 _START_GRID = 129
 
+#: Supports of at most this many components have their exponents formed column by column
+#: (:meth:`_Loss._shifted_exponents`).
+_NARROW = 8
+
 
 def _check_mixture(sigma: float, sens: ArrayLike, probs: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(sens, dtype=np.float64).ravel()
@@ -122,12 +126,35 @@ class _Loss:
         const + x slope, subtracting the maximum and exponentiating in separate arrays, without
         allocating (and faulting in) a fresh array at every step, which took as long as the
         arithmetic."""
-        w = np.multiply.outer(x, self.slope)
-        w += self.const  # x slope + const: the same sum as const + x slope
-        amax = w.max(axis=1)
+        k = self.slope.size
+        if k > _NARROW:
+            w = np.multiply.outer(x, self.slope)
+            w += self.const  # x slope + const: the same sum as const + x slope
+            amax = w.max(axis=1)
+        else:
+            # a few components (the DP-SGD step's two): numpy's broadcasting and row reductions over
+            # a short last axis cost ~20 ns a row, so the columns are formed one by one (the same
+            # products and sums) and the maximum taken across them (a maximum is exact: any order
+            # gives the same value, up to the sign of a zero, which changes neither w below, where
+            # w_i - (+-0) = w_i and exp(+-0) = 1, nor log(tot) + amax, log(tot) >= +0 there)
+            w = np.empty((x.size, k))
+            for i in range(k):
+                col = w[:, i]
+                np.multiply(x, self.slope[i], out=col)
+                col += self.const[i]
+            amax = w[:, 0].copy()
+            for i in range(1, k):
+                np.maximum(amax, w[:, i], out=amax)
         w -= amax[:, None]
         np.exp(w, out=w)
         return w, amax
+
+    def _row_sums(self, w: np.ndarray) -> np.ndarray:
+        """w.sum(axis=1), bit for bit: for two columns the one addition w_0 + w_1 (numpy's row sum
+        of two), formed without the per-row cost of a reduction over a short axis."""
+        if w.shape[1] == 2:
+            return w[:, 0] + w[:, 1]
+        return w.sum(axis=1)
 
     def value_slope_curvature(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """L, dL/dx and d2L/dx2 at x: the log-sum-exp, its slope E[b] (the slopes b under the
@@ -136,7 +163,7 @@ class _Loss:
         is absolute, ~1e-16 E[b]^2: it only steers and bounds the error of a step in
         :func:`_invert`)."""
         w, amax = self._shifted_exponents(x)
-        tot = w.sum(axis=1)
+        tot = self._row_sums(w)
         lse = np.log(tot) + amax
         dlse = (w @ self.slope) / tot
         var = np.maximum((w @ self.slope_sq) / tot - dlse * dlse, 0.0)
@@ -148,7 +175,7 @@ class _Loss:
         """L(x): the value of :meth:`value_slope_curvature` (the same arithmetic) without the derivatives."""
         x = np.atleast_1d(np.asarray(x, dtype=np.float64))
         w, amax = self._shifted_exponents(x)
-        lse = np.log(w.sum(axis=1)) + amax
+        lse = np.log(self._row_sums(w)) + amax
         return lse if self.remove else -lse
 
     # distributions (the (len(x), support) arrays formed and transformed in place, as above)
@@ -566,6 +593,21 @@ def _running_sums(e: np.ndarray, i0: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.add.reduce(head, axis=0), total
 
 
+def _inversion_points(e_r: np.ndarray, m_a: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(np.union1d(e_r, m_a), the positions of m_a in it or None): the sorted distinct REMOVE points
+    and mirrored ADD points. Usually (MMCC's rows, e_r strictly increasing) every m_a is an e_r:
+    then the union is e_r itself, found by one search (the one the ADD deltas need anyway) instead
+    of sorting both. The one value that may differ from union1d's is the sign of a zero (0 in e_r,
+    -0 in m_a: the sort keeps either), which no computation downstream sees: the points enter the
+    inversion only through comparisons, |eps| and L - eps, where L is never -0 (a log-sum-exp:
+    log(tot) >= +0 plus the maximum exponent), so L - (+-0) is the same number."""
+    if e_r.size and bool(np.all(e_r[1:] > e_r[:-1])):
+        j = np.searchsorted(e_r, m_a)
+        if bool(np.all(e_r[np.minimum(j, e_r.size - 1)] == m_a)):
+            return e_r, j
+    return np.union1d(e_r, m_a), None
+
+
 def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """delta(eps) of both directions of one mixture, each root and each mixture CDF entry computed
@@ -593,7 +635,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     # so the mirrored ADD points are inside the REMOVE range)
     e_r, e_a = eps_r[in_r], eps_a[in_a]
     m_a = -e_a
-    pts = np.union1d(e_r, m_a)
+    pts, i_a = _inversion_points(e_r, m_a)
     if pts.size:
         lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
         trace = np.empty((5, pts.size))
@@ -623,7 +665,7 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
                               _ndtr_allowance(yi / remove.sigma), root_i, remove=True)
             bound_r[in_r] = np.where(_near_flat(remove, e_r), bound_r[in_r], b)
         if e_a.size:
-            i = np.searchsorted(pts, m_a)
+            i = i_a if i_a is not None else np.searchsorted(pts, m_a)
             x_a = -y[i]
             sf_i = sf_sum[i]
             upper = add.upper_cdf(x_a)
