@@ -94,7 +94,8 @@ def _env(tree: str) -> dict[str, str]:
 def whole(tree: str) -> float:
     """CPU seconds (user + system, children) of one headline run from ``tree``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", "import sys; from mfcli.cli.entry import main; sys.argv[1:] = " + repr(HEADLINE) + "; main()"], env=_env(tree), check=True,
+    code = f"import sys; from mfcli.cli.entry import main; sys.argv[1:] = {HEADLINE!r}; main()"
+    subprocess.run([sys.executable, "-c", code], env=_env(tree), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -96,6 +96,9 @@ class _Loss:
         self.s = s
         self.q = q
         self.remove = remove
+        self.logq: np.ndarray
+        self.const: np.ndarray
+        self.slope: np.ndarray
         if mirror is not None:
             # the other direction of the same mixture: log q and the constants are the same arrays'
             # values, the slopes negated ((-s) / v = -(s / v) exactly)
@@ -318,8 +321,8 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
         x = x0 + frac * (x1 - x0)
         # every evaluation (its points, x and L) is kept: the bracket of each root that they give
         # is formed only for the points the steps do not settle (rarely any)
-        history = []
-        live = None  # None: every point of the chunk (slices, not gathers); else the indices not yet converged
+        history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] = []
+        live: np.ndarray | None = None  # None: every point of the chunk (slices, not gathers); else those not converged
         for _ in range(_HALLEY_STEPS):
             if live is None:
                 xl, el = x, e  # not written to: the step makes a new array
@@ -347,6 +350,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
             if live.size == 0:
                 break
         else:
+            assert live is not None  # set by the first step
             lo, hi = _brackets(x0, x1, l0, l1, e, history)
             x[live] = _bisect_roots(loss, e[live], x[live], lo[live], hi[live])
             if trace is not None:
@@ -356,7 +360,7 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
 
 
 def _brackets(x0: np.ndarray, x1: np.ndarray, l0: np.ndarray, l1: np.ndarray, e: np.ndarray,
-              history: list) -> tuple[np.ndarray, np.ndarray]:
+              history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """[lo, hi] brackets of the roots L(x) = e (L non-increasing) from the starting grid cell
     (x0, L = l0), (x1, L = l1) and every evaluation since (``history``: the evaluated points' indices,
     None for all, their x and L), infinite where none: each x with L > e is a lower end, each with
