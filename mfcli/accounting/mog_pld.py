@@ -490,14 +490,29 @@ def _deltas(loss: _Loss, eps: np.ndarray) -> np.ndarray:
     return np.clip(delta, 0.0, 1.0)
 
 
-def _grid_points(loss: _Loss, discretization: float, max_points: int | None) -> np.ndarray:
+def _loss_ends(remove: _Loss, add: _Loss) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The loss at both truncation points of each direction, (L(lower_x), L(upper_x)) for REMOVE
+    and for ADD, from one evaluation of the REMOVE loss at four points: L_add(x) = -L_remove(-x) bit
+    for bit (the same exponents, x and the slopes negated), and each row of the (points, support)
+    arrays is formed and reduced on its own, so a point's L does not depend on the others
+    evaluated with it."""
+    lx_r, ux_r = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
+    lx_a, ux_a = _truncation(add, LOG_MASS_TRUNCATION_BOUND)
+    v = remove.value(np.array([lx_r, ux_r, -lx_a, -ux_a])).tolist()
+    return (v[0], v[1]), (-v[2], -v[3])
+
+
+def _grid_points(loss: _Loss, discretization: float, max_points: int | None,
+                 ends: tuple[float, float] | None = None) -> np.ndarray:
     """The integers k of the connect-the-dots points eps = k d of one direction: dp-accounting's
-    range (the loss at the truncation points, rounded out to the grid), every ``stride``-th point
-    when ``max_points`` binds, both ends always included."""
-    lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
-    # both ends in one evaluation: each row of the (points, support) arrays is formed and reduced
-    # on its own, so a point's L does not depend on the others evaluated with it
-    eps_upper, eps_lower = loss.value(np.array([lower_x, upper_x])).tolist()
+    range (the loss at the truncation points, rounded out to the grid; ``ends``: those two losses,
+    if known), every ``stride``-th point when ``max_points`` binds, both ends always included."""
+    if ends is None:
+        lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
+        # both ends in one evaluation (each row reduced on its own: :func:`_loss_ends`)
+        eps_upper, eps_lower = loss.value(np.array([lower_x, upper_x])).tolist()
+    else:
+        eps_upper, eps_lower = ends
     k_hi = math.ceil(eps_upper / discretization)
     k_lo = math.floor(eps_lower / discretization)
     stride = 1
@@ -1043,12 +1058,10 @@ def loss_range(sigma: float, sensitivities: ArrayLike, probabilities: ArrayLike)
     """Width of the privacy-loss interval the PLD of this mixture spans (both directions summed):
     the PLD has about width / d points per direction at discretization d."""
     s, q = _check_mixture(sigma, sensitivities, probabilities)
+    remove = _Loss(float(sigma), s, q, True)
     width = 0.0
-    for remove in (True, False):
-        loss = _Loss(float(sigma), s, q, remove)
-        lower_x, upper_x = _truncation(loss, LOG_MASS_TRUNCATION_BOUND)
-        vals = loss.value(np.array([lower_x, upper_x]))
-        width += float(vals[0] - vals[1])
+    for top, bottom in _loss_ends(remove, _Loss(float(sigma), s, q, False, mirror=remove)):
+        width += top - bottom
     return width
 
 
@@ -1097,7 +1110,8 @@ def mixture_pld(
         raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
     rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
     remove.prob_error = add.prob_error = rho
-    ks_r, ks_a = _grid_points(remove, d, max_points), _grid_points(add, d, max_points)
+    ends_r, ends_a = _loss_ends(remove, add)
+    ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
     delta_r, delta_a, bound_r, bound_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
     pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
     pmf_add = _pmf_from_deltas(d, ks_a, delta_a, bound_a)
