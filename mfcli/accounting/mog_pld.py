@@ -743,7 +743,12 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     cmax = float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v)))
     bmax = float(np.max(np.abs(loss.slope)))
     xk, f, d1, d2, step = trace  # read only (rows of the trace)
-    out = _root_bounds(xk, f, d1, d2, step, y, eps, k=k, cmax=cmax, bmax=bmax, spread=loss.slope_range)
+    # in blocks that stay in cache (every operation is elementwise: the same numbers)
+    out = np.empty((y.size, 3))
+    for start in range(0, y.size, _ROOT_BLOCK):
+        b = slice(start, start + _ROOT_BLOCK)
+        out[b] = _root_bounds(xk[b], f[b], d1[b], d2[b], step[b], y[b], eps[b], k=k, cmax=cmax, bmax=bmax,
+                              spread=loss.slope_range)
     # the roots finished by bisection, and those whose Taylor bound is loose (a long last step where
     # the curvature changes fast), are evaluated afresh at y (x_k = y, s = 0)
     fresh = np.isnan(xk) | ~(out[:, 0] <= _FRESH_RESIDUAL * (1.0 + np.abs(eps)))
@@ -757,6 +762,9 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     return out
 
 
+#: Points per block of :func:`_root_bounds` in :func:`_root_errors` (its ~70 array operations on
+#: 200k points ran from memory, not cache: 19 ms against 14 ms in blocks).
+_ROOT_BLOCK = 16384
 #: A Taylor bound on a root's residual above this (times 1 + |eps|) is replaced by a fresh evaluation.
 _FRESH_RESIDUAL = 1e-12
 #: A root whose proven residual is above this (times 1 + |eps|) is found again by bisection.
