@@ -1008,7 +1008,8 @@ def _mass_shortfall(p: np.ndarray, infinity_mass: float, kappa: float, over: flo
         low = ((rough * (1.0 - 4.0 * n * u)) + infinity_mass) * (1.0 - 4.0 * u)
         if 1.0 - low * (1.0 + kappa) * (1.0 - 2.0 * u) <= over:
             return over
-    total = (math.fsum(p.tolist()) + infinity_mass) * (1.0 - 4.0 * u)
+    # fsum over the buffer's floats themselves (a list of Python floats first took as long again)
+    total = (math.fsum(np.ascontiguousarray(p, dtype=np.float64).data) + infinity_mass) * (1.0 - 4.0 * u)
     return 1.0 - total * (1.0 + kappa) * (1.0 - 2.0 * u)
 
 
