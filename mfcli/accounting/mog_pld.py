@@ -288,7 +288,8 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
     the grid cell with L >= eps > L (next point). A point stops once the error its last step leaves
     is estimated below 1e-14 (1 + |x|) (a few ulps: mostly after one evaluation), its step is
     negligible, or L equals eps to rounding. Every evaluation also narrows a bracket of the root
-    (L non-increasing); a point the steps have not settled in :data:`_HALLEY_STEPS` (a start far
+    (L non-increasing; the evaluations are kept and the bracket formed from them, :func:`_brackets`,
+    only where needed): a point the steps have not settled in :data:`_HALLEY_STEPS` (a start far
     out on a nearly flat stretch, where Halley's steps are short) is finished by bisection of its
     bracket (:func:`_bisect_roots`).
 
