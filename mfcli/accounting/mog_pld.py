@@ -576,7 +576,7 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
         e = special.erfc(t, out=t)  # 2 Phi(-|t|)
         e *= q
         weighted = np.einsum("ij,ij->i", e, z2)  # sum q e z^2; rho = 40 + 28 z^2 below
-        a, total = _running_sums(e, i0)
+        a, total = _running_sums(e, i0, z2)  # z2 is spent: its memory takes the transposed copy
         b = total - a
         weighted = 40.0 * total + 28.0 * weighted
         q_small, q_big = q_before[i0], q_from[i0]
@@ -587,7 +587,7 @@ def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
     return cdf_sum, sf_sum, err_cdf, err_sf
 
 
-def _running_sums(e: np.ndarray, i0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _running_sums(e: np.ndarray, i0: np.ndarray, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For each row p of the (points, support) array e of non-negative numbers: the running sum
     ((e_0 + e_1) + ...) + e_(i0_p - 1) of its first i0_p entries (0 for i0_p = 0) and that of all of
     them, left to right: the entries i0_p - 1 and -1 of ``np.cumsum(e, axis=1)``, bit for bit.
@@ -597,12 +597,17 @@ def _running_sums(e: np.ndarray, i0: np.ndarray) -> tuple[np.ndarray, np.ndarray
     the transposed (support, points) copy adds whole rows, e_i of every point at once, in the same
     order i = 0, 1, ... (numpy reduces along a non-innermost axis row by row, elementwise; only an
     innermost reduction is pairwise, hence at least two points); the prefix is the same reduction
-    with the entries from i0_p on replaced by +0, which leaves a non-negative sum unchanged."""
+    with the entries from i0_p on replaced by +0, which leaves a non-negative sum unchanged.
+    ``scratch``, if given (an array of e's size the caller is done with), holds the copy."""
     n, k = e.shape
     if n < 2 or k < 2:
         run = np.cumsum(e, axis=1)
         return np.where(i0 > 0, run[np.arange(n), np.maximum(i0 - 1, 0)], 0.0), run[:, -1]
-    et = np.ascontiguousarray(e.T)
+    if scratch is not None and scratch.size == e.size and scratch.dtype == e.dtype and scratch.flags.c_contiguous:
+        et = scratch.reshape(k, n)  # memory the caller no longer needs (no fresh array to fault in)
+        np.copyto(et, e.T)
+    else:
+        et = np.ascontiguousarray(e.T)
     total = np.add.reduce(et, axis=0)
     m = int(i0.max())
     if m == 0:
