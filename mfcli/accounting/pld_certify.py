@@ -32,8 +32,8 @@ the leaves' log M -- with every rounding bounded:
   moved; lengths add).
 
 The result D_cert(eps) >= the exact composition's D(eps) of the leaf PMFs (which are themselves
-pessimistic), in each direction; :func:`certify` steps eps up a ladder from the run's value until
-D_cert(eps) <= delta.
+pessimistic), in each direction; :func:`certify` finds the smallest eps with D_cert(eps) <= delta
+(to 1e-10 relative), searching up or down from the run's value.
 
 The lower side (:func:`lower_delta_bound`, :func:`certify_lower`; docs/accounting.md, balls-in-bins
 "Floating point"): the same tilted chain, but every self-composition a binary power of linear
