@@ -619,19 +619,26 @@ def certify(node: Node, epsilon: float, delta: float, *, theta: float | None = N
     low = epsilon
     for _ in range(80):
         high = low + step
-        if passes(high):
-            for _ in range(60):  # tighten between the last failing rung and the first passing one
-                if high - low <= 1e-10 * max(1.0, high):
-                    break
-                mid = 0.5 * (low + high)
-                if passes(mid):
-                    high = mid
-                else:
-                    low = mid
-            return high
+        if passes(high):  # tighten between the last failing rung and the first passing one
+            return _tighten(high, low, passes)
         low = high
         step *= 2.0
     return math.inf
+
+
+def _tighten(good: float, bad: float, ok: Callable[[float], bool]) -> float:
+    """Bisection between ``good`` (where ``ok`` holds) and ``bad`` (where it fails) until they are
+    within 1e-10 max(1, the larger): the last point where ``ok`` held (the ladders of
+    :func:`certify` and :func:`certify_lower`)."""
+    for _ in range(60):
+        if abs(good - bad) <= 1e-10 * max(1.0, good, bad):
+            break
+        mid = 0.5 * (good + bad)
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 def _down(chains: list, epsilon: float, delta: float) -> float:
@@ -869,15 +876,7 @@ def certify_lower(node: Node, epsilon: float, delta: float, *, theta: float | No
     for _ in range(80):
         low = max(high - step, 0.0)
         if passes(low):
-            for _ in range(60):
-                if high - low <= 1e-10 * max(1.0, high):
-                    break
-                mid = 0.5 * (low + high)
-                if passes(mid):
-                    low = mid
-                else:
-                    high = mid
-            return low
+            return _tighten(low, high, passes)
         if low == 0.0:
             return 0.0
         high = low
