@@ -302,3 +302,17 @@ def test_lower_bound_unchanged_by_the_certificate() -> None:
         plain, _ = ML.statistic_epsilon(chol, v, sigma_eff=3.0 / prep.sensitivity, p=0.05, delta=1e-5)
         assert eps <= plain
         assert eps >= plain * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("p, finite", [(0.5 - 7.4e-14, False), (0.5 - 1e-12, True), (0.49, True), (0.5, False)])
+def test_fft_error_bound_refuses_where_its_linearisation_fails(p: float, finite: bool) -> None:
+    """Near p = 1/2 the log's error bound 1.01 x (x = e_z / (1 - 2p)) stops covering -log(1 - x)
+    (x > 0.019): the bound is +inf there (reviewer's case p = 0.5 - 7.4e-14, nk 22, where x = 0.08
+    and the claimed 0.0808 fell below -log(1 - x) = 0.0834), finite where x is small."""
+    u = 2.0 ** -53
+    e_z = u * (3.0 + p * (3.0 * math.pi * 21 + 2.0 * 4 + 1.0))
+    x = e_z / (1.0 - 2.0 * p) if p < 0.5 else math.inf
+    assert (x <= 0.019) == finite
+    if finite:
+        assert -math.log1p(-x) <= 1.01 * x
+    assert math.isfinite(M.fft_error_l2(1000, 22, p, 256)) == finite

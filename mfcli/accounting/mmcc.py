@@ -534,6 +534,10 @@ def fft_error_l2(terms: int, nk: int, p: float, length: int, norm: np.ndarray | 
     u = UNIT_ROUNDOFF
     el = ELEMENTARY_ULPS
     e_z = u * (3.0 + p * (3.0 * math.pi * max(nk - 1, 1) + 2.0 * el + 1.0))
+    if e_z / (1.0 - 2.0 * p) > 0.019:
+        # the linearisation 1.01 x of -log(1 - x) and asin(x) (x = e_z / (1 - 2p)) holds only for
+        # x <= 0.019 (reviewer, 2026-12-02: p within ~3e-13 of 1/2): no bound beyond it
+        return math.inf if norm is None else np.full(np.shape(norm), math.inf)
     a_log = abs(math.log1p(-2.0 * p))
     a_ang = math.asin(min(1.0, p / (1.0 - p)))
     big_e = terms * (2.02 * e_z / (1.0 - 2.0 * p) + el * u * (1.0 + a_log + a_ang)) \
