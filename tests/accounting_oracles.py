@@ -8,6 +8,8 @@ calls mfcli's accounting).
 * :func:`sqrt_toeplitz`, :func:`banded`, :func:`unit`: the square root of the prefix-sum matrix
   from its closed form binom(2k, k) / 4^k, its band, and a C scaled to unit column norm.
 * :func:`bernoulli_sum_law`: the law of sum_j w_j B_j, B_j ~ Bernoulli(p_j), by enumeration.
+* :func:`direct_power`: the k-fold self-convolution of a PMF by direct convolutions (no FFT), in
+  the array's own precision (long double for the composition certificates' truths).
 
 ``delta`` defaults to 1e-6, the delta of most of the tests that share these.
 """
@@ -79,3 +81,18 @@ def bernoulli_sum_law(weights: np.ndarray, probs: float | np.ndarray) -> dict:
         value = (w @ b).item()
         law[value] = law.get(value, 0.0) + float(np.prod(np.where(b == 1, q, 1 - q)))
     return law
+
+
+def direct_power(x: np.ndarray, k: int) -> np.ndarray:
+    """The k-fold self-convolution of ``x`` (k >= 1) by binary powering of direct ``np.convolve``:
+    sums of non-negative products only, in ``x``'s dtype, no FFT (relative error at most
+    gamma_N per level for non-negative x)."""
+    result = None
+    while k:
+        if k & 1:
+            result = x if result is None else np.convolve(result, x)
+        k >>= 1
+        if k:
+            x = np.convolve(x, x)
+    assert result is not None
+    return result

@@ -20,6 +20,7 @@ import functools
 
 import numpy as np
 import pytest
+from accounting_oracles import direct_power
 
 from mfcli.accounting import balls_in_bins as bib
 from mfcli.accounting import pld_certify as pc
@@ -44,25 +45,13 @@ def epoch_lower(kind: str) -> pld_ops.Pld:
     return bib._epoch_plds(bib._allocation_laws, 3, sigma=1.0, epochs=1, grid=H, on_progress=None)[1]
 
 
-def _power(x: np.ndarray, k: int) -> np.ndarray:
-    result = None
-    while k:
-        if k & 1:
-            result = x if result is None else np.convolve(result, x)
-        k >>= 1
-        if k:
-            x = np.convolve(x, x)
-    assert result is not None
-    return result
-
-
 @functools.cache
 def truth(kind: str, k: int, direction: str) -> tuple[int, np.ndarray]:
     """(lower loss index, masses) of the exact k-fold composition of the epoch's optimistic PMF
     (its infinity mass is 0: optimistic)."""
     p = pc._direction(epoch_lower(kind), direction)
     assert p.infinity_mass == 0
-    return p.lower_loss * k, _power(p.probs.astype(LD), k)
+    return p.lower_loss * k, direct_power(p.probs.astype(LD), k)
 
 
 def hockey(lower: int, probs: np.ndarray, eps: float) -> float:
@@ -144,7 +133,7 @@ def test_a_composition_tree_with_pairwise_compositions() -> None:
     for dn in pc.DIRECTIONS:
         pa, pb = pc._direction(a, dn), pc._direction(b, dn)
         lower = 2 * pa.lower_loss + pb.lower_loss
-        probs = np.convolve(_power(pa.probs.astype(LD), 2), pb.probs.astype(LD))
+        probs = np.convolve(direct_power(pa.probs.astype(LD), 2), pb.probs.astype(LD))
         for eps in (1.0, 3.0, 5.0):
             d_exact = hockey(lower, probs, eps)
             d_low = pc.lower_delta_bound(nd, eps, direction=dn)
@@ -176,17 +165,20 @@ def test_trimmed_tails_cost_nothing_measurable(monkeypatch: pytest.MonkeyPatch) 
 # Broken lower bounds, caught by the same comparison
 
 
-def _far_tail_violations(monkeypatch: pytest.MonkeyPatch) -> int:
-    """How many of 8 epsilons up the tail the lower bound exceeds the truth at, untilted
-    (theta = 0), every composition by FFT (DIRECT_WORK = 0) and uncut (TRIM_SHARE = 0): legitimate
-    settings, where the FFT's absolute round-off (about 1e-17 per position) dwarfs the far tail's
-    true masses (the default trim drops exactly those positions, so it would hide the mutant)."""
+def _far_tail_violations(monkeypatch: pytest.MonkeyPatch, *, trim: bool = False) -> int:
+    """How many of 10 epsilons (8 up the tail, two at the support's end, where the truth falls to
+    0) the lower bound exceeds the truth at, untilted (theta = 0), every composition by FFT
+    (DIRECT_WORK = 0): legitimate settings, where the FFT's absolute round-off (about 1e-17 per
+    position) dwarfs the far tail's true masses. Uncut (TRIM_SHARE = 0) unless ``trim``: the
+    default trim drops exactly those positions, so it would hide a mutant of the rest."""
     monkeypatch.setattr(pc, "DIRECT_WORK", 0)
-    monkeypatch.setattr(pc, "TRIM_SHARE", 0.0)
+    if not trim:
+        monkeypatch.setattr(pc, "TRIM_SHARE", 0.0)
     nd = node("tree", 3)
     lower, probs = truth("tree", 3, "remove")
+    top = (lower + probs.size) * H
     bad = 0
-    for eps in np.linspace(6.0, 24.0, 8):
+    for eps in [*np.linspace(6.0, 24.0, 8), top - 0.5, top + 1.0]:
         d_low = pc.lower_delta_bound(nd, float(eps), theta=0.0, direction="remove")
         bad += d_low > hockey(lower, probs, float(eps)) * (1 + TRUTH_REL)
     return bad
@@ -266,7 +258,7 @@ def _tree_truths(k: int) -> dict:
             p = pc._direction(pld, dn)
             total = LD(p.probs.astype(LD).sum()) + LD(p.infinity_mass)
             inf = total ** k - (total - LD(p.infinity_mass)) ** k
-            out[side, dn] = (p.lower_loss * k, _power(p.probs.astype(LD), k), float(inf))
+            out[side, dn] = (p.lower_loss * k, direct_power(p.probs.astype(LD), k), float(inf))
     return out
 
 
@@ -284,26 +276,12 @@ def test_tree_delta_bracket_holds_the_exact_composition(epochs: int, eps: float)
     assert lo <= hi
 
 
-def _far_tail_violations_trimmed(monkeypatch: pytest.MonkeyPatch) -> int:
-    """As :func:`_far_tail_violations` with the default trim ON, at 8 epsilons up the tail and
-    two at the support's end (the truth 0 beyond it)."""
-    monkeypatch.setattr(pc, "DIRECT_WORK", 0)
-    nd = node("tree", 3)
-    lower, probs = truth("tree", 3, "remove")
-    top = (lower + probs.size) * H
-    bad = 0
-    for eps in [*np.linspace(6.0, 24.0, 8), top - 0.5, top + 1.0]:
-        d_low = pc.lower_delta_bound(nd, float(eps), theta=0.0, direction="remove")
-        bad += d_low > hockey(lower, probs, float(eps)) * (1 + TRUTH_REL)
-    return bad
-
-
 def test_far_tail_with_the_trim_is_below_the_truth(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _far_tail_violations_trimmed(monkeypatch) == 0
+    assert _far_tail_violations(monkeypatch, trim=True) == 0
 
 
 def test_mutant_trim_forgets_the_round_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A trim that drops the node's err1 (reviewer's mutant, not caught before): 4 of 10 fail."""
     orig = pc._trimmed
     monkeypatch.setattr(pc, "_trimmed", lambda t: dataclasses.replace(orig(t), err1=0.0))
-    assert _far_tail_violations_trimmed(monkeypatch) > 0
+    assert _far_tail_violations(monkeypatch, trim=True) > 0
