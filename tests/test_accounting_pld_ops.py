@@ -109,9 +109,8 @@ def test_epsilon_for_delta_is_dp_accountings_bit_for_bit(pld, times: int) -> Non
 
 @pytest.mark.parametrize("times", [1, 64])
 def test_epsilon_for_delta_with_numpys_exp_is_within_ulps(pld, times: int) -> None:
-    """``bit_for_bit=False`` (numpy's exp: the certificate's starting point) against
-    dp-accounting's value: within 1e-13 max(1, eps), so pld_certify's 1e-12 raise keeps the
-    certified epsilon >= the bit-for-bit run's."""
+    """``bit_for_bit=False`` (numpy's exp: the certificate search's starting point) against
+    dp-accounting's value: within 1e-13 max(1, eps)."""
     theirs = pld.to_dp_accounting()
     composed = theirs.self_compose(times) if times > 1 else theirs
     ours_pld = pld_ops.Pld.from_dp_accounting(composed)

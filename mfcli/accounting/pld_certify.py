@@ -355,7 +355,8 @@ class _Chain:
         kept position bounds its true mass from above). Tilting makes an alias from above costly:
         a mass c_m wrapped down by n positions counts e^(theta n d) c_m after the untilt. Only the
         aliases landing at a loss above the chain's eps (``self.epsilon``, the run's epsilon: the
-        ladder only goes up from it) enter D(eps); those landing below it only enlarge x's norms.
+        search ends within the run's FFT noise of it) enter D(eps) there; those landing below it
+        only enlarge x's norms (or, below a lower answer, loosen the bound, never invalidate it).
         So the length is about the run's (pld_ops: next_fast_len(max(window, input)), here the real
         transform's fast length), raised until the
         aliases landing at l >= l_e = max(l_lo, eps), in total at most
@@ -690,12 +691,11 @@ def _down(chains: list, epsilon: float, delta: float) -> float:
 
 
 def certified_epsilon(node: Node, delta: float) -> float:
-    """pld_ops' epsilon of the run's PLD at ``delta`` (dp-accounting's arithmetic), raised by
-    :func:`certify` to one proven for the exact composition: the result is >= the run's."""
-    # the run's epsilon by numpy's exp (libm's, as dp-accounting's, moves it by a few ulps at
-    # most), raised by 1e-12 max(1, eps) so that the result stays >= the bit-for-bit run's
-    start = float(pld_ops.epsilon_for_delta(node.pld, delta, bit_for_bit=False))
-    return certify(node, start + 1e-12 * max(1.0, start) if start > 0 else start, delta)
+    """The smallest epsilon for ``delta`` that :func:`certify` proves for the exact composition of
+    the recorded tree's leaves, searched from the run's PLD's own epsilon (which it may end above
+    or below: the run's FFT noise falls on either side)."""
+    # only the search's start (it goes up or down from there): numpy's exp, not libm's per loss
+    return certify(node, float(pld_ops.epsilon_for_delta(node.pld, delta, bit_for_bit=False)), delta)
 
 
 # ---------------------------------------------------------------------------------------------
