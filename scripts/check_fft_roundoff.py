@@ -187,7 +187,8 @@ def _self_bound_norms(p1: float, p2: float, k: int, n: int) -> float:
     ||y_hat^k - y^k||_2 / sqrt(n) <= k alpha p2 m^(k - 1). The power's own rounding: numpy's binary
     powering for k < 100 (complex products each within sqrt2 gamma_2 relative, Higham Lemma 3.5;
     an early square's error is raised by every later squaring, so (1 + sqrt2 gamma_2)^(k - 1) - 1
-    in all, pld_certify.binary_power_rounding); for k >= 100 numpy calls cpow (glibc: cexp(k clog y)), ASSUMED
+    in all; mfcli.util.floating.integer_power_rounding, the library's own powering for every k);
+    for k >= 100 numpy calls cpow (glibc: cexp(k clog y)), here ASSUMED
     within 8 u (1 + k pi + k |log|y||) relative, whose last term is at most (2 / e) |y|^(k/2)
     absolute. Inverse: within alpha of its exact output, ||ifft(z)||_2 = ||z||_2 / sqrt(n)."""
     al = _alpha(n)

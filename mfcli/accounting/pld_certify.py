@@ -16,8 +16,9 @@ the leaves' log M -- with every rounding bounded:
 * the FFT's absolute error within Higham's model (Accuracy and Stability, 2nd ed., Thm 24.2):
   ||fl(F x) - F x||_2 <= alpha sqrt(n) ||x||_2 and per coefficient <= alpha ||x||_1, alpha =
   eta log2(n) / (1 - eta log2(n)), eta = :data:`FFT_ETA_ULPS` u -- an ASSUMPTION (pocketfft's
-  transforms; scripts/check_fft_roundoff.py --check-assumption finds at most 3 % of it), like
-  numpy's complex power for exponents >= 100 (glibc's cpow, within 8 u (1 + k pi + k |log|y||));
+  transforms; scripts/check_fft_roundoff.py --check-assumption finds at most 3 % of it);
+  the k-th power of the spectrum by square-and-multiply (:func:`mfcli.util.floating.integer_power`,
+  proven for every k: numpy's own ``**`` calls cpow, whose accuracy is only assumed, for k >= 100);
   numpy's exp / expm1 within :data:`mfcli.util.floating.ELEMENTARY_ULPS` (the model of
   :mod:`mfcli.util.floating`); the direct convolutions and sums within gamma_n;
 * that error, carried in l1 through the tree (err1), moves D(eps) by at most
@@ -56,7 +57,14 @@ import numpy as np
 from mfcli.accounting import pld_ops
 from mfcli.errors import MfcliError
 from mfcli.util import memory
-from mfcli.util.floating import ELEMENTARY_ULPS, UNIT_ROUNDOFF, gamma
+from mfcli.util.floating import (
+    ELEMENTARY_ULPS,
+    UNIT_ROUNDOFF,
+    gamma,
+    integer_power,
+    integer_power_rounding,
+    integer_power_underflow,
+)
 
 _U = UNIT_ROUNDOFF
 
@@ -172,43 +180,22 @@ def _fft_conv_bound(a1: float, a2: float, b1: float, b2: float, n: int) -> float
     return (prod + g2 * zhat + al * zhat * (1 + g2)) * (1 + 4 * _U)
 
 
-def binary_power_rounding(k: int) -> float:
-    """Relative error bound of numpy's complex integer power y^k for 1 <= k < 100 (binary powering:
-    ``p`` squared at every bit, the result multiplied by ``p`` at the set bits, each product within
-    sqrt2 gamma_2 relative, Higham Lemma 3.5): (1 + sqrt2 gamma_2)^(k - 1) - 1.
-
-    Why k - 1 and not the number of products: an error in an early square is raised to the power
-    of every later squaring. The square at bit j carries the errors of the squares before it with
-    exponents summing to 2^j - 1; the result is the product of the squares at the set bits of k,
-    so its exponents sum to k - popcount(k), and the popcount(k) - 1 accumulating products (the
-    first, 1 x p, is exact) bring the total to k - 1. Counting each product once
-    ((1 + sqrt2 gamma_2)^(2 ceil(log2 k) + 1) - 1, as this module did before 2026-12-02) is
-    exceeded by numpy's own y^64 on random unit-modulus y (6.9e-15 against 2.9e-15;
-    tests/test_accounting_pld_certify.py)."""
-    if not 1 <= k < 100:
-        raise MfcliError(f"numpy's binary powering covers exponents 1..99, not {k}")
-    return (1 + math.sqrt(2) * gamma(2)) ** (k - 1) - 1
-
-
 def _fft_power_bound(p1: float, p2: float, k: int, n: int) -> float:
     """Bound on ||fl(irfft(rfft(p)^k)) - irfft(rfft(p)^k)||_2 over the n circular outputs (the
     model below holds for the real transforms' Hermitian-extended spectrum), from upper
     bounds p1 >= ||p||_1, p2 >= ||p||_2. Forward: ||y_hat - y||_2 <= alpha sqrt(n) p2 and |y_j|,
     |y_hat_j| <= m = p1 (1 + alpha); power: |y_hat^k - y^k| <= k |y_hat - y| m^(k - 1); its own
-    rounding: numpy's binary powering for k < 100 (:func:`binary_power_rounding`: relative
-    (1 + sqrt2 gamma_2)^(k - 1) - 1), for k >= 100 cpow (cexp(k clog y)), ASSUMED within
-    8 u (1 + k pi + k |log|y||) relative, the last term at most (2 / e) |y|^(k/2) absolute;
-    inverse within alpha of its exact output."""
+    rounding: square-and-multiply (:func:`mfcli.util.floating.integer_power`, for every k; numpy's
+    ``**`` calls cpow for k >= 100), relative (1 + sqrt2 gamma_2)^(k - 1) - 1
+    (:func:`~mfcli.util.floating.integer_power_rounding`) plus an absolute underflow allowance
+    per coefficient (:func:`~mfcli.util.floating.integer_power_underflow`; its l2 over the n
+    coefficients is sqrt(n) times it, 1 after the inverse's 1 / sqrt(n)); inverse within alpha of its exact output."""
     al = _alpha(n)
     m = p1 * (1 + al)
     spread = k * al * p2 * m ** (k - 1)
     y2 = (1 + al) * p2
     zhat = m ** (k - 1) * y2
-    if k < 100:
-        pow_err = binary_power_rounding(k) * zhat
-    else:
-        g_pow = 8 * _U * (1 + k * math.pi + k * max(0.0, math.log(m)))
-        pow_err = g_pow * zhat + 8 * _U * (2 / math.e) * m ** max(0, k // 2 - 1) * y2
+    pow_err = integer_power_rounding(k) * zhat + integer_power_underflow(k, m)
     return (spread + pow_err + al * (zhat + pow_err)) * (1 + 4 * _U)
 
 
@@ -324,7 +311,7 @@ class _Chain:
         n = self._circular_length(p, k, lo, length, node.tail)
         # real transforms: half the work of the complex ones; the error model is stated for the
         # Hermitian-extended spectrum (irfft's projection onto it can only shorten the error)
-        x = np.roll(fft.irfft(fft.rfft(base.x, n) ** k, n), -lo)[:length].copy()
+        x = np.roll(fft.irfft(integer_power(fft.rfft(base.x, n), k), n), -lo)[:length].copy()
         q1, q2 = base.norms()
         # an absolute error t on the input moves the exact k-fold by <= k t ||q||_1^(k-1) in l1
         fresh = math.sqrt(n) * _fft_power_bound(q1, q2, k, n) + k * base.tiny * max(q1, 1.0) ** (k - 1)

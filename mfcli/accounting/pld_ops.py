@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from mfcli.errors import MfcliError
+from mfcli.util.floating import integer_power
 
 #: Unit roundoff of float64.
 _U = 2.0 ** -53
@@ -345,7 +346,7 @@ def _self_compose_dense(pmf: Pmf, num_times: int, tail_mass_truncation: float, b
     if bit_for_bit:
         full = np.real(fft.ifft(fft.fft(probs, fast) ** num_times))
     else:
-        full = fft.irfft(fft.rfft(probs, fast) ** num_times, fast)
+        full = fft.irfft(integer_power(fft.rfft(probs, fast), num_times), fast)  # no cpow: k >= 100 is 30x slower
     out = np.array(np.roll(full, -lo)[:length])
     inf_prob = tail_mass_truncation - math.expm1(num_times * math.log1p(-pmf.infinity_mass))
     return Pmf(pmf.discretization, pmf.lower_loss * num_times + lo, out, inf_prob, pmf.pessimistic)
