@@ -1019,6 +1019,123 @@ def _tail_T_meets(pmf: np.ndarray, extra: np.ndarray, err_l2: float, eps: np.nda
     return out
 
 
+#: Columns per bin of the start's surrogate (:func:`_tail_nodes`): two nodes stand for this many columns.
+_START_BIN = 16
+
+
+def _tail_nodes(pmf: np.ndarray, m: int = _START_BIN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions, weights, error weights), each (b, 2 ceil(n / m)): per row and per bin of ``m``
+    columns (the last one padded with zeros), the two-point Gauss rule of the bin's pmf: the nodes
+    and weights whose sums of 1, x, x^2 and x^3 equal the pmf's; nodes inside the bin, weights >= 0;
+    one node of the whole weight where the bin's mass sits on one column (or is 0). sum_j weights
+    f(positions) approximates sum_x pmf[x] f(x) for a smooth f up to the rule's error, m0 E[pi^2]
+    f^(4)(xi) / 24 per bin (pi the bin's orthogonal polynomial of degree 2); the error weights are
+    each node's weight times E[pi^2] / 24, so that sum_j error weights f^(4)(positions) estimates
+    that error. The surrogate of :func:`_tail_T` (:func:`_tail_T_nodes`) that steers the start of
+    :func:`solve_tail_eps` at a fraction of its cost; a heuristic only: no bound uses it."""
+    b, n = pmf.shape
+    nb = -(-n // m)
+    padded = np.zeros((b, nb * m))
+    padded[:, :n] = pmf
+    # sums of pmf d^k (k = 0..3) per bin, d the offset from the bin's centre: (4, b nb), each contiguous
+    vander = np.vander(np.arange(m) - (m - 1) / 2.0, 5, increasing=True)
+    mom = vander.T @ padded.reshape(b * nb, m).T
+    m0, mu, e2, c3, c4 = mom  # filled in place below (fewer temporaries: this runs once per batch)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.divide(1.0, m0)
+        mu *= inv
+        e2 *= inv
+        c3 *= inv  # E d^3
+        c4 *= inv  # E d^4
+        # the fourth central moment E d^4 - 4 mu E d^3 + 6 mu^2 E d^2 - 3 mu^4 (Horner in mu)
+        acc = np.multiply(mu, -3.0)
+        acc *= mu
+        acc += 6.0 * e2
+        acc *= mu
+        acc -= 4.0 * c3
+        acc *= mu
+        c4 += acc
+        np.multiply(mu, mu, out=inv)  # mu^2
+        c2 = np.subtract(e2, inv)
+        inv *= -2.0
+        e2 *= 3.0
+        inv += e2
+        inv *= mu
+        c3 -= inv  # the third central moment E d^3 - mu (3 E d^2 - 2 mu^2)
+        # the nodes mu + t are the roots of t^2 - (c3 / c2) t - c2 (the degree-2 orthogonal polynomial)
+        c3_saved = c3.copy()
+        q = np.divide(c3, c2, out=c3)
+        root = np.multiply(q, q, out=inv)
+        e2 = np.multiply(c2, 4.0, out=e2)
+        root += e2
+        np.sqrt(root, out=root)
+        t1 = np.subtract(q, root, out=e2)
+        t1 *= 0.5
+        t2 = np.add(q, root, out=q)
+        t2 *= 0.5
+        w1 = np.subtract(t2, t1, out=root)
+        np.divide(t2, w1, out=w1)
+        w1 *= m0
+        # the rule's error is m0 E[pi^2] f^(4)(xi) / 24, pi the orthogonal polynomial: E[pi^2] =
+        # c4 - c2^2 - c3^2 / c2 (= c4 - c2^2 - q c3)
+        np.multiply(c3_saved, c3_saved, out=acc)
+        acc /= c2
+        acc += c2 * c2
+        c4 -= acc
+        c4 *= 1.0 / 24.0
+    two = np.isfinite(w1) & (c2 > 1e-12) & (m0 > 0)
+    kappa = np.where(two & np.isfinite(c4), np.maximum(c4, 0.0), 0.0)
+    # a point mass or an empty bin (or a degenerate one): one node, at the mean
+    mu[~(m0 > 0)] = 0.0
+    mu += np.tile(np.arange(nb) * m + (m - 1) / 2.0, b)
+    pos = np.empty((2, b * nb))
+    np.add(mu, t1, out=pos[0])
+    np.add(mu, t2, out=pos[1])
+    np.copyto(pos, mu, where=~two)
+    wts = np.empty((2, b * nb))
+    np.clip(w1, 0.0, m0, out=wts[0])
+    np.copyto(wts[0], m0, where=~two)
+    np.subtract(m0, wts[0], out=wts[1])
+    wk = np.multiply(wts, kappa)
+    # (b, 2 nb): the first node of every bin, then the second
+    pos, wts, wk = (a.reshape(2, b, nb).transpose(1, 0, 2).reshape(b, 2 * nb) for a in (pos, wts, wk))
+    return pos, wts, wk
+
+
+def _tail_T_nodes(nodes: tuple[np.ndarray, np.ndarray, np.ndarray], extra: np.ndarray, eps: np.ndarray, *,
+                  sigma: float, h: float, g_lo: np.ndarray, g_hi: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T, T', T'') of :func:`_tail_T` from the nodes of :func:`_tail_nodes` instead of every column,
+    without the err_l2 ||f|| term and with tau = sigma sqrt(g_hi) for every entry: the start's
+    surrogate; it steers only. Each sum carries the rule's leading error term (weights E[pi^2] / 24
+    times the summand's fourth derivative in x, s^4 He_n(-z) phi(z) up to sign, s = h / tau): the
+    rule alone under-counts T by ~1e-3 of itself (f rises like an exponential in x), which would put
+    the start ~4e-5 below the root."""
+    pos, wts, wk = nodes
+    tau = sigma * np.sqrt(g_hi)
+    nz = pos * h
+    nz -= (eps * sigma * sigma + g_lo / 2)[:, None]
+    nz *= (1.0 / tau)[:, None]  # -z
+    t = np.einsum("bx,bx->b", wts, special.ndtr(nz)) + extra
+    ph = np.square(nz)
+    z2 = ph.copy()
+    ph *= -0.5
+    np.exp(ph, out=ph)  # sqrt(2 pi) phi(z)
+    s4 = ((h / tau) ** 2) ** 2
+    k = sigma * sigma / tau
+    c = k / math.sqrt(2 * math.pi)
+    wkp = wk * ph
+    # He_3(v) = v^3 - 3 v, He_4 = v^4 - 6 v^2 + 3, He_5 = v^5 - 10 v^3 + 15 v at v = nz (= -z)
+    he3 = (z2 - 3.0) * nz
+    he4 = z2 * (z2 - 6.0) + 3.0
+    he5 = nz * (z2 * (z2 - 10.0) + 15.0)
+    t -= np.einsum("bx,bx->b", wkp, he3) * s4 * (1 / math.sqrt(2 * math.pi))
+    d1 = np.einsum("bx,bx->b", wts, ph) + np.einsum("bx,bx->b", wkp, he4) * s4
+    ph *= nz
+    d2 = np.einsum("bx,bx->b", wts, ph) + np.einsum("bx,bx->b", wkp, he5) * s4
+    return t, -d1 * c, -d2 * (c * k)
+
+
 def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: float, h: float,
                    g_lo: np.ndarray, g_hi: np.ndarray, delta: float | np.ndarray, tol: float = 1e-8,
                    proof: TailProof | None = None) -> np.ndarray:
@@ -1071,6 +1188,7 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     x = np.clip((z0 * sigma * np.sqrt(g_hi) - g_lo / 2) / sigma**2, lo, hi)
     logd = np.log(delta)
     v_delta = -special.ndtri(delta)  # Phibar^-1(delta)
+    x = _surrogate_start(pmf, extra, x, lo, hi, active, logd, v_delta, sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
     solvable = active.copy()
     check = np.zeros(b, dtype=bool)  # x is a certificate candidate: T alone is evaluated there
     # the steps' arrays, reused (the first k rows serve a step on k problems)
@@ -1141,6 +1259,41 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
                 check[idx[ok]] = False
     out[solvable] = hi[solvable]
     return out
+
+
+def _surrogate_start(pmf: np.ndarray, extra: np.ndarray, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                     active: np.ndarray, logd: np.ndarray, v_delta: np.ndarray, *, sigma: float, h: float,
+                     g_lo: np.ndarray, g_hi: np.ndarray) -> np.ndarray:
+    """Where :func:`solve_tail_eps` evaluates first (rows ``active``): from ``x`` (the W = 0 term's
+    solution, below the root) one step of :func:`_tail_step` on the surrogate :func:`_tail_T_nodes`,
+    lowered by :data:`_START_MARGIN` (1 + x); never below ``x`` nor outside [lo, hi].
+
+    Why: the search's first evaluation then falls just below the root in most problems, where its own
+    step is ready and the Taylor certificate (:func:`_tail_T_bound_up`) reaches the candidate above
+    it: one evaluation of T with its slopes per problem instead of two (the first step from ``x``
+    lands within ~3e-4 below the root, the surrogate's error adds ~1e-5; the margin keeps the
+    point below the root, where the candidate needs no evaluation of its own). It steers only:
+    any start leaves the result certified, and the search from it is the same."""
+    idx = np.flatnonzero(active)
+    if idx.size == 0 or pmf.shape[1] < 2 * _START_BIN:
+        return x
+    nodes = _tail_nodes(pmf, _START_BIN)
+    if idx.size < pmf.shape[0]:
+        nodes = (nodes[0][idx], nodes[1][idx], nodes[2][idx])
+    x0 = x[idx]
+    t, d1, d2 = _tail_T_nodes(nodes, extra[idx], x0, sigma=sigma, h=h, g_lo=g_lo[idx], g_hi=g_hi[idx])
+    step, _ = _tail_step(t, d1, d2, logd[idx], v_delta[idx])
+    with np.errstate(invalid="ignore", over="ignore"):
+        xi = x0 - step
+    xi = np.where(np.isfinite(xi), xi, x0)  # a flat surrogate: the old start
+    xi -= _START_MARGIN * (1 + xi)
+    out = x.copy()
+    out[idx] = np.clip(np.maximum(xi, x0), lo[idx], hi[idx])
+    return out
+
+
+#: The relative margin by which :func:`_surrogate_start` stays below the surrogate's root.
+_START_MARGIN = 2e-6
 
 
 def _tail_step(t: np.ndarray, d1: np.ndarray, d2: np.ndarray, log_delta: np.ndarray,
