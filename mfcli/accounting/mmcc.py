@@ -1375,7 +1375,7 @@ def tail_epsilons(pairs: TailPairs, *, p: float, sigma: float, delta_pair: float
             length = 1 << max(4, (cut - 1).bit_length())
             pmf = _w_pmf_fft(counts, p, length)
             err = FFT_ERROR_L2  # the legacy allowance inside the computed T (kept; no proof uses it)
-            pmf = np.ascontiguousarray(pmf[:, :cut])
+            pmf = pmf[:, :cut]  # a view (rows contiguous): the search's sums read it as they would a copy
             # P(W >= cut): covers the dropped values and the FFT's folding (tail_at's value)
             extra, rel_cut = _chernoff_and_error(lmgf, float(cut), tsel, sup, p, counts.shape[1])
             extra[sup < cut] = 0.0
