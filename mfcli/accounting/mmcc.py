@@ -1252,9 +1252,20 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
                                     up, sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
                 t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
                                   h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
-                bound = _tail_T_bound_up(t_up, tuple(a[up] for a in got[3]), nx[up] - xi[up], ro_u[1], ro_u[2], n)
-                ok = up[bound * slack <= delta[idx[up]]]
-                hi[idx[ok]] = nx[ok]
+                terms_u = tuple(a[up] for a in got[3])
+                d_u = delta[idx[up]]
+                bound = _tail_T_bound_up(t_up, terms_u, nx[up] - xi[up], ro_u[1], ro_u[2], n)
+                # the same bound falls to delta already at xi + s (the smaller root of its quadratic in
+                # the step): that point, where the bound holds there too, is a certified one at most
+                # the bound's own slack above the root (the candidate is ~0.05 tol above it)
+                low = xi[up] + _tail_bound_step(t_up, terms_u, d_u)
+                with np.errstate(invalid="ignore"):
+                    low_ok = (low >= xi[up]) & (low < nx[up])
+                b_low = _tail_T_bound_up(t_up, terms_u, np.where(low_ok, low - xi[up], 0.0), ro_u[1], ro_u[2], n)
+                low_ok &= b_low * slack <= d_u
+                meets = low_ok | (bound * slack <= d_u)
+                ok = up[meets]
+                hi[idx[ok]] = np.where(low_ok, low, nx[up])[meets]
                 active[idx[ok]] = False
                 check[idx[ok]] = False
     out[solvable] = hi[solvable]
@@ -1286,7 +1297,7 @@ def _surrogate_start(pmf: np.ndarray, extra: np.ndarray, x: np.ndarray, lo: np.n
     with np.errstate(invalid="ignore", over="ignore"):
         xi = x0 - step
     xi = np.where(np.isfinite(xi), xi, x0)  # a flat surrogate: the old start
-    xi -= _START_MARGIN * (1 + xi)
+    xi = xi - _START_MARGIN * (1 + xi)
     out = x.copy()
     out[idx] = np.clip(np.maximum(xi, x0), lo[idx], hi[idx])
     return out
@@ -1294,6 +1305,22 @@ def _surrogate_start(pmf: np.ndarray, extra: np.ndarray, x: np.ndarray, lo: np.n
 
 #: The relative margin by which :func:`_surrogate_start` stays below the surrogate's root.
 _START_MARGIN = 2e-6
+
+
+def _tail_bound_step(t_up: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray],
+                     delta: np.ndarray) -> np.ndarray:
+    """The smallest step s >= 0 at which :func:`_tail_T_bound_up`'s quadratic in the step, t_up (1 +
+    gamma_6) - B s + C s^2, meets ``delta`` (its smaller root, in the stable form), raised by a
+    relative 1e-9 so that the bound evaluated there (which the caller checks: only that certifies)
+    is not above delta by a rounding; NaN where it has none. Steers only."""
+    s_phi, s_m, k = terms
+    a0 = t_up * (1 + gamma(6)) - delta
+    b1 = s_phi * k * (1 - 1e-6) / math.sqrt(2 * math.pi)
+    c2 = 0.5 * k * k * s_m * (1 + 1e-6) / math.sqrt(2 * math.pi)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        disc = b1 * b1 - 4 * c2 * a0
+        step = 2 * a0 / (b1 + np.sqrt(disc))
+    return np.where((disc >= 0) & np.isfinite(step), np.maximum(step, 0.0) * (1 + 1e-9), np.nan)
 
 
 def _tail_step(t: np.ndarray, d1: np.ndarray, d2: np.ndarray, log_delta: np.ndarray,
