@@ -1218,12 +1218,17 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # (a step point near the root steers by the proven bound too: its Taylor candidate is
             # checked against it)
             can = np.flatnonzero(t <= delta[idx] * (1.0 if certify else 1.001))
+            # the proven bound and its argument error per row of this evaluation, formed once (the
+            # Taylor certificate below reads them for the same rows)
+            t_upx = np.full(idx.size, np.nan)
+            d_argx = np.full(idx.size, np.nan)
+            zabsx = np.full(idx.size, np.nan)
+
+            at = dict(idx=idx, xi=xi, t0=t0, norm=norm, zf=zf, rng=rng, proof=proof, extra=extra, err_l2=err_l2,
+                      out=(t_upx, d_argx, zabsx), sigma=sigma, h=h, g_lo=g_lo, g_hi=g_hi)
             if can.size:
-                sel_c = idx[can]
-                ro_c = _roundoff_at((r_all[sel_c], d_all[sel_c], zabs_all[sel_c]), xi[can], proof.last[sel_c], zf,
-                                    can, sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c])
-                t[can] = _tail_T_up(t0[can], extra[sel_c], norm[can], err_l2, xi[can], proof.take(sel_c), n,
-                                    sigma=sigma, h=h, g_lo=g_lo[sel_c], g_hi=g_hi[sel_c], roundoff=ro_c) * slack
+                _proven_rows(can, **at)
+                t[can] = t_upx[can] * slack
             meets = t <= delta[idx]
             lo[idx] = np.where(meets, lo[idx], xi)
             hi[idx] = np.where(meets, xi, hi[idx])
@@ -1247,21 +1252,20 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
             # holds (no evaluation), else evaluated in the next round
             up = np.flatnonzero(check[idx] & (nx >= xi))
             if up.size:
-                sel_u = idx[up]
-                ro_u = _roundoff_at((r_all[sel_u], d_all[sel_u], zabs_all[sel_u]), xi[up], proof.last[sel_u], zf,
-                                    up, sigma=sigma, h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u])
-                t_up = _tail_T_up(t0[up], extra[sel_u], norm[up], err_l2, xi[up], proof.take(sel_u), n, sigma=sigma,
-                                  h=h, g_lo=g_lo[sel_u], g_hi=g_hi[sel_u], roundoff=ro_u)
+                miss = up[np.isnan(t_upx[up])]
+                if miss.size:
+                    _proven_rows(miss, **at)
+                t_up, d_u_arg, zabs_u = t_upx[up], d_argx[up], zabsx[up]
                 terms_u = tuple(a[up] for a in got[3])
                 d_u = delta[idx[up]]
-                bound = _tail_T_bound_up(t_up, terms_u, nx[up] - xi[up], ro_u[1], ro_u[2], n)
+                bound = _tail_T_bound_up(t_up, terms_u, nx[up] - xi[up], d_u_arg, zabs_u, n)
                 # the same bound falls to delta already at xi + s (the smaller root of its quadratic in
                 # the step): that point, where the bound holds there too, is a certified one at most
                 # the bound's own slack above the root (the candidate is ~0.05 tol above it)
                 low = xi[up] + _tail_bound_step(t_up, terms_u, d_u)
                 with np.errstate(invalid="ignore"):
                     low_ok = (low >= xi[up]) & (low < nx[up])
-                b_low = _tail_T_bound_up(t_up, terms_u, np.where(low_ok, low - xi[up], 0.0), ro_u[1], ro_u[2], n)
+                b_low = _tail_T_bound_up(t_up, terms_u, np.where(low_ok, low - xi[up], 0.0), d_u_arg, zabs_u, n)
                 low_ok &= b_low * slack <= d_u
                 meets = low_ok | (bound * slack <= d_u)
                 ok = up[meets]
@@ -1305,6 +1309,22 @@ def _surrogate_start(pmf: np.ndarray, extra: np.ndarray, x: np.ndarray, lo: np.n
 
 #: The relative margin by which :func:`_surrogate_start` stays below the surrogate's root.
 _START_MARGIN = 2e-6
+
+
+def _proven_rows(rows: np.ndarray, *, idx: np.ndarray, xi: np.ndarray, t0: np.ndarray, norm: np.ndarray,
+                 zf: tuple[np.ndarray, np.ndarray], rng: tuple[np.ndarray, np.ndarray, np.ndarray], proof: TailProof,
+                 extra: np.ndarray, err_l2: float, out: tuple[np.ndarray, np.ndarray, np.ndarray], sigma: float,
+                 h: float, g_lo: np.ndarray, g_hi: np.ndarray) -> None:
+    """For the rows ``rows`` of an evaluation of :func:`solve_tail_eps` (problems ``idx[rows]``, at
+    ``xi[rows]``): the proven bound :func:`_tail_T_up` and the argument error and largest |z| of
+    its round-off (:func:`_roundoff_at`), written into ``out``'s three arrays at ``rows``."""
+    sel = idx[rows]
+    n = zf[0].shape[1]
+    ro = _roundoff_at((rng[0][sel], rng[1][sel], rng[2][sel]), xi[rows], proof.last[sel], zf, rows, sigma=sigma, h=h,
+                      g_lo=g_lo[sel], g_hi=g_hi[sel])
+    out[0][rows] = _tail_T_up(t0[rows], extra[sel], norm[rows], err_l2, xi[rows], proof.take(sel), n, sigma=sigma, h=h,
+                              g_lo=g_lo[sel], g_hi=g_hi[sel], roundoff=ro)
+    out[1][rows], out[2][rows] = ro[1], ro[2]
 
 
 def _tail_bound_step(t_up: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndarray],
