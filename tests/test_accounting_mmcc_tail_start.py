@@ -140,3 +140,20 @@ def test_tail_search_from_the_surrogate_start_is_certified_tight_and_takes_one_e
     excess = np.concatenate(excesses)
     assert excess.max() <= 0.0505  # the candidate root + tol (1 + root) / 20 and the step's error
     assert np.median(excess) <= 0.01  # most: the bound's own root, within its slack of the certified end
+
+
+def test_tail_nodes_do_not_depend_on_the_blas_threads() -> None:
+    """The nodes (so the start, so every tail epsilon) are the same bit for bit with one BLAS thread
+    as with two: mmcc runs its products with one thread, and its numbers must equal those of a run
+    with the library's default (tests/test_account_headline.py). The moments' product taken as
+    its transpose (vander.T @ pmf.T) differs in the last bits under two threads."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(5)
+    pmf = rng.dirichlet(np.ones(249) * 0.3, size=1024)
+    with threadpool_limits(limits=1, user_api="blas"):
+        one = M._tail_nodes(pmf)
+    with threadpool_limits(limits=2, user_api="blas"):
+        two = M._tail_nodes(pmf)
+    for a, b in zip(one, two, strict=True):
+        assert a.tobytes() == b.tobytes()

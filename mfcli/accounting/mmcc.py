@@ -1039,7 +1039,9 @@ def _tail_nodes(pmf: np.ndarray, m: int = _START_BIN) -> tuple[np.ndarray, np.nd
     padded[:, :n] = pmf
     # sums of pmf d^k (k = 0..3) per bin, d the offset from the bin's centre: (4, b nb), each contiguous
     vander = np.vander(np.arange(m) - (m - 1) / 2.0, 5, increasing=True)
-    mom = vander.T @ padded.reshape(b * nb, m).T
+    # (the tall product, not its transpose: OpenBLAS sums each entry in the same order at any thread
+    # count only in this orientation, and mmcc's numbers must not depend on the BLAS threads)
+    mom = np.ascontiguousarray((padded.reshape(b * nb, m) @ vander).T)
     m0, mu, e2, c3, c4 = mom  # filled in place below (fewer temporaries: this runs once per batch)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = np.divide(1.0, m0)
