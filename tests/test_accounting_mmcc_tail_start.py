@@ -131,7 +131,10 @@ def test_tail_search_from_the_surrogate_start_is_certified_tight_and_takes_one_e
         proof = kw.pop("proof")
         dl = kw.pop("delta")
         run = dict(sigma=kw["sigma"], h=kw["h"], g_lo=kw["g_lo"], g_hi=kw["g_hi"])
-        assert np.all(M._tail_T_meets(pmf, extra, err, got, dl, 1.0, proof=proof, **run))
+        # the direct bound at the returned eps (a fresh evaluation; the search may have certified it by
+        # the Taylor bound from a point below, which is proven too and can be tighter than a direct sum
+        # by its round-off, ~1e-15 of T: the direct check is allowed 1e-13 relative in eps)
+        assert np.all(M._tail_T_meets(pmf, extra, err, got * (1 + 1e-13), dl, 1.0, proof=proof, **run))
         hi = (pmf.shape[1] * kw["h"] + 40 * sigma * np.sqrt(kw["g_hi"])) / sigma**2 + 1.0
         lo_b, hi_b = _bisect_certified(pmf, extra, err, run, proof, dl, hi)
         assert np.all(got > lo_b)  # lo_b fails the certificate: nothing below it is returned
@@ -157,3 +160,29 @@ def test_tail_nodes_do_not_depend_on_the_blas_threads() -> None:
         two = M._tail_nodes(pmf)
     for a, b in zip(one, two, strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_wrong_bound_root_is_not_returned(headline_pairs, monkeypatch) -> None:
+    """The smaller root of the Taylor bound's quadratic is returned only where the bound evaluated
+    there meets delta: with a root solver that errs low (0.1 % short of its root, far below the
+    certified end), every returned eps must still pass the direct certificate. Dropping that check
+    returns the short roots (caught here; the reviewer's mutant of 2026-12-03)."""
+    pairs, p, sigma = headline_pairs
+    pairs = _sample(pairs, 2, u=200)
+    step = M._tail_bound_step
+    monkeypatch.setattr(M, "_tail_bound_step", lambda *a: step(*a) * (1 - 1e-3))
+    seen: list = []
+    solve = M.solve_tail_eps
+
+    def spy(pmf, extra, err_l2, **kw):
+        out = solve(pmf, extra, err_l2, **kw)
+        seen.append((pmf, extra, err_l2, kw, out))
+        return out
+
+    monkeypatch.setattr(M, "solve_tail_eps", spy)
+    M.tail_epsilons(pairs, p=p, sigma=sigma, delta_pair=1.5e-11)
+    assert seen
+    for pmf, extra, err, kw, got in seen:
+        proof, dl = kw.pop("proof"), kw.pop("delta")
+        run = dict(sigma=kw["sigma"], h=kw["h"], g_lo=kw["g_lo"], g_hi=kw["g_hi"])
+        assert np.all(M._tail_T_meets(pmf, extra, err, got, dl, 1.0, proof=proof, **run))

@@ -1171,7 +1171,6 @@ def solve_tail_eps(pmf: np.ndarray, extra: np.ndarray, err_l2: float, *, sigma: 
     0.05; before the steps on v: a median of 0.25 and up to 0.86; at delta 1e-10 up to 1.9e5 tol);
     "to tol" is a target the estimate meets there, not a guarantee: an estimate that is off can
     only return a larger eps, never an uncertified one.
-    larger eps, never an uncertified one.
     """
     b, n = pmf.shape
     slack = 1.0  # the bounds carry the round-off (alone, the margin was a relative 1e-12)
