@@ -90,6 +90,20 @@ def _bisect_certified(pmf, extra, err, kw, proof, delta, hi, iters=64):
     return lo, hi
 
 
+def _spy_on_solves(monkeypatch) -> list:
+    """Every call of M.solve_tail_eps from here on, as (pmf, extra, err_l2, keywords, result)."""
+    seen: list = []
+    solve = M.solve_tail_eps
+
+    def spy(pmf, extra, err_l2, **kw):
+        out = solve(pmf, extra, err_l2, **kw)
+        seen.append((pmf, extra, err_l2, kw, out))
+        return out
+
+    monkeypatch.setattr(M, "solve_tail_eps", spy)
+    return seen
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tail_search_from_the_surrogate_start_is_certified_tight_and_takes_one_evaluation(
         seed: int, headline_pairs, monkeypatch) -> None:
@@ -103,14 +117,7 @@ def test_tail_search_from_the_surrogate_start_is_certified_tight_and_takes_one_e
     pairs, p, sigma = headline_pairs
     pairs = _sample(pairs, seed)
     delta = 1.5e-11
-    seen: list = []
-    solve = M.solve_tail_eps
-
-    def spy(pmf, extra, err_l2, **kw):
-        out = solve(pmf, extra, err_l2, **kw)
-        seen.append((pmf, extra, err_l2, kw, out))
-        return out
-
+    seen = _spy_on_solves(monkeypatch)
     slopes = [0]
     tail_t = M._tail_T
 
@@ -119,7 +126,6 @@ def test_tail_search_from_the_surrogate_start_is_certified_tight_and_takes_one_e
             slopes[0] += pmf.shape[0]
         return tail_t(pmf, *args, **kwargs)
 
-    monkeypatch.setattr(M, "solve_tail_eps", spy)
     monkeypatch.setattr(M, "_tail_T", count)
     eps = M.tail_epsilons(pairs, p=p, sigma=sigma, delta_pair=delta)
     monkeypatch.setattr(M, "_tail_T", tail_t)
@@ -171,15 +177,7 @@ def test_a_wrong_bound_root_is_not_returned(headline_pairs, monkeypatch) -> None
     pairs = _sample(pairs, 2, u=200)
     step = M._tail_bound_step
     monkeypatch.setattr(M, "_tail_bound_step", lambda *a: step(*a) * (1 - 1e-3))
-    seen: list = []
-    solve = M.solve_tail_eps
-
-    def spy(pmf, extra, err_l2, **kw):
-        out = solve(pmf, extra, err_l2, **kw)
-        seen.append((pmf, extra, err_l2, kw, out))
-        return out
-
-    monkeypatch.setattr(M, "solve_tail_eps", spy)
+    seen = _spy_on_solves(monkeypatch)
     M.tail_epsilons(pairs, p=p, sigma=sigma, delta_pair=1.5e-11)
     assert seen
     for pmf, extra, err, kw, got in seen:
