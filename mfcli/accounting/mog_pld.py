@@ -38,6 +38,7 @@ tests/test_accounting_mog_pld_roundoff.py checks it against 40-digit mpmath.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -648,24 +649,68 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     of the REMOVE CDF; one ``erfc`` per entry gives both sums accurately (:func:`_mixture_tails`),
     where ``ndtr(t)`` and ``ndtr(-t)`` took two.
     The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
-    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs."""
-    delta_r = np.zeros_like(eps_r)
-    trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
-    delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
-    delta_a = np.zeros_like(eps_a)
-    in_r = ~trivial_r
-    in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
-    bound_r, bound_a = _flat_bounds(remove, eps_r), _flat_bounds(add, eps_a)
-    # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
-    # so the mirrored ADD points are inside the REMOVE range)
-    e_r, e_a = eps_r[in_r], eps_a[in_a]
-    m_a = -e_a
-    pts, i_a = _inversion_points(e_r, m_a)
-    if pts.size:
-        lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-        trace = np.empty((5, pts.size))
-        y = _invert(remove, pts, lower_x, upper_x, trace)
-        root = _root_errors(remove, y, pts, trace)
+    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs. :func:`_paired_deltas_many`
+    (of this one mixture) computes them."""
+    return _paired_deltas_many([(remove, add, eps_r, eps_a)])[0]
+
+
+def _per_point(values: list[float], counts: list[int]) -> np.ndarray:
+    """values[i] repeated counts[i] times: a per-mixture number at each of that mixture's points (the
+    same float: an elementwise operation with it gives what the operation with the scalar gives)."""
+    return np.repeat(np.array(values, dtype=np.float64), counts)
+
+
+def _paired_deltas_many(items: list[tuple[_Loss, _Loss, np.ndarray, np.ndarray]]
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_paired_deltas` of each (remove, add, eps_r, eps_a) in ``items``, bit for bit the values
+    each gives on its own (tests/test_mog_pld_batched.py), in fewer array operations: MMCC's rows
+    are hundreds of mixtures of a few hundred points each, where the per-call cost of the ~600
+    array operations per mixture was most of the time.
+
+    Which parts are batched: what is elementwise given a few numbers per mixture (the roots' error
+    bounds, the CDFs at the roots, the deltas and their bounds) runs once on all mixtures' points
+    concatenated, each per-mixture number (computed by the same Python expression as before) repeated
+    at its points: an elementwise operation gives each point the value it gives on its own. What
+    reduces over a mixture's support (the inversion's evaluations, the mixture sums) runs per
+    mixture on exactly the arrays it ran on before, since a reduction's (and a BLAS product's)
+    rounding may depend on the shape it is given."""
+    n_items = len(items)
+    results: list[list[np.ndarray]] = []
+    # per mixture: the trivial points, the flat-limit bounds, the roots and the mixture sums
+    inside: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    roots: list[tuple[np.ndarray, np.ndarray]] = []  # (y, trace) per mixture with points to invert
+    for remove, add, eps_r, eps_a in items:
+        delta_r = np.zeros_like(eps_r)
+        trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
+        delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
+        delta_a = np.zeros_like(eps_a)
+        in_r = ~trivial_r
+        in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
+        results.append([delta_r, delta_a, _flat_bounds(remove, eps_r), _flat_bounds(add, eps_a)])
+        # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
+        # so the mirrored ADD points are inside the REMOVE range)
+        e_r, e_a = eps_r[in_r], eps_a[in_a]
+        pts, i_a = _inversion_points(e_r, -e_a)
+        inside.append((in_r, in_a, e_r, e_a, pts, i_a))
+        if pts.size:
+            lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
+            trace = np.empty((5, pts.size))
+            roots.append((_invert(remove, pts, lower_x, upper_x, trace), trace))
+        else:
+            roots.append((pts, np.empty((5, 0))))
+    removes = [it[0] for it in items]
+    errors = _root_errors_many(removes, [r[0] for r in roots], [v[4] for v in inside], [r[1] for r in roots])
+    # per mixture: the loose roots redone, the mixture sums at the roots, and what the REMOVE and ADD
+    # points read of them
+    sel_r: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    sel_a: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for row in range(n_items):
+        remove = removes[row]
+        _, _, e_r, e_a, pts, i_a = inside[row]
+        y, trace = roots[row]
+        root = errors[row]
+        if not pts.size:
+            continue
         # a root whose residual is far above round-off (Halley's error estimate misled by curvature
         # that changes fast, as where a far component takes over) is finished by bisection
         loose = ~(root[:, 0] <= _LOOSE_RESIDUAL * (1.0 + np.abs(pts)))
@@ -678,29 +723,89 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
         if e_r.size:
             if e_r.size == pts.size and bool(np.all(e_r[1:] > e_r[:-1])):
                 # pts holds the distinct e_r and no more: pts[j] == e_r[j], the search would give j
-                yi, cdf_i, err_i, root_i = y, cdf_sum, err_cdf, root
+                sel_r.append((y, cdf_sum, err_cdf, root, e_r))
             else:
                 i = np.searchsorted(pts, e_r)
-                yi, cdf_i, err_i, root_i = y[i], cdf_sum[i], err_cdf[i], root[i]
-            lower = remove.lower_cdf(yi)
-            scaled = _scaled_lower(remove, yi, e_r, lower)
-            d_r = cdf_i - scaled
-            delta_r[in_r] = d_r
-            b = _delta_bounds(remove, yi, e_r, d_r, cdf_i, err_i, lower, scaled,
-                              _ndtr_allowance(yi / remove.sigma), root_i, remove=True)
-            bound_r[in_r] = np.where(_near_flat(remove, e_r), bound_r[in_r], b)
+                sel_r.append((y[i], cdf_sum[i], err_cdf[i], root[i], e_r))
         if e_a.size:
-            i = i_a if i_a is not None else np.searchsorted(pts, m_a)
-            x_a = -y[i]
+            i = i_a if i_a is not None else np.searchsorted(pts, -e_a)
             sf_i = sf_sum[i]
-            upper = add.upper_cdf(x_a)
-            scaled = _scaled_lower(add, x_a, e_a, sf_i)
-            d_a = upper - scaled
-            delta_a[in_a] = d_a
-            b = _delta_bounds(add, x_a, e_a, d_a, upper, _ndtr_allowance(x_a / add.sigma) * upper,
-                              sf_i, scaled, err_sf[i] / np.maximum(sf_i, np.finfo(float).tiny), root[i], remove=False)
-            bound_a[in_a] = np.where(_near_flat(add, e_a), bound_a[in_a], b)
-    return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
+            sel_a.append((-y[i], sf_i, err_sf[i] / np.maximum(sf_i, np.finfo(float).tiny), root[i], e_a))
+    rows_r = [j for j in range(n_items) if inside[j][4].size and inside[j][2].size]
+    rows_a = [j for j in range(n_items) if inside[j][4].size and inside[j][3].size]
+    # the deltas at the roots and their bounds, all mixtures' points at once (REMOVE, then ADD)
+    if rows_r:
+        counts = [s[4].size for s in sel_r]
+        losses = [removes[j] for j in rows_r]
+        yi, cdf_i, err_i, root_i, e_r = (np.concatenate([s[k] for s in sel_r]) for k in range(5))
+        sigma = _per_point([loss.sigma for loss in losses], counts)
+        lower = special.ndtr(yi / sigma)  # remove.lower_cdf
+        scaled = _scaled_lower_many(losses, counts, yi, e_r, lower)
+        d_r = cdf_i - scaled
+        b = _delta_bounds_many(losses, counts, yi, e_r, d_r, cdf_i, err_i, lower, scaled,
+                               _ndtr_allowance(yi / sigma), root_i, remove=True)
+        near = _near_flat_many(losses, counts, e_r)
+        for j, part_d, part_b, part_near in zip(rows_r, np.split(d_r, np.cumsum(counts)[:-1]),
+                                                np.split(b, np.cumsum(counts)[:-1]),
+                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
+            in_r = inside[j][0]
+            results[j][0][in_r] = part_d
+            results[j][2][in_r] = np.where(part_near, results[j][2][in_r], part_b)
+    if rows_a:
+        counts = [s[4].size for s in sel_a]
+        losses = [items[j][1] for j in rows_a]
+        x_a, sf_i, rel_sf, root_i, e_a = (np.concatenate([s[k] for s in sel_a]) for k in range(5))
+        sigma = _per_point([loss.sigma for loss in losses], counts)
+        upper = special.ndtr(x_a / sigma)  # add.upper_cdf
+        scaled = _scaled_lower_many(losses, counts, x_a, e_a, sf_i)
+        d_a = upper - scaled
+        b = _delta_bounds_many(losses, counts, x_a, e_a, d_a, upper, _ndtr_allowance(x_a / sigma) * upper,
+                               sf_i, scaled, rel_sf, root_i, remove=False)
+        near = _near_flat_many(losses, counts, e_a)
+        for j, part_d, part_b, part_near in zip(rows_a, np.split(d_a, np.cumsum(counts)[:-1]),
+                                                np.split(b, np.cumsum(counts)[:-1]),
+                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
+            in_a = inside[j][1]
+            results[j][1][in_a] = part_d
+            results[j][3][in_a] = np.where(part_near, results[j][3][in_a], part_b)
+    return [(np.clip(r[0], 0.0, 1.0), np.clip(r[1], 0.0, 1.0), r[2], r[3]) for r in results]
+
+
+def _scaled_lower_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray,
+                       lower: np.ndarray) -> np.ndarray:
+    """:func:`_scaled_lower` of each loss at its ``counts`` consecutive points of x, eps, lower."""
+    big = _log_form(eps, lower)
+    if not big.any():
+        return np.exp(eps) * lower
+    out = np.empty_like(eps)
+    small = ~big
+    out[small] = np.exp(eps[small]) * lower[small]
+    start = 0
+    for loss, n in zip(losses, counts, strict=True):
+        part = slice(start, start + n)
+        start += n
+        sel = start - n + np.flatnonzero(big[part])
+        if sel.size:
+            with np.errstate(over="ignore"):
+                out[sel] = np.exp(eps[sel] + loss.lower_log_cdf(x[sel]))
+    return out
+
+
+def _near_flat_many(losses: list[_Loss], counts: list[int], eps: np.ndarray) -> np.ndarray:
+    """:func:`_near_flat` of each loss (all of one direction) at its ``counts`` consecutive eps."""
+    if not losses:
+        return np.zeros(eps.shape, dtype=bool)
+    remove = losses[0].remove
+    # the threshold of each loss as _near_flat forms it; none (never near) without a flat limit
+    limits, has = [], []
+    for loss in losses:
+        has.append(math.isfinite(loss.flat_limit))
+        margin = _NEAR_FLAT * (1.0 + abs(loss.flat_limit)) if has[-1] else 0.0
+        limits.append(loss.flat_limit + margin if remove else loss.flat_limit - margin)
+    limit = _per_point(limits, counts)
+    with np.errstate(invalid="ignore"):
+        near = eps <= limit if remove else eps >= limit
+    return near & np.repeat(np.array(has, dtype=bool), counts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -744,29 +849,46 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     t = |s| + u |y|. Delta: with t' = t + 4R / m, m' = |L'(x_k)| (1 - 3e) - c(t') t' >= m / 2 and
     c(t') R <= m'^2 / 2, |L(y + t) - L(y)| >= m' t - c(t') t^2 / 2 on the way to the root, which at
     t = 2R / m' (<= 4R / m) is >= R, the loss monotone up to there: the root lies within 2R / m'.
-    A root finished by bisection is evaluated afresh (x_k = y, s = 0)."""
-    k = loss.s.size
-    cmax = float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v)))
-    bmax = float(np.max(np.abs(loss.slope)))
-    xk, f, d1, d2, step = trace  # read only (rows of the trace)
+    A root finished by bisection is evaluated afresh (x_k = y, s = 0). :func:`_root_errors_many`
+    (of this one loss) computes them."""
+    return _root_errors_many([loss], [y], [eps], [trace])[0]
+
+
+def _root_errors_many(losses: list[_Loss], ys: list[np.ndarray], epss: list[np.ndarray],
+                      traces: list[np.ndarray]) -> list[np.ndarray]:
+    """:func:`_root_errors` of each (loss, y, eps, trace), bit for bit: the Taylor bounds of all
+    losses' roots at once (elementwise, each loss's numbers repeated at its points), the fresh
+    evaluations per loss on the points its own call evaluates."""
+    counts = [y.size for y in ys]
+    params = [(float(loss.s.size), float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v))),
+               float(np.max(np.abs(loss.slope))), loss.slope_range) for loss in losses]
+    y = np.concatenate(ys)
+    eps = np.concatenate(epss)
+    xk, f, d1, d2, step = np.concatenate(traces, axis=1)  # read only (rows of the trace)
+    k, cmax, bmax, spread = (_per_point([p[i] for p in params], counts) for i in range(4))
+    curv_max = _per_point([1.01 * p[3] ** 2 / 4.0 for p in params], counts)
     # in blocks that stay in cache (every operation is elementwise: the same numbers)
     out = np.empty((y.size, 3))
     for start in range(0, y.size, _ROOT_BLOCK):
         b = slice(start, start + _ROOT_BLOCK)
-        out[b] = _root_bounds(xk[b], f[b], d1[b], d2[b], step[b], y[b], eps[b], k=k, cmax=cmax, bmax=bmax,
-                              spread=loss.slope_range)
+        out[b] = _root_bounds(xk[b], f[b], d1[b], d2[b], step[b], y[b], eps[b], k=k[b], cmax=cmax[b], bmax=bmax[b],
+                              spread=spread[b], curv_max=curv_max[b])
     # the roots finished by bisection, and those whose Taylor bound is loose (a long last step where
     # the curvature changes fast), are evaluated afresh at y (x_k = y, s = 0)
     fresh = np.isnan(xk) | ~(out[:, 0] <= _FRESH_RESIDUAL * (1.0 + np.abs(eps)))
+    parts = np.split(out, np.cumsum(counts)[:-1]) if counts else []
     if fresh.any():
-        idx = np.flatnonzero(fresh)
-        for start in range(0, idx.size, _CHUNK):
-            i = idx[start:start + _CHUNK]
-            val, slope, c2 = loss.value_slope_curvature(y[i])
-            out[i] = _root_bounds(y[i], val - eps[i], slope, c2, np.zeros(i.size), y[i], eps[i], k=k, cmax=cmax,
-                                  bmax=bmax, spread=loss.slope_range)
-    return out
-
+        start = 0
+        for loss, n, part, (kk, cm, bm, sp) in zip(losses, counts, parts, params, strict=True):
+            idx = np.flatnonzero(fresh[start:start + n])
+            yl, el = y[start:start + n], eps[start:start + n]
+            start += n
+            for first in range(0, idx.size, _CHUNK):
+                i = idx[first:first + _CHUNK]
+                val, slope, c2 = loss.value_slope_curvature(yl[i])
+                part[i] = _root_bounds(yl[i], val - el[i], slope, c2, np.zeros(i.size), yl[i], el[i], k=int(kk), cmax=cm,
+                                       bmax=bm, spread=sp)
+    return parts
 
 #: Points per block of :func:`_root_bounds` in :func:`_root_errors` (its ~70 array operations on
 #: 200k points ran from memory, not cache: 19 ms against 14 ms in blocks).
@@ -778,10 +900,13 @@ _LOOSE_RESIDUAL = 1e-9
 
 
 def _root_bounds(xk: np.ndarray, f: np.ndarray, d1: np.ndarray, d2: np.ndarray, step: np.ndarray, y: np.ndarray,
-                 eps: np.ndarray, *, k: int, cmax: float, bmax: float, spread: float) -> np.ndarray:
-    """:func:`_root_errors`' (R, m, Delta) from one evaluation at x_k (its docstring has the argument)."""
+                 eps: np.ndarray, *, k: Any, cmax: Any, bmax: Any, spread: Any, curv_max: Any = None) -> np.ndarray:
+    """:func:`_root_errors`' (R, m, Delta) from one evaluation at x_k (its docstring has the argument). The
+    loss's numbers k, cmax, bmax, spread (and curv_max, 1.01 spread^2 / 4 if not given) are floats, or
+    arrays of them per point (:func:`_root_errors_many`)."""
     u = UNIT_ROUNDOFF
-    curv_max = 1.01 * spread ** 2 / 4.0
+    if curv_max is None:
+        curv_max = 1.01 * spread ** 2 / 4.0
     e = 16.0 * u * (1.0 + np.abs(xk) * bmax + cmax + np.abs(f + eps) + k)
     d2_here = np.abs(d2) + (4.0 * e + 8.0 * u) * bmax * bmax
 
@@ -825,16 +950,28 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     cover: x* >= y - R / m always (if L(y) < eps, the tangent at y, under the convex REMOVE loss,
     meets eps within (eps - L(y)) / m; else x* >= y), so for REMOVE the interval lies in
     [y - R / m, inf) and for ADD in (-inf, -y + R / m], each of N(0) mass Phi((R / m - y) / sigma)
-    (1 without m)."""
+    (1 without m). :func:`_delta_bounds_many` (of this one loss) computes it."""
+    return _delta_bounds_many([loss], [x.size], x, eps, delta, upper, err_upper, lower, scaled, rel_lower, root,
+                              remove=remove)
+
+
+def _delta_bounds_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray, delta: np.ndarray,
+                       upper: np.ndarray, err_upper: np.ndarray, lower: np.ndarray, scaled: np.ndarray,
+                       rel_lower: np.ndarray, root: np.ndarray, *, remove: bool) -> np.ndarray:
+    """:func:`_delta_bounds` of each loss (all of one direction) at its ``counts`` consecutive points
+    of the arrays, bit for bit: every operation is elementwise, each loss's numbers (sigma, max s,
+    the probabilities' error and what follows from them, by the same Python expressions) repeated
+    at its points."""
     u = UNIT_ROUNDOFF
     r, m, dist = root[:, 0], root[:, 1], root[:, 2]
+    sigma = _per_point([loss.sigma for loss in losses], counts)
     big = _log_form(eps, lower)
     # e^eps mu_lower_cdf: exp (ELEMENTARY_ULPS), the product, the grid value's rounding (u |eps|)
     rel_scaled = rel_lower + (ELEMENTARY_ULPS + 2.0 + 1.01 * np.abs(eps)) * u
     if big.any():  # formed as exp(eps + log mu_lower_cdf), log_ndtr within the same allowance as ndtr
         # (it does not underflow): log's error and the exponent's rounding too
         log_lower = np.log(np.maximum(scaled, np.finfo(float).tiny)) - eps
-        x_max = (np.abs(x) + float(loss.s.max())) / loss.sigma
+        x_max = (np.abs(x) + _per_point([float(loss.s.max()) for loss in losses], counts)) / sigma
         rel_big = (64.0 + 16.0 * x_max * x_max + 16.0 * (np.abs(eps) + np.abs(log_lower))) * u
         rel_scaled = np.where(big, np.maximum(rel_scaled, rel_big), rel_scaled)
     # an underflowed CDF at eps <= 0 (formed directly): its absolute error, at most 2^-1022 (both
@@ -845,25 +982,27 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     # ADD's Q = sum q N(s) at least (1 - rho) times, so delta <= delta_computed(eps + log(1 - rho)).
     # The eps shift t moves e^eps mu_lower by t e^eps mu_lower at most (1 - e^-t <= t) and the
     # root's residual by t.
-    rho = loss.prob_error
-    shift = 1.01 * (math.log1p(rho) if remove else -math.log1p(-rho))
-    if shift > 0:
-        evaluation = evaluation + 1.01 * shift * scaled
+    shifts = [1.01 * (math.log1p(loss.prob_error) if remove else -math.log1p(-loss.prob_error)) for loss in losses]
+    shift = _per_point(shifts, counts)
+    moved = shift > 0
+    if moved.any():
+        evaluation = np.where(moved, evaluation + _per_point([1.01 * t for t in shifts], counts) * scaled, evaluation)
         grow = (r + shift) / np.where(r > 0, r, 1.0)
-        r = r + shift
-        dist = np.where(np.isfinite(dist), dist * grow, dist)  # Delta <= 2R / m grows with R
+        dist = np.where(moved & np.isfinite(dist), dist * grow, dist)  # Delta <= 2R / m grows with R
+        r = np.where(moved, r + shift, r)
     y = x if remove else -x
+    log_density = _per_point([math.log(loss.sigma * math.sqrt(2.0 * math.pi)) for loss in losses], counts)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         log_scale = eps if remove else r  # e^eps w <= e^scale N(0) density (or mass); no cap: an
         # overflow is inf, and the bound then falls back to the other form or to 1
-        z = np.maximum(np.abs(y) - dist, 0.0) / loss.sigma
-        near = dist * np.exp(log_scale - 0.5 * z * z - math.log(loss.sigma * math.sqrt(2.0 * math.pi)))
+        z = np.maximum(np.abs(y) - dist, 0.0) / sigma
+        near = dist * np.exp(log_scale - 0.5 * z * z - log_density)
         reach = np.where(m > 0, r / np.where(m > 0, m, 1.0), np.inf)
-        log_mass = np.where(np.isfinite(reach), special.log_ndtr((reach - y) / loss.sigma), 0.0)
+        log_mass = np.where(np.isfinite(reach), special.log_ndtr((reach - y) / sigma), 0.0)
         far = np.exp(log_scale + log_mass) * (1.0 + 1e-6) + _TINY
         shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
     shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
-    lift = 1.0 + rho if remove else 1.0
+    lift = _per_point([1.0 + loss.prob_error if remove else 1.0 for loss in losses], counts)
     return np.minimum((delta + evaluation + 1.01 * shortfall) * lift * (1.0 + 8.0 * u), 1.0)
 
 
@@ -1113,24 +1252,44 @@ def mixture_pld(
     (see the module docstring); composing it with other pessimistic PLDs gives an upper bound on
     epsilon.
     """
+    return mixture_plds(sigma, [(sensitivities, probabilities, probability_error)],
+                        value_discretization_interval=value_discretization_interval, max_points=max_points)[0]
+
+
+def mixture_plds(
+    sigma: float,
+    mixtures: Sequence[tuple[ArrayLike, ArrayLike, float]],
+    *,
+    value_discretization_interval: float = 1e-4,
+    max_points: int | None = None,
+) -> list[pld_ops.Pld]:
+    """:func:`mixture_pld` of every (sensitivities, probabilities, probability_error) in
+    ``mixtures``, at one sigma and grid: each PLD bit for bit the one its own call gives (the
+    deltas and bounds of all mixtures are computed together, :func:`_paired_deltas_many`: MMCC's
+    hundreds of row mechanisms cost ~600 small array operations each one by one)."""
     if not (value_discretization_interval > 0):
         raise MfcliError("the value discretization interval must be positive")
     if max_points is not None and not (isinstance(max_points, (int, np.integer)) and max_points >= 2):
         raise MfcliError(f"max_points must be an integer of at least 2 (both ends of the grid), got {max_points!r}")
-    s, q = _check_mixture(sigma, sensitivities, probabilities)
     d = value_discretization_interval
-    remove = _Loss(float(sigma), s, q, True)
-    add = _Loss(float(sigma), s, q, False, mirror=remove)
-    if not (0.0 <= probability_error <= 1e-6):
-        raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
-    rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
-    remove.prob_error = add.prob_error = rho
-    ends_r, ends_a = _loss_ends(remove, add)
-    ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
-    delta_r, delta_a, bound_r, bound_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
-    pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
-    pmf_add = _pmf_from_deltas(d, ks_a, delta_a, bound_a)
-    return pld_ops.Pld(pmf_remove, pmf_add)
+    items = []
+    grids = []
+    for sensitivities, probabilities, probability_error in mixtures:
+        s, q = _check_mixture(sigma, sensitivities, probabilities)
+        remove = _Loss(float(sigma), s, q, True)
+        add = _Loss(float(sigma), s, q, False, mirror=remove)
+        if not (0.0 <= probability_error <= 1e-6):
+            raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
+        rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
+        remove.prob_error = add.prob_error = rho
+        ends_r, ends_a = _loss_ends(remove, add)
+        ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
+        items.append((remove, add, ks_r * d, ks_a * d))
+        grids.append((ks_r, ks_a))
+    out = []
+    for (ks_r, ks_a), (delta_r, delta_a, bound_r, bound_a) in zip(grids, _paired_deltas_many(items), strict=True):
+        out.append(pld_ops.Pld(_pmf_from_deltas(d, ks_r, delta_r, bound_r), _pmf_from_deltas(d, ks_a, delta_a, bound_a)))
+    return out
 
 
 def reference_mixture_pld(

@@ -1,0 +1,106 @@
+"""MMCC's row PLDs built together (mog_pld.mixture_plds, as mmcc._compose builds them) against each
+row's PLD built on its own (mog_pld.mixture_pld): every PMF, bit for bit, on the rows of several
+strategies (each row PLD is a certified pessimistic PLD, tests/test_accounting_mog_pld_roundoff.py;
+batching must not change one of them). And mmcc.row_mixture against the step-by-step law of
+S = sum_j w_j B_j formed in fresh arrays, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from accounting_oracles import banded, sqrt_toeplitz
+from mog_cases import MMCC_LIKE_ROWS
+
+from mfcli.accounting import mmcc as M
+from mfcli.accounting import mog_pld
+
+
+def _same_pmf(a, b) -> bool:
+    return (a.discretization == b.discretization and a.lower_loss == b.lower_loss and a.infinity_mass == b.infinity_mass
+            and a.pessimistic == b.pessimistic and a.sparse == b.sparse and a.probs.dtype == b.probs.dtype
+            and np.array_equal(a.probs, b.probs))
+
+
+def _row_groups(c: np.ndarray, sigma: float, p: float) -> tuple[list, dict]:
+    """The row groups and arguments mmcc passes to _compose for strategy c (captured from a run)."""
+    seen: list = []
+    orig = M._compose
+
+    def spy(groups, **kw):
+        seen.append((list(groups), kw))
+        return orig(groups, **kw)
+
+    M._compose = spy
+    try:
+        M.mmcc(c, sigma=sigma, sampling=p, delta=1e-6, value_discretization=2e-3)
+    finally:
+        M._compose = orig
+    return seen[0]
+
+
+@pytest.mark.parametrize("c, sigma, p", [
+    (np.eye(8), 1.0, 0.1),
+    (banded(32, 2), 2.0, 0.05),
+    (banded(48, 8), 3.0, 0.02),
+    (sqrt_toeplitz(32), 0.8, 0.3),
+    (sqrt_toeplitz(48), 6.0, 0.01),
+], ids=["identity", "2-banded", "8-banded", "sqrt-low-sigma", "sqrt"])
+def test_rows_built_together_equal_each_built_alone(c, sigma, p) -> None:
+    groups, kw = _row_groups(c, sigma, p)
+    assert len(groups) >= 1
+    rows = [(M._sensitivities_up(g.support, kw["resolution"]), g.probabilities, g.rho) for g in groups]
+    together = mog_pld.mixture_plds(kw["sigma"], rows, value_discretization_interval=kw["d"])
+    assert len(together) == len(rows)
+    for (s, q, rho), pld in zip(rows, together, strict=True):
+        alone = mog_pld.mixture_pld(kw["sigma"], s, q, value_discretization_interval=kw["d"], probability_error=rho)
+        assert _same_pmf(pld.remove, alone.remove) and _same_pmf(pld.add, alone.add)
+
+
+def test_mixtures_of_every_kind_together_equal_each_alone() -> None:
+    """With and without an atom at 0 (a flat limit or none), two components (DP-SGD), different
+    probability errors, a thinned grid (max_points), and the same mixture twice."""
+    sigma = 4.0
+    rows = [(s, q, 0.0) for _, s, q in MMCC_LIKE_ROWS]
+    rows += [([0.0, 1.0], [0.99, 0.01], 0.0), ([0.0, 0.5, 2.0], [0.5, 0.3, 0.2], 1e-9),
+             (list(np.arange(1, 40) / 20), list(np.full(39, 1 / 39)), 3e-12), ([0.0, 1.0], [0.99, 0.01], 0.0)]
+    for max_points in (None, 50):
+        together = mog_pld.mixture_plds(sigma, rows, value_discretization_interval=1e-3, max_points=max_points)
+        for (s, q, rho), pld in zip(rows, together, strict=True):
+            alone = mog_pld.mixture_pld(sigma, s, q, value_discretization_interval=1e-3, max_points=max_points,
+                                        probability_error=rho)
+            assert _same_pmf(pld.remove, alone.remove) and _same_pmf(pld.add, alone.add)
+
+
+def _law_step_by_step(weights: np.ndarray, probs: np.ndarray, cut: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """row_mixture's law formed the plain way: columns in (weight, probability) order, each step a
+    fresh array (1 - q) pmf + q pmf shifted by w, then the longest top of the law whose running sum
+    from the top stays <= cut / columns removed (and added to eta), unless it is all of it."""
+    order = np.lexsort((probs, weights))
+    per_step = cut / max(1, weights.size)
+    pmf = np.array([1.0])
+    eta = 0.0
+    for w, q in zip(weights[order].tolist(), probs[order].tolist(), strict=True):
+        if q <= 0:
+            continue
+        new = np.zeros(pmf.size + w)
+        new[:pmf.size] = pmf * (1 - q)
+        new[w:] += pmf * q
+        rc = np.cumsum(new[::-1])
+        k = int(np.searchsorted(rc, per_step, side="right"))
+        if 0 < k < new.size:
+            eta += float(rc[k - 1])
+            new = new[:new.size - k]
+        pmf = new
+    support = np.flatnonzero(pmf > 0)
+    pr = pmf[support]
+    return support, pr / pr.sum(), eta
+
+
+@pytest.mark.parametrize("n, seed", [(1, 0), (7, 1), (60, 2), (150, 3)])
+def test_row_mixture_equals_the_step_by_step_law(n, seed) -> None:
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(1, 120, size=n)
+    probs = np.where(rng.random(n) < 0.1, 0.0, rng.uniform(0.01, 0.06, size=n)) if n > 1 else np.array([0.03])
+    for cut in (1e-15, 1e-9):
+        got = M.row_mixture(weights, probs, cut=cut)
+        want = _law_step_by_step(weights, probs, cut)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
