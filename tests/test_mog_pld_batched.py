@@ -104,3 +104,33 @@ def test_row_mixture_equals_the_step_by_step_law(n, seed) -> None:
         got = M.row_mixture(weights, probs, cut=cut)
         want = _law_step_by_step(weights, probs, cut)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
+@pytest.mark.parametrize("c, sigma, p", [(banded(32, 2), 2.0, 0.05), (sqrt_toeplitz(48), 6.0, 0.01)],
+                         ids=["2-banded", "sqrt"])
+def test_deltas_and_bounds_together_equal_each_alone(c, sigma, p) -> None:
+    """The deltas and their proven bounds themselves (the PMF's lift can hide a changed bound)."""
+    groups, kw = _row_groups(c, sigma, p)
+    d = kw["d"]
+    items = []
+    for g in groups:
+        s, q = mog_pld._check_mixture(kw["sigma"], M._sensitivities_up(g.support, kw["resolution"]), g.probabilities)
+        remove = mog_pld._Loss(kw["sigma"], s, q, True)
+        add = mog_pld._Loss(kw["sigma"], s, q, False, mirror=remove)
+        remove.prob_error = add.prob_error = g.rho + 3e-16
+        items.append((remove, add, mog_pld._grid_points(remove, d, None) * d, mog_pld._grid_points(add, d, None) * d))
+    together = mog_pld._paired_deltas_many(items)
+    for item, got in zip(items, together, strict=True):
+        alone = mog_pld._paired_deltas(*item)
+        assert all(np.array_equal(a, b) for a, b in zip(got, alone, strict=True))
+    # the roots' error bounds (R, m, Delta) too: they enter the delta bounds only at second order
+    ys, epss, traces = [], [], []
+    for remove, _, eps_r, _ in items:
+        pts = eps_r[eps_r > remove.flat_limit]
+        trace = np.empty((5, pts.size))
+        ys.append(mog_pld._invert(remove, pts, *mog_pld._truncation(remove, mog_pld.LOG_MASS_TRUNCATION_BOUND), trace))
+        epss.append(pts)
+        traces.append(trace)
+    together = mog_pld._root_errors_many([it[0] for it in items], ys, epss, traces)
+    for item, y, pts, trace, got in zip(items, ys, epss, traces, together, strict=True):
+        assert np.array_equal(got, mog_pld._root_errors(item[0], y, pts, trace))
