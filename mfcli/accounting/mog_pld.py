@@ -533,6 +533,127 @@ def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray, 
     return _certified(connect_dots_pmf(discretization, ks, deltas), ks, bounds)
 
 
+def _pmfs_from_deltas_many(discretization: float, grids: list[np.ndarray], deltas: list[np.ndarray],
+                           bounds: list[np.ndarray]) -> list[pld_ops.Pmf]:
+    """:func:`_pmf_from_deltas` of each (ks, deltas, bounds), bit for bit, those on consecutive grid
+    points (ks = k0, k0 + 1, ...: every row PLD of MMCC) together: the running maxima and minima,
+    the connect-the-dots masses, the curve's lower bounds and the lift's maxima on arrays of one row
+    per PMF (padded past its end with values no operation of its row reads: a running maximum from
+    the end starts at -inf there, every maximum takes -inf for them), the running sums of
+    :func:`_reverse_cumsum` per block size (the same blocks and additions, :func:`_reverse_cumsums`).
+    The sums of a row that are not running sums (:func:`_mass_shortfall`) stay per row. Others (one
+    point, strides, a span past one exponent segment, a NaN delta): :func:`_pmf_from_deltas`."""
+    d = discretization
+    out: list[pld_ops.Pmf | None] = [None] * len(grids)
+    fast = []
+    for i, (ks, dl) in enumerate(zip(grids, deltas, strict=True)):
+        n = ks.size
+        # _curve_lower_bounds in one segment: its first search gives 0 (ks[0] >= ks[-1] - 600 / d)
+        if (n >= 2 and int(ks[-1]) - int(ks[0]) == n - 1 and float(ks[0]) >= float(ks[-1]) - 600.0 / d
+                and not np.isnan(dl).any()):
+            fast.append(i)
+        else:
+            out[i] = _pmf_from_deltas(d, ks, dl, bounds[i])
+    if fast:
+        lengths = np.array([grids[i].size for i in fast])
+        width = int(lengths.max())
+        valid = np.arange(width) < lengths[:, None]
+        rows = np.arange(len(fast))
+        last = lengths - 1
+        dl = np.full((len(fast), width), -np.inf)
+        dl[valid] = np.concatenate([deltas[i] for i in fast])
+        bd = np.zeros((len(fast), width))
+        bd[valid] = np.concatenate([bounds[i] for i in fast])
+        # past a row's end its first point again (exponents 0 there: nothing overflows)
+        ks = np.repeat(np.array([grids[i][0] for i in fast], dtype=np.int64)[:, None], width, axis=1)
+        ks[valid] = np.concatenate([grids[i] for i in fast])
+        if not bool(np.all(np.diff(ks, axis=1)[valid[:, 1:]] == 1)):  # not consecutive after all
+            return [_pmf_from_deltas(d, ks_, dl_, b_) for ks_, dl_, b_ in zip(grids, deltas, bounds, strict=True)]
+        # _pmf_from_deltas' monotonicity fix, then connect_dots_pmf's (a no-op after it, kept: the same values)
+        dl = np.maximum.accumulate(dl[:, ::-1], axis=1)[:, ::-1]
+        dl = np.minimum.accumulate(dl, axis=1)
+        # connect_dots_pmf, evenly spaced (gap 1): its fixed-gap form
+        g = np.int64(1) * d
+        with np.errstate(invalid="ignore"):  # past a row's end: -inf - -inf
+            dd = np.diff(dl, axis=1)
+            probs = np.empty((len(fast), width))
+            probs[:, 0] = 1 - dl[:, 0] + dd[:, 0] / math.expm1(g)
+            probs[:, 1:-1] = (dd[:, 1:] - dd[:, :-1] * math.exp(g)) / math.expm1(g)
+        probs[rows, last] = dd[rows, last - 1] / math.expm1(-g)
+        probs = np.maximum(0.0, probs)
+        infinity = dl[rows, last]
+        # _certified: _curve_lower_bounds in one segment (a = 0, top = n)
+        ksf = ks.astype(np.float64)
+        arg = (ksf - ksf[:, :1]) * d
+        p = np.where(valid, probs, 0.0)
+        run, r1 = _reverse_cumsums(p * np.exp(-arg), lengths)
+        e = run * np.exp(arg)
+        run, r2 = _reverse_cumsums(-np.expm1(-np.diff(ksf, axis=1) * d) * e[:, 1:], lengths - 1)
+        curve = np.empty((len(fast), width))
+        curve[:, :-1] = run + infinity[:, None]
+        curve[rows, last] = infinity
+        rhos = []
+        for j in range(len(fast)):
+            span_max = float((ksf[j, last[j]] - ksf[j, 0]) * d)
+            rhos.append(1.05 * (2.0 * gamma(max(r1[j], r2[j]) + 8) + (1 + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF))
+        low = curve * (1.0 - np.array(rhos)[:, None]) - 1e-50
+        # the lift: kappa from the relative deficits where the curve's bound is positive (all of them or
+        # some: the same maximum), eta from what is still over
+        with np.errstate(invalid="ignore", divide="ignore"):
+            deficit = np.where(valid & (low > 0), (bd - low) / low, -np.inf)
+        kappas = np.max(deficit, axis=1, initial=0.0)
+        u = UNIT_ROUNDOFF
+        lift = []
+        for j in range(len(fast)):
+            kappa = float(kappas[j]) * (1.0 + 1e-6)
+            lift.append(1.0 + min(max(kappa, 0.0), _KAPPA_CAP))
+        lifted = low * np.array(lift)[:, None] * (1.0 - 2.0 * u)
+        overs = np.max(np.where(valid, bd - lifted, -np.inf), axis=1, initial=0.0)
+        for j, i in enumerate(fast):
+            n = int(lengths[j])
+            row_probs = probs[j, :n].copy()
+            inf_mass = float(infinity[j])
+            kappa = min(max(float(kappas[j]) * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
+            over = float(overs[j])
+            eta = max(over, _mass_shortfall(row_probs, inf_mass, kappa, over), 0.0)
+            k0 = int(ks[j, 0])
+            if kappa == 0.0 and eta == 0.0:
+                out[i] = pld_ops.Pmf(d, k0, row_probs, inf_mass, True)
+                continue
+            factor = 1.0 + (kappa + 4.0 * u)
+            lifted_inf = (inf_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
+            out[i] = pld_ops.Pmf(d, k0, row_probs * factor, float(lifted_inf), True)
+    return [pmf for pmf in out if pmf is not None]
+
+
+def _reverse_cumsums(x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """:func:`_reverse_cumsum` of each row of x (its first lengths[j] entries; the rest of a row is
+    left unset), bit for bit, and the roundings count of each: the rows of one block size in one
+    array (blocks of a row past its length are zeros, added after its own: they change nothing)."""
+    out = np.empty(x.shape)
+    counts = [0] * x.shape[0]
+    blocks = [max(1, math.isqrt(int(n))) for n in lengths]
+    for block in sorted(set(blocks)):
+        idx = np.array([j for j, b in enumerate(blocks) if b == block])
+        n = lengths[idx]
+        nb = -(-n // block)
+        size = int(nb.max()) * block
+        pos = np.arange(size)
+        src = n[:, None] - 1 - pos  # entry i of the reversed row is x[n - 1 - i]
+        inside = src >= 0
+        padded = np.zeros((idx.size, size))
+        padded[inside] = x[np.repeat(idx, n), src[inside]]
+        run = np.cumsum(padded.reshape(idx.size, -1, block), axis=2)
+        offsets = np.zeros(run.shape[:2])
+        offsets[:, 1:] = np.cumsum(run[:, :, -1], axis=1)[:, :-1]
+        run += offsets[:, :, None]
+        flat = run.reshape(idx.size, size)
+        # out[j, i] = flat[j, n - 1 - i] for i < n
+        out[np.repeat(idx, n), src[inside]] = flat[inside]
+        for j, b in zip(idx.tolist(), nb.tolist(), strict=True):
+            counts[j] = block + b + 1
+    return out, counts
+
 def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(sum_i q_i Phi(t_i), sum_i q_i Phi(-t_i)) with t_i = (y + s_i) / sigma for every y, the
@@ -1286,10 +1407,13 @@ def mixture_plds(
         ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
         items.append((remove, add, ks_r * d, ks_a * d))
         grids.append((ks_r, ks_a))
-    out = []
+    ks_all, deltas, bounds = [], [], []
     for (ks_r, ks_a), (delta_r, delta_a, bound_r, bound_a) in zip(grids, _paired_deltas_many(items), strict=True):
-        out.append(pld_ops.Pld(_pmf_from_deltas(d, ks_r, delta_r, bound_r), _pmf_from_deltas(d, ks_a, delta_a, bound_a)))
-    return out
+        ks_all += [ks_r, ks_a]
+        deltas += [delta_r, delta_a]
+        bounds += [bound_r, bound_a]
+    pmfs = _pmfs_from_deltas_many(d, ks_all, deltas, bounds)
+    return [pld_ops.Pld(pmfs[2 * i], pmfs[2 * i + 1]) for i in range(len(grids))]
 
 
 def reference_mixture_pld(
