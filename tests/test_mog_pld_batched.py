@@ -134,3 +134,16 @@ def test_deltas_and_bounds_together_equal_each_alone(c, sigma, p) -> None:
     together = mog_pld._root_errors_many([it[0] for it in items], ys, epss, traces)
     for item, y, pts, trace, got in zip(items, ys, epss, traces, together, strict=True):
         assert np.array_equal(got, mog_pld._root_errors(item[0], y, pts, trace))
+
+
+def test_fft_convolution_is_scipy_signals_bit_for_bit() -> None:
+    """pld_ops._fftconvolve (rfft / irfft) against scipy.signal.fftconvolve (rfftn / irfftn), the
+    composition dp-accounting runs, on lengths of every kind (1, odd, even, fast and slow sizes)."""
+    from scipy import signal
+
+    from mfcli.accounting import pld_ops
+
+    rng = np.random.default_rng(5)
+    for na, nb in [(1, 7), (2, 2), (3, 500), (331, 329), (1000, 1), (1023, 77), (2048, 2048), (4097, 13)]:
+        a, b = rng.random(na), rng.random(nb)
+        assert np.array_equal(pld_ops._fftconvolve(a, b), signal.fftconvolve(a, b))

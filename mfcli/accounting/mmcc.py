@@ -1388,7 +1388,15 @@ def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple
     if refinement == 1:
         return support, probs
     coarse = -((-np.asarray(support, dtype=np.int64)) // refinement)  # ceil for non-negative ints
-    pts, inv = np.unique(coarse, return_inverse=True)
+    rise = np.diff(coarse)
+    if (rise >= 0).all():
+        # an increasing support (row_mixture's): its distinct values and each atom's index among them
+        # (np.unique's, without its sort) are where coarse steps up
+        steps = rise > 0
+        pts = coarse[np.concatenate(([True], steps))]
+        inv = np.concatenate(([0], np.cumsum(steps)))
+    else:
+        pts, inv = np.unique(coarse, return_inverse=True)
     pr = np.bincount(inv, weights=probs)
     keep = pr > 0
     return pts[keep], pr[keep] / pr[keep].sum()

@@ -497,11 +497,23 @@ def _loss_ends(remove: _Loss, add: _Loss) -> tuple[tuple[float, float], tuple[fl
     and for ADD, from one evaluation of the REMOVE loss at four points: L_add(x) = -L_remove(-x) bit
     for bit (the same exponents, x and the slopes negated), and each row of the (points, support)
     arrays is formed and reduced on its own, so a point's L does not depend on the others
-    evaluated with it."""
-    lx_r, ux_r = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-    lx_a, ux_a = _truncation(add, LOG_MASS_TRUNCATION_BOUND)
-    v = remove.value(np.array([lx_r, ux_r, -lx_a, -ux_a])).tolist()
-    return (v[0], v[1]), (-v[2], -v[3])
+    evaluated with it. A pure function of the mixture, memoised like the truncation points (MMCC's
+    grid choice, :func:`loss_range`, asks for the same rows' ends before their PLDs are built)."""
+    shared = (remove.sigma, remove.s.tobytes(), remove.q.tobytes())
+    got = _ENDS.get(shared)
+    if got is None:
+        lx_r, ux_r = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
+        lx_a, ux_a = _truncation(add, LOG_MASS_TRUNCATION_BOUND)
+        v = remove.value(np.array([lx_r, ux_r, -lx_a, -ux_a])).tolist()
+        got = (v[0], v[1]), (-v[2], -v[3])
+        if len(_ENDS) >= 4096:
+            _ENDS.clear()
+        _ENDS[shared] = got
+    return got
+
+
+#: :func:`_loss_ends` by (sigma, support, probabilities) (bounded, as :data:`_TRUNCATIONS`).
+_ENDS: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
 
 
 def _grid_points(loss: _Loss, discretization: float, max_points: int | None,
