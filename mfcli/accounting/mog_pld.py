@@ -296,8 +296,14 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
 
     ``trace``, if given (shape (5, len(eps))), receives for each point what :func:`_root_errors`
     needs: the last evaluation's x, L - eps, dL/dx and d2L/dx2, and the step taken from there to
-    the returned root (NaN for a root finished by bisection).
+    the returned root (NaN for a root finished by bisection). :func:`_invert_many` (of this one
+    loss) computes it.
     """
+    return _invert_many([loss], [eps], [(lower_x, upper_x)], [trace])[0]
+
+
+def _start_grid(loss: _Loss, lower_x: float, upper_x: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_invert`'s starting grid over [lower_x, upper_x] and L on it (computed once per loss)."""
     key = ("grid", lower_x, upper_x)
     if key not in loss.cache:
         span = upper_x - lower_x
@@ -308,58 +314,100 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
             [upper_x + 4 * span, upper_x + 64 * span],
         ])
         loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
-    grid, lg = loss.cache[key]
-    neg_lg = -lg
-    out = np.empty_like(eps)
-    for start in range(0, eps.size, _CHUNK):
-        e = eps[start:start + _CHUNK]
-        # bracketing grid cell: lg[i] >= e > lg[i + 1] (lg is decreasing)
-        i = np.clip(np.searchsorted(neg_lg, -e, side="right") - 1, 0, grid.size - 2)
-        x0, x1, l0, l1 = grid[i], grid[i + 1], lg[i], lg[i + 1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = np.clip((l0 - e) / (l0 - l1), 0.0, 1.0)
-        frac = np.where(np.isfinite(frac), frac, 0.5)
-        # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
-        x = x0 + frac * (x1 - x0)
-        # every evaluation (its points, x and L) is kept: the bracket of each root that they give
-        # is formed only for the points the steps do not settle (rarely any)
-        history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] = []
-        live: np.ndarray | None = None  # None: every point of the chunk (slices, not gathers); else those not converged
-        for _ in range(_HALLEY_STEPS):
-            if live is None:
-                xl, el = x, e  # not written to: the step makes a new array
-            else:
-                xl, el = x[live], e[live]
-            val, slope, curv = loss.value_slope_curvature(xl)
-            history.append((live, xl, val))
-            f = val - el
-            step, err = _halley_step(f, slope, curv, loss.slope_range)
-            if trace is not None:
-                idx = slice(start, start + e.size) if live is None else start + live
-                trace[0, idx], trace[1, idx], trace[2, idx], trace[3, idx], trace[4, idx] = xl, f, slope, curv, step
-            xl = xl - step
-            if live is None:
-                x = xl
-            else:
-                x[live] = xl
-            # converged: the error left after this step (its estimate) is a few ulps of x, the
-            # step is negligible, or the loss already equals eps to rounding (then the step is
-            # round-off divided by a tiny slope and x cannot be pinned further; the delta
-            # evaluated there is off by second order in that step)
-            done = ((err <= 1e-14 * (1.0 + np.abs(xl))) | (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl)))
-                    | (np.abs(f) <= 1e-15 * (1.0 + np.abs(el))))
-            live = np.flatnonzero(~done) if live is None else live[~done]
-            if live.size == 0:
-                break
-        else:
-            assert live is not None  # set by the first step
-            lo, hi = _brackets(x0, x1, l0, l1, e, history)
-            x[live] = _bisect_roots(loss, e[live], x[live], lo[live], hi[live])
-            if trace is not None:
-                trace[:, start + live] = np.nan
-        out[start:start + _CHUNK] = x
-    return out
+    return loss.cache[key]
 
+
+def _invert_many(losses: list[_Loss], epss: list[np.ndarray], ends: list[tuple[float, float]],
+                 traces: list[np.ndarray | None]) -> list[np.ndarray]:
+    """:func:`_invert` of each (loss, eps, (lower_x, upper_x), trace), bit for bit: the loop of
+    Halley steps runs over all of them at once. Each loss's points go in chunks of :data:`_CHUNK`
+    (the units, as :func:`_invert` splits them); each step evaluates every unit's loss on exactly the
+    points its own loop evaluates (:meth:`_Loss.value_slope_curvature` reduces over the support, per
+    unit), and does the rest (starting chords, steps, error estimates, stopping rules) on all units'
+    points at once: elementwise, each loss's slope range repeated at its points."""
+    outs = [np.empty_like(e) for e in epss]
+    units = [(j, start, e[start:start + _CHUNK]) for j, e in enumerate(epss) for start in range(0, e.size, _CHUNK)]
+    if not units:
+        return outs
+    grids = [_start_grid(loss, lo, hi) for loss, (lo, hi) in zip(losses, ends, strict=True)]
+    base = np.cumsum([0, *(g[0].size for g in grids)]).tolist()  # each grid's place in the concatenation
+    # bracketing grid cell of each point: lg[i] >= e > lg[i + 1] (lg is decreasing)
+    cells = [np.clip(np.searchsorted(-grids[j][1], -e, side="right") - 1, 0, grids[j][0].size - 2) + base[j]
+             for j, _, e in units]
+    cell = np.concatenate(cells)
+    grid_all = np.concatenate([g[0] for g in grids])
+    lg_all = np.concatenate([g[1] for g in grids])
+    e_all = np.concatenate([u[2] for u in units])
+    x0, x1, l0, l1 = grid_all[cell], grid_all[cell + 1], lg_all[cell], lg_all[cell + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip((l0 - e_all) / (l0 - l1), 0.0, 1.0)
+    frac = np.where(np.isfinite(frac), frac, 0.5)
+    # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
+    start_x = x0 + frac * (x1 - x0)
+    counts = [u[2].size for u in units]
+    at = np.cumsum([0, *counts]).tolist()
+    xs = [start_x[at[k]:at[k + 1]] for k in range(len(units))]  # each unit's x (replaced, not written to, at first)
+    # every evaluation (its points, x and L) is kept: the bracket of each root that they give is
+    # formed only for the points the steps do not settle (rarely any)
+    history: list[list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]] = [[] for _ in units]
+    live: list[np.ndarray | None] = [None] * len(units)  # None: every point of the unit; else those not converged
+    active = list(range(len(units)))
+    for _ in range(_HALLEY_STEPS):
+        parts: list[tuple[np.ndarray, ...]] = []
+        for k in active:
+            e = units[k][2]
+            xl, el = (xs[k], e) if live[k] is None else (xs[k][live[k]], e[live[k]])
+            val, slope, curv = losses[units[k][0]].value_slope_curvature(xl)
+            history[k].append((live[k], xl, val))
+            parts.append((xl, el, val, slope, curv))
+        sizes = [p[0].size for p in parts]
+        xl, el, val, slope, curv = (np.concatenate([p[i] for p in parts]) for i in range(5))
+        spread = _per_point([losses[units[k][0]].slope_range for k in active], sizes)
+        f = val - el
+        step, err = _halley_step(f, slope, curv, spread)
+        moved = xl - step
+        # converged: the error left after this step (its estimate) is a few ulps of x, the
+        # step is negligible, or the loss already equals eps to rounding (then the step is
+        # round-off divided by a tiny slope and x cannot be pinned further; the delta
+        # evaluated there is off by second order in that step)
+        done = ((err <= 1e-14 * (1.0 + np.abs(moved))) | (np.abs(step) <= 1e-12 * (1.0 + np.abs(moved)))
+                | (np.abs(f) <= 1e-15 * (1.0 + np.abs(el))))
+        rows = np.stack((xl, f, slope, curv, step))
+        still = []
+        first = 0
+        for k, n in zip(active, sizes, strict=True):
+            part = slice(first, first + n)
+            first += n
+            j, start, e = units[k]
+            trace = traces[j]
+            lv = live[k]
+            if trace is not None:
+                trace[:, slice(start, start + e.size) if lv is None else start + lv] = rows[:, part]
+            if lv is None:
+                xs[k] = moved[part]
+                lv = np.flatnonzero(~done[part])
+            else:
+                xs[k][lv] = moved[part]
+                lv = lv[~done[part]]
+            live[k] = lv
+            if lv.size:
+                still.append(k)
+        active = still
+        if not active:
+            break
+    for k in active:  # not settled in _HALLEY_STEPS: bisection of the brackets
+        j, start, e = units[k]
+        lv = live[k]
+        assert lv is not None  # set by the first step
+        part = slice(at[k], at[k + 1])
+        lo, hi = _brackets(x0[part], x1[part], l0[part], l1[part], e, history[k])
+        xs[k][lv] = _bisect_roots(losses[j], e[lv], xs[k][lv], lo[lv], hi[lv])
+        trace = traces[j]
+        if trace is not None:
+            trace[:, start + lv] = np.nan
+    for k, (j, start, e) in enumerate(units):
+        outs[j][start:start + e.size] = xs[k]
+    return outs
 
 def _brackets(x0: np.ndarray, x1: np.ndarray, l0: np.ndarray, l1: np.ndarray, e: np.ndarray,
               history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -417,7 +465,8 @@ def _bisect_roots(loss: _Loss, eps: np.ndarray, x: np.ndarray, lo: np.ndarray, h
     return 0.5 * (lo + hi)
 
 
-def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float) -> tuple[np.ndarray, np.ndarray]:
+def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float | np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(step, error estimate) towards the root of L - eps, from f = L - eps, d1 = dL/dx and
     d2 = d2L/dx2 at x.
 
@@ -426,7 +475,8 @@ def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: flo
     about (|d3| / (6 |d1|) + (d2 / (2 d1))^2) |step|^3, and |d3| <= R |d2| for the third derivative
     d3 (the third central moment of the slopes b under the weights, with |b - E b| <= R, the range
     of the slopes); after Newton's, about |d2| / (2 |d1|) step^2. The estimate is twice these.
-    Where the loss is flat (a step that is not finite): step 0, and the caller stops there."""
+    Where the loss is flat (a step that is not finite): step 0, and the caller stops there.
+    ``slope_range`` R: a float, or one per point (:func:`_invert_many`)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         newton = f / d1
         denom = 1.0 - newton * d2 / (2.0 * d1)
@@ -825,13 +875,16 @@ def _paired_deltas_many(items: list[tuple[_Loss, _Loss, np.ndarray, np.ndarray]]
         e_r, e_a = eps_r[in_r], eps_a[in_a]
         pts, i_a = _inversion_points(e_r, -e_a)
         inside.append((in_r, in_a, e_r, e_a, pts, i_a))
-        if pts.size:
-            lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-            trace = np.empty((5, pts.size))
-            roots.append((_invert(remove, pts, lower_x, upper_x, trace), trace))
-        else:
-            roots.append((pts, np.empty((5, 0))))
     removes = [it[0] for it in items]
+    # the roots of every mixture's points (its REMOVE loss), all inverted together
+    traces = [np.empty((5, v[4].size)) for v in inside]
+    found = _invert_many([removes[j] for j in range(n_items) if inside[j][4].size],
+                         [v[4] for v in inside if v[4].size],
+                         [_truncation(removes[j], LOG_MASS_TRUNCATION_BOUND) for j in range(n_items) if inside[j][4].size],
+                         [traces[j] for j in range(n_items) if inside[j][4].size])
+    found.reverse()
+    for j in range(n_items):
+        roots.append((found.pop() if inside[j][4].size else inside[j][4], traces[j]))
     errors = _root_errors_many(removes, [r[0] for r in roots], [v[4] for v in inside], [r[1] for r in roots])
     # per mixture: the loose roots redone, the mixture sums at the roots, and what the REMOVE and ADD
     # points read of them
