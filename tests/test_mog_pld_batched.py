@@ -162,3 +162,33 @@ def test_fft_convolution_is_scipy_signals_bit_for_bit() -> None:
     for na, nb in [(1, 7), (2, 2), (3, 500), (331, 329), (1000, 1), (1023, 77), (2048, 2048), (4097, 13)]:
         a, b = rng.random(na), rng.random(nb)
         assert np.array_equal(pld_ops._fftconvolve(a, b), signal.fftconvolve(a, b))
+
+
+def test_reverse_cumsums_of_rows_equal_each_rows_own() -> None:
+    """The running sums of the row PMFs' curves by block size, with their roundings counts, against
+    _reverse_cumsum of each row alone (lengths over several block sizes, 1 included)."""
+    rng = np.random.default_rng(7)
+    lengths = np.array([1, 2, 3, 4, 8, 9, 15, 16, 17, 99, 100, 101, 330, 502])
+    x = rng.random((lengths.size, int(lengths.max())))
+    run, counts = mog_pld._reverse_cumsums(x, lengths)
+    for j, n in enumerate(lengths.tolist()):
+        want, count = mog_pld._reverse_cumsum(x[j, :n])
+        assert np.array_equal(run[j, :n], want) and counts[j] == count
+
+
+@pytest.mark.parametrize("refinement", [1, 2, 20])
+def test_coarsen_up_equals_the_sorted_unique_form(refinement) -> None:
+    """coarsen_up (runs of an increasing support) against np.unique + np.bincount, bit for bit."""
+    rng = np.random.default_rng(refinement)
+    for support in (np.array([0]), np.array([3]), np.sort(rng.choice(4000, 300, replace=False)), np.array([4, 0, 9])):
+        probs = rng.random(support.size)
+        probs /= probs.sum()
+        coarse = -((-support) // refinement)
+        pts, inv = np.unique(coarse, return_inverse=True)
+        pr = np.bincount(inv, weights=probs)
+        keep = pr > 0
+        got = M.coarsen_up(support, probs, refinement)
+        if refinement == 1:
+            assert got[0] is support and got[1] is probs
+        else:
+            assert np.array_equal(got[0], pts[keep]) and np.array_equal(got[1], pr[keep] / pr[keep].sum())
