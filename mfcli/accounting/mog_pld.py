@@ -16,6 +16,10 @@ computes the same quantities with array operations:
 * the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
   mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
   of both come from one ``erfc`` each (:func:`_paired_deltas`);
+* many mixtures at one sigma and grid (MMCC's hundreds of rows) are built together
+  (:func:`mixture_plds`): what is elementwise runs once on all their points, what reduces over a
+  mixture's support per mixture on the arrays its own build uses, so each PLD is bit for bit the
+  one :func:`mixture_pld` gives alone (tests/test_mog_pld_batched.py);
 * delta(eps) = mu_upper_cdf(x*) - e^eps mu_lower_cdf(x*) is then evaluated exactly at the
   maximiser x*, which is the hockey-stick divergence itself (dp-accounting evaluates it at a point
   up to 1e-6 away from x*, which can only give a value up to second order smaller);
