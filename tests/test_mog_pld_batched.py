@@ -192,3 +192,16 @@ def test_coarsen_up_equals_the_sorted_unique_form(refinement) -> None:
             assert got[0] is support and got[1] is probs
         else:
             assert np.array_equal(got[0], pts[keep]) and np.array_equal(got[1], pr[keep] / pr[keep].sum())
+
+
+def test_rows_built_in_small_batches_equal_each_alone(monkeypatch) -> None:
+    """The batches of mixture_plds and the padded groups of its PMFs, made small (many of each, rows
+    sorted by length within them), change no row either."""
+    groups, kw = _row_groups(sqrt_toeplitz(48), 6.0, 0.01)
+    rows = [(M._sensitivities_up(g.support, kw["resolution"]), g.probabilities, g.rho) for g in groups]
+    monkeypatch.setattr(mog_pld, "_BATCH_POINTS", 300)
+    monkeypatch.setattr(mog_pld, "_PAD_POINTS", 700)
+    together = mog_pld.mixture_plds(kw["sigma"], rows, value_discretization_interval=kw["d"])
+    for (s, q, rho), pld in zip(rows, together, strict=True):
+        alone = mog_pld.mixture_pld(kw["sigma"], s, q, value_discretization_interval=kw["d"], probability_error=rho)
+        assert _same_pmf(pld.remove, alone.remove) and _same_pmf(pld.add, alone.add)

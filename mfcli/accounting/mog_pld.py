@@ -672,77 +672,100 @@ def _pmfs_from_deltas_many(discretization: float, grids: list[np.ndarray], delta
             fast.append(i)
         else:
             out[i] = _pmf_from_deltas(d, ks, dl, bounds[i])
-    if fast:
-        lengths = np.array([grids[i].size for i in fast])
-        width = int(lengths.max())
-        valid = np.arange(width) < lengths[:, None]
-        rows = np.arange(len(fast))
-        last = lengths - 1
-        dl = np.full((len(fast), width), -np.inf)
-        dl[valid] = np.concatenate([deltas[i] for i in fast])
-        bd = np.zeros((len(fast), width))
-        bd[valid] = np.concatenate([bounds[i] for i in fast])
-        # past a row's end its first point again (exponents 0 there: nothing overflows)
-        ks = np.repeat(np.array([grids[i][0] for i in fast], dtype=np.int64)[:, None], width, axis=1)
-        ks[valid] = np.concatenate([grids[i] for i in fast])
-        if not bool(np.all(np.diff(ks, axis=1)[valid[:, 1:]] == 1)):  # not consecutive after all
-            return [_pmf_from_deltas(d, ks_, dl_, b_) for ks_, dl_, b_ in zip(grids, deltas, bounds, strict=True)]
-        # _pmf_from_deltas' monotonicity fix, then connect_dots_pmf's (a no-op after it, kept: the same values)
-        dl = np.maximum.accumulate(dl[:, ::-1], axis=1)[:, ::-1]
-        dl = np.minimum.accumulate(dl, axis=1)
-        # connect_dots_pmf, evenly spaced (gap 1): its fixed-gap form
-        g = np.int64(1) * d
-        with np.errstate(invalid="ignore"):  # past a row's end: -inf - -inf
-            dd = np.diff(dl, axis=1)
-            probs = np.empty((len(fast), width))
-            probs[:, 0] = 1 - dl[:, 0] + dd[:, 0] / math.expm1(g)
-            probs[:, 1:-1] = (dd[:, 1:] - dd[:, :-1] * math.exp(g)) / math.expm1(g)
-        probs[rows, last] = dd[rows, last - 1] / math.expm1(-g)
-        probs = np.maximum(0.0, probs)
-        infinity = dl[rows, last]
-        # _certified: _curve_lower_bounds in one segment (a = 0, top = n)
-        ksf = ks.astype(np.float64)
-        arg = (ksf - ksf[:, :1]) * d
-        p = np.where(valid, probs, 0.0)
-        run, r1 = _reverse_cumsums(p * np.exp(-arg), lengths)
-        e = run * np.exp(arg)
-        run, r2 = _reverse_cumsums(-np.expm1(-np.diff(ksf, axis=1) * d) * e[:, 1:], lengths - 1)
-        curve = np.empty((len(fast), width))
-        curve[:, :-1] = run + infinity[:, None]
-        curve[rows, last] = infinity
-        rhos = []
-        for j in range(len(fast)):
-            span_max = float((ksf[j, last[j]] - ksf[j, 0]) * d)
-            rhos.append(1.05 * (2.0 * gamma(max(r1[j], r2[j]) + 8) + (1 + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF))
-        low = curve * (1.0 - np.array(rhos)[:, None]) - 1e-50
-        # the lift: kappa from the relative deficits where the curve's bound is positive (all of them or
-        # some: the same maximum), eta from what is still over
-        with np.errstate(invalid="ignore", divide="ignore"):
-            deficit = np.where(valid & (low > 0), (bd - low) / low, -np.inf)
-        kappas = np.max(deficit, axis=1, initial=0.0)
-        u = UNIT_ROUNDOFF
-        lift = []
-        for j in range(len(fast)):
-            kappa = float(kappas[j]) * (1.0 + 1e-6)
-            lift.append(1.0 + min(max(kappa, 0.0), _KAPPA_CAP))
-        lifted = low * np.array(lift)[:, None] * (1.0 - 2.0 * u)
-        overs = np.max(np.where(valid, bd - lifted, -np.inf), axis=1, initial=0.0)
-        for j, i in enumerate(fast):
-            n = int(lengths[j])
-            row_probs = probs[j, :n].copy()
-            inf_mass = float(infinity[j])
-            kappa = min(max(float(kappas[j]) * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
-            over = float(overs[j])
-            eta = max(over, _mass_shortfall(row_probs, inf_mass, kappa, over), 0.0)
-            k0 = int(ks[j, 0])
-            if kappa == 0.0 and eta == 0.0:
-                out[i] = pld_ops.Pmf(d, k0, row_probs, inf_mass, True)
-                continue
-            factor = 1.0 + (kappa + 4.0 * u)
-            lifted_inf = (inf_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
-            out[i] = pld_ops.Pmf(d, k0, row_probs * factor, float(lifted_inf), True)
+    # shortest first, in groups whose padded arrays stay within _PAD_POINTS (a few long rows among
+    # many short ones would otherwise pad every row to the longest)
+    fast.sort(key=lambda i: grids[i].size)
+    group: list[int] = []
+    for i in [*fast, -1]:
+        if group and (i < 0 or (len(group) + 1) * grids[i].size > _PAD_POINTS):
+            for j, pmf in zip(group, _pmfs_consecutive(d, [grids[j] for j in group], [deltas[j] for j in group],
+                                                       [bounds[j] for j in group]), strict=True):
+                out[j] = pmf
+            group = []
+        if i >= 0:
+            group.append(i)
     return [pmf for pmf in out if pmf is not None]
 
+
+#: Points (rows x the longest row) of the padded arrays of one group of :func:`_pmfs_consecutive`.
+_PAD_POINTS = 1 << 20
+
+
+def _pmfs_consecutive(d: float, grids: list[np.ndarray], deltas: list[np.ndarray], bounds: list[np.ndarray]
+                      ) -> list[pld_ops.Pmf]:
+    """:func:`_pmfs_from_deltas_many`' PMFs of rows on consecutive grid points (at least two, in one
+    exponent segment, no NaN delta), one padded row each."""
+    fast = list(range(len(grids)))
+    out: list[pld_ops.Pmf] = []
+    lengths = np.array([grids[i].size for i in fast])
+    width = int(lengths.max())
+    valid = np.arange(width) < lengths[:, None]
+    rows = np.arange(len(fast))
+    last = lengths - 1
+    dl = np.full((len(fast), width), -np.inf)
+    dl[valid] = np.concatenate([deltas[i] for i in fast])
+    bd = np.zeros((len(fast), width))
+    bd[valid] = np.concatenate([bounds[i] for i in fast])
+    # past a row's end its first point again (exponents 0 there: nothing overflows)
+    ks = np.repeat(np.array([grids[i][0] for i in fast], dtype=np.int64)[:, None], width, axis=1)
+    ks[valid] = np.concatenate([grids[i] for i in fast])
+    if not bool(np.all(np.diff(ks, axis=1)[valid[:, 1:]] == 1)):  # not consecutive after all
+        return [_pmf_from_deltas(d, ks_, dl_, b_) for ks_, dl_, b_ in zip(grids, deltas, bounds, strict=True)]
+    # _pmf_from_deltas' monotonicity fix, then connect_dots_pmf's (a no-op after it, kept: the same values)
+    dl = np.maximum.accumulate(dl[:, ::-1], axis=1)[:, ::-1]
+    dl = np.minimum.accumulate(dl, axis=1)
+    # connect_dots_pmf, evenly spaced (gap 1): its fixed-gap form
+    g = np.int64(1) * d
+    with np.errstate(invalid="ignore"):  # past a row's end: -inf - -inf
+        dd = np.diff(dl, axis=1)
+        probs = np.empty((len(fast), width))
+        probs[:, 0] = 1 - dl[:, 0] + dd[:, 0] / math.expm1(g)
+        probs[:, 1:-1] = (dd[:, 1:] - dd[:, :-1] * math.exp(g)) / math.expm1(g)
+    probs[rows, last] = dd[rows, last - 1] / math.expm1(-g)
+    probs = np.maximum(0.0, probs)
+    infinity = dl[rows, last]
+    # _certified: _curve_lower_bounds in one segment (a = 0, top = n)
+    ksf = ks.astype(np.float64)
+    arg = (ksf - ksf[:, :1]) * d
+    p = np.where(valid, probs, 0.0)
+    run, r1 = _reverse_cumsums(p * np.exp(-arg), lengths)
+    e = run * np.exp(arg)
+    run, r2 = _reverse_cumsums(-np.expm1(-np.diff(ksf, axis=1) * d) * e[:, 1:], lengths - 1)
+    curve = np.empty((len(fast), width))
+    curve[:, :-1] = run + infinity[:, None]
+    curve[rows, last] = infinity
+    rhos = []
+    for j in range(len(fast)):
+        span_max = float((ksf[j, last[j]] - ksf[j, 0]) * d)
+        rhos.append(1.05 * (2.0 * gamma(max(r1[j], r2[j]) + 8) + (1 + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF))
+    low = curve * (1.0 - np.array(rhos)[:, None]) - 1e-50
+    # the lift: kappa from the relative deficits where the curve's bound is positive (all of them or
+    # some: the same maximum), eta from what is still over
+    with np.errstate(invalid="ignore", divide="ignore"):
+        deficit = np.where(valid & (low > 0), (bd - low) / low, -np.inf)
+    kappas = np.max(deficit, axis=1, initial=0.0)
+    u = UNIT_ROUNDOFF
+    lift = []
+    for j in range(len(fast)):
+        kappa = float(kappas[j]) * (1.0 + 1e-6)
+        lift.append(1.0 + min(max(kappa, 0.0), _KAPPA_CAP))
+    lifted = low * np.array(lift)[:, None] * (1.0 - 2.0 * u)
+    overs = np.max(np.where(valid, bd - lifted, -np.inf), axis=1, initial=0.0)
+    for j in range(len(fast)):
+        n = int(lengths[j])
+        row_probs = probs[j, :n].copy()
+        inf_mass = float(infinity[j])
+        kappa = min(max(float(kappas[j]) * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
+        over = float(overs[j])
+        eta = max(over, _mass_shortfall(row_probs, inf_mass, kappa, over), 0.0)
+        k0 = int(ks[j, 0])
+        if kappa == 0.0 and eta == 0.0:
+            out.append(pld_ops.Pmf(d, k0, row_probs, inf_mass, True))
+            continue
+        factor = 1.0 + (kappa + 4.0 * u)
+        lifted_inf = (inf_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
+        out.append(pld_ops.Pmf(d, k0, row_probs * factor, float(lifted_inf), True))
+    return out
 
 def _reverse_cumsums(x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """:func:`_reverse_cumsum` of each row of x (its first lengths[j] entries; the rest of a row is
@@ -1528,13 +1551,31 @@ def mixture_plds(
         ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
         items.append((remove, add, ks_r * d, ks_a * d))
         grids.append((ks_r, ks_a))
-    ks_all, deltas, bounds = [], [], []
-    for (ks_r, ks_a), (delta_r, delta_a, bound_r, bound_a) in zip(grids, _paired_deltas_many(items), strict=True):
-        ks_all += [ks_r, ks_a]
-        deltas += [delta_r, delta_a]
-        bounds += [bound_r, bound_a]
-    pmfs = _pmfs_from_deltas_many(d, ks_all, deltas, bounds)
-    return [pld_ops.Pld(pmfs[2 * i], pmfs[2 * i + 1]) for i in range(len(grids))]
+    out: list[pld_ops.Pld] = []
+    # in batches of at most about _BATCH_POINTS grid points (their arrays side by side: the memory of
+    # a few times their PMFs', not of all rows' at once)
+    first = 0
+    while first < len(items):
+        last, points = first, 0
+        while last < len(items) and (last == first or points + grids[last][0].size + grids[last][1].size
+                                     <= _BATCH_POINTS):
+            points += grids[last][0].size + grids[last][1].size
+            last += 1
+        ks_all, deltas, bounds = [], [], []
+        for (ks_r, ks_a), (delta_r, delta_a, bound_r, bound_a) in zip(
+                grids[first:last], _paired_deltas_many(items[first:last]), strict=True):
+            ks_all += [ks_r, ks_a]
+            deltas += [delta_r, delta_a]
+            bounds += [bound_r, bound_a]
+        pmfs = _pmfs_from_deltas_many(d, ks_all, deltas, bounds)
+        out += [pld_ops.Pld(pmfs[2 * i], pmfs[2 * i + 1]) for i in range(last - first)]
+        first = last
+    return out
+
+
+#: Grid points (both directions) of the mixtures :func:`mixture_plds` builds together at most (one
+#: mixture of more goes alone).
+_BATCH_POINTS = 1 << 20
 
 
 def reference_mixture_pld(
