@@ -1541,41 +1541,45 @@ def row_mixture(weights: np.ndarray, probs: np.ndarray, *, cut: float) -> tuple[
     weights = np.asarray(weights)[order]
     probs = np.asarray(probs)[order]
     per_step = cut / max(1, weights.size)
-    # the law lives in buf[:size], updated in place (the same products and sums as forming
-    # (1 - q) pmf and adding q pmf shifted by w in a fresh array: 0 + x is x): no new array per
-    # column, which with the tail cut below was most of the time of a row of ~100 columns.
-    # buf is kept 0 beyond size (a cut zeroes what it removes), so a step writes no zeros first,
-    # and q pmf goes to a scratch array allocated once.
+    # the law is kept reversed at the end of buf, P(S = i) at buf[total - 1 - i]: it is buf[lo:][::-1]
+    # (size = total - lo entries), updated in place with the same products and sums as forming
+    # (1 - q) pmf and adding q pmf shifted by w in a fresh array (0 + x is x): no new array per
+    # column, which with the tail cut below was most of the time of a row of ~100 columns. Reversed,
+    # the upper tail the cut reads is a forward slice at lo, and a step is three ufunc calls on
+    # views (no setitem). buf is kept 0 below lo (a cut zeroes what it removes), so a step writes
+    # no zeros first, and q pmf goes to a scratch array allocated once.
     total = int(np.sum(weights[probs > 0])) + 1
     buf = np.zeros(total)
     scratch = np.empty(total)
-    buf[0] = 1.0
-    size = 1
+    lo = total - 1
+    buf[lo] = 1.0
     eta = 0.0
+    multiply, add = np.multiply, np.add
     for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
         if q <= 0:
             continue
-        shifted = np.multiply(buf[:size], q, out=scratch[:size])
-        buf[:size] *= 1 - q
-        top = size + w
-        buf[w:top] += shifted
-        size = top
+        law = buf[lo:]
+        shifted = multiply(law, q, out=scratch[lo:])
+        multiply(law, 1 - q, out=law)
+        lo -= w
+        moved = buf[lo:total - w]  # P(S + w = i) for the same i: law index i - w, w places on
+        add(moved, shifted, out=moved)
+        size = total - lo
         # cut the upper tail with mass <= per_step
         # the upper-tail masses from the top, only as far as needed: a cumulative sum is sequential,
         # so a prefix is bit-identical to the prefix of the full one, and the cut reads only up to
         # the first value above per_step
-        rev = buf[size - 1::-1]
         m = 2 * w + 32
-        rc = rev[:m].cumsum()  # (a slice past the end is the whole law)
+        rc = buf[lo:lo + m].cumsum()  # (a slice past the end is the whole law)
         while m < size and rc[-1] <= per_step:
             m *= 4
-            rc = rev[:m].cumsum()
+            rc = buf[lo:lo + m].cumsum()
         k = int(rc.searchsorted(per_step, side="right"))  # rc[:k] <= per_step
         if 0 < k < size:
             eta += float(rc[k - 1])
-            size -= k
-            buf[size:size + k] = 0.0
-    pmf = buf[:size]
+            buf[lo:lo + k] = 0.0
+            lo += k
+    pmf = buf[lo:][::-1]
     support = np.flatnonzero(pmf > 0)
     pr = pmf[support]
     pr = pr / pr.sum()
@@ -1594,7 +1598,15 @@ def coarsen_up(support: np.ndarray, probs: np.ndarray, refinement: int) -> tuple
     if refinement == 1:
         return support, probs
     coarse = -((-np.asarray(support, dtype=np.int64)) // refinement)  # ceil for non-negative ints
-    pts, inv = np.unique(coarse, return_inverse=True)
+    rise = np.diff(coarse)
+    if (rise >= 0).all():
+        # an increasing support (row_mixture's): its distinct values and each atom's index among them
+        # (np.unique's, without its sort) are where coarse steps up
+        steps = rise > 0
+        pts = coarse[np.concatenate(([True], steps))]
+        inv = np.concatenate(([0], np.cumsum(steps)))
+    else:
+        pts, inv = np.unique(coarse, return_inverse=True)
     pr = np.bincount(inv, weights=probs)
     keep = pr > 0
     return pts[keep], pr[keep] / pr[keep].sum()
@@ -1810,7 +1822,9 @@ def choose_discretization(groups: Sequence[RowGroup], *, sigma: float, resolutio
         return requested
     work = 0.0
     for g in groups:
-        work += mog_pld.loss_range(sigma, g.support / resolution, g.probabilities) * g.support.size
+        # at the sensitivities the row PLDs are built from (:func:`_compose`): their truncation
+        # points, searched here, are then found in mog_pld's memo, not searched again
+        work += mog_pld.loss_range(sigma, _sensitivities_up(g.support, resolution), g.probabilities) * g.support.size
     steps = (1, 2, 5)
     i = 0
     d = requested
@@ -1845,10 +1859,10 @@ def _compose(groups: Sequence[RowGroup], *, sigma: float, resolution: int, d: fl
             acc.compose(dp_event.MixtureOfGaussiansDpEvent(sigma, *g.mixture(resolution)), int(g.count))
         return pld_ops.Pld.from_dp_accounting(acc._pld)
     # recorded (pld_ops' arithmetic, the same calls) for the round-off certificate (pld_certify)
-    node = pld_certify.compose_counted([
-        (mog_pld.mixture_pld(sigma, _sensitivities_up(g.support, resolution), g.probabilities,
-                             value_discretization_interval=d, probability_error=g.rho), int(g.count))
-        for g in groups])
+    # every row's PLD at once (mog_pld.mixture_plds: each the one mixture_pld gives, bit for bit)
+    plds = mog_pld.mixture_plds(sigma, [(_sensitivities_up(g.support, resolution), g.probabilities, g.rho)
+                                        for g in groups], value_discretization_interval=d)
+    node = pld_certify.compose_counted([(pld, int(g.count)) for pld, g in zip(plds, groups, strict=True)])
     assert node is not None  # every group has count >= 1 and there is at least one
     return node
 

@@ -16,6 +16,10 @@ computes the same quantities with array operations:
 * the two directions share that work (:func:`mixture_pld`): the ADD loss is the REMOVE loss
   mirrored, so the ADD root at eps is minus the REMOVE root at -eps, and the mixture CDF entries
   of both come from one ``erfc`` each (:func:`_paired_deltas`);
+* many mixtures at one sigma and grid (MMCC's hundreds of rows) are built together
+  (:func:`mixture_plds`): what is elementwise runs once on all their points, what reduces over a
+  mixture's support per mixture on the arrays its own build uses, so each PLD is bit for bit the
+  one :func:`mixture_pld` gives alone (tests/test_mog_pld_batched.py);
 * delta(eps) = mu_upper_cdf(x*) - e^eps mu_lower_cdf(x*) is then evaluated exactly at the
   maximiser x*, which is the hockey-stick divergence itself (dp-accounting evaluates it at a point
   up to 1e-6 away from x*, which can only give a value up to second order smaller);
@@ -38,6 +42,7 @@ tests/test_accounting_mog_pld_roundoff.py checks it against 40-digit mpmath.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -295,19 +300,12 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
 
     ``trace``, if given (shape (5, len(eps))), receives for each point what :func:`_root_errors`
     needs: the last evaluation's x, L - eps, dL/dx and d2L/dx2, and the step taken from there to
-    the returned root (NaN for a root finished by bisection).
+    the returned root (NaN for a root finished by bisection). :func:`_invert_many` does the same
+    for many losses at once (MMCC's rows), bit for bit; this one loss's loop is kept for the calls
+    of one loss at a few points (a search over eps, as the lower bound's bisection), where the
+    batching's bookkeeping would cost more than it saves.
     """
-    key = ("grid", lower_x, upper_x)
-    if key not in loss.cache:
-        span = upper_x - lower_x
-        # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
-        grid = np.concatenate([
-            [lower_x - 4 * span],
-            np.linspace(lower_x, upper_x, _START_GRID),
-            [upper_x + 4 * span, upper_x + 64 * span],
-        ])
-        loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
-    grid, lg = loss.cache[key]
+    grid, lg = _start_grid(loss, lower_x, upper_x)
     neg_lg = -lg
     out = np.empty_like(eps)
     for start in range(0, eps.size, _CHUNK):
@@ -359,6 +357,113 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
         out[start:start + _CHUNK] = x
     return out
 
+
+def _start_grid(loss: _Loss, lower_x: float, upper_x: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_invert`'s starting grid over [lower_x, upper_x] and L on it (computed once per loss)."""
+    key = ("grid", lower_x, upper_x)
+    if key not in loss.cache:
+        span = upper_x - lower_x
+        # the roots may lie outside [lower_x, upper_x] when eps is near the flat limit: extend the grid
+        grid = np.concatenate([
+            [lower_x - 4 * span],
+            np.linspace(lower_x, upper_x, _START_GRID),
+            [upper_x + 4 * span, upper_x + 64 * span],
+        ])
+        loss.cache[key] = grid, loss.value(grid)  # L non-increasing on the grid
+    return loss.cache[key]
+
+
+def _invert_many(losses: list[_Loss], epss: list[np.ndarray], ends: list[tuple[float, float]],
+                 traces: list[np.ndarray | None]) -> list[np.ndarray]:
+    """:func:`_invert` of each (loss, eps, (lower_x, upper_x), trace), bit for bit: the loop of
+    Halley steps runs over all of them at once. Each loss's points go in chunks of :data:`_CHUNK`
+    (the units, as :func:`_invert` splits them); each step evaluates every unit's loss on exactly the
+    points its own loop evaluates (:meth:`_Loss.value_slope_curvature` reduces over the support, per
+    unit), and does the rest (starting chords, steps, error estimates, stopping rules) on all units'
+    points at once: elementwise, each loss's slope range repeated at its points."""
+    outs = [np.empty_like(e) for e in epss]
+    units = [(j, start, e[start:start + _CHUNK]) for j, e in enumerate(epss) for start in range(0, e.size, _CHUNK)]
+    if not units:
+        return outs
+    grids = [_start_grid(loss, lo, hi) for loss, (lo, hi) in zip(losses, ends, strict=True)]
+    base = np.cumsum([0, *(g[0].size for g in grids)]).tolist()  # each grid's place in the concatenation
+    # bracketing grid cell of each point: lg[i] >= e > lg[i + 1] (lg is decreasing)
+    cells = [np.clip(np.searchsorted(-grids[j][1], -e, side="right") - 1, 0, grids[j][0].size - 2) + base[j]
+             for j, _, e in units]
+    cell = np.concatenate(cells)
+    grid_all = np.concatenate([g[0] for g in grids])
+    lg_all = np.concatenate([g[1] for g in grids])
+    e_all = np.concatenate([u[2] for u in units])
+    x0, x1, l0, l1 = grid_all[cell], grid_all[cell + 1], lg_all[cell], lg_all[cell + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip((l0 - e_all) / (l0 - l1), 0.0, 1.0)
+    frac = np.where(np.isfinite(frac), frac, 0.5)
+    # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
+    start_x = x0 + frac * (x1 - x0)
+    counts = [u[2].size for u in units]
+    at = np.cumsum([0, *counts]).tolist()
+    xs = [start_x[at[k]:at[k + 1]] for k in range(len(units))]  # each unit's x (replaced, not written to, at first)
+    # every evaluation (its points, x and L) is kept: the bracket of each root that they give is
+    # formed only for the points the steps do not settle (rarely any)
+    history: list[list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]] = [[] for _ in units]
+    live: list[np.ndarray | None] = [None] * len(units)  # None: every point of the unit; else those not converged
+    active = list(range(len(units)))
+    for _ in range(_HALLEY_STEPS):
+        parts: list[tuple[np.ndarray, ...]] = []
+        for k in active:
+            e = units[k][2]
+            xl, el = (xs[k], e) if live[k] is None else (xs[k][live[k]], e[live[k]])
+            val, slope, curv = losses[units[k][0]].value_slope_curvature(xl)
+            history[k].append((live[k], xl, val))
+            parts.append((xl, el, val, slope, curv))
+        sizes = [p[0].size for p in parts]
+        xl, el, val, slope, curv = (np.concatenate([p[i] for p in parts]) for i in range(5))
+        spread = _per_point([losses[units[k][0]].slope_range for k in active], sizes)
+        f = val - el
+        step, err = _halley_step(f, slope, curv, spread)
+        moved = xl - step
+        # converged: the error left after this step (its estimate) is a few ulps of x, the
+        # step is negligible, or the loss already equals eps to rounding (then the step is
+        # round-off divided by a tiny slope and x cannot be pinned further; the delta
+        # evaluated there is off by second order in that step)
+        done = ((err <= 1e-14 * (1.0 + np.abs(moved))) | (np.abs(step) <= 1e-12 * (1.0 + np.abs(moved)))
+                | (np.abs(f) <= 1e-15 * (1.0 + np.abs(el))))
+        rows = np.stack((xl, f, slope, curv, step))
+        still = []
+        first = 0
+        for k, n in zip(active, sizes, strict=True):
+            part = slice(first, first + n)
+            first += n
+            j, start, e = units[k]
+            trace = traces[j]
+            lv = live[k]
+            if trace is not None:
+                trace[:, slice(start, start + e.size) if lv is None else start + lv] = rows[:, part]
+            if lv is None:
+                xs[k] = moved[part]
+                lv = np.flatnonzero(~done[part])
+            else:
+                xs[k][lv] = moved[part]
+                lv = lv[~done[part]]
+            live[k] = lv
+            if lv.size:
+                still.append(k)
+        active = still
+        if not active:
+            break
+    for k in active:  # not settled in _HALLEY_STEPS: bisection of the brackets
+        j, start, e = units[k]
+        lv = live[k]
+        assert lv is not None  # set by the first step
+        part = slice(at[k], at[k + 1])
+        lo, hi = _brackets(x0[part], x1[part], l0[part], l1[part], e, history[k])
+        xs[k][lv] = _bisect_roots(losses[j], e[lv], xs[k][lv], lo[lv], hi[lv])
+        trace = traces[j]
+        if trace is not None:
+            trace[:, start + lv] = np.nan
+    for k, (j, start, e) in enumerate(units):
+        outs[j][start:start + e.size] = xs[k]
+    return outs
 
 def _brackets(x0: np.ndarray, x1: np.ndarray, l0: np.ndarray, l1: np.ndarray, e: np.ndarray,
               history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -416,7 +521,8 @@ def _bisect_roots(loss: _Loss, eps: np.ndarray, x: np.ndarray, lo: np.ndarray, h
     return 0.5 * (lo + hi)
 
 
-def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float) -> tuple[np.ndarray, np.ndarray]:
+def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: float | np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(step, error estimate) towards the root of L - eps, from f = L - eps, d1 = dL/dx and
     d2 = d2L/dx2 at x.
 
@@ -425,7 +531,8 @@ def _halley_step(f: np.ndarray, d1: np.ndarray, d2: np.ndarray, slope_range: flo
     about (|d3| / (6 |d1|) + (d2 / (2 d1))^2) |step|^3, and |d3| <= R |d2| for the third derivative
     d3 (the third central moment of the slopes b under the weights, with |b - E b| <= R, the range
     of the slopes); after Newton's, about |d2| / (2 |d1|) step^2. The estimate is twice these.
-    Where the loss is flat (a step that is not finite): step 0, and the caller stops there."""
+    Where the loss is flat (a step that is not finite): step 0, and the caller stops there.
+    ``slope_range`` R: a float, or one per point (:func:`_invert_many`)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         newton = f / d1
         denom = 1.0 - newton * d2 / (2.0 * d1)
@@ -496,11 +603,23 @@ def _loss_ends(remove: _Loss, add: _Loss) -> tuple[tuple[float, float], tuple[fl
     and for ADD, from one evaluation of the REMOVE loss at four points: L_add(x) = -L_remove(-x) bit
     for bit (the same exponents, x and the slopes negated), and each row of the (points, support)
     arrays is formed and reduced on its own, so a point's L does not depend on the others
-    evaluated with it."""
-    lx_r, ux_r = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-    lx_a, ux_a = _truncation(add, LOG_MASS_TRUNCATION_BOUND)
-    v = remove.value(np.array([lx_r, ux_r, -lx_a, -ux_a])).tolist()
-    return (v[0], v[1]), (-v[2], -v[3])
+    evaluated with it. A pure function of the mixture, memoised like the truncation points (MMCC's
+    grid choice, :func:`loss_range`, asks for the same rows' ends before their PLDs are built)."""
+    shared = (remove.sigma, remove.s.tobytes(), remove.q.tobytes())
+    got = _ENDS.get(shared)
+    if got is None:
+        lx_r, ux_r = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
+        lx_a, ux_a = _truncation(add, LOG_MASS_TRUNCATION_BOUND)
+        v = remove.value(np.array([lx_r, ux_r, -lx_a, -ux_a])).tolist()
+        got = (v[0], v[1]), (-v[2], -v[3])
+        if len(_ENDS) >= 4096:
+            _ENDS.clear()
+        _ENDS[shared] = got
+    return got
+
+
+#: :func:`_loss_ends` by (sigma, support, probabilities) (bounded, as :data:`_TRUNCATIONS`).
+_ENDS: dict[tuple, tuple[tuple[float, float], tuple[float, float]]] = {}
 
 
 def _grid_points(loss: _Loss, discretization: float, max_points: int | None,
@@ -531,6 +650,150 @@ def _pmf_from_deltas(discretization: float, ks: np.ndarray, deltas: np.ndarray, 
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     return _certified(connect_dots_pmf(discretization, ks, deltas), ks, bounds)
 
+
+def _pmfs_from_deltas_many(discretization: float, grids: list[np.ndarray], deltas: list[np.ndarray],
+                           bounds: list[np.ndarray]) -> list[pld_ops.Pmf]:
+    """:func:`_pmf_from_deltas` of each (ks, deltas, bounds), bit for bit, those on consecutive grid
+    points (ks = k0, k0 + 1, ...: every row PLD of MMCC) together: the running maxima and minima,
+    the connect-the-dots masses, the curve's lower bounds and the lift's maxima on arrays of one row
+    per PMF (padded past its end with values no operation of its row reads: a running maximum from
+    the end starts at -inf there, every maximum takes -inf for them), the running sums of
+    :func:`_reverse_cumsum` per block size (the same blocks and additions, :func:`_reverse_cumsums`).
+    The sums of a row that are not running sums (:func:`_mass_shortfall`) stay per row. Others (one
+    point, strides, a span past one exponent segment, a NaN delta): :func:`_pmf_from_deltas`."""
+    d = discretization
+    out: list[pld_ops.Pmf | None] = [None] * len(grids)
+    fast = []
+    for i, (ks, dl) in enumerate(zip(grids, deltas, strict=True)):
+        n = ks.size
+        # _curve_lower_bounds in one segment: its first search gives 0 (ks[0] >= ks[-1] - 600 / d)
+        if (n >= 2 and int(ks[-1]) - int(ks[0]) == n - 1 and float(ks[0]) >= float(ks[-1]) - 600.0 / d
+                and not np.isnan(dl).any()):
+            fast.append(i)
+        else:
+            out[i] = _pmf_from_deltas(d, ks, dl, bounds[i])
+    # shortest first, in groups whose padded arrays stay within _PAD_POINTS (a few long rows among
+    # many short ones would otherwise pad every row to the longest)
+    fast.sort(key=lambda i: grids[i].size)
+    group: list[int] = []
+    for i in [*fast, -1]:
+        if group and (i < 0 or (len(group) + 1) * grids[i].size > _PAD_POINTS):
+            for j, pmf in zip(group, _pmfs_consecutive(d, [grids[j] for j in group], [deltas[j] for j in group],
+                                                       [bounds[j] for j in group]), strict=True):
+                out[j] = pmf
+            group = []
+        if i >= 0:
+            group.append(i)
+    return [pmf for pmf in out if pmf is not None]
+
+
+#: Points (rows x the longest row) of the padded arrays of one group of :func:`_pmfs_consecutive`.
+_PAD_POINTS = 1 << 20
+
+
+def _pmfs_consecutive(d: float, grids: list[np.ndarray], deltas: list[np.ndarray], bounds: list[np.ndarray]
+                      ) -> list[pld_ops.Pmf]:
+    """:func:`_pmfs_from_deltas_many`' PMFs of rows on consecutive grid points (at least two, in one
+    exponent segment, no NaN delta), one padded row each."""
+    fast = list(range(len(grids)))
+    out: list[pld_ops.Pmf] = []
+    lengths = np.array([grids[i].size for i in fast])
+    width = int(lengths.max())
+    valid = np.arange(width) < lengths[:, None]
+    rows = np.arange(len(fast))
+    last = lengths - 1
+    dl = np.full((len(fast), width), -np.inf)
+    dl[valid] = np.concatenate([deltas[i] for i in fast])
+    bd = np.zeros((len(fast), width))
+    bd[valid] = np.concatenate([bounds[i] for i in fast])
+    # past a row's end its first point again (exponents 0 there: nothing overflows)
+    ks = np.repeat(np.array([grids[i][0] for i in fast], dtype=np.int64)[:, None], width, axis=1)
+    ks[valid] = np.concatenate([grids[i] for i in fast])
+    if not bool(np.all(np.diff(ks, axis=1)[valid[:, 1:]] == 1)):  # not consecutive after all
+        return [_pmf_from_deltas(d, ks_, dl_, b_) for ks_, dl_, b_ in zip(grids, deltas, bounds, strict=True)]
+    # _pmf_from_deltas' monotonicity fix, then connect_dots_pmf's (a no-op after it, kept: the same values)
+    dl = np.maximum.accumulate(dl[:, ::-1], axis=1)[:, ::-1]
+    dl = np.minimum.accumulate(dl, axis=1)
+    # connect_dots_pmf, evenly spaced (gap 1): its fixed-gap form
+    g = np.int64(1) * d
+    with np.errstate(invalid="ignore"):  # past a row's end: -inf - -inf
+        dd = np.diff(dl, axis=1)
+        probs = np.empty((len(fast), width))
+        probs[:, 0] = 1 - dl[:, 0] + dd[:, 0] / math.expm1(g)
+        probs[:, 1:-1] = (dd[:, 1:] - dd[:, :-1] * math.exp(g)) / math.expm1(g)
+    probs[rows, last] = dd[rows, last - 1] / math.expm1(-g)
+    probs = np.maximum(0.0, probs)
+    infinity = dl[rows, last]
+    # _certified: _curve_lower_bounds in one segment (a = 0, top = n)
+    ksf = ks.astype(np.float64)
+    arg = (ksf - ksf[:, :1]) * d
+    p = np.where(valid, probs, 0.0)
+    run, r1 = _reverse_cumsums(p * np.exp(-arg), lengths)
+    e = run * np.exp(arg)
+    run, r2 = _reverse_cumsums(-np.expm1(-np.diff(ksf, axis=1) * d) * e[:, 1:], lengths - 1)
+    curve = np.empty((len(fast), width))
+    curve[:, :-1] = run + infinity[:, None]
+    curve[rows, last] = infinity
+    rhos = []
+    for j in range(len(fast)):
+        span_max = float((ksf[j, last[j]] - ksf[j, 0]) * d)
+        rhos.append(1.05 * (2.0 * gamma(max(r1[j], r2[j]) + 8) + (1 + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF))
+    low = curve * (1.0 - np.array(rhos)[:, None]) - 1e-50
+    # the lift: kappa from the relative deficits where the curve's bound is positive (all of them or
+    # some: the same maximum), eta from what is still over
+    with np.errstate(invalid="ignore", divide="ignore"):
+        deficit = np.where(valid & (low > 0), (bd - low) / low, -np.inf)
+    kappas = np.max(deficit, axis=1, initial=0.0)
+    u = UNIT_ROUNDOFF
+    lift = []
+    for j in range(len(fast)):
+        kappa = float(kappas[j]) * (1.0 + 1e-6)
+        lift.append(1.0 + min(max(kappa, 0.0), _KAPPA_CAP))
+    lifted = low * np.array(lift)[:, None] * (1.0 - 2.0 * u)
+    overs = np.max(np.where(valid, bd - lifted, -np.inf), axis=1, initial=0.0)
+    for j in range(len(fast)):
+        n = int(lengths[j])
+        row_probs = probs[j, :n].copy()
+        inf_mass = float(infinity[j])
+        kappa = min(max(float(kappas[j]) * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
+        over = float(overs[j])
+        eta = max(over, _mass_shortfall(row_probs, inf_mass, kappa, over), 0.0)
+        k0 = int(ks[j, 0])
+        if kappa == 0.0 and eta == 0.0:
+            out.append(pld_ops.Pmf(d, k0, row_probs, inf_mass, True))
+            continue
+        factor = 1.0 + (kappa + 4.0 * u)
+        lifted_inf = (inf_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
+        out.append(pld_ops.Pmf(d, k0, row_probs * factor, float(lifted_inf), True))
+    return out
+
+def _reverse_cumsums(x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """:func:`_reverse_cumsum` of each row of x (its first lengths[j] entries; the rest of a row is
+    left unset), bit for bit, and the roundings count of each: the rows of one block size in one
+    array (blocks of a row past its length are zeros, added after its own: they change nothing)."""
+    out = np.empty(x.shape)
+    counts = [0] * x.shape[0]
+    blocks = [max(1, math.isqrt(int(n))) for n in lengths]
+    for block in sorted(set(blocks)):
+        idx = np.array([j for j, b in enumerate(blocks) if b == block])
+        n = lengths[idx]
+        nb = -(-n // block)
+        size = int(nb.max()) * block
+        pos = np.arange(size)
+        src = n[:, None] - 1 - pos  # entry i of the reversed row is x[n - 1 - i]
+        inside = src >= 0
+        padded = np.zeros((idx.size, size))
+        padded[inside] = x[np.repeat(idx, n), src[inside]]
+        run = np.cumsum(padded.reshape(idx.size, -1, block), axis=2)
+        offsets = np.zeros(run.shape[:2])
+        offsets[:, 1:] = np.cumsum(run[:, :, -1], axis=1)[:, :-1]
+        run += offsets[:, :, None]
+        flat = run.reshape(idx.size, size)
+        # out[j, i] = flat[j, n - 1 - i] for i < n
+        out[np.repeat(idx, n), src[inside]] = flat[inside]
+        for j, b in zip(idx.tolist(), nb.tolist(), strict=True):
+            counts[j] = block + b + 1
+    return out, counts
 
 def _mixture_tails(y: np.ndarray, s: np.ndarray, q: np.ndarray, sigma: float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -648,7 +911,8 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     of the REMOVE CDF; one ``erfc`` per entry gives both sums accurately (:func:`_mixture_tails`),
     where ``ndtr(t)`` and ``ndtr(-t)`` took two.
     The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
-    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs."""
+    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs. :func:`_paired_deltas_many` gives
+    the same for many mixtures at once (MMCC's rows), bit for bit."""
     delta_r = np.zeros_like(eps_r)
     trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
     delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
@@ -703,6 +967,163 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
 
 
+def _per_point(values: list[float], counts: list[int]) -> np.ndarray:
+    """values[i] repeated counts[i] times: a per-mixture number at each of that mixture's points (the
+    same float: an elementwise operation with it gives what the operation with the scalar gives)."""
+    return np.repeat(np.array(values, dtype=np.float64), counts)
+
+
+def _paired_deltas_many(items: list[tuple[_Loss, _Loss, np.ndarray, np.ndarray]]
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_paired_deltas` of each (remove, add, eps_r, eps_a) in ``items``, bit for bit the values
+    each gives on its own (tests/test_mog_pld_batched.py), in fewer array operations: MMCC's rows
+    are hundreds of mixtures of a few hundred points each, where the per-call cost of the ~600
+    array operations per mixture was most of the time.
+
+    Which parts are batched: what is elementwise given a few numbers per mixture (the roots' error
+    bounds, the CDFs at the roots, the deltas and their bounds) runs once on all mixtures' points
+    concatenated, each per-mixture number (computed by the same Python expression as before) repeated
+    at its points: an elementwise operation gives each point the value it gives on its own. What
+    reduces over a mixture's support (the inversion's evaluations, the mixture sums) runs per
+    mixture on exactly the arrays it ran on before, since a reduction's (and a BLAS product's)
+    rounding may depend on the shape it is given."""
+    n_items = len(items)
+    results: list[list[np.ndarray]] = []
+    # per mixture: the trivial points, the flat-limit bounds, the roots and the mixture sums
+    inside: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    roots: list[tuple[np.ndarray, np.ndarray]] = []  # (y, trace) per mixture with points to invert
+    for remove, add, eps_r, eps_a in items:
+        delta_r = np.zeros_like(eps_r)
+        trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
+        delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
+        delta_a = np.zeros_like(eps_a)
+        in_r = ~trivial_r
+        in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
+        results.append([delta_r, delta_a, _flat_bounds(remove, eps_r), _flat_bounds(add, eps_a)])
+        # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
+        # so the mirrored ADD points are inside the REMOVE range)
+        e_r, e_a = eps_r[in_r], eps_a[in_a]
+        pts, i_a = _inversion_points(e_r, -e_a)
+        inside.append((in_r, in_a, e_r, e_a, pts, i_a))
+    removes = [it[0] for it in items]
+    # the roots of every mixture's points (its REMOVE loss), all inverted together
+    traces = [np.empty((5, v[4].size)) for v in inside]
+    found = _invert_many([removes[j] for j in range(n_items) if inside[j][4].size],
+                         [v[4] for v in inside if v[4].size],
+                         [_truncation(removes[j], LOG_MASS_TRUNCATION_BOUND) for j in range(n_items) if inside[j][4].size],
+                         [traces[j] for j in range(n_items) if inside[j][4].size])
+    found.reverse()
+    for j in range(n_items):
+        roots.append((found.pop() if inside[j][4].size else inside[j][4], traces[j]))
+    errors = _root_errors_many(removes, [r[0] for r in roots], [v[4] for v in inside], [r[1] for r in roots])
+    # per mixture: the loose roots redone, the mixture sums at the roots, and what the REMOVE and ADD
+    # points read of them
+    sel_r: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    sel_a: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    for row in range(n_items):
+        remove = removes[row]
+        _, _, e_r, e_a, pts, i_a = inside[row]
+        y, trace = roots[row]
+        root = errors[row]
+        if not pts.size:
+            continue
+        # a root whose residual is far above round-off (Halley's error estimate misled by curvature
+        # that changes fast, as where a far component takes over) is finished by bisection
+        loose = ~(root[:, 0] <= _LOOSE_RESIDUAL * (1.0 + np.abs(pts)))
+        if loose.any():
+            y[loose] = _bisect_roots(remove, pts[loose], y[loose], np.full(int(loose.sum()), -np.inf),
+                                     np.full(int(loose.sum()), np.inf))
+            trace[:, loose] = np.nan
+            root[loose] = _root_errors(remove, y[loose], pts[loose], trace[:, loose])
+        cdf_sum, sf_sum, err_cdf, err_sf = _mixture_tails(y, remove.s, remove.q, remove.sigma)
+        if e_r.size:
+            if e_r.size == pts.size and bool(np.all(e_r[1:] > e_r[:-1])):
+                # pts holds the distinct e_r and no more: pts[j] == e_r[j], the search would give j
+                sel_r.append((y, cdf_sum, err_cdf, root, e_r))
+            else:
+                i = np.searchsorted(pts, e_r)
+                sel_r.append((y[i], cdf_sum[i], err_cdf[i], root[i], e_r))
+        if e_a.size:
+            i = i_a if i_a is not None else np.searchsorted(pts, -e_a)
+            sf_i = sf_sum[i]
+            sel_a.append((-y[i], sf_i, err_sf[i] / np.maximum(sf_i, np.finfo(float).tiny), root[i], e_a))
+    rows_r = [j for j in range(n_items) if inside[j][4].size and inside[j][2].size]
+    rows_a = [j for j in range(n_items) if inside[j][4].size and inside[j][3].size]
+    # the deltas at the roots and their bounds, all mixtures' points at once (REMOVE, then ADD)
+    if rows_r:
+        counts = [s[4].size for s in sel_r]
+        losses = [removes[j] for j in rows_r]
+        yi, cdf_i, err_i, root_i, e_r = (np.concatenate([s[k] for s in sel_r]) for k in range(5))
+        sigma = _per_point([loss.sigma for loss in losses], counts)
+        lower = special.ndtr(yi / sigma)  # remove.lower_cdf
+        scaled = _scaled_lower_many(losses, counts, yi, e_r, lower)
+        d_r = cdf_i - scaled
+        b = _delta_bounds_many(losses, counts, yi, e_r, d_r, cdf_i, err_i, lower, scaled,
+                               _ndtr_allowance(yi / sigma), root_i, remove=True)
+        near = _near_flat_many(losses, counts, e_r)
+        for j, part_d, part_b, part_near in zip(rows_r, np.split(d_r, np.cumsum(counts)[:-1]),
+                                                np.split(b, np.cumsum(counts)[:-1]),
+                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
+            in_r = inside[j][0]
+            results[j][0][in_r] = part_d
+            results[j][2][in_r] = np.where(part_near, results[j][2][in_r], part_b)
+    if rows_a:
+        counts = [s[4].size for s in sel_a]
+        losses = [items[j][1] for j in rows_a]
+        x_a, sf_i, rel_sf, root_i, e_a = (np.concatenate([s[k] for s in sel_a]) for k in range(5))
+        sigma = _per_point([loss.sigma for loss in losses], counts)
+        upper = special.ndtr(x_a / sigma)  # add.upper_cdf
+        scaled = _scaled_lower_many(losses, counts, x_a, e_a, sf_i)
+        d_a = upper - scaled
+        b = _delta_bounds_many(losses, counts, x_a, e_a, d_a, upper, _ndtr_allowance(x_a / sigma) * upper,
+                               sf_i, scaled, rel_sf, root_i, remove=False)
+        near = _near_flat_many(losses, counts, e_a)
+        for j, part_d, part_b, part_near in zip(rows_a, np.split(d_a, np.cumsum(counts)[:-1]),
+                                                np.split(b, np.cumsum(counts)[:-1]),
+                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
+            in_a = inside[j][1]
+            results[j][1][in_a] = part_d
+            results[j][3][in_a] = np.where(part_near, results[j][3][in_a], part_b)
+    return [(np.clip(r[0], 0.0, 1.0), np.clip(r[1], 0.0, 1.0), r[2], r[3]) for r in results]
+
+
+def _scaled_lower_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray,
+                       lower: np.ndarray) -> np.ndarray:
+    """:func:`_scaled_lower` of each loss at its ``counts`` consecutive points of x, eps, lower."""
+    big = _log_form(eps, lower)
+    if not big.any():
+        return np.exp(eps) * lower
+    out = np.empty_like(eps)
+    small = ~big
+    out[small] = np.exp(eps[small]) * lower[small]
+    start = 0
+    for loss, n in zip(losses, counts, strict=True):
+        part = slice(start, start + n)
+        start += n
+        sel = start - n + np.flatnonzero(big[part])
+        if sel.size:
+            with np.errstate(over="ignore"):
+                out[sel] = np.exp(eps[sel] + loss.lower_log_cdf(x[sel]))
+    return out
+
+
+def _near_flat_many(losses: list[_Loss], counts: list[int], eps: np.ndarray) -> np.ndarray:
+    """:func:`_near_flat` of each loss (all of one direction) at its ``counts`` consecutive eps."""
+    if not losses:
+        return np.zeros(eps.shape, dtype=bool)
+    remove = losses[0].remove
+    # the threshold of each loss as _near_flat forms it; none (never near) without a flat limit
+    limits, has = [], []
+    for loss in losses:
+        has.append(math.isfinite(loss.flat_limit))
+        margin = _NEAR_FLAT * (1.0 + abs(loss.flat_limit)) if has[-1] else 0.0
+        limits.append(loss.flat_limit + margin if remove else loss.flat_limit - margin)
+    limit = _per_point(limits, counts)
+    with np.errstate(invalid="ignore"):
+        near = eps <= limit if remove else eps >= limit
+    return near & np.repeat(np.array(has, dtype=bool), counts)
+
+
 # ---------------------------------------------------------------------------------------------
 # Round-off: a proven upper bound on the exact delta at every grid point, and a connect-the-dots
 # PMF lifted to dominate it (docs/accounting.md, "Round-off of the MMCC row PLDs")
@@ -744,7 +1165,8 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     t = |s| + u |y|. Delta: with t' = t + 4R / m, m' = |L'(x_k)| (1 - 3e) - c(t') t' >= m / 2 and
     c(t') R <= m'^2 / 2, |L(y + t) - L(y)| >= m' t - c(t') t^2 / 2 on the way to the root, which at
     t = 2R / m' (<= 4R / m) is >= R, the loss monotone up to there: the root lies within 2R / m'.
-    A root finished by bisection is evaluated afresh (x_k = y, s = 0)."""
+    A root finished by bisection is evaluated afresh (x_k = y, s = 0). :func:`_root_errors_many`
+    gives the same for many losses at once, bit for bit."""
     k = loss.s.size
     cmax = float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v)))
     bmax = float(np.max(np.abs(loss.slope)))
@@ -768,6 +1190,42 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     return out
 
 
+def _root_errors_many(losses: list[_Loss], ys: list[np.ndarray], epss: list[np.ndarray],
+                      traces: list[np.ndarray]) -> list[np.ndarray]:
+    """:func:`_root_errors` of each (loss, y, eps, trace), bit for bit: the Taylor bounds of all
+    losses' roots at once (elementwise, each loss's numbers repeated at its points), the fresh
+    evaluations per loss on the points its own call evaluates."""
+    counts = [y.size for y in ys]
+    params = [(float(loss.s.size), float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v))),
+               float(np.max(np.abs(loss.slope))), loss.slope_range) for loss in losses]
+    y = np.concatenate(ys)
+    eps = np.concatenate(epss)
+    xk, f, d1, d2, step = np.concatenate(traces, axis=1)  # read only (rows of the trace)
+    k, cmax, bmax, spread = (_per_point([p[i] for p in params], counts) for i in range(4))
+    curv_max = _per_point([1.01 * p[3] ** 2 / 4.0 for p in params], counts)
+    # in blocks that stay in cache (every operation is elementwise: the same numbers)
+    out = np.empty((y.size, 3))
+    for start in range(0, y.size, _ROOT_BLOCK):
+        b = slice(start, start + _ROOT_BLOCK)
+        out[b] = _root_bounds(xk[b], f[b], d1[b], d2[b], step[b], y[b], eps[b], k=k[b], cmax=cmax[b], bmax=bmax[b],
+                              spread=spread[b], curv_max=curv_max[b])
+    # the roots finished by bisection, and those whose Taylor bound is loose (a long last step where
+    # the curvature changes fast), are evaluated afresh at y (x_k = y, s = 0)
+    fresh = np.isnan(xk) | ~(out[:, 0] <= _FRESH_RESIDUAL * (1.0 + np.abs(eps)))
+    parts = np.split(out, np.cumsum(counts)[:-1]) if counts else []
+    if fresh.any():
+        start = 0
+        for loss, n, part, (kk, cm, bm, sp) in zip(losses, counts, parts, params, strict=True):
+            idx = np.flatnonzero(fresh[start:start + n])
+            yl, el = y[start:start + n], eps[start:start + n]
+            start += n
+            for first in range(0, idx.size, _CHUNK):
+                i = idx[first:first + _CHUNK]
+                val, slope, c2 = loss.value_slope_curvature(yl[i])
+                part[i] = _root_bounds(yl[i], val - el[i], slope, c2, np.zeros(i.size), yl[i], el[i], k=int(kk), cmax=cm,
+                                       bmax=bm, spread=sp)
+    return parts
+
 #: Points per block of :func:`_root_bounds` in :func:`_root_errors` (its ~70 array operations on
 #: 200k points ran from memory, not cache: 19 ms against 14 ms in blocks).
 _ROOT_BLOCK = 16384
@@ -778,10 +1236,13 @@ _LOOSE_RESIDUAL = 1e-9
 
 
 def _root_bounds(xk: np.ndarray, f: np.ndarray, d1: np.ndarray, d2: np.ndarray, step: np.ndarray, y: np.ndarray,
-                 eps: np.ndarray, *, k: int, cmax: float, bmax: float, spread: float) -> np.ndarray:
-    """:func:`_root_errors`' (R, m, Delta) from one evaluation at x_k (its docstring has the argument)."""
+                 eps: np.ndarray, *, k: Any, cmax: Any, bmax: Any, spread: Any, curv_max: Any = None) -> np.ndarray:
+    """:func:`_root_errors`' (R, m, Delta) from one evaluation at x_k (its docstring has the argument). The
+    loss's numbers k, cmax, bmax, spread (and curv_max, 1.01 spread^2 / 4 if not given) are floats, or
+    arrays of them per point (:func:`_root_errors_many`)."""
     u = UNIT_ROUNDOFF
-    curv_max = 1.01 * spread ** 2 / 4.0
+    if curv_max is None:
+        curv_max = 1.01 * spread ** 2 / 4.0
     e = 16.0 * u * (1.0 + np.abs(xk) * bmax + cmax + np.abs(f + eps) + k)
     d2_here = np.abs(d2) + (4.0 * e + 8.0 * u) * bmax * bmax
 
@@ -825,7 +1286,7 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     cover: x* >= y - R / m always (if L(y) < eps, the tangent at y, under the convex REMOVE loss,
     meets eps within (eps - L(y)) / m; else x* >= y), so for REMOVE the interval lies in
     [y - R / m, inf) and for ADD in (-inf, -y + R / m], each of N(0) mass Phi((R / m - y) / sigma)
-    (1 without m)."""
+    (1 without m). :func:`_delta_bounds_many` gives the same for many losses at once, bit for bit."""
     u = UNIT_ROUNDOFF
     r, m, dist = root[:, 0], root[:, 1], root[:, 2]
     big = _log_form(eps, lower)
@@ -864,6 +1325,56 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
         shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
     shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
     lift = 1.0 + rho if remove else 1.0
+    return np.minimum((delta + evaluation + 1.01 * shortfall) * lift * (1.0 + 8.0 * u), 1.0)
+
+def _delta_bounds_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray, delta: np.ndarray,
+                       upper: np.ndarray, err_upper: np.ndarray, lower: np.ndarray, scaled: np.ndarray,
+                       rel_lower: np.ndarray, root: np.ndarray, *, remove: bool) -> np.ndarray:
+    """:func:`_delta_bounds` of each loss (all of one direction) at its ``counts`` consecutive points
+    of the arrays, bit for bit: every operation is elementwise, each loss's numbers (sigma, max s,
+    the probabilities' error and what follows from them, by the same Python expressions) repeated
+    at its points."""
+    u = UNIT_ROUNDOFF
+    r, m, dist = root[:, 0], root[:, 1], root[:, 2]
+    sigma = _per_point([loss.sigma for loss in losses], counts)
+    big = _log_form(eps, lower)
+    # e^eps mu_lower_cdf: exp (ELEMENTARY_ULPS), the product, the grid value's rounding (u |eps|)
+    rel_scaled = rel_lower + (ELEMENTARY_ULPS + 2.0 + 1.01 * np.abs(eps)) * u
+    if big.any():  # formed as exp(eps + log mu_lower_cdf), log_ndtr within the same allowance as ndtr
+        # (it does not underflow): log's error and the exponent's rounding too
+        log_lower = np.log(np.maximum(scaled, np.finfo(float).tiny)) - eps
+        x_max = (np.abs(x) + _per_point([float(loss.s.max()) for loss in losses], counts)) / sigma
+        rel_big = (64.0 + 16.0 * x_max * x_max + 16.0 * (np.abs(eps) + np.abs(log_lower))) * u
+        rel_scaled = np.where(big, np.maximum(rel_scaled, rel_big), rel_scaled)
+    # an underflowed CDF at eps <= 0 (formed directly): its absolute error, at most 2^-1022 (both
+    # erfc and ndtr stay within 0.005 of that in the tests), times e^eps <= 1
+    evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + 2.0 * _TINY
+    # probabilities within rho of the exact ones (loss.prob_error): REMOVE's P = sum q N(-s) is at
+    # most (1 + rho) times the computed one, so delta <= (1 + rho) delta_computed(eps - log(1 + rho));
+    # ADD's Q = sum q N(s) at least (1 - rho) times, so delta <= delta_computed(eps + log(1 - rho)).
+    # The eps shift t moves e^eps mu_lower by t e^eps mu_lower at most (1 - e^-t <= t) and the
+    # root's residual by t.
+    shifts = [1.01 * (math.log1p(loss.prob_error) if remove else -math.log1p(-loss.prob_error)) for loss in losses]
+    shift = _per_point(shifts, counts)
+    moved = shift > 0
+    if moved.any():
+        evaluation = np.where(moved, evaluation + _per_point([1.01 * t for t in shifts], counts) * scaled, evaluation)
+        grow = (r + shift) / np.where(r > 0, r, 1.0)
+        dist = np.where(moved & np.isfinite(dist), dist * grow, dist)  # Delta <= 2R / m grows with R
+        r = np.where(moved, r + shift, r)
+    y = x if remove else -x
+    log_density = _per_point([math.log(loss.sigma * math.sqrt(2.0 * math.pi)) for loss in losses], counts)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        log_scale = eps if remove else r  # e^eps w <= e^scale N(0) density (or mass); no cap: an
+        # overflow is inf, and the bound then falls back to the other form or to 1
+        z = np.maximum(np.abs(y) - dist, 0.0) / sigma
+        near = dist * np.exp(log_scale - 0.5 * z * z - log_density)
+        reach = np.where(m > 0, r / np.where(m > 0, m, 1.0), np.inf)
+        log_mass = np.where(np.isfinite(reach), special.log_ndtr((reach - y) / sigma), 0.0)
+        far = np.exp(log_scale + log_mass) * (1.0 + 1e-6) + _TINY
+        shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
+    shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
+    lift = _per_point([1.0 + loss.prob_error if remove else 1.0 for loss in losses], counts)
     return np.minimum((delta + evaluation + 1.01 * shortfall) * lift * (1.0 + 8.0 * u), 1.0)
 
 
@@ -1131,6 +1642,63 @@ def mixture_pld(
     pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
     pmf_add = _pmf_from_deltas(d, ks_a, delta_a, bound_a)
     return pld_ops.Pld(pmf_remove, pmf_add)
+
+
+def mixture_plds(
+    sigma: float,
+    mixtures: Sequence[tuple[ArrayLike, ArrayLike, float]],
+    *,
+    value_discretization_interval: float = 1e-4,
+    max_points: int | None = None,
+) -> list[pld_ops.Pld]:
+    """:func:`mixture_pld` of every (sensitivities, probabilities, probability_error) in
+    ``mixtures``, at one sigma and grid: each PLD bit for bit the one its own call gives (the
+    deltas and bounds of all mixtures are computed together, :func:`_paired_deltas_many`: MMCC's
+    hundreds of row mechanisms cost ~600 small array operations each one by one)."""
+    if not (value_discretization_interval > 0):
+        raise MfcliError("the value discretization interval must be positive")
+    if max_points is not None and not (isinstance(max_points, (int, np.integer)) and max_points >= 2):
+        raise MfcliError(f"max_points must be an integer of at least 2 (both ends of the grid), got {max_points!r}")
+    d = value_discretization_interval
+    items = []
+    grids = []
+    for sensitivities, probabilities, probability_error in mixtures:
+        s, q = _check_mixture(sigma, sensitivities, probabilities)
+        remove = _Loss(float(sigma), s, q, True)
+        add = _Loss(float(sigma), s, q, False, mirror=remove)
+        if not (0.0 <= probability_error <= 1e-6):
+            raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
+        rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
+        remove.prob_error = add.prob_error = rho
+        ends_r, ends_a = _loss_ends(remove, add)
+        ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
+        items.append((remove, add, ks_r * d, ks_a * d))
+        grids.append((ks_r, ks_a))
+    out: list[pld_ops.Pld] = []
+    # in batches of at most about _BATCH_POINTS grid points (their arrays side by side: the memory of
+    # a few times their PMFs', not of all rows' at once)
+    first = 0
+    while first < len(items):
+        last, points = first, 0
+        while last < len(items) and (last == first or points + grids[last][0].size + grids[last][1].size
+                                     <= _BATCH_POINTS):
+            points += grids[last][0].size + grids[last][1].size
+            last += 1
+        ks_all, deltas, bounds = [], [], []
+        for (ks_r, ks_a), (delta_r, delta_a, bound_r, bound_a) in zip(
+                grids[first:last], _paired_deltas_many(items[first:last]), strict=True):
+            ks_all += [ks_r, ks_a]
+            deltas += [delta_r, delta_a]
+            bounds += [bound_r, bound_a]
+        pmfs = _pmfs_from_deltas_many(d, ks_all, deltas, bounds)
+        out += [pld_ops.Pld(pmfs[2 * i], pmfs[2 * i + 1]) for i in range(last - first)]
+        first = last
+    return out
+
+
+#: Grid points (both directions) of the mixtures :func:`mixture_plds` builds together at most (one
+#: mixture of more goes alone).
+_BATCH_POINTS = 1 << 20
 
 
 def reference_mixture_pld(
