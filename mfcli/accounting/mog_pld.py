@@ -911,60 +911,9 @@ def _paired_deltas(remove: _Loss, add: _Loss, eps_r: np.ndarray, eps_a: np.ndarr
     of the REMOVE CDF; one ``erfc`` per entry gives both sums accurately (:func:`_mixture_tails`),
     where ``ndtr(t)`` and ``ndtr(-t)`` took two.
     The formulas of delta are those of :func:`_deltas` (REMOVE: mu_upper_cdf(x*) - e^eps
-    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs. :func:`_paired_deltas_many` gives
-    the same for many mixtures at once (MMCC's rows), bit for bit."""
-    delta_r = np.zeros_like(eps_r)
-    trivial_r = eps_r <= remove.flat_limit  # as in _deltas: delta = 1 - e^eps
-    delta_r[trivial_r] = -np.expm1(eps_r[trivial_r])
-    delta_a = np.zeros_like(eps_a)
-    in_r = ~trivial_r
-    in_a = ~(eps_a >= add.flat_limit)  # as in _deltas: delta = 0 beyond -log q0
-    bound_r, bound_a = _flat_bounds(remove, eps_r), _flat_bounds(add, eps_a)
-    # the REMOVE points at which to invert: both sets of roots (add.flat_limit = -remove.flat_limit,
-    # so the mirrored ADD points are inside the REMOVE range)
-    e_r, e_a = eps_r[in_r], eps_a[in_a]
-    m_a = -e_a
-    pts, i_a = _inversion_points(e_r, m_a)
-    if pts.size:
-        lower_x, upper_x = _truncation(remove, LOG_MASS_TRUNCATION_BOUND)
-        trace = np.empty((5, pts.size))
-        y = _invert(remove, pts, lower_x, upper_x, trace)
-        root = _root_errors(remove, y, pts, trace)
-        # a root whose residual is far above round-off (Halley's error estimate misled by curvature
-        # that changes fast, as where a far component takes over) is finished by bisection
-        loose = ~(root[:, 0] <= _LOOSE_RESIDUAL * (1.0 + np.abs(pts)))
-        if loose.any():
-            y[loose] = _bisect_roots(remove, pts[loose], y[loose], np.full(int(loose.sum()), -np.inf),
-                                     np.full(int(loose.sum()), np.inf))
-            trace[:, loose] = np.nan
-            root[loose] = _root_errors(remove, y[loose], pts[loose], trace[:, loose])
-        cdf_sum, sf_sum, err_cdf, err_sf = _mixture_tails(y, remove.s, remove.q, remove.sigma)
-        if e_r.size:
-            if e_r.size == pts.size and bool(np.all(e_r[1:] > e_r[:-1])):
-                # pts holds the distinct e_r and no more: pts[j] == e_r[j], the search would give j
-                yi, cdf_i, err_i, root_i = y, cdf_sum, err_cdf, root
-            else:
-                i = np.searchsorted(pts, e_r)
-                yi, cdf_i, err_i, root_i = y[i], cdf_sum[i], err_cdf[i], root[i]
-            lower = remove.lower_cdf(yi)
-            scaled = _scaled_lower(remove, yi, e_r, lower)
-            d_r = cdf_i - scaled
-            delta_r[in_r] = d_r
-            b = _delta_bounds(remove, yi, e_r, d_r, cdf_i, err_i, lower, scaled,
-                              _ndtr_allowance(yi / remove.sigma), root_i, remove=True)
-            bound_r[in_r] = np.where(_near_flat(remove, e_r), bound_r[in_r], b)
-        if e_a.size:
-            i = i_a if i_a is not None else np.searchsorted(pts, m_a)
-            x_a = -y[i]
-            sf_i = sf_sum[i]
-            upper = add.upper_cdf(x_a)
-            scaled = _scaled_lower(add, x_a, e_a, sf_i)
-            d_a = upper - scaled
-            delta_a[in_a] = d_a
-            b = _delta_bounds(add, x_a, e_a, d_a, upper, _ndtr_allowance(x_a / add.sigma) * upper,
-                              sf_i, scaled, err_sf[i] / np.maximum(sf_i, np.finfo(float).tiny), root[i], remove=False)
-            bound_a[in_a] = np.where(_near_flat(add, e_a), bound_a[in_a], b)
-    return np.clip(delta_r, 0.0, 1.0), np.clip(delta_a, 0.0, 1.0), bound_r, bound_a
+    mu_lower_cdf(x*), ADD likewise at -y); only round-off differs. :func:`_paired_deltas_many`
+    (of this one mixture) computes them."""
+    return _paired_deltas_many([(remove, add, eps_r, eps_a)])[0]
 
 
 def _per_point(values: list[float], counts: list[int]) -> np.ndarray:
@@ -1166,28 +1115,8 @@ def _root_errors(loss: _Loss, y: np.ndarray, eps: np.ndarray, trace: np.ndarray)
     c(t') R <= m'^2 / 2, |L(y + t) - L(y)| >= m' t - c(t') t^2 / 2 on the way to the root, which at
     t = 2R / m' (<= 4R / m) is >= R, the loss monotone up to there: the root lies within 2R / m'.
     A root finished by bisection is evaluated afresh (x_k = y, s = 0). :func:`_root_errors_many`
-    gives the same for many losses at once, bit for bit."""
-    k = loss.s.size
-    cmax = float(np.max(np.abs(loss.logq) + loss.s * loss.s / (2.0 * loss.v)))
-    bmax = float(np.max(np.abs(loss.slope)))
-    xk, f, d1, d2, step = trace  # read only (rows of the trace)
-    # in blocks that stay in cache (every operation is elementwise: the same numbers)
-    out = np.empty((y.size, 3))
-    for start in range(0, y.size, _ROOT_BLOCK):
-        b = slice(start, start + _ROOT_BLOCK)
-        out[b] = _root_bounds(xk[b], f[b], d1[b], d2[b], step[b], y[b], eps[b], k=k, cmax=cmax, bmax=bmax,
-                              spread=loss.slope_range)
-    # the roots finished by bisection, and those whose Taylor bound is loose (a long last step where
-    # the curvature changes fast), are evaluated afresh at y (x_k = y, s = 0)
-    fresh = np.isnan(xk) | ~(out[:, 0] <= _FRESH_RESIDUAL * (1.0 + np.abs(eps)))
-    if fresh.any():
-        idx = np.flatnonzero(fresh)
-        for start in range(0, idx.size, _CHUNK):
-            i = idx[start:start + _CHUNK]
-            val, slope, c2 = loss.value_slope_curvature(y[i])
-            out[i] = _root_bounds(y[i], val - eps[i], slope, c2, np.zeros(i.size), y[i], eps[i], k=k, cmax=cmax,
-                                  bmax=bmax, spread=loss.slope_range)
-    return out
+    (of this one loss) computes them."""
+    return _root_errors_many([loss], [y], [eps], [trace])[0]
 
 
 def _root_errors_many(losses: list[_Loss], ys: list[np.ndarray], epss: list[np.ndarray],
@@ -1286,46 +1215,10 @@ def _delta_bounds(loss: _Loss, x: np.ndarray, eps: np.ndarray, delta: np.ndarray
     cover: x* >= y - R / m always (if L(y) < eps, the tangent at y, under the convex REMOVE loss,
     meets eps within (eps - L(y)) / m; else x* >= y), so for REMOVE the interval lies in
     [y - R / m, inf) and for ADD in (-inf, -y + R / m], each of N(0) mass Phi((R / m - y) / sigma)
-    (1 without m). :func:`_delta_bounds_many` gives the same for many losses at once, bit for bit."""
-    u = UNIT_ROUNDOFF
-    r, m, dist = root[:, 0], root[:, 1], root[:, 2]
-    big = _log_form(eps, lower)
-    # e^eps mu_lower_cdf: exp (ELEMENTARY_ULPS), the product, the grid value's rounding (u |eps|)
-    rel_scaled = rel_lower + (ELEMENTARY_ULPS + 2.0 + 1.01 * np.abs(eps)) * u
-    if big.any():  # formed as exp(eps + log mu_lower_cdf), log_ndtr within the same allowance as ndtr
-        # (it does not underflow): log's error and the exponent's rounding too
-        log_lower = np.log(np.maximum(scaled, np.finfo(float).tiny)) - eps
-        x_max = (np.abs(x) + float(loss.s.max())) / loss.sigma
-        rel_big = (64.0 + 16.0 * x_max * x_max + 16.0 * (np.abs(eps) + np.abs(log_lower))) * u
-        rel_scaled = np.where(big, np.maximum(rel_scaled, rel_big), rel_scaled)
-    # an underflowed CDF at eps <= 0 (formed directly): its absolute error, at most 2^-1022 (both
-    # erfc and ndtr stay within 0.005 of that in the tests), times e^eps <= 1
-    evaluation = err_upper + 1.01 * rel_scaled * scaled + u * np.abs(delta) + 2.0 * _TINY
-    # probabilities within rho of the exact ones (loss.prob_error): REMOVE's P = sum q N(-s) is at
-    # most (1 + rho) times the computed one, so delta <= (1 + rho) delta_computed(eps - log(1 + rho));
-    # ADD's Q = sum q N(s) at least (1 - rho) times, so delta <= delta_computed(eps + log(1 - rho)).
-    # The eps shift t moves e^eps mu_lower by t e^eps mu_lower at most (1 - e^-t <= t) and the
-    # root's residual by t.
-    rho = loss.prob_error
-    shift = 1.01 * (math.log1p(rho) if remove else -math.log1p(-rho))
-    if shift > 0:
-        evaluation = evaluation + 1.01 * shift * scaled
-        grow = (r + shift) / np.where(r > 0, r, 1.0)
-        r = r + shift
-        dist = np.where(np.isfinite(dist), dist * grow, dist)  # Delta <= 2R / m grows with R
-    y = x if remove else -x
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        log_scale = eps if remove else r  # e^eps w <= e^scale N(0) density (or mass); no cap: an
-        # overflow is inf, and the bound then falls back to the other form or to 1
-        z = np.maximum(np.abs(y) - dist, 0.0) / loss.sigma
-        near = dist * np.exp(log_scale - 0.5 * z * z - math.log(loss.sigma * math.sqrt(2.0 * math.pi)))
-        reach = np.where(m > 0, r / np.where(m > 0, m, 1.0), np.inf)
-        log_mass = np.where(np.isfinite(reach), special.log_ndtr((reach - y) / loss.sigma), 0.0)
-        far = np.exp(log_scale + log_mass) * (1.0 + 1e-6) + _TINY
-        shortfall = np.expm1(r) * np.fmin(np.where(np.isfinite(dist), near, np.inf), far)
-    shortfall = np.where(np.isfinite(shortfall), shortfall, 1.0)
-    lift = 1.0 + rho if remove else 1.0
-    return np.minimum((delta + evaluation + 1.01 * shortfall) * lift * (1.0 + 8.0 * u), 1.0)
+    (1 without m). :func:`_delta_bounds_many` (of this one loss) computes it."""
+    return _delta_bounds_many([loss], [x.size], x, eps, delta, upper, err_upper, lower, scaled, rel_lower, root,
+                              remove=remove)
+
 
 def _delta_bounds_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray, delta: np.ndarray,
                        upper: np.ndarray, err_upper: np.ndarray, lower: np.ndarray, scaled: np.ndarray,
@@ -1624,24 +1517,8 @@ def mixture_pld(
     (see the module docstring); composing it with other pessimistic PLDs gives an upper bound on
     epsilon.
     """
-    if not (value_discretization_interval > 0):
-        raise MfcliError("the value discretization interval must be positive")
-    if max_points is not None and not (isinstance(max_points, (int, np.integer)) and max_points >= 2):
-        raise MfcliError(f"max_points must be an integer of at least 2 (both ends of the grid), got {max_points!r}")
-    s, q = _check_mixture(sigma, sensitivities, probabilities)
-    d = value_discretization_interval
-    remove = _Loss(float(sigma), s, q, True)
-    add = _Loss(float(sigma), s, q, False, mirror=remove)
-    if not (0.0 <= probability_error <= 1e-6):
-        raise MfcliError(f"probability_error must lie in [0, 1e-6], got {probability_error!r}")
-    rho = (float(probability_error) + abs(math.fsum(q.tolist()) - 1.0)) * (1.0 + 1e-9) + 2.0 * UNIT_ROUNDOFF
-    remove.prob_error = add.prob_error = rho
-    ends_r, ends_a = _loss_ends(remove, add)
-    ks_r, ks_a = _grid_points(remove, d, max_points, ends_r), _grid_points(add, d, max_points, ends_a)
-    delta_r, delta_a, bound_r, bound_a = _paired_deltas(remove, add, ks_r * d, ks_a * d)
-    pmf_remove = _pmf_from_deltas(d, ks_r, delta_r, bound_r)
-    pmf_add = _pmf_from_deltas(d, ks_a, delta_a, bound_a)
-    return pld_ops.Pld(pmf_remove, pmf_add)
+    return mixture_plds(sigma, [(sensitivities, probabilities, probability_error)],
+                        value_discretization_interval=value_discretization_interval, max_points=max_points)[0]
 
 
 def mixture_plds(
