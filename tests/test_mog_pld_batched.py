@@ -131,21 +131,6 @@ def test_deltas_and_bounds_together_equal_each_alone(c, sigma, p) -> None:
         ys.append(mog_pld._invert(remove, pts, *mog_pld._truncation(remove, mog_pld.LOG_MASS_TRUNCATION_BOUND), trace))
         epss.append(pts)
         traces.append(trace)
-    # the roots themselves and their traces: _invert_many (all rows' Halley steps in one loop) against
-    # _invert (one loss's own loop), also where bisection finishes them (after 1 or 2 steps)
-    for steps in (mog_pld._HALLEY_STEPS, 1, 2):
-        ends = [mog_pld._truncation(it[0], mog_pld.LOG_MASS_TRUNCATION_BOUND) for it in items]
-        many_traces = [np.empty_like(t) for t in traces]
-        old_steps = mog_pld._HALLEY_STEPS
-        mog_pld._HALLEY_STEPS = steps
-        try:
-            many = mog_pld._invert_many([it[0] for it in items], epss, ends, many_traces)
-            for item, pts, end, y, trace in zip(items, epss, ends, many, many_traces, strict=True):
-                alone_trace = np.empty_like(trace)
-                assert np.array_equal(y, mog_pld._invert(item[0], pts, *end, alone_trace))
-                assert np.array_equal(trace, alone_trace, equal_nan=True)
-        finally:
-            mog_pld._HALLEY_STEPS = old_steps
     together = mog_pld._root_errors_many([it[0] for it in items], ys, epss, traces)
     for item, y, pts, trace, got in zip(items, ys, epss, traces, together, strict=True):
         assert np.array_equal(got, mog_pld._root_errors(item[0], y, pts, trace))

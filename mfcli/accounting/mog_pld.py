@@ -300,62 +300,10 @@ def _invert(loss: _Loss, eps: np.ndarray, lower_x: float, upper_x: float, trace:
 
     ``trace``, if given (shape (5, len(eps))), receives for each point what :func:`_root_errors`
     needs: the last evaluation's x, L - eps, dL/dx and d2L/dx2, and the step taken from there to
-    the returned root (NaN for a root finished by bisection). :func:`_invert_many` does the same
-    for many losses at once (MMCC's rows), bit for bit; this one loss's loop is kept for the calls
-    of one loss at a few points (a search over eps, as the lower bound's bisection), where the
-    batching's bookkeeping would cost more than it saves.
+    the returned root (NaN for a root finished by bisection). :func:`_invert_many` (of this one
+    loss) computes it.
     """
-    grid, lg = _start_grid(loss, lower_x, upper_x)
-    neg_lg = -lg
-    out = np.empty_like(eps)
-    for start in range(0, eps.size, _CHUNK):
-        e = eps[start:start + _CHUNK]
-        # bracketing grid cell: lg[i] >= e > lg[i + 1] (lg is decreasing)
-        i = np.clip(np.searchsorted(neg_lg, -e, side="right") - 1, 0, grid.size - 2)
-        x0, x1, l0, l1 = grid[i], grid[i + 1], lg[i], lg[i + 1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = np.clip((l0 - e) / (l0 - l1), 0.0, 1.0)
-        frac = np.where(np.isfinite(frac), frac, 0.5)
-        # chord start on the convex (REMOVE) / concave (ADD) loss, then Halley steps
-        x = x0 + frac * (x1 - x0)
-        # every evaluation (its points, x and L) is kept: the bracket of each root that they give
-        # is formed only for the points the steps do not settle (rarely any)
-        history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] = []
-        live: np.ndarray | None = None  # None: every point of the chunk (slices, not gathers); else those not converged
-        for _ in range(_HALLEY_STEPS):
-            if live is None:
-                xl, el = x, e  # not written to: the step makes a new array
-            else:
-                xl, el = x[live], e[live]
-            val, slope, curv = loss.value_slope_curvature(xl)
-            history.append((live, xl, val))
-            f = val - el
-            step, err = _halley_step(f, slope, curv, loss.slope_range)
-            if trace is not None:
-                idx = slice(start, start + e.size) if live is None else start + live
-                trace[0, idx], trace[1, idx], trace[2, idx], trace[3, idx], trace[4, idx] = xl, f, slope, curv, step
-            xl = xl - step
-            if live is None:
-                x = xl
-            else:
-                x[live] = xl
-            # converged: the error left after this step (its estimate) is a few ulps of x, the
-            # step is negligible, or the loss already equals eps to rounding (then the step is
-            # round-off divided by a tiny slope and x cannot be pinned further; the delta
-            # evaluated there is off by second order in that step)
-            done = ((err <= 1e-14 * (1.0 + np.abs(xl))) | (np.abs(step) <= 1e-12 * (1.0 + np.abs(xl)))
-                    | (np.abs(f) <= 1e-15 * (1.0 + np.abs(el))))
-            live = np.flatnonzero(~done) if live is None else live[~done]
-            if live.size == 0:
-                break
-        else:
-            assert live is not None  # set by the first step
-            lo, hi = _brackets(x0, x1, l0, l1, e, history)
-            x[live] = _bisect_roots(loss, e[live], x[live], lo[live], hi[live])
-            if trace is not None:
-                trace[:, start + live] = np.nan
-        out[start:start + _CHUNK] = x
-    return out
+    return _invert_many([loss], [eps], [(lower_x, upper_x)], [trace])[0]
 
 
 def _start_grid(loss: _Loss, lower_x: float, upper_x: float) -> tuple[np.ndarray, np.ndarray]:
