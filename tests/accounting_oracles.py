@@ -96,3 +96,30 @@ def direct_power(x: np.ndarray, k: int) -> np.ndarray:
             x = np.convolve(x, x)
     assert result is not None
     return result
+
+
+def row_mixture_step_by_step(weights, probs, *, cut):
+    """mmcc.row_mixture's law of sum_j w_j B_j by the textbook recursion: columns in (weight,
+    probability) order, a fresh array (1 - q) pmf + q pmf shifted by w per column, the longest top
+    of the law whose running sum from the top stays <= cut / columns removed (and added to eta)."""
+    order = np.lexsort((probs, weights))
+    weights = np.asarray(weights)[order]
+    probs = np.asarray(probs)[order]
+    per_step = cut / max(1, weights.size)
+    pmf = np.array([1.0])
+    eta = 0.0
+    for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
+        if q <= 0:
+            continue
+        new = np.zeros(pmf.size + w)
+        new[:pmf.size] = pmf * (1 - q)
+        new[w:] += pmf * q
+        rc = np.cumsum(new[::-1])
+        k = int(np.searchsorted(rc, per_step, side="right"))
+        if 0 < k < new.size:
+            eta += float(rc[k - 1])
+            new = new[:new.size - k]
+        pmf = new
+    support = np.flatnonzero(pmf > 0)
+    pr = pmf[support]
+    return support, pr / pr.sum(), eta

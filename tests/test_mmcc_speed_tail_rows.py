@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from accounting_oracles import row_mixture_step_by_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
@@ -207,32 +208,6 @@ def test_solve_tail_eps_is_certified_and_within_tolerance_of_bisection(seed: int
     assert np.all((got[fin] - best)[tight] <= tol * (1 + got[fin][tight]))
 
 
-def _reference_row_mixture(weights, probs, *, cut):
-    """The law of sum_j w_j B_j by the textbook recursion: a fresh array per column, the upper tail
-    cut from the whole reversed cumulative sum."""
-    order = np.lexsort((probs, weights))
-    weights = np.asarray(weights)[order]
-    probs = np.asarray(probs)[order]
-    per_step = cut / max(1, weights.size)
-    pmf = np.array([1.0])
-    eta = 0.0
-    for w, q in zip(weights.tolist(), probs.tolist(), strict=True):
-        if q <= 0:
-            continue
-        new = np.zeros(pmf.size + w)
-        new[:pmf.size] = pmf * (1 - q)
-        new[w:] += pmf * q
-        rc = np.cumsum(new[::-1])
-        k = int(np.searchsorted(rc, per_step, side="right"))
-        if 0 < k < new.size:
-            eta += float(rc[k - 1])
-            new = new[:new.size - k]
-        pmf = new
-    support = np.flatnonzero(pmf > 0)
-    pr = pmf[support]
-    return support, pr / pr.sum(), eta
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     w=st.lists(st.integers(1, 60), min_size=1, max_size=40),
@@ -243,7 +218,7 @@ def test_row_mixture_equals_the_reference_recursion(w, q, cut) -> None:
     weights = np.array(w, dtype=np.int64)
     probs = np.array(q[:len(w)])
     got = M.row_mixture(weights, probs, cut=cut)
-    want = _reference_row_mixture(weights, probs, cut=cut)
+    want = row_mixture_step_by_step(weights, probs, cut=cut)
     assert got[0].tobytes() == want[0].tobytes()
     assert got[1].tobytes() == want[1].tobytes()
     assert got[2] == want[2]
@@ -256,7 +231,7 @@ def test_row_mixture_cut_rows_equal_the_reference() -> None:
         weights = rng.integers(1, 120, 150)
         probs = rng.choice([0.01, 0.02, 0.2], 150)
         got = M.row_mixture(weights, probs, cut=1e-9)
-        want = _reference_row_mixture(weights, probs, cut=1e-9)
+        want = row_mixture_step_by_step(weights, probs, cut=1e-9)
         assert got[2] > 0
         assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
         assert got[2] == want[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from accounting_oracles import banded, sqrt_toeplitz
+from accounting_oracles import banded, row_mixture_step_by_step, sqrt_toeplitz
 from mog_cases import MMCC_LIKE_ROWS
 
 from mfcli.accounting import mmcc as M
@@ -70,31 +70,6 @@ def test_mixtures_of_every_kind_together_equal_each_alone() -> None:
             assert _same_pmf(pld.remove, alone.remove) and _same_pmf(pld.add, alone.add)
 
 
-def _law_step_by_step(weights: np.ndarray, probs: np.ndarray, cut: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """row_mixture's law formed the plain way: columns in (weight, probability) order, each step a
-    fresh array (1 - q) pmf + q pmf shifted by w, then the longest top of the law whose running sum
-    from the top stays <= cut / columns removed (and added to eta), unless it is all of it."""
-    order = np.lexsort((probs, weights))
-    per_step = cut / max(1, weights.size)
-    pmf = np.array([1.0])
-    eta = 0.0
-    for w, q in zip(weights[order].tolist(), probs[order].tolist(), strict=True):
-        if q <= 0:
-            continue
-        new = np.zeros(pmf.size + w)
-        new[:pmf.size] = pmf * (1 - q)
-        new[w:] += pmf * q
-        rc = np.cumsum(new[::-1])
-        k = int(np.searchsorted(rc, per_step, side="right"))
-        if 0 < k < new.size:
-            eta += float(rc[k - 1])
-            new = new[:new.size - k]
-        pmf = new
-    support = np.flatnonzero(pmf > 0)
-    pr = pmf[support]
-    return support, pr / pr.sum(), eta
-
-
 @pytest.mark.parametrize("n, seed", [(1, 0), (7, 1), (60, 2), (150, 3)])
 def test_row_mixture_equals_the_step_by_step_law(n, seed) -> None:
     rng = np.random.default_rng(seed)
@@ -102,7 +77,7 @@ def test_row_mixture_equals_the_step_by_step_law(n, seed) -> None:
     probs = np.where(rng.random(n) < 0.1, 0.0, rng.uniform(0.01, 0.06, size=n)) if n > 1 else np.array([0.03])
     for cut in (1e-15, 1e-9):
         got = M.row_mixture(weights, probs, cut=cut)
-        want = _law_step_by_step(weights, probs, cut)
+        want = row_mixture_step_by_step(weights, probs, cut=cut)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
 
 

@@ -957,13 +957,7 @@ def _paired_deltas_many(items: list[tuple[_Loss, _Loss, np.ndarray, np.ndarray]]
         d_r = cdf_i - scaled
         b = _delta_bounds_many(losses, counts, yi, e_r, d_r, cdf_i, err_i, lower, scaled,
                                _ndtr_allowance(yi / sigma), root_i, remove=True)
-        near = _near_flat_many(losses, counts, e_r)
-        for j, part_d, part_b, part_near in zip(rows_r, np.split(d_r, np.cumsum(counts)[:-1]),
-                                                np.split(b, np.cumsum(counts)[:-1]),
-                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
-            in_r = inside[j][0]
-            results[j][0][in_r] = part_d
-            results[j][2][in_r] = np.where(part_near, results[j][2][in_r], part_b)
+        _scatter_rows(results, inside, rows_r, 0, counts, d_r, b, _near_flat_many(losses, counts, e_r))
     if rows_a:
         counts = [s[4].size for s in sel_a]
         losses = [items[j][1] for j in rows_a]
@@ -974,14 +968,21 @@ def _paired_deltas_many(items: list[tuple[_Loss, _Loss, np.ndarray, np.ndarray]]
         d_a = upper - scaled
         b = _delta_bounds_many(losses, counts, x_a, e_a, d_a, upper, _ndtr_allowance(x_a / sigma) * upper,
                                sf_i, scaled, rel_sf, root_i, remove=False)
-        near = _near_flat_many(losses, counts, e_a)
-        for j, part_d, part_b, part_near in zip(rows_a, np.split(d_a, np.cumsum(counts)[:-1]),
-                                                np.split(b, np.cumsum(counts)[:-1]),
-                                                np.split(near, np.cumsum(counts)[:-1]), strict=True):
-            in_a = inside[j][1]
-            results[j][1][in_a] = part_d
-            results[j][3][in_a] = np.where(part_near, results[j][3][in_a], part_b)
+        _scatter_rows(results, inside, rows_a, 1, counts, d_a, b, _near_flat_many(losses, counts, e_a))
     return [(np.clip(r[0], 0.0, 1.0), np.clip(r[1], 0.0, 1.0), r[2], r[3]) for r in results]
+
+
+def _scatter_rows(results: list, inside: list, rows: list[int], side: int, counts: list[int], deltas: np.ndarray,
+                  bounds: np.ndarray, near: np.ndarray) -> None:
+    """Write one side's (0 REMOVE, 1 ADD) deltas and bounds of the rows ``rows``, concatenated with
+    ``counts`` points each, into ``results[row]`` at the row's inverted points (``inside[row][side]``);
+    the flat-limit bound stays where ``near``."""
+    cuts = np.cumsum(counts)[:-1]
+    for j, part_d, part_b, part_near in zip(rows, np.split(deltas, cuts), np.split(bounds, cuts),
+                                            np.split(near, cuts), strict=True):
+        at = inside[j][side]
+        results[j][side][at] = part_d
+        results[j][side + 2][at] = np.where(part_near, results[j][side + 2][at], part_b)
 
 
 def _scaled_lower_many(losses: list[_Loss], counts: list[int], x: np.ndarray, eps: np.ndarray,
