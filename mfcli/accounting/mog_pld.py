@@ -413,6 +413,7 @@ def _invert_many(losses: list[_Loss], epss: list[np.ndarray], ends: list[tuple[f
         outs[j][start:start + e.size] = xs[k]
     return outs
 
+
 def _brackets(x0: np.ndarray, x1: np.ndarray, l0: np.ndarray, l1: np.ndarray, e: np.ndarray,
               history: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """[lo, hi] brackets of the roots L(x) = e (L non-increasing) from the starting grid cell
