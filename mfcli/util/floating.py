@@ -17,8 +17,14 @@ number of units of roundoff, and tests check the assumption against mpmath:
   complex ``exp`` of an imaginary argument: within :data:`ELEMENTARY_ULPS` u (glibc's are within
   2; measured at most 1.2 u against mpmath, tests/test_util_floating.py).
 
-Used by the balls-in-bins laws (:mod:`mfcli.accounting.balls_in_bins`) and by the certified
-connect-the-dots PMFs of the mixture-of-Gaussians rows (:mod:`mfcli.accounting.mog_pld`).
+One computation with a proven bound lives here too: :func:`integer_power`, y^k by square-and-multiply,
+within :func:`integer_power_rounding` relative plus :func:`integer_power_underflow` absolute (no
+assumption beyond the model above: numpy's own complex ``**`` calls cpow for k >= 100).
+
+Used by the balls-in-bins laws (:mod:`mfcli.accounting.balls_in_bins`), the certified
+connect-the-dots PMFs of the mixture-of-Gaussians rows (:mod:`mfcli.accounting.mog_pld`), MMCC's
+tail bounds (:mod:`mfcli.accounting.mmcc`) and the composition certificate
+(:mod:`mfcli.accounting.pld_certify`, whose FFT model is its own assumption).
 """
 from __future__ import annotations
 
