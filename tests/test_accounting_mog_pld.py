@@ -320,3 +320,15 @@ def test_a_batch_of_epsilons_is_inverted_as_each_alone() -> None:
     eps = np.arange(1, 20001) * 0.01
     vals = mog_pld.hockey_stick(1.0, [0.0, 500.0], [0.999, 0.001], eps, remove=True)
     np.testing.assert_allclose(vals, 0.001, rtol=1e-12)
+
+
+@pytest.mark.parametrize("sens", [1e-300, 1e-200])
+def test_a_sensitivity_too_small_to_bound_is_refused(sens: float) -> None:
+    """A sensitivity about 1e-200 of sigma leaves the loss's slope range 0 and the proven delta
+    bounds NaN; the lift would spread NaN to every mass (reviewer, 2026-12-03: a PMF of NaNs was
+    returned without an error). One clear error instead, for one mixture and for rows together."""
+    with pytest.raises(MfcliError, match="could not bound its round-off"):
+        mog_pld.mixture_pld(1.0, [sens], [1.0], value_discretization_interval=1e-3)
+    with pytest.raises(MfcliError, match="could not bound its round-off"):
+        mog_pld.mixture_plds(1.0, [([0.0, 1.0], [0.5, 0.5], 0.0), ([sens], [1.0], 0.0)],
+                             value_discretization_interval=1e-3)

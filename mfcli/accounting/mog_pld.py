@@ -611,6 +611,8 @@ def _pmfs_from_deltas_many(discretization: float, grids: list[np.ndarray], delta
     The sums of a row that are not running sums (:func:`_mass_shortfall`) stay per row. Others (one
     point, strides, a span past one exponent segment, a NaN delta): :func:`_pmf_from_deltas`."""
     d = discretization
+    for b in bounds:
+        _check_bounds(b)
     out: list[pld_ops.Pmf | None] = [None] * len(grids)
     fast = []
     for i, (ks, dl) in enumerate(zip(grids, deltas, strict=True)):
@@ -1317,6 +1319,15 @@ def _curve_lower_bounds(ks: np.ndarray, d: float, p: np.ndarray, p_inf: float) -
     return curve * (1.0 - rho) - 1e-50
 
 
+def _check_bounds(bound: np.ndarray) -> None:
+    """Refuse a row whose proven delta bounds are undefined (NaN): the lift would spread the NaN to
+    every mass. It happens where a sensitivity is so small against sigma (about 1e-200 of it) that
+    the loss's slope range is 0; no PLD is claimed there."""
+    if np.isnan(bound).any():
+        raise MfcliError("a mixture-of-Gaussians PLD could not bound its round-off (a sensitivity too small "
+                         "against sigma, below about 1e-200 of it?): no PLD is claimed for it")
+
+
 def _certified(pmf: pld_ops.Pmf, ks: np.ndarray, bound: np.ndarray) -> pld_ops.Pmf:
     """``pmf`` (connect-the-dots on the points ks d) lifted so that its curve dominates ``bound``
     (upper bounds on the exact delta) at every point, and its total mass is at least 1.
@@ -1329,6 +1340,7 @@ def _certified(pmf: pld_ops.Pmf, ks: np.ndarray, bound: np.ndarray) -> pld_ops.P
     1 + kappa (the curve times 1 + kappa: for relative deficits, the usual case) and mass eta added
     at +inf (the curve plus eta: the rest). Composition is linear in each factor's curve, so a
     lifted PMF composes to an upper bound."""
+    _check_bounds(bound)
     u = UNIT_ROUNDOFF
     d = pmf.discretization
     # the masses at the points (every one of them when the points are consecutive: the array itself)
