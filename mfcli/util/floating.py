@@ -130,6 +130,8 @@ def integer_power_underflow(k: int, m: float) -> float:
     eta + (1 + e) E_i E_j <= 2 eta (M >= 1) when every B is at most 2^-600."""
     if k <= 1:
         return 0.0
+    if integer_power_rounding(k) > 1e-6:  # the relative errors no longer fit inside M (k above ~3e9)
+        return math.inf
     e = math.sqrt(2) * gamma(2)
     big_m = max(1.0, m) * (1 + 1e-6)
     log2_b = math.log2(2 * (k - 1) * PRODUCT_UNDERFLOW) + (k - 1) * math.log2(big_m * (1 + e))
