@@ -635,6 +635,7 @@ def _pmfs_from_deltas_many(discretization: float, grids: list[np.ndarray], delta
             group = []
         if i >= 0:
             group.append(i)
+    assert all(pmf is not None for pmf in out)  # every row went one way or the other
     return [pmf for pmf in out if pmf is not None]
 
 
@@ -645,35 +646,29 @@ _PAD_POINTS = 1 << 20
 def _pmfs_consecutive(d: float, grids: list[np.ndarray], deltas: list[np.ndarray], bounds: list[np.ndarray]
                       ) -> list[pld_ops.Pmf]:
     """:func:`_pmfs_from_deltas_many`' PMFs of rows on consecutive grid points (at least two, in one
-    exponent segment, no NaN delta), one padded row each."""
-    fast = list(range(len(grids)))
-    out: list[pld_ops.Pmf] = []
-    lengths = np.array([grids[i].size for i in fast])
+    exponent segment, no NaN delta), one padded row each: :func:`_pmf_from_deltas` on every row, its
+    formulas shared (:func:`_fixed_gap_masses`, :func:`_curve_rho`, :func:`_lift_kappa`,
+    :func:`_lifted_pmf`)."""
+    lengths = np.array([g.size for g in grids])
     width = int(lengths.max())
     valid = np.arange(width) < lengths[:, None]
-    rows = np.arange(len(fast))
+    rows = np.arange(len(grids))
     last = lengths - 1
-    dl = np.full((len(fast), width), -np.inf)
-    dl[valid] = np.concatenate([deltas[i] for i in fast])
-    bd = np.zeros((len(fast), width))
-    bd[valid] = np.concatenate([bounds[i] for i in fast])
+    dl = np.full((len(grids), width), -np.inf)
+    dl[valid] = np.concatenate(deltas)
+    bd = np.zeros((len(grids), width))
+    bd[valid] = np.concatenate(bounds)
     # past a row's end its first point again (exponents 0 there: nothing overflows)
-    ks = np.repeat(np.array([grids[i][0] for i in fast], dtype=np.int64)[:, None], width, axis=1)
-    ks[valid] = np.concatenate([grids[i] for i in fast])
+    ks = np.repeat(np.array([g[0] for g in grids], dtype=np.int64)[:, None], width, axis=1)
+    ks[valid] = np.concatenate(grids)
     if not bool(np.all(np.diff(ks, axis=1)[valid[:, 1:]] == 1)):  # not consecutive after all
         return [_pmf_from_deltas(d, ks_, dl_, b_) for ks_, dl_, b_ in zip(grids, deltas, bounds, strict=True)]
     # _pmf_from_deltas' monotonicity fix, then connect_dots_pmf's (a no-op after it, kept: the same values)
     dl = np.maximum.accumulate(dl[:, ::-1], axis=1)[:, ::-1]
     dl = np.minimum.accumulate(dl, axis=1)
-    # connect_dots_pmf, evenly spaced (gap 1): its fixed-gap form
-    g = np.int64(1) * d
+    # connect_dots_pmf, evenly spaced (gap 1)
     with np.errstate(invalid="ignore"):  # past a row's end: -inf - -inf
-        dd = np.diff(dl, axis=1)
-        probs = np.empty((len(fast), width))
-        probs[:, 0] = 1 - dl[:, 0] + dd[:, 0] / math.expm1(g)
-        probs[:, 1:-1] = (dd[:, 1:] - dd[:, :-1] * math.exp(g)) / math.expm1(g)
-    probs[rows, last] = dd[rows, last - 1] / math.expm1(-g)
-    probs = np.maximum(0.0, probs)
+        probs = _fixed_gap_masses(dl, np.int64(1) * d, last)
     infinity = dl[rows, last]
     # _certified: _curve_lower_bounds in one segment (a = 0, top = n)
     ksf = ks.astype(np.float64)
@@ -682,41 +677,24 @@ def _pmfs_consecutive(d: float, grids: list[np.ndarray], deltas: list[np.ndarray
     run, r1 = _reverse_cumsums(p * np.exp(-arg), lengths)
     e = run * np.exp(arg)
     run, r2 = _reverse_cumsums(-np.expm1(-np.diff(ksf, axis=1) * d) * e[:, 1:], lengths - 1)
-    curve = np.empty((len(fast), width))
+    curve = np.empty((len(grids), width))
     curve[:, :-1] = run + infinity[:, None]
     curve[rows, last] = infinity
-    rhos = []
-    for j in range(len(fast)):
-        span_max = float((ksf[j, last[j]] - ksf[j, 0]) * d)
-        rhos.append(1.05 * (2.0 * gamma(max(r1[j], r2[j]) + 8) + (1 + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF))
+    rhos = [_curve_rho(max(r1[j], r2[j]), 1, float((ksf[j, last[j]] - ksf[j, 0]) * d)) for j in range(len(grids))]
     low = curve * (1.0 - np.array(rhos)[:, None]) - 1e-50
     # the lift: kappa from the relative deficits where the curve's bound is positive (all of them or
     # some: the same maximum), eta from what is still over
     with np.errstate(invalid="ignore", divide="ignore"):
         deficit = np.where(valid & (low > 0), (bd - low) / low, -np.inf)
-    kappas = np.max(deficit, axis=1, initial=0.0)
-    u = UNIT_ROUNDOFF
-    lift = []
-    for j in range(len(fast)):
-        kappa = float(kappas[j]) * (1.0 + 1e-6)
-        lift.append(1.0 + min(max(kappa, 0.0), _KAPPA_CAP))
-    lifted = low * np.array(lift)[:, None] * (1.0 - 2.0 * u)
+    kappas = [_lift_kappa(float(m)) for m in np.max(deficit, axis=1, initial=0.0)]
+    lifted = low * (1.0 + np.array(kappas))[:, None] * (1.0 - 2.0 * UNIT_ROUNDOFF)
     overs = np.max(np.where(valid, bd - lifted, -np.inf), axis=1, initial=0.0)
-    for j in range(len(fast)):
-        n = int(lengths[j])
-        row_probs = probs[j, :n].copy()
-        inf_mass = float(infinity[j])
-        kappa = min(max(float(kappas[j]) * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
-        over = float(overs[j])
-        eta = max(over, _mass_shortfall(row_probs, inf_mass, kappa, over), 0.0)
-        k0 = int(ks[j, 0])
-        if kappa == 0.0 and eta == 0.0:
-            out.append(pld_ops.Pmf(d, k0, row_probs, inf_mass, True))
-            continue
-        factor = 1.0 + (kappa + 4.0 * u)
-        lifted_inf = (inf_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
-        out.append(pld_ops.Pmf(d, k0, row_probs * factor, float(lifted_inf), True))
+    out: list[pld_ops.Pmf] = []
+    for j in range(len(grids)):
+        row_probs = probs[j, :int(lengths[j])].copy()
+        out.append(_lifted_pmf(d, int(ks[j, 0]), row_probs, row_probs, float(infinity[j]), kappas[j], float(overs[j])))
     return out
+
 
 def _reverse_cumsums(x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """:func:`_reverse_cumsum` of each row of x (its first lengths[j] entries; the rest of a row is
@@ -1290,7 +1268,6 @@ def _curve_lower_bounds(ks: np.ndarray, d: float, p: np.ndarray, p_inf: float) -
     formed as (integer difference) x d, one rounding), so D's computed value is within a relative
     rho of the exact one (plus underflow: at most 2^-1074 per operation, scaled by e^600 at most,
     1e-50 in all)."""
-    u = UNIT_ROUNDOFF
     n = p.size
     e = np.empty(n)
     top = n
@@ -1315,8 +1292,14 @@ def _curve_lower_bounds(ks: np.ndarray, d: float, p: np.ndarray, p_inf: float) -
         run, r = _reverse_cumsum(-np.expm1(-np.diff(ks) * d) * e[1:])
         roundings = max(roundings, r)
         curve[:-1] = run + p_inf
-    rho = 1.05 * (2.0 * gamma(roundings + 8) + (segments + 2) * (16.0 + 3.0 * span_max) * u)
-    return curve * (1.0 - rho) - 1e-50
+    return curve * (1.0 - _curve_rho(roundings, segments, span_max)) - 1e-50
+
+
+def _curve_rho(roundings: int, segments: int, span_max: float) -> float:
+    """The relative error bound of :func:`_curve_lower_bounds`' computed curve: the running sums'
+    roundings (gamma of their count + 8) and, per exponent segment, the exponentials' and products'
+    (16 + 3 x the segment's span, in units of roundoff), raised by 5 %."""
+    return 1.05 * (2.0 * gamma(roundings + 8) + (segments + 2) * (16.0 + 3.0 * span_max) * UNIT_ROUNDOFF)
 
 
 def _check_bounds(bound: np.ndarray) -> None:
@@ -1347,20 +1330,37 @@ def _certified(pmf: pld_ops.Pmf, ks: np.ndarray, bound: np.ndarray) -> pld_ops.P
     p = pmf.probs if ks.size == pmf.probs.size else pmf.probs[ks - ks[0]]
     low = _curve_lower_bounds(ks.astype(np.float64), d, p, pmf.infinity_mass)
     pos = low > 0
-    kappa = 0.0
+    deficit = 0.0
     if pos.all():
-        kappa = float(np.max((bound - low) / low, initial=0.0)) * (1.0 + 1e-6)
+        deficit = float(np.max((bound - low) / low, initial=0.0))
     elif pos.any():
-        kappa = float(np.max((bound[pos] - low[pos]) / low[pos], initial=0.0)) * (1.0 + 1e-6)
-    kappa = min(max(kappa, 0.0), _KAPPA_CAP)
+        deficit = float(np.max((bound[pos] - low[pos]) / low[pos], initial=0.0))
+    kappa = _lift_kappa(deficit)
     lifted = low * (1.0 + kappa) * (1.0 - 2.0 * u)
     over = float(np.max(bound - lifted, initial=0.0))
-    eta = max(over, _mass_shortfall(p, pmf.infinity_mass, kappa, over), 0.0)
+    return _lifted_pmf(d, pmf.lower_loss, pmf.probs, p, pmf.infinity_mass, kappa, over, unlifted=pmf)
+
+
+def _lift_kappa(deficit: float) -> float:
+    """The relative lift of :func:`_certified` from the largest relative deficit of the curve's lower
+    bound below the proven bounds: raised by 1e-6 (its own rounding), at least 0, at most
+    :data:`_KAPPA_CAP` (the rest goes to infinity mass)."""
+    return min(max(deficit * (1.0 + 1e-6), 0.0), _KAPPA_CAP)
+
+
+def _lifted_pmf(d: float, lower_loss: int, probs: np.ndarray, p_points: np.ndarray, infinity_mass: float,
+                kappa: float, over: float, unlifted: pld_ops.Pmf | None = None) -> pld_ops.Pmf:
+    """The lift of :func:`_certified`: every mass times 1 + kappa (+ 4u) and eta = the largest of
+    ``over`` (what the curve still misses after kappa), the mass shortfall of the masses at the points
+    ``p_points`` (:func:`_mass_shortfall`) and 0 added at +inf (times 1 + 1e-6). Nothing to lift:
+    ``unlifted`` itself where given."""
+    u = UNIT_ROUNDOFF
+    eta = max(over, _mass_shortfall(p_points, infinity_mass, kappa, over), 0.0)
     if kappa == 0.0 and eta == 0.0:
-        return pmf
+        return unlifted if unlifted is not None else pld_ops.Pmf(d, lower_loss, probs, infinity_mass, True)
     factor = 1.0 + (kappa + 4.0 * u)
-    infinity = (pmf.infinity_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
-    return pld_ops.Pmf(d, pmf.lower_loss, pmf.probs * factor, float(infinity), True)
+    infinity = (infinity_mass * factor + eta * (1.0 + 1e-6)) * (1.0 + 4.0 * u)
+    return pld_ops.Pmf(d, lower_loss, probs * factor, float(infinity), True)
 
 
 def _mass_shortfall(p: np.ndarray, infinity_mass: float, kappa: float, over: float) -> float:
@@ -1409,13 +1409,7 @@ def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas
         probs = np.array([1.0 - deltas[0]])
     elif np.all(gaps == gaps[0]):
         # evenly spaced: dp-accounting's numerically stabler fixed-gap form of the same formula
-        g = gaps[0] * discretization
-        dd = np.diff(deltas)
-        probs = np.empty_like(deltas)
-        probs[0] = 1 - deltas[0] + dd[0] / math.expm1(g)
-        probs[1:-1] = (dd[1:] - dd[:-1] * math.exp(g)) / math.expm1(g)
-        probs[-1] = dd[-1] / math.expm1(-g)
-        probs = np.maximum(0.0, probs)
+        probs = _fixed_gap_masses(deltas, gaps[0] * discretization, np.array(deltas.size - 1))
     else:
         ed = np.diff(ks) * discretization
         dd = np.diff(deltas)
@@ -1425,6 +1419,20 @@ def connect_dots_pmf(discretization: float, rounded_epsilons: np.ndarray, deltas
     dense = np.zeros(int(ks[-1] - ks[0]) + 1)
     dense[ks - ks[0]] = probs
     return pld_ops.Pmf(discretization, int(ks[0]), dense, float(deltas[-1]), True)
+
+
+def _fixed_gap_masses(deltas: np.ndarray, g: float, last: np.ndarray) -> np.ndarray:
+    """The connect-the-dots masses on evenly spaced points (gap ``g`` in eps; dp-accounting's
+    numerically stabler fixed-gap form of :func:`connect_dots_pmf`'s formula) along the last axis of
+    ``deltas``: one row, or several padded rows whose last points are at ``last`` (one index per
+    row; past it a row's values are not meaningful). Negative masses are set to 0."""
+    dd = np.diff(deltas, axis=-1)
+    probs = np.empty(deltas.shape)
+    probs[..., 0] = 1 - deltas[..., 0] + dd[..., 0] / math.expm1(g)
+    probs[..., 1:-1] = (dd[..., 1:] - dd[..., :-1] * math.exp(g)) / math.expm1(g)
+    at = np.asarray(last)[..., None]
+    np.put_along_axis(probs, at, np.take_along_axis(dd, at - 1, axis=-1) / math.expm1(-g), axis=-1)
+    return np.maximum(0.0, probs)
 
 
 def compose(a: pld_ops.Pld, b: pld_ops.Pld, *, tail_mass_truncation: float = 1e-15) -> pld_ops.Pld:
