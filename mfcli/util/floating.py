@@ -99,9 +99,10 @@ def integer_power(y: np.ndarray, k: int) -> np.ndarray:
     return result
 
 
-def integer_power_rounding(k: int, *, complex_values: bool = True) -> float:
+def integer_power_rounding(k: int) -> float:
     """Relative error bound of :func:`integer_power`'s y^k where no product underflows:
-    (1 + e)^(k - 1) - 1, e = sqrt2 gamma_2 for complex products (Higham Lemma 3.5), u for real.
+    (1 + e)^(k - 1) - 1, e = sqrt2 gamma_2 for complex products (Higham Lemma 3.5; above u, so it
+    covers real ones too).
 
     Why k - 1 and not the number of products: every computed power is y^j (1 + t) with |1 + t| at
     most (1 + e)^(j - 1), by induction over the products: fl(y^i (1 + t_i) y^j (1 + t_j)) = y^(i + j)
@@ -114,7 +115,7 @@ def integer_power_rounding(k: int, *, complex_values: bool = True) -> float:
     """
     if k < 1:
         raise MfcliError(f"an integer power needs an exponent k >= 1, got {k!r}")
-    e = math.sqrt(2) * gamma(2) if complex_values else UNIT_ROUNDOFF
+    e = math.sqrt(2) * gamma(2)
     return math.expm1((k - 1) * math.log1p(e)) * 1.01 if k > 1 else 0.0
 
 
