@@ -126,8 +126,9 @@ def test_upper_bound_is_labelled_and_bracketed(tmp_path):
     (12, 3, ["--min-sep", "3"], 3),
     (12, 3, ["--epochs", "3"], 4),
     (10, 2, ["--min-sep", "4"], 4),   # ceil(10 / 4) = 3 steps
+    (10, 2, ["--min-sep", "4", "--max-participations", "3"], 4),   # a cap the cycle never reaches
     (6, 6, [], 6),                    # single participation: one epoch, b = n, one sampled step
-], ids=["identity", "b3", "epochs", "ragged", "single"])
+], ids=["identity", "b3", "epochs", "ragged", "ragged-cap-not-binding", "single"])
 def test_cyclic_poisson_is_dp_accountings_dpsgd(tmp_path, n, bands, options, b):
     c = banded(n, bands, seed=n + bands)
     sigma, p = 1.3, 0.2

@@ -30,10 +30,9 @@ from mfcli.accounting.single_pass import check_delta, check_pld_inputs, check_si
 from mfcli.errors import MfcliError
 from mfcli.model.participation import (
     FixedEpoch,
-    MinSeparation,
     Participation,
     Sensitivity,
-    SingleParticipation,
+    cyclic_period,
     schema_dict,
 )
 from mfcli.util.rows import fields_of
@@ -127,25 +126,20 @@ def deterministic(*, sigma: float, sensitivity: Sensitivity, n: int, delta: floa
 
 
 def cycle_length(schema: Participation, n: int) -> int:
-    """b, the number of groups of cyclic Poisson sampling: the separation of a min-sep schema, the
-    steps per epoch n / K of a fixed-epoch schema, or n under single participation (one epoch).
+    """b, the number of groups of cyclic Poisson sampling: the period of the cyclic order the
+    schema allows (:func:`mfcli.model.participation.cyclic_period`): the separation of a min-sep
+    schema, the steps per epoch n / K of a fixed-epoch schema, or n under single participation (one
+    epoch: n groups, each sampled at its one step; every causal C has <= n bands).
 
     Raises:
-        MfcliError: a min-sep schema with a cap on the participations (cyclic Poisson sampling
+        MfcliError: a min-sep schema whose cap on the participations binds (cyclic Poisson sampling
             cannot enforce one), or a schema that does not fit n.
     """
-    if isinstance(schema, MinSeparation):
-        schema.check(n)
-        if schema.max_participations is not None:
-            raise MfcliError("cyclic Poisson sampling cannot cap the number of participations; "
-                             "leave out the maximum number of participations")
-        return schema.separation
-    if isinstance(schema, FixedEpoch):
-        return schema.steps_per_epoch(n)
-    if isinstance(schema, SingleParticipation):
-        # one epoch of n steps: n groups, each sampled at its one step (every causal C has <= n bands)
-        return n
-    raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+    b = cyclic_period(schema, n)
+    if b is None:
+        raise MfcliError("cyclic Poisson sampling cannot cap the number of participations; "
+                         "leave out the maximum number of participations")
+    return b
 
 
 def band_count(c: np.ndarray) -> int:

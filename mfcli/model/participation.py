@@ -98,6 +98,10 @@ class SingleParticipation:
         step_count(n)
         return 1
 
+    def spacing(self, n: int) -> int:
+        """s = n: the one participation of the earliest pattern {0} (see :func:`cyclic_period`)."""
+        return step_count(n)
+
     def check(self, n: int) -> None:
         """Raise :class:`MfcliError` if the schema does not fit n steps (it always fits)."""
         step_count(n)
@@ -137,6 +141,10 @@ class FixedEpoch:
         """The most steps one example takes part in over n steps: k."""
         self.steps_per_epoch(n)
         return self.epochs
+
+    def spacing(self, n: int) -> int:
+        """s = n / k: the earliest pattern is {0, s, ..., (k - 1) s} (see :func:`cyclic_period`)."""
+        return self.steps_per_epoch(n)
 
     def check(self, n: int) -> None:
         """Raise :class:`MfcliError` if k does not divide n."""
@@ -180,6 +188,11 @@ class MinSeparation:
         fit = -(-n // self.separation)
         return fit if self.max_participations is None else min(self.max_participations, fit)
 
+    def spacing(self, n: int) -> int:
+        """s = b: the earliest pattern is {0, b, ..., (k - 1) b} (see :func:`cyclic_period`)."""
+        self.check(n)
+        return self.separation
+
     def check(self, n: int) -> None:
         """Raise :class:`MfcliError` if the separation b exceeds the number of steps n."""
         n = step_count(n)
@@ -210,6 +223,25 @@ class MinSeparation:
 
 #: A participation schema.
 Participation = Union[SingleParticipation, FixedEpoch, MinSeparation]  # noqa: UP007 (a runtime alias on 3.10)
+
+
+def cyclic_period(schema: Participation, n: int) -> int | None:
+    """The period s of the cyclic order the schema allows over n steps, or None when it allows none.
+
+    Every schema names its spacing s (``spacing(n)``): its earliest pattern, the one that reaches
+    the most participations soonest, is {0, s, ..., (k - 1) s}, k = ``participations(n)``. An
+    example that takes part at steps i, i + s, i + 2 s, ... (the fixed-order sampler's cycle, and
+    the group of cyclic Poisson sampling) takes part ceil(n / s) times, which the schema allows
+    exactly when ceil(n / s) <= k: always for single participation (s = n) and fixed epochs
+    (s = n / k); for min-separation b with a cap k, only when the cap does not bind.
+
+    >>> cyclic_period(FixedEpoch(epochs=4), 16), cyclic_period(MinSeparation(separation=3), 10)
+    (4, 3)
+    >>> cyclic_period(MinSeparation(separation=3, max_participations=2), 10) is None
+    True
+    """
+    s = schema.spacing(n)
+    return s if -(-n // s) <= schema.participations(n) else None
 
 
 def declared_or_requested(declared: Participation, requested: Participation | None, what: str,
@@ -843,6 +875,7 @@ __all__ = [
     "Sensitivity",
     "SingleParticipation",
     "Witness",
+    "cyclic_period",
     "participation_from_json",
     "schema_dict",
     "sensitivity",

@@ -55,7 +55,6 @@ from mfcli.errors import ArtifactError, MfcliError
 from mfcli.model.participation import (
     EXACT_RTOL,
     FixedEpoch,
-    MinSeparation,
     Participation,
     Sensitivity,
     SingleParticipation,
@@ -230,15 +229,9 @@ def loss_from_decoder(beta: np.ndarray, sens: float) -> Loss:
 
 
 def schema_shape(n: int, schema: Participation) -> tuple[int, int]:
-    """(s, k): the separation (epoch length for fixed-epoch, n for single) and the participations
+    """(s, k): the spacing (epoch length for fixed-epoch, n for single) and the participations
     of the earliest pattern P_0 = {0, s, ..., (k - 1) s}."""
-    if isinstance(schema, SingleParticipation):
-        return n, 1
-    if isinstance(schema, FixedEpoch):
-        return schema.steps_per_epoch(n), schema.epochs
-    if isinstance(schema, MinSeparation):
-        return schema.separation, schema.participations(n)
-    raise TypeError(f"schema must be a participation schema, got {type(schema).__name__}")
+    return schema.spacing(n), schema.participations(n)
 
 
 def _add_shifts(x: np.ndarray, n: int, sep: int, k: int) -> np.ndarray:

@@ -515,20 +515,12 @@ def load_training_state(sampler: BatchSampler, stream: Any, checkpoint: Mapping[
 
 def fixed_order_period(schema: Any, n: int) -> int | None:
     """The period of a :class:`FixedOrderSampler` whose every example's steps a deterministic
-    participation schema allows over n steps, or None when there is none: n for single
-    participation, n / k for k fixed epochs, b for min-separation b (if a cap k on the
-    participations is met: ceil(n / b) <= k)."""
-    from mfcli.model.participation import FixedEpoch, MinSeparation, SingleParticipation
+    participation schema allows over n steps, or None when there is none
+    (:func:`mfcli.model.participation.cyclic_period`): n for single participation, n / k for k
+    fixed epochs, b for min-separation b (if a cap k on the participations is met: ceil(n / b) <= k)."""
+    from mfcli.model.participation import cyclic_period
 
-    if isinstance(schema, SingleParticipation):
-        return n
-    if isinstance(schema, FixedEpoch):
-        return schema.steps_per_epoch(n)
-    if isinstance(schema, MinSeparation):
-        cap = schema.max_participations
-        b = schema.separation
-        return b if cap is None or -(-n // b) <= cap else None
-    return None
+    return cyclic_period(schema, n)
 
 
 # ---------------------------------------------------------------------------------------------
