@@ -432,3 +432,52 @@ def test_examples_are_bounded(made):
     with pytest.raises(MfcliError, match="at most"):
         PoissonSampler(examples=10**12, rate=0.1, steps=4, seed=1)
     assert math.isfinite(held_epsilons(path)[1]["mmcc"])
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_record=False: a fixed-order record is still never taken at its word
+
+
+def _fixed_order_records(made, tmp_path) -> dict[str, tuple[Path, str, float]]:
+    """name -> (artifact, record id, the true epsilon by brute force): single pass (the largest
+    column norm) and two fixed epochs (the largest norm of a sum of columns j, j + N/2; C >= 0, so
+    the all-ones gradients attain it), each Gaussian at sigma = 2 by the independent oracle."""
+    from accounting_oracles import gaussian_epsilon
+
+    c = banded(N, 0.5)
+    single, rid = copy_of(made, "single", tmp_path)
+    epochs = dense(tmp_path / "epochs.h5", c, "banded")
+    rid2 = write_record(epochs, "--sigma", 2, "--epochs", 2)
+    half = N // 2
+    sens_epochs = max(float(np.linalg.norm(c[:, j] + c[:, j + half])) for j in range(half))
+    return {"single": (single, rid, gaussian_epsilon(float(np.linalg.norm(c, axis=0).max()), 2.0)),
+            "epochs": (epochs, rid2, gaussian_epsilon(sens_epochs, 2.0))}
+
+
+@pytest.mark.parametrize("schema", ["single", "epochs"])
+@pytest.mark.parametrize("forgery", ["untouched", "sigma halved", "epsilon halved", "sigma zero", "sigma nan"])
+def test_unverified_fixed_order_record_is_checked_against_its_sigma(made, tmp_path, schema, forgery):
+    from mfcli.training.record import training_record
+
+    path, rid, truth = _fixed_order_records(made, tmp_path)[schema]
+    setting = "single-pass" if schema == "single" else "deterministic"
+    key = f"epsilon_{setting.replace('-', '_')}"
+    with h5py.File(path, "r+") as f:
+        g = f[f"accounting/{rid}"]
+        if forgery == "sigma halved":
+            g.attrs["sigma"] = float(g.attrs["sigma"]) / 2
+        elif forgery == "epsilon halved":
+            g.attrs[key] = float(g.attrs[key]) / 2
+        elif forgery == "sigma zero":
+            g.attrs["sigma"] = 0.0
+        elif forgery == "sigma nan":
+            g.attrs["sigma"] = float("nan")
+    if forgery == "untouched":
+        rec = training_record(path, rid, verify_record=False)
+        assert rec.epsilons[setting] == pytest.approx(truth, rel=1e-9)
+        return
+    with pytest.raises(MfcliError, match=f"record '{rid}' of .* (does not describe this artifact|finite positive sigma)"
+                       "|accounting record cannot be read"):
+        training_record(path, rid, verify_record=False)
+    with pytest.raises(MfcliError):  # the default, full verification refuses it too
+        training_record(path, rid)

@@ -328,6 +328,9 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
     derived = verified[0].sensitivity if verified is not None else None
     sensitivity = derived if derived is not None else accounted_sensitivity(
         attrs, verified[1] if verified is not None else None, path)
+    if verified is None and sampler == FIXED_ORDER:
+        _check_fixed_order_epsilons(epsilons, sigma=sigma, delta=delta, sensitivity=sensitivity,
+                                    where=f"accounting record {rid!r} of {path}")
     # the operator of the claim the verifier checked (else the claim as the verifier would read it)
     claim, problems = (verified[0].claim, []) if verified is not None else read_claim(attrs)
     if claim is None:
@@ -336,6 +339,31 @@ def training_record(artifact: str | Path, record: str | None = None, *, verify_r
                           n=n, period=period, steps_per_epoch=_steps_per_epoch(sampler, period, sampling),
                           participation=participation, epsilons=epsilons, sensitivity=sensitivity,
                           accounted=accounted_operator(rid, claim), attrs=dict(attrs))
+
+
+def _check_fixed_order_epsilons(epsilons: dict[str, float], *, sigma: float, delta: float, sensitivity: float,
+                                where: str) -> None:
+    """Refuse a fixed-order record whose stored epsilon is below the one its own sigma gives, when
+    the full verification was skipped (``verify_record=False``): a record is never taken at its word.
+
+    Under fixed-order participation every row a training run may use (single-pass, deterministic,
+    shuffled-tree: :data:`DETERMINISTIC_SETTINGS`) is the Gaussian mechanism at noise multiplier
+    sigma / sensitivity, with the sensitivity re-derived from the operator (the schema's, an upper
+    bound where it is not exact; the largest column norm under one participation), so the check
+    costs one analytic-Gaussian inversion instead of the full re-derivation. A forged sigma, or a
+    forged epsilon, below the accounted one is caught; the sampled records' epsilons are re-derived
+    whether or not verification runs (:func:`mfcli.training.samplers.held_epsilons`)."""
+    from mfcli.accounting.single_pass import check_delta, gaussian_epsilon
+
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise MfcliError(f"{where} stores sigma = {sigma!r}; a record needs a finite positive sigma")
+    floor = gaussian_epsilon(check_delta(delta), sensitivity / sigma)
+    for name, eps in epsilons.items():
+        # the stored value was computed by the same inversion: only float round-trips may separate them
+        if not eps >= floor * (1 - 1e-9):
+            raise MfcliError(f"{where} claims {name} epsilon {eps!r}, but sigma = {sigma!r} over the operator's "
+                             f"re-derived sensitivity {sensitivity!r} gives epsilon {floor!r} at delta {delta!r}: the "
+                             "record does not describe this artifact")
 
 
 #: The one line that refuses ``noise_multiplier=`` without an accounting record.
@@ -467,6 +495,8 @@ class RecordOptions(TypedDict, total=False):
         non_adaptive: allow a balls-in-bins record (its tree row assumes contributions fixed in
             advance); default False.
         verify: re-verify the record against the operator first (default True; seconds for n ~ 10^3).
+            False skips the full re-derivation only: a sampled record's epsilons are re-derived
+            anyway, and a fixed-order record's against its sigma and the re-derived sensitivity.
     """
 
     record: str | None
