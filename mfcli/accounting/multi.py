@@ -64,6 +64,17 @@ class DeterministicResult:
         """sigma / sens (per unit of the schema's sensitivity bound)."""
         return self.sigma / self.sensitivity.value
 
+    @property
+    def mu_gdp(self) -> float:
+        """mu = sens / sigma: the mechanism is mu-GDP (at the schema's sensitivity bound)."""
+        return self.sensitivity.value / self.sigma
+
+    @property
+    def rho_zcdp(self) -> float:
+        """rho = mu^2 / 2: the mechanism is rho-zCDP (a product, not a float power, so that an
+        extreme sigma gives inf or 0 instead of an OverflowError)."""
+        return 0.5 * self.mu_gdp * self.mu_gdp
+
     def dp_event(self):
         """One Gaussian with noise multiplier sigma / sens (the schema's sensitivity bound)."""
         from dp_accounting import dp_event
@@ -84,8 +95,8 @@ class DeterministicResult:
             "sensitivity_exact": s.exact,
             "sensitivity_method": s.method,
             "noise_multiplier": self.noise_multiplier,
-            "rho_zcdp": s.value ** 2 / (2 * self.sigma ** 2),
-            "mu_gdp": s.value / self.sigma,
+            "rho_zcdp": self.rho_zcdp,
+            "mu_gdp": self.mu_gdp,
             "participation": schema_dict(s.schema, self.n),
             "batch_sampler": "deterministic",
             "method": "exact analytic Gaussian (Balle-Wang 2018) at the schema's sensitivity"

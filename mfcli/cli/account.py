@@ -194,7 +194,7 @@ def _deterministic_rows(report: AccountingReport, det: Any) -> _Rows:
     notes = [] if s.exact else [f"deterministic: {sens_text}"]
     return [("deterministic participation", eps_text,
              f"{sens_text}; noise multiplier sigma/sens {pessimistic(det.noise_multiplier, down=True)}; "
-             f"rho-zCDP {pessimistic(s.value ** 2 / (2 * det.sigma ** 2))}; exact analytic Gaussian")], notes
+             f"rho-zCDP {pessimistic(det.rho_zcdp)}; exact analytic Gaussian")], notes
 
 
 def _cyclic_poisson_rows(report: AccountingReport, cyc: Any) -> _Rows:

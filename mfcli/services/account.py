@@ -61,6 +61,7 @@ from mfcli.accounting.single_pass import (
     SinglePassResult,
     check_delta,
     check_discretization,
+    check_sampled_noise_multiplier,
     check_sampling,
     check_sigma,
     dpsgd,
@@ -743,6 +744,11 @@ def account(
     opts = options.checked()
     if sampling is not None:
         sampling = check_sampling(sampling)
+    if batching is not None:
+        # every sampler's rows are PLD accountants: the strategy's (sigma over its largest column
+        # norm) and DP-SGD's reference (sigma itself)
+        check_sampled_noise_multiplier(sigma / inp.sensitivity, "the noise multiplier sigma / sens")
+        check_sampled_noise_multiplier(sigma, "sigma, DP-SGD's noise multiplier in the reference rows")
     schema = resolve_schema(inp, participation)
     single = isinstance(schema, SingleParticipation)
     if batching in BATCHING_SETTINGS and not single:
