@@ -21,6 +21,8 @@ from mfcli.cli.options import (
     SAMPLING_RANGE,
     ProblemOptions,
     artifact_argument,
+    in_range,
+    library_check,
     option_group,
     refuse_structured,
 )
@@ -47,6 +49,7 @@ from mfcli.strategies.baselines import STRATEGY_NAMES
 from mfcli.util.limits import DENSE_MAX_N
 
 FORMATS = ("table", "markdown", "csv", "json")
+SAVE_CHECK = in_range(library_check("mfcli.services.compare", "check_kept_strategy"))
 _ALL_STRATEGIES = ",".join(STRATEGY_NAMES)
 
 
@@ -111,7 +114,7 @@ def compare(
     ),
     plot: Path | None = typer.Option(None, "--plot", help="Write per-step RMSE curves to this PNG (needs matplotlib)."),
     save: str | None = typer.Option(
-        None, "--save-strategy",
+        None, "--save-strategy", callback=SAVE_CHECK,
         help="Write this strategy for the workload as an artifact (path from --out) to train with or account.",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
@@ -183,8 +186,6 @@ def compare(
     refuse_unless(not force or out is not None or plot is not None or save is not None,
                   "--force applies to a file written with --out, --plot or --save-strategy; none is given")
     names = parse_strategy_names(strategies)
-    if save is not None and save not in STRATEGY_NAMES:
-        raise MfcliError(f"unknown strategy {save!r} for --save-strategy; choose from {', '.join(STRATEGY_NAMES)}")
     if artifact and "optimal" not in names and strategies:
         log("note: --artifact rows are added to the table in place of the optimal solve")
     artifact = [artifact_argument(path) for path in artifact or ()]
@@ -207,7 +208,8 @@ def compare(
     schema.check(w.n)
     if privacy is not None and privacy.sampling is not None:
         cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
-    outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force)
+    inputs = [(path, "artifact") for path in artifact] + [(p, "file") for p in (matrix, _lr_file(lr)) if p is not None]
+    outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force, inputs=inputs)
     if "optimal" in names and not artifact and schema.participations(w.n) > 1:
         log(f"note: row optimal-single is the optimum for single participation, not for {schema.describe(w.n)}; "
             f"for this schema's optimum run mfcli optimize with the same workload options and "
@@ -254,22 +256,37 @@ class Outputs(NamedTuple):
     artifact: Path | None
 
 
-def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path | None, force: bool) -> Outputs:
-    """Decide the output files and refuse unusable ones before any work is done.
+def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path | None, force: bool,
+                 inputs: list[tuple[Path, str]] | None = None) -> Outputs:
+    """Decide the output files and refuse unusable ones before any work is done: among them one
+    that is an input file (``inputs``: (path, noun) pairs, an ``--artifact``, ``--matrix`` or
+    ``--lr`` file), which even ``--force`` does not replace, as ``compress`` refuses its input.
 
     With ``--save-strategy``, ``--out`` names the artifact (default
     ``artifacts/<workload>-<strategy>-n<N>.h5``) and the table goes to stdout.
     """
+    from mfcli.services.compress import refuse_input_as_output
+
     if save is not None:
         outputs = Outputs(None, out if out is not None else default_artifact_path(default_artifact_stem(w, save), w.n))
     else:
         outputs = Outputs(out, None)
+    for target in (*outputs, plot):
+        if target is not None:
+            refuse_input_as_output(target, inputs or (), what="comparison")
     for target in outputs:
         if target is not None:
             check_output_path(target, force=force)
     if plot is not None:
         check_plot_target(plot, force=force)
     return outputs
+
+
+def _lr_file(lr: str | None) -> Path | None:
+    """The learning-rate file ``--lr`` names, or None for a schedule name (or no --lr)."""
+    from mfcli.model.workloads import SCHEDULE_NAMES
+
+    return None if lr is None or lr in SCHEDULE_NAMES else Path(lr)
 
 
 def build_table(

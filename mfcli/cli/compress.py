@@ -1,7 +1,6 @@
 """``mfcli compress``: banded plus low-rank decoder for streaming noise, written as a new artifact."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import typer
@@ -18,11 +17,22 @@ from mfcli.cli.options import (
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 from mfcli.io.artifact import is_shipped_artifact
-from mfcli.services.compress import DEFAULT_MAX_ITER, Evaluation, compress_artifact, default_output_path
+from mfcli.services.compress import (
+    DEFAULT_MAX_ITER,
+    Evaluation,
+    compress_artifact,
+    default_output_path,
+    percent,
+)
 
 # K <= n and R <= n - K are checked against the artifact's n (exit 1); alone: K >= 1, R >= 0.
 BAND_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="band K"))
 RANK_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="rank R", minimum=0))
+MAX_BAND_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="the largest band K tried"))
+MAX_RANK_CHECK = in_range(library_check("mfcli.util.validation", "step_count", name="the largest rank R tried",
+                                        minimum=0))
+BUDGET_RANGE = in_range(library_check("mfcli.services.compress", "check_max_loss_increase"))
+ALS_ITERATIONS_RANGE = in_range(library_check("mfcli.services.compress", "check_als_iterations"))
 
 
 @option_group(ParticipationOptions, into="participation")
@@ -35,14 +45,17 @@ def compress(
     rank: int | None = typer.Option(None, "--rank", "-r", callback=RANK_CHECK,
                                     help="R: rank of the fitted older part (0 <= R <= n - K)."),
     max_loss_increase: float | None = typer.Option(
-        None, "--max-loss-increase",
+        None, "--max-loss-increase", callback=BUDGET_RANGE,
         help="Budget on the relative loss increase (0.01 = 1%), under the artifact's participation schema "
         "(or --epochs/--min-sep). Without K and R: pick the cheapest (K + R) setting within it. With both: "
         "fail unless they meet it.",
     ),
-    max_band: int | None = typer.Option(None, "--max-band", help="Search without --band: largest K tried (default n)."),
-    max_rank: int | None = typer.Option(None, "--max-rank", help="Search without --rank: largest R tried (default 64)."),
-    max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", help="Most ALS iterations."),
+    max_band: int | None = typer.Option(None, "--max-band", callback=MAX_BAND_CHECK,
+                                        help="Search without --band: largest K tried (default n)."),
+    max_rank: int | None = typer.Option(None, "--max-rank", callback=MAX_RANK_CHECK,
+                                        help="Search without --rank: largest R tried (default 64)."),
+    max_iter: int = typer.Option(DEFAULT_MAX_ITER, "--max-iter", callback=ALS_ITERATIONS_RANGE,
+                                 help="Most ALS iterations (0: the randomized-SVD start only)."),
     *,
     participation: ParticipationOptions,
     out: Path | None = typer.Option(
@@ -70,8 +83,6 @@ def compress(
         if band is None or rank is None:
             raise usage_error("compressing a shipped artifact with a search: give --out (its folder is package data)")
         out = default_output_path(Path(artifact.name), band, rank)
-    if max_iter < 0:
-        raise MfcliError(f"--max-iter must be >= 0, got {max_iter}")
     requested = participation.requested()
     from mfcli.io.artifact import load_artifact
     from mfcli.model.participation import SingleParticipation
@@ -84,15 +95,13 @@ def compress(
     # refused before anything is written: a schema that contradicts the artifact's or does not fit n
     schema = requested_schema(source_art.participation, requested, str(artifact), source_art.n)
     schema.check(source_art.n)
-    if max_loss_increase is not None and not (math.isfinite(max_loss_increase) and max_loss_increase >= 0):
-        raise MfcliError(f"--max-loss-increase must be a finite number >= 0, got {max_loss_increase!r}")
 
     multi = not isinstance(schema, SingleParticipation)
 
     def progress(e: Evaluation) -> None:
         if not quiet:
             where = " under the schema" if multi else ""
-            log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase{where} {e.loss_increase:.4%}")
+            log(f"K = {e.band:4d}  R = {e.rank:3d}  cost {e.cost:4d}  loss increase{where} {percent(e.loss_increase)}")
 
     try:
         result = compress_artifact(
@@ -107,11 +116,13 @@ def compress(
         raise type(exc)(text) from None
     comp = result.compression
     under = None
+    increase_under = 0.0
     if not isinstance(schema, SingleParticipation):
         dense = source_art.factorization
         under = {"compressed": schema_numbers(comp.factorization.strategy, comp.factorization.decoder, schema),
                  "dense": schema_numbers(dense.strategy, dense.decoder, schema)}
-        under["loss_increase"] = under["compressed"]["loss_total"] / under["dense"]["loss_total"] - 1.0
+        increase_under = float(under["compressed"]["loss_total"] / under["dense"]["loss_total"] - 1.0)
+        under["loss_increase"] = increase_under  # type: ignore[assignment]  # a number beside the two dicts
     if not quiet and not as_json:
         log(f"wrote {result.path}")
     summary = {
@@ -143,7 +154,7 @@ def compress(
         (f"sensitivity, compressed sens(C^){single} (rounded up)", pessimistic(comp.sensitivity)),
         (f"loss total, dense{single}", comp.dense_loss_total),
         (f"loss total, compressed{single}", comp.loss_total),
-        (f"loss increase{single}", f"{comp.loss_increase:.4%}"),
+        (f"loss increase{single}", percent(comp.loss_increase)),
         (f"RMSE, compressed{single}", comp.factorization.rmse),
         ("||B - B^||_F / ||B||_F", comp.fit_relative_error),
         ("ALS iterations", comp.als_iterations),
@@ -154,7 +165,7 @@ def compress(
             label = "exact" if u["exact"] else "upper bound, rounded up"
             rows.append((f"sensitivity under {schema.describe(comp.n)}, {which} ({label})", pessimistic(u["sensitivity"])))
             rows.append((f"loss total under the schema, {which} ({label})", pessimistic(u["loss_total"])))
-        rows.append(("loss increase under the schema", f"{under['loss_increase']:.4%}"))
+        rows.append(("loss increase under the schema", percent(increase_under)))
     if result.search is not None:
         rows.append(("settings evaluated", len(result.search.evaluations)))
     rows += [("artifact", str(result.path)), ("sha256", result.sha256[:16] + "...")]

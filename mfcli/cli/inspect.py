@@ -10,7 +10,7 @@ from rich.table import Table
 
 from mfcli.cli.common import emit_json, fail, fmt, key_value_table, log, refuse_unless, safe_markup, stdout
 from mfcli.cli.options import ParticipationOptions, artifact_argument, option_group
-from mfcli.cli.plots import plot_report
+from mfcli.cli.plots import check_plot_target, plot_report
 from mfcli.cli.rounding import pessimistic
 from mfcli.errors import MfcliError
 from mfcli.services.inspect import InspectionReport, NumberCheck, inspect_artifact
@@ -263,8 +263,9 @@ def inspect(
     matrices)."""
     refuse_unless(not force or plot is not None, "--force overwrites the --plot file; it does not apply without --plot")
     artifact = artifact_argument(artifact)
-    if plot is not None and plot.exists() and not force:
-        raise fail(f"{plot} already exists (use --force to overwrite)")
+    if plot is not None:
+        # the name (.png), what the path is (not a directory) and whether it exists, before any work
+        check_plot_target(plot, force=force)
     requested = participation.requested()
     report = inspect_artifact(artifact, certificate=certificate, deep=deep)
     # what this kind of artifact lacks is said by the report, for every kind, before anything is written

@@ -28,7 +28,7 @@ from mfcli.cli.options import (
 )
 from mfcli.io.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
 from mfcli.model.participation import Participation, SingleParticipation, schema_dict
-from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
+from mfcli.model.workloads import SCHEDULE_NAMES, Workload, build_workload, default_artifact_stem
 from mfcli.optimize.dense import (
     DEFAULT_MAX_ITER,
     DEFAULT_METHOD,
@@ -66,7 +66,8 @@ def optimize(
     ),
     out: Path | None = typer.Option(
         None, "--out", "-o",
-        help="Output artifact (default artifacts/<workload>-n<N>.h5, or <workload>-<strategy>-<bands|buffers>-n<N>.h5 "
+        help="Output artifact (default artifacts/<workload>-n<N>.h5, <workload>-<schedule>-n<N>.h5 for --lr step-decay "
+        "or cooldown, <workload>-lr-<file stem>-n<N>.h5 for --lr FILE, or <workload>-<strategy>-<bands|buffers>-n<N>.h5 "
         "for a structured strategy; with -epochs<K> or -minsep<B>-k<K> for a schema).",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
@@ -124,9 +125,17 @@ def optimize(
         refuse_unless(not method_given, "--method applies to single participation only")
     if out is None:
         out = with_schema_suffix(default_artifact_path(default_artifact_stem(w), w.n), schema, w.n)
-    check_output_path(out, force=force)
     if warm_start is not None:
         warm_start = artifact_argument(warm_start)
+    from mfcli.services.compress import refuse_input_as_output
+
+    # the files read (even --force must not replace one with the result, as compress refuses its input)
+    inputs = [(path, noun) for path, noun in ((warm_start, "artifact"), (matrix, "file"),
+                                              (None if lr in (None, *SCHEDULE_NAMES) else Path(str(lr)), "file"))
+              if path is not None]
+    refuse_input_as_output(out, inputs, what="optimization")
+    check_output_path(out, force=force)
+    if warm_start is not None:
         refuse_structured(warm_start, "--warm-start")
     v0 = None if warm_start is None else warm_start_weights(load_artifact(warm_start), w.matrix)
 

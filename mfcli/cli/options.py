@@ -12,7 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -74,14 +74,38 @@ def _flag(param: Any) -> str:
 
 
 def bound_integer_options(command: Any) -> Any:
-    """The one parse-time rule for every integer option and argument of ``command`` (a Click
-    command): a value whose magnitude exceeds :data:`mfcli.util.validation.MAX_COUNT` (2^53) is a usage
-    error (exit 2, one line naming the flag, the number abbreviated), checked before the option's
-    own callback and before any command code, so no later float(n) can overflow. Applied to every
-    subcommand by :class:`mfcli.cli.app.LazyGroup`, so an option added later is covered too."""
+    """The parse-time rules for every option and argument of ``command`` (a Click command), applied
+    to every subcommand by :class:`mfcli.cli.app.LazyGroup`, so an option added later is covered too:
+
+    * an integer whose magnitude exceeds :data:`mfcli.util.validation.MAX_COUNT` (2^53) is a usage
+      error (exit 2, one line naming the flag, the number abbreviated), checked before the option's
+      own callback and before any command code, so no later float(n) can overflow;
+    * an empty path (``-o ''``) is a usage error saying so: the parser reads it as ``Path('')``,
+      which is the current directory, and every later message would name ``.`` instead
+      (:func:`_refuse_empty_paths`)."""
     for param in getattr(command, "params", ()):
         param.callback = _bounded_callback(param.callback)
+        _refuse_empty_paths(param)
     return command
+
+
+def _refuse_empty_paths(param: Any) -> None:
+    """Make ``param`` refuse an empty string given for a path (its value, or one of a repeated
+    option's values, converts to a :class:`pathlib.PurePath`) as a usage error. The raw string is
+    seen only before conversion (``Path('')`` and ``Path('.')`` are equal), so the parameter's own
+    ``process_value`` is wrapped; a string option (``--lr``) is left to its own callback."""
+    original = param.process_value
+
+    def process_value(ctx: Any, value: Any) -> Any:
+        result = original(ctx, value)
+        raw = list(value) if isinstance(value, (list, tuple)) else [value]
+        converted = list(result) if isinstance(result, (list, tuple)) else [result]
+        if any(r == "" and isinstance(c, PurePath) for r, c in zip(raw, converted, strict=False)):
+            name = _flag(param) if getattr(param, "param_type_name", "") == "option" else str(param.name).upper()
+            raise usage_error(f"{name}: the path is empty; give a file name")
+        return result
+
+    param.process_value = process_value
 
 
 def _bounded_callback(original: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -106,6 +130,10 @@ SIGMA_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_sigm
 DELTA_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_delta"))
 SAMPLING_RANGE = in_range(library_check("mfcli.accounting.single_pass", "check_sampling"))
 EPSILON_RANGE = in_range(library_check("mfcli.util.validation", "positive_number", "the target epsilon"))
+LR_CHECK = in_range(library_check("mfcli.model.workloads", "check_lr"))
+LR_FACTOR_RANGE = in_range(library_check("mfcli.model.workloads", "check_lr_factor"))
+LR_FINAL_RANGE = in_range(library_check("mfcli.model.workloads", "check_lr_final"))
+LR_LAST_RANGE = in_range(library_check("mfcli.model.workloads", "check_lr_last"))
 WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="prefix, momentum or custom.")]
 
 # Options that apply to one mode only default to None (not given), so that giving one where it
@@ -117,19 +145,22 @@ BetaOpt = Annotated[
 LrOpt = Annotated[
     str | None,
     typer.Option(
-        "--lr",
+        "--lr", callback=LR_CHECK,
         help="Learning-rate schedule folded into A: constant (default), step-decay, cooldown, or a .npy/.csv "
         "FILE of n rates. Not for the custom workload.",
     ),
 ]
 LrFactorOpt = Annotated[
-    float | None, typer.Option("--lr-factor", help="step-decay only: multiplier for the decayed steps (default 0.15).")
+    float | None, typer.Option("--lr-factor", callback=LR_FACTOR_RANGE,
+                               help="step-decay only: multiplier (> 0) for the decayed steps (default 0.15).")
 ]
 LrFinalOpt = Annotated[
-    float | None, typer.Option("--lr-final", help="cooldown only: final learning rate, linear from 1.0 (default 0.05).")
+    float | None, typer.Option("--lr-final", callback=LR_FINAL_RANGE,
+                               help="cooldown only: final learning rate (> 0), linear from 1.0 (default 0.05).")
 ]
 LrLastOpt = Annotated[
-    int | None, typer.Option("--lr-last", help="step-decay or cooldown: steps the decay/cooldown covers (default n/4).")
+    int | None, typer.Option("--lr-last", callback=LR_LAST_RANGE,
+                             help="step-decay or cooldown: steps the decay/cooldown covers (default n/4).")
 ]
 MatrixOpt = Annotated[Path | None, typer.Option("--matrix", help="custom workload only: .npy, .csv or mfcli artifact.")]
 

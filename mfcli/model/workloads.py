@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,22 +129,59 @@ def learning_rates(
             f"unknown learning-rate schedule {schedule!r}; choose one of {', '.join(SCHEDULE_NAMES)} "
             "or give a file"
         )
-    k = n // 4 if last is None else int(last)
+    k = n // 4 if last is None else check_lr_last(last)
     if schedule != "constant" and not 0 <= k <= n:
         raise MfcliError(f"the decay length must be between 0 and n = {n}, got {k}")
     eta = np.ones(n)
     if schedule == "step-decay":
-        if not factor > 0 or not np.isfinite(factor):
-            raise MfcliError(f"the step-decay factor must be positive, got {factor}")
+        factor = check_lr_factor(factor)
         if k:
             eta[n - k:] = factor
     elif schedule == "cooldown":
-        if not final > 0 or not np.isfinite(final):
-            raise MfcliError(f"the cooldown final learning rate must be positive, got {final}")
+        final = check_lr_final(final)
         if k:
             # Linear from 1.0 at the first cooldown step to `final` at the last one.
             eta[n - k:] = np.linspace(1.0, final, k + 1)[1:] if k > 1 else final
     return eta
+
+
+def _positive_rate(value: Any, what: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise MfcliError(f"{what} must be a number, got {value!r}") from None
+    if not (v > 0 and np.isfinite(v)):
+        raise MfcliError(f"{what} must be a finite number > 0, got {value}")
+    return v
+
+
+def check_lr_factor(factor: Any) -> float:
+    """The step-decay factor: a finite learning rate > 0 (0 would stop training; a rate is never
+    negative). Needs no n, so the CLI refuses it while parsing (mfcli.cli.options)."""
+    return _positive_rate(factor, "the step-decay factor")
+
+
+def check_lr_final(final: Any) -> float:
+    """The cooldown's final learning rate: a finite number > 0, like :func:`check_lr_factor`."""
+    return _positive_rate(final, "the cooldown final learning rate")
+
+
+def check_lr_last(last: Any) -> int:
+    """The number of steps a decay or cooldown covers, on its own: an integer >= 0 (that it is
+    at most n is checked with n, by :func:`learning_rates`)."""
+    return step_count(last, name="the decay length", minimum=0)
+
+
+def check_lr(lr: Any) -> str:
+    """``lr`` as given to :func:`build_workload`, on its own: a schedule name or a non-empty file
+    path (an empty one would be read as the current directory). Whether the file exists and holds
+    n rates is checked when the workload is built."""
+    if not isinstance(lr, (str, Path)):
+        raise MfcliError(f"lr must be a schedule name or a file path, got {lr!r}")
+    if isinstance(lr, str) and not lr.strip():
+        raise MfcliError(f"the learning-rate schedule or file is empty; give one of {', '.join(SCHEDULE_NAMES)} "
+                         "or a .npy/.csv file of n rates")
+    return str(lr)
 
 
 def load_learning_rates(path: str | Path, n: int) -> np.ndarray:
@@ -256,6 +294,7 @@ def build_workload(
     if n is None:
         raise MfcliError(f"the {name} workload needs n (the number of steps)")
     n = check_n(n)
+    lr = check_lr(lr)
     if lr in SCHEDULE_NAMES:
         eta = learning_rates(n, lr, factor=lr_factor, final=lr_final, last=lr_last)
         lr_desc: Any = lr
@@ -286,15 +325,20 @@ def default_artifact_stem(workload: Workload, strategy: str | None = None) -> st
     """The file stem mfcli names an artifact of ``workload`` by when no path is given.
 
     For the optimum, ``<workload>`` with the learning-rate schedule appended when it is not
-    constant (``momentum-cooldown``), so optima for different schedules do not overwrite each
-    other. For a baseline ``strategy`` saved instead, ``<workload>-<strategy>``. The step count
-    is added by :func:`mfcli.io.artifact.default_artifact_path`.
+    constant: its name (``momentum-cooldown``), or ``lr-<file stem>`` for rates read from a file
+    (``prefix-lr-rates`` for ``rates.npy``), so optima for different schedules do not overwrite
+    each other. For a baseline ``strategy`` saved instead, ``<workload>-<strategy>``. The step
+    count is added by :func:`mfcli.io.artifact.default_artifact_path`.
     """
     if strategy is not None:
         return f"{workload.name}-{strategy}"
     lr_param = workload.params.get("lr")
     if isinstance(lr_param, dict) and "schedule" in lr_param:
         return f"{workload.name}-{lr_param['schedule']}"
+    if isinstance(lr_param, dict) and "file" in lr_param:
+        # the stem in characters any file system and shell take as they are; the rest become "_"
+        stem = re.sub(r"[^A-Za-z0-9._+-]+", "_", Path(str(lr_param["file"])).stem).strip("._") or "file"
+        return f"{workload.name}-lr-{stem}"
     return workload.name
 
 

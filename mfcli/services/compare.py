@@ -595,6 +595,14 @@ def _with_ratios(rows: Sequence[ComparisonRow]) -> tuple[tuple[ComparisonRow, ..
     return tuple(out), None if best.name == SINGLE_OPTIMUM_ROW else best.name
 
 
+def check_kept_strategy(keep: Any) -> str:
+    """The strategy a comparison keeps to be saved (``keep``, ``--save-strategy``): one of
+    :data:`~mfcli.strategies.baselines.STRATEGY_NAMES`."""
+    if keep not in STRATEGY_NAMES:
+        raise MfcliError(f"unknown strategy {keep!r} to save; choose from {', '.join(STRATEGY_NAMES)}")
+    return str(keep)
+
+
 def run_comparison(
     workload: Workload,
     names: Sequence[str] | None = None,
@@ -640,8 +648,8 @@ def run_comparison(
     for name in names:
         if name not in STRATEGY_NAMES:
             raise MfcliError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}")
-    if keep is not None and keep not in STRATEGY_NAMES:
-        raise MfcliError(f"unknown strategy {keep!r} to save; choose from {', '.join(STRATEGY_NAMES)}")
+    if keep is not None:
+        check_kept_strategy(keep)
     # The artifacts stand for the solved kind (the certified optimum): its rows come from them, unsolved.
     stand_in = SOLVED if artifacts else ()
     wanted = list(names)

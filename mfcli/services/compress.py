@@ -204,6 +204,46 @@ def mechanism_loss(strategy: np.ndarray, decoder: np.ndarray, participation: Par
     return float(s) ** 2 * float(np.sum(np.asarray(decoder) ** 2))
 
 
+def check_als_iterations(max_iter: Any) -> int:
+    """The most ALS iterations: an integer >= 0 (0 keeps the randomized-SVD start)."""
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 0:
+        raise MfcliError(f"max ALS iterations must be an integer >= 0, got {max_iter!r}")
+    return int(max_iter)
+
+
+def check_max_loss_increase(max_loss_increase: Any) -> float:
+    """A budget on the relative loss increase: a finite number >= 0. 0 is allowed: it is met by a
+    setting that does not raise the loss at all (B^ = B exactly, or a non-optimal B whose
+    compression lowers the loss), though roundoff in C^ = B^-1 A can put even K = n, R = 0 a
+    little above it."""
+    if (isinstance(max_loss_increase, bool) or not isinstance(max_loss_increase, (int, float, np.floating))
+            or not math.isfinite(max_loss_increase) or max_loss_increase < 0):
+        raise MfcliError(f"the budget on the loss increase must be a finite number >= 0, got {max_loss_increase!r}")
+    return float(max_loss_increase)
+
+
+def percent(fraction: float) -> str:
+    """``fraction`` as a percentage with four decimals (``1.2500%``), or, where those would show a
+    nonzero value as 0.0000%, with three significant digits (``3.55e-12%``), so a loss increase
+    that misses a budget of 0 is never shown as 0."""
+    text = f"{fraction:.4%}"
+    if fraction != 0 and text.lstrip("-") == "0.0000%":
+        return f"{100 * fraction:.3g}%"
+    return text
+
+
+def refuse_input_as_output(target: str | Path, inputs: Any, *, what: str) -> None:
+    """Refuse an output path that names one of the input files ``inputs`` (the same path, or a
+    link to the same file): writing it, with ``--force`` too, would replace an input with the
+    result. ``inputs``: (path, noun) pairs, the noun saying what the input is (``artifact``);
+    ``what`` names the operation (``compression``). Called before any work is done."""
+    t = Path(target)
+    for source, noun in inputs:
+        src = Path(source)
+        if _same_file(src, t) or t.resolve() == src.resolve():
+            raise MfcliError(f"the output {t} is the input {noun}; {what} never modifies its input")
+
+
 def compress_factorization(
     fact: Factorization, *, band: int, rank: int, max_iter: int = DEFAULT_MAX_ITER,
     participation: Participation | None = None,
@@ -232,8 +272,7 @@ def compress_factorization(
     _require_square(fact)
     n = fact.n
     check_band_rank(n, band, rank)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 0:
-        raise MfcliError(f"max ALS iterations must be an integer >= 0, got {max_iter!r}")
+    check_als_iterations(max_iter)
     b = fact.decoder
     a = fact.workload
     bv = band_values(b, band)
@@ -407,7 +446,7 @@ class _Search:
         if self.best_operator is None:
             tried = min(self.evaluations, key=lambda e: e.loss_increase) if self.evaluations else None
             where = (
-                f"; the best tried, K = {tried.band}, R = {tried.rank}, increases the loss by {tried.loss_increase:.4%}"
+                f"; the best tried, K = {tried.band}, R = {tried.rank}, increases the loss by {percent(tried.loss_increase)}"
                 if tried else ""
             )
             raise MfcliError(
@@ -451,8 +490,7 @@ def search_compression(
     """
     _require_square(fact)
     n = fact.n
-    if not (isinstance(max_loss_increase, (int, float)) and math.isfinite(max_loss_increase)) or max_loss_increase < 0:
-        raise MfcliError(f"max_loss_increase must be a finite number >= 0, got {max_loss_increase!r}")
+    max_loss_increase = check_max_loss_increase(max_loss_increase)
     k_cap = n if max_band is None else int(max_band)
     if not 1 <= k_cap <= n:
         raise MfcliError(f"max band {max_band} is out of range: need 1 <= K <= n = {n}")
@@ -595,6 +633,8 @@ def compress_artifact(
     from mfcli.io.artifact import file_sha256, load_artifact, save_artifact
 
     src = Path(source)
+    if out is not None:  # before the search, which can take minutes
+        refuse_input_as_output(out, [(src, "artifact")], what="compression")
     art = load_artifact(src)
     check_compressible(art, force=force)
     schema = stored_schema(art.participation, participation, str(src))
@@ -615,8 +655,7 @@ def compress_artifact(
         raise MfcliError("give both band and rank, or max_loss_increase to choose them")
 
     target = Path(out) if out is not None else default_output_path(src, comp.band, comp.rank)
-    if _same_file(src, target) or target.resolve() == src.resolve():
-        raise MfcliError(f"the output {target} is the input artifact; compression never modifies its input")
+    refuse_input_as_output(target, [(src, "artifact")], what="compression")
     base_name = str(art.attrs.get("strategy_name", "unknown")).split("+compressed")[0]
     source_info = {
         "source_file": src.name,
