@@ -207,7 +207,7 @@ def test_cli_optimal_artifact_from_optimize(tmp_path) -> None:
         (["--n", "1", "-s", "tree"], "binary tree needs n >= 2"),
         (["--n", "1", "-s", "honaker-online"], "binary tree needs n >= 2"),
         (["--n", "8", "--format", "xml"], "--format must be one of table, markdown, csv, json, got 'xml'"),
-        (["--n", "8", "--save-strategy", "bogus"], "unknown strategy 'bogus' for --save-strategy"),
+        (["--n", "8", "--save-strategy", "bogus"], "--save-strategy: unknown strategy 'bogus' to save"),
         (["--n", "0"], "n must be at least 1"),
         (["-w", "momentum", "--n", "8", "--beta", "1.5"], "beta must be in [0, 1)"),
         (["--n", "8", "--artifact", "nowhere.h5"], "artifact nowhere.h5 does not exist"),

@@ -268,9 +268,9 @@ def test_search_refuses_what_cannot_be_met(solved):
     fact = solved["momentum"][1].factorization
     with pytest.raises(MfcliError, match="no compression"):
         search_compression(fact, max_loss_increase=1e-3, band=1, rank=0)
-    with pytest.raises(MfcliError, match="max_loss_increase"):
+    with pytest.raises(MfcliError, match="budget on the loss increase"):
         search_compression(fact, max_loss_increase=-0.1)
-    with pytest.raises(MfcliError, match="max_loss_increase"):
+    with pytest.raises(MfcliError, match="budget on the loss increase"):
         search_compression(fact, max_loss_increase=float("nan"))
 
 
@@ -379,8 +379,8 @@ def test_non_square_strategy_is_refused(tmp_path):
     (["--band", "38", "--rank", "3"], "rank R = 3 is out of range"),
     (["--band", "2", "--rank", "-1"], "--rank: rank R must be at least 0, got -1"),
     (["--band", "2"], "give both --band and --rank"),
-    (["--max-loss-increase", "-1"], "--max-loss-increase must be"),
-    (["--max-loss-increase", "nan"], "--max-loss-increase must be"),
+    (["--max-loss-increase", "-1"], "--max-loss-increase: the budget on the loss increase must be"),
+    (["--max-loss-increase", "nan"], "--max-loss-increase: the budget on the loss increase must be"),
     (["--band", "1", "--rank", "0", "--max-loss-increase", "0.001"], "no compression"),
     (["--max-iter", "-2", "--band", "1", "--rank", "1"], "--max-iter"),
 ])
