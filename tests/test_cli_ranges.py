@@ -277,3 +277,22 @@ def test_optimize_with_a_rates_file_and_without_write_different_defaults(in_tmp:
     assert epochs.exit_code == 0, epochs.stderr
     assert sorted(p.name for p in (in_tmp / "artifacts").iterdir()) == [
         "prefix-lr-rates-n16-epochs2.h5", "prefix-lr-rates-n16.h5", "prefix-n16.h5"]
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["account", "--sigma"], "try 'mfcli account --help'"),         # no context yet: the parser fails first
+    (["plan", "--examples", "10", "--epsilon"], "try 'mfcli plan --help'"),
+    (["account", "--bogus"], "try 'mfcli account --help'"),
+    (["--bogus"], "try 'mfcli --help'"),
+], ids=["missing-value", "missing-value-plan", "unknown-option", "top-level"])
+def test_parser_errors_end_with_the_help_hint(args, hint) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "mfcli", *args], capture_output=True, text=True, check=False,
+                       env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    # under python -m, Click names the program "python -m mfcli" where it has a context
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("try '"), r.stderr
+    assert lines[1].endswith(hint.removeprefix("try '")) and lines[1].count("mfcli") == 1, r.stderr

@@ -79,4 +79,5 @@ def test_default_artifact_stem(kwargs, strategy, stem):
 def test_default_artifact_stem_for_a_learning_rate_file(tmp_path):
     f = tmp_path / "rates.npy"
     np.save(f, np.linspace(1.0, 0.5, 6))
-    assert default_artifact_stem(build_workload("prefix", 6, lr=str(f))) == "prefix"
+    # the file's stem is in the name, so a run from a rates file never takes the constant-rate run's name
+    assert default_artifact_stem(build_workload("prefix", 6, lr=str(f))) == "prefix-lr-rates"

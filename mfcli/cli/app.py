@@ -92,8 +92,9 @@ class LazyGroup(TyperGroup):
             sys.exit(USAGE_EXIT)
         except ce.UsageError as exc:
             fail(exc.format_message(), code=USAGE_EXIT)  # one sanitized line, as every other error
-            if exc.ctx is not None and not getattr(exc, "mfcli_refusal", False):
-                print(f"try '{exc.ctx.command_path} --help'", file=sys.stderr)
+            if not getattr(exc, "mfcli_refusal", False):
+                path = exc.ctx.command_path if exc.ctx is not None else _command_path(args, prog_name)
+                print(f"try '{path} --help'", file=sys.stderr)
             sys.exit(USAGE_EXIT)
         except ce.ClickException as exc:
             fail(exc.format_message(), code=exc.exit_code)
@@ -104,10 +105,18 @@ class LazyGroup(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+def _command_path(args: Sequence[str] | None, prog_name: str | None) -> str:
+    """``mfcli <command>`` for a parser error raised without a context (an option missing its
+    value: the parser fails before the subcommand's context exists), from the command line itself."""
+    words = list(sys.argv[1:] if args is None else args)
+    command = next((w for w in words if w in COMMANDS), None)
+    return " ".join(p for p in (prog_name or "mfcli", command) if p)
+
+
 app = typer.Typer(
     name="mfcli",
     cls=LazyGroup,
-    help="Matrix-factorization mechanisms for private training: optimize, compress, account, inspect, compare.",
+    help="Matrix-factorization mechanisms for private training: plan, optimize, compress, account, inspect, compare.",
     no_args_is_help=True,
     # Typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell); completion
     # itself runs through Click's _MFCLI_COMPLETE protocol and the lazy group above.

@@ -744,9 +744,9 @@ def account(
     opts = options.checked()
     if sampling is not None:
         sampling = check_sampling(sampling)
-    if batching is not None:
-        # every sampler's rows are PLD accountants: the strategy's (sigma over its largest column
-        # norm) and DP-SGD's reference (sigma itself)
+    if batching in ("poisson", "cyclic", "balls-in-bins"):
+        # these samplers' rows are PLD accountants: the strategy's (sigma over its largest column
+        # norm) and DP-SGD's reference (sigma itself); the shuffle's rows are closed forms
         check_sampled_noise_multiplier(sigma / inp.sensitivity, "the noise multiplier sigma / sens")
         check_sampled_noise_multiplier(sigma, "sigma, DP-SGD's noise multiplier in the reference rows")
     schema = resolve_schema(inp, participation)
