@@ -265,7 +265,7 @@ def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path 
     With ``--save-strategy``, ``--out`` names the artifact (default
     ``artifacts/<workload>-<strategy>-n<N>.h5``) and the table goes to stdout.
     """
-    from mfcli.services.compress import refuse_input_as_output
+    from mfcli.io.artifact import refuse_input_as_output
 
     if save is not None:
         outputs = Outputs(None, out if out is not None else default_artifact_path(default_artifact_stem(w, save), w.n))

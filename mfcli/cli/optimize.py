@@ -127,7 +127,7 @@ def optimize(
         out = with_schema_suffix(default_artifact_path(default_artifact_stem(w), w.n), schema, w.n)
     if warm_start is not None:
         warm_start = artifact_argument(warm_start)
-    from mfcli.services.compress import refuse_input_as_output
+    from mfcli.io.artifact import refuse_input_as_output
 
     # the files read (even --force must not replace one with the result, as compress refuses its input)
     inputs = [(path, noun) for path, noun in ((warm_start, "artifact"), (matrix, "file"),

@@ -30,10 +30,15 @@ def check_plot_target(path: str | Path, *, force: bool = False) -> Path:
         import matplotlib  # noqa: F401
     except ImportError:
         raise MfcliError(MATPLOTLIB_MISSING) from None
+    return check_output_path(_png(path), force=force)
+
+
+def _png(path: str | Path) -> Path:
+    """The plot's path, refused in one line unless it ends in .png (the one rule for every plot)."""
     target = Path(path)
     if target.suffix.lower() != ".png":
         raise MfcliError(f"the plot is written as PNG; give a file name ending in .png, not {target.name}")
-    return check_output_path(target, force=force)
+    return target
 
 
 def plot_per_step(table: Comparison, path: str | Path, *, force: bool = False) -> Path:
@@ -105,9 +110,7 @@ def plot_report(report: InspectionReport, out: str | Path, *, force: bool = Fals
     fact = report.factorization
     if fact is None:
         raise MfcliError(f"{report.path}: no readable matrices to plot")
-    target = Path(out)
-    if target.suffix.lower() != ".png":
-        raise MfcliError(f"the plot file must end in .png, got {target.name}")
+    target = _png(out)
 
     fig = Figure(figsize=(15, 4.6), constrained_layout=True)
     axes = fig.subplots(1, 3)

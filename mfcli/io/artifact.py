@@ -81,6 +81,25 @@ def check_output_path(path: str | Path, *, force: bool = False) -> Path:
     return target
 
 
+def refuse_input_as_output(target: str | Path, inputs: Any, *, what: str) -> None:
+    """Refuse an output path that names one of the input files ``inputs`` (the same path, or a
+    link to the same file): writing it, with ``--force`` too, would replace an input with the
+    result. ``inputs``: (path, noun) pairs, the noun saying what the input is (``artifact``);
+    ``what`` names the operation (``compression``). Called before any work is done."""
+    t = Path(target)
+    for source, noun in inputs:
+        src = Path(source)
+        if _same_file(src, t) or t.resolve() == src.resolve():
+            raise MfcliError(f"the output {t} is the input {noun}; {what} never modifies its input")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _check_parent(target: Path) -> None:
     """Refuse, naming ``target``, an output whose folder cannot be made or written: the nearest
     existing ancestor must be a writable directory (a regular file there would otherwise surface

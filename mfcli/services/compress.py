@@ -34,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -230,18 +229,6 @@ def percent(fraction: float) -> str:
     if fraction != 0 and text.lstrip("-") == "0.0000%":
         return f"{100 * fraction:.3g}%"
     return text
-
-
-def refuse_input_as_output(target: str | Path, inputs: Any, *, what: str) -> None:
-    """Refuse an output path that names one of the input files ``inputs`` (the same path, or a
-    link to the same file): writing it, with ``--force`` too, would replace an input with the
-    result. ``inputs``: (path, noun) pairs, the noun saying what the input is (``artifact``);
-    ``what`` names the operation (``compression``). Called before any work is done."""
-    t = Path(target)
-    for source, noun in inputs:
-        src = Path(source)
-        if _same_file(src, t) or t.resolve() == src.resolve():
-            raise MfcliError(f"the output {t} is the input {noun}; {what} never modifies its input")
 
 
 def compress_factorization(
@@ -528,13 +515,6 @@ def default_output_path(source: str | Path, band: int, rank: int) -> Path:
     return p.with_name(f"{p.stem}-k{band}r{rank}.h5")
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def check_compressible(artifact: Any, *, force: bool = False) -> None:
     """Refuse a non-square, non-causal or already compressed artifact (the last two unless
     ``force``), with a message that says why."""
@@ -630,7 +610,7 @@ def compress_artifact(
         MfcliError: a schema that contradicts a multi-participation schema the source declares,
             or that does not fit n; nothing is written.
     """
-    from mfcli.io.artifact import file_sha256, load_artifact, save_artifact
+    from mfcli.io.artifact import file_sha256, load_artifact, refuse_input_as_output, save_artifact
 
     src = Path(source)
     if out is not None:  # before the search, which can take minutes
