@@ -141,6 +141,25 @@ def test_an_allocation_that_fails_skips_the_row(monkeypatch: pytest.MonkeyPatch)
     assert r.reason == "ran out of memory while calibrating (Unable to allocate 12.0 GiB for an array)"
 
 
+def test_an_other_sampler_reduction_out_of_memory_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recommended row's Poisson entry (the DP-SGD reduction at sigma / ||C||_2: at a huge target
+    a tiny multiplier, whose PLD ran out of memory after every row was calibrated, --epsilon 1e4)
+    is left out like an accounting that does not apply, instead of ending the plan."""
+    import mfcli.accounting.reduction as reduction
+
+    setup = TrainingSetup(examples=100, batch=10, epochs=1, epsilon=2.0, bands=(2,), buffers=(2,),
+                          batching=("poisson", "fixed-order"))
+    r = plan_module.evaluate(setup, plan_module.Candidate("banded-2", "banded", "fixed-order", 2))
+    assert isinstance(r, plan_module.CandidateResult)
+    assert [o["batch_sampler"] for o in plan_module.other_sampler_guarantees(setup, r)] == ["poisson"]
+
+    def oom(**kw: Any) -> Any:
+        raise MemoryError("Unable to allocate 1.16 GiB for an array with shape (5, 31129183)")
+
+    monkeypatch.setattr(reduction, "reduced_epsilon", oom)
+    assert plan_module.other_sampler_guarantees(setup, r) == []
+
+
 class _DeadPool:
     """A process pool whose worker has died: every submitted evaluation fails as concurrent.futures
     reports it (BrokenProcessPool), as when the kernel's OOM killer ends a worker."""
