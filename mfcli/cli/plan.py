@@ -26,17 +26,20 @@ from mfcli.errors import MfcliError
 
 
 def _split(values: list[str] | None) -> tuple[str, ...] | None:
-    """The comma-separated or repeated values; None when the option is not given (an option
-    given with no names, e.g. ``--batching ,``, is an empty tuple, which the setup refuses)."""
+    """The comma-separated or repeated values; None when the option is not given, () when it names
+    nothing (``--batching ,``, which :data:`BATCHING_NAMES` refuses at parse time, exit 2)."""
     if not values:
         return None
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
 
 
 def _sampler_names(value: str) -> None:
-    from mfcli.services.plan import check_sampler
+    from mfcli.services.plan import SAMPLERS, check_sampler
 
-    for name in _split([value]) or ():
+    names = _split([value])
+    if not names:  # '', ',': no sampler at all, not "every sampler"
+        raise MfcliError(f"allow at least one batch sampler: {', '.join(SAMPLERS)}")
+    for name in names:
         check_sampler(name)
 
 
@@ -208,6 +211,8 @@ def plot_plan(plan: Any, path: Path, *, force: bool) -> None:
 
 
 EPOCH_COUNT = in_range(library_check("mfcli.services.plan", "check_epochs"))
+#: --steps 0 needs no other option to be refused (whether steps are whole epochs does: exit 1)
+STEP_COUNT = in_range(library_check("mfcli.util.validation", "positive_int", "the number of steps"))
 MAX_STREAM_MEMORY_CHECK = in_range(library_check("mfcli.util.memory", "parse_size"))
 
 
@@ -217,7 +222,8 @@ def plan(
                               help="Batch size (expected batch size for the Poisson samplers)."),
     epsilon: float = typer.Option(..., "--epsilon", callback=EPSILON_RANGE, help="Target epsilon."),
     epochs: int | None = typer.Option(None, "--epochs", callback=EPOCH_COUNT, help="Epochs (or give --steps)."),
-    steps: int | None = typer.Option(None, "--steps", help="Steps, a multiple of the steps per epoch (or give --epochs)."),
+    steps: int | None = typer.Option(None, "--steps", callback=STEP_COUNT,
+                                     help="Steps, a multiple of the steps per epoch (or give --epochs)."),
     delta: float = typer.Option(1e-6, "--delta", callback=DELTA_RANGE, help="Target delta in (0, 1)."),
     workload: str = typer.Option("prefix", "--workload", "-w", callback=PLAN_WORKLOAD_CHECK, help="prefix (SGD) or momentum."),
     beta: float | None = typer.Option(
@@ -227,6 +233,11 @@ def plan(
         None, "--max-stream-memory", metavar="<size>", callback=MAX_STREAM_MEMORY_CHECK,
         help="Recommend only a mechanism whose noise stream keeps at most this much state for --params "
         "parameters, e.g. 2G (a dense stream keeps n x params floats)."),
+    max_memory: str | None = typer.Option(
+        None, "--max-memory", metavar="<size>", callback=MAX_STREAM_MEMORY_CHECK,
+        help="Memory one accounting run may use, e.g. 4G (default: half of physical memory, or what ulimit -v "
+        "leaves). A DP-SGD or BandMF row whose calibration needs more at the least (a huge --epsilon) is skipped "
+        "with the reason instead of run."),
     batching: list[str] | None = typer.Option(
         None, "--batching", callback=BATCHING_NAMES,
         help="Batch samplers the training loop can run, comma-separated or repeated: poisson, cyclic, balls-in-bins, "
@@ -273,6 +284,7 @@ def plan(
         bands=tuple(bands) if bands else None, buffers=tuple(buffers) if buffers else (2, 4),
         curve=tuple(epsilon * f for f in (0.5, 1.0, 2.0)) if plot is not None else (),
         max_stream_bytes=None if max_stream_memory is None else parse_size(max_stream_memory),
+        max_memory=None if max_memory is None else parse_size(max_memory),
     )
     if delta >= 1 / examples:
         # (epsilon, delta)-DP with delta >= 1/examples allows publishing one whole random example:

@@ -131,6 +131,9 @@ class TrainingSetup:
     buffers: tuple[int, ...] = DEFAULT_BUFFERS
     curve: tuple[float, ...] = ()
     max_stream_bytes: int | None = None
+    #: bytes one accounting run may use (None: :func:`mfcli.util.memory.memory_left` when plan runs);
+    #: a row whose calibration needs more at the least is skipped (:func:`pld_memory_refusal`)
+    max_memory: int | None = None
 
     def __post_init__(self) -> None:
         from mfcli.accounting.single_pass import check_delta
@@ -177,6 +180,8 @@ class TrainingSetup:
         object.__setattr__(self, "curve", tuple(positive_number(e, "a plot epsilon") for e in self.curve))
         if self.max_stream_bytes is not None:
             object.__setattr__(self, "max_stream_bytes", positive_int(self.max_stream_bytes, "the stream memory budget"))
+        if self.max_memory is not None:
+            object.__setattr__(self, "max_memory", positive_int(self.max_memory, "the memory budget"))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -202,6 +207,11 @@ class TrainingSetup:
     def band_counts(self) -> tuple[int, ...]:
         """The band counts tried: ``bands`` or the defaults, each at most n."""
         return tuple(k for k in (self.bands or DEFAULT_BANDS) if k <= self.n)
+
+    def bands_over_n(self) -> tuple[int, ...]:
+        """The band counts the trainer named (``bands``) that exceed n: listed as skipped with the
+        reason, as a buffer count that does not fit is (the defaults above n are simply not tried)."""
+        return tuple(k for k in (self.bands or ()) if k > self.n)
 
     def as_dict(self) -> dict[str, Any]:
         return {"examples": self.examples, "batch": self.batch, "epochs": self.epochs,
@@ -235,6 +245,8 @@ class Skipped:
     reason: str
     #: the calibration found the target met even at the smallest sigma searched
     met_without_noise: bool = False
+    #: not calibrated: its accounting would need more memory than the budget (:func:`pld_memory_refusal`)
+    over_memory: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.key, "batch_sampler": self.sampler, "reason": self.reason}
@@ -352,6 +364,11 @@ def _dpsgd_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
              "other rows are add-or-remove, so no shuffle row is shown")]
 
 
+def _bands_over_n(setup: TrainingSetup, k: int) -> str | None:
+    """Why ``k`` bands are not tried (None: they are): a banded C of n steps has at most n bands."""
+    return None if k <= setup.n else f"{k} bands exceed the n = {setup.n} steps of this setup; at most {setup.n} bands"
+
+
 def _bandmf_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
     out: list[Offer] = []
     for k in setup.band_counts():
@@ -360,6 +377,7 @@ def _bandmf_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
             why = (f"{k} bands need {k} groups at rate {k} q = {k * setup.sampling:.3g} > 1 or more groups than the "
                    f"{setup.steps_per_epoch} steps per epoch; at most {setup.max_groups} bands")
         out.append((Candidate(f"{kind}-{k}", kind, "cyclic", k), why))
+    out += [(Candidate(f"{kind}-{k}", kind, "cyclic", k), _bands_over_n(setup, k)) for k in setup.bands_over_n()]
     return out
 
 
@@ -376,7 +394,8 @@ def _dense_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
 
 
 def _banded_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
-    return [(Candidate(f"{kind}-{k}", kind, "fixed-order", k), None) for k in setup.band_counts()]
+    return [(Candidate(f"{kind}-{k}", kind, "fixed-order", k), _bands_over_n(setup, k))
+            for k in setup.band_counts() + setup.bands_over_n()]
 
 
 def _blt_offers(setup: TrainingSetup, kind: str) -> list[Offer]:
@@ -422,9 +441,10 @@ def enumerate_candidates(setup: TrainingSetup) -> tuple[list[Candidate], list[Sk
         for fam in FAMILIES.values():
             if fam.own_balls_in_bins:
                 continue
-            for k in fam.sizes(setup):
+            for k in fam.sizes(setup) + (setup.bands_over_n() if fam.banded else ()):
                 key = fam.kind if k is None else f"{fam.kind}-{k}"
-                offer(Candidate(f"{key} (balls-in-bins)", fam.kind, "balls-in-bins", k), fam.solve_refusal(setup))
+                why = fam.solve_refusal(setup) or (_bands_over_n(setup, k) if fam.banded and k is not None else None)
+                offer(Candidate(f"{key} (balls-in-bins)", fam.kind, "balls-in-bins", k), why)
     if not out:
         raise MfcliError(f"no candidate has a valid accounting under the allowed batch sampler(s) "
                          f"{', '.join(setup.batching)}: " + "; ".join(f"{x.key}: {x.reason}" for x in skip)
@@ -464,6 +484,59 @@ def _gaussian_unit(setup: TrainingSetup, target: float) -> Calibration:
 
 def _scaled(cal: Calibration, factor: float) -> Calibration:
     return replace(cal, sigma=cal.sigma * factor, sigma_lower=cal.sigma_lower * factor)
+
+
+#: Samplers whose rows are accounted on a privacy loss distribution discretized at
+#: :data:`PLD_DISCRETIZATION` (DP-SGD under Poisson, BandMF under cyclic Poisson), whose memory
+#: grows with the epsilon it resolves (:func:`pld_memory_floor`).
+PLD_SAMPLERS = ("poisson", "cyclic")
+
+
+def pld_memory_floor(target: float) -> int:
+    """Bytes that calibrating a privacy-loss-distribution accounting (:data:`PLD_SAMPLERS`) to the
+    epsilon ``target`` needs at the least, before any run.
+
+    Why: the calibration brackets the target, so it runs the accounting at a sigma whose epsilon
+    exceeds ``target``; that epsilon is read off the composed PLD's grid of losses, which runs from
+    below 0 (a PLD has losses <= 0) past it in steps of :data:`PLD_DISCRETIZATION`, so the FFT that
+    composes it has more than target / discretization points, at the bytes per point that
+    :func:`mfcli.accounting.pld_ops.self_compose` checks before it allocates. A lower bound: a run
+    also holds the uncomposed PLDs and its tails (the measured peak is 1.3 to 2 times this at
+    n = 20 to 100 steps). For a huge target (tiny sigma) it is what the walk down to that sigma
+    would end in: minutes of runs, each 4 times the memory of the last, and then out of memory.
+
+    >>> pld_memory_floor(2.0) / 2**20, pld_memory_floor(1e6) / 2**30
+    (0.18310546875, 89.40696716308594)
+    """
+    from mfcli.accounting import pld_ops
+
+    # pld_ops' own per-point figure of the composing FFT (measured there), so the two cannot drift
+    return math.ceil(target / PLD_DISCRETIZATION) * int(pld_ops._FFT_BYTES_PER_POINT)
+
+
+def memory_budget(setup: TrainingSetup) -> int | None:
+    """Bytes one accounting run may use: ``setup.max_memory``, or what
+    :func:`mfcli.util.memory.memory_left` allows this process (half of physical memory, or what
+    ``ulimit -v`` leaves); None: no limit known."""
+    from mfcli.util.memory import memory_left
+
+    return setup.max_memory if setup.max_memory is not None else memory_left()
+
+
+def pld_memory_refusal(setup: TrainingSetup, sampler: str, target: float) -> str | None:
+    """Why a row under ``sampler`` is not calibrated to ``target``: its privacy-loss-distribution
+    accounting needs more than :func:`memory_budget` at the least (:func:`pld_memory_floor`); None
+    when it may run (or is not a PLD row)."""
+    from mfcli.util.memory import format_size
+
+    if sampler not in PLD_SAMPLERS:
+        return None
+    need, budget = pld_memory_floor(target), memory_budget(setup)
+    if budget is None or need <= budget:
+        return None
+    return (f"calibrating its privacy loss distribution to epsilon {target:g} needs at least {format_size(need)} of "
+            f"memory (a grid of losses past {target:g} in steps of {PLD_DISCRETIZATION:g}), over the memory budget "
+            f"of {format_size(budget)}")
 
 
 def _dpsgd_eps(setup: TrainingSetup, *, sampling: float, steps: int) -> Callable[[float], float]:
@@ -632,13 +705,19 @@ def evaluate(setup: TrainingSetup, cand: Candidate) -> CandidateResult | Skipped
                 guarantees.append((other, _guarantee_at(setup, b, other, cal.sigma)))
         except MfcliError as exc:
             return Skipped(cand.key, cand.sampler, str(exc), met_without_noise=isinstance(exc, TargetMetWithoutNoiseError))
+        except MemoryError as exc:  # an allocation the accounting's own checks did not foresee
+            return Skipped(cand.key, cand.sampler, f"ran out of memory while calibrating ({exc or 'MemoryError'})",
+                           over_memory=True)
         curve: list[tuple[float, float | None]] = []
         for eps in setup.curve:
+            if pld_memory_refusal(setup, cand.sampler, eps) is not None:
+                curve.append((eps, None))
+                continue
             try:
                 # epsilon falls roughly as 1 / sigma: start the search near the answer
                 c2 = cal if eps == setup.epsilon else _calibrate(setup, b, eps, start=cal.sigma * setup.epsilon / eps)[1]
                 curve.append((eps, c2.sigma * math.sqrt(float(np.mean(b.row_sq)))))
-            except MfcliError:
+            except (MfcliError, MemoryError):
                 curve.append((eps, None))
     sigma = cal.sigma
     rows = np.sqrt(b.row_sq) * sigma
@@ -918,6 +997,7 @@ def run_plan(
         return [r for r in results if r is not None]
     import concurrent.futures as cf
     import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
 
     pool = cf.ProcessPoolExecutor(max_workers=min(n_workers, total), mp_context=multiprocessing.get_context("spawn"),
                                   initializer=_worker_init, initargs=(os.getpid(),))
@@ -925,6 +1005,12 @@ def run_plan(
         futs = {pool.submit(evaluate, setup, c): i for i, c in enumerate(candidates)}
         for fut in cf.as_completed(futs):
             done(futs[fut], fut.result())
+    except BrokenProcessPool:
+        # A worker ended without returning (the kernel's out-of-memory killer, a signal): every
+        # evaluation not finished is lost. One error, naming them, not the pool's traceback.
+        _stop_pool(pool)
+        raise MfcliError(worker_died_message(setup, [c.key for c, r in zip(candidates, results, strict=True)
+                                                     if r is None])) from None
     except BaseException:
         # A signal (KeyboardInterrupt, the CLI's Terminated), an error or a broken pool: the
         # running evaluations are not waited for (one can take many minutes); the workers are
@@ -933,6 +1019,21 @@ def run_plan(
         raise
     pool.shutdown(wait=True)
     return [r for r in results if r is not None]
+
+
+def worker_died_message(setup: TrainingSetup, unfinished: Sequence[str]) -> str:
+    """The error for a pool worker that died (:class:`concurrent.futures.process.BrokenProcessPool`):
+    which evaluations were lost, the likely cause (the system's out-of-memory killer) and the
+    memory budget a run was held to."""
+    from mfcli.util.memory import format_size
+
+    budget = memory_budget(setup)
+    held = "no memory budget known" if budget is None else f"a run's memory budget was {format_size(budget)}"
+    names = ", ".join(unfinished) if len(unfinished) <= 4 else ", ".join(unfinished[:4]) + f" and {len(unfinished) - 4} more"
+    return (f"a worker process died while candidates were being evaluated (unfinished: {names or 'none'}): it was "
+            f"killed by the system, most likely for lack of memory ({held}, per worker, with several workers at "
+            "once); evaluate fewer candidates at once (fewer workers), lower the memory budget, or give a smaller "
+            "target epsilon")
 
 
 #: Seconds between a pool worker's checks that the process that started it is still alive.
@@ -1297,6 +1398,7 @@ class PlanFamily:
         fixed_order_sensitivity: its C's sensitivity under the fixed order, for the guarantee of
             that sampler beside its own (None: its own sampler is the fixed order).
         cyclic_reaccount: a banded C built for the fixed order, also accounted under cyclic Poisson.
+        banded: its size is a band count (at most n; a named count above n is skipped with the reason).
     """
 
     kind: str
@@ -1320,6 +1422,7 @@ class PlanFamily:
     structured_strategy: Callable[[TrainingSetup, CandidateResult], Any] | None = None
     fixed_order_sensitivity: Callable[[TrainingSetup, Callable[[], _Built]], float] | None = None
     cyclic_reaccount: bool = False
+    banded: bool = False
 
 
 def _tree_family(kind: str, baseline: str, mechanism: str, decoder_words: str) -> PlanFamily:
@@ -1337,13 +1440,13 @@ FAMILIES: dict[str, PlanFamily] = {f.kind: f for f in (
                fixed_order_sensitivity=_identity_fixed_sensitivity),
     PlanFamily("bandmf", _bandmf_offers, _bandmf_built, _toeplitz_dense, _reduction_write_refusal, mechanism="BandMF",
                home_sampler="cyclic", sizes=lambda setup: setup.band_counts(), structured_strategy=_banded_structured,
-               fixed_order_sensitivity=_banded_fixed_sensitivity),
+               fixed_order_sensitivity=_banded_fixed_sensitivity, banded=True),
     PlanFamily("dense", _dense_offers, _dense_built, _optimum_dense, _reduction_write_refusal,
                mechanism="multi-epoch optimal", solve_refusal=_dense_solve_refusal, dense_stream=True,
                dense_artifact_max_n=PLAN_MAX_N),
     PlanFamily("banded", _banded_offers, _banded_built, _toeplitz_dense, _reduction_write_refusal,
                mechanism="banded Toeplitz", sizes=lambda setup: setup.band_counts(),
-               structured_strategy=_banded_structured, cyclic_reaccount=True),
+               structured_strategy=_banded_structured, cyclic_reaccount=True, banded=True),
     PlanFamily("blt", _blt_offers, _blt_built, _toeplitz_dense, _reduction_write_refusal, mechanism="BLT",
                sizes=lambda setup: setup.buffers, madds_per_float=2.0, artifact_kind="blt",
                structured_strategy=_blt_structured),
@@ -1541,6 +1644,10 @@ def other_sampler_guarantees(setup: TrainingSetup, r: CandidateResult) -> list[d
                 add(sampler, "cyclic-poisson", cyc.epsilon, MinSeparation(separation=k).describe(n))
         except MfcliError:
             continue  # that sampler's accounting does not apply to this artifact: no entry
+        except MemoryError:
+            # a reduction at a tiny noise multiplier (sigma / ||C||_2 of a huge-epsilon row) whose PLD
+            # does not fit: no entry, as for one that does not apply; the row's own guarantee stands
+            continue
     return out
 
 
@@ -1606,16 +1713,31 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
     """
     t0 = time.perf_counter()
     cands, skipped = enumerate_candidates(setup)
-    results = run_plan(setup, cands, scheduler=scheduler, workers=workers, progress=progress)
+    # refused before any run: a PLD row whose calibration cannot fit the memory budget (a huge
+    # target: the walk down to a tiny sigma would take minutes and end out of memory)
+    heavy = [Skipped(c.key, c.sampler, why, over_memory=True) for c in cands
+             if (why := pld_memory_refusal(setup, c.sampler, setup.epsilon)) is not None]
+    cands = [c for c in cands if c.key not in {h.key for h in heavy}]
+    for h in heavy:
+        if progress:
+            progress(f"{h.key}: skipped, {h.reason}")
+    results = run_plan(setup, cands, scheduler=scheduler, workers=workers, progress=progress) if cands else []
     done = [r for r in results if isinstance(r, CandidateResult)]
     failed = [r for r in results if isinstance(r, Skipped)]
+    skipped += heavy
     if not done:
         loose = [f for f in failed if f.met_without_noise]
-        if loose and len(loose) == len(failed):
-            raise MfcliError(f"epsilon {setup.epsilon:g} is met by every candidate even with almost no noise (the "
-                             f"calibration's smallest sigma is {SIGMA_MIN:g}; {loose[0].key}: {loose[0].reason}); "
-                             "such a target promises no meaningful privacy: give a smaller epsilon (DP training "
-                             "targets are typically 1 to 10)")
+        if len(loose) == len(failed) and (loose or heavy):
+            reasons: list[str] = []
+            if loose:
+                reasons.append(f"is met by every {'other ' if heavy else ''}candidate even with almost no noise (the "
+                           f"calibration's smallest sigma is {SIGMA_MIN:g}; {loose[0].key}: {loose[0].reason})")
+            if heavy:
+                reasons.append(f"cannot be calibrated within the memory budget by {', '.join(h.key for h in heavy)} "
+                           f"({heavy[0].reason})")
+            raise MfcliError(f"epsilon {setup.epsilon:g} " + "; it ".join(reasons) + "; such a target promises no "
+                             "meaningful privacy: give a smaller epsilon (DP training targets are typically 1 to 10)"
+                             + (", or a larger memory budget" if heavy else ""))
         raise MfcliError(f"no candidate reaches epsilon {setup.epsilon:g} at delta {setup.delta:g} with sigma up to "
                          f"{SIGMA_MAX:g} ({failed[0].key}: {failed[0].reason}); raise the target epsilon or delta, or "
                          "train fewer epochs")
@@ -1636,9 +1758,13 @@ __all__ = [
     "enumerate_candidates",
     "evaluate",
     "make_plan",
+    "memory_budget",
     "not_recommended",
     "other_sampler_guarantees",
+    "pld_memory_floor",
+    "pld_memory_refusal",
     "rank",
     "recommend",
     "run_plan",
+    "worker_died_message",
 ]
