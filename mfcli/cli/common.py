@@ -150,6 +150,10 @@ def guarded(fn: F) -> F:
             raise fail(_SIGTERM_LINE, code=EXIT_SIGTERM) from None
         except MemoryError as exc:
             raise fail(out_of_memory_line(exc)) from None
+        except ValueError as exc:
+            if not is_allocation_size_error(exc):
+                raise _internal_error(exc) from None
+            raise fail(out_of_memory_line(MemoryError(str(exc)))) from None
         except EOFError:
             raise fail("unexpected end of file: an input file is empty or truncated") from None
         except (_linalg_error(), FloatingPointError) as exc:
@@ -160,13 +164,26 @@ def guarded(fn: F) -> F:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
         except Exception as exc:
-            traceback.print_exc(file=sys.stderr)
-            raise fail(
-                f"internal error ({type(exc).__name__}); this is a bug in mfcli, please report it with the traceback above",
-                code=EXIT_BUG,
-            ) from None
+            raise _internal_error(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _internal_error(exc: BaseException) -> typer.Exit:
+    traceback.print_exception(exc, file=sys.stderr)
+    return fail(f"internal error ({type(exc).__name__}); this is a bug in mfcli, please report it with the traceback "
+                "above", code=EXIT_BUG)
+
+
+#: What numpy says when an array's size cannot even be represented (np.empty of 10^20 elements,
+#: np.arange past the index range): a request for more memory than any machine has, as a
+#: MemoryError is for more than this one has.
+_ALLOCATION_SIZE_ERRORS = ("Maximum allowed size exceeded", "array is too big", "Maximum allowed dimension exceeded")
+
+
+def is_allocation_size_error(exc: BaseException) -> bool:
+    """True for numpy's ValueError about an array too large to represent (see :data:`_ALLOCATION_SIZE_ERRORS`)."""
+    return isinstance(exc, ValueError) and any(m in str(exc) for m in _ALLOCATION_SIZE_ERRORS)
 
 
 def out_of_memory_line(exc: MemoryError) -> str:

@@ -745,10 +745,12 @@ def account(
     if sampling is not None:
         sampling = check_sampling(sampling)
     if batching in ("poisson", "cyclic", "balls-in-bins"):
-        # these samplers' rows are PLD accountants: the strategy's (sigma over its largest column
-        # norm) and DP-SGD's reference (sigma itself); the shuffle's rows are closed forms
+        # these samplers' rows are PLD accountants (the shuffle's are closed forms): the strategy's
+        # at sigma over its largest column norm (the reduction's sigma / ||C||_2 is smaller still),
+        # and, under Poisson and balls-in-bins, DP-SGD's reference rows at sigma itself
         check_sampled_noise_multiplier(sigma / inp.sensitivity, "the noise multiplier sigma / sens")
-        check_sampled_noise_multiplier(sigma, "sigma, DP-SGD's noise multiplier in the reference rows")
+        if batching != "cyclic":
+            check_sampled_noise_multiplier(sigma, "sigma, DP-SGD's noise multiplier in the reference rows")
     schema = resolve_schema(inp, participation)
     single = isinstance(schema, SingleParticipation)
     if batching in BATCHING_SETTINGS and not single:
