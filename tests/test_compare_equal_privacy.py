@@ -86,6 +86,15 @@ def test_renderings_carry_the_columns(fmt):
         assert "epsilon = 1" in r.stdout and "single-pass" in r.stdout
 
 
+def test_a_cap_the_cycle_never_reaches_is_accepted(tmp_path):
+    """Cyclic Poisson with b = 2 over n = 8 steps gives an example at most ceil(8 / 2) = 4
+    participations: a cap of 4 changes nothing (accepted, as account and the fixed-order sampler
+    do); a cap of 2 binds and is refused (the case above)."""
+    r = runner.invoke(app, ["compare", "-n", "8", "-s", "identity", "--epsilon", "1", "--sampling", "0.1",
+                            "--min-sep", "2", "--max-participations", "4", "--json"])
+    assert r.exit_code == 0, r.output
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--sampling", "0.1"], "give --epsilon"),
     (["--delta", "1e-5"], "give --epsilon"),

@@ -148,8 +148,11 @@ def cycle_length(schema: Participation, n: int) -> int:
     """
     b = cyclic_period(schema, n)
     if b is None:
-        raise MfcliError("cyclic Poisson sampling cannot cap the number of participations; "
-                         "leave out the maximum number of participations")
+        s = schema.spacing(n)
+        reach, cap = -(-n // s), schema.participations(n)
+        raise MfcliError(f"cyclic Poisson sampling cannot cap the number of participations: with {s} groups over {n} "
+                         f"steps an example takes part up to {reach} times, above the maximum of {cap}; leave the "
+                         f"maximum out or raise it to {reach}")
     return b
 
 

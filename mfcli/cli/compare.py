@@ -177,9 +177,6 @@ def compare(
                            fmt="json" if as_json else (fmt or "table"), out=out, force=force, quiet=quiet,
                            privacy=privacy, baselines=names)
         return
-    refuse_unless(problem.max_participations is None or sampling is None,
-                  "--max-participations does not apply with --sampling: cyclic Poisson sampling cannot cap the "
-                  "number of participations")
     refuse_unless(not as_json or fmt in (None, "json"), f"--json conflicts with --format {fmt}")
     fmt = "json" if as_json else (fmt or "table")
     refuse_unless(not curves or fmt == "json", f"--curves adds per-step curves to json output; no curves in {fmt} output")
