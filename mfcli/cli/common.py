@@ -150,16 +150,16 @@ def guarded(fn: F) -> F:
             raise fail(_SIGTERM_LINE, code=EXIT_SIGTERM) from None
         except MemoryError as exc:
             raise fail(out_of_memory_line(exc)) from None
-        except ValueError as exc:
-            if not is_allocation_size_error(exc):
-                raise _internal_error(exc) from None
-            raise fail(out_of_memory_line(MemoryError(str(exc)))) from None
         except EOFError:
             raise fail("unexpected end of file: an input file is empty or truncated") from None
         except (_linalg_error(), FloatingPointError) as exc:
             raise fail(
                 f"numerical failure ({type(exc).__name__}: {exc}); the input is out of the range mfcli can handle"
             ) from None
+        except ValueError as exc:  # after LinAlgError, a subclass of ValueError
+            if not is_allocation_size_error(exc):
+                raise _internal_error(exc) from None
+            raise fail(out_of_memory_line(MemoryError(str(exc)))) from None
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             raise fail(f"I/O error{where}: {exc.strerror or exc}") from None
