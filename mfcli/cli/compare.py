@@ -34,9 +34,15 @@ from mfcli.cli.render import (
     rich_table,
 )
 from mfcli.errors import MfcliError
-from mfcli.io.artifact import atomic_path, check_output_path, default_artifact_path, save_strategy
+from mfcli.io.artifact import (
+    atomic_path,
+    check_output_path,
+    default_artifact_path,
+    refuse_input_as_output,
+    save_strategy,
+)
 from mfcli.model.participation import FixedEpoch, MinSeparation, Participation
-from mfcli.model.workloads import Workload, build_workload, default_artifact_stem
+from mfcli.model.workloads import Workload, build_workload, default_artifact_stem, learning_rate_file
 from mfcli.services.compare import (
     Comparison,
     PrivacyEstimate,
@@ -205,7 +211,7 @@ def compare(
     schema.check(w.n)
     if privacy is not None and privacy.sampling is not None:
         cycle_length(schema, w.n)  # refuse a schema cyclic sampling cannot run before any work
-    inputs = [(path, "artifact") for path in artifact] + [(p, "file") for p in (matrix, _lr_file(lr)) if p is not None]
+    inputs = [(path, "artifact") for path in artifact] + [(p, "file") for p in (matrix, learning_rate_file(lr)) if p is not None]
     outputs = plan_outputs(w, save=save, out=out, plot=plot, force=force, inputs=inputs)
     if "optimal" in names and not artifact and schema.participations(w.n) > 1:
         log(f"note: row optimal-single is the optimum for single participation, not for {schema.describe(w.n)}; "
@@ -262,8 +268,6 @@ def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path 
     With ``--save-strategy``, ``--out`` names the artifact (default
     ``artifacts/<workload>-<strategy>-n<N>.h5``) and the table goes to stdout.
     """
-    from mfcli.io.artifact import refuse_input_as_output
-
     if save is not None:
         outputs = Outputs(None, out if out is not None else default_artifact_path(default_artifact_stem(w, save), w.n))
     else:
@@ -277,13 +281,6 @@ def plan_outputs(w: Workload, *, save: str | None, out: Path | None, plot: Path 
     if plot is not None:
         check_plot_target(plot, force=force)
     return outputs
-
-
-def _lr_file(lr: str | None) -> Path | None:
-    """The learning-rate file ``--lr`` names, or None for a schedule name (or no --lr)."""
-    from mfcli.model.workloads import SCHEDULE_NAMES
-
-    return None if lr is None or lr in SCHEDULE_NAMES else Path(lr)
 
 
 def build_table(

@@ -26,9 +26,15 @@ from mfcli.cli.options import (
     option_group,
     refuse_structured,
 )
-from mfcli.io.artifact import check_output_path, default_artifact_path, load_artifact, save_artifact
+from mfcli.io.artifact import (
+    check_output_path,
+    default_artifact_path,
+    load_artifact,
+    refuse_input_as_output,
+    save_artifact,
+)
 from mfcli.model.participation import Participation, SingleParticipation, schema_dict
-from mfcli.model.workloads import SCHEDULE_NAMES, Workload, build_workload, default_artifact_stem
+from mfcli.model.workloads import Workload, build_workload, default_artifact_stem, learning_rate_file
 from mfcli.optimize.dense import (
     DEFAULT_MAX_ITER,
     DEFAULT_METHOD,
@@ -127,11 +133,8 @@ def optimize(
         out = with_schema_suffix(default_artifact_path(default_artifact_stem(w), w.n), schema, w.n)
     if warm_start is not None:
         warm_start = artifact_argument(warm_start)
-    from mfcli.io.artifact import refuse_input_as_output
-
     # the files read (even --force must not replace one with the result, as compress refuses its input)
-    inputs = [(path, noun) for path, noun in ((warm_start, "artifact"), (matrix, "file"),
-                                              (None if lr in (None, *SCHEDULE_NAMES) else Path(str(lr)), "file"))
+    inputs = [(path, noun) for path, noun in ((warm_start, "artifact"), (matrix, "file"), (learning_rate_file(lr), "file"))
               if path is not None]
     refuse_input_as_output(out, inputs, what="optimization")
     check_output_path(out, force=force)

@@ -184,6 +184,12 @@ def check_lr(lr: Any) -> str:
     return str(lr)
 
 
+def learning_rate_file(lr: str | Path | None) -> Path | None:
+    """The file of per-step rates ``lr`` names (as :func:`build_workload` reads it), or None for a
+    schedule name or no ``lr``: the input file a command must not overwrite with its output."""
+    return None if lr is None or lr in SCHEDULE_NAMES else Path(lr)
+
+
 def load_learning_rates(path: str | Path, n: int) -> np.ndarray:
     """Read a per-step learning-rate vector of length n from .npy, .csv or a text file."""
     vec = _read_array(path, what="learning-rate file").reshape(-1)

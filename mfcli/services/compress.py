@@ -635,7 +635,8 @@ def compress_artifact(
         raise MfcliError("give both band and rank, or max_loss_increase to choose them")
 
     target = Path(out) if out is not None else default_output_path(src, comp.band, comp.rank)
-    refuse_input_as_output(target, [(src, "artifact")], what="compression")
+    if out is None:  # a given out was checked before the search; the default name only now exists
+        refuse_input_as_output(target, [(src, "artifact")], what="compression")
     base_name = str(art.attrs.get("strategy_name", "unknown")).split("+compressed")[0]
     source_info = {
         "source_file": src.name,

@@ -1717,7 +1717,8 @@ def make_plan(setup: TrainingSetup, *, scheduler: str | Any | None = None, worke
     # target: the walk down to a tiny sigma would take minutes and end out of memory)
     heavy = [Skipped(c.key, c.sampler, why, over_memory=True) for c in cands
              if (why := pld_memory_refusal(setup, c.sampler, setup.epsilon)) is not None]
-    cands = [c for c in cands if c.key not in {h.key for h in heavy}]
+    heavy_keys = {h.key for h in heavy}
+    cands = [c for c in cands if c.key not in heavy_keys]
     for h in heavy:
         if progress:
             progress(f"{h.key}: skipped, {h.reason}")
